@@ -1,0 +1,86 @@
+"""API plumbing shared by every app: the error body, pagination, JSON 404/500 for /api/."""
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.response import Response
+
+from config.errors import ApplicationError
+
+logger = logging.getLogger(__name__)
+
+_DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
+    (exceptions.ValidationError, "VALIDATION_ERROR"),
+    (exceptions.ParseError, "VALIDATION_ERROR"),
+    (exceptions.NotAuthenticated, "AUTHENTICATION_REQUIRED"),
+    (exceptions.AuthenticationFailed, "AUTHENTICATION_REQUIRED"),
+    (exceptions.PermissionDenied, "PERMISSION_DENIED"),
+    (exceptions.NotFound, "NOT_FOUND"),
+    (exceptions.MethodNotAllowed, "METHOD_NOT_ALLOWED"),
+    (exceptions.NotAcceptable, "NOT_ACCEPTABLE"),
+    (exceptions.UnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE"),
+    (exceptions.Throttled, "RATE_LIMITED"),
+]
+
+
+def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def _message_and_details(exc: exceptions.APIException) -> tuple[str, dict[str, Any]]:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        return "The request is not valid.", detail
+    if isinstance(detail, list):
+        return "The request is not valid.", {"non_field_errors": detail}
+    return str(detail), {}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render every error as {"error": {"code", "message", "details"}}."""
+    if isinstance(exc, ApplicationError):
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, RequestDataTooBig):
+        return Response(
+            error_body("PAYLOAD_TOO_LARGE", "The request body is too large."),
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    if not isinstance(exc, exceptions.APIException):
+        return None
+    code = next(
+        (code for kind, code in _DRF_CODES if isinstance(exc, kind)),
+        str(exc.default_code).upper(),
+    )
+    message, details = _message_and_details(exc)
+    headers = {}
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        headers["Retry-After"] = str(int(exc.wait) + 1)
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
+        headers["WWW-Authenticate"] = "Token"
+        exc.status_code = status.HTTP_401_UNAUTHORIZED
+    return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
+
+
+class Pagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+
+def api_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("NOT_FOUND", "No such resource."), status=404)
+
+
+def api_server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(
+        error_body("INTERNAL_ERROR", "The server could not complete the request."), status=500
+    )
