@@ -1,0 +1,73 @@
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from registry.admin.base import RegistryAdmin
+from registry.choices import Action
+from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag
+from registry.services.common import registry_object_save
+
+
+class ConfigAdmin(RegistryAdmin):
+    required_action = Action.TENANT_ADMIN
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+
+
+@admin.register(ModelConfig)
+class ModelConfigAdmin(ConfigAdmin):
+    list_display = (
+        "name",
+        "tenant",
+        "provider",
+        "model_name",
+        "price_per_1k_input",
+        "price_per_1k_output",
+        "is_active",
+    )
+    list_filter = ("provider", "is_active", "tenant")
+    search_fields = ("name", "model_name")
+    list_select_related = ("tenant",)
+
+
+@admin.register(AgentConfig)
+class AgentConfigAdmin(ConfigAdmin):
+    list_display = (
+        "name",
+        "tenant",
+        "model_config",
+        "policy",
+        "max_steps",
+        "max_cost",
+        "is_active",
+    )
+    list_filter = ("tenant", "is_active")
+    search_fields = ("name", "description")
+    list_select_related = ("tenant", "model_config", "policy")
+    filter_horizontal = ("skills",)
+
+
+@admin.register(Policy)
+class PolicyAdmin(ConfigAdmin):
+    list_display = (
+        "name",
+        "tenant",
+        "allow_self_approval",
+        "approval_ttl_seconds",
+        "max_data_classification",
+    )
+    list_filter = ("tenant", "allow_self_approval", "max_data_classification")
+    search_fields = ("name",)
+    list_select_related = ("tenant",)
+
+
+@admin.register(RolloutFlag)
+class RolloutFlagAdmin(ConfigAdmin):
+    tenant_lookup = "skill__tenant"
+    list_display = ("key", "skill", "skill_version", "percentage", "is_active")
+    list_filter = ("is_active",)
+    search_fields = ("key", "skill__name")
+    list_select_related = ("skill", "skill_version", "skill_version__skill")
+    filter_horizontal = ("tenants",)

@@ -1,0 +1,266 @@
+"""Tools, skills and their versions: lifecycle actions, frozen published rows, version diffs."""
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from registry.admin.base import RegistryAdmin
+from registry.models import Skill, SkillToolDependency, SkillVersion, Tool, ToolVersion
+from registry.models.versions import LIFECYCLE_FIELDS, DefinitionVersion
+from registry.schemas import skill_version_errors, tool_version_errors
+from registry.selectors import version_diff
+from registry.services import skills, tools
+from registry.services.common import registry_object_save
+from registry.services.skills import SKILL_CONTENT_FIELDS
+from registry.services.tools import TOOL_CONTENT_FIELDS
+
+
+class DefinitionAdmin(RegistryAdmin):
+    list_display = ("name", "namespace", "tenant", "current_version", "created_at")
+    list_filter = ("tenant", "namespace")
+    search_fields = ("name", "namespace")
+    list_select_related = ("tenant", "current_version")
+    readonly_fields = ("current_version", "created_at", "created_by")
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user
+        registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+
+
+@admin.register(Tool)
+class ToolAdmin(DefinitionAdmin):
+    pass
+
+
+@admin.register(Skill)
+class SkillAdmin(DefinitionAdmin):
+    pass
+
+
+class ContentValidatingForm(forms.ModelForm):
+    """Shows each contract violation next to its field instead of failing later."""
+
+    content_errors: ClassVar[Callable[[dict[str, Any]], dict[str, list[str]]]]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if self.instance.pk and self.instance.is_frozen:
+            return cleaned
+        values = {**{f: getattr(self.instance, f, None) for f in self._meta.fields}, **cleaned}
+        for field, field_errors in type(self).content_errors(values).items():
+            target = field if field in self.fields and field not in self.errors else None
+            for message in field_errors:
+                self.add_error(target, message if target else f"{field}: {message}")
+        return cleaned
+
+
+class ToolVersionForm(ContentValidatingForm):
+    content_errors = staticmethod(tool_version_errors)
+
+    class Meta:
+        model = ToolVersion
+        fields = ("tool", "version", *TOOL_CONTENT_FIELDS)
+
+
+class SkillVersionForm(ContentValidatingForm):
+    content_errors = staticmethod(skill_version_errors)
+
+    class Meta:
+        model = SkillVersion
+        fields = ("skill", "version", *SKILL_CONTENT_FIELDS)
+
+
+class VersionAdmin(RegistryAdmin):
+    """Drafts are edited here; published versions are read-only and move only by the
+    lifecycle actions, which call the same services as the API."""
+
+    list_display = ("__str__", "owner", "status", "is_current", "published_at", "published_by")
+    list_filter = ("status",)
+    date_hierarchy = "created_at"
+    actions = ("publish", "deprecate", "revoke", "make_current", "compare")
+    lifecycle_readonly = (*sorted(LIFECYCLE_FIELDS), "created_at", "created_by")
+    content_fields: ClassVar[tuple[str, ...]]
+    service_argument: ClassVar[str]
+    services: ClassVar[dict[str, Callable[..., DefinitionVersion]]]
+
+    @admin.display(description="owner")
+    def owner(self, obj: DefinitionVersion) -> str:
+        return obj.parent.tenant.slug if obj.parent.tenant_id else "platform"
+
+    @admin.display(boolean=True, description="current")
+    def is_current(self, obj: DefinitionVersion) -> bool:
+        return obj.is_current
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        if obj is not None and obj.is_frozen:
+            return (obj.parent_field, "version", *self.content_fields, *self.lifecycle_readonly)
+        if obj is not None:
+            return (obj.parent_field, *self.lifecycle_readonly)
+        return self.lifecycle_readonly
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_delete_permission(request, obj) and (obj is None or not obj.is_frozen)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        content = {field: form.cleaned_data[field] for field in self.content_fields}
+        if change:
+            self.services["update"](actor=request.user, **{self.service_argument: obj}, **content)
+            return
+        parent = getattr(obj, obj.parent_field)
+        self.services["create"](
+            actor=request.user,
+            tenant=parent.tenant,
+            name=parent.name,
+            namespace=parent.namespace,
+            version=form.cleaned_data["version"],
+            id=obj.id,
+            **content,
+        )
+
+    def _each(self, request: HttpRequest, queryset: QuerySet, verb: str, **extra: Any) -> None:
+        for version in queryset:
+            self.run_service(
+                request,
+                lambda version=version: self.services[verb](
+                    actor=request.user, **{self.service_argument: version}, **extra
+                ),
+                f"{version.qualified_name}: {verb} done.",
+            )
+
+    def has_lifecycle_permission(self, request: HttpRequest) -> bool:
+        return self._allowed(request)
+
+    @admin.action(description="Publish selected drafts", permissions=["lifecycle"])
+    def publish(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "publish")
+
+    @admin.action(description="Deprecate selected versions", permissions=["lifecycle"])
+    def deprecate(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "deprecate", reason="deprecated in admin")
+
+    @admin.action(description="Revoke selected versions", permissions=["lifecycle"])
+    def revoke(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._each(request, queryset, "revoke", reason="revoked in admin")
+
+    @admin.action(
+        description="Make the selected version current (rollback)", permissions=["lifecycle"]
+    )
+    def make_current(self, request: HttpRequest, queryset: QuerySet) -> None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one version.", level=messages.ERROR)
+            return
+        self._each(request, queryset, "rollback")
+
+    @admin.action(description="Compare two selected versions")
+    def compare(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        versions = sorted(queryset, key=lambda version: version.semver)
+        if len(versions) != 2 or versions[0].parent.pk != versions[1].parent.pk:
+            self.message_user(
+                request, "Select exactly two versions of the same definition.", messages.ERROR
+            )
+            return None
+        opts = self.model._meta
+        return HttpResponseRedirect(
+            reverse(
+                f"admin:{opts.app_label}_{opts.model_name}_compare",
+                args=[versions[0].pk, versions[1].pk],
+            )
+        )
+
+    def get_urls(self) -> list:
+        opts = self.model._meta
+        return [
+            path(
+                "<uuid:old_id>/compare/<uuid:new_id>/",
+                self.admin_site.admin_view(self.compare_view),
+                name=f"{opts.app_label}_{opts.model_name}_compare",
+            ),
+            *super().get_urls(),
+        ]
+
+    def compare_view(self, request: HttpRequest, old_id: Any, new_id: Any) -> HttpResponse:
+        queryset = self.get_queryset(request)
+        old = get_object_or_404(queryset, pk=old_id)
+        new = get_object_or_404(queryset, pk=new_id)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": f"{old} → {new}",
+            "old": old,
+            "new": new,
+            "diffs": version_diff(old, new),
+        }
+        return TemplateResponse(request, "admin/registry/version_diff.html", context)
+
+
+@admin.register(ToolVersion)
+class ToolVersionAdmin(VersionAdmin):
+    form = ToolVersionForm
+    tenant_lookup = "tool__tenant"
+    list_display = (*VersionAdmin.list_display[:3], "risk", *VersionAdmin.list_display[3:])
+    list_filter = (
+        "status",
+        "risk",
+        "adapter_kind",
+        "approval_rule",
+        "data_classification",
+        "tool__tenant",
+    )
+    search_fields = ("tool__name", "version", "description")
+    list_select_related = ("tool", "tool__tenant", "published_by")
+    content_fields = TOOL_CONTENT_FIELDS
+    service_argument = "tool_version"
+    services = {
+        "create": tools.tool_version_create,
+        "update": tools.tool_version_update,
+        "publish": tools.tool_version_publish,
+        "deprecate": tools.tool_version_deprecate,
+        "revoke": tools.tool_version_revoke,
+        "rollback": tools.tool_rollback,
+    }
+
+
+class SkillToolDependencyInline(admin.TabularInline):
+    model = SkillToolDependency
+    extra = 0
+    autocomplete_fields = ("tool_version",)
+
+    def _editable(self, obj: SkillVersion | None) -> bool:
+        return obj is None or not obj.is_frozen
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._editable(obj)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._editable(obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._editable(obj)
+
+
+@admin.register(SkillVersion)
+class SkillVersionAdmin(VersionAdmin):
+    form = SkillVersionForm
+    tenant_lookup = "skill__tenant"
+    inlines = (SkillToolDependencyInline,)
+    list_filter = ("status", "skill__tenant")
+    search_fields = ("skill__name", "version", "description")
+    list_select_related = ("skill", "skill__tenant", "published_by")
+    content_fields = SKILL_CONTENT_FIELDS
+    service_argument = "skill_version"
+    services = {
+        "create": skills.skill_version_create,
+        "update": skills.skill_version_update,
+        "publish": skills.skill_version_publish,
+        "deprecate": skills.skill_version_deprecate,
+        "revoke": skills.skill_version_revoke,
+        "rollback": skills.skill_rollback,
+    }

@@ -1,0 +1,58 @@
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from registry.admin.base import RegistryAdmin
+from registry.choices import Action
+from registry.models import ApiToken, Membership, Tenant
+from registry.services.common import registry_object_save
+from registry.services.tenancy import tenant_create
+
+
+@admin.register(Tenant)
+class TenantAdmin(RegistryAdmin):
+    tenant_lookup = "pk"
+    required_action = Action.TENANT_ADMIN
+    list_display = ("slug", "name", "is_active", "created_at")
+    list_filter = ("is_active",)
+    search_fields = ("slug", "name")
+    readonly_fields = ("grant_group", "created_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        if change:
+            registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+            return
+        created = tenant_create(actor=request.user, slug=obj.slug, name=obj.name)
+        obj.pk, obj.grant_group = created.pk, created.grant_group
+        obj._state.adding = False
+
+
+@admin.register(Membership)
+class MembershipAdmin(RegistryAdmin):
+    required_action = Action.TENANT_ADMIN
+    list_display = ("user", "tenant", "role", "created_at")
+    list_filter = ("role", "tenant")
+    search_fields = ("user__username", "user__email", "tenant__slug")
+    list_select_related = ("user", "tenant")
+    autocomplete_fields = ("user",)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Tokens are issued by the API only; here they are listed and revoked."""
+
+    list_display = ("prefix", "user", "tenant", "created_at", "expires_at", "revoked_at")
+    list_filter = ("tenant",)
+    search_fields = ("user__username", "prefix")
+    list_select_related = ("user", "tenant")
+    readonly_fields = ("prefix", "user", "tenant", "created_at", "expires_at")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

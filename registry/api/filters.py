@@ -1,0 +1,25 @@
+import django_filters
+
+from registry.choices import Risk, VersionStatus
+from registry.models import SkillVersion, ToolVersion
+
+
+class ToolVersionFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(field_name="tool__name")
+    namespace = django_filters.CharFilter(field_name="tool__namespace")
+    status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)
+    risk = django_filters.MultipleChoiceFilter(choices=Risk.choices)
+
+    class Meta:
+        model = ToolVersion
+        fields = ["name", "namespace", "status", "risk"]
+
+
+class SkillVersionFilter(django_filters.FilterSet):
+    name = django_filters.CharFilter(field_name="skill__name")
+    namespace = django_filters.CharFilter(field_name="skill__namespace")
+    status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)
+
+    class Meta:
+        model = SkillVersion
+        fields = ["name", "namespace", "status"]

@@ -1,0 +1,163 @@
+from typing import Any
+
+from rest_framework import serializers
+
+from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
+from registry.models import SkillVersion, ToolVersion
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, so a typo is an error rather than silently ignored."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class TokenRequestSerializer(StrictSerializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=256, trim_whitespace=False)
+    tenant = serializers.SlugField(required=False, help_text="Needed if you are in several.")
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField()
+    tenant = serializers.CharField()
+    expires_at = serializers.DateTimeField()
+
+
+class DefinitionRefSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    namespace = serializers.CharField()
+    tenant = serializers.CharField(
+        source="tenant.slug", read_only=True, allow_null=True, help_text="Empty: platform-wide."
+    )
+
+
+class VersionFieldsSerializer(serializers.ModelSerializer):
+    qualified_name = serializers.CharField(read_only=True)
+    is_current = serializers.BooleanField(read_only=True)
+    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    version_fields = [
+        "id",
+        "version",
+        "qualified_name",
+        "status",
+        "status_reason",
+        "is_current",
+        "description",
+        "created_at",
+        "published_at",
+        "published_by",
+        "deprecated_at",
+        "revoked_at",
+    ]
+
+
+class ToolVersionSerializer(VersionFieldsSerializer):
+    tool = DefinitionRefSerializer(read_only=True)
+
+    class Meta:
+        model = ToolVersion
+        fields = [
+            *VersionFieldsSerializer.version_fields,
+            "tool",
+            "when_not_to_use",
+            "returns",
+            "input_schema",
+            "result_contract",
+            "risk",
+            "timeout_s",
+            "retry_policy",
+            "rate_limit",
+            "concurrency_cap",
+            "circuit_breaker",
+            "is_idempotent",
+            "supports_dry_run",
+            "approval_rule",
+            "data_classification",
+            "adapter_kind",
+            "adapter_config",
+        ]
+        read_only_fields = fields
+
+
+class ToolVersionCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=64)
+    namespace = serializers.CharField(max_length=63, default="core")
+    version = serializers.CharField(max_length=64)
+    description = serializers.CharField()
+    when_not_to_use = serializers.CharField(required=False, allow_blank=True)
+    returns = serializers.CharField(required=False, allow_blank=True)
+    input_schema = serializers.JSONField()
+    result_contract = serializers.JSONField(required=False)
+    risk = serializers.ChoiceField(choices=Risk.choices)
+    timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=600)
+    retry_policy = serializers.JSONField(required=False)
+    rate_limit = serializers.JSONField(required=False)
+    concurrency_cap = serializers.IntegerField(required=False, min_value=1, max_value=256)
+    circuit_breaker = serializers.JSONField(required=False)
+    is_idempotent = serializers.BooleanField(required=False)
+    supports_dry_run = serializers.BooleanField(required=False)
+    approval_rule = serializers.ChoiceField(choices=ApprovalRule.choices, required=False)
+    data_classification = serializers.ChoiceField(
+        choices=DataClassification.choices, required=False
+    )
+    adapter_kind = serializers.ChoiceField(choices=AdapterKind.choices)
+    adapter_config = serializers.JSONField()
+
+
+class ToolDependencySerializer(serializers.Serializer):
+    id = serializers.UUIDField(source="tool_version.id")
+    name = serializers.CharField(source="tool_version.tool.name")
+    version = serializers.CharField(source="tool_version.version")
+    status = serializers.CharField(source="tool_version.status")
+
+
+class SkillVersionSerializer(VersionFieldsSerializer):
+    skill = DefinitionRefSerializer(read_only=True)
+    tool_dependencies = ToolDependencySerializer(many=True, read_only=True)
+
+    class Meta:
+        model = SkillVersion
+        fields = [
+            *VersionFieldsSerializer.version_fields,
+            "skill",
+            "instructions",
+            "triggers",
+            "required_inputs",
+            "tool_dependencies",
+            "rules",
+            "examples",
+            "output_contract",
+            "acceptance_rules",
+        ]
+        read_only_fields = fields
+
+
+class SkillVersionCreateSerializer(StrictSerializer):
+    name = serializers.CharField(max_length=64)
+    namespace = serializers.CharField(max_length=63, default="core")
+    version = serializers.CharField(max_length=64)
+    description = serializers.CharField()
+    instructions = serializers.CharField(required=False, allow_blank=True)
+    triggers = serializers.JSONField(required=False)
+    required_inputs = serializers.JSONField(required=False)
+    tool_dependencies = serializers.ListField(
+        child=serializers.CharField(max_length=140),
+        required=False,
+        help_text='Pinned tools as "name@version", e.g. "project_search@2".',
+    )
+    rules = serializers.JSONField(required=False)
+    examples = serializers.JSONField(required=False)
+    output_contract = serializers.JSONField(required=False)
+    acceptance_rules = serializers.JSONField(required=False)
+
+
+class LifecycleSerializer(StrictSerializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)

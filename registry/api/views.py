@@ -1,0 +1,184 @@
+from collections.abc import Callable
+from typing import Any, ClassVar
+from uuid import UUID
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
+
+from registry import selectors
+from registry.api import filters
+from registry.api.serializers import (
+    LifecycleSerializer,
+    SkillVersionCreateSerializer,
+    SkillVersionSerializer,
+    TokenRequestSerializer,
+    TokenSerializer,
+    ToolVersionCreateSerializer,
+    ToolVersionSerializer,
+)
+from registry.errors import NotFound
+from registry.models.versions import DefinitionVersion
+from registry.services import skills, tenancy, tools
+
+
+class TokenView(APIView):
+    """Exchange a username and password for a token acting in one tenant."""
+
+    authentication_classes: ClassVar[list] = []
+    permission_classes: ClassVar[list] = [AllowAny]
+    throttle_classes: ClassVar[list] = [ScopedRateThrottle]
+    throttle_scope = "auth_token"
+
+    @extend_schema(request=TokenRequestSerializer, responses={200: TokenSerializer}, auth=[])
+    def post(self, request: Request) -> Response:
+        data = TokenRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        token, key = tenancy.api_token_issue(
+            username=data.validated_data["username"],
+            password=data.validated_data["password"],
+            tenant_slug=data.validated_data.get("tenant"),
+        )
+        output = {"token": key, "tenant": token.tenant.slug, "expires_at": token.expires_at}
+        return Response(TokenSerializer(output).data)
+
+
+class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Versions of one kind of definition, scoped to the token's tenant; commands are POSTs
+    that call one lifecycle service each."""
+
+    lookup_value_regex = "[^/]+"
+    output_serializer: ClassVar[type[serializers.Serializer]]
+    create_serializer: ClassVar[type[serializers.Serializer]]
+    select_visible: ClassVar[Callable[..., QuerySet]]
+    create_service: ClassVar[Callable[..., DefinitionVersion]]
+    publish_service: ClassVar[Callable[..., DefinitionVersion]]
+    deprecate_service: ClassVar[Callable[..., DefinitionVersion]]
+    revoke_service: ClassVar[Callable[..., DefinitionVersion]]
+    rollback_service: ClassVar[Callable[..., DefinitionVersion]]
+    version_argument: ClassVar[str]
+
+    def get_queryset(self) -> QuerySet:
+        return type(self).select_visible(user=self.request.user, tenant=self.request.auth.tenant)
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return self.create_serializer if self.action == "create" else self.output_serializer
+
+    def get_object(self) -> DefinitionVersion:
+        try:
+            UUID(self.kwargs["pk"])
+        except ValueError as error:
+            raise NotFound("No such version.") from error
+        return super().get_object()
+
+    def _created(self, data: dict[str, Any]) -> DefinitionVersion:
+        return type(self).create_service(
+            actor=self.request.user, tenant=self.request.auth.tenant, **data
+        )
+
+    def create(self, request: Request) -> Response:
+        data = self.create_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = self._created(dict(data.validated_data))
+        return Response(self.output_serializer(version).data, status=status.HTTP_201_CREATED)
+
+    def _command(self, service: Callable[..., DefinitionVersion], **extra: Any) -> Response:
+        version = self.get_object()
+        version = service(actor=self.request.user, **{self.version_argument: version}, **extra)
+        version.parent.refresh_from_db(fields=["current_version"])
+        return Response(self.output_serializer(version).data)
+
+    def _reason(self) -> str:
+        data = LifecycleSerializer(data=self.request.data)
+        data.is_valid(raise_exception=True)
+        return data.validated_data.get("reason", "")
+
+    @action(detail=True, methods=["post"])
+    def publish(self, request: Request, pk: str) -> Response:
+        return self._command(type(self).publish_service)
+
+    @action(detail=True, methods=["post"])
+    def deprecate(self, request: Request, pk: str) -> Response:
+        return self._command(type(self).deprecate_service, reason=self._reason())
+
+    @action(detail=True, methods=["post"])
+    def revoke(self, request: Request, pk: str) -> Response:
+        return self._command(type(self).revoke_service, reason=self._reason())
+
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, pk: str) -> Response:
+        """Make this (earlier, published) version current again."""
+        return self._command(type(self).rollback_service)
+
+
+def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionViewSet]:
+    output = viewset.output_serializer
+    commands = {
+        "publish": f"Publish a draft {kind} version; it becomes current and is frozen.",
+        "deprecate": f"Deprecate a {kind} version: it serves existing pins only.",
+        "revoke": f"Revoke a {kind} version: it is never used again.",
+        "rollback": f"Make an earlier published {kind} version current again.",
+    }
+    for name, summary in commands.items():
+        method = getattr(viewset, name)
+        request = LifecycleSerializer if name in {"deprecate", "revoke"} else None
+        setattr(
+            viewset,
+            name,
+            extend_schema(summary=summary, request=request, responses={200: output})(method),
+        )
+    viewset.create = extend_schema(
+        summary=f"Create a draft {kind} version.",
+        request=viewset.create_serializer,
+        responses={201: output},
+    )(viewset.create)
+    return viewset
+
+
+@extend_schema(tags=["tools"])
+class ToolVersionViewSet(VersionViewSet):
+    output_serializer = ToolVersionSerializer
+    create_serializer = ToolVersionCreateSerializer
+    filterset_class = filters.ToolVersionFilter
+    select_visible = staticmethod(selectors.tool_versions_visible)
+    create_service = staticmethod(tools.tool_version_create)
+    publish_service = staticmethod(tools.tool_version_publish)
+    deprecate_service = staticmethod(tools.tool_version_deprecate)
+    revoke_service = staticmethod(tools.tool_version_revoke)
+    rollback_service = staticmethod(tools.tool_rollback)
+    version_argument = "tool_version"
+
+
+@extend_schema(tags=["skills"])
+class SkillVersionViewSet(VersionViewSet):
+    output_serializer = SkillVersionSerializer
+    create_serializer = SkillVersionCreateSerializer
+    filterset_class = filters.SkillVersionFilter
+    select_visible = staticmethod(selectors.skill_versions_visible)
+    create_service = staticmethod(skills.skill_version_create)
+    publish_service = staticmethod(skills.skill_version_publish)
+    deprecate_service = staticmethod(skills.skill_version_deprecate)
+    revoke_service = staticmethod(skills.skill_version_revoke)
+    rollback_service = staticmethod(skills.skill_rollback)
+    version_argument = "skill_version"
+
+    def _created(self, data: dict[str, Any]) -> DefinitionVersion:
+        tenant = self.request.auth.tenant
+        references = data.pop("tool_dependencies", [])
+        pinned = [
+            selectors.tool_version_resolve(tenant=tenant, reference=reference)
+            for reference in references
+        ]
+        return skills.skill_version_create(
+            actor=self.request.user, tenant=tenant, tool_versions=pinned, **data
+        )
+
+
+_version_schema(ToolVersionViewSet, "tool")
+_version_schema(SkillVersionViewSet, "skill")

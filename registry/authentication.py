@@ -1,0 +1,54 @@
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from registry.models import ApiToken
+from registry.models.tenancy import hash_token
+
+
+class ApiTokenAuthentication(authentication.BaseAuthentication):
+    """`Authorization: Token <key>`; sets request.auth to the ApiToken, which names the tenant."""
+
+    keyword = "Token"
+
+    def authenticate(self, request: Request) -> tuple | None:
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.lower().encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Malformed Authorization header.")
+        try:
+            key = header[1].decode()
+        except UnicodeDecodeError as error:
+            raise exceptions.AuthenticationFailed("Malformed token.") from error
+        token = (
+            ApiToken.objects.select_related("user", "tenant", "tenant__grant_group")
+            .filter(
+                key_hash=hash_token(key),
+                revoked_at__isnull=True,
+                expires_at__gt=timezone.now(),
+                user__is_active=True,
+                tenant__is_active=True,
+            )
+            .first()
+        )
+        if token is None:
+            raise exceptions.AuthenticationFailed("Invalid or expired token.")
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    target_class = ApiTokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": 'Send "Token <key>" from POST /api/v1/auth/token/.',
+        }

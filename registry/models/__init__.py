@@ -1,0 +1,21 @@
+from registry.models.configs import AgentConfig, ModelConfig
+from registry.models.policies import Policy
+from registry.models.rollouts import RolloutFlag
+from registry.models.skills import Skill, SkillToolDependency, SkillVersion
+from registry.models.tenancy import ApiToken, Membership, Tenant
+from registry.models.tools import Tool, ToolVersion
+
+__all__ = [
+    "AgentConfig",
+    "ApiToken",
+    "Membership",
+    "ModelConfig",
+    "Policy",
+    "RolloutFlag",
+    "Skill",
+    "SkillToolDependency",
+    "SkillVersion",
+    "Tenant",
+    "Tool",
+    "ToolVersion",
+]

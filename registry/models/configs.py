@@ -1,0 +1,111 @@
+from decimal import Decimal
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from registry.choices import ModelProvider
+
+CREDENTIAL_REF_VALIDATOR = RegexValidator(
+    r"^[A-Z][A-Z0-9_]{0,127}$",
+    "A credential reference is the NAME of an environment variable (e.g. OPENAI_API_KEY), "
+    "never the secret itself.",
+)
+
+
+class ModelConfig(models.Model):
+    """A model endpoint and its price. The credential is a reference resolved at call time."""
+
+    tenant = models.ForeignKey(
+        "registry.Tenant",
+        on_delete=models.PROTECT,
+        related_name="model_configs",
+        null=True,
+        blank=True,
+        help_text="Empty: available to every tenant.",
+    )
+    name = models.SlugField(max_length=63)
+    provider = models.CharField(max_length=32, choices=ModelProvider.choices)
+    model_name = models.CharField(max_length=200)
+    base_url = models.URLField(blank=True)
+    credential_ref = models.CharField(
+        max_length=128, blank=True, validators=[CREDENTIAL_REF_VALIDATOR]
+    )
+    parameters = models.JSONField(default=dict, blank=True)
+    price_per_1k_input = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
+    )
+    price_per_1k_output = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
+    )
+    is_active = models.BooleanField(default=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=models.Q(tenant__isnull=False),
+                name="modelconfig_unique_tenant_name",
+            ),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=models.Q(tenant__isnull=True),
+                name="modelconfig_unique_platform_name",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(price_per_1k_input__gte=0, price_per_1k_output__gte=0),
+                name="modelconfig_prices_not_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_provider_display()}: {self.model_name})"
+
+
+class AgentConfig(models.Model):
+    """An agent: its model, its statically bound skills, its policy and its budgets."""
+
+    tenant = models.ForeignKey(
+        "registry.Tenant", on_delete=models.PROTECT, related_name="agent_configs"
+    )
+    name = models.SlugField(max_length=63)
+    description = models.TextField(blank=True)
+    model_config = models.ForeignKey(
+        ModelConfig, on_delete=models.PROTECT, related_name="agent_configs"
+    )
+    skills = models.ManyToManyField("registry.Skill", related_name="agent_configs", blank=True)
+    policy = models.ForeignKey(
+        "registry.Policy", on_delete=models.PROTECT, related_name="agent_configs"
+    )
+    max_steps = models.PositiveIntegerField(default=8, validators=[MinValueValidator(1)])
+    max_tool_calls = models.PositiveIntegerField(default=16, validators=[MinValueValidator(1)])
+    max_seconds = models.PositiveIntegerField(default=300, validators=[MinValueValidator(1)])
+    max_tokens = models.PositiveIntegerField(default=60_000, validators=[MinValueValidator(1)])
+    max_cost = models.DecimalField(
+        max_digits=12, decimal_places=4, default=Decimal("1.00"), validators=[MinValueValidator(0)]
+    )
+    is_active = models.BooleanField(default=True)
+
+    history = HistoricalRecords(m2m_fields=[skills])
+
+    class Meta:
+        ordering = ["tenant__slug", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="agentconfig_unique_name"),
+            models.CheckConstraint(
+                condition=models.Q(
+                    max_steps__gte=1,
+                    max_tool_calls__gte=1,
+                    max_seconds__gte=1,
+                    max_tokens__gte=1,
+                    max_cost__gte=0,
+                ),
+                name="agentconfig_budgets_positive",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}/{self.name}"

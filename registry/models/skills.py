@@ -1,0 +1,118 @@
+from django.core.validators import RegexValidator
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from registry.choices import VersionStatus
+from registry.errors import VersionImmutable
+from registry.models.definitions import Definition, unique_name_constraints
+from registry.models.versions import DefinitionVersion
+
+SKILL_NAME_VALIDATOR = RegexValidator(
+    r"^[a-z][a-z0-9-]{0,63}$", "Lower-case letters, digits and '-'; starts with a letter."
+)
+
+
+class Skill(Definition):
+    """A reusable method for a class of goals: when it applies, what it needs, which tools it
+    relies on, its rules and how its result is accepted."""
+
+    name = models.CharField(max_length=64, validators=[SKILL_NAME_VALIDATOR])
+    current_version = models.OneToOneField(
+        "registry.SkillVersion",
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+        editable=False,
+    )
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["namespace", "name"]
+        constraints = unique_name_constraints("skill")
+        permissions = [
+            ("use_skill", "Can use this platform-wide skill in runs"),
+            ("publish_skill", "Can publish versions of this platform-wide skill"),
+        ]
+
+
+class SkillVersion(DefinitionVersion):
+    """One frozen method: triggers, required inputs, pinned tool versions, rules (id, scope,
+    priority), examples, output contract and acceptance rules."""
+
+    parent_field = "skill"
+
+    skill = models.ForeignKey(Skill, on_delete=models.PROTECT, related_name="versions")
+    instructions = models.TextField(blank=True, help_text="Standard operating procedure.")
+    triggers = models.JSONField(default=list, blank=True)
+    required_inputs = models.JSONField(default=list, blank=True)
+    rules = models.JSONField(
+        default=list, blank=True, help_text='[{"id", "scope", "priority", "text"}, …]'
+    )
+    examples = models.JSONField(default=list, blank=True)
+    output_contract = models.JSONField(default=dict, blank=True)
+    acceptance_rules = models.JSONField(default=list, blank=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["skill__name", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["skill", "version"], name="skillversion_unique_version"
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(status=VersionStatus.PUBLISHED)
+                | models.Q(published_at__isnull=False),
+                name="skillversion_published_has_date",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.qualified_name
+
+
+class SkillToolDependency(models.Model):
+    """A skill version's pin of one exact tool version. Frozen with the skill version."""
+
+    skill_version = models.ForeignKey(
+        SkillVersion, on_delete=models.CASCADE, related_name="tool_dependencies"
+    )
+    tool_version = models.ForeignKey(
+        "registry.ToolVersion", on_delete=models.PROTECT, related_name="dependent_skills"
+    )
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["tool_version__tool__name"]
+        verbose_name_plural = "skill tool dependencies"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["skill_version", "tool_version"], name="skilltooldependency_unique_pin"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.skill_version} → {self.tool_version}"
+
+    def save(self, *args, **kwargs) -> None:
+        self._refuse_if_frozen()
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):
+        self._refuse_if_frozen()
+        return super().delete(*args, **kwargs)
+
+    def _refuse_if_frozen(self) -> None:
+        status = (
+            SkillVersion._base_manager.filter(pk=self.skill_version_id)
+            .values_list("status", flat=True)
+            .first()
+        )
+        if status is not None and status != VersionStatus.DRAFT:
+            raise VersionImmutable(
+                "The tool pins of a published skill version cannot change.",
+                details={"skill_version": str(self.skill_version_id)},
+            )

@@ -1,0 +1,88 @@
+import hashlib
+import secrets
+
+from django.conf import settings
+from django.contrib.auth.models import Group
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from registry.choices import Role
+
+
+class Tenant(models.Model):
+    """An organisation; every run, private tool and policy belongs to exactly one.
+
+    Each tenant owns an auth group that receives object grants (django-guardian) for the
+    platform-wide tools and skills it may use.
+    """
+
+    slug = models.SlugField(max_length=63, unique=True)
+    name = models.CharField(max_length=200)
+    grant_group = models.OneToOneField(
+        Group, on_delete=models.PROTECT, related_name="tenant", editable=False
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    """A user's role in a tenant; a user may hold several roles in several tenants."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["tenant__slug", "user__username", "role"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "tenant", "role"], name="membership_unique_user_tenant_role"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.tenant} as {self.role}"
+
+
+def hash_token(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_token_key() -> str:
+    return "agt_" + secrets.token_urlsafe(32)
+
+
+class ApiToken(models.Model):
+    """A bearer token bound to one user acting in one tenant.
+
+    Only the sha256 of the key is stored; the key itself is shown once, when issued.
+    """
+
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    prefix = models.CharField(max_length=12, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_tokens")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.user} in {self.tenant})"

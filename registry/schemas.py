@@ -1,0 +1,209 @@
+"""Contracts of registry documents, checked with JSON Schema before anything is published."""
+
+from collections.abc import Iterable
+from typing import Any
+
+import semver
+from django.core.exceptions import ValidationError
+from jsonschema import Draft202012Validator, SchemaError
+from jsonschema.exceptions import best_match
+
+from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
+from registry.errors import ValidationFailed
+
+Errors = dict[str, list[str]]
+
+_POSITIVE_INT = {"type": "integer", "minimum": 1}
+
+RETRY_POLICY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "max_attempts": {"type": "integer", "minimum": 1, "maximum": 10},
+        "backoff_s": {"type": "number", "minimum": 0, "maximum": 60},
+        "max_backoff_s": {"type": "number", "minimum": 0, "maximum": 600},
+        "jitter": {"type": "boolean"},
+    },
+    "additionalProperties": False,
+}
+RATE_LIMIT_SCHEMA = {
+    "type": "object",
+    "properties": {"requests": _POSITIVE_INT, "per_seconds": _POSITIVE_INT},
+    "required": ["requests", "per_seconds"],
+    "additionalProperties": False,
+}
+CIRCUIT_BREAKER_SCHEMA = {
+    "type": "object",
+    "properties": {"failure_threshold": _POSITIVE_INT, "reset_after_s": _POSITIVE_INT},
+    "required": ["failure_threshold", "reset_after_s"],
+    "additionalProperties": False,
+}
+_CREDENTIAL_REF = {"type": "string", "pattern": "^[A-Z][A-Z0-9_]{0,127}$"}
+ADAPTER_CONFIG_SCHEMAS: dict[str, dict[str, Any]] = {
+    AdapterKind.PYTHON: {
+        "type": "object",
+        "properties": {
+            "handler": {
+                "type": "string",
+                "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$",
+            }
+        },
+        "required": ["handler"],
+        "additionalProperties": False,
+    },
+    AdapterKind.HTTP: {
+        "type": "object",
+        "properties": {
+            "url": {"type": "string", "pattern": "^https?://"},
+            "credential_ref": _CREDENTIAL_REF,
+        },
+        "required": ["url"],
+        "additionalProperties": False,
+    },
+    AdapterKind.MCP: {
+        "type": "object",
+        "properties": {
+            "server": {"type": "string", "minLength": 1},
+            "remote_name": {"type": "string", "minLength": 1},
+            "definition_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        },
+        "required": ["server", "remote_name", "definition_hash"],
+        "additionalProperties": False,
+    },
+}
+_STRING_LIST = {"type": "array", "items": {"type": "string", "minLength": 1}}
+SKILL_RULES_SCHEMA = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
+            "scope": {"type": "string", "minLength": 1},
+            "priority": {"type": "integer", "minimum": 0, "maximum": 1000},
+            "text": {"type": "string", "minLength": 1},
+        },
+        "required": ["id", "scope", "priority", "text"],
+        "additionalProperties": False,
+    },
+}
+OUTPUT_CONTRACT_SCHEMA = {
+    "type": "object",
+    "properties": {"sections": {**_STRING_LIST, "minItems": 1, "uniqueItems": True}},
+    "required": ["sections"],
+}
+
+
+def _message(error: Any) -> str:
+    location = "/".join(str(part) for part in error.absolute_path)
+    return f"{location}: {error.message}" if location else error.message
+
+
+def document_errors(document: Any, schema: dict[str, Any]) -> list[str]:
+    """Every way `document` breaks `schema`, as readable lines."""
+    validator = Draft202012Validator(schema)
+    return sorted(_message(error) for error in validator.iter_errors(document))
+
+
+def input_schema_errors(schema: Any) -> list[str]:
+    """Why `schema` is not a usable tool input schema: valid Draft 2020-12, an object, closed."""
+    if not isinstance(schema, dict):
+        return ["The input schema must be a JSON object."]
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as error:
+        failure = best_match([error]) or error
+        location = "/".join(str(part) for part in failure.absolute_path)
+        where = f" at {location}" if location else ""
+        return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
+    errors = []
+    if schema.get("type") != "object":
+        errors.append('The input schema must have "type": "object".')
+    if schema.get("additionalProperties") is not False:
+        errors.append('The input schema must set "additionalProperties": false.')
+    properties = schema.get("properties", {})
+    missing = [name for name in schema.get("required", []) if name not in properties]
+    if missing:
+        errors.append(f"Required but not declared in properties: {', '.join(missing)}.")
+    return errors
+
+
+def semver_errors(version: str) -> list[str]:
+    try:
+        semver.Version.parse(version)
+    except (ValueError, TypeError):
+        return [f"'{version}' is not a semantic version such as 1.4.0."]
+    return []
+
+
+def tool_version_errors(values: dict[str, Any]) -> Errors:
+    """Field-by-field problems of a tool version's content, none if it may be published."""
+    errors: Errors = {}
+    checks = {
+        "version": semver_errors(values.get("version", "")),
+        "input_schema": input_schema_errors(values.get("input_schema")),
+        "retry_policy": document_errors(values.get("retry_policy") or {}, RETRY_POLICY_SCHEMA),
+        "rate_limit": document_errors(values["rate_limit"], RATE_LIMIT_SCHEMA)
+        if values.get("rate_limit")
+        else [],
+        "circuit_breaker": document_errors(values["circuit_breaker"], CIRCUIT_BREAKER_SCHEMA)
+        if values.get("circuit_breaker")
+        else [],
+    }
+    adapter_schema = ADAPTER_CONFIG_SCHEMAS.get(values.get("adapter_kind", ""))
+    if adapter_schema is None:
+        checks["adapter_kind"] = [f"Unknown adapter kind '{values.get('adapter_kind')}'."]
+    else:
+        checks["adapter_config"] = document_errors(values.get("adapter_config"), adapter_schema)
+    if not (values.get("description") or "").strip():
+        checks["description"] = ["Say what the tool does, when not to use it, what it returns."]
+    if values.get("risk") not in Risk.values:
+        checks["risk"] = [f"Unknown risk '{values.get('risk')}'."]
+    for field, messages in checks.items():
+        if messages:
+            errors[field] = messages
+    return errors
+
+
+def skill_version_errors(values: dict[str, Any]) -> Errors:
+    """Field-by-field problems of a skill version's content, none if it may be published."""
+    checks = {
+        "version": semver_errors(values.get("version", "")),
+        "triggers": document_errors(values.get("triggers"), {**_STRING_LIST, "minItems": 1}),
+        "required_inputs": document_errors(
+            values.get("required_inputs"), {**_STRING_LIST, "uniqueItems": True}
+        ),
+        "rules": document_errors(values.get("rules"), SKILL_RULES_SCHEMA),
+        "examples": document_errors(values.get("examples"), {"type": "array"}),
+        "output_contract": document_errors(values.get("output_contract"), OUTPUT_CONTRACT_SCHEMA),
+        "acceptance_rules": document_errors(values.get("acceptance_rules"), _STRING_LIST),
+    }
+    if not (values.get("description") or "").strip():
+        checks["description"] = ["Say which goals the skill serves and which it does not."]
+    rule_ids = [rule.get("id") for rule in values.get("rules") or [] if isinstance(rule, dict)]
+    duplicates = sorted({rule_id for rule_id in rule_ids if rule_ids.count(rule_id) > 1})
+    if duplicates:
+        checks["rules"].append(f"Rule ids must be unique: {', '.join(map(str, duplicates))}.")
+    return {field: messages for field, messages in checks.items() if messages}
+
+
+def raise_if_errors(errors: Errors, message: str) -> None:
+    if errors:
+        raise ValidationFailed(message, details=errors)
+
+
+def validate_policy_lists(policy: Any) -> None:
+    errors = {
+        "approval_required_risks": _unknown(policy.approval_required_risks, Risk.values),
+        "approver_roles": _unknown(policy.approver_roles, Role.values),
+    }
+    if policy.max_data_classification not in DATA_CLASSIFICATION_LEVELS:
+        errors["max_data_classification"] = ["Unknown classification."]
+    errors = {field: messages for field, messages in errors.items() if messages}
+    if errors:
+        raise ValidationError(errors)
+
+
+def _unknown(values: Any, allowed: Iterable[str]) -> list[str]:
+    if not isinstance(values, list):
+        return ["Must be a list."]
+    unknown = sorted(set(map(str, values)) - set(allowed))
+    return [f"Unknown: {', '.join(unknown)}."] if unknown else []

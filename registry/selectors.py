@@ -1,0 +1,251 @@
+"""Reads of the control plane with tenant scope and permissions applied in one place.
+
+A definition is visible in a tenant when the tenant owns it, or when it is platform-wide and
+the tenant's group holds the `use_*` grant on it. Anything else is "not found".
+"""
+
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Q, QuerySet
+from guardian.shortcuts import get_objects_for_group
+
+from registry.choices import LISTED_STATUSES, ROLE_ACTIONS, Action, VersionStatus
+from registry.errors import NotFound
+from registry.models import (
+    Membership,
+    RolloutFlag,
+    Skill,
+    SkillVersion,
+    Tenant,
+    Tool,
+    ToolVersion,
+)
+from registry.models.definitions import Definition
+from registry.models.versions import DefinitionVersion
+
+User = AbstractBaseUser | AnonymousUser
+
+ROLLOUT_BUCKETS = 10_000
+
+
+def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
+    if not user.is_authenticated:
+        return frozenset()
+    return frozenset(
+        Membership.objects.filter(user=user, tenant=tenant).values_list("role", flat=True)
+    )
+
+
+def user_can(*, user: User, action: Action | str, tenant: Tenant) -> bool:
+    """May `user` do `action` in `tenant`? Platform admins (superusers) may do anything."""
+    if not user.is_authenticated or not user.is_active or not tenant.is_active:
+        return False
+    if user.is_superuser:
+        return True
+    return any(action in ROLE_ACTIONS[role] for role in user_roles(user=user, tenant=tenant))
+
+
+def user_tenants(*, user: User) -> QuerySet[Tenant]:
+    if not user.is_authenticated:
+        return Tenant.objects.none()
+    if user.is_superuser:
+        return Tenant.objects.filter(is_active=True)
+    return Tenant.objects.filter(is_active=True, memberships__user=user).distinct()
+
+
+def tenants_where_user_can(*, user: User, action: Action | str) -> QuerySet[Tenant]:
+    if not user.is_authenticated:
+        return Tenant.objects.none()
+    if user.is_superuser:
+        return Tenant.objects.filter(is_active=True)
+    roles = [role for role, actions in ROLE_ACTIONS.items() if action in actions]
+    return Tenant.objects.filter(
+        is_active=True, memberships__user=user, memberships__role__in=roles
+    ).distinct()
+
+
+def _use_permission(model: type[Definition]) -> str:
+    return f"registry.use_{model._meta.model_name}"
+
+
+def _publish_permission(model: type[Definition]) -> str:
+    return f"registry.publish_{model._meta.model_name}"
+
+
+def definitions_visible(*, model: type[Definition], tenant: Tenant) -> QuerySet:
+    """Tools or skills a tenant may see and use: its own, and platform-wide ones granted to it."""
+    granted = get_objects_for_group(
+        tenant.grant_group, _use_permission(model), klass=model, accept_global_perms=False
+    )
+    return model.objects.filter(
+        Q(tenant=tenant) | Q(tenant__isnull=True, pk__in=granted.values("pk"))
+    )
+
+
+def tenant_has_grant(*, tenant: Tenant, definition: Definition) -> bool:
+    if definition.tenant_id is not None:
+        return definition.tenant_id == tenant.pk
+    return (
+        definitions_visible(model=type(definition), tenant=tenant).filter(pk=definition.pk).exists()
+    )
+
+
+def _versions_visible(
+    *, version_model: type[DefinitionVersion], user: User, tenant: Tenant
+) -> QuerySet:
+    if not user_can(user=user, action=Action.REGISTRY_VIEW, tenant=tenant):
+        return version_model.objects.none()
+    parent = version_model._meta.get_field(version_model.parent_field).related_model
+    versions = version_model.objects.filter(
+        **{f"{version_model.parent_field}__in": definitions_visible(model=parent, tenant=tenant)}
+    ).select_related(version_model.parent_field, f"{version_model.parent_field}__tenant")
+    if not user_can(user=user, action=Action.REGISTRY_VIEW_UNPUBLISHED, tenant=tenant):
+        versions = versions.filter(status__in=LISTED_STATUSES)
+    return versions.select_related("published_by")
+
+
+def tool_versions_visible(*, user: User, tenant: Tenant) -> QuerySet[ToolVersion]:
+    return _versions_visible(version_model=ToolVersion, user=user, tenant=tenant)
+
+
+def skill_versions_visible(*, user: User, tenant: Tenant) -> QuerySet[SkillVersion]:
+    return _versions_visible(version_model=SkillVersion, user=user, tenant=tenant).prefetch_related(
+        "tool_dependencies__tool_version__tool"
+    )
+
+
+def tool_version_get(*, user: User, tenant: Tenant, version_id: Any) -> ToolVersion:
+    try:
+        return tool_versions_visible(user=user, tenant=tenant).get(pk=version_id)
+    except (ToolVersion.DoesNotExist, ValueError) as error:
+        raise NotFound("No such tool version.") from error
+
+
+def skill_version_get(*, user: User, tenant: Tenant, version_id: Any) -> SkillVersion:
+    try:
+        return skill_versions_visible(user=user, tenant=tenant).get(pk=version_id)
+    except (SkillVersion.DoesNotExist, ValueError) as error:
+        raise NotFound("No such skill version.") from error
+
+
+def user_may_publish(*, user: User, definition: Definition, tenant: Tenant | None = None) -> bool:
+    """Publishers of the owner tenant may manage its definitions; a platform-wide definition
+    needs a platform admin or an object grant (django-guardian) of `publish_*` on it."""
+    if not user.is_authenticated or not user.is_active:
+        return False
+    if definition.tenant_id is None:
+        return user.is_superuser or user.has_perm(_publish_permission(type(definition)), definition)
+    if tenant is not None and tenant.pk != definition.tenant_id:
+        return False
+    return user_can(user=user, action=Action.REGISTRY_PUBLISH, tenant=definition.tenant)
+
+
+def rollout_bucket(*, key: str, actor_id: str) -> int:
+    """A stable bucket in [0, 10000) for an actor under a flag; no state, no randomness."""
+    digest = hashlib.sha256(f"{key}:{actor_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % ROLLOUT_BUCKETS
+
+
+def rollout_serves(*, flag: RolloutFlag, tenant: Tenant, actor_id: str) -> bool:
+    if not flag.is_active:
+        return False
+    eligible_tenants = {t.pk for t in flag.tenants.all()}
+    if eligible_tenants and tenant.pk not in eligible_tenants:
+        return False
+    return rollout_bucket(key=flag.key, actor_id=actor_id) < flag.percentage * (
+        ROLLOUT_BUCKETS // 100
+    )
+
+
+def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> SkillVersion | None:
+    """The version of `skill` this actor gets: a rollout's, if one serves them, else current."""
+    flags = (
+        RolloutFlag.objects.filter(
+            skill=skill, is_active=True, skill_version__status=VersionStatus.PUBLISHED
+        )
+        .select_related("skill_version")
+        .prefetch_related("tenants")
+        .order_by("key")
+    )
+    for flag in flags:
+        if rollout_serves(flag=flag, tenant=tenant, actor_id=actor_id):
+            return flag.skill_version
+    return skill.current_version
+
+
+@dataclass(frozen=True)
+class FieldDiff:
+    field: str
+    old: str
+    new: str
+    lines: list[str]
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return "" if value is None else str(value)
+
+
+def version_content(version: DefinitionVersion) -> dict[str, Any]:
+    content = {
+        field.name: getattr(version, field.name)
+        for field in version._meta.concrete_fields
+        if field.name not in {"id", "created_at", "created_by", version.parent_field}
+    }
+    if isinstance(version, SkillVersion):
+        content["tool_dependencies"] = sorted(
+            str(dependency.tool_version) for dependency in version.tool_dependencies.all()
+        )
+    return content
+
+
+def version_diff(old: DefinitionVersion, new: DefinitionVersion) -> list[FieldDiff]:
+    """The fields that differ between two versions of one tool or skill, as unified diffs."""
+    old_content, new_content = version_content(old), version_content(new)
+    diffs = []
+    for field, old_value in old_content.items():
+        old_text, new_text = _render(old_value), _render(new_content[field])
+        if old_text == new_text:
+            continue
+        lines = list(
+            difflib.unified_diff(
+                old_text.splitlines(),
+                new_text.splitlines(),
+                fromfile=str(old),
+                tofile=str(new),
+                lineterm="",
+            )
+        )
+        diffs.append(FieldDiff(field=field, old=old_text, new=new_text, lines=lines))
+    return diffs
+
+
+def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersion:
+    """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` among the
+    tools `tenant` may use (platform-wide only, when `tenant` is None)."""
+    name, _, wanted = reference.partition("@")
+    tools = (
+        definitions_visible(model=Tool, tenant=tenant)
+        if tenant is not None
+        else Tool.objects.filter(tenant__isnull=True)
+    )
+    prefix = [part for part in wanted.split(".") if part]
+    candidates = [
+        version
+        for version in ToolVersion.objects.filter(
+            tool__in=tools.filter(name=name), status=VersionStatus.PUBLISHED
+        ).select_related("tool")
+        if version.version.split(".")[: len(prefix)] == prefix
+    ]
+    if not candidates:
+        raise NotFound(
+            f"No published tool version matches '{reference}'.",
+            details={"reference": reference},
+        )
+    return max(candidates, key=lambda version: version.semver)

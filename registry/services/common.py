@@ -1,0 +1,37 @@
+"""Helpers every registry service uses: validation into domain errors, audited saves."""
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from registry.errors import ValidationFailed
+
+
+def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
+    try:
+        instance.full_clean(exclude=exclude)
+    except ValidationError as error:
+        details = (
+            error.message_dict if hasattr(error, "error_dict") else {"__all__": error.messages}
+        )
+        raise ValidationFailed("The submitted values are not valid.", details=details) from error
+
+
+def audited_save(
+    instance: models.Model, *, actor: AbstractBaseUser | None, reason: str, **kwargs: Any
+) -> None:
+    """Save and have django-simple-history record who did it and why."""
+    instance._history_user = actor
+    instance._change_reason = reason
+    instance.save(**kwargs)
+
+
+def registry_object_save(
+    *, instance: models.Model, actor: AbstractBaseUser, reason: str = "saved"
+) -> models.Model:
+    """Validate and save a registry configuration row (model, agent, policy, rollout)."""
+    full_clean_or_raise(instance)
+    audited_save(instance, actor=actor, reason=reason)
+    return instance

@@ -1,0 +1,144 @@
+"""Publish, deprecate, revoke and roll back a tool or skill version.
+
+Every transition locks the parent row first, so two publishers of the same tool serialise, and
+moves `current_version` in the same transaction as the status.
+"""
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from registry.choices import VERSION_TRANSITIONS, VersionStatus
+from registry.errors import (
+    InvalidStatusTransition,
+    PermissionDenied,
+    VersionNotGreater,
+)
+from registry.models.definitions import Definition
+from registry.models.versions import DefinitionVersion
+from registry.selectors import user_may_publish
+from registry.services.common import audited_save
+
+V = TypeVar("V", bound=DefinitionVersion)
+
+
+def require_publisher(*, actor: AbstractBaseUser, definition: Definition) -> None:
+    if not user_may_publish(user=actor, definition=definition):
+        raise PermissionDenied(f"You may not manage versions of {definition}.")
+
+
+def lock_version(version: V) -> tuple[Definition, V]:
+    """Lock the parent, then the version (always in that order), and return fresh rows."""
+    parent_model = type(version.parent)
+    parent = parent_model.objects.select_for_update().get(pk=version.parent.pk)
+    locked = type(version).objects.select_for_update().get(pk=version.pk)
+    return parent, locked
+
+
+def _check_transition(version: DefinitionVersion, target: str) -> None:
+    if target not in VERSION_TRANSITIONS[version.status]:
+        raise InvalidStatusTransition(
+            f"{version.qualified_name} is {version.status}; it cannot become {target}.",
+            details={"from": version.status, "to": target},
+        )
+
+
+def _latest_published(
+    parent: Definition, *, excluding: DefinitionVersion
+) -> DefinitionVersion | None:
+    candidates = [
+        version
+        for version in parent.versions.filter(status=VersionStatus.PUBLISHED).exclude(
+            pk=excluding.pk
+        )
+    ]
+    return max(candidates, key=lambda version: version.semver, default=None)
+
+
+def _set_current(
+    parent: Definition, version: DefinitionVersion | None, *, actor: AbstractBaseUser, reason: str
+) -> None:
+    parent.current_version = version
+    audited_save(parent, actor=actor, reason=reason, update_fields=["current_version"])
+
+
+def version_publish(*, version: V, actor: AbstractBaseUser, validate: Callable[[V], None]) -> V:
+    require_publisher(actor=actor, definition=version.parent)
+    with transaction.atomic():
+        parent, version = lock_version(version)
+        if version.status == VersionStatus.PUBLISHED:
+            return version
+        _check_transition(version, VersionStatus.PUBLISHED)
+        validate(version)
+        released = parent.versions.exclude(pk=version.pk).exclude(status=VersionStatus.DRAFT)
+        not_lower = sorted(other.version for other in released if other.semver >= version.semver)
+        if not_lower:
+            raise VersionNotGreater(
+                f"{version.version} must be greater than every released version "
+                f"of {parent.name}; {', '.join(not_lower)} already exist.",
+                details={"version": version.version, "existing": not_lower},
+            )
+        version.status = VersionStatus.PUBLISHED
+        version.published_at = timezone.now()
+        version.published_by = actor
+        audited_save(version, actor=actor, reason="published")
+        _set_current(parent, version, actor=actor, reason=f"published {version.version}")
+    return version
+
+
+def _version_retire(*, version: V, actor: AbstractBaseUser, target: str, reason: str) -> V:
+    require_publisher(actor=actor, definition=version.parent)
+    with transaction.atomic():
+        parent, version = lock_version(version)
+        if version.status == target:
+            return version
+        _check_transition(version, target)
+        version.status = target
+        version.status_reason = reason
+        now = timezone.now()
+        if target == VersionStatus.DEPRECATED:
+            version.deprecated_at = now
+        else:
+            version.revoked_at = now
+        audited_save(version, actor=actor, reason=f"{target}: {reason}" if reason else target)
+        if parent.current_version_id == version.pk:
+            _set_current(
+                parent,
+                _latest_published(parent, excluding=version),
+                actor=actor,
+                reason=f"{version.version} {target}",
+            )
+    return version
+
+
+def version_deprecate(*, version: V, actor: AbstractBaseUser, reason: str = "") -> V:
+    """Deprecated versions keep serving existing pins; nothing new may pin them."""
+    return _version_retire(
+        version=version, actor=actor, target=VersionStatus.DEPRECATED, reason=reason
+    )
+
+
+def version_revoke(*, version: V, actor: AbstractBaseUser, reason: str = "") -> V:
+    """Revoked versions are never used again, pinned or not."""
+    return _version_retire(
+        version=version, actor=actor, target=VersionStatus.REVOKED, reason=reason
+    )
+
+
+def version_rollback(*, version: V, actor: AbstractBaseUser) -> V:
+    """Make an earlier published version current again."""
+    require_publisher(actor=actor, definition=version.parent)
+    with transaction.atomic():
+        parent, version = lock_version(version)
+        if version.status != VersionStatus.PUBLISHED:
+            raise InvalidStatusTransition(
+                f"Only a published version can be made current; {version.qualified_name} "
+                f"is {version.status}.",
+                details={"status": version.status},
+            )
+        if parent.current_version_id != version.pk:
+            _set_current(parent, version, actor=actor, reason=f"rolled back to {version.version}")
+    return version

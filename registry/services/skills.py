@@ -1,0 +1,157 @@
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from registry.choices import VersionStatus
+from registry.errors import DependencyUnavailable, ValidationFailed, VersionImmutable
+from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
+from registry.schemas import raise_if_errors, skill_version_errors
+from registry.selectors import tenant_has_grant
+from registry.services import lifecycle
+from registry.services.common import audited_save, full_clean_or_raise
+
+SKILL_CONTENT_FIELDS = (
+    "description",
+    "instructions",
+    "triggers",
+    "required_inputs",
+    "rules",
+    "examples",
+    "output_contract",
+    "acceptance_rules",
+)
+
+
+def skill_get_or_create(
+    *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
+) -> Skill:
+    skill = Skill.objects.filter(tenant=tenant, namespace=namespace, name=name).first()
+    if skill is None:
+        skill = Skill(tenant=tenant, namespace=namespace, name=name, created_by=actor)
+        lifecycle.require_publisher(actor=actor, definition=skill)
+        full_clean_or_raise(skill, exclude=["current_version"])
+        audited_save(skill, actor=actor, reason="created")
+    return skill
+
+
+def _pin_tools(
+    *, skill_version: SkillVersion, tool_versions: Sequence[ToolVersion], actor: AbstractBaseUser
+) -> None:
+    tool_ids = [tool_version.tool_id for tool_version in tool_versions]
+    if len(set(tool_ids)) != len(tool_ids):
+        raise ValidationFailed(
+            "A skill version pins one version of each tool.",
+            details={"tool_dependencies": ["The same tool is pinned twice."]},
+        )
+    skill_version.tool_dependencies.all().delete()
+    for tool_version in tool_versions:
+        audited_save(
+            SkillToolDependency(skill_version=skill_version, tool_version=tool_version),
+            actor=actor,
+            reason="pinned",
+        )
+
+
+def skill_version_create(
+    *,
+    actor: AbstractBaseUser,
+    tenant: Tenant | None,
+    name: str,
+    version: str,
+    namespace: str = "core",
+    tool_versions: Sequence[ToolVersion] = (),
+    **content: Any,
+) -> SkillVersion:
+    """A new draft version of a skill, pinning exact tool versions."""
+    with transaction.atomic():
+        skill = skill_get_or_create(actor=actor, tenant=tenant, name=name, namespace=namespace)
+        lifecycle.require_publisher(actor=actor, definition=skill)
+        skill_version = SkillVersion(skill=skill, version=version, created_by=actor, **content)
+        full_clean_or_raise(skill_version)
+        _validate_content(skill_version)
+        audited_save(skill_version, actor=actor, reason="draft created")
+        _pin_tools(skill_version=skill_version, tool_versions=tool_versions, actor=actor)
+    return skill_version
+
+
+def skill_version_update(
+    *,
+    skill_version: SkillVersion,
+    actor: AbstractBaseUser,
+    tool_versions: Sequence[ToolVersion] | None = None,
+    **content: Any,
+) -> SkillVersion:
+    """Edit a draft. Published versions are frozen: a change is a new version."""
+    lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
+    if skill_version.is_frozen:
+        raise VersionImmutable(
+            f"{skill_version.qualified_name} is {skill_version.status}; create a new version."
+        )
+    with transaction.atomic():
+        for field, value in content.items():
+            setattr(skill_version, field, value)
+        full_clean_or_raise(skill_version)
+        _validate_content(skill_version)
+        audited_save(skill_version, actor=actor, reason="draft edited")
+        if tool_versions is not None:
+            _pin_tools(skill_version=skill_version, tool_versions=tool_versions, actor=actor)
+    return skill_version
+
+
+def _validate_content(skill_version: SkillVersion) -> None:
+    values = {field: getattr(skill_version, field) for field in SKILL_CONTENT_FIELDS}
+    values["version"] = skill_version.version
+    raise_if_errors(
+        skill_version_errors(values),
+        f"{skill_version.qualified_name} breaks the skill contract: see details.",
+    )
+
+
+def skill_version_validate(skill_version: SkillVersion) -> None:
+    """Content contract, then every pinned tool version published and usable by the owner."""
+    _validate_content(skill_version)
+    skill = skill_version.skill
+    unavailable = {}
+    for dependency in skill_version.tool_dependencies.select_related(
+        "tool_version__tool"
+    ).select_for_update(of=("tool_version",)):
+        tool_version = dependency.tool_version
+        if tool_version.status != VersionStatus.PUBLISHED:
+            unavailable[str(tool_version)] = f"is {tool_version.status}, not published"
+        elif skill.tenant is None and tool_version.tool.tenant_id is not None:
+            unavailable[str(tool_version)] = "belongs to a tenant; a platform skill cannot pin it"
+        elif skill.tenant is not None and not tenant_has_grant(
+            tenant=skill.tenant, definition=tool_version.tool
+        ):
+            unavailable[str(tool_version)] = f"is not available to {skill.tenant}"
+    if unavailable:
+        raise DependencyUnavailable(
+            f"{skill_version.qualified_name} pins tool versions that cannot be used: "
+            + "; ".join(f"{name} {why}" for name, why in unavailable.items())
+            + ".",
+            details={"tool_dependencies": unavailable},
+        )
+
+
+def skill_version_publish(*, skill_version: SkillVersion, actor: AbstractBaseUser) -> SkillVersion:
+    return lifecycle.version_publish(
+        version=skill_version, actor=actor, validate=skill_version_validate
+    )
+
+
+def skill_version_deprecate(
+    *, skill_version: SkillVersion, actor: AbstractBaseUser, reason: str = ""
+) -> SkillVersion:
+    return lifecycle.version_deprecate(version=skill_version, actor=actor, reason=reason)
+
+
+def skill_version_revoke(
+    *, skill_version: SkillVersion, actor: AbstractBaseUser, reason: str = ""
+) -> SkillVersion:
+    return lifecycle.version_revoke(version=skill_version, actor=actor, reason=reason)
+
+
+def skill_rollback(*, skill_version: SkillVersion, actor: AbstractBaseUser) -> SkillVersion:
+    return lifecycle.version_rollback(version=skill_version, actor=actor)

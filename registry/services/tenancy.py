@@ -1,0 +1,93 @@
+from datetime import timedelta
+
+from django.conf import settings
+from django.contrib.auth import authenticate
+from django.contrib.auth.models import AbstractBaseUser, Group
+from django.db import transaction
+from django.utils import timezone
+from guardian.shortcuts import assign_perm, remove_perm
+
+from registry.choices import Role
+from registry.errors import PermissionDenied, ValidationFailed
+from registry.models import ApiToken, Membership, Tenant
+from registry.models.definitions import Definition
+from registry.models.tenancy import hash_token, new_token_key
+from registry.selectors import user_tenants
+from registry.services.common import audited_save, full_clean_or_raise
+
+
+def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Tenant:
+    """A tenant with its own grant group for platform-wide tools and skills."""
+    with transaction.atomic():
+        group, _ = Group.objects.get_or_create(name=f"tenant:{slug}")
+        tenant = Tenant(slug=slug, name=name, grant_group=group)
+        full_clean_or_raise(tenant)
+        audited_save(tenant, actor=actor, reason="created")
+    return tenant
+
+
+def membership_add(
+    *, actor: AbstractBaseUser | None, user: AbstractBaseUser, tenant: Tenant, role: Role | str
+) -> Membership:
+    membership = Membership.objects.filter(user=user, tenant=tenant, role=role).first()
+    if membership is None:
+        membership = Membership(user=user, tenant=tenant, role=role)
+        audited_save(membership, actor=actor, reason="role granted")
+    return membership
+
+
+def definition_grant(
+    *, actor: AbstractBaseUser, definition: Definition, tenant: Tenant, granted: bool = True
+) -> None:
+    """Grant (or withdraw) a tenant the use of a platform-wide tool or skill."""
+    if not actor.is_superuser:
+        raise PermissionDenied("Only platform admins grant platform-wide definitions.")
+    if definition.tenant_id is not None:
+        raise ValidationFailed(
+            "Only platform-wide definitions are granted; this one belongs to a tenant.",
+            details={"definition": [str(definition)]},
+        )
+    permission = f"registry.use_{definition._meta.model_name}"
+    if granted:
+        assign_perm(permission, tenant.grant_group, definition)
+    else:
+        remove_perm(permission, tenant.grant_group, definition)
+
+
+def api_token_issue(
+    *, username: str, password: str, tenant_slug: str | None = None
+) -> tuple[ApiToken, str]:
+    """Check credentials and issue a token bound to one tenant; returns (token, key).
+
+    A user in several tenants names the tenant; a user in one may leave it out.
+    """
+    user = authenticate(username=username, password=password)
+    if user is None or not user.is_active:
+        raise ValidationFailed(
+            "Unable to log in with the provided credentials.",
+            details={"non_field_errors": ["Invalid username or password."]},
+        )
+    tenants = user_tenants(user=user)
+    if tenant_slug:
+        tenant = tenants.filter(slug=tenant_slug).first()
+        if tenant is None:
+            raise ValidationFailed(
+                "You are not a member of that tenant.", details={"tenant": ["Unknown tenant."]}
+            )
+    else:
+        candidates = list(tenants[:2])
+        if len(candidates) != 1:
+            raise ValidationFailed(
+                "Name the tenant this token acts in.",
+                details={"tenant": ["Required: you belong to several tenants or none."]},
+            )
+        tenant = candidates[0]
+    key = new_token_key()
+    token = ApiToken.objects.create(
+        key_hash=hash_token(key),
+        prefix=key[:8],
+        user=user,
+        tenant=tenant,
+        expires_at=timezone.now() + timedelta(hours=settings.API_TOKEN_TTL_HOURS),
+    )
+    return token, key

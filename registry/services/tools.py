@@ -1,0 +1,113 @@
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from registry.errors import VersionImmutable
+from registry.models import Tenant, Tool, ToolVersion
+from registry.schemas import raise_if_errors, tool_version_errors
+from registry.services import lifecycle
+from registry.services.common import audited_save, full_clean_or_raise
+
+TOOL_CONTENT_FIELDS = (
+    "description",
+    "when_not_to_use",
+    "returns",
+    "input_schema",
+    "result_contract",
+    "risk",
+    "timeout_s",
+    "retry_policy",
+    "rate_limit",
+    "concurrency_cap",
+    "circuit_breaker",
+    "is_idempotent",
+    "supports_dry_run",
+    "approval_rule",
+    "data_classification",
+    "adapter_kind",
+    "adapter_config",
+)
+
+
+def tool_get_or_create(
+    *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
+) -> Tool:
+    tool = Tool.objects.filter(tenant=tenant, namespace=namespace, name=name).first()
+    if tool is None:
+        tool = Tool(tenant=tenant, namespace=namespace, name=name, created_by=actor)
+        lifecycle.require_publisher(actor=actor, definition=tool)
+        full_clean_or_raise(tool, exclude=["current_version"])
+        audited_save(tool, actor=actor, reason="created")
+    return tool
+
+
+def tool_version_create(
+    *,
+    actor: AbstractBaseUser,
+    tenant: Tenant | None,
+    name: str,
+    version: str,
+    namespace: str = "core",
+    **content: Any,
+) -> ToolVersion:
+    """A new draft version of a tool (the tool itself is created on first use of its name).
+
+    Drafts are held to the same content contract as published versions, so a bad input
+    schema is refused when it is written, not when someone tries to publish it."""
+    with transaction.atomic():
+        tool = tool_get_or_create(actor=actor, tenant=tenant, name=name, namespace=namespace)
+        lifecycle.require_publisher(actor=actor, definition=tool)
+        tool_version = ToolVersion(tool=tool, version=version, created_by=actor, **content)
+        full_clean_or_raise(tool_version)
+        tool_version_validate(tool_version)
+        audited_save(tool_version, actor=actor, reason="draft created")
+    return tool_version
+
+
+def tool_version_update(
+    *, tool_version: ToolVersion, actor: AbstractBaseUser, **content: Any
+) -> ToolVersion:
+    """Edit a draft. Published versions are frozen: a change is a new version."""
+    lifecycle.require_publisher(actor=actor, definition=tool_version.tool)
+    if tool_version.is_frozen:
+        raise VersionImmutable(
+            f"{tool_version.qualified_name} is {tool_version.status}; create a new version."
+        )
+    for field, value in content.items():
+        setattr(tool_version, field, value)
+    full_clean_or_raise(tool_version)
+    tool_version_validate(tool_version)
+    audited_save(tool_version, actor=actor, reason="draft edited")
+    return tool_version
+
+
+def tool_version_validate(tool_version: ToolVersion) -> None:
+    values = {field: getattr(tool_version, field) for field in TOOL_CONTENT_FIELDS}
+    values["version"] = tool_version.version
+    raise_if_errors(
+        tool_version_errors(values),
+        f"{tool_version.qualified_name} breaks the tool contract: see details.",
+    )
+
+
+def tool_version_publish(*, tool_version: ToolVersion, actor: AbstractBaseUser) -> ToolVersion:
+    return lifecycle.version_publish(
+        version=tool_version, actor=actor, validate=tool_version_validate
+    )
+
+
+def tool_version_deprecate(
+    *, tool_version: ToolVersion, actor: AbstractBaseUser, reason: str = ""
+) -> ToolVersion:
+    return lifecycle.version_deprecate(version=tool_version, actor=actor, reason=reason)
+
+
+def tool_version_revoke(
+    *, tool_version: ToolVersion, actor: AbstractBaseUser, reason: str = ""
+) -> ToolVersion:
+    return lifecycle.version_revoke(version=tool_version, actor=actor, reason=reason)
+
+
+def tool_rollback(*, tool_version: ToolVersion, actor: AbstractBaseUser) -> ToolVersion:
+    return lifecycle.version_rollback(version=tool_version, actor=actor)
