@@ -1,0 +1,57 @@
+# make run: the platform on the embedded default (SQLite, Celery eager, demo data, offline planner).
+# make test: the whole suite on PostgreSQL and Redis.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+TEST_ENV := DEBUG=0 SECRET_KEY=test-only-secret-key-not-for-production-use-1234567890abcdef \
+	DATABASE_URL=postgres://postgres@127.0.0.1:5432/agentgov \
+	REDIS_URL=redis://127.0.0.1:6379/0 SECURE_SSL_REDIRECT=0
+RUN_ENV := DEBUG=1 DATABASE_URL= REDIS_URL=
+
+.PHONY: install run test lint format migrations-check ci clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(RUN_ENV) $(BIN)/python manage.py migrate --noinput
+	$(RUN_ENV) $(BIN)/python manage.py seed_demo
+	@echo ""
+	@echo "  Home:      http://$(HOST):$(PORT)/"
+	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"
+	@echo "  API docs:  http://$(HOST):$(PORT)/api/docs/"
+	@echo "  Logins (password agents-demo): admin (platform admin), dave (publisher, acme),"
+	@echo "    alice (member, acme), bob (approver, acme), carol (auditor, acme), erin (member, globex)"
+	@echo "  Model: the offline deterministic planner (no provider is called)."
+	@echo ""
+	$(RUN_ENV) $(BIN)/python manage.py runserver $(HOST):$(PORT)
+
+test: install
+	./scripts/services.sh
+	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+migrations-check: install
+	$(RUN_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
+
+ci: lint migrations-check test
+
+clean:
+	rm -rf $(VENV) db.sqlite3 staticfiles

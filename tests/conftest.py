@@ -1,0 +1,118 @@
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from registry.choices import Role
+from registry.services import skills, tools
+from registry.services.tenancy import api_token_issue, membership_add
+from tests.registry.factories import (
+    PASSWORD,
+    TenantFactory,
+    UserFactory,
+    skill_content,
+    tool_content,
+)
+
+
+@pytest.fixture(autouse=True)
+def _empty_cache():
+    """Throttles and rate limits live in the cache (Redis under `make test`): start empty."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def acme(db):
+    return TenantFactory(slug="acme", name="Acme")
+
+
+@pytest.fixture
+def globex(db):
+    return TenantFactory(slug="globex", name="Globex")
+
+
+@pytest.fixture
+def platform_admin(db):
+    return UserFactory(username="root", is_staff=True, is_superuser=True)
+
+
+def _member(username: str, tenant, role: Role, **extra):
+    user = UserFactory(username=username, **extra)
+    membership_add(actor=None, user=user, tenant=tenant, role=role)
+    return user
+
+
+@pytest.fixture
+def publisher(acme):
+    return _member("dave", acme, Role.PUBLISHER, is_staff=True)
+
+
+@pytest.fixture
+def member(acme):
+    return _member("alice", acme, Role.MEMBER)
+
+
+@pytest.fixture
+def auditor(acme):
+    return _member("carol", acme, Role.AUDITOR)
+
+
+@pytest.fixture
+def globex_member(globex):
+    return _member("erin", globex, Role.MEMBER)
+
+
+@pytest.fixture
+def globex_publisher(globex):
+    return _member("gus", globex, Role.PUBLISHER, is_staff=True)
+
+
+@pytest.fixture
+def make_tool_version(publisher, acme):
+    """A draft tool version of acme, created by the publisher."""
+
+    def make(name: str = "project_search", version: str = "1.0.0", **overrides):
+        return tools.tool_version_create(
+            actor=overrides.pop("actor", publisher),
+            tenant=overrides.pop("tenant", acme),
+            name=name,
+            version=version,
+            **tool_content(**overrides),
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_skill_version(publisher, acme):
+    """A draft skill version of acme, created by the publisher."""
+
+    def make(name: str = "weekly-summary", version: str = "1.0.0", tool_versions=(), **overrides):
+        return skills.skill_version_create(
+            actor=overrides.pop("actor", publisher),
+            tenant=overrides.pop("tenant", acme),
+            name=name,
+            version=version,
+            tool_versions=tool_versions,
+            **skill_content(**overrides),
+        )
+
+    return make
+
+
+@pytest.fixture
+def api():
+    """An API client; `api.as_user(user, tenant)` authenticates it with a fresh token."""
+
+    client = APIClient()
+
+    def as_user(user, tenant=None):
+        _, key = api_token_issue(
+            username=user.username, password=PASSWORD, tenant_slug=tenant.slug if tenant else None
+        )
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    client.as_user = as_user
+    return client
