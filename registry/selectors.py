@@ -138,7 +138,7 @@ def user_may_publish(*, user: User, definition: Definition, tenant: Tenant | Non
     needs a platform admin or an object grant (django-guardian) of `publish_*` on it."""
     if not user.is_authenticated or not user.is_active:
         return False
-    if definition.tenant_id is None:
+    if definition.is_platform_wide:
         return user.is_superuser or user.has_perm(_publish_permission(type(definition)), definition)
     if tenant is not None and tenant.pk != definition.tenant_id:
         return False
