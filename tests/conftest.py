@@ -1,3 +1,5 @@
+import os
+
 import pytest
 from django.core.cache import cache
 from rest_framework.test import APIClient
@@ -12,6 +14,22 @@ from tests.registry.factories import (
     skill_content,
     tool_content,
 )
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings():
+    """A test database of this process's own, so two test sessions never share one."""
+    from django.conf import settings
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"].endswith("postgresql"):
+        database.setdefault("TEST", {})["NAME"] = f"test_{database['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    """The production hasher costs ~0.3 s per user; the tests do not measure it."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)

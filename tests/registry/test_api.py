@@ -1,0 +1,1149 @@
+"""The registry API: tokens, tenant isolation, the permission matrix, lifecycle commands,
+filters, pagination and the error body of DESIGN.md."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.conf import settings
+from rest_framework.throttling import ScopedRateThrottle
+
+from registry.choices import Risk, Role, VersionStatus
+from registry.models import ApiToken, Membership, Skill, SkillVersion, Tool, ToolVersion
+from registry.services import skills, tenancy, tools
+from tests.registry.factories import PASSWORD, UserFactory, skill_content, tool_content
+
+TOKEN_URL = "/api/v1/auth/token/"
+TOOLS = "/api/v1/tools"
+SKILLS = "/api/v1/skills"
+KINDS = ("tools", "skills")
+COMMANDS = ("publish", "deprecate", "revoke", "rollback")
+ENDPOINTS = ("list", "detail", "create", *COMMANDS)
+# Queries of one list request, whatever the number of rows: see test_*_bounded_number_of_queries.
+QUERY_BOUND = 10
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _create_body(kind: str, **overrides) -> dict:
+    if kind == "tools":
+        return {"name": "web_lookup", "version": "1.0.0", **tool_content(), **overrides}
+    return {"name": "incident-review", "version": "1.0.0", **skill_content(), **overrides}
+
+
+def _call(client, kind: str, endpoint: str, version=None, body=None):
+    """One request to a registry endpoint of `kind` ("tools" or "skills")."""
+    base = f"/api/v1/{kind}"
+    if endpoint == "list":
+        return client.get(base)
+    if endpoint == "detail":
+        return client.get(f"{base}/{version.pk}")
+    if endpoint == "create":
+        return client.post(base, body if body is not None else _create_body(kind), format="json")
+    return client.post(f"{base}/{version.pk}/{endpoint}", body or {}, format="json")
+
+
+def _registry_state() -> dict:
+    """Every version's status and every definition's current version, to prove nothing moved."""
+    return {
+        "tool_versions": sorted(ToolVersion.objects.values_list("id", "status")),
+        "skill_versions": sorted(SkillVersion.objects.values_list("id", "status")),
+        "tools": sorted(Tool.objects.values_list("id", "current_version_id")),
+        "skills": sorted(Skill.objects.values_list("id", "current_version_id")),
+    }
+
+
+def _error(response) -> dict:
+    return response.json()["error"]
+
+
+def _versions(response) -> list[tuple[str, str]]:
+    """(name, version) of each listed result, in the order given."""
+    results = response.json()["results"]
+    return [
+        ((result.get("tool") or result.get("skill"))["name"], result["version"])
+        for result in results
+    ]
+
+
+def _publish_tool(make_tool_version, publisher, **kwargs) -> ToolVersion:
+    version = make_tool_version(**kwargs)
+    return tools.tool_version_publish(tool_version=version, actor=publisher)
+
+
+def _publish_skill(make_skill_version, publisher, **kwargs) -> SkillVersion:
+    version = make_skill_version(**kwargs)
+    return skills.skill_version_publish(skill_version=version, actor=publisher)
+
+
+@pytest.fixture
+def catalog(publisher, make_tool_version, make_skill_version):
+    """Acme owns, for tools and for skills alike, a published 1.0.0 and a draft 2.0.0."""
+    return {
+        "tools": {
+            "published": _publish_tool(make_tool_version, publisher, version="1.0.0"),
+            "draft": make_tool_version(version="2.0.0"),
+        },
+        "skills": {
+            "published": _publish_skill(make_skill_version, publisher, version="1.0.0"),
+            "draft": make_skill_version(version="2.0.0"),
+        },
+    }
+
+
+# --- POST /api/v1/auth/token/ --------------------------------------------------------------
+
+
+def test_token_is_issued_for_the_only_tenant_of_a_user(api, member):
+    # given alice, a member of acme only
+    # when she exchanges her password for a token
+    before = datetime.now(UTC)
+    response = api.post(TOKEN_URL, {"username": "alice", "password": PASSWORD}, format="json")
+
+    # then she gets a key acting in acme, expiring after the configured lifetime
+    assert response.status_code == 200
+    body = response.json()
+    assert set(body) == {"token", "tenant", "expires_at"}
+    assert body["tenant"] == "acme"
+    assert body["token"].startswith("agt_")
+    lifetime = timedelta(hours=settings.API_TOKEN_TTL_HOURS)
+    expires_at = datetime.fromisoformat(body["expires_at"])
+    assert before + lifetime <= expires_at <= datetime.now(UTC) + lifetime
+    token = ApiToken.objects.get()
+    assert (token.user, token.tenant.slug, token.prefix) == (member, "acme", body["token"][:8])
+    # and the key itself works
+    api.credentials(HTTP_AUTHORIZATION=f"Token {body['token']}")
+    assert api.get(TOOLS).status_code == 200
+
+
+def test_token_with_a_wrong_password_is_refused(api, member):
+    response = api.post(TOKEN_URL, {"username": "alice", "password": "wrong"}, format="json")
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "code": "VALIDATION_ERROR",
+            "message": "Unable to log in with the provided credentials.",
+            "details": {"non_field_errors": ["Invalid username or password."]},
+        }
+    }
+    assert ApiToken.objects.count() == 0
+
+
+def test_token_request_with_an_unknown_field_is_refused(api, member):
+    response = api.post(
+        TOKEN_URL,
+        {"username": "alice", "password": PASSWORD, "scope": "admin"},
+        format="json",
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {"scope": ["Unknown field."]}
+    assert ApiToken.objects.count() == 0
+
+
+def test_token_for_a_user_in_two_tenants_must_name_the_tenant(
+    api, acme, globex, publisher, globex_publisher, make_tool_version
+):
+    # given frank, a member of acme and of globex, and one published tool in each tenant
+    frank = UserFactory(username="frank")
+    tenancy.membership_add(actor=None, user=frank, tenant=acme, role=Role.MEMBER)
+    tenancy.membership_add(actor=None, user=frank, tenant=globex, role=Role.MEMBER)
+    _publish_tool(make_tool_version, publisher, name="acme_search")
+    _publish_tool(
+        make_tool_version,
+        globex_publisher,
+        name="globex_search",
+        actor=globex_publisher,
+        tenant=globex,
+    )
+    credentials = {"username": "frank", "password": PASSWORD}
+
+    # when he asks without naming a tenant
+    unnamed = api.post(TOKEN_URL, credentials, format="json")
+
+    # then he is told to name one, and no token exists
+    assert unnamed.status_code == 400
+    assert unnamed.json() == {
+        "error": {
+            "code": "VALIDATION_ERROR",
+            "message": "Name the tenant this token acts in.",
+            "details": {"tenant": ["Required: you belong to several tenants or none."]},
+        }
+    }
+    assert ApiToken.objects.count() == 0
+
+    # when he names globex
+    named = api.post(TOKEN_URL, {**credentials, "tenant": "globex"}, format="json")
+
+    # then the token acts in globex: it sees globex's tool and not acme's
+    assert named.status_code == 200
+    assert named.json()["tenant"] == "globex"
+    api.credentials(HTTP_AUTHORIZATION=f"Token {named.json()['token']}")
+    listed = api.get(TOOLS)
+    assert listed.status_code == 200
+    assert _versions(listed) == [("globex_search", "1.0.0")]
+
+
+def test_token_for_a_tenant_the_user_is_not_in_is_refused(api, member, globex):
+    response = api.post(
+        TOKEN_URL, {"username": "alice", "password": PASSWORD, "tenant": "globex"}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"tenant": ["Unknown tenant."]}
+    assert ApiToken.objects.count() == 0
+
+
+def test_token_endpoint_is_throttled_with_retry_after(api, member, monkeypatch):
+    # given a rate of two token requests a minute
+    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"auth_token": "2/min"})
+    credentials = {"username": "alice", "password": PASSWORD}
+    first = api.post(TOKEN_URL, credentials, format="json")
+    second = api.post(TOKEN_URL, credentials, format="json")
+
+    # when a third arrives within the minute, with correct credentials
+    third = api.post(TOKEN_URL, credentials, format="json")
+
+    # then it is refused with 429 and told when to retry; no third token is issued
+    assert (first.status_code, second.status_code) == (200, 200)
+    assert third.status_code == 429
+    assert _error(third)["code"] == "RATE_LIMITED"
+    assert _error(third)["details"] == {}
+    assert 1 <= int(third["Retry-After"]) <= 60
+    assert ApiToken.objects.count() == 2
+
+
+def test_token_endpoint_default_rate_is_thirty_a_minute(api, db):
+    # given the configured rate (AUTH_TOKEN_RATE, 30/min by default)
+    assert settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["auth_token"] == "30/min"
+
+    # when 31 requests arrive within a minute (invalid ones count too)
+    statuses = [api.post(TOKEN_URL, {}, format="json").status_code for _ in range(31)]
+
+    # then the first 30 are answered and the 31st is throttled
+    assert statuses == [400] * 30 + [429]
+
+
+# --- tenant isolation ----------------------------------------------------------------------
+
+
+def test_another_tenant_sees_none_of_acmes_private_tools_or_skills(
+    api, catalog, globex, globex_member
+):
+    # given acme's published and draft tools and skills, and erin, a member of globex
+    client = api.as_user(globex_member, globex)
+    before = _registry_state()
+
+    for kind in KINDS:
+        # when erin lists them, then none shows
+        listed = client.get(f"/api/v1/{kind}")
+        assert listed.status_code == 200
+        assert listed.json()["count"] == 0
+        assert listed.json()["results"] == []
+        for state in ("published", "draft"):
+            version = catalog[kind][state]
+            # when she asks for one by id, then it does not exist for her
+            detail = client.get(f"/api/v1/{kind}/{version.pk}")
+            assert detail.status_code == 404
+            assert _error(detail)["code"] == "NOT_FOUND"
+            # nor can she act on it
+            for command in COMMANDS:
+                response = client.post(f"/api/v1/{kind}/{version.pk}/{command}", format="json")
+                assert response.status_code == 404, (kind, state, command)
+                assert _error(response)["code"] == "NOT_FOUND"
+    assert _registry_state() == before
+
+
+def test_filtering_by_name_does_not_reveal_another_tenants_tool(
+    api, catalog, globex, globex_member
+):
+    response = api.as_user(globex_member, globex).get(TOOLS, {"name": "project_search"})
+
+    assert response.status_code == 200
+    assert response.json()["count"] == 0
+
+
+def test_platform_wide_tool_is_visible_to_a_tenant_only_once_granted(
+    api, platform_admin, acme, globex, globex_member, member
+):
+    # given a published platform-wide tool, granted to nobody
+    version = tools.tool_version_create(
+        actor=platform_admin, tenant=None, name="web_search", version="1.0.0", **tool_content()
+    )
+    version = tools.tool_version_publish(tool_version=version, actor=platform_admin)
+    client = api.as_user(globex_member, globex)
+
+    # then globex does not see it
+    assert client.get(TOOLS).json()["count"] == 0
+    assert client.get(f"{TOOLS}/{version.pk}").status_code == 404
+
+    # when a platform admin grants it to globex
+    tenancy.definition_grant(actor=platform_admin, definition=version.tool, tenant=globex)
+
+    # then globex sees it, as a platform-wide tool
+    listed = client.get(TOOLS)
+    assert listed.json()["count"] == 1
+    assert listed.json()["results"][0]["tool"] == {
+        "id": str(version.tool.pk),
+        "name": "web_search",
+        "namespace": "core",
+        "tenant": None,
+    }
+    detail = client.get(f"{TOOLS}/{version.pk}")
+    assert detail.status_code == 200
+    assert detail.json()["id"] == str(version.pk)
+    # and acme, which was not granted it, still does not
+    assert api.as_user(member, acme).get(TOOLS).json()["count"] == 0
+
+    # when the grant is withdrawn, then globex loses it again
+    tenancy.definition_grant(
+        actor=platform_admin, definition=version.tool, tenant=globex, granted=False
+    )
+    client = api.as_user(globex_member, globex)
+    assert client.get(TOOLS).json()["count"] == 0
+    assert client.get(f"{TOOLS}/{version.pk}").status_code == 404
+
+
+def test_platform_wide_skill_is_visible_to_a_tenant_only_once_granted(
+    api, platform_admin, globex, globex_member
+):
+    version = skills.skill_version_create(
+        actor=platform_admin, tenant=None, name="web-research", version="1.0.0", **skill_content()
+    )
+    version = skills.skill_version_publish(skill_version=version, actor=platform_admin)
+    client = api.as_user(globex_member, globex)
+    assert client.get(SKILLS).json()["count"] == 0
+
+    tenancy.definition_grant(actor=platform_admin, definition=version.skill, tenant=globex)
+
+    assert _versions(client.get(SKILLS)) == [("web-research", "1.0.0")]
+    assert client.get(f"{SKILLS}/{version.pk}").status_code == 200
+
+
+# --- permission matrix ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_anonymous_is_asked_to_authenticate(api, catalog, kind, endpoint):
+    before = _registry_state()
+
+    response = _call(api, kind, endpoint, catalog[kind]["published"])
+
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
+    assert response.json() == {
+        "error": {
+            "code": "AUTHENTICATION_REQUIRED",
+            "message": "Authentication credentials were not provided.",
+            "details": {},
+        }
+    }
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "authorization",
+    ["Token agt_not-a-real-key", "Token", "Token two parts"],
+    ids=["unknown-key", "no-key", "malformed"],
+)
+def test_a_bad_token_is_asked_to_authenticate(api, catalog, kind, authorization):
+    api.credentials(HTTP_AUTHORIZATION=authorization)
+
+    response = api.get(f"/api/v1/{kind}")
+
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
+    assert _error(response)["code"] == "AUTHENTICATION_REQUIRED"
+
+
+@pytest.mark.parametrize("field", ["expires_at", "revoked_at"])
+def test_an_expired_or_revoked_token_is_asked_to_authenticate(api, member, field):
+    client = api.as_user(member)
+    ApiToken.objects.update(**{field: datetime.now(UTC) - timedelta(seconds=1)})
+
+    response = client.get(TOOLS)
+
+    assert response.status_code == 401
+    assert response.json()["error"] == {
+        "code": "AUTHENTICATION_REQUIRED",
+        "message": "Invalid or expired token.",
+        "details": {},
+    }
+
+
+@pytest.mark.parametrize("state", ["published", "draft"])
+@pytest.mark.parametrize("endpoint", ["detail", *COMMANDS])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_publisher_of_another_tenant_gets_404(
+    api, catalog, globex, globex_publisher, kind, endpoint, state
+):
+    client = api.as_user(globex_publisher, globex)
+    before = _registry_state()
+
+    response = _call(client, kind, endpoint, catalog[kind][state])
+
+    assert response.status_code == 404
+    assert _error(response)["code"] == "NOT_FOUND"
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_publisher_of_another_tenant_lists_nothing(api, catalog, globex, globex_publisher, kind):
+    response = api.as_user(globex_publisher, globex).get(f"/api/v1/{kind}")
+
+    assert response.status_code == 200
+    assert response.json() == {"count": 0, "next": None, "previous": None, "results": []}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_publisher_of_another_tenant_creates_in_its_own_tenant_only(
+    api, catalog, globex, globex_publisher, kind
+):
+    # given acme's project_search / weekly-summary, and gus, a publisher of globex
+    name = "project_search" if kind == "tools" else "weekly-summary"
+    client = api.as_user(globex_publisher, globex)
+
+    # when he creates a version with the same name
+    response = _call(client, kind, "create", body=_create_body(kind, name=name, version="9.0.0"))
+
+    # then it is globex's own definition; acme's is untouched
+    assert response.status_code == 201
+    created = response.json()["tool" if kind == "tools" else "skill"]
+    assert (created["name"], created["tenant"]) == (name, "globex")
+    acme_versions = catalog[kind]["published"].parent.versions.values_list("version", flat=True)
+    assert sorted(acme_versions) == ["1.0.0", "2.0.0"]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_token_whose_membership_was_removed_is_denied(api, catalog, member, kind, endpoint):
+    # given alice's token for acme, then her only membership is deleted
+    client = api.as_user(member)
+    Membership.objects.filter(user=member).delete()
+    before = _registry_state()
+
+    response = _call(client, kind, endpoint, catalog[kind]["published"])
+
+    assert response.status_code == 403
+    assert response.json() == {
+        "error": {
+            "code": "PERMISSION_DENIED",
+            "message": "You have no role in this tenant.",
+            "details": {},
+        }
+    }
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_reads_published_versions(api, catalog, member, kind):
+    client = api.as_user(member)
+    published = catalog[kind]["published"]
+
+    listed = _call(client, kind, "list")
+    detail = _call(client, kind, "detail", published)
+
+    assert listed.status_code == 200
+    assert [result["id"] for result in listed.json()["results"]] == [str(published.pk)]
+    assert detail.status_code == 200
+    assert detail.json()["id"] == str(published.pk)
+    assert detail.json()["status"] == "published"
+    assert detail.json()["is_current"] is True
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_may_not_create(api, catalog, member, kind):
+    client = api.as_user(member)
+    before = _registry_state()
+
+    response = _call(client, kind, "create")
+
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_may_not_run_lifecycle_commands(api, catalog, member, kind, command):
+    # given a version the member can see (so the refusal is about the role, not visibility)
+    client = api.as_user(member)
+    before = _registry_state()
+
+    response = _call(client, kind, command, catalog[kind]["published"])
+
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_does_not_see_drafts(api, catalog, member, kind):
+    client = api.as_user(member)
+    draft = catalog[kind]["draft"]
+
+    listed = _call(client, kind, "list")
+    detail = _call(client, kind, "detail", draft)
+
+    assert str(draft.pk) not in [result["id"] for result in listed.json()["results"]]
+    assert listed.json()["count"] == 1
+    assert detail.status_code == 404
+    assert _error(detail)["code"] == "NOT_FOUND"
+
+
+@pytest.mark.parametrize("role", ["publisher", "auditor"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_publishers_and_auditors_see_drafts(api, catalog, request, kind, role):
+    client = api.as_user(request.getfixturevalue(role))
+    draft, published = catalog[kind]["draft"], catalog[kind]["published"]
+
+    listed = _call(client, kind, "list")
+    detail = _call(client, kind, "detail", draft)
+
+    assert listed.status_code == 200
+    assert [result["id"] for result in listed.json()["results"]] == [
+        str(draft.pk),
+        str(published.pk),
+    ]
+    assert detail.status_code == 200
+    assert (detail.json()["status"], detail.json()["is_current"]) == ("draft", False)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_auditor_may_not_create(api, catalog, auditor, kind):
+    before = _registry_state()
+
+    response = _call(api.as_user(auditor), kind, "create")
+
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_publisher_creates_a_draft(api, catalog, publisher, kind):
+    response = _call(api.as_user(publisher), kind, "create")
+
+    assert response.status_code == 201
+    body = response.json()
+    assert (body["version"], body["status"], body["is_current"]) == ("1.0.0", "draft", False)
+    model = ToolVersion if kind == "tools" else SkillVersion
+    created = model.objects.get(pk=body["id"])
+    assert (created.status, created.parent.tenant.slug, created.created_by) == (
+        VersionStatus.DRAFT,
+        "acme",
+        publisher,
+    )
+
+
+@pytest.mark.parametrize(
+    ("command", "target", "status_after"),
+    [
+        ("publish", "draft", "published"),
+        ("deprecate", "published", "deprecated"),
+        ("revoke", "published", "revoked"),
+        ("rollback", "published", "published"),
+    ],
+)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_publisher_runs_lifecycle_commands(
+    api, catalog, publisher, kind, command, target, status_after
+):
+    version = catalog[kind][target]
+
+    response = _call(api.as_user(publisher), kind, command, version)
+
+    assert response.status_code == 200
+    assert response.json()["id"] == str(version.pk)
+    assert response.json()["status"] == status_after
+    version.refresh_from_db()
+    assert version.status == status_after
+
+
+# --- lifecycle -----------------------------------------------------------------------------
+
+
+def test_publish_makes_the_version_current(api, publisher, make_tool_version):
+    first = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    draft = make_tool_version(version="1.1.0")
+    client = api.as_user(publisher)
+
+    response = client.post(f"{TOOLS}/{draft.pk}/publish", format="json")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["status"], body["is_current"], body["published_by"]) == (
+        "published",
+        True,
+        "dave",
+    )
+    assert body["published_at"] is not None
+    assert client.get(f"{TOOLS}/{first.pk}").json()["is_current"] is False
+    assert Tool.objects.get().current_version_id == draft.pk
+
+
+def test_publish_of_a_version_not_greater_than_a_released_one_is_refused(
+    api, publisher, make_tool_version
+):
+    # given 2.0.0 published and 1.5.0 still a draft
+    released = _publish_tool(make_tool_version, publisher, version="2.0.0")
+    draft = make_tool_version(version="1.5.0")
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(f"{TOOLS}/{draft.pk}/publish", format="json")
+
+    assert response.status_code == 409
+    assert _error(response)["code"] == "VERSION_NOT_GREATER"
+    assert _error(response)["details"] == {"version": "1.5.0", "existing": ["2.0.0"]}
+    assert _registry_state() == before
+    assert Tool.objects.get().current_version_id == released.pk
+
+
+def test_publish_of_an_equal_version_of_a_revoked_release_is_refused(
+    api, publisher, make_tool_version, make_skill_version
+):
+    # given skill 1.0.0 published then revoked; a new draft may not reuse a lower number
+    released = _publish_skill(make_skill_version, publisher, version="1.2.0")
+    skills.skill_version_revoke(skill_version=released, actor=publisher)
+    draft = make_skill_version(version="1.1.0")
+
+    response = api.as_user(publisher).post(f"{SKILLS}/{draft.pk}/publish", format="json")
+
+    assert response.status_code == 409
+    assert _error(response)["code"] == "VERSION_NOT_GREATER"
+    draft.refresh_from_db()
+    assert draft.status == VersionStatus.DRAFT
+
+
+def test_publish_again_is_a_no_op(api, publisher, make_tool_version):
+    version = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    published_at = version.published_at
+    history = version.history.count()
+
+    response = api.as_user(publisher).post(f"{TOOLS}/{version.pk}/publish", format="json")
+
+    assert response.status_code == 200
+    assert (response.json()["status"], response.json()["is_current"]) == ("published", True)
+    version.refresh_from_db()
+    assert version.published_at == published_at
+    assert version.history.count() == history
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_deprecate_of_a_draft_is_an_invalid_transition(api, catalog, publisher, kind):
+    draft = catalog[kind]["draft"]
+    before = _registry_state()
+
+    response = _call(api.as_user(publisher), kind, "deprecate", draft, {"reason": "old"})
+
+    assert response.status_code == 409
+    assert _error(response)["code"] == "INVALID_STATUS_TRANSITION"
+    assert _error(response)["details"] == {"from": "draft", "to": "deprecated"}
+    assert _registry_state() == before
+
+
+def test_rollback_to_a_draft_is_an_invalid_transition(api, catalog, publisher):
+    before = _registry_state()
+
+    response = _call(api.as_user(publisher), "tools", "rollback", catalog["tools"]["draft"])
+
+    assert response.status_code == 409
+    assert _error(response)["code"] == "INVALID_STATUS_TRANSITION"
+    assert _registry_state() == before
+
+
+def test_revoke_moves_current_to_the_highest_remaining_published_version(
+    api, publisher, make_tool_version
+):
+    # given 1.1.0 created before 1.0.0, then 1.0.0, 1.1.0 and 2.0.0 published in that order
+    v110 = make_tool_version(version="1.1.0")
+    v100 = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    tools.tool_version_publish(tool_version=v110, actor=publisher)
+    v200 = _publish_tool(make_tool_version, publisher, version="2.0.0")
+    client = api.as_user(publisher)
+
+    # when the current 2.0.0 is revoked
+    response = client.post(f"{TOOLS}/{v200.pk}/revoke", {"reason": "leaks data"}, format="json")
+
+    # then 1.1.0, the highest remaining published version, is current
+    assert response.status_code == 200
+    assert response.json()["status"] == "revoked"
+    assert response.json()["status_reason"] == "leaks data"
+    assert response.json()["is_current"] is False
+    assert Tool.objects.get().current_version_id == v110.pk
+    assert client.get(f"{TOOLS}/{v110.pk}").json()["is_current"] is True
+    assert client.get(f"{TOOLS}/{v100.pk}").json()["is_current"] is False
+
+
+def test_revoke_skips_deprecated_versions_when_choosing_the_new_current(
+    api, publisher, make_tool_version
+):
+    v100 = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    v110 = _publish_tool(make_tool_version, publisher, version="1.1.0")
+    v200 = _publish_tool(make_tool_version, publisher, version="2.0.0")
+    client = api.as_user(publisher)
+    assert client.post(f"{TOOLS}/{v110.pk}/deprecate", format="json").status_code == 200
+
+    response = client.post(f"{TOOLS}/{v200.pk}/revoke", format="json")
+
+    assert response.status_code == 200
+    assert Tool.objects.get().current_version_id == v100.pk
+
+
+def test_revoke_of_the_only_published_version_leaves_no_current(
+    api, publisher, make_skill_version
+):
+    version = _publish_skill(make_skill_version, publisher, version="1.0.0")
+
+    response = api.as_user(publisher).post(f"{SKILLS}/{version.pk}/revoke", format="json")
+
+    assert response.status_code == 200
+    assert response.json()["is_current"] is False
+    assert Skill.objects.get().current_version_id is None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rollback_makes_an_earlier_published_version_current(
+    api, publisher, make_tool_version, make_skill_version, kind
+):
+    # given 1.0.0 and 2.0.0 published; 2.0.0 is current
+    if kind == "tools":
+        earlier = _publish_tool(make_tool_version, publisher, version="1.0.0")
+        later = _publish_tool(make_tool_version, publisher, version="2.0.0")
+    else:
+        earlier = _publish_skill(make_skill_version, publisher, version="1.0.0")
+        later = _publish_skill(make_skill_version, publisher, version="2.0.0")
+    client = api.as_user(publisher)
+
+    # when the publisher rolls back to 1.0.0
+    response = client.post(f"/api/v1/{kind}/{earlier.pk}/rollback", format="json")
+
+    # then 1.0.0 is current and 2.0.0 stays published, no longer current
+    assert response.status_code == 200
+    assert (response.json()["status"], response.json()["is_current"]) == ("published", True)
+    later_detail = client.get(f"/api/v1/{kind}/{later.pk}").json()
+    assert (later_detail["status"], later_detail["is_current"]) == ("published", False)
+    earlier.parent.refresh_from_db()
+    assert earlier.parent.current_version_id == earlier.pk
+
+
+def test_create_with_an_invalid_json_schema_is_refused_with_a_readable_message(api, publisher):
+    body = _create_body("tools", input_schema={"type": "strin"})
+
+    response = api.as_user(publisher).post(TOOLS, body, format="json")
+
+    assert response.status_code == 400
+    error = _error(response)
+    assert error["code"] == "VALIDATION_ERROR"
+    assert error["details"] == {
+        "input_schema": [
+            "Not a valid JSON Schema (Draft 2020-12) at type: "
+            "'strin' is not valid under any of the given schemas"
+        ]
+    }
+    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
+
+
+def test_create_with_an_open_input_schema_is_refused(api, publisher):
+    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {
+        "input_schema": ['The input schema must set "additionalProperties": false.']
+    }
+    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
+
+
+def test_create_with_an_unknown_field_is_refused(api, publisher):
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", colour="blue"), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"colour": ["Unknown field."]}
+    assert ToolVersion.objects.count() == 0
+
+
+def test_create_with_an_unknown_risk_is_refused(api, publisher):
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", risk="harmless"), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == ["risk"]
+    assert ToolVersion.objects.count() == 0
+
+
+def test_skill_create_pins_the_highest_published_version_of_a_major(
+    api, publisher, make_tool_version
+):
+    # given project_search 1.0.0, 1.2.0 and 2.0.0 published, and 1.3.0 a draft
+    _publish_tool(make_tool_version, publisher, version="1.0.0")
+    v120 = _publish_tool(make_tool_version, publisher, version="1.2.0")
+    _publish_tool(make_tool_version, publisher, version="2.0.0")
+    make_tool_version(version="1.3.0")
+
+    # when a skill pins "project_search@1"
+    response = api.as_user(publisher).post(
+        SKILLS,
+        _create_body("skills", tool_dependencies=["project_search@1"]),
+        format="json",
+    )
+
+    # then it pins 1.2.0 exactly
+    assert response.status_code == 201
+    assert response.json()["tool_dependencies"] == [
+        {"id": str(v120.pk), "name": "project_search", "version": "1.2.0", "status": "published"}
+    ]
+    skill_version = SkillVersion.objects.get(pk=response.json()["id"])
+    assert [d.tool_version_id for d in skill_version.tool_dependencies.all()] == [v120.pk]
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["project_search@2", "nowhere@1", "globex_only@1"],
+    ids=["draft-only", "unknown-tool", "other-tenants-tool"],
+)
+def test_skill_create_with_an_unresolvable_pin_is_a_validation_error(
+    api, publisher, globex, globex_publisher, make_tool_version, reference
+):
+    # given project_search 1.0.0 published, 2.0.0 a draft, and a tool published by globex
+    _publish_tool(make_tool_version, publisher, version="1.0.0")
+    make_tool_version(version="2.0.0")
+    _publish_tool(
+        make_tool_version,
+        globex_publisher,
+        name="globex_only",
+        actor=globex_publisher,
+        tenant=globex,
+    )
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=[reference]), format="json"
+    )
+
+    # then the body is invalid (400), not the URL (404); nothing is created
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert "tool_dependencies" in _error(response)["details"]
+    assert _registry_state() == before
+
+
+def test_skill_publish_with_a_revoked_pinned_tool_is_refused(api, publisher, make_tool_version):
+    # given a draft skill pinning project_search 1.0.0, which then gets revoked
+    pinned = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    client = api.as_user(publisher)
+    created = client.post(
+        SKILLS, _create_body("skills", tool_dependencies=["project_search@1.0.0"]), format="json"
+    )
+    assert created.status_code == 201
+    revoked = client.post(f"{TOOLS}/{pinned.pk}/revoke", {"reason": "broken"}, format="json")
+    assert revoked.status_code == 200
+    before = _registry_state()
+
+    # when the skill is published
+    response = client.post(f"{SKILLS}/{created.json()['id']}/publish", format="json")
+
+    # then it is refused, naming the unusable pin; the skill stays a draft
+    assert response.status_code == 409
+    assert _error(response)["code"] == "DEPENDENCY_UNAVAILABLE"
+    assert _error(response)["details"] == {
+        "tool_dependencies": {"project_search@1.0.0": "is revoked, not published"}
+    }
+    assert _registry_state() == before
+
+
+def test_lifecycle_command_with_an_unknown_field_is_refused(api, catalog, publisher):
+    version = catalog["tools"]["published"]
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        f"{TOOLS}/{version.pk}/deprecate", {"why": "old"}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"why": ["Unknown field."]}
+    assert _registry_state() == before
+
+
+# --- filters and pagination ----------------------------------------------------------------
+
+
+@pytest.fixture
+def tool_shelf(publisher, make_tool_version):
+    """project_search 1.0.0 published, 2.0.0 draft; mail_send 1.0.0 published (external side
+    effect), 1.1.0 deprecated."""
+    search_100 = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    search_200 = make_tool_version(version="2.0.0")
+    mail_100 = _publish_tool(
+        make_tool_version, publisher, name="mail_send", risk=Risk.EXTERNAL_SIDE_EFFECT
+    )
+    mail_110 = _publish_tool(
+        make_tool_version,
+        publisher,
+        name="mail_send",
+        version="1.1.0",
+        risk=Risk.EXTERNAL_SIDE_EFFECT,
+    )
+    tools.tool_version_deprecate(tool_version=mail_110, actor=publisher, reason="superseded")
+    return search_100, search_200, mail_100, mail_110
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({}, [("mail_send", "1.1.0"), ("mail_send", "1.0.0"), ("project_search", "2.0.0"),
+              ("project_search", "1.0.0")]),
+        ({"name": "project_search"}, [("project_search", "2.0.0"), ("project_search", "1.0.0")]),
+        ({"name": "project"}, []),
+        ({"status": "draft"}, [("project_search", "2.0.0")]),
+        ({"status": "deprecated"}, [("mail_send", "1.1.0")]),
+        ({"status": ["published", "deprecated"]},
+         [("mail_send", "1.1.0"), ("mail_send", "1.0.0"), ("project_search", "1.0.0")]),
+        ({"risk": "external_side_effect"}, [("mail_send", "1.1.0"), ("mail_send", "1.0.0")]),
+        ({"risk": "read", "status": "published"}, [("project_search", "1.0.0")]),
+    ],
+)  # fmt: skip
+def test_tools_list_filters(api, publisher, tool_shelf, query, expected):
+    response = api.as_user(publisher).get(TOOLS, query)
+
+    assert response.status_code == 200
+    assert response.json()["count"] == len(expected)
+    assert _versions(response) == expected
+
+
+@pytest.mark.parametrize("query", [{"status": "live"}, {"risk": "harmless"}])
+def test_tools_list_with_an_unknown_choice_is_a_validation_error(
+    api, publisher, tool_shelf, query
+):
+    response = api.as_user(publisher).get(TOOLS, query)
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == list(query)
+
+
+def test_skills_list_filters(api, publisher, make_skill_version):
+    _publish_skill(make_skill_version, publisher, version="1.0.0")
+    make_skill_version(version="1.1.0")
+    _publish_skill(make_skill_version, publisher, name="incident-review")
+    client = api.as_user(publisher)
+
+    by_name = client.get(SKILLS, {"name": "weekly-summary"})
+    by_status = client.get(SKILLS, {"status": "published"})
+    by_both = client.get(SKILLS, {"name": "weekly-summary", "status": "draft"})
+
+    assert _versions(by_name) == [("weekly-summary", "1.1.0"), ("weekly-summary", "1.0.0")]
+    assert _versions(by_status) == [("incident-review", "1.0.0"), ("weekly-summary", "1.0.0")]
+    assert _versions(by_both) == [("weekly-summary", "1.1.0")]
+    assert by_both.json()["count"] == 1
+
+
+def test_tools_list_is_paginated(api, publisher, make_tool_version):
+    for version in ("1.0.0", "1.1.0", "1.2.0"):
+        make_tool_version(version=version)
+    client = api.as_user(publisher)
+
+    first = client.get(TOOLS, {"page_size": 2})
+
+    assert first.status_code == 200
+    assert first.json()["count"] == 3
+    assert first.json()["previous"] is None
+    assert first.json()["next"] == "http://testserver/api/v1/tools?page=2&page_size=2"
+    assert _versions(first) == [("project_search", "1.2.0"), ("project_search", "1.1.0")]
+
+    second = client.get(first.json()["next"])
+
+    assert second.json()["count"] == 3
+    assert second.json()["next"] is None
+    assert second.json()["previous"] == "http://testserver/api/v1/tools?page_size=2"
+    assert _versions(second) == [("project_search", "1.0.0")]
+
+
+def test_skills_list_is_paginated(api, publisher, make_skill_version):
+    for version in ("1.0.0", "1.1.0", "1.2.0"):
+        make_skill_version(version=version)
+
+    response = api.as_user(publisher).get(SKILLS, {"page_size": 1, "page": 3})
+
+    assert response.json()["count"] == 3
+    assert response.json()["next"] is None
+    assert _versions(response) == [("weekly-summary", "1.0.0")]
+
+
+def test_a_page_past_the_end_is_not_found(api, publisher, make_tool_version):
+    make_tool_version()
+
+    response = api.as_user(publisher).get(TOOLS, {"page": 5})
+
+    assert response.status_code == 404
+    assert _error(response)["code"] == "NOT_FOUND"
+
+
+# --- error body ----------------------------------------------------------------------------
+
+
+def _bad_request(api, ctx):
+    return api.as_user(ctx["publisher"]).post(TOOLS, {"name": "x"}, format="json")
+
+
+def _unauthenticated(api, ctx):
+    return api.get(TOOLS)
+
+
+def _forbidden(api, ctx):
+    return api.as_user(ctx["member"]).post(TOOLS, _create_body("tools"), format="json")
+
+
+def _not_found(api, ctx):
+    return api.as_user(ctx["member"]).get(f"{TOOLS}/{uuid.uuid4()}")
+
+
+def _conflict(api, ctx):
+    draft = ctx["catalog"]["tools"]["draft"]
+    return api.as_user(ctx["publisher"]).post(f"{TOOLS}/{draft.pk}/deprecate", format="json")
+
+
+def _method_not_allowed(api, ctx):
+    published = ctx["catalog"]["tools"]["published"]
+    return api.as_user(ctx["publisher"]).delete(f"{TOOLS}/{published.pk}")
+
+
+@pytest.mark.parametrize(
+    ("make_request", "status", "code"),
+    [
+        (_bad_request, 400, "VALIDATION_ERROR"),
+        (_unauthenticated, 401, "AUTHENTICATION_REQUIRED"),
+        (_forbidden, 403, "PERMISSION_DENIED"),
+        (_not_found, 404, "NOT_FOUND"),
+        (_conflict, 409, "INVALID_STATUS_TRANSITION"),
+        (_method_not_allowed, 405, "METHOD_NOT_ALLOWED"),
+    ],
+    ids=["400", "401", "403", "404", "409", "405"],
+)
+def test_every_error_has_the_documented_body(
+    api, catalog, member, publisher, make_request, status, code
+):
+    ctx = {"catalog": catalog, "member": member, "publisher": publisher}
+    before = _registry_state()
+
+    response = make_request(api, ctx)
+
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert list(body) == ["error"]
+    assert sorted(body["error"]) == ["code", "details", "message"]
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str)
+    assert body["error"]["message"].strip()
+    assert isinstance(body["error"]["details"], dict)
+    assert _registry_state() == before
+
+
+def test_method_not_allowed_names_the_method(api, catalog, publisher):
+    published = catalog["tools"]["published"]
+
+    response = api.as_user(publisher).delete(f"{TOOLS}/{published.pk}")
+
+    assert response.status_code == 405
+    assert response.json() == {
+        "error": {
+            "code": "METHOD_NOT_ALLOWED",
+            "message": 'Method "DELETE" not allowed.',
+            "details": {},
+        }
+    }
+    assert ToolVersion.objects.filter(pk=published.pk).exists()
+
+
+@pytest.mark.parametrize("url", [TOKEN_URL, TOOLS])
+def test_malformed_json_is_a_validation_error(api, publisher, url):
+    if url == TOOLS:
+        api.as_user(publisher)
+
+    response = api.generic("POST", url, '{"name": "x",', content_type="application/json")
+
+    assert response.status_code == 400
+    error = _error(response)
+    assert error["code"] == "VALIDATION_ERROR"
+    assert error["message"].startswith("JSON parse error")
+    assert error["details"] == {}
+    assert (ToolVersion.objects.count(), ApiToken.objects.count()) == (0, 1 if url == TOOLS else 0)
+
+
+@pytest.mark.parametrize("suffix", ["", "/publish", "/revoke"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_non_uuid_id_is_not_found(api, member, kind, suffix):
+    client = api.as_user(member)
+    method = client.get if suffix == "" else client.post
+
+    response = method(f"/api/v1/{kind}/not-a-uuid{suffix}")
+
+    assert response.status_code == 404
+    assert response.json() == {
+        "error": {"code": "NOT_FOUND", "message": "No such version.", "details": {}}
+    }
+
+
+@pytest.mark.parametrize("path", ["/api/v1/nowhere", "/api/v1/tools/1/2/3", "/api/nothing/"])
+def test_an_unknown_api_path_answers_a_json_404(api, db, path):
+    response = api.get(path)
+
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "error": {"code": "NOT_FOUND", "message": "No such resource.", "details": {}}
+    }
+
+
+# --- query count ---------------------------------------------------------------------------
+
+
+def test_tools_list_runs_a_bounded_number_of_queries(
+    api, publisher, make_tool_version, django_assert_max_num_queries
+):
+    # given 20 versions of 5 tools, some published
+    for index in range(5):
+        for minor in range(4):
+            version = make_tool_version(name=f"tool_{index}", version=f"1.{minor}.0")
+            if minor < 2:
+                tools.tool_version_publish(tool_version=version, actor=publisher)
+    client = api.as_user(publisher)
+
+    # when the publisher lists them, then the queries do not grow with the rows:
+    # token, role check x3, the tenant's grants, count, the page (see the report for the bound)
+    with django_assert_max_num_queries(QUERY_BOUND):
+        response = client.get(TOOLS)
+
+    assert response.status_code == 200
+    assert response.json()["count"] == 20
+    assert len(response.json()["results"]) == 20
+
+
+def test_skills_list_runs_a_bounded_number_of_queries(
+    api, publisher, make_tool_version, make_skill_version, django_assert_max_num_queries
+):
+    pinned = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    for index in range(20):
+        make_skill_version(name=f"skill-{index}", tool_versions=[pinned])
+    client = api.as_user(publisher)
+
+    with django_assert_max_num_queries(QUERY_BOUND + 1):  # + the prefetch of tool pins
+        response = client.get(SKILLS)
+
+    assert response.json()["count"] == 20
+    assert all(len(result["tool_dependencies"]) == 1 for result in response.json()["results"])
+

@@ -1,0 +1,167 @@
+import uuid
+
+import pytest
+
+from registry.choices import Action, Role
+from registry.models import RolloutFlag
+from registry.selectors import (
+    definitions_visible,
+    rollout_bucket,
+    rollout_serves,
+    skill_version_for_actor,
+    tool_versions_visible,
+    user_can,
+)
+from registry.services import skills, tools
+from registry.services.tenancy import definition_grant, membership_add
+from tests.registry.factories import UserFactory
+
+
+def test_rollout_bucketing_is_deterministic():
+    actors = [str(uuid.UUID(int=n)) for n in range(100)]
+
+    first = [rollout_bucket(key="weekly-summary-4", actor_id=actor) for actor in actors]
+    second = [rollout_bucket(key="weekly-summary-4", actor_id=actor) for actor in actors]
+    other_flag = [rollout_bucket(key="another-flag", actor_id=actor) for actor in actors]
+
+    assert first == second
+    assert first != other_flag
+    assert all(0 <= bucket < 10_000 for bucket in first)
+
+
+@pytest.fixture
+def two_skill_versions(make_skill_version, publisher):
+    stable = skills.skill_version_publish(
+        skill_version=make_skill_version(version="3.2.0"), actor=publisher
+    )
+    candidate = skills.skill_version_publish(
+        skill_version=make_skill_version(version="3.3.0"), actor=publisher
+    )
+    skills.skill_rollback(skill_version=stable, actor=publisher)
+    stable.skill.refresh_from_db()
+    return stable, candidate
+
+
+@pytest.mark.parametrize("percentage", [5, 25, 50, 90])
+def test_rollout_serves_the_target_share_within_3_percent(two_skill_versions, acme, percentage):
+    stable, candidate = two_skill_versions
+    created = RolloutFlag.objects.create(
+        key="weekly-summary-3-3", skill=stable.skill, skill_version=candidate, percentage=percentage
+    )
+    flag = RolloutFlag.objects.prefetch_related("tenants").get(pk=created.pk)
+    actors = [f"user-{n}" for n in range(10_000)]
+
+    served = sum(rollout_serves(flag=flag, tenant=acme, actor_id=actor) for actor in actors)
+
+    assert abs(served / len(actors) - percentage / 100) <= 0.03
+
+
+def test_an_actor_keeps_its_version_across_runs(two_skill_versions, acme):
+    stable, candidate = two_skill_versions
+    RolloutFlag.objects.create(
+        key="weekly-summary-3-3", skill=stable.skill, skill_version=candidate, percentage=50
+    )
+
+    picks = {
+        actor: skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id=actor)
+        for actor in ("alice", "bob", "carol", "dave")
+    }
+
+    for _ in range(3):
+        for actor, version in picks.items():
+            assert (
+                skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id=actor) == version
+            )
+
+
+def test_rollout_to_listed_tenants_only(two_skill_versions, acme, globex):
+    stable, candidate = two_skill_versions
+    flag = RolloutFlag.objects.create(
+        key="acme-first", skill=stable.skill, skill_version=candidate, percentage=100
+    )
+    flag.tenants.add(acme)
+
+    assert skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id="a") == candidate
+    assert skill_version_for_actor(skill=stable.skill, tenant=globex, actor_id="a") == stable
+
+
+def test_an_inactive_or_revoked_rollout_serves_current(two_skill_versions, acme, publisher):
+    stable, candidate = two_skill_versions
+    flag = RolloutFlag.objects.create(
+        key="everyone", skill=stable.skill, skill_version=candidate, percentage=100
+    )
+    flag.is_active = False
+    flag.save()
+    assert skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id="a") == stable
+
+    flag.is_active = True
+    flag.save()
+    skills.skill_version_revoke(skill_version=candidate, actor=publisher)
+
+    assert skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id="a") == stable
+
+
+@pytest.mark.parametrize(
+    ("role", "allowed", "denied"),
+    [
+        (Role.MEMBER, {Action.REGISTRY_VIEW, Action.RUN_CREATE}, {Action.REGISTRY_PUBLISH}),
+        (Role.PUBLISHER, {Action.REGISTRY_PUBLISH}, {Action.APPROVAL_DECIDE, Action.RUN_CREATE}),
+        (Role.APPROVER, {Action.APPROVAL_DECIDE}, {Action.REGISTRY_PUBLISH}),
+        (
+            Role.AUDITOR,
+            {Action.RUN_VIEW_ALL, Action.REGISTRY_VIEW_UNPUBLISHED},
+            {Action.APPROVAL_DECIDE, Action.RUN_CREATE},
+        ),
+        (Role.ADMIN, set(Action.values), set()),
+    ],
+)
+def test_roles_grant_their_actions_in_their_tenant_only(acme, globex, role, allowed, denied):
+    user = UserFactory()
+    membership_add(actor=None, user=user, tenant=acme, role=role)
+
+    for action in allowed:
+        assert user_can(user=user, action=action, tenant=acme)
+        assert not user_can(user=user, action=action, tenant=globex)
+    for action in denied:
+        assert not user_can(user=user, action=action, tenant=acme)
+
+
+def test_a_user_may_hold_roles_in_several_tenants(acme, globex):
+    user = UserFactory()
+    membership_add(actor=None, user=user, tenant=acme, role=Role.PUBLISHER)
+    membership_add(actor=None, user=user, tenant=globex, role=Role.APPROVER)
+
+    assert user_can(user=user, action=Action.REGISTRY_PUBLISH, tenant=acme)
+    assert not user_can(user=user, action=Action.REGISTRY_PUBLISH, tenant=globex)
+    assert user_can(user=user, action=Action.APPROVAL_DECIDE, tenant=globex)
+
+
+def test_an_inactive_tenant_allows_nothing(acme, publisher):
+    acme.is_active = False
+    acme.save()
+
+    assert not user_can(user=publisher, action=Action.REGISTRY_VIEW, tenant=acme)
+
+
+def test_platform_tools_are_visible_only_to_granted_tenants(platform_admin, acme, globex, member):
+    version = tools.tool_version_create(
+        actor=platform_admin,
+        tenant=None,
+        name="web_fetch",
+        version="1.0.0",
+        description="Fetches a public page.",
+        input_schema={"type": "object", "additionalProperties": False},
+        risk="read",
+        adapter_kind="python",
+        adapter_config={"handler": "examples.handlers.web_fetch"},
+    )
+    tools.tool_version_publish(tool_version=version, actor=platform_admin)
+    assert not definitions_visible(model=type(version.tool), tenant=acme).exists()
+
+    definition_grant(actor=platform_admin, definition=version.tool, tenant=acme)
+
+    assert list(tool_versions_visible(user=member, tenant=acme)) == [version]
+    assert not definitions_visible(model=type(version.tool), tenant=globex).exists()
+
+    definition_grant(actor=platform_admin, definition=version.tool, tenant=acme, granted=False)
+    assert not tool_versions_visible(user=member, tenant=acme).exists()

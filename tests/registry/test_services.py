@@ -1,0 +1,339 @@
+import pytest
+
+from registry.choices import VersionStatus
+from registry.errors import (
+    DependencyUnavailable,
+    InvalidStatusTransition,
+    PermissionDenied,
+    ValidationFailed,
+    VersionImmutable,
+    VersionNotGreater,
+)
+from registry.models import SkillVersion, Tool, ToolVersion
+from registry.services import skills, tools
+from registry.services.tenancy import definition_grant
+
+
+def _published(make_tool_version, publisher, version: str, **overrides) -> ToolVersion:
+    tool_version = make_tool_version(version=version, **overrides)
+    return tools.tool_version_publish(tool_version=tool_version, actor=publisher)
+
+
+def test_publish_makes_the_version_current_and_records_who(make_tool_version, publisher):
+    draft = make_tool_version()
+
+    published = tools.tool_version_publish(tool_version=draft, actor=publisher)
+
+    assert published.status == VersionStatus.PUBLISHED
+    assert published.published_by == publisher
+    assert published.published_at is not None
+    assert Tool.objects.get(pk=draft.tool_id).current_version_id == draft.pk
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"type": "strin"}, "Not a valid JSON Schema (Draft 2020-12) at type"),
+        ({"type": "object"}, '"additionalProperties": false'),
+        (
+            {"type": "array", "additionalProperties": False},
+            '"type": "object"',
+        ),
+        (
+            {"type": "object", "required": ["x"], "additionalProperties": False},
+            "Required but not declared in properties: x.",
+        ),
+        ("not a schema", "must be a JSON object"),
+    ],
+)
+def test_an_invalid_input_schema_is_refused_with_a_readable_message(
+    make_tool_version, schema, message
+):
+    with pytest.raises(ValidationFailed) as refused:
+        make_tool_version(input_schema=schema)
+
+    assert any(message in line for line in refused.value.details["input_schema"])
+    assert not ToolVersion.objects.exists()
+
+
+def test_a_published_version_cannot_be_changed_through_the_service(make_tool_version, publisher):
+    published = _published(make_tool_version, publisher, "1.0.0")
+
+    with pytest.raises(VersionImmutable):
+        tools.tool_version_update(tool_version=published, actor=publisher, description="Changed.")
+
+    published.refresh_from_db()
+    assert published.description == "Reads a project's status. Does not change anything."
+
+
+def test_semver_must_grow_over_every_released_version(make_tool_version, publisher):
+    _published(make_tool_version, publisher, "2.0.0")
+    lower = make_tool_version(version="1.9.0")
+    equal_later = make_tool_version(version="2.0.0-rc.1")
+
+    with pytest.raises(VersionNotGreater) as refused:
+        tools.tool_version_publish(tool_version=lower, actor=publisher)
+    with pytest.raises(VersionNotGreater):
+        tools.tool_version_publish(tool_version=equal_later, actor=publisher)
+
+    assert refused.value.details == {"version": "1.9.0", "existing": ["2.0.0"]}
+    lower.refresh_from_db()
+    assert lower.status == VersionStatus.DRAFT
+    assert lower.tool.current_version.version == "2.0.0"
+
+
+def test_a_revoked_version_still_counts_for_semver(make_tool_version, publisher):
+    released = _published(make_tool_version, publisher, "1.0.0")
+    tools.tool_version_revoke(tool_version=released, actor=publisher, reason="leaks data")
+
+    with pytest.raises(VersionNotGreater):
+        tools.tool_version_publish(
+            tool_version=make_tool_version(version="1.0.0-fix"), actor=publisher
+        )
+
+
+def test_a_version_that_is_not_semver_is_refused(make_tool_version):
+    with pytest.raises(ValidationFailed) as refused:
+        make_tool_version(version="v2")
+
+    assert "version" in refused.value.details
+
+
+def test_publishing_twice_is_a_no_op(make_tool_version, publisher):
+    published = _published(make_tool_version, publisher, "1.0.0")
+    first_published_at = published.published_at
+
+    again = tools.tool_version_publish(tool_version=published, actor=publisher)
+
+    assert again.published_at == first_published_at
+    assert again.history.count() == published.history.count()
+
+
+def test_only_a_publisher_of_the_owner_tenant_may_publish(make_tool_version, member):
+    draft = make_tool_version()
+
+    with pytest.raises(PermissionDenied):
+        tools.tool_version_publish(tool_version=draft, actor=member)
+
+    draft.refresh_from_db()
+    assert draft.status == VersionStatus.DRAFT
+
+
+def test_deprecate_moves_current_to_the_highest_remaining_published(make_tool_version, publisher):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    second = _published(make_tool_version, publisher, "1.1.0")
+
+    tools.tool_version_deprecate(tool_version=second, actor=publisher, reason="slow")
+
+    second.refresh_from_db()
+    assert second.status == VersionStatus.DEPRECATED
+    assert second.status_reason == "slow"
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == first.pk
+
+
+def test_revoke_of_the_only_version_leaves_no_current(make_tool_version, publisher):
+    only = _published(make_tool_version, publisher, "1.0.0")
+
+    tools.tool_version_revoke(tool_version=only, actor=publisher, reason="unsafe")
+
+    only.refresh_from_db()
+    assert only.status == VersionStatus.REVOKED
+    assert only.revoked_at is not None
+    assert Tool.objects.get(pk=only.tool_id).current_version is None
+
+
+def test_a_revoked_version_can_never_be_used_again(make_tool_version, publisher):
+    revoked = _published(make_tool_version, publisher, "1.0.0")
+    tools.tool_version_revoke(tool_version=revoked, actor=publisher)
+
+    with pytest.raises(InvalidStatusTransition):
+        tools.tool_rollback(tool_version=revoked, actor=publisher)
+    with pytest.raises(InvalidStatusTransition):
+        tools.tool_version_publish(tool_version=revoked, actor=publisher)
+    with pytest.raises(InvalidStatusTransition):
+        tools.tool_version_deprecate(tool_version=revoked, actor=publisher)
+
+    assert Tool.objects.get(pk=revoked.tool_id).current_version is None
+
+
+def test_deprecating_a_draft_is_an_illegal_transition(make_tool_version, publisher):
+    draft = make_tool_version()
+
+    with pytest.raises(InvalidStatusTransition) as refused:
+        tools.tool_version_deprecate(tool_version=draft, actor=publisher)
+
+    assert refused.value.details == {"from": "draft", "to": "deprecated"}
+
+
+def test_rollback_makes_an_earlier_published_version_current(make_tool_version, publisher):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    second = _published(make_tool_version, publisher, "2.0.0")
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == second.pk
+
+    tools.tool_rollback(tool_version=first, actor=publisher)
+
+    tool = Tool.objects.get(pk=first.tool_id)
+    assert tool.current_version_id == first.pk
+    assert tool.history.first().history_change_reason == "rolled back to 1.0.0"
+    assert tool.history.first().history_user == publisher
+    second.refresh_from_db()
+    assert second.status == VersionStatus.PUBLISHED
+
+
+def test_rollback_to_a_deprecated_version_is_refused(make_tool_version, publisher):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    _published(make_tool_version, publisher, "2.0.0")
+    tools.tool_version_deprecate(tool_version=first, actor=publisher)
+
+    with pytest.raises(InvalidStatusTransition):
+        tools.tool_rollback(tool_version=first, actor=publisher)
+
+
+def test_history_rows_carry_the_acting_user_and_reason(make_tool_version, publisher):
+    draft = make_tool_version()
+    tools.tool_version_publish(tool_version=draft, actor=publisher)
+    tools.tool_version_revoke(tool_version=draft, actor=publisher, reason="bad data")
+
+    rows = list(
+        draft.history.order_by("history_date").values_list(
+            "history_type", "status", "history_user__username", "history_change_reason"
+        )
+    )
+
+    assert rows == [
+        ("+", "draft", "dave", "draft created"),
+        ("~", "published", "dave", "published"),
+        ("~", "revoked", "dave", "revoked: bad data"),
+    ]
+
+
+def test_a_skill_may_pin_only_published_tool_versions(
+    make_tool_version, make_skill_version, publisher
+):
+    published = _published(make_tool_version, publisher, "1.0.0")
+    draft_tool = make_tool_version(name="directory_lookup")
+    skill_version = make_skill_version(tool_versions=[published, draft_tool])
+
+    with pytest.raises(DependencyUnavailable) as refused:
+        skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+
+    assert refused.value.details == {
+        "tool_dependencies": {"directory_lookup@1.0.0": "is draft, not published"}
+    }
+    skill_version.refresh_from_db()
+    assert skill_version.status == VersionStatus.DRAFT
+
+
+@pytest.mark.parametrize("retire", [tools.tool_version_revoke, tools.tool_version_deprecate])
+def test_a_skill_cannot_be_published_on_a_retired_tool_version(
+    make_tool_version, make_skill_version, publisher, retire
+):
+    pinned = _published(make_tool_version, publisher, "1.0.0")
+    skill_version = make_skill_version(tool_versions=[pinned])
+    retire(tool_version=pinned, actor=publisher)
+
+    with pytest.raises(DependencyUnavailable):
+        skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+
+
+def test_a_skill_cannot_pin_another_tenants_tool(
+    make_tool_version, make_skill_version, publisher, globex, globex_publisher
+):
+    foreign = tools.tool_version_create(
+        actor=globex_publisher,
+        tenant=globex,
+        name="globex_search",
+        version="1.0.0",
+        description="Globex only.",
+        input_schema={"type": "object", "additionalProperties": False},
+        risk="read",
+        adapter_kind="python",
+        adapter_config={"handler": "examples.handlers.globex"},
+    )
+    tools.tool_version_publish(tool_version=foreign, actor=globex_publisher)
+    skill_version = make_skill_version(tool_versions=[foreign])
+
+    with pytest.raises(DependencyUnavailable) as refused:
+        skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+
+    assert refused.value.details["tool_dependencies"] == {
+        "globex_search@1.0.0": "is not available to acme"
+    }
+
+
+def test_a_granted_platform_tool_may_be_pinned(make_skill_version, publisher, platform_admin, acme):
+    platform_tool = tools.tool_version_create(
+        actor=platform_admin,
+        tenant=None,
+        name="web_fetch",
+        version="1.0.0",
+        description="Fetches a public page.",
+        input_schema={"type": "object", "additionalProperties": False},
+        risk="read",
+        adapter_kind="http",
+        adapter_config={"url": "https://fetch.internal/api", "credential_ref": "FETCH_TOKEN"},
+    )
+    tools.tool_version_publish(tool_version=platform_tool, actor=platform_admin)
+    skill_version = make_skill_version(tool_versions=[platform_tool])
+
+    with pytest.raises(DependencyUnavailable):
+        skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+    definition_grant(actor=platform_admin, definition=platform_tool.tool, tenant=acme)
+    skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+
+    assert SkillVersion.objects.get(pk=skill_version.pk).status == VersionStatus.PUBLISHED
+
+
+def test_a_tenant_publisher_cannot_manage_a_platform_tool(make_tool_version, publisher):
+    with pytest.raises(PermissionDenied):
+        make_tool_version(tenant=None, name="platform_only")
+
+    assert not Tool.objects.filter(name="platform_only").exists()
+
+
+def test_the_same_tool_cannot_be_pinned_twice(make_tool_version, make_skill_version, publisher):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    second = _published(make_tool_version, publisher, "1.1.0")
+
+    with pytest.raises(ValidationFailed):
+        make_skill_version(tool_versions=[first, second])
+
+    assert not SkillVersion.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"rules": [{"id": "a", "scope": "skill", "text": "no priority"}]}, "rules"),
+        (
+            {
+                "rules": [
+                    {"id": "a", "scope": "skill", "priority": 1, "text": "x"},
+                    {"id": "a", "scope": "skill", "priority": 2, "text": "y"},
+                ]
+            },
+            "rules",
+        ),
+        ({"output_contract": {}}, "output_contract"),
+        ({"triggers": []}, "triggers"),
+        ({"description": "  "}, "description"),
+    ],
+)
+def test_skill_content_must_follow_the_contract(make_skill_version, overrides, field):
+    with pytest.raises(ValidationFailed) as refused:
+        make_skill_version(**overrides)
+
+    assert field in refused.value.details
+
+
+def test_skill_publish_pins_survive_and_skill_becomes_current(
+    make_tool_version, make_skill_version, publisher
+):
+    pinned = _published(make_tool_version, publisher, "2.0.0")
+    skill_version = make_skill_version(version="3.2.0", tool_versions=[pinned])
+
+    skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+
+    skill_version.refresh_from_db()
+    assert skill_version.skill.current_version_id == skill_version.pk
+    assert [d.tool_version_id for d in skill_version.tool_dependencies.all()] == [pinned.pk]
