@@ -9,9 +9,9 @@ PORT ?= 8000
 TEST_ENV := DEBUG=0 SECRET_KEY=test-only-secret-key-not-for-production-use-1234567890abcdef \
 	DATABASE_URL=postgres://postgres@127.0.0.1:5432/agentgov \
 	REDIS_URL=redis://127.0.0.1:6379/0 SECURE_SSL_REDIRECT=0
-RUN_ENV := DEBUG=1 DATABASE_URL= REDIS_URL=
+RUN_ENV := env -u DATABASE_URL -u REDIS_URL DEBUG=1
 
-.PHONY: install run test lint format migrations-check ci clean
+.PHONY: install run test lint format migrations-check schema-check ci clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +51,10 @@ format: install
 migrations-check: install
 	$(RUN_ENV) $(BIN)/python manage.py makemigrations --check --dry-run
 
-ci: lint migrations-check test
+schema-check: install
+	$(RUN_ENV) $(BIN)/python manage.py spectacular --validate --fail-on-warn --file /dev/null
+
+ci: lint migrations-check schema-check test
 
 clean:
 	rm -rf $(VENV) db.sqlite3 staticfiles
