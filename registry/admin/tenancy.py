@@ -1,13 +1,14 @@
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from registry.admin.base import RegistryAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
 from registry.services.common import registry_object_save
-from registry.services.tenancy import tenant_create
+from registry.services.tenancy import api_tokens_revoke, tenant_create
 
 
 @admin.register(Tenant)
@@ -52,7 +53,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_filter = ("tenant",)
     search_fields = ("user__username", "prefix")
     list_select_related = ("user", "tenant")
-    readonly_fields = ("prefix", "user", "tenant", "created_at", "expires_at")
+    readonly_fields = ("prefix", "user", "tenant", "created_at", "expires_at", "revoked_at")
+    actions = ("revoke",)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.action(description="Revoke selected tokens")
+    def revoke(self, request: HttpRequest, queryset: QuerySet) -> None:
+        revoked = api_tokens_revoke(tokens=queryset)
+        self.message_user(request, f"{revoked} token(s) revoked.")

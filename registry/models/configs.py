@@ -1,5 +1,7 @@
+import re
 from decimal import Decimal
 
+from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
@@ -11,6 +13,10 @@ CREDENTIAL_REF_VALIDATOR = RegexValidator(
     "A credential reference is the NAME of an environment variable (e.g. OPENAI_API_KEY), "
     "never the secret itself.",
 )
+
+
+# Parameter names that would put a secret into the registry (and into its history).
+SECRET_LIKE_NAME = re.compile(r"key|token|secret|password|credential|authorization", re.I)
 
 
 class ModelConfig(models.Model):
@@ -64,6 +70,18 @@ class ModelConfig(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.get_provider_display()}: {self.model_name})"
 
+    def clean(self) -> None:
+        if not isinstance(self.parameters, dict):
+            raise ValidationError({"parameters": "Parameters are a JSON object."})
+        secret_like = sorted(name for name in self.parameters if SECRET_LIKE_NAME.search(name))
+        if secret_like:
+            raise ValidationError(
+                {
+                    "parameters": f"{', '.join(secret_like)} look like credentials; name the "
+                    "environment variable that holds the secret in credential_ref instead."
+                }
+            )
+
 
 class AgentConfig(models.Model):
     """An agent: its model, its statically bound skills, its policy and its budgets."""
@@ -109,3 +127,12 @@ class AgentConfig(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.name}"
+
+    def clean(self) -> None:
+        errors = {}
+        if self.model_config_id and self.model_config.tenant_id not in (None, self.tenant_id):
+            errors["model_config"] = "This model configuration belongs to another tenant."
+        if self.policy_id and self.policy.tenant_id != self.tenant_id:
+            errors["policy"] = "This policy belongs to another tenant."
+        if errors:
+            raise ValidationError(errors)

@@ -1,6 +1,9 @@
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
+
+from registry.choices import VersionStatus
 
 
 class RolloutFlag(models.Model):
@@ -39,3 +42,11 @@ class RolloutFlag(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}: {self.skill_version} to {self.percentage}%"
+
+    def clean(self) -> None:
+        if not (self.skill_id and self.skill_version_id):
+            return
+        if self.skill_version.skill_id != self.skill_id:
+            raise ValidationError({"skill_version": "This version belongs to another skill."})
+        if self.skill_version.status != VersionStatus.PUBLISHED:
+            raise ValidationError({"skill_version": "Only a published version can be rolled out."})

@@ -4,6 +4,7 @@ from django.conf import settings
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import AbstractBaseUser, Group
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
@@ -91,3 +92,8 @@ def api_token_issue(
         expires_at=timezone.now() + timedelta(hours=settings.API_TOKEN_TTL_HOURS),
     )
     return token, key
+
+
+def api_tokens_revoke(*, tokens: QuerySet[ApiToken]) -> int:
+    """Revoke tokens at once; a revoked token authenticates nothing. Returns how many."""
+    return tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())

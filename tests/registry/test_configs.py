@@ -1,0 +1,121 @@
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from registry.errors import ValidationFailed
+from registry.models import AgentConfig, ApiToken, ModelConfig, Policy, RolloutFlag
+from registry.services import skills
+from registry.services.common import registry_object_save
+from registry.services.tenancy import api_token_issue, api_tokens_revoke
+from tests.registry.factories import PASSWORD
+
+
+@pytest.fixture
+def offline_model(db):
+    return ModelConfig.objects.create(name="offline", provider="offline", model_name="planner")
+
+
+def test_a_model_config_refuses_secrets_in_its_parameters(platform_admin):
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        parameters={"temperature": 0.2, "api_key": "sk-live-123"},
+    )
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+
+    assert "api_key look like credentials" in refused.value.details["parameters"][0]
+    assert not ModelConfig.objects.exists()
+
+
+def test_a_credential_reference_is_a_variable_name_not_a_secret(platform_admin):
+    config = ModelConfig(
+        name="gpt", provider="openai_compatible", model_name="gpt-x", credential_ref="sk-live-1"
+    )
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+
+    assert "credential_ref" in refused.value.details
+
+
+def test_a_model_config_records_who_changed_it(platform_admin):
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        base_url="http://127.0.0.1:9000/v1",
+        credential_ref="OPENAI_API_KEY",
+        price_per_1k_input=Decimal("0.0025"),
+    )
+    registry_object_save(instance=config, actor=platform_admin, reason="added")
+
+    record = config.history.get()
+    assert (record.history_user, record.history_change_reason) == (platform_admin, "added")
+
+
+def test_an_agent_cannot_use_another_tenants_policy(acme, globex, offline_model, platform_admin):
+    foreign_policy = Policy.objects.create(tenant=globex, name="strict")
+    agent = AgentConfig(
+        tenant=acme, name="reporter", model_config=offline_model, policy=foreign_policy
+    )
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=agent, actor=platform_admin)
+
+    assert set(refused.value.details) == {"policy"}
+    assert not AgentConfig.objects.exists()
+
+
+def test_a_rollout_must_serve_a_published_version_of_its_own_skill(
+    make_skill_version, publisher, platform_admin
+):
+    published = skills.skill_version_publish(
+        skill_version=make_skill_version(version="1.0.0"), actor=publisher
+    )
+    draft = make_skill_version(version="1.1.0")
+    other = skills.skill_version_publish(
+        skill_version=make_skill_version(name="other-skill"), actor=publisher
+    )
+
+    for version, message in [
+        (draft, "Only a published version can be rolled out."),
+        (other, "This version belongs to another skill."),
+    ]:
+        flag = RolloutFlag(key="try", skill=published.skill, skill_version=version, percentage=10)
+        with pytest.raises(ValidationFailed) as refused:
+            registry_object_save(instance=flag, actor=platform_admin)
+        assert refused.value.details["skill_version"] == [message]
+    assert not RolloutFlag.objects.exists()
+
+
+def test_a_revoked_token_authenticates_nothing(api, member, acme):
+    client = api.as_user(member, acme)
+    assert client.get("/api/v1/tools").status_code == 200
+
+    assert api_tokens_revoke(tokens=ApiToken.objects.filter(user=member)) == 1
+
+    response = client.get("/api/v1/tools")
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "AUTHENTICATION_REQUIRED"
+
+
+def test_an_expired_token_authenticates_nothing(api, member, acme):
+    token, key = api_token_issue(username=member.username, password=PASSWORD)
+    ApiToken.objects.filter(pk=token.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+
+    assert api.get("/api/v1/tools").status_code == 401
+
+
+def test_only_a_hash_of_the_token_is_stored(member, acme):
+    token, key = api_token_issue(username=member.username, password=PASSWORD)
+
+    stored = ApiToken.objects.filter(pk=token.pk).values().get()
+    assert key not in {str(value) for value in stored.values()}
+    assert token.prefix == key[:8]
