@@ -8,6 +8,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from config.errors import ApplicationError
@@ -68,6 +69,40 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         headers["WWW-Authenticate"] = "Token"
         exc.status_code = status.HTTP_401_UNAUTHORIZED
     return Response(error_body(code, message, details), status=exc.status_code, headers=headers)
+
+
+MAX_JSON_DEPTH = 32
+
+
+def _json_problem(value: Any, depth: int = 0) -> str | None:
+    """Why a parsed body cannot be stored: nesting too deep, or a NUL character anywhere."""
+    if depth > MAX_JSON_DEPTH:
+        return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
+    if isinstance(value, str):
+        return "NUL characters are not allowed." if "\x00" in value else None
+    if isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    return next((p for item in items if (p := _json_problem(item, depth + 1))), None)
+
+
+class StrictJSONParser(JSONParser):
+    """JSON bodies PostgreSQL can store: no NUL characters, bounded nesting."""
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError as error:
+            raise exceptions.ParseError(
+                f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
+            ) from error
+        problem = _json_problem(data)
+        if problem:
+            raise exceptions.ParseError(problem)
+        return data
 
 
 class Pagination(PageNumberPagination):
