@@ -119,3 +119,33 @@ def api_server_error(request: HttpRequest) -> JsonResponse:
     return JsonResponse(
         error_body("INTERNAL_ERROR", "The server could not complete the request."), status=500
     )
+
+
+ERROR_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "example": "VALIDATION_ERROR"},
+                "message": {"type": "string"},
+                "details": {"type": "object", "additionalProperties": True},
+            },
+            "required": ["code", "message", "details"],
+        }
+    },
+    "required": ["error"],
+}
+
+
+def add_error_responses(result: dict, generator: Any, request: Any, public: bool) -> dict:
+    """drf-spectacular hook: document the one error body on every operation."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            operation.setdefault("responses", {})["4XX"] = {
+                "description": "Refused: the error body names the code.",
+                "content": reference,
+            }
+    return result

@@ -3,7 +3,7 @@ from typing import Any, ClassVar
 from uuid import UUID
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -36,7 +36,9 @@ class TokenView(APIView):
     throttle_classes: ClassVar[list] = [ScopedRateThrottle]
     throttle_scope = "auth_token"
 
-    @extend_schema(request=TokenRequestSerializer, responses={200: TokenSerializer}, auth=[])
+    @extend_schema(
+        tags=["auth"], request=TokenRequestSerializer, responses={200: TokenSerializer}, auth=[]
+    )
     def post(self, request: Request) -> Response:
         data = TokenRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -120,6 +122,8 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
 
 def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionViewSet]:
+    """Document one kind's endpoints; extend_schema_view copies inherited methods, so the
+    tool and skill viewsets never share (and overwrite) one schema."""
     output = viewset.output_serializer
     commands = {
         "publish": f"Publish a draft {kind} version; it becomes current and is frozen.",
@@ -127,20 +131,22 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
         "revoke": f"Revoke a {kind} version: it is never used again.",
         "rollback": f"Make an earlier published {kind} version current again.",
     }
-    for name, summary in commands.items():
-        method = getattr(viewset, name)
-        request = LifecycleSerializer if name in {"deprecate", "revoke"} else None
-        setattr(
-            viewset,
-            name,
-            extend_schema(summary=summary, request=request, responses={200: output})(method),
+    schemas = {
+        name: extend_schema(
+            summary=summary,
+            request=LifecycleSerializer if name in {"deprecate", "revoke"} else None,
+            responses={200: output},
         )
-    viewset.create = extend_schema(
+        for name, summary in commands.items()
+    }
+    schemas["create"] = extend_schema(
         summary=f"Create a draft {kind} version.",
         request=viewset.create_serializer,
         responses={201: output},
-    )(viewset.create)
-    return viewset
+    )
+    schemas["list"] = extend_schema(summary=f"{kind.title()} versions visible in your tenant.")
+    schemas["retrieve"] = extend_schema(summary=f"One {kind} version.")
+    return extend_schema_view(**schemas)(viewset)
 
 
 @extend_schema(tags=["tools"])
