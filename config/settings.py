@@ -175,6 +175,9 @@ SPECTACULAR_SETTINGS = {
 # An API token stops working this long after it was issued.
 API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)
 
+# History is evidence: it is browsed, never used to revert a row (a published version is frozen).
+SIMPLE_HISTORY_REVERT_DISABLED = True
+
 GUARDIAN_RAISE_403 = False
 GUARDIAN_ANONYMOUS_USER_NAME = None
 
