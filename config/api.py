@@ -1,6 +1,6 @@
 """API plumbing shared by every app: the error body, pagination, JSON 404/500 for /api/."""
 
-import logging
+import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -12,8 +12,6 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
 from config.errors import ApplicationError
-
-logger = logging.getLogger(__name__)
 
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (exceptions.ValidationError, "VALIDATION_ERROR"),
@@ -64,7 +62,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     message, details = _message_and_details(exc)
     headers = {}
     if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        headers["Retry-After"] = str(int(exc.wait) + 1)
+        headers["Retry-After"] = str(math.ceil(exc.wait))
     if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
         headers["WWW-Authenticate"] = "Token"
         exc.status_code = status.HTTP_401_UNAUTHORIZED

@@ -173,5 +173,6 @@ def seed_demo() -> SeedReport:
         admin,
         report,
     )
-    agent.skills.add(weekly_summary)
+    if not agent.skills.filter(pk=weekly_summary.pk).exists():
+        agent.skills.add(weekly_summary)
     return report

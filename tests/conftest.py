@@ -1,7 +1,11 @@
+import copy
 import os
 
 import pytest
+import redis
+from django.conf import settings
 from django.core.cache import cache
+from django.test import override_settings
 from rest_framework.test import APIClient
 
 from registry.choices import Role
@@ -19,8 +23,6 @@ from tests.registry.factories import (
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings():
     """A test database of this process's own, so two test sessions never share one."""
-    from django.conf import settings
-
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("postgresql"):
         database.setdefault("TEST", {})["NAME"] = f"test_{database['NAME']}_{os.getpid()}"
@@ -32,12 +34,32 @@ def _fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_namespace():
+    """Cache keys of this process's own, so two test sessions never share throttle state."""
+    caches = copy.deepcopy(settings.CACHES)
+    caches["default"]["KEY_PREFIX"] = f"test{os.getpid()}"
+    with override_settings(CACHES=caches):
+        yield
+
+
+def _clear_own_cache() -> None:
+    if not settings.REDIS_URL:
+        cache.clear()
+        return
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    keys = list(client.scan_iter(match=f"{settings.CACHES['default']['KEY_PREFIX']}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
 @pytest.fixture(autouse=True)
 def _empty_cache():
     """Throttles and rate limits live in the cache (Redis under `make test`): start empty."""
-    cache.clear()
+    _clear_own_cache()
     yield
-    cache.clear()
+    _clear_own_cache()
 
 
 @pytest.fixture

@@ -3,8 +3,9 @@
 from typing import Any
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
 
@@ -14,10 +15,20 @@ from registry.models import Tenant
 from registry.selectors import tenants_where_user_can
 
 
+def _detail_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {_detail_text(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return " ".join(map(_detail_text, value))
+    return str(value)
+
+
 def error_text(error: ApplicationError) -> str:
+    """A domain refusal as one readable sentence for an admin message."""
     details = "; ".join(
-        f"{field}: {' '.join(map(str, value)) if isinstance(value, list) else value}"
+        f"{field}: {_detail_text(value)}"
         for field, value in error.details.items()
+        if field not in {"from", "to"}
     )
     return f"{error.message} {details}".strip()
 
@@ -49,9 +60,17 @@ class RegistryAdmin(SimpleHistoryAdmin, GuardedModelAdmin):
         return queryset.filter(**{f"{self.tenant_lookup}__in": self.scoped_tenants(request)})
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        """Offer non-superusers only their own tenants, and only definitions they own."""
+        if not request.user.is_superuser:
+            related = db_field.related_model
+            if related is Tenant:
+                kwargs["queryset"] = self.scoped_tenants(request)
+            elif hasattr(related, "current_version"):
+                kwargs["queryset"] = related.objects.filter(tenant__in=self.scoped_tenants(request))
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
         if db_field.related_model is Tenant and not request.user.is_superuser:
-            kwargs["queryset"] = self.scoped_tenants(request)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+            field.required = True
+        return field
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)
@@ -67,6 +86,14 @@ class RegistryAdmin(SimpleHistoryAdmin, GuardedModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.is_active and request.user.is_superuser
+
+    def history_form_view(
+        self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        """A history record is evidence to read; posting it back would rewrite the row."""
+        if request.method == "POST":
+            raise DjangoPermissionDenied("History records cannot be reverted.")
+        return super().history_form_view(request, object_id, version_id, extra_context)
 
     def run_service(self, request: HttpRequest, call: Any, success: str) -> bool:
         """Run one service call; a domain refusal becomes a readable admin message."""

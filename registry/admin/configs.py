@@ -1,6 +1,7 @@
 from typing import Any
 
 from django.contrib import admin
+from django.db import models
 from django.http import HttpRequest
 
 from registry.admin.base import RegistryAdmin
@@ -30,6 +31,7 @@ class ModelConfigAdmin(ConfigAdmin):
     list_filter = ("provider", "is_active", "tenant")
     search_fields = ("name", "model_name")
     list_select_related = ("tenant",)
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
 @admin.register(AgentConfig)
@@ -45,7 +47,7 @@ class AgentConfigAdmin(ConfigAdmin):
     )
     list_filter = ("tenant", "is_active")
     search_fields = ("name", "description")
-    list_select_related = ("tenant", "model_config", "policy")
+    list_select_related = ("tenant", "model_config", "policy__tenant")
     filter_horizontal = ("skills",)
 
 
@@ -69,5 +71,5 @@ class RolloutFlagAdmin(ConfigAdmin):
     list_display = ("key", "skill", "skill_version", "percentage", "is_active")
     list_filter = ("is_active",)
     search_fields = ("key", "skill__name")
-    list_select_related = ("skill", "skill_version", "skill_version__skill")
+    list_select_related = ("skill__tenant", "skill_version__skill")
     filter_horizontal = ("tenants",)

@@ -5,7 +5,7 @@ from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import JSONField, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
@@ -15,7 +15,7 @@ from registry.admin.base import RegistryAdmin
 from registry.models import Skill, SkillToolDependency, SkillVersion, Tool, ToolVersion
 from registry.models.versions import LIFECYCLE_FIELDS, DefinitionVersion
 from registry.schemas import skill_version_errors, tool_version_errors
-from registry.selectors import version_diff
+from registry.selectors import user_may_publish, version_diff
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.skills import SKILL_CONTENT_FIELDS
@@ -23,10 +23,12 @@ from registry.services.tools import TOOL_CONTENT_FIELDS
 
 
 class DefinitionAdmin(RegistryAdmin):
+    """Non-superusers must name one of their tenants: only platform admins own
+    platform-wide definitions."""
+
     list_display = ("name", "namespace", "tenant", "current_version", "created_at")
     list_filter = ("tenant", "namespace")
     search_fields = ("name", "namespace")
-    list_select_related = ("tenant", "current_version")
     readonly_fields = ("current_version", "created_at", "created_by")
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
@@ -37,26 +39,36 @@ class DefinitionAdmin(RegistryAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(DefinitionAdmin):
-    pass
+    list_select_related = ("tenant", "current_version__tool")
 
 
 @admin.register(Skill)
 class SkillAdmin(DefinitionAdmin):
-    pass
+    list_select_related = ("tenant", "current_version__skill")
 
 
 class ContentValidatingForm(forms.ModelForm):
-    """Shows each contract violation next to its field instead of failing later."""
+    """Shows each contract violation next to its field instead of failing later, and refuses
+    a definition the user may not publish versions of."""
 
     content_errors: ClassVar[Callable[[dict[str, Any]], dict[str, list[str]]]]
+    user: ClassVar[Any] = None
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        if self.instance.pk and self.instance.is_frozen:
-            return cleaned
+        for name, value in list(cleaned.items()):
+            model_field = self._meta.model._meta.get_field(name)
+            if value is None and isinstance(model_field, JSONField) and not model_field.null:
+                cleaned[name] = model_field.get_default()
+        parent_field = self._meta.model.parent_field
+        parent = cleaned.get(parent_field)
+        if parent is not None and not user_may_publish(user=self.user, definition=parent):
+            self.add_error(parent_field, f"You may not manage versions of {parent}.")
         values = {**{f: getattr(self.instance, f, None) for f in self._meta.fields}, **cleaned}
         for field, field_errors in type(self).content_errors(values).items():
-            target = field if field in self.fields and field not in self.errors else None
+            if field in self.errors:
+                continue
+            target = field if field in self.fields else None
             for message in field_errors:
                 self.add_error(target, message if target else f"{field}: {message}")
         return cleaned
@@ -105,6 +117,14 @@ class VersionAdmin(RegistryAdmin):
         if obj is not None:
             return (obj.parent_field, *self.lifecycle_readonly)
         return self.lifecycle_readonly
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        return type(form.__name__, (form,), {"user": request.user})
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """A published version is frozen: its page is view-only, lifecycle actions move it."""
+        return super().has_change_permission(request, obj) and (obj is None or not obj.is_frozen)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return super().has_delete_permission(request, obj) and (obj is None or not obj.is_frozen)

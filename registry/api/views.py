@@ -23,7 +23,7 @@ from registry.api.serializers import (
     ToolVersionCreateSerializer,
     ToolVersionSerializer,
 )
-from registry.errors import NotFound
+from registry.errors import NotFound, ValidationFailed
 from registry.models.versions import DefinitionVersion
 from registry.services import skills, tenancy, tools
 
@@ -179,10 +179,15 @@ class SkillVersionViewSet(VersionViewSet):
     def _created(self, data: dict[str, Any]) -> DefinitionVersion:
         tenant = self.request.auth.tenant
         references = data.pop("tool_dependencies", [])
-        pinned = [
-            selectors.tool_version_resolve(tenant=tenant, reference=reference)
-            for reference in references
-        ]
+        try:
+            pinned = [
+                selectors.tool_version_resolve(tenant=tenant, reference=reference)
+                for reference in references
+            ]
+        except NotFound as error:
+            raise ValidationFailed(
+                error.message, details={"tool_dependencies": [error.message]}
+            ) from error
         return skills.skill_version_create(
             actor=self.request.user, tenant=tenant, tool_versions=pinned, **data
         )

@@ -1,6 +1,7 @@
 """The registry API: tokens, tenant isolation, the permission matrix, lifecycle commands,
 filters, pagination and the error body of DESIGN.md."""
 
+import re
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -215,8 +216,14 @@ def test_token_endpoint_is_throttled_with_retry_after(api, member, monkeypatch):
     assert third.status_code == 429
     assert _error(third)["code"] == "RATE_LIMITED"
     assert _error(third)["details"] == {}
-    assert 1 <= int(third["Retry-After"]) <= 60
     assert ApiToken.objects.count() == 2
+    # the header agrees with the message and never exceeds the throttle's one-minute window
+    promised = re.fullmatch(
+        r"Request was throttled\. Expected available in (\d+) seconds?\.", _error(third)["message"]
+    )
+    assert promised is not None, _error(third)["message"]
+    assert third["Retry-After"] == promised.group(1)
+    assert 1 <= int(third["Retry-After"]) <= 60
 
 
 def test_token_endpoint_default_rate_is_thirty_a_minute(api, db):
@@ -698,9 +705,7 @@ def test_revoke_skips_deprecated_versions_when_choosing_the_new_current(
     assert Tool.objects.get().current_version_id == v100.pk
 
 
-def test_revoke_of_the_only_published_version_leaves_no_current(
-    api, publisher, make_skill_version
-):
+def test_revoke_of_the_only_published_version_leaves_no_current(api, publisher, make_skill_version):
     version = _publish_skill(make_skill_version, publisher, version="1.0.0")
 
     response = api.as_user(publisher).post(f"{SKILLS}/{version.pk}/revoke", format="json")
@@ -868,6 +873,74 @@ def test_skill_publish_with_a_revoked_pinned_tool_is_refused(api, publisher, mak
     assert _registry_state() == before
 
 
+def test_create_of_an_existing_version_number_is_a_validation_error(
+    api, publisher, make_tool_version
+):
+    make_tool_version(version="1.0.0")
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", name="project_search", version="1.0.0"), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _registry_state() == before
+
+
+def test_skill_create_pinning_one_tool_twice_is_a_validation_error(
+    api, publisher, make_tool_version
+):
+    _publish_tool(make_tool_version, publisher, version="1.0.0")
+    _publish_tool(make_tool_version, publisher, version="1.1.0")
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        SKILLS,
+        _create_body("skills", tool_dependencies=["project_search@1.0.0", "project_search@1.1.0"]),
+        format="json",
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {"tool_dependencies": ["The same tool is pinned twice."]}
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_tenant_granted_a_platform_tool_may_use_but_not_manage_it(
+    api, platform_admin, globex, globex_publisher, command
+):
+    # given a published platform-wide tool granted to globex
+    version = tools.tool_version_create(
+        actor=platform_admin, tenant=None, name="web_search", version="1.0.0", **tool_content()
+    )
+    version = tools.tool_version_publish(tool_version=version, actor=platform_admin)
+    tenancy.definition_grant(actor=platform_admin, definition=version.tool, tenant=globex)
+    client = api.as_user(globex_publisher, globex)
+    assert client.get(f"{TOOLS}/{version.pk}").status_code == 200
+    before = _registry_state()
+
+    # when globex's publisher runs a lifecycle command on it
+    response = client.post(f"{TOOLS}/{version.pk}/{command}", format="json")
+
+    # then only platform admins manage platform-wide tools
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
+def test_a_token_of_a_deactivated_tenant_is_asked_to_authenticate(api, acme, member):
+    client = api.as_user(member)
+    acme.is_active = False
+    acme.save()
+
+    response = client.get(TOOLS)
+
+    assert response.status_code == 401
+    assert _error(response)["code"] == "AUTHENTICATION_REQUIRED"
+
+
 def test_lifecycle_command_with_an_unknown_field_is_refused(api, catalog, publisher):
     version = catalog["tools"]["published"]
     before = _registry_state()
@@ -928,9 +1001,7 @@ def test_tools_list_filters(api, publisher, tool_shelf, query, expected):
 
 
 @pytest.mark.parametrize("query", [{"status": "live"}, {"risk": "harmless"}])
-def test_tools_list_with_an_unknown_choice_is_a_validation_error(
-    api, publisher, tool_shelf, query
-):
+def test_tools_list_with_an_unknown_choice_is_a_validation_error(api, publisher, tool_shelf, query):
     response = api.as_user(publisher).get(TOOLS, query)
 
     assert response.status_code == 400
@@ -1019,6 +1090,10 @@ def _conflict(api, ctx):
     return api.as_user(ctx["publisher"]).post(f"{TOOLS}/{draft.pk}/deprecate", format="json")
 
 
+def _unsupported_media_type(api, ctx):
+    return api.as_user(ctx["publisher"]).post(TOOLS, "name=x", content_type="text/plain")
+
+
 def _method_not_allowed(api, ctx):
     published = ctx["catalog"]["tools"]["published"]
     return api.as_user(ctx["publisher"]).delete(f"{TOOLS}/{published.pk}")
@@ -1033,8 +1108,9 @@ def _method_not_allowed(api, ctx):
         (_not_found, 404, "NOT_FOUND"),
         (_conflict, 409, "INVALID_STATUS_TRANSITION"),
         (_method_not_allowed, 405, "METHOD_NOT_ALLOWED"),
+        (_unsupported_media_type, 415, "UNSUPPORTED_MEDIA_TYPE"),
     ],
-    ids=["400", "401", "403", "404", "409", "405"],
+    ids=["400", "401", "403", "404", "409", "405", "415"],
 )
 def test_every_error_has_the_documented_body(
     api, catalog, member, publisher, make_request, status, code
@@ -1148,4 +1224,3 @@ def test_skills_list_runs_a_bounded_number_of_queries(
 
     assert response.json()["count"] == 20
     assert all(len(result["tool_dependencies"]) == 1 for result in response.json()["results"])
-

@@ -1,0 +1,138 @@
+"""Settings come from the environment: each case runs in a fresh interpreter with a controlled
+environment, so nothing leaks in from the test run's own variables."""
+
+import json
+import os
+import secrets
+import string
+import subprocess
+import sys
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+
+# Prints what the embedded default decides: the database engine and Celery's configuration as
+# the Celery app itself sees it.
+SHOW_SETTINGS = """
+import json, django
+django.setup()
+from django.conf import settings
+from config.celery import app
+print(json.dumps({
+    "engine": settings.DATABASES["default"]["ENGINE"],
+    "eager": settings.CELERY_TASK_ALWAYS_EAGER,
+    "broker": settings.CELERY_BROKER_URL,
+    "app_eager": app.conf.task_always_eager,
+    "app_broker": app.conf.broker_url,
+    "cache": settings.CACHES["default"]["BACKEND"],
+}))
+"""
+
+
+def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """Python with only PATH and `env` set (no DATABASE_URL, REDIS_URL... unless given)."""
+    environment = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "config.settings", **env}
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=BASE_DIR,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _random_secret_key() -> str:
+    alphabet = string.ascii_letters + string.digits + "!@#%^&*(-_=+)"
+    return "".join(secrets.choice(alphabet) for _ in range(60))
+
+
+def test_settings_refuse_to_load_without_a_secret_key_when_debug_is_off():
+    result = _run("-c", "import config.settings", DEBUG="0")
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_settings_refuse_an_empty_secret_key_when_debug_is_off():
+    result = _run("-c", "import config.settings", DEBUG="0", SECRET_KEY="")
+
+    assert result.returncode != 0
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_debug_is_off_unless_asked_for():
+    # given no DEBUG at all, a secret key is still required: DEBUG defaults to off
+    result = _run("-c", "import config.settings")
+
+    assert result.returncode != 0
+    assert "SECRET_KEY" in result.stderr
+
+
+def test_deploy_check_passes_with_production_settings():
+    # given DEBUG off, a strong secret key and a host, on the embedded database
+    result = _run(
+        "manage.py",
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DEBUG="0",
+        SECRET_KEY=_random_secret_key(),
+        ALLOWED_HOSTS="example.com",
+    )
+
+    # then Django's deployment checklist raises nothing, not even a warning
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified no issues" in result.stdout
+
+
+def test_embedded_default_uses_sqlite_and_eager_celery():
+    result = _run("-c", SHOW_SETTINGS, DEBUG="1")
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "engine": "django.db.backends.sqlite3",
+        "eager": True,
+        "broker": "memory://",
+        "app_eager": True,
+        "app_broker": "memory://",
+        "cache": "django.core.cache.backends.locmem.LocMemCache",
+    }
+
+
+def test_empty_service_urls_mean_the_embedded_default():
+    # `make run` sets DATABASE_URL= and REDIS_URL= (empty): same as unset
+    result = _run("-c", SHOW_SETTINGS, DEBUG="1", DATABASE_URL="", REDIS_URL="")
+
+    assert result.returncode == 0, result.stderr
+    settings = json.loads(result.stdout)
+    assert (settings["engine"], settings["eager"], settings["broker"]) == (
+        "django.db.backends.sqlite3",
+        True,
+        "memory://",
+    )
+
+
+def test_service_urls_switch_to_postgresql_and_a_redis_broker():
+    redis_url = "redis://127.0.0.1:6379/3"
+
+    result = _run(
+        "-c",
+        SHOW_SETTINGS,
+        DEBUG="1",
+        DATABASE_URL="postgres://agents:secret@db.internal:5432/agentgov",
+        REDIS_URL=redis_url,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "engine": "django.db.backends.postgresql",
+        "eager": False,
+        "broker": redis_url,
+        "app_eager": False,
+        "app_broker": redis_url,
+        "cache": "django.core.cache.backends.redis.RedisCache",
+    }

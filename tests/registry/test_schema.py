@@ -1,0 +1,119 @@
+"""The OpenAPI document at /api/schema/ and the Swagger UI at /api/docs/."""
+
+import re
+
+import pytest
+
+V1_PATHS = [
+    "/api/v1/auth/token/",
+    *(
+        path
+        for kind in ("tools", "skills")
+        for path in (
+            f"/api/v1/{kind}",
+            f"/api/v1/{kind}/{{id}}",
+            f"/api/v1/{kind}/{{id}}/publish",
+            f"/api/v1/{kind}/{{id}}/deprecate",
+            f"/api/v1/{kind}/{{id}}/revoke",
+            f"/api/v1/{kind}/{{id}}/rollback",
+        )
+    ),
+]
+
+
+@pytest.fixture
+def schema(client, db):
+    response = client.get("/api/schema/", {"format": "json"})
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_schema_is_served_without_authentication(client, db):
+    response = client.get("/api/schema/", {"format": "json"})
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("application/vnd.oai.openapi+json")
+    document = response.json()
+    assert document["openapi"].startswith("3.")
+    assert document["info"]["title"] == "Agent Governance Platform API"
+
+
+def test_schema_lists_every_v1_endpoint(schema):
+    assert sorted(path for path in schema["paths"] if path.startswith("/api/v1/")) == sorted(
+        V1_PATHS
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "methods"),
+    [
+        ("/api/v1/auth/token/", {"post"}),
+        ("/api/v1/tools", {"get", "post"}),
+        ("/api/v1/tools/{id}", {"get"}),
+        ("/api/v1/tools/{id}/publish", {"post"}),
+        ("/api/v1/tools/{id}/deprecate", {"post"}),
+        ("/api/v1/tools/{id}/revoke", {"post"}),
+        ("/api/v1/tools/{id}/rollback", {"post"}),
+        ("/api/v1/skills", {"get", "post"}),
+        ("/api/v1/skills/{id}", {"get"}),
+        ("/api/v1/skills/{id}/publish", {"post"}),
+        ("/api/v1/skills/{id}/deprecate", {"post"}),
+        ("/api/v1/skills/{id}/revoke", {"post"}),
+        ("/api/v1/skills/{id}/rollback", {"post"}),
+    ],
+)
+def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):
+    operations = {key for key in schema["paths"][path] if key != "parameters"}
+
+    assert operations == methods
+
+
+def test_schema_declares_token_authentication(schema):
+    assert schema["components"]["securitySchemes"]["tokenAuth"] == {
+        "type": "apiKey",
+        "in": "header",
+        "name": "Authorization",
+        "description": 'Send "Token <key>" from POST /api/v1/auth/token/.',
+    }
+    # every registry operation asks for the token; getting one asks for nothing
+    for path in V1_PATHS[1:]:
+        for method, operation in schema["paths"][path].items():
+            assert operation["security"] == [{"tokenAuth": []}], (path, method)
+    token_requirements = schema["paths"]["/api/v1/auth/token/"]["post"].get("security", [])
+    assert [requirement for requirement in token_requirements if requirement] == []
+    assert "security" not in schema
+
+
+def test_docs_page_serves_swagger_ui_from_local_static_files(client, db):
+    response = client.get("/api/docs/")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/html")
+    html = response.content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]*swagger-ui[^"]*)"', html)
+    assert assets, html
+    assert all(asset.startswith("/static/drf_spectacular_sidecar/") for asset in assets), assets
+    assert "cdn.jsdelivr.net" not in html
+    assert "unpkg.com" not in html
+    assert "/api/schema/" in html
+
+
+@pytest.mark.parametrize(
+    ("kind", "component"), [("tools", "ToolVersion"), ("skills", "SkillVersion")]
+)
+@pytest.mark.parametrize("command", ["publish", "deprecate", "revoke", "rollback"])
+def test_each_kind_documents_its_own_version_body(schema, kind, component, command):
+    operation = schema["paths"][f"/api/v1/{kind}/{{id}}/{command}"]["post"]
+
+    body = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert body == {"$ref": f"#/components/schemas/{component}"}
+
+
+def test_every_operation_documents_the_error_body(schema):
+    error = schema["components"]["schemas"]["Error"]
+    assert error["required"] == ["error"]
+    assert error["properties"]["error"]["required"] == ["code", "message", "details"]
+    for path in V1_PATHS:
+        for operation in schema["paths"][path].values():
+            reference = operation["responses"]["4XX"]["content"]["application/json"]["schema"]
+            assert reference == {"$ref": "#/components/schemas/Error"}
