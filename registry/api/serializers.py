@@ -4,6 +4,8 @@ from rest_framework import serializers
 
 from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
 from registry.models import SkillVersion, ToolVersion
+from registry.services.skills import SKILL_CONTENT_FIELDS
+from registry.services.tools import TOOL_CONTENT_FIELDS
 
 
 class StrictSerializer(serializers.Serializer):
@@ -50,7 +52,6 @@ class VersionFieldsSerializer(serializers.ModelSerializer):
         "status",
         "status_reason",
         "is_current",
-        "description",
         "created_at",
         "published_at",
         "published_by",
@@ -67,22 +68,7 @@ class ToolVersionSerializer(VersionFieldsSerializer):
         fields = [
             *VersionFieldsSerializer.version_fields,
             "tool",
-            "when_not_to_use",
-            "returns",
-            "input_schema",
-            "result_contract",
-            "risk",
-            "timeout_s",
-            "retry_policy",
-            "rate_limit",
-            "concurrency_cap",
-            "circuit_breaker",
-            "is_idempotent",
-            "supports_dry_run",
-            "approval_rule",
-            "data_classification",
-            "adapter_kind",
-            "adapter_config",
+            *TOOL_CONTENT_FIELDS,
         ]
         read_only_fields = fields
 
@@ -128,14 +114,8 @@ class SkillVersionSerializer(VersionFieldsSerializer):
         fields = [
             *VersionFieldsSerializer.version_fields,
             "skill",
-            "instructions",
-            "triggers",
-            "required_inputs",
+            *SKILL_CONTENT_FIELDS,
             "tool_dependencies",
-            "rules",
-            "examples",
-            "output_contract",
-            "acceptance_rules",
         ]
         read_only_fields = fields
 

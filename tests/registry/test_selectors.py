@@ -143,18 +143,10 @@ def test_an_inactive_tenant_allows_nothing(acme, publisher):
     assert not user_can(user=publisher, action=Action.REGISTRY_VIEW, tenant=acme)
 
 
-def test_platform_tools_are_visible_only_to_granted_tenants(platform_admin, acme, globex, member):
-    version = tools.tool_version_create(
-        actor=platform_admin,
-        tenant=None,
-        name="web_fetch",
-        version="1.0.0",
-        description="Fetches a public page.",
-        input_schema={"type": "object", "additionalProperties": False},
-        risk="read",
-        adapter_kind="python",
-        adapter_config={"handler": "examples.handlers.web_fetch"},
-    )
+def test_platform_tools_are_visible_only_to_granted_tenants(
+    make_tool_version, platform_admin, acme, globex, member
+):
+    version = make_tool_version(name="web_fetch", actor=platform_admin, tenant=None)
     tools.tool_version_publish(tool_version=version, actor=platform_admin)
     assert not definitions_visible(model=type(version.tool), tenant=acme).exists()
 

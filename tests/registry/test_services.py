@@ -239,17 +239,7 @@ def test_a_skill_cannot_be_published_on_a_retired_tool_version(
 def test_a_skill_cannot_pin_another_tenants_tool(
     make_tool_version, make_skill_version, publisher, globex, globex_publisher
 ):
-    foreign = tools.tool_version_create(
-        actor=globex_publisher,
-        tenant=globex,
-        name="globex_search",
-        version="1.0.0",
-        description="Globex only.",
-        input_schema={"type": "object", "additionalProperties": False},
-        risk="read",
-        adapter_kind="python",
-        adapter_config={"handler": "examples.handlers.globex"},
-    )
+    foreign = make_tool_version(name="globex_search", actor=globex_publisher, tenant=globex)
     tools.tool_version_publish(tool_version=foreign, actor=globex_publisher)
     skill_version = make_skill_version(tool_versions=[foreign])
 
@@ -261,15 +251,13 @@ def test_a_skill_cannot_pin_another_tenants_tool(
     }
 
 
-def test_a_granted_platform_tool_may_be_pinned(make_skill_version, publisher, platform_admin, acme):
-    platform_tool = tools.tool_version_create(
+def test_a_granted_platform_tool_may_be_pinned(
+    make_tool_version, make_skill_version, publisher, platform_admin, acme
+):
+    platform_tool = make_tool_version(
+        name="web_fetch",
         actor=platform_admin,
         tenant=None,
-        name="web_fetch",
-        version="1.0.0",
-        description="Fetches a public page.",
-        input_schema={"type": "object", "additionalProperties": False},
-        risk="read",
         adapter_kind="http",
         adapter_config={"url": "https://fetch.internal/api", "credential_ref": "FETCH_TOKEN"},
     )
