@@ -1,11 +1,11 @@
-"""API plumbing shared by every app: the error body, pagination, JSON 404/500 for /api/."""
+"""API plumbing shared by every app: the error body, strict JSON parsing, pagination."""
 
 import math
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
@@ -107,16 +107,6 @@ class Pagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
-
-
-def api_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return JsonResponse(error_body("NOT_FOUND", "No such resource."), status=404)
-
-
-def api_server_error(request: HttpRequest) -> JsonResponse:
-    return JsonResponse(
-        error_body("INTERNAL_ERROR", "The server could not complete the request."), status=500
-    )
 
 
 ERROR_SCHEMA = {

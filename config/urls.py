@@ -1,11 +1,11 @@
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
-from django.views.defaults import page_not_found, server_error
+from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
 from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from config.api import api_not_found, api_server_error
+from config.api import error_body
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
@@ -16,13 +16,34 @@ urlpatterns = [
 ]
 
 
+# Django-level errors (unknown URL, bad Host header, CSRF, a crash) on /api/ paths answer
+# with the same JSON error body as the views; pages keep Django's HTML pages.
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/")
+
+
+def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
+    return bad_request(request, exception)
+
+
+def handler403(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return JsonResponse(error_body("PERMISSION_DENIED", "Permission denied."), status=403)
+    return permission_denied(request, exception)
+
+
 def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return api_not_found(request, exception)
+    if _is_api(request):
+        return JsonResponse(error_body("NOT_FOUND", "No such resource."), status=404)
     return page_not_found(request, exception)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    if request.path.startswith("/api/"):
-        return api_server_error(request)
+    if _is_api(request):
+        body = error_body("INTERNAL_ERROR", "The server could not complete the request.")
+        return JsonResponse(body, status=500)
     return server_error(request)

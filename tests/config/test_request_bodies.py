@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from config.urls import handler500
 from registry.models import ToolVersion
 from tests.registry.factories import tool_content
 
@@ -40,3 +41,60 @@ def test_bodies_postgres_cannot_store_are_refused(api, publisher, acme, body, me
         "error": {"code": "VALIDATION_ERROR", "message": message, "details": {}}
     }
     assert not ToolVersion.objects.exists()
+
+
+def test_a_body_over_the_limit_is_refused_before_it_is_read(api, publisher, acme, settings):
+    client = api.as_user(publisher, acme)
+    body = json.dumps(_tool_body(description="x" * settings.API_MAX_BODY_BYTES))
+
+    response = client.post("/api/v1/tools", body, content_type="application/json")
+
+    assert response.status_code == 413
+    assert response.json() == {
+        "error": {
+            "code": "PAYLOAD_TOO_LARGE",
+            "message": "The request body is too large.",
+            "details": {"max_bytes": settings.API_MAX_BODY_BYTES, "declared_bytes": len(body)},
+        }
+    }
+    assert not ToolVersion.objects.exists()
+
+
+def test_a_body_at_the_limit_is_read(api, publisher, acme, settings):
+    client = api.as_user(publisher, acme)
+    body = _tool_body(description="")
+    body["description"] = "x" * (settings.API_MAX_BODY_BYTES - len(json.dumps(body)))
+
+    response = client.post("/api/v1/tools", json.dumps(body), content_type="application/json")
+
+    assert response.status_code == 201
+    assert ToolVersion.objects.get().description == body["description"]
+
+
+def test_a_bad_host_header_on_the_api_answers_the_json_error_body(client, db):
+    response = client.get("/api/v1/tools", HTTP_HOST="attacker.example")
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"code": "VALIDATION_ERROR", "message": "Bad request.", "details": {}}
+    }
+
+
+def test_a_crash_on_the_api_answers_the_json_error_body_without_a_trace(rf):
+    response = handler500(rf.get("/api/v1/tools"))
+
+    assert response.status_code == 500
+    assert json.loads(response.content) == {
+        "error": {
+            "code": "INTERNAL_ERROR",
+            "message": "The server could not complete the request.",
+            "details": {},
+        }
+    }
+
+
+def test_pages_keep_html_errors(client, db):
+    response = client.get("/no-such-page/")
+
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
