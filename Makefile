@@ -38,6 +38,7 @@ run: install
 
 test: install
 	./scripts/services.sh
+	./scripts/browser.sh
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install
