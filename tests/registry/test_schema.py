@@ -18,6 +18,11 @@ V1_PATHS = [
             f"/api/v1/{kind}/{{id}}/rollback",
         )
     ),
+    "/api/v1/messages",
+    "/api/v1/runs",
+    "/api/v1/runs/{id}",
+    "/api/v1/runs/{id}/events",
+    "/api/v1/runs/{id}/cancel",
 ]
 
 
@@ -60,6 +65,11 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/skills/{id}/deprecate", {"post"}),
         ("/api/v1/skills/{id}/revoke", {"post"}),
         ("/api/v1/skills/{id}/rollback", {"post"}),
+        ("/api/v1/messages", {"post"}),
+        ("/api/v1/runs", {"get"}),
+        ("/api/v1/runs/{id}", {"get"}),
+        ("/api/v1/runs/{id}/events", {"get"}),
+        ("/api/v1/runs/{id}/cancel", {"post"}),
     ],
 )
 def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):

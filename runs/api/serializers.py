@@ -1,0 +1,142 @@
+from typing import Any
+
+from django.urls import reverse
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from registry.api.serializers import StrictSerializer
+from runs.choices import Channel
+from runs.models import Run, RunEvent
+
+MAX_PARTS = 20
+MAX_TEXT_CHARS = 20_000
+MAX_METADATA_KEYS = 32
+
+
+class TextPartSerializer(StrictSerializer):
+    type = serializers.ChoiceField(choices=["text"])
+    text = serializers.CharField(max_length=MAX_TEXT_CHARS, trim_whitespace=False)
+
+
+class AttachmentRefPartSerializer(StrictSerializer):
+    type = serializers.ChoiceField(choices=["attachment_ref"])
+    id = serializers.UUIDField()
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["text"]},
+                    "text": {"type": "string", "maxLength": MAX_TEXT_CHARS},
+                },
+                "required": ["type", "text"],
+                "additionalProperties": False,
+            },
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"type": "string", "enum": ["attachment_ref"]},
+                    "id": {"type": "string", "format": "uuid"},
+                },
+                "required": ["type", "id"],
+                "additionalProperties": False,
+            },
+        ]
+    }
+)
+class PartField(serializers.Field):
+    """One message part: text, or a reference to an uploaded attachment."""
+
+    serializers_by_type = {
+        "text": TextPartSerializer,
+        "attachment_ref": AttachmentRefPartSerializer,
+    }
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict) or data.get("type") not in self.serializers_by_type:
+            raise serializers.ValidationError('A part is {"type": "text" | "attachment_ref", …}.')
+        part = self.serializers_by_type[data["type"]](data=data)
+        part.is_valid(raise_exception=True)
+        value = dict(part.validated_data)
+        if "id" in value:
+            value["id"] = str(value["id"])
+        return value
+
+    def to_representation(self, value: dict[str, Any]) -> dict[str, Any]:
+        return value
+
+
+class MessageSerializer(StrictSerializer):
+    session_id = serializers.UUIDField(required=False)
+    channel = serializers.ChoiceField(choices=Channel.choices)
+    parts = serializers.ListField(child=PartField(), min_length=1, max_length=MAX_PARTS)
+    metadata = serializers.DictField(required=False, default=dict)
+
+    def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_METADATA_KEYS:
+            raise serializers.ValidationError(f"At most {MAX_METADATA_KEYS} keys.")
+        for name in ("project_id", "agent", "source_timestamp"):
+            if name in value and not isinstance(value[name], str):
+                raise serializers.ValidationError({name: "Must be a string."})
+        return value
+
+    def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not any(part["type"] == "text" and part["text"].strip() for part in value):
+            raise serializers.ValidationError("A message needs at least one non-empty text part.")
+        return value
+
+
+def run_links(run: Run) -> dict[str, str]:
+    return {
+        "self": reverse("run-detail", args=[run.pk]),
+        "events": reverse("run-events", args=[run.pk]),
+    }
+
+
+class MessageAcceptedSerializer(serializers.Serializer):
+    run_id = serializers.UUIDField(source="id")
+    session_id = serializers.UUIDField()
+    status = serializers.CharField()
+    links = serializers.SerializerMethodField()
+
+    def get_links(self, run: Run) -> dict[str, str]:
+        return run_links(run)
+
+
+class RunSerializer(serializers.ModelSerializer):
+    session_id = serializers.UUIDField()
+    actor = serializers.CharField(source="actor.get_username")
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "status",
+            "reason_code",
+            "session_id",
+            "actor",
+            "channel",
+            "capability_hash",
+            "result",
+            "trace_id",
+            "cancel_requested_at",
+            "created_at",
+            "updated_at",
+            "finished_at",
+            "links",
+        ]
+        read_only_fields = fields
+
+    def get_links(self, run: Run) -> dict[str, str]:
+        return run_links(run)
+
+
+class RunEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunEvent
+        fields = ["id", "seq", "type", "payload", "created_at"]
+        read_only_fields = fields

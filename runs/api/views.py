@@ -1,0 +1,110 @@
+import re
+from uuid import UUID
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from runs import selectors
+from runs.api.filters import RunFilter
+from runs.api.serializers import (
+    MessageAcceptedSerializer,
+    MessageSerializer,
+    RunEventSerializer,
+    RunSerializer,
+)
+from runs.errors import IdempotencyKeyRequired, NotFound
+from runs.models import Run
+from runs.services.ingress import message_ingest
+from runs.services.runs import run_cancel
+
+IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+
+
+class MessageView(APIView):
+    """A message in; a governed run out. The tenant and the actor come from the token."""
+
+    @extend_schema(
+        tags=["runs"],
+        request=MessageSerializer,
+        responses={202: MessageAcceptedSerializer, 200: MessageAcceptedSerializer},
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                location=OpenApiParameter.HEADER,
+                required=True,
+                description="The same key and body return the same run (200).",
+            )
+        ],
+    )
+    def post(self, request: Request) -> Response:
+        key = request.headers.get("Idempotency-Key", "")
+        if not IDEMPOTENCY_KEY.match(key):
+            raise IdempotencyKeyRequired(
+                "Send an Idempotency-Key header of 1-200 visible ASCII characters."
+            )
+        data = MessageSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        ingested = message_ingest(
+            actor=request.user,
+            tenant=request.auth.tenant,
+            idempotency_key=key,
+            channel=data.validated_data["channel"],
+            parts=data.validated_data["parts"],
+            metadata=data.validated_data["metadata"],
+            session_id=data.validated_data.get("session_id"),
+        )
+        return Response(
+            MessageAcceptedSerializer(ingested.run).data,
+            status=status.HTTP_202_ACCEPTED if ingested.created else status.HTTP_200_OK,
+        )
+
+
+class EventsQuerySerializer(serializers.Serializer):
+    after = serializers.IntegerField(min_value=0, default=0)
+
+
+@extend_schema(tags=["runs"])
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    serializer_class = RunSerializer
+    filterset_class = RunFilter
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[Run]:
+        if getattr(self, "swagger_fake_view", False):
+            return Run.objects.none()
+        return selectors.runs_visible(
+            user=self.request.user, tenant=self.request.auth.tenant
+        ).select_related("actor")
+
+    def get_object(self) -> Run:
+        try:
+            UUID(self.kwargs["pk"])
+        except ValueError as error:
+            raise NotFound("No such run.") from error
+        return super().get_object()
+
+    @extend_schema(
+        summary="The run's event log in order; `after` returns the events past that seq.",
+        parameters=[EventsQuerySerializer],
+        responses={200: RunEventSerializer(many=True)},
+    )
+    @action(detail=True, methods=["get"])
+    def events(self, request: Request, pk: str) -> Response:
+        run = self.get_object()
+        query = EventsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        page = self.paginate_queryset(
+            selectors.run_events(run=run, after_seq=query.validated_data["after"])
+        )
+        return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+
+    @extend_schema(summary="Cancel a run that has not finished.", request=None)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        run = run_cancel(run=self.get_object(), actor=request.user)
+        return Response(RunSerializer(run).data)

@@ -1,0 +1,120 @@
+"""The capability snapshot: what one run may use at most, resolved once when the run starts.
+
+It is computed from the actor's roles, the tenant's grants, the agent's statically bound
+skills (the version a rollout serves this actor, else the current one), their pinned tool
+versions and the policy. What is unpublished, revoked, not granted to the tenant or above the
+policy's data classification never enters it, whatever the message says. The snapshot is
+canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
+"""
+
+import hashlib
+from typing import Any
+
+import rfc8785
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+
+from registry.choices import DATA_CLASSIFICATION_LEVELS, VersionStatus
+from registry.models import AgentConfig, Tenant, ToolVersion
+from registry.selectors import skill_version_for_actor, tenant_has_grant, user_roles
+
+SNAPSHOT_SCHEMA = 1
+# A pinned tool version serves its existing pins while published or deprecated; never revoked.
+USABLE_PIN_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
+
+
+def canonical_hash(document: Any) -> str:
+    return hashlib.sha256(rfc8785.dumps(document)).hexdigest()
+
+
+def _tool_entry(tool_version: ToolVersion) -> dict[str, Any]:
+    return {
+        "id": str(tool_version.pk),
+        "name": tool_version.tool.name,
+        "version": tool_version.version,
+        "risk": tool_version.risk,
+        "approval_rule": tool_version.approval_rule,
+        "data_classification": tool_version.data_classification,
+        "timeout_s": tool_version.timeout_s,
+        "input_schema_sha256": canonical_hash(tool_version.input_schema),
+    }
+
+
+def _tool_exclusion(
+    tool_version: ToolVersion, *, tenant: Tenant, max_level: int, chosen: dict[str, dict]
+) -> str | None:
+    """Why a pinned tool version stays out of this run, or None if it may enter."""
+    if tool_version.status not in USABLE_PIN_STATUSES:
+        return f"VERSION_{tool_version.status.upper()}"
+    if not tenant_has_grant(tenant=tenant, definition=tool_version.tool):
+        return "NOT_GRANTED"
+    if DATA_CLASSIFICATION_LEVELS.index(tool_version.data_classification) > max_level:
+        return "ABOVE_DATA_CLASSIFICATION"
+    already = chosen.get(tool_version.tool.name)
+    if already is not None and already["id"] != str(tool_version.pk):
+        return "CONFLICTING_PIN"
+    return None
+
+
+def capability_resolve(
+    *, tenant: Tenant, actor: AbstractBaseUser, agent_config: AgentConfig
+) -> dict[str, Any]:
+    policy = agent_config.policy
+    max_level = DATA_CLASSIFICATION_LEVELS.index(policy.max_data_classification)
+    skills: list[dict[str, Any]] = []
+    tools: dict[str, dict[str, Any]] = {}
+    excluded: list[dict[str, str]] = []
+    for skill in agent_config.skills.order_by("name"):
+        version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
+        if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
+            excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
+            continue
+        pinned = []
+        for dependency in version.tool_dependencies.select_related("tool_version__tool"):
+            tool_version = dependency.tool_version
+            reason = _tool_exclusion(tool_version, tenant=tenant, max_level=max_level, chosen=tools)
+            if reason:
+                excluded.append({"tool": tool_version.qualified_name, "reason": reason})
+                continue
+            tools[tool_version.tool.name] = _tool_entry(tool_version)
+            pinned.append(tool_version.tool.name)
+        skills.append(
+            {
+                "id": str(version.pk),
+                "name": skill.name,
+                "version": version.version,
+                "required_inputs": version.required_inputs,
+                "tools": sorted(pinned),
+            }
+        )
+    model = agent_config.model_config
+    return {
+        "schema": SNAPSHOT_SCHEMA,
+        "tenant": tenant.slug,
+        "actor": {"id": str(actor.pk), "username": actor.get_username()},
+        "roles": sorted(user_roles(user=actor, tenant=tenant)),
+        "environment": settings.ENVIRONMENT,
+        "agent": {"id": agent_config.pk, "name": agent_config.name},
+        "model": {"name": model.name, "provider": model.provider, "model": model.model_name},
+        "budgets": {
+            "max_steps": agent_config.max_steps,
+            "max_tool_calls": agent_config.max_tool_calls,
+            "max_seconds": agent_config.max_seconds,
+            "max_tokens": agent_config.max_tokens,
+            "max_cost": str(agent_config.max_cost),
+        },
+        "skills": skills,
+        "tools": [tools[name] for name in sorted(tools)],
+        "excluded": excluded,
+        "approval_policy": {
+            "name": policy.name,
+            "approval_required_risks": sorted(policy.approval_required_risks),
+            "approver_roles": sorted(policy.approver_roles),
+            "allow_self_approval": policy.allow_self_approval,
+            "approval_ttl_seconds": policy.approval_ttl_seconds,
+        },
+        "data_scope": {
+            "tenant": tenant.slug,
+            "max_data_classification": policy.max_data_classification,
+        },
+    }

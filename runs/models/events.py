@@ -1,0 +1,49 @@
+import uuid
+from typing import Any
+
+from django.db import models
+
+from runs.choices import EventType
+from runs.errors import EventLogIsAppendOnly
+
+
+class RunEventQuerySet(models.QuerySet):
+    def update(self, **kwargs: Any) -> int:
+        raise EventLogIsAppendOnly("Run events are never updated.")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise EventLogIsAppendOnly("Run events are never deleted.")
+
+
+class RunEvent(models.Model):
+    """One entry of a run's append-only log, ordered by `seq`; replaying them explains the run.
+
+    Written only through `runs.events`, which numbers them under the run's row lock.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=32, choices=EventType.choices)
+    payload = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = RunEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq"),
+            models.CheckConstraint(condition=models.Q(seq__gte=1), name="runevent_seq_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.seq} {self.type}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise EventLogIsAppendOnly("Run events are never updated.")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise EventLogIsAppendOnly("Run events are never deleted.")

@@ -1,0 +1,74 @@
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+from runs.choices import Channel, RunStatus
+
+
+class Run(models.Model):
+    """One governed execution of a message, bound to an immutable capability snapshot.
+
+    `message` is the normalised internal event; `capability` and `capability_hash` never change
+    after creation; `status` moves only through `runs.services.runs.run_transition`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("registry.Tenant", on_delete=models.PROTECT, related_name="runs")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs"
+    )
+    session = models.ForeignKey("runs.Session", on_delete=models.PROTECT, related_name="runs")
+    agent_config = models.ForeignKey(
+        "registry.AgentConfig",
+        on_delete=models.PROTECT,
+        related_name="runs",
+        null=True,
+        blank=True,
+    )
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    reason_code = models.CharField(max_length=64, blank=True)
+    message = models.JSONField(help_text="The normalised internal message event.")
+    capability = models.JSONField(default=dict)
+    capability_hash = models.CharField(max_length=64, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    trace_id = models.CharField(max_length=32)
+    last_event_seq = models.PositiveIntegerField(default=0)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"]),
+            models.Index(fields=["tenant", "actor", "-created_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.status})"
+
+
+class IngressRecord(models.Model):
+    """One accepted message per (tenant, actor, Idempotency-Key): a retried request finds the
+    run its first attempt created; the same key with another body is refused."""
+
+    tenant = models.ForeignKey("registry.Tenant", on_delete=models.CASCADE, related_name="+")
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    idempotency_key = models.CharField(max_length=200)
+    request_hash = models.CharField(max_length=64)
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, related_name="ingress")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "actor", "idempotency_key"], name="ingress_unique_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.idempotency_key} → {self.run_id}"

@@ -1,0 +1,209 @@
+"""Message ingress: a message becomes a governed run, exactly once per Idempotency-Key."""
+
+import secrets
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID, uuid4
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from registry.choices import Action
+from registry.models import AgentConfig, Tenant
+from registry.selectors import user_can
+from runs import events
+from runs.capability import canonical_hash, capability_resolve
+from runs.choices import RunStatus
+from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
+from runs.models import IngressRecord, Run, Session
+from runs.services.runs import run_transition
+
+
+@dataclass(frozen=True)
+class Ingested:
+    run: Run
+    created: bool
+
+
+def _existing(*, tenant: Tenant, actor: AbstractBaseUser, key: str, request_hash: str):
+    record = (
+        IngressRecord.objects.select_related("run")
+        .filter(tenant=tenant, actor=actor, idempotency_key=key)
+        .first()
+    )
+    if record is None:
+        return None
+    if record.request_hash != request_hash:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was used with a different body.",
+            details={"idempotency_key": key, "run_id": str(record.run_id)},
+        )
+    return Ingested(run=record.run, created=False)
+
+
+def _session(
+    *, tenant: Tenant, actor: AbstractBaseUser, session_id: UUID | None, channel: str
+) -> tuple[Session, bool]:
+    if session_id is None:
+        return Session.objects.create(tenant=tenant, actor=actor, channel=channel), True
+    session = (
+        Session.objects.select_for_update()
+        .filter(pk=session_id, tenant=tenant, actor=actor)
+        .first()
+    )
+    if session is None:
+        raise NotFound("No such session.", details={"session_id": str(session_id)})
+    return session, False
+
+
+def _agent_config(*, tenant: Tenant, name: str | None) -> AgentConfig | None:
+    configs = AgentConfig.objects.filter(tenant=tenant, is_active=True).select_related(
+        "policy", "model_config"
+    )
+    if name:
+        agent = configs.filter(name=name).first()
+        if agent is None:
+            raise NotFound("No such agent in this tenant.", details={"agent": name})
+        return agent
+    return configs.order_by("name").first()
+
+
+def _normalized(
+    *,
+    run_id: UUID,
+    tenant: Tenant,
+    actor: AbstractBaseUser,
+    session: Session,
+    channel: str,
+    key: str,
+    parts: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    received_at: str,
+) -> dict[str, Any]:
+    """The internal message event every downstream component reads (seed 000, stage 2)."""
+    return {
+        "event_id": str(uuid4()),
+        "idempotency_key": key,
+        "type": "message.received",
+        "tenant_id": tenant.slug,
+        "session_id": str(session.pk),
+        "run_id": str(run_id),
+        "actor": {"user_id": str(actor.pk), "channel": channel},
+        "message": {"role": "user", "parts": parts},
+        "metadata": metadata,
+        "source_timestamp": metadata.get("source_timestamp") or received_at,
+        "received_at": received_at,
+    }
+
+
+def message_ingest(
+    *,
+    actor: AbstractBaseUser,
+    tenant: Tenant,
+    idempotency_key: str,
+    channel: str,
+    parts: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    session_id: UUID | None = None,
+) -> Ingested:
+    """Accept a message: the same key and body give the same run; the same key with another
+    body is refused; concurrent duplicates make one run (the ingress unique constraint)."""
+    if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant):
+        raise PermissionDenied("You may not start runs in this tenant.")
+    request = {
+        "channel": channel,
+        "parts": parts,
+        "metadata": metadata,
+        "session_id": str(session_id) if session_id else None,
+    }
+    request_hash = canonical_hash(request)
+    existing = _existing(tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash)
+    if existing:
+        return existing
+    try:
+        with transaction.atomic():
+            run = _create_run(
+                actor=actor,
+                tenant=tenant,
+                key=idempotency_key,
+                request_hash=request_hash,
+                channel=channel,
+                parts=parts,
+                metadata=metadata,
+                session_id=session_id,
+            )
+    except IntegrityError:
+        existing = _existing(
+            tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash
+        )
+        if existing is None:
+            raise
+        return existing
+    return Ingested(run=run, created=True)
+
+
+def _create_run(
+    *,
+    actor: AbstractBaseUser,
+    tenant: Tenant,
+    key: str,
+    request_hash: str,
+    channel: str,
+    parts: list[dict[str, Any]],
+    metadata: dict[str, Any],
+    session_id: UUID | None,
+) -> Run:
+    agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"))
+    session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)
+    run_id = uuid4()
+    message = _normalized(
+        run_id=run_id,
+        tenant=tenant,
+        actor=actor,
+        session=session,
+        channel=channel,
+        key=key,
+        parts=parts,
+        metadata=metadata,
+        received_at=timezone.now().isoformat(),
+    )
+    capability = (
+        capability_resolve(tenant=tenant, actor=actor, agent_config=agent_config)
+        if agent_config
+        else {}
+    )
+    run = Run.objects.create(
+        id=run_id,
+        tenant=tenant,
+        actor=actor,
+        session=session,
+        agent_config=agent_config,
+        channel=channel,
+        message=message,
+        capability=capability,
+        capability_hash=canonical_hash(capability) if capability else "",
+        trace_id=secrets.token_hex(16),
+    )
+    IngressRecord.objects.create(
+        tenant=tenant, actor=actor, idempotency_key=key, request_hash=request_hash, run=run
+    )
+    events.message_received(
+        run,
+        idempotency_key=key,
+        channel=channel,
+        part_count=len(parts),
+        request_hash=request_hash,
+    )
+    events.message_normalized(run, message=message)
+    events.session_loaded(run, is_new=is_new, state_keys=sorted(session.state))
+    if agent_config is None:
+        run_transition(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
+        return run
+    events.capability_resolved(
+        run,
+        capability_hash=run.capability_hash,
+        skills=[f"{skill['name']}@{skill['version']}" for skill in capability["skills"]],
+        tools=[f"{tool['name']}@{tool['version']}" for tool in capability["tools"]],
+    )
+    return run

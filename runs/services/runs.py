@@ -1,0 +1,55 @@
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from registry.choices import Action
+from registry.selectors import user_can
+from runs import events
+from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, RunStatus
+from runs.errors import InvalidRunTransition, PermissionDenied
+from runs.models import Run
+
+
+def run_transition(*, run: Run, status: RunStatus, reason_code: str = "") -> Run:
+    """Move a locked run to `status`. The same status again is a no-op; a terminal status is
+    never overwritten; reaching one writes `run.finished`."""
+    if run.status == status:
+        return run
+    if status not in RUN_TRANSITIONS[run.status]:
+        raise InvalidRunTransition(
+            f"A {run.status} run cannot become {status}.",
+            details={"from": run.status, "to": status},
+        )
+    run.status = status
+    run.reason_code = reason_code
+    update_fields = ["status", "reason_code", "updated_at"]
+    if status in TERMINAL_STATUSES:
+        run.finished_at = timezone.now()
+        update_fields.append("finished_at")
+    run.save(update_fields=update_fields)
+    if status in TERMINAL_STATUSES:
+        events.run_finished(run, status=status, reason_code=reason_code)
+    return run
+
+
+def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
+    """Cancel a run that has not finished. A queued or waiting run ends at once; a running one
+    is marked and stops at its next step boundary."""
+    if run.actor_id != actor.pk and not user_can(
+        user=actor, action=Action.TENANT_ADMIN, tenant=run.tenant
+    ):
+        raise PermissionDenied("Only the requester or a tenant admin may cancel this run.")
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.status not in ACTIVE_STATUSES:
+            if run.status == RunStatus.CANCELLED:
+                return run
+            raise InvalidRunTransition(
+                f"The run already finished {run.status}.", details={"status": run.status}
+            )
+        if run.cancel_requested_at is None:
+            run.cancel_requested_at = timezone.now()
+            run.save(update_fields=["cancel_requested_at", "updated_at"])
+        if run.status != RunStatus.RUNNING:
+            run_transition(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
+    return run
