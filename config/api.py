@@ -70,14 +70,22 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 MAX_JSON_DEPTH = 32
+MAX_SAFE_INTEGER = 2**53 - 1
 
 
 def _json_problem(value: Any, depth: int = 0) -> str | None:
-    """Why a parsed body cannot be stored: nesting too deep, or a NUL character anywhere."""
+    """Why a parsed body cannot be stored or canonically hashed: nesting too deep, a NUL
+    character, or a number outside what an IEEE 754 double holds exactly (RFC 8785)."""
     if depth > MAX_JSON_DEPTH:
         return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
     if isinstance(value, str):
         return "NUL characters are not allowed." if "\x00" in value else None
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER:
+        return f"Integers must lie within ±{MAX_SAFE_INTEGER}."
+    if isinstance(value, float) and not math.isfinite(value):
+        return "Numbers must be finite."
     if isinstance(value, dict):
         items = [*value.keys(), *value.values()]
     elif isinstance(value, list):

@@ -1,33 +1,102 @@
+import tempfile
 from collections.abc import Callable
+from typing import IO
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import reverse
 
 from config.api import error_body
 
+READ_CHUNK_BYTES = 64 * 1024
+
+
+def _body_limit(request: HttpRequest) -> int:
+    """The largest body this request may carry: an upload carries a whole attachment,
+    every other API request at most API_MAX_BODY_BYTES of JSON."""
+    if request.method == "POST" and request.path == reverse("attachments"):
+        return settings.ATTACHMENT_MAX_BYTES + settings.ATTACHMENT_MULTIPART_OVERHEAD_BYTES
+    return settings.API_MAX_BODY_BYTES
+
+
+def _too_large(limit: int, **details: int) -> JsonResponse:
+    return JsonResponse(
+        error_body(
+            "PAYLOAD_TOO_LARGE", "The request body is too large.", {"max_bytes": limit, **details}
+        ),
+        status=413,
+    )
+
+
+def _read_at_most(source: IO[bytes], limit: int) -> tuple[IO[bytes], int] | None:
+    """Copy up to `limit` bytes into a spooled file (memory up to FILE_UPLOAD_MAX_MEMORY_SIZE,
+    disk beyond) and return it with its size; None if the body has more, reading one byte
+    past the limit to know."""
+    # Not a context manager: the file becomes the request's stream and outlives this call.
+    body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE)  # noqa: SIM115
+    size = 0
+    while size <= limit:
+        chunk = source.read(min(READ_CHUNK_BYTES, limit + 1 - size))
+        if not chunk:
+            break
+        body.write(chunk)
+        size += len(chunk)
+    if size > limit:
+        body.close()
+        return None
+    body.seek(0)
+    return body, size
+
+
+def _bound_undeclared_body(request: HttpRequest, limit: int) -> bool:
+    """Give a body sent without Content-Length (chunked) a declared length, unless it is over
+    `limit`; False when it is.
+
+    Under WSGI the server hands the body over as wsgi.input (chunked framing removed), while
+    WSGIRequest's own stream stops at the absent Content-Length, i.e. reads nothing. Under
+    ASGI, Django has already received the whole body into the request's stream before any
+    middleware runs. Either way it is copied from there, at most one byte past the limit.
+    """
+    source = request.META.get("wsgi.input", request._stream)
+    read = _read_at_most(source, limit)
+    if read is None:
+        return False
+    request._stream, size = read
+    request.META["CONTENT_LENGTH"] = str(size)
+    return True
+
 
 class ApiBodySizeLimitMiddleware:
-    """Refuse an API request whose declared body is larger than API_MAX_BODY_BYTES with 413,
-    before anything reads it."""
+    """Refuse an API request whose body is larger than its endpoint allows with 413, before
+    any view reads it.
+
+    A declared Content-Length is checked as it stands. A body without one (Transfer-Encoding:
+    chunked) is read up to one byte past the limit: refused if that byte exists, otherwise
+    handed on with its length declared, since Django parses no body without Content-Length.
+    """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path.startswith("/api/"):
+        if not request.path.startswith("/api/"):
+            return self.get_response(request)
+        limit = _body_limit(request)
+        declared = request.META.get("CONTENT_LENGTH")
+        if declared:
             try:
-                declared = int(request.META.get("CONTENT_LENGTH") or 0)
+                declared_bytes = int(declared)
             except ValueError:
+                declared_bytes = -1
+            if declared_bytes < 0:
                 return JsonResponse(
-                    error_body("VALIDATION_ERROR", "Content-Length is not a number."), status=400
+                    error_body("VALIDATION_ERROR", "Content-Length is not a number of bytes."),
+                    status=400,
                 )
-            if declared > settings.API_MAX_BODY_BYTES:
-                return JsonResponse(
-                    error_body(
-                        "PAYLOAD_TOO_LARGE",
-                        "The request body is too large.",
-                        {"max_bytes": settings.API_MAX_BODY_BYTES, "declared_bytes": declared},
-                    ),
-                    status=413,
-                )
+            if declared_bytes > limit:
+                return _too_large(limit, declared_bytes=declared_bytes)
+        elif "HTTP_TRANSFER_ENCODING" in request.META and not _bound_undeclared_body(
+            request, limit
+        ):
+            return _too_large(limit)
         return self.get_response(request)

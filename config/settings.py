@@ -40,10 +40,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "guardian",
     "simple_history",
+    "django_celery_beat",
     "registry",
     "runs",
     "approvals",
     "evaluations",
+    "examples",
 ]
 
 MIDDLEWARE = [
@@ -105,6 +107,25 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
+# Uploaded attachments live here, outside STATIC_ROOT and with no URL: no web server serves
+# them, and the platform reads them only through the "attachments" storage.
+PRIVATE_STORAGE_ROOT = Path(
+    env.str("PRIVATE_STORAGE_ROOT", default=str(BASE_DIR / "var" / "attachments"))
+)
+
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "attachments": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {
+            "location": str(PRIVATE_STORAGE_ROOT),
+            "file_permissions_mode": 0o600,
+            "directory_permissions_mode": 0o700,
+        },
+    },
+}
+
 LOGIN_URL = "admin:login"
 
 # Redis: Celery broker, cache (rate limits, throttles, circuit state). Absent: embedded default.
@@ -134,6 +155,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_TASK_TIME_LIMIT 
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_BEAT_SCHEDULE = {
+    "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
+}
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
@@ -183,6 +208,30 @@ SPECTACULAR_SETTINGS = {
 # The largest JSON body the API reads; larger ones are refused with 413 before being read.
 API_MAX_BODY_BYTES = env.int("API_MAX_BODY_BYTES", default=1024 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+
+# POST /api/v1/attachments: the largest file and the media types accepted (the part's declared
+# type must be the type its content shows). Its body is bounded by ATTACHMENT_MAX_BYTES plus
+# ATTACHMENT_MULTIPART_OVERHEAD_BYTES (boundary, part headers) instead of API_MAX_BODY_BYTES.
+ATTACHMENT_MAX_BYTES = env.int("ATTACHMENT_MAX_BYTES", default=10 * 1024 * 1024)
+ATTACHMENT_MULTIPART_OVERHEAD_BYTES = 16 * 1024
+ATTACHMENT_MEDIA_TYPES = [
+    "text/plain",
+    "text/csv",
+    "application/json",
+    "application/pdf",
+    "image/png",
+    "image/jpeg",
+]
+
+# Tool execution: calls of one step run in parallel up to this many; a result envelope
+# larger than this is cut (the full evidence stays in the run's sources).
+TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
+TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
+
+# The model context's token budget per turn (estimated locally, see runs/tokens.py).
+CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
+# A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
+RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
 
 # An API token stops working this long after it was issued.
 API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)

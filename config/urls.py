@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
@@ -27,6 +28,10 @@ def _is_api(request: HttpRequest) -> bool:
 
 def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
     if _is_api(request):
+        # Django answers a body over DATA_UPLOAD_MAX_MEMORY_SIZE read outside DRF with 400.
+        if isinstance(exception, RequestDataTooBig):
+            body = error_body("PAYLOAD_TOO_LARGE", "The request body is too large.")
+            return JsonResponse(body, status=413)
         return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
     return bad_request(request, exception)
 

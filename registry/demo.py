@@ -12,6 +12,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from examples.demo import seed_examples
 from registry.choices import DataClassification, ModelProvider, Risk, Role, VersionStatus
 from registry.models import (
     AgentConfig,
@@ -175,4 +176,6 @@ def seed_demo() -> SeedReport:
     )
     if not agent.skills.filter(pk=weekly_summary.pk).exists():
         agent.skills.add(weekly_summary)
+    for what in seed_examples():
+        report.add(what)
     return report

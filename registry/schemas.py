@@ -3,6 +3,7 @@
 from collections.abc import Iterable
 from typing import Any
 
+import rfc8785
 import semver
 from django.core.exceptions import ValidationError
 from jsonschema import Draft202012Validator, SchemaError
@@ -10,6 +11,7 @@ from jsonschema.exceptions import best_match
 
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
+from runs.workflows import WORKFLOWS
 
 Errors = dict[str, list[str]]
 
@@ -115,6 +117,13 @@ def input_schema_errors(schema: Any) -> list[str]:
         where = f" at {location}" if location else ""
         return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
     errors = []
+    try:
+        rfc8785.dumps(schema)
+    except rfc8785.CanonicalizationError:
+        errors.append(
+            "The input schema holds a number outside the exactly representable range "
+            "(integers within ±2^53-1, finite floats); it could not be hashed canonically."
+        )
     if schema.get("type") != "object":
         errors.append('The input schema must have "type": "object".')
     if schema.get("additionalProperties") is not False:
@@ -178,6 +187,11 @@ def skill_version_errors(values: dict[str, Any]) -> Errors:
     }
     if not (values.get("description") or "").strip():
         checks["description"] = ["Say which goals the skill serves and which it does not."]
+    workflow = values.get("workflow") or ""
+    if workflow and workflow not in WORKFLOWS:
+        checks["workflow"] = [
+            f"Unknown workflow '{workflow}'; defined: {', '.join(sorted(WORKFLOWS))}."
+        ]
     rule_ids = [rule.get("id") for rule in values.get("rules") or [] if isinstance(rule, dict)]
     duplicates = sorted({rule_id for rule_id in rule_ids if rule_ids.count(rule_id) > 1})
     if duplicates:

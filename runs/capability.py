@@ -84,6 +84,7 @@ def capability_resolve(
                 "name": skill.name,
                 "version": version.version,
                 "required_inputs": version.required_inputs,
+                "workflow": version.workflow,
                 "tools": sorted(pinned),
             }
         )
@@ -101,7 +102,7 @@ def capability_resolve(
             "max_tool_calls": agent_config.max_tool_calls,
             "max_seconds": agent_config.max_seconds,
             "max_tokens": agent_config.max_tokens,
-            "max_cost": str(agent_config.max_cost),
+            "max_cost": f"{agent_config.max_cost:.4f}",
         },
         "skills": skills,
         "tools": [tools[name] for name in sorted(tools)],

@@ -8,7 +8,9 @@ __all__ = [
     "IdempotencyKeyReused",
     "InvalidRunTransition",
     "NotFound",
+    "PayloadTooLarge",
     "PermissionDenied",
+    "UnsupportedMediaType",
     "ValidationFailed",
 ]
 
@@ -31,3 +33,15 @@ class IdempotencyKeyReused(ApplicationError):
 class InvalidRunTransition(ApplicationError):
     code = "INVALID_STATUS_TRANSITION"
     http_status = 409
+
+
+class PayloadTooLarge(ApplicationError):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class UnsupportedMediaType(ApplicationError):
+    """A media type not allowed, or one the content does not show (a spoofed type)."""
+
+    code = "UNSUPPORTED_MEDIA_TYPE"
+    http_status = 415

@@ -56,3 +56,125 @@ def capability_resolved(run: Run, *, capability_hash: str, skills: list[str], to
 
 def run_finished(run: Run, *, status: RunStatus | str, reason_code: str) -> RunEvent:
     return _append(run, EventType.RUN_FINISHED, {"status": str(status), "reason_code": reason_code})
+
+
+def route_selected(run: Run, *, workflow: str, skill: str | None, risk: str) -> RunEvent:
+    return _append(
+        run, EventType.ROUTE_SELECTED, {"workflow": workflow, "skill": skill, "risk": risk}
+    )
+
+
+def skill_activated(run: Run, *, skill: str, skill_version_id: str) -> RunEvent:
+    return _append(
+        run, EventType.SKILL_ACTIVATED, {"skill": skill, "skill_version_id": skill_version_id}
+    )
+
+
+def tools_assembled(run: Run, *, node: str, allowlist: list[str], deferred: list[str]) -> RunEvent:
+    return _append(
+        run,
+        EventType.TOOLS_ASSEMBLED,
+        {"node": node, "allowlist": allowlist, "deferred": deferred},
+    )
+
+
+def context_built(run: Run, *, step: int, sections: dict[str, dict[str, Any]]) -> RunEvent:
+    return _append(run, EventType.CONTEXT_BUILT, {"step": step, "sections": sections})
+
+
+def model_requested(run: Run, *, step: int, model: str, offline: bool) -> RunEvent:
+    return _append(
+        run, EventType.MODEL_REQUESTED, {"step": step, "model": model, "offline": offline}
+    )
+
+
+def model_responded(
+    run: Run,
+    *,
+    step: int,
+    text: str,
+    tool_calls: list[dict[str, Any]],
+    usage: dict[str, int],
+    cost: str,
+    stop_reason: str,
+) -> RunEvent:
+    return _append(
+        run,
+        EventType.MODEL_RESPONDED,
+        {
+            "step": step,
+            "text": text,
+            "tool_calls": tool_calls,
+            "usage": usage,
+            "cost": cost,
+            "stop_reason": stop_reason,
+        },
+    )
+
+
+def tool_requested(run: Run, *, call_id: str, name: str, arguments: dict[str, Any]) -> RunEvent:
+    return _append(
+        run, EventType.TOOL_REQUESTED, {"call_id": call_id, "name": name, "arguments": arguments}
+    )
+
+
+def tool_rejected(run: Run, *, call_id: str, name: str, category: str, reason: str) -> RunEvent:
+    return _append(
+        run,
+        EventType.TOOL_REJECTED,
+        {"call_id": call_id, "name": name, "category": category, "reason": reason},
+    )
+
+
+def tool_completed(
+    run: Run,
+    *,
+    call_id: str,
+    name: str,
+    business_status: str,
+    duration_ms: int,
+    sources: list[str],
+) -> RunEvent:
+    return _append(
+        run,
+        EventType.TOOL_COMPLETED,
+        {
+            "call_id": call_id,
+            "name": name,
+            "business_status": business_status,
+            "duration_ms": duration_ms,
+            "sources": sources,
+        },
+    )
+
+
+def tool_failed(
+    run: Run,
+    *,
+    call_id: str,
+    name: str,
+    category: str,
+    retryable: bool,
+    may_have_side_effect: bool,
+) -> RunEvent:
+    return _append(
+        run,
+        EventType.TOOL_FAILED,
+        {
+            "call_id": call_id,
+            "name": name,
+            "category": category,
+            "retryable": retryable,
+            "may_have_side_effect": may_have_side_effect,
+        },
+    )
+
+
+def draft_created(run: Run, *, draft: dict[str, Any]) -> RunEvent:
+    return _append(run, EventType.DRAFT_CREATED, {"draft": draft})
+
+
+def approval_required(run: Run, *, draft_hash: str, recipient: dict[str, Any]) -> RunEvent:
+    return _append(
+        run, EventType.APPROVAL_REQUIRED, {"draft_hash": draft_hash, "recipient": recipient}
+    )

@@ -9,7 +9,7 @@ from registry.choices import Action
 from registry.models import Tenant
 from registry.selectors import user_can
 from runs.errors import NotFound
-from runs.models import Run, RunEvent
+from runs.models import Attachment, Run, RunEvent
 
 
 def runs_visible(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Run]:
@@ -29,3 +29,8 @@ def run_get(*, user: AbstractBaseUser, tenant: Tenant, run_id: Any) -> Run:
 
 def run_events(*, run: Run, after_seq: int = 0) -> QuerySet[RunEvent]:
     return RunEvent.objects.filter(run=run, seq__gt=after_seq).order_by("seq")
+
+
+def attachments_usable(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Attachment]:
+    """The attachments a message of `user` in `tenant` may refer to: their own uploads there."""
+    return Attachment.objects.filter(tenant=tenant, uploaded_by=user)

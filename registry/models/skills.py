@@ -53,6 +53,12 @@ class SkillVersion(DefinitionVersion):
     examples = models.JSONField(default=list, blank=True)
     output_contract = models.JSONField(default=dict, blank=True)
     acceptance_rules = models.JSONField(default=list, blank=True)
+    workflow = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="name@version of the workflow (defined in code) that runs this skill; "
+        "empty: the generic agent loop.",
+    )
 
     history = HistoricalRecords()
 

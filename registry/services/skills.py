@@ -21,6 +21,7 @@ SKILL_CONTENT_FIELDS = (
     "examples",
     "output_contract",
     "acceptance_rules",
+    "workflow",
 )
 
 

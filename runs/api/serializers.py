@@ -1,12 +1,13 @@
 from typing import Any
 
+from django.http import QueryDict
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.api.serializers import StrictSerializer
 from runs.choices import Channel
-from runs.models import Run, RunEvent
+from runs.models import Attachment, Run, RunEvent
 
 MAX_PARTS = 20
 MAX_TEXT_CHARS = 20_000
@@ -139,4 +140,23 @@ class RunEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = RunEvent
         fields = ["id", "seq", "type", "payload", "created_at"]
+        read_only_fields = fields
+
+
+class AttachmentUploadSerializer(StrictSerializer):
+    file = serializers.FileField(
+        allow_empty_file=False,
+        help_text="The part's Content-Type must be an accepted type its content shows.",
+    )
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, QueryDict) and len(data.getlist("file")) > 1:
+            raise serializers.ValidationError({"file": ["Send one file per request."]})
+        return super().to_internal_value(data)
+
+
+class AttachmentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Attachment
+        fields = ["id", "media_type", "size", "sha256"]
         read_only_fields = fields

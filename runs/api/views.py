@@ -5,13 +5,21 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import MultiPartParser
+from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from registry.api.permissions import IsTenantMember
+from registry.choices import Action
+from registry.models import ApiToken
+from registry.selectors import user_can
 from runs import selectors
 from runs.api.filters import RunFilter
 from runs.api.serializers import (
+    AttachmentSerializer,
+    AttachmentUploadSerializer,
     MessageAcceptedSerializer,
     MessageSerializer,
     RunEventSerializer,
@@ -19,6 +27,7 @@ from runs.api.serializers import (
 )
 from runs.errors import IdempotencyKeyRequired, NotFound
 from runs.models import Run
+from runs.services.attachments import attachment_store
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
 
@@ -62,6 +71,43 @@ class MessageView(APIView):
             MessageAcceptedSerializer(ingested.run).data,
             status=status.HTTP_202_ACCEPTED if ingested.created else status.HTTP_200_OK,
         )
+
+
+class CanStartRuns(BasePermission):
+    """Uploading serves starting runs. `attachment_store` decides; asking here as well refuses
+    before the multipart body is parsed and spooled."""
+
+    message = "You may not upload attachments in this tenant."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return isinstance(request.auth, ApiToken) and user_can(
+            user=request.user, action=Action.RUN_CREATE, tenant=request.auth.tenant
+        )
+
+
+class AttachmentView(APIView):
+    """A file in (multipart field `file`), checked and kept in private storage; messages refer
+    to it by the returned id."""
+
+    parser_classes = [MultiPartParser]
+    permission_classes = [IsTenantMember, CanStartRuns]
+
+    @extend_schema(
+        tags=["runs"],
+        request=AttachmentUploadSerializer,
+        responses={201: AttachmentSerializer},
+    )
+    def post(self, request: Request) -> Response:
+        data = AttachmentUploadSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        upload = data.validated_data["file"]
+        attachment = attachment_store(
+            actor=request.user,
+            tenant=request.auth.tenant,
+            upload=upload,
+            declared_media_type=upload.content_type or "",
+        )
+        return Response(AttachmentSerializer(attachment).data, status=status.HTTP_201_CREATED)
 
 
 class EventsQuerySerializer(serializers.Serializer):

@@ -1,5 +1,7 @@
+from runs.models.attachments import Attachment
 from runs.models.events import RunEvent
 from runs.models.runs import IngressRecord, Run
 from runs.models.sessions import Session
+from runs.models.tools import Source, ToolCall
 
-__all__ = ["IngressRecord", "Run", "RunEvent", "Session"]
+__all__ = ["Attachment", "IngressRecord", "Run", "RunEvent", "Session", "Source", "ToolCall"]

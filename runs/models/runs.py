@@ -35,9 +35,22 @@ class Run(models.Model):
     result = models.JSONField(default=dict, blank=True)
     trace_id = models.CharField(max_length=32)
     last_event_seq = models.PositiveIntegerField(default=0)
+    state = models.JSONField(
+        default=dict, blank=True, help_text="Checkpoint: workflow node, inputs, draft."
+    )
+    transcript = models.JSONField(
+        default=list, blank=True, help_text="Model turns with their call ids, then results."
+    )
+    steps = models.PositiveIntegerField(default=0)
+    tool_call_count = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -45,6 +58,7 @@ class Run(models.Model):
         indexes = [
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["tenant", "actor", "-created_at"]),
+            models.Index(fields=["status", "lease_expires_at"]),
         ]
 
     def __str__(self) -> str:

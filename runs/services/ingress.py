@@ -17,7 +17,9 @@ from runs.capability import canonical_hash, capability_resolve
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session
-from runs.services.runs import run_transition
+from runs.services.attachments import attachment_parts_resolve
+from runs.services.runs import run_finish
+from runs.tasks import run_advance
 
 
 @dataclass(frozen=True)
@@ -108,9 +110,12 @@ def message_ingest(
     session_id: UUID | None = None,
 ) -> Ingested:
     """Accept a message: the same key and body give the same run; the same key with another
-    body is refused; concurrent duplicates make one run (the ingress unique constraint)."""
+    body is refused; concurrent duplicates make one run (the ingress unique constraint).
+    Attachment references must name the actor's own uploads in this tenant; the run's message
+    carries what each one is, never its content."""
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant):
         raise PermissionDenied("You may not start runs in this tenant.")
+    normalized_parts = attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts)
     request = {
         "channel": channel,
         "parts": parts,
@@ -129,10 +134,12 @@ def message_ingest(
                 key=idempotency_key,
                 request_hash=request_hash,
                 channel=channel,
-                parts=parts,
+                parts=normalized_parts,
                 metadata=metadata,
                 session_id=session_id,
             )
+        if run.status == RunStatus.QUEUED:
+            transaction.on_commit(lambda: run_advance.delay(run_id=str(run.pk)))
     except IntegrityError:
         existing = _existing(
             tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash
@@ -198,7 +205,7 @@ def _create_run(
     events.message_normalized(run, message=message)
     events.session_loaded(run, is_new=is_new, state_keys=sorted(session.state))
     if agent_config is None:
-        run_transition(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
+        run_finish(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
         return run
     events.capability_resolved(
         run,

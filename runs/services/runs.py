@@ -32,6 +32,46 @@ def run_transition(*, run: Run, status: RunStatus, reason_code: str = "") -> Run
     return run
 
 
+NEXT_STEPS = {
+    RunStatus.COMPLETED: "Nothing more to do.",
+    RunStatus.NEEDS_CLARIFICATION: "Answer the question in the result and send a new message "
+    "in the same session.",
+    RunStatus.REFUSED: "Ask a tenant admin for access, or change the request.",
+    RunStatus.PARTIAL: "Review what was read; nothing was sent or changed.",
+    RunStatus.FAILED_RETRYABLE: "Send the message again later with a new Idempotency-Key.",
+    RunStatus.FAILED_FINAL: "Report the reason code to a platform admin.",
+    RunStatus.BUDGET_EXHAUSTED: "Narrow the request, or ask for a larger budget.",
+    RunStatus.CANCELLED: "Nothing more to do.",
+}
+
+
+def run_finish(
+    *,
+    run: Run,
+    status: RunStatus,
+    reason_code: str,
+    output: dict | None = None,
+    question: str = "",
+) -> Run:
+    """End a locked run with the structured result every run ends with: status, reason code,
+    actions executed, displayable sources, the output and the next step for the user."""
+    run.result = {
+        "status": str(status),
+        "reason_code": reason_code,
+        "actions": [],
+        "sources": [
+            {"reference": source.reference, "origin": source.origin}
+            for source in run.sources.order_by("fetched_at")
+        ],
+        "output": output or {},
+        "question": question,
+        "next_step": NEXT_STEPS.get(status, ""),
+        "model": run.capability.get("model", {}),
+    }
+    run.save(update_fields=["result", "updated_at"])
+    return run_transition(run=run, status=status, reason_code=reason_code)
+
+
 def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     """Cancel a run that has not finished. A queued or waiting run ends at once; a running one
     is marked and stops at its next step boundary."""
@@ -51,5 +91,5 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
             run.cancel_requested_at = timezone.now()
             run.save(update_fields=["cancel_requested_at", "updated_at"])
         if run.status != RunStatus.RUNNING:
-            run_transition(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
+            run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
     return run

@@ -19,6 +19,7 @@ V1_PATHS = [
         )
     ),
     "/api/v1/messages",
+    "/api/v1/attachments",
     "/api/v1/runs",
     "/api/v1/runs/{id}",
     "/api/v1/runs/{id}/events",
@@ -66,6 +67,7 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/skills/{id}/revoke", {"post"}),
         ("/api/v1/skills/{id}/rollback", {"post"}),
         ("/api/v1/messages", {"post"}),
+        ("/api/v1/attachments", {"post"}),
         ("/api/v1/runs", {"get"}),
         ("/api/v1/runs/{id}", {"get"}),
         ("/api/v1/runs/{id}/events", {"get"}),

@@ -94,6 +94,11 @@ def test_first_run_reports_everything_it_created(seeded):
         "created model config offline-planner",
         "created policy approval-before-side-effects",
         "created agent config weekly-reporter",
+        "created project acme/apollo",
+        "created project acme/hermes",
+        "created project acme/zephyr",
+        "created project acme/atlas",
+        "created project globex/portal",
         DEMO_LOGINS,
     ]
 

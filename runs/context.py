@@ -1,0 +1,123 @@
+"""The context builder: what the model sees on one turn, within a token budget per section.
+
+Sections in order of trust: platform and application rules, the workflow node, the skill's
+rules and examples, the task inputs and state, the transcript (the user's message, the model's
+calls and the wrapped tool results), the tool schemas and the output contract. When the whole
+is over budget, examples go first, then old tool results are cut to their sources, then old
+turns; rules, the task and the tool schemas are never cut. Tool results reach the model only
+inside an `untrusted_data` envelope, never among the instructions.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from runs.model_clients.base import ModelRequest, ToolSpec
+from runs.rules import MergedRules
+from runs.tokens import estimate_tokens
+from runs.transcript import to_items
+from runs.workflows import Node
+
+INPUTS_MARKER = "## Task inputs"
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    request: ModelRequest
+    sections: dict[str, dict[str, Any]]
+
+
+def wrap_untrusted(
+    *, source: str, fetched_at: str, content: str, allowed_use: str, references: list[str]
+) -> str:
+    return json.dumps(
+        {
+            "untrusted_data": {
+                "source": source,
+                "fetched_at": fetched_at,
+                "content_sha256": hashlib.sha256(content.encode()).hexdigest(),
+                "allowed_use": allowed_use,
+                "references": references,
+                "content": content,
+            }
+        },
+        ensure_ascii=False,
+    )
+
+
+def _rules_text(merged: MergedRules) -> str:
+    return "\n".join(f"- [{layer}:{rule.id}] {rule.text}" for layer, rule in merged.rules)
+
+
+def _cut_old_results(transcript: list[dict[str, Any]], keep_last: int) -> list[dict[str, Any]]:
+    """Old tool results shrink to their call id and source references."""
+    results = [index for index, entry in enumerate(transcript) if entry["kind"] == "tool_result"]
+    shrink = set(results[:-keep_last] if keep_last else results)
+    cut = []
+    for index, entry in enumerate(transcript):
+        if index in shrink:
+            wrapped = json.loads(entry["content"]).get("untrusted_data", {})
+            references = wrapped.get("references", [])
+            entry = {**entry, "content": json.dumps({"compressed": True, "sources": references})}
+        cut.append(entry)
+    return cut
+
+
+def context_build(
+    *,
+    run_state: dict[str, Any],
+    transcript: list[dict[str, Any]],
+    node: Node,
+    merged_rules: MergedRules,
+    skill: dict[str, Any] | None,
+    tools: list[ToolSpec],
+    output_contract: dict[str, Any],
+    examples: list[Any],
+) -> BuiltContext:
+    budget = settings.CONTEXT_MAX_TOKENS
+    fixed = {
+        "rules": "# Rules (higher layers win)\n" + _rules_text(merged_rules),
+        "node": f"# Workflow node: {node.name}\nFinish when: {node.terminates_when}",
+        "skill": f"# Skill: {skill['name']}@{skill['version']}" if skill else "# No skill",
+        "inputs": f"{INPUTS_MARKER}\n```json\n"
+        + json.dumps(run_state.get("inputs", {}), sort_keys=True, ensure_ascii=False)
+        + "\n```",
+        "output_contract": "# Output contract\n" + json.dumps(output_contract, sort_keys=True),
+    }
+    tool_text = json.dumps(
+        [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
+        sort_keys=True,
+    )
+    examples_text = "# Examples\n" + json.dumps(examples, ensure_ascii=False) if examples else ""
+    history = list(transcript)
+    used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
+
+    def transcript_tokens(entries: list[dict[str, Any]]) -> int:
+        return sum(estimate_tokens(json.dumps(entry, ensure_ascii=False)) for entry in entries)
+
+    if used + estimate_tokens(examples_text) + transcript_tokens(history) > budget:
+        examples_text = ""
+    keep = 2
+    while used + transcript_tokens(history) > budget and keep >= 0:
+        history = _cut_old_results(transcript, keep_last=keep)
+        keep -= 1
+    while used + transcript_tokens(history) > budget and len(history) > 2:
+        history = [history[0], *history[2:]]
+    sections = {**fixed, "examples": examples_text, "tools": tool_text}
+    instructions = "\n\n".join(text for name, text in sections.items() if text and name != "tools")
+    sections["transcript"] = json.dumps(history, ensure_ascii=False)
+    return BuiltContext(
+        request=ModelRequest(
+            instructions=instructions, transcript=to_items(history), tools=tuple(tools)
+        ),
+        sections={
+            name: {
+                "tokens": estimate_tokens(text),
+                "sha256": hashlib.sha256(text.encode()).hexdigest(),
+            }
+            for name, text in sections.items()
+        },
+    )

@@ -1,0 +1,462 @@
+"""The bounded model/tool loop. Each call to `run_advance_step` does one unit of work on a
+locked run and checkpoints it: start, resolve the recipient, one model turn, or the tool
+calls of one turn. The model's output, with every call id, is committed before any tool runs;
+a redelivered step finds its work done and moves on, so no tool call is repeated.
+"""
+
+import json
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from registry.choices import READ_RISKS
+from registry.models import ModelConfig, SkillVersion, ToolVersion
+from runs import events
+from runs.capability import canonical_hash
+from runs.choices import RunStatus
+from runs.context import context_build, wrap_untrusted
+from runs.model_clients.base import ModelClient, ModelError, ToolCall, ToolSpec
+from runs.model_clients.factory import model_client_for
+from runs.models import Run
+from runs.models import ToolCall as ToolCallRecord
+from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
+from runs.services.runs import run_finish, run_transition
+from runs.tools import executor
+from runs.transcript import assistant_entry, pending_calls, result_entry, user_entry
+from runs.workflows import AGENT, WORKFLOWS, Node, Rule, Workflow
+
+RECIPIENT_ROLE = "研发负责人"
+DRAFT_SECTIONS = ("progress", "risks", "next_steps")
+
+
+class ModelTemporarilyUnavailable(Exception):
+    """A retryable provider failure; the task retries the step with backoff."""
+
+
+def _this_week(today: date) -> tuple[str, str]:
+    monday = today - timedelta(days=today.weekday())
+    return monday.isoformat(), (monday + timedelta(days=6)).isoformat()
+
+
+def _workflow(run: Run) -> Workflow:
+    return WORKFLOWS.get(run.state.get("workflow", ""), AGENT)
+
+
+def _node(run: Run) -> Node:
+    return _workflow(run).nodes[run.state["node"]]
+
+
+def _skill(run: Run) -> dict[str, Any] | None:
+    skills = run.capability.get("skills", [])
+    return skills[0] if skills else None
+
+
+def _text(run: Run) -> str:
+    parts = run.message.get("message", {}).get("parts", [])
+    return "\n".join(part["text"] for part in parts if part["type"] == "text")
+
+
+def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
+    """Gate 1's allowlist: the snapshot's tools that this node allows (for the generic agent:
+    the snapshot's read tools)."""
+    entries = run.capability.get("tools", [])
+    if node.tools:
+        ids = [entry["id"] for entry in entries if entry["name"] in node.tools]
+        return list(ToolVersion.objects.filter(pk__in=ids).select_related("tool"))
+    ids = [entry["id"] for entry in entries]
+    return list(ToolVersion.objects.filter(pk__in=ids, risk__in=READ_RISKS).select_related("tool"))
+
+
+def _effective_node(run: Run) -> Node:
+    """The agent node allows the snapshot's read tools; workflow nodes name theirs."""
+    node = _node(run)
+    if node.tools or _workflow(run) is not AGENT:
+        return node
+    names = frozenset(tool.tool.name for tool in _node_tools(run, node))
+    return Node(
+        name=node.name,
+        tools=names,
+        model_driven=node.model_driven,
+        rules=node.rules,
+        terminates_when=node.terminates_when,
+    )
+
+
+def _start(run: Run) -> None:
+    """Route, activate the skill, merge its rules, gather the inputs, assemble the tools."""
+    run.started_at = timezone.now()
+    run_transition(run=run, status=RunStatus.RUNNING)
+    skill = _skill(run)
+    workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
+    events.route_selected(
+        run,
+        workflow=workflow.key,
+        skill=f"{skill['name']}@{skill['version']}" if skill else None,
+        risk="external_side_effect" if "send" in workflow.nodes else "read",
+    )
+    skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
+    if skill_version is not None:
+        events.skill_activated(
+            run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
+        )
+    session_state = run.session.state
+    metadata = run.message.get("metadata", {})
+    date_from, date_to = _this_week(timezone.localdate())
+    run.state = {
+        "workflow": workflow.key,
+        "node": workflow.start,
+        "phase": "model",
+        "inputs": {
+            "project_id": metadata.get("project_id") or session_state.get("project_id"),
+            "date_from": date_from,
+            "date_to": date_to,
+            "recipient_role": RECIPIENT_ROLE,
+        },
+        "corrections": 0,
+    }
+    skill_rules = tuple(
+        Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
+        for rule in (skill_version.rules if skill_version else [])
+    )
+    merged = merge_rules(
+        {
+            "platform": PLATFORM_RULES,
+            "application": APPLICATION_RULES,
+            "workflow": tuple(rule for node in workflow.nodes.values() for rule in node.rules),
+            "skill": skill_rules,
+        }
+    )
+    if merged.conflicts:
+        run_finish(
+            run=run,
+            status=RunStatus.REFUSED,
+            reason_code="RULE_CONFLICT",
+            output={"conflicting_rules": list(merged.conflicts)},
+        )
+        return
+    required = set(skill_version.required_inputs if skill_version else [])
+    if "project_scope" in required and not run.state["inputs"]["project_id"]:
+        run_finish(
+            run=run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="MISSING_PROJECT_SCOPE",
+            question="Which project should the summary cover?",
+        )
+        return
+    run.transcript = [user_entry(_text(run))]
+    _enter_node(run, workflow.start)
+
+
+def _enter_node(run: Run, name: str) -> None:
+    run.state["node"] = name
+    run.state["phase"] = "model"
+    node = _effective_node(run)
+    allowed = sorted(tool.qualified_name for tool in _node_tools(run, node))
+    deferred = sorted(
+        f"{entry['name']}@{entry['version']}"
+        for entry in run.capability.get("tools", [])
+        if entry["name"] not in node.tools
+    )
+    events.tools_assembled(run, node=name, allowlist=allowed, deferred=deferred)
+
+
+def _resolve_recipient(run: Run) -> None:
+    """The workflow, not the model, looks the recipient up: exactly one active record with a
+    corporate email, or the user is asked."""
+    node = _node(run)
+    inputs = run.state["inputs"]
+    call = ToolCall(
+        call_id="host-recipient",
+        name="directory_lookup",
+        arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
+    )
+    outcome = executor.admit(run=run, call=call, node=node, step=run.steps)
+    if isinstance(outcome, executor.Admitted):
+        outcome = executor.execute_admitted(run, [outcome])[0]
+    envelope = outcome.envelope
+    if outcome.status != ToolCallRecord.Status.COMPLETED:
+        category = (envelope.get("error") or {}).get("category", "UNKNOWN")
+        status = (
+            RunStatus.REFUSED if category == "PERMISSION_DENIED" else RunStatus.FAILED_RETRYABLE
+        )
+        run_finish(run=run, status=status, reason_code=f"DIRECTORY_{category}")
+        return
+    candidates = (envelope.get("raw") or {}).get("candidates", [])
+    if len(candidates) != 1 or not candidates[0].get("corporate_email"):
+        run_finish(
+            run=run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
+            output={"candidates": [{"display_name": c["display_name"]} for c in candidates]},
+            question="Who should receive the summary?",
+        )
+        return
+    run.state["recipient"] = {
+        **candidates[0],
+        "looked_up_at": timezone.now().isoformat(),
+    }
+    _enter_node(run, _workflow(run).transitions[node.name][0])
+
+
+def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
+    return [
+        ToolSpec(
+            name=tool.tool.name,
+            description="\n".join(
+                filter(None, [tool.description, tool.when_not_to_use, tool.returns])
+            ),
+            input_schema=tool.input_schema,
+        )
+        for tool in sorted(_node_tools(run, node), key=lambda tool: tool.tool.name)
+    ]
+
+
+def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> Decimal:
+    return (
+        model_config.price_per_1k_input * input_tokens
+        + model_config.price_per_1k_output * output_tokens
+    ) / 1000
+
+
+def _model_turn(run: Run, client: ModelClient) -> None:
+    node = _effective_node(run)
+    skill = _skill(run)
+    skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
+    merged = merge_rules(
+        {
+            "platform": PLATFORM_RULES,
+            "application": APPLICATION_RULES,
+            "workflow": node.rules,
+            "skill": tuple(
+                Rule(id=r["id"], scope=r["scope"], priority=r["priority"], text=r["text"])
+                for r in (skill_version.rules if skill_version else [])
+            ),
+        }
+    )
+    built = context_build(
+        run_state=run.state,
+        transcript=run.transcript,
+        node=node,
+        merged_rules=merged,
+        skill=skill,
+        tools=_tool_specs(run, node),
+        output_contract=skill_version.output_contract if skill_version else {},
+        examples=skill_version.examples if skill_version else [],
+    )
+    run.steps += 1
+    events.context_built(run, step=run.steps, sections=built.sections)
+    events.model_requested(
+        run,
+        step=run.steps,
+        model=run.capability.get("model", {}).get("model", ""),
+        offline=client.is_offline,
+    )
+    try:
+        response = client.complete(built.request)
+    except ModelError as error:
+        if error.retryable:
+            raise ModelTemporarilyUnavailable(str(error)) from error
+        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
+        return
+    model_config = run.agent_config.model_config
+    cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
+    run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
+    run.cost += cost
+    run.transcript.append(assistant_entry(response.text, response.tool_calls))
+    events.model_responded(
+        run,
+        step=run.steps,
+        text=response.text,
+        tool_calls=[
+            {"call_id": call.call_id, "name": call.name, "arguments": call.arguments}
+            for call in response.tool_calls
+        ],
+        usage={"input": response.usage.input_tokens, "output": response.usage.output_tokens},
+        cost=str(cost),
+        stop_reason=response.stop_reason,
+    )
+    if response.tool_calls:
+        run.state["phase"] = "tools"
+        return
+    _final(run, response.text)
+
+
+def _draft_problems(run: Run, draft: Any) -> list[str]:
+    if not isinstance(draft, dict):
+        return ["The draft is not a JSON object."]
+    problems = [f"Missing section {name}." for name in DRAFT_SECTIONS if name not in draft]
+    known = set(run.sources.values_list("reference", flat=True))
+    for risk in draft.get("risks") or []:
+        if not isinstance(risk, dict) or risk.get("source") not in known:
+            problems.append(f"Risk without a source returned by a tool: {risk}.")
+    if not draft.get("subject"):
+        problems.append("Missing subject.")
+    return problems
+
+
+def _final(run: Run, text: str) -> None:
+    if _workflow(run) is AGENT:
+        run_finish(
+            run=run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text}
+        )
+        return
+    try:
+        draft = json.loads(text)
+    except ValueError:
+        draft = text
+    problems = _draft_problems(run, draft)
+    if not problems:
+        _await_approval(run, draft)
+        return
+    evidence = run.tool_calls.filter(status=ToolCallRecord.Status.COMPLETED).exists()
+    if not evidence:
+        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
+    elif run.state["corrections"] >= 1:
+        run_finish(
+            run=run,
+            status=RunStatus.PARTIAL,
+            reason_code="DRAFT_CONTRACT_NOT_MET",
+            output={"problems": problems},
+        )
+    else:
+        run.state["corrections"] += 1
+        run.transcript.append(
+            user_entry("The draft does not meet the output contract: " + " ".join(problems))
+        )
+
+
+def _await_approval(run: Run, draft: dict[str, Any]) -> None:
+    """The drafting ends: the draft and the recipient the host resolved wait for a human."""
+    recipient = run.state.get("recipient", {})
+    payload = {
+        "recipient_snapshot": recipient,
+        "subject": draft["subject"],
+        "body": draft.get("body", ""),
+        "skill_version": _skill(run)["version"] if _skill(run) else None,
+        "tool_versions": {entry["name"]: entry["version"] for entry in run.capability["tools"]},
+    }
+    run.state["draft"] = draft
+    run.state["draft_hash"] = canonical_hash(payload)
+    events.draft_created(run, draft=draft)
+    events.approval_required(run, draft_hash=run.state["draft_hash"], recipient=recipient)
+    run.result = {
+        "status": RunStatus.WAITING_APPROVAL,
+        "output": draft,
+        "recipient": recipient,
+        "next_step": "An approver reviews the draft.",
+    }
+    _enter_node(run, "approval")
+    run_transition(run=run, status=RunStatus.WAITING_APPROVAL)
+
+
+def _tool_turn(run: Run) -> None:
+    """Gates 1-8 for the calls of the last model turn that have no result yet."""
+    node = _effective_node(run)
+    pending = pending_calls(run.transcript)
+    budget_left = run.capability["budgets"]["max_tool_calls"] - run.tool_call_count
+    finished: dict[str, ToolCallRecord] = {}
+    admitted = []
+    for call in pending:
+        if budget_left <= 0:
+            break
+        outcome = executor.admit(run=run, call=call, node=node, step=run.steps)
+        budget_left -= 1
+        if isinstance(outcome, executor.Admitted):
+            admitted.append(outcome)
+        else:
+            finished[call.call_id] = outcome
+    for record in executor.execute_admitted(run, admitted):
+        finished[record.call_id] = record
+    for call in pending:
+        record = finished.get(call.call_id)
+        if record is None:
+            continue
+        content = json.dumps(record.envelope, ensure_ascii=False, sort_keys=True)
+        run.transcript.append(
+            result_entry(
+                call_id=call.call_id,
+                name=call.name,
+                content=wrap_untrusted(
+                    source=record.envelope.get("tool", call.name),
+                    fetched_at=timezone.now().isoformat(),
+                    content=content,
+                    allowed_use="evidence",
+                    references=[s["reference"] for s in record.envelope.get("sources", [])],
+                ),
+                is_error=record.status != ToolCallRecord.Status.COMPLETED,
+            )
+        )
+    if len(finished) < len(pending):
+        run_finish(run=run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOOL_CALL_BUDGET")
+        return
+    run.state["phase"] = "model"
+
+
+def _budget_exhausted(run: Run) -> str | None:
+    budgets = run.capability["budgets"]
+    elapsed = (timezone.now() - run.started_at).total_seconds()
+    if elapsed > budgets["max_seconds"]:
+        return "TIME_BUDGET"
+    if run.tokens_used >= budgets["max_tokens"]:
+        return "TOKEN_BUDGET"
+    if run.cost >= Decimal(budgets["max_cost"]) and run.cost > 0:
+        return "COST_BUDGET"
+    if run.state.get("phase") == "model" and run.steps >= budgets["max_steps"]:
+        return "STEP_BUDGET"
+    return None
+
+
+def _save(run: Run) -> None:
+    run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    run.save(
+        update_fields=[
+            "state",
+            "transcript",
+            "steps",
+            "tool_call_count",
+            "tokens_used",
+            "cost",
+            "started_at",
+            "lease_expires_at",
+            "result",
+            "updated_at",
+        ]
+    )
+
+
+def run_advance_step(*, run_id: str) -> bool:
+    """Do one unit of work on the run; returns whether there is more to do now."""
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update()
+            .select_related("tenant", "actor", "agent_config__model_config")
+            .filter(pk=run_id)
+            .first()
+        )
+        if run is None or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            return False
+        if run.cancel_requested_at is not None:
+            run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
+            return False
+        if run.status == RunStatus.QUEUED:
+            _start(run)
+        elif (reason := _budget_exhausted(run)) is not None:
+            run_finish(run=run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+        elif run.state["node"] == "resolve_recipient":
+            _resolve_recipient(run)
+        elif run.state["phase"] == "tools":
+            _tool_turn(run)
+        else:
+            _model_turn(run, model_client_for(run.agent_config.model_config))
+        _save(run)
+        return run.status == RunStatus.RUNNING
+
+
+def run_execute(*, run_id: str) -> None:
+    """Advance the run until it pauses, ends, or needs a retry."""
+    while run_advance_step(run_id=run_id):
+        pass

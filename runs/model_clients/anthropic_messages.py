@@ -1,0 +1,139 @@
+"""Anthropic Messages through the official `anthropic` SDK."""
+
+from typing import Any
+
+import anthropic
+
+from registry.models import ModelConfig
+from runs.model_clients.base import (
+    AssistantTurn,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    TranscriptItem,
+    Usage,
+    UserMessage,
+)
+from runs.model_clients.provider_errors import status_error, unreachable_error
+
+PROVIDER = "Anthropic"
+# Set by the client from the request; parameters may not replace them.
+CLIENT_FIELDS = frozenset({"model", "system", "messages", "tools", "max_tokens", "stream"})
+
+
+class AnthropicClient:
+    """One Messages call per turn, the transcript rebuilt in Anthropic's format each time."""
+
+    is_offline = False
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        api_key: str,
+        timeout_s: float,
+        parameters: dict[str, Any],
+    ) -> None:
+        self.model_name = model_config.model_name
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.parameters = parameters
+        self.sdk = anthropic.Anthropic(
+            base_url=model_config.base_url or None,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=0,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
+        parameters = {**self.parameters, **request.parameters}
+        overridden = sorted(parameters.keys() & CLIENT_FIELDS)
+        if overridden:
+            raise ModelError(
+                f"Model parameters may not set {', '.join(overridden)}.", retryable=False
+            )
+        try:
+            message = self.sdk.messages.create(
+                model=self.model_name,
+                system=request.instructions or anthropic.omit,
+                messages=anthropic_messages(request.transcript),
+                tools=[anthropic_tool(tool) for tool in request.tools] or anthropic.omit,
+                max_tokens=request.max_output_tokens,
+                extra_body=parameters or None,
+            )
+        # `from None`: the SDK's exception text may echo what the server received.
+        except anthropic.APIStatusError as error:
+            raise status_error(
+                PROVIDER, error.status_code, error.body, secret=self.api_key
+            ) from None
+        except anthropic.APIConnectionError as error:
+            raise unreachable_error(
+                PROVIDER,
+                is_timeout=isinstance(error, anthropic.APITimeoutError),
+                timeout_s=self.timeout_s,
+            ) from None
+        usage = message.usage
+        return ModelResponse(
+            text="".join(block.text for block in message.content if block.type == "text"),
+            tool_calls=tuple(
+                ToolCall(call_id=block.id, name=block.name, arguments=block.input)
+                for block in message.content
+                if block.type == "tool_use"
+            ),
+            usage=Usage(
+                input_tokens=usage.input_tokens
+                + (usage.cache_creation_input_tokens or 0)
+                + (usage.cache_read_input_tokens or 0),
+                output_tokens=usage.output_tokens,
+            ),
+            stop_reason=message.stop_reason or "",
+            model=message.model,
+        )
+
+
+def anthropic_messages(transcript: tuple[TranscriptItem, ...]) -> list[dict[str, Any]]:
+    """Content blocks per transcript item, in order, with consecutive items of one role merged
+    into one message: Anthropic wants every tool_result of a turn in the single user message
+    that follows the assistant's tool_use blocks."""
+    messages: list[dict[str, Any]] = []
+    for item in transcript:
+        role, blocks = _content_blocks(item)
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+    return messages
+
+
+def _content_blocks(item: TranscriptItem) -> tuple[str, list[dict[str, Any]]]:
+    match item:
+        case UserMessage():
+            return "user", [{"type": "text", "text": item.text}]
+        case AssistantTurn():
+            text_blocks = [{"type": "text", "text": item.text}] if item.text else []
+            return "assistant", text_blocks + [
+                {
+                    "type": "tool_use",
+                    "id": call.call_id,
+                    "name": call.name,
+                    "input": call.arguments if isinstance(call.arguments, dict) else {},
+                }
+                for call in item.tool_calls
+            ]
+        case ToolResult():
+            return "user", [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": item.call_id,
+                    "content": item.content,
+                    "is_error": item.is_error,
+                }
+            ]
+
+
+def anthropic_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.input_schema}

@@ -1,0 +1,88 @@
+"""One interface to every model: a request of instructions, an ordered transcript and tool
+specs in; one turn (text and/or tool calls with their call ids, usage) out.
+
+The transcript is the run's own record, independent of any provider format: each assistant
+turn keeps its tool calls with their ids, and each tool result names the call it answers.
+Clients rebuild the provider's format from it on every turn.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | str
+    """Parsed JSON arguments, or the raw string when the model sent something unparsable."""
+
+
+@dataclass(frozen=True)
+class UserMessage:
+    text: str
+
+
+@dataclass(frozen=True)
+class AssistantTurn:
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    call_id: str
+    name: str
+    content: str
+    """The result envelope as JSON text, wrapped as untrusted data by the context builder."""
+    is_error: bool = False
+
+
+TranscriptItem = UserMessage | AssistantTurn | ToolResult
+
+
+@dataclass(frozen=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    instructions: str
+    transcript: tuple[TranscriptItem, ...]
+    tools: tuple[ToolSpec, ...] = ()
+    max_output_tokens: int = 2048
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelResponse:
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    usage: Usage
+    stop_reason: str
+    model: str
+
+
+class ModelError(Exception):
+    """A provider failure. `retryable` (429, 5xx, timeouts, connection errors) decides between
+    FAILED_RETRYABLE and FAILED_FINAL; the message never carries a credential."""
+
+    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+        self.status_code = status_code
+
+
+class ModelClient(Protocol):
+    is_offline: bool
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...

@@ -1,0 +1,78 @@
+"""The one place a model config becomes a client. Called per model turn, so the credential is
+read from the environment at call time: a rotated key takes effect on the next turn, and no
+secret is ever stored in the registry or its history."""
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from registry.choices import ModelProvider
+from registry.models import ModelConfig
+from runs.model_clients.anthropic_messages import AnthropicClient
+from runs.model_clients.base import ModelClient, ModelError
+from runs.model_clients.offline import OfflinePlanner
+from runs.model_clients.openai_compatible import OpenAICompatibleClient
+
+TIMEOUT_PARAMETER = "timeout_s"
+DEFAULT_TIMEOUT_S = 60.0
+
+PROVIDER_CLIENTS: dict[str, Callable[..., ModelClient]] = {
+    ModelProvider.OPENAI_COMPATIBLE: OpenAICompatibleClient,
+    ModelProvider.ANTHROPIC: AnthropicClient,
+}
+
+
+def model_client_for(model_config: ModelConfig) -> ModelClient:
+    """The client of the config's provider. Every refusal here is a ModelError that is not
+    retryable: a missing credential or a bad setting stays wrong until an operator fixes it."""
+    if model_config.provider == ModelProvider.OFFLINE:
+        return _offline_planner(model_config)
+    client_class = PROVIDER_CLIENTS.get(model_config.provider)
+    if client_class is None:
+        raise ModelError(
+            f"Model config {model_config.name!r} names the unknown provider "
+            f"{model_config.provider!r}.",
+            retryable=False,
+        )
+    parameters = dict(model_config.parameters)
+    timeout_s = _timeout_s(model_config, parameters.pop(TIMEOUT_PARAMETER, DEFAULT_TIMEOUT_S))
+    return client_class(
+        model_config,
+        api_key=_credential(model_config),
+        timeout_s=timeout_s,
+        parameters=parameters,
+    )
+
+
+def _credential(model_config: ModelConfig) -> str:
+    """The secret held by the environment variable the config names; only the name is ever
+    put into a message."""
+    variable = model_config.credential_ref
+    if not variable:
+        raise ModelError(
+            f"Model config {model_config.name!r} has no credential_ref: name the environment "
+            "variable that holds its API key.",
+            retryable=False,
+        )
+    secret = os.environ.get(variable, "")
+    if not secret:
+        raise ModelError(
+            f"The environment variable {variable} (credential of model config "
+            f"{model_config.name!r}) is not set or empty.",
+            retryable=False,
+        )
+    return secret
+
+
+def _timeout_s(model_config: ModelConfig, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ModelError(
+            f"Model config {model_config.name!r}: {TIMEOUT_PARAMETER} must be a positive "
+            f"number of seconds, not {value!r}.",
+            retryable=False,
+        )
+    return float(value)
+
+
+def _offline_planner(model_config: ModelConfig) -> ModelClient:
+    return OfflinePlanner(model_config)

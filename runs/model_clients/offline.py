@@ -1,0 +1,137 @@
+"""The offline deterministic planner: the zero-config demo's and the tests' model.
+
+It follows the active skill the way a careful model would, with no provider and no network:
+it reads the task inputs from its instructions, calls each available read tool once with them,
+then drafts from what the tools returned (progress, risks, next steps, each with its source).
+It never follows text found inside tool results. Everything it does is labelled offline.
+"""
+
+import json
+import re
+from typing import Any
+
+from runs.context import INPUTS_MARKER
+from runs.model_clients.base import (
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+)
+from runs.tokens import estimate_tokens
+
+MODEL_NAME = "offline-deterministic-planner"
+_INPUTS = re.compile(re.escape(INPUTS_MARKER) + r"\n```json\n(.*?)\n```", re.S)
+DONE_STATUSES = frozenset({"done", "completed", "shipped"})
+
+
+def _inputs(instructions: str) -> dict[str, Any]:
+    match = _INPUTS.search(instructions)
+    return json.loads(match.group(1)) if match else {}
+
+
+def _arguments(tool: ToolSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """Fill a tool's required arguments from the task inputs, or None if one is missing."""
+    aliases = {"from": "date_from", "to": "date_to"}
+    arguments = {}
+    for name in tool.input_schema.get("required", []):
+        value = inputs.get(aliases.get(name, name))
+        if value is None:
+            return None
+        arguments[name] = value
+    return arguments
+
+
+def _evidence(results: list[ToolResult]) -> list[dict[str, Any]]:
+    contents = []
+    for result in results:
+        wrapped = json.loads(result.content).get("untrusted_data", {})
+        try:
+            envelope = json.loads(wrapped.get("content", "{}"))
+        except ValueError:
+            continue
+        if envelope.get("protocol_status") == "ok" and isinstance(envelope.get("raw"), dict):
+            contents.append(envelope["raw"])
+    return contents
+
+
+def _line(item: dict[str, Any]) -> str:
+    return f"{item['title']} ({item['status']}, {item['date']})"
+
+
+def _draft(evidence: list[dict[str, Any]]) -> dict[str, Any]:
+    report = next((raw for raw in evidence if "tasks" in raw), None)
+    if report is None:
+        return {"answer": "The tools returned nothing to report on."}
+    work = report["tasks"] + report["milestones"]
+    progress = [
+        {"text": _line(item), "source": item["source"]}
+        for item in work
+        if item["status"].lower() in DONE_STATUSES
+    ]
+    next_steps = [
+        {"text": _line(item), "source": item["source"]}
+        for item in work
+        if item["status"].lower() not in DONE_STATUSES
+    ]
+    risks = [
+        {"text": f"{item['title']}: {item['detail']}".rstrip(": "), "source": item["source"]}
+        for item in report["risks"]
+    ]
+    subject = f"Weekly status: {report['name']} ({report['from']} to {report['to']})"
+    body = "\n".join(
+        [
+            subject,
+            "",
+            "Progress:",
+            *(f"- {entry['text']} [{entry['source']}]" for entry in progress),
+            "",
+            "Risks:",
+            *(f"- {entry['text']} [{entry['source']}]" for entry in risks),
+            "",
+            "Next steps:",
+            *(f"- {entry['text']} [{entry['source']}]" for entry in next_steps),
+        ]
+    )
+    return {
+        "subject": subject,
+        "progress": progress,
+        "risks": risks,
+        "next_steps": next_steps,
+        "body": body,
+    }
+
+
+class OfflinePlanner:
+    """A ModelClient that needs no provider."""
+
+    is_offline = True
+
+    def __init__(self, model_config: Any = None) -> None:
+        self.model_config = model_config
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        inputs = _inputs(request.instructions)
+        results = [item for item in request.transcript if isinstance(item, ToolResult)]
+        called = {result.name for result in results}
+        calls = []
+        if not results:
+            for index, tool in enumerate(request.tools, start=1):
+                arguments = _arguments(tool, inputs)
+                if arguments is not None and tool.name not in called:
+                    calls.append(
+                        ToolCall(call_id=f"offline-{index}", name=tool.name, arguments=arguments)
+                    )
+        text = "" if calls else json.dumps(_draft(_evidence(results)), ensure_ascii=False)
+        prompt = request.instructions + "".join(repr(item) for item in request.transcript)
+        return ModelResponse(
+            text=text,
+            tool_calls=tuple(calls),
+            usage=Usage(
+                input_tokens=estimate_tokens(prompt),
+                output_tokens=estimate_tokens(text + repr(calls)),
+            ),
+            stop_reason="tool_use" if calls else "end_turn",
+            model=MODEL_NAME,
+        )

@@ -1,0 +1,175 @@
+"""Chat Completions through the official `openai` SDK. The model config's base URL picks the
+server, so OpenAI, vLLM, Ollama and LiteLLM are all reached by this one client."""
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import openai
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+
+from registry.models import ModelConfig
+from runs.model_clients.base import (
+    AssistantTurn,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    TranscriptItem,
+    Usage,
+    UserMessage,
+)
+from runs.model_clients.provider_errors import status_error, unreachable_error
+
+PROVIDER = "OpenAI-compatible provider"
+OFFICIAL_API_HOST = "api.openai.com"
+# Set by the client from the request; parameters may not replace them.
+CLIENT_FIELDS = frozenset(
+    {"model", "messages", "tools", "max_tokens", "max_completion_tokens", "stream"}
+)
+
+
+class OpenAICompatibleClient:
+    """One Chat Completions call per turn, the transcript rebuilt in OpenAI's format each time."""
+
+    is_offline = False
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        *,
+        api_key: str,
+        timeout_s: float,
+        parameters: dict[str, Any],
+    ) -> None:
+        self.model_name = model_config.model_name
+        self.api_key = api_key
+        self.timeout_s = timeout_s
+        self.parameters = parameters
+        # OpenAI's own API refuses `max_tokens` for its reasoning models; the servers that mimic
+        # it (vLLM, Ollama, LiteLLM) have always accepted `max_tokens`.
+        self.output_limit_field = (
+            "max_completion_tokens"
+            if urlsplit(model_config.base_url).hostname in (None, OFFICIAL_API_HOST)
+            else "max_tokens"
+        )
+        self.sdk = openai.OpenAI(
+            base_url=model_config.base_url or None,
+            api_key=api_key,
+            timeout=timeout_s,
+            max_retries=0,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
+        parameters = {**self.parameters, **request.parameters}
+        overridden = sorted(parameters.keys() & CLIENT_FIELDS)
+        if overridden:
+            raise ModelError(
+                f"Model parameters may not set {', '.join(overridden)}.", retryable=False
+            )
+        try:
+            completion = self.sdk.chat.completions.create(
+                model=self.model_name,
+                messages=chat_messages(request.instructions, request.transcript),
+                tools=[function_tool(tool) for tool in request.tools] or openai.omit,
+                extra_body=parameters or None,
+                **{self.output_limit_field: request.max_output_tokens},
+            )
+        # `from None`: the SDK's exception text may echo what the server received.
+        except openai.APIStatusError as error:
+            raise status_error(
+                PROVIDER, error.status_code, error.body, secret=self.api_key
+            ) from None
+        except openai.APIConnectionError as error:
+            raise unreachable_error(
+                PROVIDER,
+                is_timeout=isinstance(error, openai.APITimeoutError),
+                timeout_s=self.timeout_s,
+            ) from None
+        if not completion.choices:
+            raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False)
+        choice = completion.choices[0]
+        usage = completion.usage
+        return ModelResponse(
+            text=choice.message.content or "",
+            tool_calls=tuple(
+                ToolCall(
+                    call_id=call.id,
+                    name=call.function.name,
+                    arguments=parsed_arguments(call.function.arguments),
+                )
+                for call in choice.message.tool_calls or ()
+                # Also the calls of servers that leave out `"type": "function"`.
+                if isinstance(call, ChatCompletionMessageFunctionToolCall)
+            ),
+            usage=Usage(
+                input_tokens=usage.prompt_tokens if usage else 0,
+                output_tokens=usage.completion_tokens if usage else 0,
+            ),
+            stop_reason=choice.finish_reason or "",
+            model=completion.model,
+        )
+
+
+def chat_messages(
+    instructions: str, transcript: tuple[TranscriptItem, ...]
+) -> list[dict[str, Any]]:
+    """Instructions as the system message, then one message per transcript item in order: an
+    assistant message carries its tool calls, and each tool message answers one call by id."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    for item in transcript:
+        match item:
+            case UserMessage():
+                messages.append({"role": "user", "content": item.text})
+            case AssistantTurn():
+                message: dict[str, Any] = {"role": "assistant", "content": item.text or None}
+                if item.tool_calls:
+                    message["tool_calls"] = [
+                        {
+                            "id": call.call_id,
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": raw_arguments(call)},
+                        }
+                        for call in item.tool_calls
+                    ]
+                messages.append(message)
+            case ToolResult():
+                messages.append(
+                    {"role": "tool", "tool_call_id": item.call_id, "content": item.content}
+                )
+    return messages
+
+
+def function_tool(tool: ToolSpec) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.input_schema,
+        },
+    }
+
+
+def raw_arguments(call: ToolCall) -> str:
+    """The arguments as the model sent them: unparsable text goes back verbatim."""
+    if isinstance(call.arguments, str):
+        return call.arguments
+    return json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
+
+
+def parsed_arguments(arguments: str) -> dict[str, Any] | str:
+    """A JSON object, or the raw text so the schema gate can reject it and the model see why.
+    Some servers send an empty string for a call without arguments."""
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return parsed if isinstance(parsed, dict) else arguments

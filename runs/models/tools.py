@@ -1,0 +1,68 @@
+import uuid
+
+from django.db import models
+
+from runs.tools.envelope import ErrorCategory
+
+
+class ToolCall(models.Model):
+    """One tool call of a run: requested by the model (or the workflow), checked by the eight
+    gates, and either rejected, completed or failed. `call_id` pairs it with the model's
+    request in the transcript."""
+
+    class Status(models.TextChoices):
+        REQUESTED = "requested"
+        REJECTED = "rejected"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="tool_calls")
+    call_id = models.CharField(max_length=128)
+    step = models.PositiveIntegerField()
+    name = models.CharField(max_length=128)
+    tool_version = models.ForeignKey(
+        "registry.ToolVersion",
+        on_delete=models.PROTECT,
+        related_name="calls",
+        null=True,
+        blank=True,
+    )
+    arguments = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.REQUESTED)
+    error_category = models.CharField(max_length=24, choices=ErrorCategory.choices, blank=True)
+    envelope = models.JSONField(default=dict)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    started_at = models.DateTimeField(auto_now_add=True)
+    duration_ms = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "step", "started_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "call_id"], name="toolcall_unique_call_id"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.call_id}) {self.status}"
+
+
+class Source(models.Model):
+    """Evidence a tool returned: where it came from, when, its content hash and what it may
+    be used for. The model cites it by `reference`; the content never enters a context whole."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="sources")
+    tool_call = models.ForeignKey(ToolCall, on_delete=models.PROTECT, related_name="sources")
+    origin = models.CharField(max_length=200, help_text="The tool version that returned it.")
+    reference = models.CharField(max_length=300)
+    fetched_at = models.DateTimeField(auto_now_add=True)
+    content_hash = models.CharField(max_length=64)
+    allowed_use = models.CharField(max_length=64, default="summarize")
+    content = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["run", "fetched_at"]
+        indexes = [models.Index(fields=["run", "reference"])]
+
+    def __str__(self) -> str:
+        return self.reference

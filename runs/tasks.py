@@ -1,0 +1,58 @@
+"""Thin Celery tasks of the data plane: load by id, call the loop, own the retry policy."""
+
+import random
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from runs.choices import RunStatus
+from runs.loop import ModelTemporarilyUnavailable, run_execute
+from runs.models import Run
+from runs.services.runs import run_finish
+
+MODEL_RETRIES = 4
+
+
+def _backoff(retries: int) -> float:
+    """Exponential backoff with full jitter, at most a minute."""
+    return random.uniform(0, min(60, 2 ** (retries + 1)))
+
+
+@shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MODEL_RETRIES)
+def run_advance(self, *, run_id: str) -> None:
+    """Advance a run until it pauses or ends. Safe to deliver twice: each step locks the run
+    and skips work already checkpointed."""
+    try:
+        run_execute(run_id=run_id)
+    except ModelTemporarilyUnavailable as error:
+        if self.request.retries >= self.max_retries:
+            with transaction.atomic():
+                run = Run.objects.select_for_update().get(pk=run_id)
+                if run.status == RunStatus.RUNNING:
+                    run_finish(
+                        run=run, status=RunStatus.FAILED_RETRYABLE, reason_code="MODEL_UNAVAILABLE"
+                    )
+            return
+        raise self.retry(countdown=_backoff(self.request.retries), exc=error) from error
+
+
+@shared_task(acks_late=True)
+def runs_sweep() -> int:
+    """Re-enqueue active runs whose lease lapsed: their worker died or their task was lost.
+    Returns how many were re-enqueued."""
+    now = timezone.now()
+    stale = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
+        Q(lease_expires_at__lt=now)
+        | Q(
+            lease_expires_at__isnull=True,
+            created_at__lt=now - timedelta(seconds=settings.RUN_LEASE_SECONDS),
+        )
+    )
+    run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
+    for run_id in run_ids:
+        run_advance.delay(run_id=run_id)
+    return len(run_ids)

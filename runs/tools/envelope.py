@@ -1,0 +1,84 @@
+"""The result envelope every tool call returns, whatever its adapter (DESIGN.md, gate 7).
+
+HTTP 200 with a business refusal is not success: protocol status and business status are kept
+apart. The raw business response is kept as complete as the size limit allows, with secrets
+stripped; what does not fit stays in a Source the model can cite by reference.
+"""
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import models
+
+from registry.models.configs import SECRET_LIKE_NAME
+
+REDACTED = "[redacted]"
+
+
+class ErrorCategory(models.TextChoices):
+    TIMEOUT = "TIMEOUT"
+    RATE_LIMITED = "RATE_LIMITED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    UPSTREAM_ERROR = "UPSTREAM_ERROR"
+    UNKNOWN = "UNKNOWN"
+
+
+@dataclass
+class Envelope:
+    call_id: str
+    tool: str
+    protocol_status: str
+    business_status: str
+    raw: Any = None
+    normalized: dict[str, Any] = field(default_factory=dict)
+    error: dict[str, str] | None = None
+    retryable: bool = False
+    may_have_side_effect: bool = False
+    sources: list[dict[str, str]] = field(default_factory=list)
+    truncated: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), ensure_ascii=False, sort_keys=True, default=str)
+
+
+def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
+    """Drop credential-like keys anywhere in a response and redact known secret values."""
+    if isinstance(value, dict):
+        return {
+            key: REDACTED
+            if SECRET_LIKE_NAME.search(str(key))
+            else strip_secrets(item, secrets=secrets)
+            for key, item in value.items()
+        }
+    if isinstance(value, list):
+        return [strip_secrets(item, secrets=secrets) for item in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            if secret:
+                value = value.replace(secret, REDACTED)
+        return BEARER.sub("Bearer " + REDACTED, value)
+    return value
+
+
+BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}")
+
+
+def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
+    """Keep the envelope under `max_bytes`: the raw response is cut first (its full text stays
+    in the call's sources), never the statuses, the error or the source references."""
+    if len(envelope.to_json().encode()) <= max_bytes:
+        return envelope
+    preview = json.dumps(envelope.raw, ensure_ascii=False, default=str)
+    envelope.truncated = True
+    while True:
+        envelope.raw = {"preview": preview}
+        if not preview or len(envelope.to_json().encode()) <= max_bytes:
+            return envelope
+        preview = preview[: len(preview) // 2]

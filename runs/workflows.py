@@ -1,0 +1,108 @@
+"""Workflows: explicit state machines defined in code, registered under `name@version` and
+bound to skill versions in the registry.
+
+A node names the tools it allows (gate 1 intersects them with the run's snapshot), an optional
+guard over a call's arguments (gate 4) and whether the model drives it. The host, not the
+model, moves between nodes.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# A guard returns why a call is refused in this node, or None.
+Guard = Callable[[Mapping[str, Any], str, dict[str, Any]], str | None]
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    scope: str
+    priority: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    tools: frozenset[str] = frozenset()
+    model_driven: bool = False
+    guard: Guard | None = None
+    rules: tuple[Rule, ...] = ()
+    terminates_when: str = ""
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    version: str
+    start: str
+    nodes: dict[str, Node]
+    transitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}@{self.version}"
+
+
+def _same_project(state: Mapping[str, Any], tool: str, arguments: dict[str, Any]) -> str | None:
+    """The draft reads only the project the run is scoped to."""
+    scope = state.get("inputs", {}).get("project_id")
+    if arguments.get("project_id") != scope:
+        return f"{tool} may read only project {scope} in this run."
+    return None
+
+
+WEEKLY_SUMMARY_SEND = Workflow(
+    name="weekly-summary-send",
+    version="1",
+    start="resolve_recipient",
+    nodes={
+        "resolve_recipient": Node(
+            name="resolve_recipient",
+            tools=frozenset({"directory_lookup"}),
+            terminates_when="exactly one active directory record with a corporate email",
+        ),
+        "draft": Node(
+            name="draft",
+            tools=frozenset({"project_search"}),
+            model_driven=True,
+            guard=_same_project,
+            rules=(
+                Rule(
+                    id="draft-read-only",
+                    scope="permission",
+                    priority=900,
+                    text="Only read tools are available; nothing is sent before approval.",
+                ),
+            ),
+            terminates_when="a draft with progress, risks and next steps, every risk sourced",
+        ),
+        "approval": Node(name="approval", terminates_when="a human decides the frozen draft"),
+        "send": Node(name="send", tools=frozenset({"mail_send"})),
+    },
+    transitions={
+        "resolve_recipient": ("draft",),
+        "draft": ("approval",),
+        "approval": ("send",),
+        "send": (),
+    },
+)
+
+AGENT = Workflow(
+    name="agent",
+    version="1",
+    start="answer",
+    nodes={
+        "answer": Node(
+            name="answer",
+            model_driven=True,
+            terminates_when="a final answer grounded in tool results",
+        )
+    },
+    transitions={"answer": ()},
+)
+
+WORKFLOWS: dict[str, Workflow] = {
+    workflow.key: workflow for workflow in (WEEKLY_SUMMARY_SEND, AGENT)
+}

@@ -1,0 +1,659 @@
+"""Both provider clients against a local fake provider over real HTTP, through the real SDKs."""
+
+import json
+import socket
+import threading
+import traceback
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from registry.choices import ModelProvider
+from registry.models import ModelConfig
+from runs.model_clients.base import (
+    AssistantTurn,
+    ModelError,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    ToolSpec,
+    Usage,
+    UserMessage,
+)
+from runs.model_clients.factory import model_client_for
+
+API_KEY = "sk-fake-provider-secret-0123456789"
+CREDENTIAL_REF = "FAKE_PROVIDER_KEY"
+OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+INSTRUCTIONS = "You prepare the weekly project summary. Follow the platform rules."
+
+PROJECT_SEARCH = ToolSpec(
+    name="project_search",
+    description="Find the tasks, milestones and risks of a project.",
+    input_schema={
+        "type": "object",
+        "properties": {"project_id": {"type": "string"}},
+        "required": ["project_id"],
+    },
+)
+DIRECTORY_LOOKUP = ToolSpec(
+    name="directory_lookup",
+    description="Find a person in the directory by role.",
+    input_schema={
+        "type": "object",
+        "properties": {"role": {"type": "string"}},
+        "required": ["role"],
+    },
+)
+TOOLS = (PROJECT_SEARCH, DIRECTORY_LOOKUP)
+CALL_1 = ToolCall(call_id="call_1", name="project_search", arguments={"project_id": "apollo"})
+CALL_2 = ToolCall(call_id="call_2", name="directory_lookup", arguments={"role": "rd_lead"})
+RESULT_1 = ToolResult(call_id="call_1", name="project_search", content='{"status": "ok"}')
+RESULT_2 = ToolResult(
+    call_id="call_2", name="directory_lookup", content='{"status": "error"}', is_error=True
+)
+RESULTS = (RESULT_1, RESULT_2)
+
+
+@dataclass
+class RecordedRequest:
+    path: str
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+@dataclass
+class CannedResponse:
+    status: int
+    body: dict[str, Any]
+    delay_s: float = 0.0
+
+
+@dataclass
+class FakeProvider:
+    """Answers from a queue of canned responses and records every request it receives."""
+
+    port: int
+    responses: deque[CannedResponse] = field(default_factory=deque)
+    requests: list[RecordedRequest] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def reply(self, body: dict[str, Any], *, status: int = 200, delay_s: float = 0.0) -> None:
+        self.responses.append(CannedResponse(status=status, body=body, delay_s=delay_s))
+
+
+def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            provider.requests.append(
+                RecordedRequest(
+                    path=self.path,
+                    headers={name.lower(): value for name, value in self.headers.items()},
+                    body=json.loads(self.rfile.read(length)),
+                )
+            )
+            if self.path not in (OPENAI_PATH, ANTHROPIC_PATH):
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+                return
+            canned = provider.responses.popleft()
+            if canned.delay_s and provider.stopping.wait(canned.delay_s):
+                return
+            self._send(canned.status, canned.body)
+
+        def _send(self, status: int, body: dict[str, Any]) -> None:
+            payload = json.dumps(body).encode()
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def fake_provider() -> Iterator[FakeProvider]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    provider = FakeProvider(port=server.server_address[1])
+    server.RequestHandlerClass = _handler_for(provider)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    yield provider
+    provider.stopping.set()
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def api_key(monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv(CREDENTIAL_REF, API_KEY)
+    return API_KEY
+
+
+def openai_config(port: int, **parameters: Any) -> ModelConfig:
+    return ModelConfig(
+        name="fake-openai",
+        provider=ModelProvider.OPENAI_COMPATIBLE,
+        model_name="fake-gpt",
+        base_url=f"http://127.0.0.1:{port}/v1",
+        credential_ref=CREDENTIAL_REF,
+        parameters=parameters,
+    )
+
+
+def anthropic_config(port: int, **parameters: Any) -> ModelConfig:
+    # The Anthropic SDK appends /v1/messages itself.
+    return ModelConfig(
+        name="fake-anthropic",
+        provider=ModelProvider.ANTHROPIC,
+        model_name="fake-claude",
+        base_url=f"http://127.0.0.1:{port}",
+        credential_ref=CREDENTIAL_REF,
+        parameters=parameters,
+    )
+
+
+def openai_completion(
+    *, content: str | None = None, tool_calls: tuple[tuple[str, str, str], ...] = ()
+) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+            for call_id, name, args in tool_calls
+        ]
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "fake-gpt-2025-01-01",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
+    }
+
+
+def anthropic_message(
+    *, text: str | None = None, tool_uses: tuple[tuple[str, str, dict[str, Any]], ...] = ()
+) -> dict[str, Any]:
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    content += [
+        {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
+        for call_id, name, arguments in tool_uses
+    ]
+    return {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "fake-claude-2025-01-01",
+        "content": content,
+        "stop_reason": "tool_use" if tool_uses else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 210, "output_tokens": 34},
+    }
+
+
+def request_of(*transcript: Any, max_output_tokens: int = 2048) -> ModelRequest:
+    return ModelRequest(
+        instructions=INSTRUCTIONS,
+        transcript=transcript,
+        tools=TOOLS,
+        max_output_tokens=max_output_tokens,
+    )
+
+
+def test_openai_two_turns_pair_tool_calls_and_results(fake_provider, api_key):
+    # given
+    client = model_client_for(openai_config(fake_provider.port, temperature=0.2, timeout_s=5))
+    fake_provider.reply(
+        openai_completion(
+            content="Looking it up.",
+            tool_calls=(
+                ("call_1", "project_search", '{"project_id": "apollo"}'),
+                ("call_2", "directory_lookup", '{"role": "rd_lead"}'),
+            ),
+        )
+    )
+    fake_provider.reply(openai_completion(content="Here is the summary."))
+    user = UserMessage(text="Summarise project apollo for its R&D lead.")
+
+    # when
+    first = client.complete(request_of(user))
+    second = client.complete(
+        request_of(user, AssistantTurn(text=first.text, tool_calls=first.tool_calls), *RESULTS)
+    )
+
+    # then
+    assert first == ModelResponse(
+        text="Looking it up.",
+        tool_calls=(CALL_1, CALL_2),
+        usage=Usage(input_tokens=321, output_tokens=45),
+        stop_reason="tool_calls",
+        model="fake-gpt-2025-01-01",
+    )
+    assert second.text == "Here is the summary."
+    assert second.tool_calls == ()
+    assert second.stop_reason == "stop"
+    assert [recorded.path for recorded in fake_provider.requests] == [OPENAI_PATH] * 2
+    sent = fake_provider.requests[1]
+    assert sent.headers["authorization"] == f"Bearer {API_KEY}"
+    assert sent.body == {
+        "model": "fake-gpt",
+        "messages": [
+            {"role": "system", "content": INSTRUCTIONS},
+            {"role": "user", "content": "Summarise project apollo for its R&D lead."},
+            {
+                "role": "assistant",
+                "content": "Looking it up.",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {
+                            "name": "project_search",
+                            "arguments": '{"project_id":"apollo"}',
+                        },
+                    },
+                    {
+                        "id": "call_2",
+                        "type": "function",
+                        "function": {"name": "directory_lookup", "arguments": '{"role":"rd_lead"}'},
+                    },
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "ok"}'},
+            {"role": "tool", "tool_call_id": "call_2", "content": '{"status": "error"}'},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.input_schema,
+                },
+            }
+            for tool in TOOLS
+        ],
+        "max_tokens": 2048,
+        "temperature": 0.2,
+    }
+
+
+def test_anthropic_two_turns_pair_tool_uses_and_results(fake_provider, api_key):
+    # given
+    client = model_client_for(anthropic_config(fake_provider.port, temperature=0.2, timeout_s=5))
+    fake_provider.reply(
+        anthropic_message(
+            text="Looking it up.",
+            tool_uses=(
+                ("call_1", "project_search", {"project_id": "apollo"}),
+                ("call_2", "directory_lookup", {"role": "rd_lead"}),
+            ),
+        )
+    )
+    fake_provider.reply(anthropic_message(text="Here is the summary."))
+    user = UserMessage(text="Summarise project apollo for its R&D lead.")
+
+    # when
+    first = client.complete(request_of(user))
+    second = client.complete(
+        request_of(user, AssistantTurn(text=first.text, tool_calls=first.tool_calls), *RESULTS)
+    )
+
+    # then
+    assert first == ModelResponse(
+        text="Looking it up.",
+        tool_calls=(CALL_1, CALL_2),
+        usage=Usage(input_tokens=210, output_tokens=34),
+        stop_reason="tool_use",
+        model="fake-claude-2025-01-01",
+    )
+    assert second.text == "Here is the summary."
+    assert second.tool_calls == ()
+    assert second.stop_reason == "end_turn"
+    assert [recorded.path for recorded in fake_provider.requests] == [ANTHROPIC_PATH] * 2
+    sent = fake_provider.requests[1]
+    # anthropic 2.x sends the API key as a bearer token, no longer as x-api-key.
+    assert sent.headers["authorization"] == f"Bearer {API_KEY}"
+    assert "x-api-key" not in sent.headers
+    assert sent.body == {
+        "model": "fake-claude",
+        "system": INSTRUCTIONS,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Summarise project apollo for its R&D lead."}],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Looking it up."},
+                    {
+                        "type": "tool_use",
+                        "id": "call_1",
+                        "name": "project_search",
+                        "input": {"project_id": "apollo"},
+                    },
+                    {
+                        "type": "tool_use",
+                        "id": "call_2",
+                        "name": "directory_lookup",
+                        "input": {"role": "rd_lead"},
+                    },
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "call_1",
+                        "content": '{"status": "ok"}',
+                        "is_error": False,
+                    },
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": "call_2",
+                        "content": '{"status": "error"}',
+                        "is_error": True,
+                    },
+                ],
+            },
+        ],
+        "tools": [
+            {
+                "name": tool.name,
+                "description": tool.description,
+                "input_schema": tool.input_schema,
+            }
+            for tool in TOOLS
+        ],
+        "max_tokens": 2048,
+        "temperature": 0.2,
+    }
+
+
+def test_openai_keeps_unparsable_arguments_raw_and_sends_them_back_verbatim(fake_provider, api_key):
+    # given
+    client = model_client_for(openai_config(fake_provider.port))
+    fake_provider.reply(
+        openai_completion(tool_calls=(("call_1", "project_search", "{'project_id': apollo"),))
+    )
+    fake_provider.reply(openai_completion(content="Sorry."))
+    user = UserMessage(text="Summarise apollo.")
+
+    # when
+    first = client.complete(request_of(user))
+    client.complete(
+        request_of(
+            user,
+            AssistantTurn(text=first.text, tool_calls=first.tool_calls),
+            ToolResult(call_id="call_1", name="project_search", content="invalid arguments"),
+        )
+    )
+
+    # then
+    assert first.text == ""
+    assert first.tool_calls == (
+        ToolCall(call_id="call_1", name="project_search", arguments="{'project_id': apollo"),
+    )
+    assert first.usage == Usage(input_tokens=321, output_tokens=45)
+    assert first.model == "fake-gpt-2025-01-01"
+    assistant = fake_provider.requests[1].body["messages"][2]
+    assert assistant == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "project_search", "arguments": "{'project_id': apollo"},
+            }
+        ],
+    }
+
+
+def test_openai_accepts_tool_calls_without_a_type_and_with_empty_arguments(fake_provider, api_key):
+    # given a server that leaves out "type" and sends "" for a call without arguments
+    client = model_client_for(openai_config(fake_provider.port))
+    completion = openai_completion(tool_calls=(("call_1", "project_search", ""),))
+    del completion["choices"][0]["message"]["tool_calls"][0]["type"]
+    completion["usage"] = None
+    fake_provider.reply(completion)
+
+    # when
+    response = client.complete(request_of(UserMessage(text="Summarise apollo.")))
+
+    # then
+    assert response.tool_calls == (ToolCall(call_id="call_1", name="project_search", arguments={}),)
+    assert response.usage == Usage(input_tokens=0, output_tokens=0)
+
+
+def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_turn(
+    fake_provider, api_key
+):
+    # given
+    client = model_client_for(anthropic_config(fake_provider.port))
+    fake_provider.reply(anthropic_message(text="Done."))
+
+    # when
+    client.complete(
+        request_of(
+            UserMessage(text="Summarise apollo."),
+            AssistantTurn(text="", tool_calls=(CALL_1,)),
+            RESULT_1,
+            UserMessage(text="Only this week, please."),
+        )
+    )
+
+    # then
+    assert fake_provider.requests[0].body["messages"][1:] == [
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "call_1",
+                    "name": "project_search",
+                    "input": {"project_id": "apollo"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_1",
+                    "content": '{"status": "ok"}',
+                    "is_error": False,
+                },
+                {"type": "text", "text": "Only this week, please."},
+            ],
+        },
+    ]
+
+
+def test_openai_official_endpoint_limits_output_with_max_completion_tokens(api_key, monkeypatch):
+    # given
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    config = openai_config(0)
+    config.base_url = ""
+
+    # when
+    client = model_client_for(config)
+
+    # then
+    assert client.output_limit_field == "max_completion_tokens"
+    assert str(client.sdk.base_url) == "https://api.openai.com/v1/"
+
+
+@pytest.mark.parametrize(
+    ("make_config", "error_body"),
+    [
+        (openai_config, lambda message: {"error": {"message": message, "type": "x"}}),
+        (
+            anthropic_config,
+            lambda message: {"type": "error", "error": {"type": "x", "message": message}},
+        ),
+    ],
+    ids=["openai", "anthropic"],
+)
+@pytest.mark.parametrize(
+    ("status", "is_retryable"),
+    [(429, True), (500, True), (503, True), (400, False), (401, False)],
+)
+def test_http_errors_are_classified_and_never_carry_the_key(
+    fake_provider, api_key, make_config, error_body, status, is_retryable
+):
+    # given a provider that echoes the key it received in its error message
+    client = model_client_for(make_config(fake_provider.port))
+    fake_provider.reply(error_body(f"rejected key {API_KEY}"), status=status)
+
+    # when
+    with pytest.raises(ModelError) as raised:
+        client.complete(request_of(UserMessage(text="Hello")))
+
+    # then
+    error = raised.value
+    assert error.retryable is is_retryable
+    assert error.status_code == status
+    assert str(error).endswith(f"answered HTTP {status}: rejected key [redacted]")
+    assert API_KEY not in "".join(traceback.format_exception(error))
+    assert len(fake_provider.requests) == 1
+
+
+@pytest.mark.parametrize(
+    "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
+)
+def test_a_provider_slower_than_the_timeout_is_a_retryable_error(
+    fake_provider, api_key, make_config
+):
+    # given
+    client = model_client_for(make_config(fake_provider.port, timeout_s=0.3))
+    fake_provider.reply({}, delay_s=5)
+
+    # when
+    with pytest.raises(ModelError) as raised:
+        client.complete(request_of(UserMessage(text="Hello")))
+
+    # then
+    assert raised.value.retryable is True
+    assert raised.value.status_code is None
+    assert str(raised.value).endswith("did not answer within 0.3 s")
+    assert len(fake_provider.requests) == 1
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
+)
+def test_an_unreachable_provider_is_a_retryable_error(closed_port, api_key, make_config):
+    # given
+    client = model_client_for(make_config(closed_port))
+
+    # when
+    with pytest.raises(ModelError) as raised:
+        client.complete(request_of(UserMessage(text="Hello")))
+
+    # then
+    assert raised.value.retryable is True
+    assert raised.value.status_code is None
+    assert str(raised.value).endswith("could not be reached")
+    assert API_KEY not in "".join(traceback.format_exception(raised.value))
+
+
+@pytest.mark.parametrize(
+    "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
+)
+@pytest.mark.parametrize("value", [None, ""], ids=["unset", "empty"])
+def test_a_missing_credential_is_a_final_error_naming_the_variable(monkeypatch, make_config, value):
+    # given
+    if value is None:
+        monkeypatch.delenv(CREDENTIAL_REF, raising=False)
+    else:
+        monkeypatch.setenv(CREDENTIAL_REF, value)
+
+    # when
+    with pytest.raises(ModelError) as raised:
+        model_client_for(make_config(0))
+
+    # then
+    assert raised.value.retryable is False
+    assert raised.value.status_code is None
+    assert CREDENTIAL_REF in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("parameters", "message"),
+    [
+        ({"timeout_s": "soon"}, "timeout_s must be a positive number of seconds"),
+        ({"timeout_s": 0}, "timeout_s must be a positive number of seconds"),
+    ],
+)
+def test_a_bad_timeout_is_a_final_error(api_key, parameters, message):
+    with pytest.raises(ModelError, match=message) as raised:
+        model_client_for(openai_config(0, **parameters))
+
+    assert raised.value.retryable is False
+
+
+@pytest.mark.parametrize(
+    "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
+)
+def test_request_parameters_may_not_replace_the_fields_the_client_sets(
+    fake_provider, api_key, make_config
+):
+    # given
+    client = model_client_for(make_config(fake_provider.port))
+    request = ModelRequest(
+        instructions=INSTRUCTIONS,
+        transcript=(UserMessage(text="Hello"),),
+        parameters={"model": "another-model", "stream": True},
+    )
+
+    # when
+    with pytest.raises(ModelError, match="may not set model, stream") as raised:
+        client.complete(request)
+
+    # then
+    assert raised.value.retryable is False
+    assert fake_provider.requests == []
+
+
+def test_an_unknown_provider_is_a_final_error(api_key):
+    config = openai_config(0)
+    config.provider = "carrier-pigeon"
+
+    with pytest.raises(ModelError, match="unknown provider 'carrier-pigeon'") as raised:
+        model_client_for(config)
+
+    assert raised.value.retryable is False

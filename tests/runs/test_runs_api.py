@@ -1,0 +1,477 @@
+"""The runs API: who sees which run, filters, pagination, the event log and cancel."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+from rest_framework.test import APIClient
+
+from registry.choices import Role
+from runs.choices import RunStatus
+from runs.models import Run, RunEvent
+from runs.services.runs import run_cancel, run_transition
+from tests.runs.conftest import RUNS, event_log
+
+# Queries of one list request, whatever the number of runs (measured: 5): the token, the
+# tenant-member check, the view-all check, the count, the page with its actors.
+RUNS_LIST_QUERIES = 5
+
+
+def _error(response) -> dict:
+    return response.json()["error"]
+
+
+def _ids(response) -> list[str]:
+    return [run["id"] for run in response.json()["results"]]
+
+
+def _state(run: Run) -> tuple:
+    """Everything cancel may change, to prove a refusal changed nothing."""
+    run = Run.objects.get(pk=run.pk)
+    return (
+        run.status,
+        run.reason_code,
+        run.cancel_requested_at,
+        run.finished_at,
+        run.last_event_seq,
+        RunEvent.objects.filter(run=run).count(),
+    )
+
+
+def _set_status(run: Run, status: RunStatus, reason_code: str = "") -> Run:
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        return run_transition(run=locked, status=status, reason_code=reason_code)
+
+
+@pytest.fixture
+def bob(add_member):
+    """Another member of acme."""
+    return add_member("bob", Role.MEMBER)
+
+
+@pytest.fixture
+def tenant_admin(add_member):
+    return add_member("ada", Role.ADMIN)
+
+
+# --- visibility ----------------------------------------------------------------------------
+
+
+def test_a_member_lists_only_their_own_runs(alice, client_for, acme, member, bob, start_run):
+    first = start_run(member)
+    second = start_run(member)
+    bobs = start_run(bob)
+
+    mine = alice.get(RUNS)
+    his = client_for(bob, acme).get(RUNS)
+
+    assert mine.status_code == 200
+    assert mine.json()["count"] == 2
+    assert _ids(mine) == [str(second.pk), str(first.pk)]
+    assert his.status_code == 200
+    assert _ids(his) == [str(bobs.pk)]
+
+
+def test_an_auditor_lists_every_run_of_the_tenant_and_no_other(
+    client_for, acme, member, bob, auditor, globex, globex_member, start_run, acme_agent
+):
+    runs = [start_run(member), start_run(bob), start_run(member)]
+    start_run(globex_member, globex)
+
+    response = client_for(auditor, acme).get(RUNS)
+
+    assert response.status_code == 200
+    assert response.json()["count"] == 3
+    assert _ids(response) == [str(run.pk) for run in reversed(runs)]
+
+
+def test_a_tenant_admin_lists_every_run_of_the_tenant(
+    client_for, acme, member, bob, tenant_admin, start_run, acme_agent
+):
+    runs = {str(start_run(member).pk), str(start_run(bob).pk)}
+
+    response = client_for(tenant_admin, acme).get(RUNS)
+
+    assert set(_ids(response)) == runs
+
+
+def test_a_run_is_shown_with_its_fields(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == str(run.pk)
+    assert body["status"] == "QUEUED"
+    assert body["reason_code"] == ""
+    assert body["session_id"] == str(run.session_id)
+    assert body["actor"] == "alice"
+    assert body["channel"] == "api"
+    assert body["capability_hash"] == run.capability_hash
+    assert body["trace_id"] == run.trace_id
+    assert body["cancel_requested_at"] is None
+    assert body["finished_at"] is None
+    assert body["links"]["self"] == f"/api/v1/runs/{run.pk}"
+    assert body["links"]["events"] == f"/api/v1/runs/{run.pk}/events"
+
+
+def test_an_auditor_sees_a_member_s_run_and_its_events(
+    client_for, acme, auditor, member, start_run, acme_agent
+):
+    run = start_run(member)
+    client = client_for(auditor, acme)
+
+    detail = client.get(f"{RUNS}/{run.pk}")
+    events = client.get(f"{RUNS}/{run.pk}/events")
+
+    assert detail.status_code == 200
+    assert detail.json()["id"] == str(run.pk)
+    assert events.status_code == 200
+    assert [event["seq"] for event in events.json()["results"]] == [1, 2, 3, 4]
+
+
+def test_another_member_s_run_is_not_found(client_for, acme, member, bob, start_run, acme_agent):
+    run = start_run(member)
+    before = _state(run)
+    client = client_for(bob, acme)
+
+    responses = [
+        client.get(f"{RUNS}/{run.pk}"),
+        client.get(f"{RUNS}/{run.pk}/events"),
+        client.post(f"{RUNS}/{run.pk}/cancel"),
+    ]
+
+    assert [response.status_code for response in responses] == [404, 404, 404]
+    assert {_error(response)["code"] for response in responses} == {"NOT_FOUND"}
+    assert _state(run) == before
+
+
+def test_another_tenant_s_token_sees_nothing(
+    client_for, member, globex, globex_member, start_run, acme_agent
+):
+    run = start_run(member)
+    before = _state(run)
+    client = client_for(globex_member, globex)
+
+    listed = client.get(RUNS)
+    responses = [
+        client.get(f"{RUNS}/{run.pk}"),
+        client.get(f"{RUNS}/{run.pk}/events"),
+        client.post(f"{RUNS}/{run.pk}/cancel"),
+    ]
+
+    assert listed.status_code == 200
+    assert listed.json()["count"] == 0
+    assert listed.json()["results"] == []
+    assert [response.status_code for response in responses] == [404, 404, 404]
+    assert {_error(response)["code"] for response in responses} == {"NOT_FOUND"}
+    assert _state(run) == before
+
+
+def test_one_s_own_run_is_not_found_through_a_token_of_another_tenant(
+    client_for, add_member, acme, globex, start_run, acme_agent
+):
+    # given frank, a member of acme and globex, with a run in acme
+    frank = add_member("frank", Role.MEMBER)
+    add_member("frank", Role.MEMBER, tenant=globex)
+    run = start_run(frank, acme)
+    client = client_for(frank, globex)
+
+    # then his globex token neither lists nor shows it
+    assert client.get(RUNS).json()["count"] == 0
+    assert client.get(f"{RUNS}/{run.pk}").status_code == 404
+    assert client.post(f"{RUNS}/{run.pk}/cancel").status_code == 404
+    assert Run.objects.get(pk=run.pk).status == "QUEUED"
+
+
+@pytest.mark.parametrize("run_id", ["not-a-uuid", "1", str(uuid.uuid4())])
+@pytest.mark.parametrize(
+    ("method", "suffix"), [("get", ""), ("get", "/events"), ("post", "/cancel")]
+)
+def test_an_unknown_or_malformed_run_id_is_not_found(alice, run_id, method, suffix):
+    response = getattr(alice, method)(f"{RUNS}/{run_id}{suffix}")
+
+    assert response.status_code == 404
+    assert _error(response)["code"] == "NOT_FOUND"
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("get", ""), ("get", "/{id}"), ("get", "/{id}/events"), ("post", "/{id}/cancel")],
+)
+def test_anonymous_requests_are_refused(member, start_run, acme_agent, method, suffix):
+    run = start_run(member)
+
+    response = getattr(APIClient(), method)(RUNS + suffix.format(id=run.pk))
+
+    assert response.status_code == 401
+    assert _error(response)["code"] == "AUTHENTICATION_REQUIRED"
+    assert Run.objects.get(pk=run.pk).status == "QUEUED"
+
+
+# --- filters and pagination ----------------------------------------------------------------
+
+
+def test_runs_filter_by_status_repeatable(alice, member, start_run):
+    queued = start_run(member)
+    cancelled = run_cancel(run=start_run(member), actor=member)
+    refused = _set_status(start_run(member), RunStatus.REFUSED, "TEST")
+
+    only_queued = alice.get(RUNS, {"status": "QUEUED"})
+    two = alice.get(RUNS, {"status": ["CANCELLED", "REFUSED"]})
+    none = alice.get(RUNS, {"status": "COMPLETED"})
+
+    assert _ids(only_queued) == [str(queued.pk)]
+    assert set(_ids(two)) == {str(cancelled.pk), str(refused.pk)}
+    assert two.json()["count"] == 2
+    assert none.json()["count"] == 0
+
+
+def test_an_unknown_status_filter_is_refused(alice):
+    response = alice.get(RUNS, {"status": "DONE"})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert set(_error(response)["details"]) == {"status"}
+
+
+def test_runs_filter_by_session(alice, member, start_run):
+    first = start_run(member)
+    same_session = start_run(member, session_id=first.session_id)
+    start_run(member)
+
+    response = alice.get(RUNS, {"session": str(first.session_id)})
+
+    assert response.json()["count"] == 2
+    assert set(_ids(response)) == {str(first.pk), str(same_session.pk)}
+
+
+def test_a_malformed_session_filter_is_refused(alice):
+    response = alice.get(RUNS, {"session": "not-a-uuid"})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+
+
+def test_runs_filter_by_creation_range(alice, member, start_run):
+    # given three runs created on the 5th, 6th and 7th at noon
+    day = datetime(2025, 1, 5, 12, tzinfo=UTC)
+    runs = []
+    for offset in range(3):
+        run = start_run(member)
+        Run.objects.filter(pk=run.pk).update(created_at=day + timedelta(days=offset))
+        runs.append(str(run.pk))
+    sixth = (day + timedelta(days=1)).isoformat()
+
+    after = alice.get(RUNS, {"created_after": sixth})
+    before = alice.get(RUNS, {"created_before": sixth})
+    window = alice.get(
+        RUNS,
+        {
+            "created_after": (day + timedelta(hours=1)).isoformat(),
+            "created_before": (day + timedelta(days=2)).isoformat(),
+        },
+    )
+
+    # created_after is inclusive, created_before exclusive
+    assert _ids(after) == [runs[2], runs[1]]
+    assert _ids(before) == [runs[0]]
+    assert _ids(window) == [runs[1]]
+
+
+def test_a_malformed_date_filter_is_refused(alice):
+    response = alice.get(RUNS, {"created_after": "last tuesday"})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+
+
+def test_runs_are_paginated_newest_first(alice, member, start_run):
+    runs = [str(start_run(member).pk) for _ in range(3)]
+
+    first_page = alice.get(RUNS, {"page_size": 2})
+    second_page = alice.get(RUNS, {"page_size": 2, "page": 2})
+
+    assert first_page.json()["count"] == 3
+    assert _ids(first_page) == [runs[2], runs[1]]
+    assert first_page.json()["next"] is not None
+    assert first_page.json()["previous"] is None
+    assert _ids(second_page) == [runs[0]]
+    assert second_page.json()["next"] is None
+
+
+@pytest.mark.parametrize("run_count", [1, 6])
+def test_the_run_list_costs_the_same_queries_for_any_number_of_runs(
+    client_for,
+    acme,
+    auditor,
+    member,
+    bob,
+    start_run,
+    acme_agent,
+    run_count,
+    django_assert_max_num_queries,
+):
+    for index in range(run_count):
+        start_run(member if index % 2 else bob)
+    client = client_for(auditor, acme)
+
+    with django_assert_max_num_queries(RUNS_LIST_QUERIES):
+        response = client.get(RUNS)
+
+    assert response.json()["count"] == run_count
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+def test_events_are_listed_in_seq_order(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}/events")
+
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [(event["seq"], event["type"]) for event in results] == event_log(run)
+    assert [event["type"] for event in results] == [
+        "message.received",
+        "message.normalized",
+        "session.loaded",
+        "capability.resolved",
+    ]
+    stored = {str(event.pk): event.payload for event in RunEvent.objects.filter(run=run)}
+    assert {event["id"]: event["payload"] for event in results} == stored
+    assert set(results[0]) == {"id", "seq", "type", "payload", "created_at"}
+
+
+def test_events_after_a_seq_return_only_the_later_ones(alice, member, start_run):
+    run = start_run(member)
+
+    after_two = alice.get(f"{RUNS}/{run.pk}/events", {"after": 2})
+    after_last = alice.get(f"{RUNS}/{run.pk}/events", {"after": 4})
+    after_zero = alice.get(f"{RUNS}/{run.pk}/events", {"after": 0})
+
+    assert [event["seq"] for event in after_two.json()["results"]] == [3, 4]
+    assert after_last.json()["results"] == []
+    assert [event["seq"] for event in after_zero.json()["results"]] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("after", ["-1", "two", "1.5"])
+def test_an_invalid_after_is_refused(alice, member, start_run, after):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}/events", {"after": after})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert set(_error(response)["details"]) == {"after"}
+
+
+# --- cancel --------------------------------------------------------------------------------
+
+
+def test_the_requester_cancels_a_queued_run(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.post(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["id"], body["status"], body["reason_code"]) == (
+        str(run.pk),
+        "CANCELLED",
+        "CANCELLED_BY_USER",
+    )
+    assert body["cancel_requested_at"] is not None
+    assert body["finished_at"] is not None
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert run.cancel_requested_at is not None
+    assert run.finished_at is not None
+    assert event_log(run)[-1] == (5, "run.finished")
+    assert run.last_event_seq == 5
+    assert run.events.get(seq=5).payload == {
+        "status": "CANCELLED",
+        "reason_code": "CANCELLED_BY_USER",
+    }
+
+
+def test_cancelling_again_changes_nothing(alice, member, start_run):
+    run = start_run(member)
+    first = alice.post(f"{RUNS}/{run.pk}/cancel")
+    before = _state(run)
+
+    again = alice.post(f"{RUNS}/{run.pk}/cancel")
+
+    assert (first.status_code, again.status_code) == (200, 200)
+    assert again.json()["status"] == "CANCELLED"
+    assert again.json()["cancel_requested_at"] == first.json()["cancel_requested_at"]
+    assert _state(run) == before
+    assert run.events.filter(type="run.finished").count() == 1
+
+
+def test_an_auditor_may_not_cancel_a_run(client_for, acme, auditor, member, start_run, acme_agent):
+    run = start_run(member)
+    before = _state(run)
+
+    response = client_for(auditor, acme).post(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _state(run) == before
+    assert before[0] == "QUEUED"
+
+
+def test_a_tenant_admin_may_cancel_another_user_s_run(
+    client_for, acme, tenant_admin, member, start_run, acme_agent
+):
+    run = start_run(member)
+
+    response = client_for(tenant_admin, acme).post(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 200
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert run.events.get(seq=5).payload == {
+        "status": "CANCELLED",
+        "reason_code": "CANCELLED_BY_USER",
+    }
+
+
+def test_a_refused_run_cannot_be_cancelled(client_for, acme, member, start_run):
+    # given a run refused at ingress (acme has no agent)
+    run = start_run(member)
+    assert run.status == "REFUSED"
+    before = _state(run)
+
+    response = client_for(member, acme).post(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 409
+    assert _error(response)["code"] == "INVALID_STATUS_TRANSITION"
+    assert _state(run) == before
+
+
+def test_cancelling_a_running_run_marks_it_for_the_next_step(alice, member, start_run):
+    run = _set_status(start_run(member), RunStatus.RUNNING)
+    before_log = event_log(run)
+
+    response = alice.post(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 200
+    run.refresh_from_db()
+    assert run.status == "RUNNING"
+    assert run.cancel_requested_at is not None
+    assert run.finished_at is None
+    assert event_log(run) == before_log
+
+
+def test_cancel_answers_only_post(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}/cancel")
+
+    assert response.status_code == 405
+    assert Run.objects.get(pk=run.pk).status == "QUEUED"
