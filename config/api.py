@@ -9,6 +9,7 @@ from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from config.errors import ApplicationError
@@ -41,7 +42,14 @@ def _message_and_details(exc: exceptions.APIException) -> tuple[str, dict[str, A
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Render every error as {"error": {"code", "message", "details"}}."""
+    """Render every error as {"error": {"code", "message", "details"}}, always as JSON, even
+    where the client negotiated another format (an event stream)."""
+    request = context.get("request")
+    if request is not None and not isinstance(
+        getattr(request, "accepted_renderer", None), JSONRenderer
+    ):
+        request.accepted_renderer = JSONRenderer()
+        request.accepted_media_type = JSONRenderer.media_type
     if isinstance(exc, ApplicationError):
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
     if isinstance(exc, Http404):

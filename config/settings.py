@@ -179,7 +179,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "config.api.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
-    "DEFAULT_THROTTLE_RATES": {"auth_token": env.str("AUTH_TOKEN_RATE", default="30/min")},
+    "DEFAULT_THROTTLE_RATES": {
+        "auth_token": env.str("AUTH_TOKEN_RATE", default="30/min"),
+        "ingress_actor": env.str("INGRESS_ACTOR_RATE", default="120/min"),
+        "ingress_tenant": env.str("INGRESS_TENANT_RATE", default="1200/min"),
+    },
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 
@@ -232,6 +236,9 @@ TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
 CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
+
+# A run's event stream closes after this long; the client reconnects with Last-Event-ID.
+RUN_STREAM_MAX_SECONDS = env.int("RUN_STREAM_MAX_SECONDS", default=300)
 
 # An API token stops working this long after it was issued.
 API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)

@@ -432,7 +432,7 @@ def run_advance_step(*, run_id: str) -> bool:
     """Do one unit of work on the run; returns whether there is more to do now."""
     with transaction.atomic():
         run = (
-            Run.objects.select_for_update()
+            Run.objects.select_for_update(of=("self",))
             .select_related("tenant", "actor", "agent_config__model_config")
             .filter(pk=run_id)
             .first()

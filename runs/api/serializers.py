@@ -94,6 +94,7 @@ def run_links(run: Run) -> dict[str, str]:
     return {
         "self": reverse("run-detail", args=[run.pk]),
         "events": reverse("run-events", args=[run.pk]),
+        "stream": reverse("run-stream", args=[run.pk]),
     }
 
 
@@ -121,6 +122,7 @@ class RunSerializer(serializers.ModelSerializer):
             "session_id",
             "actor",
             "channel",
+            "skill",
             "capability_hash",
             "result",
             "trace_id",

@@ -1,12 +1,16 @@
 import re
+from typing import ClassVar
 from uuid import UUID
 
 from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,6 +29,8 @@ from runs.api.serializers import (
     RunEventSerializer,
     RunSerializer,
 )
+from runs.api.stream import EventStreamRenderer, event_stream
+from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.errors import IdempotencyKeyRequired, NotFound
 from runs.models import Run
 from runs.services.attachments import attachment_store
@@ -36,6 +42,8 @@ IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 class MessageView(APIView):
     """A message in; a governed run out. The tenant and the actor come from the token."""
+
+    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
 
     @extend_schema(
         tags=["runs"],
@@ -91,6 +99,7 @@ class AttachmentView(APIView):
 
     parser_classes = [MultiPartParser]
     permission_classes = [IsTenantMember, CanStartRuns]
+    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
 
     @extend_schema(
         tags=["runs"],
@@ -148,6 +157,26 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             selectors.run_events(run=run, after_seq=query.validated_data["after"])
         )
         return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Server-sent events of the run's log, live, until the run ends.",
+        parameters=[
+            EventsQuerySerializer,
+            OpenApiParameter("Last-Event-ID", location=OpenApiParameter.HEADER, required=False),
+        ],
+        responses={(200, "text/event-stream"): OpenApiTypes.STR},
+    )
+    @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, EventStreamRenderer])
+    def stream(self, request: Request, pk: str) -> StreamingHttpResponse:
+        run = self.get_object()
+        query = EventsQuerySerializer(
+            data={
+                "after": request.headers.get("Last-Event-ID")
+                or request.query_params.get("after", 0)
+            }
+        )
+        query.is_valid(raise_exception=True)
+        return event_stream(request._request, run, query.validated_data["after"])
 
     @extend_schema(summary="Cancel a run that has not finished.", request=None)
     @action(detail=True, methods=["post"])

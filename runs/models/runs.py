@@ -27,6 +27,9 @@ class Run(models.Model):
         blank=True,
     )
     channel = models.CharField(max_length=16, choices=Channel.choices)
+    skill = models.CharField(
+        max_length=140, blank=True, help_text="name@version of the skill the run activates."
+    )
     status = models.CharField(max_length=24, choices=RunStatus.choices, default=RunStatus.QUEUED)
     reason_code = models.CharField(max_length=64, blank=True)
     message = models.JSONField(help_text="The normalised internal message event.")
@@ -59,6 +62,7 @@ class Run(models.Model):
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["tenant", "actor", "-created_at"]),
             models.Index(fields=["status", "lease_expires_at"]),
+            models.Index(fields=["tenant", "skill", "-created_at"]),
         ]
 
     def __str__(self) -> str:

@@ -190,6 +190,10 @@ def _create_run(
         message=message,
         capability=capability,
         capability_hash=canonical_hash(capability) if capability else "",
+        skill=next(
+            (f"{skill['name']}@{skill['version']}" for skill in capability.get("skills", [])),
+            "",
+        ),
         trace_id=secrets.token_hex(16),
     )
     IngressRecord.objects.create(

@@ -24,6 +24,7 @@ V1_PATHS = [
     "/api/v1/runs/{id}",
     "/api/v1/runs/{id}/events",
     "/api/v1/runs/{id}/cancel",
+    "/api/v1/runs/{id}/stream",
 ]
 
 
@@ -72,6 +73,7 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/runs/{id}", {"get"}),
         ("/api/v1/runs/{id}/events", {"get"}),
         ("/api/v1/runs/{id}/cancel", {"post"}),
+        ("/api/v1/runs/{id}/stream", {"get"}),
     ],
 )
 def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):

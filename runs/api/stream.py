@@ -1,0 +1,109 @@
+"""Server-sent events of a run's log, live: every event as `id: seq`, `event: type`,
+`data: json`; a client reconnecting with Last-Event-ID continues after that seq.
+
+Under ASGI (uvicorn, production) the stream is an async iterator and holds no thread while it
+waits; under WSGI (the development server) it is a plain iterator.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, StreamingHttpResponse
+from rest_framework.renderers import BaseRenderer
+
+from runs.choices import TERMINAL_STATUSES
+from runs.models import Run, RunEvent
+
+POLL_SECONDS = 0.5
+KEEPALIVE_SECONDS = 15.0
+
+
+class EventStreamRenderer(BaseRenderer):
+    """Lets `Accept: text/event-stream` negotiate; error bodies still go out as JSON."""
+
+    media_type = "text/event-stream"
+    format = "sse"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None) -> bytes:
+        return json.dumps(data).encode()
+
+
+@dataclass
+class Poll:
+    frames: list[str]
+    after: int
+    finished: bool
+
+
+def _poll(run_id: str, after: int) -> Poll:
+    events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:200])
+    frames = [
+        f"id: {event.seq}\nevent: {event.type}\n"
+        f"data: {json.dumps({'seq': event.seq, 'type': event.type, 'payload': event.payload})}\n\n"
+        for event in events
+    ]
+    if events:
+        return Poll(frames=frames, after=events[-1].seq, finished=False)
+    status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    if status in TERMINAL_STATUSES or status is None:
+        return Poll(
+            frames=[f"event: end\ndata: {json.dumps({'status': status})}\n\n"],
+            after=after,
+            finished=True,
+        )
+    return Poll(frames=[], after=after, finished=False)
+
+
+def _sync_stream(run_id: str, after: int) -> Iterator[str]:
+    deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
+    quiet_since = time.monotonic()
+    while time.monotonic() < deadline:
+        poll = _poll(run_id, after)
+        after = poll.after
+        yield from poll.frames
+        if poll.finished:
+            return
+        if poll.frames:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
+        time.sleep(POLL_SECONDS)
+
+
+async def _async_stream(run_id: str, after: int) -> AsyncIterator[str]:
+    deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
+    quiet_since = time.monotonic()
+    poll_async = sync_to_async(_poll)
+    while time.monotonic() < deadline:
+        poll = await poll_async(run_id, after)
+        after = poll.after
+        for frame in poll.frames:
+            yield frame
+        if poll.finished:
+            return
+        if poll.frames:
+            quiet_since = time.monotonic()
+        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
+            quiet_since = time.monotonic()
+            yield ": keep-alive\n\n"
+        await asyncio.sleep(POLL_SECONDS)
+
+
+def event_stream(request: HttpRequest, run: Run, after: int) -> StreamingHttpResponse:
+    run_id = str(run.pk)
+    stream = (
+        _async_stream(run_id, after)
+        if isinstance(request, ASGIRequest)
+        else _sync_stream(run_id, after)
+    )
+    response = StreamingHttpResponse(stream, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response

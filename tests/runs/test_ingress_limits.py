@@ -1,0 +1,63 @@
+"""Ingress rate limits per actor and per tenant (Redis under `make test`), and the skill
+filter of the runs list."""
+
+import pytest
+from rest_framework.throttling import SimpleRateThrottle
+
+from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
+from runs.models import Run
+from tests.runs.conftest import message_body
+
+
+@pytest.fixture
+def low_rates(monkeypatch):
+    monkeypatch.setattr(
+        SimpleRateThrottle,
+        "THROTTLE_RATES",
+        {"ingress_actor": "2/min", "ingress_tenant": "3/min", "auth_token": "100/min"},
+    )
+    for throttle in (ActorIngressThrottle, TenantIngressThrottle):
+        monkeypatch.setattr(throttle, "THROTTLE_RATES", SimpleRateThrottle.THROTTLE_RATES)
+
+
+def _post(client, key: str):
+    return client.post("/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def test_an_actor_over_its_rate_gets_429_with_retry_after_and_no_run(low_rates, alice):
+    statuses = [_post(alice, f"key-{n}").status_code for n in range(3)]
+
+    refused = _post(alice, "key-3")
+    assert statuses[:2] == [202, 202]
+    assert statuses[2] == 429
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "RATE_LIMITED"
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert Run.objects.count() == 2
+
+
+def test_the_tenant_rate_counts_every_actor_of_the_tenant(low_rates, alice, add_member, client_for):
+    colleague = client_for(add_member("frank", "member"))
+
+    outcomes = [
+        _post(alice, "a-1").status_code,
+        _post(alice, "a-2").status_code,
+        _post(colleague, "f-1").status_code,
+        _post(colleague, "f-2").status_code,
+    ]
+
+    assert outcomes == [202, 202, 202, 429]
+    assert Run.objects.count() == 3
+
+
+def test_runs_filter_by_skill_name_or_exact_version(alice):
+    _post(alice, "skill-1")
+
+    by_name = alice.get("/api/v1/runs", {"skill": "weekly-summary"}).json()
+    by_version = alice.get("/api/v1/runs", {"skill": "weekly-summary@1.0.0"}).json()
+    other = alice.get("/api/v1/runs", {"skill": "weekly"}).json()
+
+    assert by_name["count"] == 1
+    assert by_name["results"][0]["skill"] == "weekly-summary@1.0.0"
+    assert by_version["count"] == 1
+    assert other["count"] == 0

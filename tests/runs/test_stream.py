@@ -1,0 +1,118 @@
+"""GET /api/v1/runs/{id}/stream: the run's log as server-sent events."""
+
+import io
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.management import call_command
+from django.test import AsyncClient
+
+from registry.demo import DEMO_PASSWORD
+from registry.services.tenancy import api_token_issue
+from runs.loop import run_execute
+from runs.models import Run
+from runs.services.ingress import message_ingest
+from runs.services.runs import run_cancel
+
+STREAM_HEADERS = {"HTTP_ACCEPT": "text/event-stream"}
+
+
+@pytest.fixture
+def finished_run(db):
+    """The running example, driven to its pause at WAITING_APPROVAL, then cancelled."""
+    call_command("seed_demo", stdout=io.StringIO())
+    token, key = api_token_issue(username="alice", password=DEMO_PASSWORD)
+    run = message_ingest(
+        actor=token.user,
+        tenant=token.tenant,
+        idempotency_key="stream-1",
+        channel="api",
+        parts=[{"type": "text", "text": "Summarise Apollo's week for the R&D lead."}],
+        metadata={"project_id": "apollo"},
+    ).run
+    run_execute(run_id=str(run.pk))
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=token.user)
+    return Run.objects.get(pk=run.pk), key
+
+
+def _frames(body: str) -> list[dict[str, str]]:
+    frames = []
+    for block in body.strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        frames.append(fields)
+    return frames
+
+
+def test_the_stream_replays_the_log_in_order_and_ends_with_the_status(client, finished_run):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS
+    )
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    frames = _frames(b"".join(response.streaming_content).decode())
+    seqs = [int(frame["id"]) for frame in frames if "id" in frame]
+    assert seqs == list(range(1, run.last_event_seq + 1))
+    types = [frame["event"] for frame in frames]
+    assert types[0] == "message.received"
+    assert types[-2:] == ["run.finished", "end"]
+    assert json.loads(frames[-1]["data"]) == {"status": "CANCELLED"}
+    first = json.loads(frames[0]["data"])
+    assert (first["seq"], first["type"]) == (1, "message.received")
+
+
+def test_last_event_id_resumes_after_that_event(client, finished_run):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        HTTP_LAST_EVENT_ID="3",
+        **STREAM_HEADERS,
+    )
+
+    frames = _frames(b"".join(response.streaming_content).decode())
+    assert int(frames[0]["id"]) == 4
+
+
+def test_another_tenant_cannot_stream_the_run(client, finished_run):
+    run, _ = finished_run
+    _, key = api_token_issue(username="erin", password=DEMO_PASSWORD)
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS
+    )
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "NOT_FOUND"
+
+
+def test_anonymous_cannot_stream(client, finished_run):
+    run, _ = finished_run
+
+    response = client.get(f"/api/v1/runs/{run.pk}/stream", **STREAM_HEADERS)
+
+    assert response.status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+def test_under_asgi_the_stream_is_asynchronous(finished_run):
+    run, key = finished_run
+
+    async def stream() -> tuple[int, bool, str]:
+        response = await AsyncClient().get(
+            f"/api/v1/runs/{run.pk}/stream",
+            headers={"Authorization": f"Token {key}", "Accept": "text/event-stream"},
+        )
+        if not getattr(response, "streaming", False):
+            return response.status_code, False, response.content.decode()
+        chunks = [chunk async for chunk in response.streaming_content]
+        return response.status_code, response.is_async, b"".join(chunks).decode()
+
+    status, is_async, body = async_to_sync(stream)()
+
+    assert (status, is_async) == (200, True)
+    assert _frames(body)[-1]["event"] == "end"
