@@ -1,8 +1,9 @@
 """The context builder: what the model sees on one turn, within a token budget per section.
 
 Sections in order of trust: platform and application rules, the workflow node, the skill's
-rules and examples, the task inputs and state, the transcript (the user's message, the model's
-calls and the wrapped tool results), the tool schemas and the output contract. When the whole
+rules and examples, the task inputs and state, the tool schemas and the output contract as
+instructions; then the transcript: earlier messages of the session and the user's message, the
+model's calls and the wrapped tool results. When the whole
 is over budget, examples go first, then old tool results are cut to their sources, then old
 turns; rules, the task and the tool schemas are never cut. Tool results reach the model only
 inside an `untrusted_data` envelope, never among the instructions.
@@ -18,7 +19,7 @@ from django.conf import settings
 from runs.model_clients.base import ModelRequest, ToolSpec
 from runs.rules import MergedRules
 from runs.tokens import estimate_tokens
-from runs.transcript import to_items
+from runs.transcript import to_items, user_entry
 from runs.workflows import Node
 
 INPUTS_MARKER = "## Task inputs"
@@ -66,6 +67,16 @@ def _cut_old_results(transcript: list[dict[str, Any]], keep_last: int) -> list[d
     return cut
 
 
+def _drop_oldest_exchange(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Remove the oldest assistant turn together with its tool results, so no result is ever
+    left without the call it answers; the first user message and the last turn stay."""
+    turns = [index for index, entry in enumerate(entries) if entry["kind"] == "assistant"]
+    if len(turns) < 2:
+        return entries
+    start, end = turns[0], turns[1]
+    return entries[:start] + entries[end:]
+
+
 def context_build(
     *,
     run_state: dict[str, Any],
@@ -92,26 +103,48 @@ def context_build(
         sort_keys=True,
     )
     examples_text = "# Examples\n" + json.dumps(examples, ensure_ascii=False) if examples else ""
-    history = list(transcript)
+    conversation = list(run_state.get("history", []))
+    entries = list(transcript)
     used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
 
-    def transcript_tokens(entries: list[dict[str, Any]]) -> int:
-        return sum(estimate_tokens(json.dumps(entry, ensure_ascii=False)) for entry in entries)
+    def conversation_text() -> str:
+        if not conversation:
+            return ""
+        return "# Earlier in this session\n" + json.dumps(conversation, ensure_ascii=False)
 
-    if used + estimate_tokens(examples_text) + transcript_tokens(history) > budget:
+    def total() -> int:
+        return (
+            used
+            + estimate_tokens(examples_text)
+            + estimate_tokens(conversation_text())
+            + sum(estimate_tokens(json.dumps(entry, ensure_ascii=False)) for entry in entries)
+        )
+
+    if total() > budget:
         examples_text = ""
+    while total() > budget and conversation:
+        conversation.pop(0)
     keep = 2
-    while used + transcript_tokens(history) > budget and keep >= 0:
-        history = _cut_old_results(transcript, keep_last=keep)
+    while total() > budget and keep >= 0:
+        entries = _cut_old_results(transcript, keep_last=keep)
         keep -= 1
-    while used + transcript_tokens(history) > budget and len(history) > 2:
-        history = [history[0], *history[2:]]
-    sections = {**fixed, "examples": examples_text, "tools": tool_text}
-    instructions = "\n\n".join(text for name, text in sections.items() if text and name != "tools")
-    sections["transcript"] = json.dumps(history, ensure_ascii=False)
+    while total() > budget:
+        shorter = _drop_oldest_exchange(entries)
+        if shorter == entries:
+            break
+        entries = shorter
+    sections = {**fixed, "examples": examples_text}
+    instructions = "\n\n".join(text for text in sections.values() if text)
+    if conversation:
+        # Earlier messages are the user's words: they go with the user's turn, never among
+        # the instructions.
+        entries = [user_entry(conversation_text()), *entries]
+    sections["tools"] = tool_text
+    sections["conversation"] = conversation_text()
+    sections["transcript"] = json.dumps(entries, ensure_ascii=False)
     return BuiltContext(
         request=ModelRequest(
-            instructions=instructions, transcript=to_items(history), tools=tuple(tools)
+            instructions=instructions, transcript=to_items(entries), tools=tuple(tools)
         ),
         sections={
             name: {

@@ -5,6 +5,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 """
 
 import json
+import logging
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -21,7 +22,7 @@ from runs.choices import RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelClient, ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
-from runs.models import Run
+from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
 from runs.services.runs import run_finish, run_transition
@@ -29,7 +30,11 @@ from runs.tools import executor
 from runs.transcript import assistant_entry, pending_calls, result_entry, user_entry
 from runs.workflows import AGENT, WORKFLOWS, Node, Rule, Workflow
 
+logger = logging.getLogger(__name__)
+
 RECIPIENT_ROLE = "研发负责人"
+HISTORY_RUNS = 5
+DRAFTS_KEPT = 5
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 
 
@@ -56,8 +61,36 @@ def _skill(run: Run) -> dict[str, Any] | None:
 
 
 def _text(run: Run) -> str:
-    parts = run.message.get("message", {}).get("parts", [])
-    return "\n".join(part["text"] for part in parts if part["type"] == "text")
+    """The user's message; an attachment appears as a reference, never as its content."""
+    lines = []
+    for part in run.message.get("message", {}).get("parts", []):
+        if part["type"] == "text":
+            lines.append(part["text"])
+        else:
+            lines.append(
+                f"[attachment {part['id']}: {part.get('media_type', '')}, "
+                f"{part.get('size', '?')} bytes, sha256 {part.get('sha256', '')}]"
+            )
+    return "\n".join(lines)
+
+
+def _history(run: Run) -> list[dict[str, str]]:
+    """The session's earlier messages and how their runs ended, newest last."""
+    earlier = (
+        Run.objects.filter(session_id=run.session_id, created_at__lt=run.created_at)
+        .order_by("-created_at")
+        .values("message", "status", "reason_code")[:HISTORY_RUNS]
+    )
+    return [
+        {
+            "message": " ".join(
+                part.get("text", "") for part in entry["message"]["message"]["parts"]
+            ),
+            "status": entry["status"],
+            "reason_code": entry["reason_code"],
+        }
+        for entry in reversed(earlier)
+    ]
 
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
@@ -117,6 +150,7 @@ def _start(run: Run) -> None:
             "recipient_role": RECIPIENT_ROLE,
         },
         "corrections": 0,
+        "history": _history(run),
     }
     skill_rules = tuple(
         Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
@@ -164,6 +198,17 @@ def _enter_node(run: Run, name: str) -> None:
     events.tools_assembled(run, node=name, allowlist=allowed, deferred=deferred)
 
 
+def _remember(run: Run, *, project_id: str | None = None, draft: dict | None = None) -> None:
+    """Session state is the one authoritative copy: the project the actor proved access to,
+    and the latest drafts."""
+    session = Session.objects.select_for_update().get(pk=run.session_id)
+    if project_id:
+        session.state["project_id"] = project_id
+    if draft:
+        session.state["drafts"] = [*session.state.get("drafts", []), draft][-DRAFTS_KEPT:]
+    session.save(update_fields=["state", "updated_at"])
+
+
 def _resolve_recipient(run: Run) -> None:
     """The workflow, not the model, looks the recipient up: exactly one active record with a
     corporate email, or the user is asked."""
@@ -180,10 +225,12 @@ def _resolve_recipient(run: Run) -> None:
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
         category = (envelope.get("error") or {}).get("category", "UNKNOWN")
-        status = (
-            RunStatus.REFUSED if category == "PERMISSION_DENIED" else RunStatus.FAILED_RETRYABLE
-        )
-        run_finish(run=run, status=status, reason_code=f"DIRECTORY_{category}")
+        if category == "PERMISSION_DENIED":
+            run_finish(run=run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+        else:
+            run_finish(
+                run=run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}"
+            )
         return
     candidates = (envelope.get("raw") or {}).get("candidates", [])
     if len(candidates) != 1 or not candidates[0].get("corporate_email"):
@@ -199,6 +246,7 @@ def _resolve_recipient(run: Run) -> None:
         **candidates[0],
         "looked_up_at": timezone.now().isoformat(),
     }
+    _remember(run, project_id=inputs["project_id"])
     _enter_node(run, _workflow(run).transitions[node.name][0])
 
 
@@ -255,6 +303,8 @@ def _model_turn(run: Run, client: ModelClient) -> None:
         model=run.capability.get("model", {}).get("model", ""),
         offline=client.is_offline,
     )
+    if client.is_offline:
+        logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)
     try:
         response = client.complete(built.request)
     except ModelError as error:
@@ -341,6 +391,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
     }
     run.state["draft"] = draft
     run.state["draft_hash"] = canonical_hash(payload)
+    _remember(run, draft={"run_id": str(run.pk), "draft_hash": run.state["draft_hash"]})
     events.draft_created(run, draft=draft)
     events.approval_required(run, draft_hash=run.state["draft_hash"], recipient=recipient)
     run.result = {
