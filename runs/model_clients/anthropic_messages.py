@@ -7,7 +7,6 @@ import anthropic
 from registry.models import ModelConfig
 from runs.model_clients.base import (
     AssistantTurn,
-    ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,
@@ -17,7 +16,11 @@ from runs.model_clients.base import (
     Usage,
     UserMessage,
 )
-from runs.model_clients.provider_errors import status_error, unreachable_error
+from runs.model_clients.provider_errors import (
+    request_parameters,
+    status_error,
+    unreachable_error,
+)
 
 PROVIDER = "Anthropic"
 # Set by the client from the request; parameters may not replace them.
@@ -50,12 +53,7 @@ class AnthropicClient:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
-        parameters = {**self.parameters, **request.parameters}
-        overridden = sorted(parameters.keys() & CLIENT_FIELDS)
-        if overridden:
-            raise ModelError(
-                f"Model parameters may not set {', '.join(overridden)}.", retryable=False
-            )
+        parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
         try:
             message = self.sdk.messages.create(
                 model=self.model_name,

@@ -21,7 +21,11 @@ from runs.model_clients.base import (
     Usage,
     UserMessage,
 )
-from runs.model_clients.provider_errors import status_error, unreachable_error
+from runs.model_clients.provider_errors import (
+    request_parameters,
+    status_error,
+    unreachable_error,
+)
 
 PROVIDER = "OpenAI-compatible provider"
 OFFICIAL_API_HOST = "api.openai.com"
@@ -64,12 +68,7 @@ class OpenAICompatibleClient:
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
-        parameters = {**self.parameters, **request.parameters}
-        overridden = sorted(parameters.keys() & CLIENT_FIELDS)
-        if overridden:
-            raise ModelError(
-                f"Model parameters may not set {', '.join(overridden)}.", retryable=False
-            )
+        parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
         try:
             completion = self.sdk.chat.completions.create(
                 model=self.model_name,

@@ -14,6 +14,17 @@ DETAIL_MAX_CHARS = 300
 REDACTED = "[redacted]"
 
 
+def request_parameters(
+    configured: Mapping[str, object], requested: Mapping[str, object], *, reserved: frozenset[str]
+) -> dict[str, object]:
+    """The provider settings of one call; none may overwrite a field the client sets itself."""
+    parameters = {**configured, **requested}
+    overridden = sorted(parameters.keys() & reserved)
+    if overridden:
+        raise ModelError(f"Model parameters may not set {', '.join(overridden)}.", retryable=False)
+    return parameters
+
+
 def is_retryable_status(status_code: int) -> bool:
     """429, 408, 409 and 5xx pass with time; any other 4xx repeats identically."""
     return status_code in RETRYABLE_STATUS_CODES or status_code >= 500
