@@ -96,7 +96,12 @@ def capability_resolve(
         "roles": sorted(user_roles(user=actor, tenant=tenant)),
         "environment": settings.ENVIRONMENT,
         "agent": {"id": agent_config.pk, "name": agent_config.name},
-        "model": {"name": model.name, "provider": model.provider, "model": model.model_name},
+        "model": {
+            "id": model.pk,
+            "name": model.name,
+            "provider": model.provider,
+            "model": model.model_name,
+        },
         "budgets": {
             "max_steps": agent_config.max_steps,
             "max_tool_calls": agent_config.max_tool_calls,

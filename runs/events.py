@@ -112,7 +112,9 @@ def model_responded(
     )
 
 
-def tool_requested(run: Run, *, call_id: str, name: str, arguments: dict[str, Any]) -> RunEvent:
+def tool_requested(
+    run: Run, *, call_id: str, name: str, arguments: dict[str, Any] | str
+) -> RunEvent:
     return _append(
         run, EventType.TOOL_REQUESTED, {"call_id": call_id, "name": name, "arguments": arguments}
     )

@@ -20,7 +20,7 @@ from runs import events
 from runs.capability import canonical_hash
 from runs.choices import RunStatus
 from runs.context import context_build, wrap_untrusted
-from runs.model_clients.base import ModelClient, ModelError, ToolCall, ToolSpec
+from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 RECIPIENT_ROLE = "研发负责人"
 HISTORY_RUNS = 5
 DRAFTS_KEPT = 5
+# Sources a draft may cite: what the project tools returned, not the recipient lookup.
+EVIDENCE_USE = "summarize"
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 
 
@@ -94,18 +96,20 @@ def _history(run: Run) -> list[dict[str, str]]:
 
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
-    """Gate 1's allowlist: the snapshot's tools that this node allows (for the generic agent:
-    the snapshot's read tools)."""
+    """Gate 1's allowlist: the snapshot's tools this node names; the generic agent's node
+    names none and gets the snapshot's read tools; any other node without tools gets none."""
     entries = run.capability.get("tools", [])
     if node.tools:
         ids = [entry["id"] for entry in entries if entry["name"] in node.tools]
         return list(ToolVersion.objects.filter(pk__in=ids).select_related("tool"))
+    if _workflow(run) is not AGENT:
+        return []
     ids = [entry["id"] for entry in entries]
     return list(ToolVersion.objects.filter(pk__in=ids, risk__in=READ_RISKS).select_related("tool"))
 
 
 def _effective_node(run: Run) -> Node:
-    """The agent node allows the snapshot's read tools; workflow nodes name theirs."""
+    """The node with its allowlist spelled out (the generic agent's: the read tools)."""
     node = _node(run)
     if node.tools or _workflow(run) is not AGENT:
         return node
@@ -263,6 +267,11 @@ def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
     ]
 
 
+def _model_config(run: Run) -> ModelConfig:
+    """The model the snapshot pinned, even if the agent has moved to another since."""
+    return ModelConfig.objects.get(pk=run.capability["model"]["id"])
+
+
 def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> Decimal:
     return (
         model_config.price_per_1k_input * input_tokens
@@ -270,7 +279,8 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
     ) / 1000
 
 
-def _model_turn(run: Run, client: ModelClient) -> None:
+def _model_turn(run: Run, model_config: ModelConfig) -> None:
+    client = model_client_for(model_config)
     node = _effective_node(run)
     skill = _skill(run)
     skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
@@ -312,7 +322,6 @@ def _model_turn(run: Run, client: ModelClient) -> None:
             raise ModelTemporarilyUnavailable(str(error)) from error
         run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
         return
-    model_config = run.agent_config.model_config
     cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
     run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
     run.cost += cost
@@ -339,7 +348,7 @@ def _draft_problems(run: Run, draft: Any) -> list[str]:
     if not isinstance(draft, dict):
         return ["The draft is not a JSON object."]
     problems = [f"Missing section {name}." for name in DRAFT_SECTIONS if name not in draft]
-    known = set(run.sources.values_list("reference", flat=True))
+    known = set(run.sources.filter(allowed_use=EVIDENCE_USE).values_list("reference", flat=True))
     for risk in draft.get("risks") or []:
         if not isinstance(risk, dict) or risk.get("source") not in known:
             problems.append(f"Risk without a source returned by a tool: {risk}.")
@@ -354,6 +363,9 @@ def _final(run: Run, text: str) -> None:
             run=run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text}
         )
         return
+    if not run.sources.filter(allowed_use=EVIDENCE_USE).exists():
+        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
+        return
     try:
         draft = json.loads(text)
     except ValueError:
@@ -361,10 +373,6 @@ def _final(run: Run, text: str) -> None:
     problems = _draft_problems(run, draft)
     if not problems:
         _await_approval(run, draft)
-        return
-    evidence = run.tool_calls.filter(status=ToolCallRecord.Status.COMPLETED).exists()
-    if not evidence:
-        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
     elif run.state["corrections"] >= 1:
         run_finish(
             run=run,
@@ -484,7 +492,7 @@ def run_advance_step(*, run_id: str) -> bool:
     with transaction.atomic():
         run = (
             Run.objects.select_for_update(of=("self",))
-            .select_related("tenant", "actor", "agent_config__model_config")
+            .select_related("tenant", "actor")
             .filter(pk=run_id)
             .first()
         )
@@ -502,7 +510,7 @@ def run_advance_step(*, run_id: str) -> bool:
         elif run.state["phase"] == "tools":
             _tool_turn(run)
         else:
-            _model_turn(run, model_client_for(run.agent_config.model_config))
+            _model_turn(run, _model_config(run))
         _save(run)
         return run.status == RunStatus.RUNNING
 

@@ -84,7 +84,7 @@ def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall |
         defaults={
             "step": step,
             "name": call.name[:128],
-            "arguments": call.arguments if isinstance(call.arguments, dict) else {},
+            "arguments": call.arguments,
         },
     )
     if not created and record.status != ToolCall.Status.REQUESTED:

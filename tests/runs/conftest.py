@@ -1,21 +1,35 @@
 """Fixtures of the data plane: acme's agent (offline model, a policy, the weekly-summary skill
 pinning published tools), clients per user, and helpers to post messages and count rows."""
 
+import io
+import json
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from examples.models import ProjectUpdate
 from registry.choices import DataClassification, ModelProvider, Role
-from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, ToolVersion
+from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant, ToolVersion
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
 from tests.registry.factories import PASSWORD, UserFactory
+from tests.runs.test_model_clients import API_KEY as FAKE_API_KEY
+from tests.runs.test_model_clients import CREDENTIAL_REF as FAKE_CREDENTIAL_REF
+from tests.runs.test_model_clients import FakeProvider, _handler_for, openai_completion
 
 MESSAGES = "/api/v1/messages"
 RUNS = "/api/v1/runs"
@@ -206,3 +220,146 @@ def start_run(acme):
         ).run
 
     return start
+
+
+# --- the loop: the seeded running example and a fake model provider -----------------------
+# (used by test_loop.py and test_gates.py)
+
+RUNNING_EXAMPLE_TEXT = "汇总本周项目状态，并发给研发负责人"  # noqa: RUF001 (seed 000)
+
+
+@dataclass
+class Demo:
+    """What `seed_demo` created, as the loop tests use it."""
+
+    admin: Any
+    alice: Any
+    acme: Any
+    globex: Any
+    agent: AgentConfig
+
+
+@pytest.fixture
+def demo(db) -> Demo:
+    """The running example exactly as `manage.py seed_demo` loads it."""
+    call_command("seed_demo", stdout=io.StringIO())
+    users = get_user_model().objects
+    return Demo(
+        admin=users.get(username="admin"),
+        alice=users.get(username="alice"),
+        acme=Tenant.objects.get(slug="acme"),
+        globex=Tenant.objects.get(slug="globex"),
+        agent=AgentConfig.objects.get(tenant__slug="acme", name="weekly-reporter"),
+    )
+
+
+def demo_run(demo: Demo, *, text: str = RUNNING_EXAMPLE_TEXT, actor=None, **metadata) -> Run:
+    """A message to acme as alice (or `actor`), through the ingress service; the run is
+    QUEUED (its task is enqueued only on commit, which the `db` fixture never reaches)."""
+    return message_ingest(
+        actor=actor or demo.alice,
+        tenant=demo.acme,
+        idempotency_key=f"key-{uuid.uuid4()}",
+        channel="chat",
+        parts=[{"type": "text", "text": text}],
+        metadata=metadata,
+    ).run
+
+
+def event_types(run) -> list[str]:
+    return list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+
+
+def events_of(run, event_type: str) -> list[dict]:
+    return list(
+        RunEvent.objects.filter(run=run, type=event_type)
+        .order_by("seq")
+        .values_list("payload", flat=True)
+    )
+
+
+def this_week() -> tuple[str, str]:
+    """Monday and Sunday of the current week, as the running example reads it."""
+    today = timezone.localdate()
+    monday = today - timedelta(days=today.weekday())
+    return monday.isoformat(), (monday + timedelta(days=6)).isoformat()
+
+
+def update_reference(project_key: str, title: str) -> str:
+    """The source reference project_search gives the seeded update with this title."""
+    update = ProjectUpdate.objects.get(project__key=project_key, title=title)
+    return f"project:{project_key}/update:{update.pk}"
+
+
+@pytest.fixture
+def model_server() -> Iterator[FakeProvider]:
+    """A local fake model provider over real HTTP (the handler of test_model_clients):
+    it answers from a script of canned responses and records every request."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    provider = FakeProvider(port=server.server_address[1])
+    server.RequestHandlerClass = _handler_for(provider)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
+    thread.start()
+    yield provider
+    provider.stopping.set()
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.fixture
+def fake_model(demo, model_server, monkeypatch) -> Callable[..., FakeProvider]:
+    """Point acme's weekly-reporter at the fake provider (OpenAI-compatible by default, or
+    Anthropic Messages); the API key comes from an environment variable, as in production."""
+
+    def use(provider: str = ModelProvider.OPENAI_COMPATIBLE) -> FakeProvider:
+        monkeypatch.setenv(FAKE_CREDENTIAL_REF, FAKE_API_KEY)
+        is_openai = provider == ModelProvider.OPENAI_COMPATIBLE
+        config = registry_object_save(
+            instance=ModelConfig(
+                tenant=None,
+                name=f"fake-{'openai' if is_openai else 'anthropic'}",
+                provider=provider,
+                model_name="fake-gpt" if is_openai else "fake-claude",
+                base_url=f"http://127.0.0.1:{model_server.port}" + ("/v1" if is_openai else ""),
+                credential_ref=FAKE_CREDENTIAL_REF,
+            ),
+            actor=demo.admin,
+        )
+        demo.agent.model_config = config
+        registry_object_save(instance=demo.agent, actor=demo.admin, reason="fake model")
+        return model_server
+
+    return use
+
+
+def apollo_draft(**overrides: Any) -> dict:
+    """A draft a real model could write from apollo's week, citing project_search's sources."""
+    return {
+        "subject": "Weekly status: Project Apollo",
+        "progress": [
+            {
+                "text": "API gateway migration done",
+                "source": update_reference("apollo", "API gateway migration"),
+            }
+        ],
+        "risks": [
+            {
+                "text": "Vendor SDK delay",
+                "source": update_reference("apollo", "Vendor SDK delay"),
+            }
+        ],
+        "next_steps": [
+            {"text": "Load test plan", "source": update_reference("apollo", "Load test plan")}
+        ],
+        "body": "Progress, risks and next steps of Project Apollo.",
+        **overrides,
+    }
+
+
+def read_apollo(call_id: str = "call_read") -> dict:
+    monday, sunday = this_week()
+    arguments = json.dumps({"project_id": "apollo", "from": monday, "to": sunday})
+    return openai_completion(tool_calls=((call_id, "project_search", arguments),))

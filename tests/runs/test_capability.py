@@ -73,6 +73,7 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
         "environment": settings.ENVIRONMENT,
         "agent": {"id": acme_agent.pk, "name": "weekly-reporter"},
         "model": {
+            "id": acme_agent.model_config_id,
             "name": "offline-planner",
             "provider": "offline",
             "model": "offline-deterministic-planner",
