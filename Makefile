@@ -1,5 +1,6 @@
 # make run: the platform on the embedded default (SQLite, Celery eager, demo data, offline planner).
 # make test: the whole suite on PostgreSQL and Redis.
+# make bench: governance overhead per run and per tool call, the floor, runs/s end to end.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +12,7 @@ TEST_ENV := DEBUG=0 SECRET_KEY=test-only-secret-key-not-for-production-use-12345
 	REDIS_URL=redis://127.0.0.1:6379/0 SECURE_SSL_REDIRECT=0
 RUN_ENV := env -u DATABASE_URL -u REDIS_URL DEBUG=1
 
-.PHONY: install run test lint format migrations-check schema-check ci clean
+.PHONY: install run test bench lint format migrations-check schema-check ci clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,12 @@ test: install
 	./scripts/services.sh
 	./scripts/browser.sh
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Governance overhead, the raw-insert floor and end-to-end runs/s, in a scratch database
+# (agentgov_bench, dropped afterwards). BENCH_RUNS=200 by default.
+bench: install
+	./scripts/services.sh
+	$(TEST_ENV) $(BIN)/python scripts/bench.py
 
 lint: install
 	$(BIN)/ruff check .

@@ -43,16 +43,23 @@ def run_advance(self, *, run_id: str) -> None:
 @shared_task(acks_late=True)
 def runs_sweep() -> int:
     """Re-enqueue active runs whose lease lapsed: their worker died or their task was lost.
-    Returns how many were re-enqueued."""
+    A run whose row is locked has a step in flight on a live worker (PostgreSQL ends a dead
+    client's transaction and its locks), however long that step takes: it is skipped, not
+    sent a duplicate that would only wait for the lock. Returns how many were re-enqueued."""
     now = timezone.now()
-    stale = Run.objects.filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).filter(
-        Q(lease_expires_at__lt=now)
-        | Q(
-            lease_expires_at__isnull=True,
-            created_at__lt=now - timedelta(seconds=settings.RUN_LEASE_SECONDS),
+    with transaction.atomic():
+        stale = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+            .filter(
+                Q(lease_expires_at__lt=now)
+                | Q(
+                    lease_expires_at__isnull=True,
+                    created_at__lt=now - timedelta(seconds=settings.RUN_LEASE_SECONDS),
+                )
+            )
         )
-    )
-    run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
+        run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
     for run_id in run_ids:
         run_advance.delay(run_id=run_id)
     return len(run_ids)

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from registry.choices import Role
 from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
+from tests.celery_worker import celery_queue, start_worker  # noqa: F401 (real-worker fixtures)
 from tests.registry.factories import (
     PASSWORD,
     TenantFactory,
