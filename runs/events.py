@@ -2,7 +2,9 @@
 
 Every function expects the caller to hold the run's row lock (or to have created the run in
 the current transaction): numbering is `last_event_seq + 1` under that lock, and the unique
-(run, seq) constraint refuses any second writer that slipped past it.
+(run, seq) constraint refuses any second writer that slipped past it. The counter advances in
+memory and is saved with the run at the end of the step: a path that
+forgot to save it would collide on (run, seq) at the next write, loudly, never lose events.
 """
 
 from typing import Any
@@ -13,7 +15,6 @@ from runs.models import Run, RunEvent
 
 def _append(run: Run, event_type: EventType, payload: dict[str, Any]) -> RunEvent:
     run.last_event_seq += 1
-    Run.objects.filter(pk=run.pk).update(last_event_seq=run.last_event_seq)
     return RunEvent.objects.create(
         run=run, seq=run.last_event_seq, type=event_type, payload=payload
     )

@@ -482,6 +482,7 @@ def _save(run: Run) -> None:
             "started_at",
             "lease_expires_at",
             "result",
+            "last_event_seq",
             "updated_at",
         ]
     )

@@ -217,4 +217,5 @@ def _create_run(
         skills=[f"{skill['name']}@{skill['version']}" for skill in capability["skills"]],
         tools=[f"{tool['name']}@{tool['version']}" for tool in capability["tools"]],
     )
+    run.save(update_fields=["last_event_seq"])
     return run

@@ -22,13 +22,12 @@ def run_transition(*, run: Run, status: RunStatus, reason_code: str = "") -> Run
         )
     run.status = status
     run.reason_code = reason_code
-    update_fields = ["status", "reason_code", "updated_at"]
+    update_fields = ["status", "reason_code", "last_event_seq", "updated_at"]
     if status in TERMINAL_STATUSES:
         run.finished_at = timezone.now()
         update_fields.append("finished_at")
-    run.save(update_fields=update_fields)
-    if status in TERMINAL_STATUSES:
         events.run_finished(run, status=status, reason_code=reason_code)
+    run.save(update_fields=update_fields)
     return run
 
 

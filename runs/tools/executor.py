@@ -78,6 +78,10 @@ def _credential(tool_version: ToolVersion) -> str | None:
 
 def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall | Admitted:
     """Gates 1-5. Returns the rejected (or already finished) ToolCall, or the admitted call."""
+    entry = next(
+        (tool for tool in run.capability.get("tools", []) if tool["name"] == call.name), None
+    )
+    tool_version = ToolVersion.objects.select_related("tool").get(pk=entry["id"]) if entry else None
     record, created = ToolCall.objects.get_or_create(
         run=run,
         call_id=call.call_id,
@@ -85,6 +89,7 @@ def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall |
             "step": step,
             "name": call.name[:128],
             "arguments": call.arguments,
+            "tool_version": tool_version,
         },
     )
     if not created and record.status != ToolCall.Status.REQUESTED:
@@ -94,17 +99,11 @@ def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall |
         events.tool_requested(
             run, call_id=call.call_id, name=record.name, arguments=record.arguments
         )
-    entry = next(
-        (tool for tool in run.capability.get("tools", []) if tool["name"] == call.name), None
-    )
     if entry is None or call.name not in node.tools:
         category = ErrorCategory.NOT_FOUND if entry is None else ErrorCategory.PERMISSION_DENIED
         return _reject(
             record, run, category=category, message=f"{call.name} is not available in this step."
         )
-    tool_version = ToolVersion.objects.select_related("tool").get(pk=entry["id"])
-    record.tool_version = tool_version
-    record.save(update_fields=["tool_version"])
     if tool_version.status == VersionStatus.REVOKED:
         return _reject(
             record,

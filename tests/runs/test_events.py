@@ -150,6 +150,7 @@ def test_writers_number_events_after_the_last_one(run):
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         appended = events.run_finished(locked, status="CANCELLED", reason_code="TEST")
+        locked.save(update_fields=["last_event_seq"])
 
     assert appended.seq == 5
     assert Run.objects.get(pk=run.pk).last_event_seq == 5
@@ -158,6 +159,21 @@ def test_writers_number_events_after_the_last_one(run):
         "status": "CANCELLED",
         "reason_code": "TEST",
     }
+
+
+def test_a_counter_left_unsaved_collides_instead_of_losing_events(run):
+    with transaction.atomic():
+        events.run_finished(
+            Run.objects.select_for_update().get(pk=run.pk), status="CANCELLED", reason_code="A"
+        )
+    before = _log_state(run)
+
+    with pytest.raises(IntegrityError), transaction.atomic():
+        events.run_finished(
+            Run.objects.select_for_update().get(pk=run.pk), status="CANCELLED", reason_code="B"
+        )
+
+    assert _log_state(run) == before
 
 
 def test_a_run_with_events_cannot_be_deleted(run):
