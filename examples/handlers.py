@@ -13,9 +13,14 @@ from runs.tools.adapters import SourceDraft, ToolContext, ToolOutput, ToolRefuse
 
 
 def _project(context: ToolContext, arguments: dict[str, Any]) -> Project:
+    """The authorised project; checked once per call, at gate 3, and reused by the handler."""
+    project = context.resources.get("project")
+    if project is not None and project.key == arguments["project_id"]:
+        return project
     project = Project.objects.filter(tenant=context.tenant, key=arguments["project_id"]).first()
     if project is None or not context.actor.has_perm("examples.view_project", project):
         raise ToolRefused("No such project, or no access to it.")
+    context.resources["project"] = project
     return project
 
 

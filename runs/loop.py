@@ -97,7 +97,15 @@ def _history(run: Run) -> list[dict[str, str]]:
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
     """Gate 1's allowlist: the snapshot's tools this node names; the generic agent's node
-    names none and gets the snapshot's read tools; any other node without tools gets none."""
+    names none and gets the snapshot's read tools; any other node without tools gets none.
+    Versions are immutable, so one lookup per node serves the whole step."""
+    cache = run.__dict__.setdefault("_node_tools", {})
+    if node.name not in cache:
+        cache[node.name] = _load_node_tools(run, node)
+    return cache[node.name]
+
+
+def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
     entries = run.capability.get("tools", [])
     if node.tools:
         ids = [entry["id"] for entry in entries if entry["name"] in node.tools]
@@ -489,7 +497,10 @@ def _save(run: Run) -> None:
 
 
 def run_advance_step(*, run_id: str) -> bool:
-    """Do one unit of work on the run; returns whether there is more to do now."""
+    """Advance the run by one transaction: the host's own steps (start, recipient) together,
+    or one model turn, or the tool calls of one turn. A model turn's output is committed
+    before its tools run, and their results before the next turn. Returns whether there is
+    more to do."""
     with transaction.atomic():
         run = (
             Run.objects.select_for_update(of=("self",))
@@ -506,12 +517,12 @@ def run_advance_step(*, run_id: str) -> bool:
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:
             run_finish(run=run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
-        elif run.state["node"] == "resolve_recipient":
-            _resolve_recipient(run)
         elif run.state["phase"] == "tools":
             _tool_turn(run)
-        else:
+        elif run.state["node"] != "resolve_recipient":
             _model_turn(run, _model_config(run))
+        if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
+            _resolve_recipient(run)
         _save(run)
         return run.status == RunStatus.RUNNING
 

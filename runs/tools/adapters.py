@@ -25,6 +25,8 @@ class ToolContext:
     actor: AbstractBaseUser
     idempotency_key: str
     credential: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict, compare=False)
+    """What gate 3 authorised for this call (e.g. the project), for the handler to reuse."""
 
 
 @dataclass(frozen=True)

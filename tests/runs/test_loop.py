@@ -504,10 +504,11 @@ def test_a_spent_budget_ends_the_run_before_any_draft(demo, budget, reason_code,
 
 
 def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
-    # given a run that has started
+    # given a run whose first transaction started it and resolved the recipient
     run = start(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
     assert finished(run).status == "RUNNING"
+    assert finished(run).state["node"] == "draft"
 
     # when alice cancels it between steps
     run_cancel(run=run, actor=demo.alice)
@@ -515,15 +516,17 @@ def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
     assert run.status == "RUNNING"
     assert run.cancel_requested_at is not None
 
-    # then the next step ends it, before the directory is even asked
+    # then the next step ends it before the model is asked or the project read
     assert run_advance_step(run_id=str(run.pk)) is False
     result = assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
-    assert result["sources"] == []
-    assert event_types(run) == [*START, "run.finished"]
-    assert tool_calls(run) == []
+    assert result["sources"] == [
+        {"origin": "directory_lookup@1.0.0", "reference": "directory:dir-1001@3"}
+    ]
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     # and a late redelivery changes nothing
     run_execute(run_id=str(run.pk))
-    assert event_types(run) == [*START, "run.finished"]
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
 
 
 def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
@@ -767,8 +770,7 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
     run = start(demo, project_id="apollo")
     run_id = str(run.pk)
 
-    # given the steps up to the model's turn: start, recipient, model
-    assert run_advance_step(run_id=run_id) is True
+    # given the steps up to the model's turn: start and recipient together, then the model
     assert run_advance_step(run_id=run_id) is True
     assert run_advance_step(run_id=run_id) is True
 
