@@ -3,13 +3,11 @@ pinning published tools), clients per user, and helpers to post messages and cou
 
 import io
 import json
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -27,9 +25,9 @@ from registry.services.tenancy import api_token_issue, membership_add
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
 from tests.registry.factories import PASSWORD, UserFactory
-from tests.runs.test_model_clients import API_KEY as FAKE_API_KEY
-from tests.runs.test_model_clients import CREDENTIAL_REF as FAKE_CREDENTIAL_REF
-from tests.runs.test_model_clients import FakeProvider, _handler_for, openai_completion
+from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
+from tests.runs.fake_provider import CREDENTIAL_REF as FAKE_CREDENTIAL_REF
+from tests.runs.fake_provider import FakeProvider, openai_completion, serving
 
 MESSAGES = "/api/v1/messages"
 RUNS = "/api/v1/runs"
@@ -293,20 +291,9 @@ def update_reference(project_key: str, title: str) -> str:
 
 @pytest.fixture
 def model_server() -> Iterator[FakeProvider]:
-    """A local fake model provider over real HTTP (the handler of test_model_clients):
-    it answers from a script of canned responses and records every request."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    provider = FakeProvider(port=server.server_address[1])
-    server.RequestHandlerClass = _handler_for(provider)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    yield provider
-    provider.stopping.set()
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    """A local fake model provider over real HTTP (tests/runs/fake_provider.py)."""
+    with serving() as provider:
+        yield provider
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from tests.runs.conftest import (
     this_week,
     update_reference,
 )
-from tests.runs.test_model_clients import anthropic_message, openai_completion
+from tests.runs.fake_provider import anthropic_message, openai_completion
 
 START = [
     "message.received",

@@ -42,7 +42,7 @@ from tests.runs.conftest import (
     update_reference,
 )
 from tests.runs.conftest import demo_run as start
-from tests.runs.test_model_clients import openai_completion
+from tests.runs.fake_provider import openai_completion
 
 INGRESS = ["message.received", "message.normalized", "session.loaded", "capability.resolved"]
 START = [*INGRESS, "route.selected", "skill.activated", "tools.assembled"]

@@ -1,13 +1,7 @@
 """Both provider clients against a local fake provider over real HTTP, through the real SDKs."""
 
-import json
 import socket
-import threading
 import traceback
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -26,11 +20,15 @@ from runs.model_clients.base import (
     UserMessage,
 )
 from runs.model_clients.factory import model_client_for
+from tests.runs.fake_provider import (
+    ANTHROPIC_PATH,
+    API_KEY,
+    CREDENTIAL_REF,
+    OPENAI_PATH,
+    anthropic_message,
+    openai_completion,
+)
 
-API_KEY = "sk-fake-provider-secret-0123456789"
-CREDENTIAL_REF = "FAKE_PROVIDER_KEY"
-OPENAI_PATH = "/v1/chat/completions"
-ANTHROPIC_PATH = "/v1/messages"
 INSTRUCTIONS = "You prepare the weekly project summary. Follow the platform rules."
 
 PROJECT_SEARCH = ToolSpec(
@@ -59,85 +57,6 @@ RESULT_2 = ToolResult(
     call_id="call_2", name="directory_lookup", content='{"status": "error"}', is_error=True
 )
 RESULTS = (RESULT_1, RESULT_2)
-
-
-@dataclass
-class RecordedRequest:
-    path: str
-    headers: dict[str, str]
-    body: dict[str, Any]
-
-
-@dataclass
-class CannedResponse:
-    status: int
-    body: dict[str, Any]
-    delay_s: float = 0.0
-
-
-@dataclass
-class FakeProvider:
-    """Answers from a queue of canned responses and records every request it receives."""
-
-    port: int
-    responses: deque[CannedResponse] = field(default_factory=deque)
-    requests: list[RecordedRequest] = field(default_factory=list)
-    stopping: threading.Event = field(default_factory=threading.Event)
-
-    def reply(self, body: dict[str, Any], *, status: int = 200, delay_s: float = 0.0) -> None:
-        self.responses.append(CannedResponse(status=status, body=body, delay_s=delay_s))
-
-
-def _handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", 0))
-            provider.requests.append(
-                RecordedRequest(
-                    path=self.path,
-                    headers={name.lower(): value for name, value in self.headers.items()},
-                    body=json.loads(self.rfile.read(length)),
-                )
-            )
-            if self.path not in (OPENAI_PATH, ANTHROPIC_PATH):
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
-                return
-            canned = provider.responses.popleft()
-            if canned.delay_s and provider.stopping.wait(canned.delay_s):
-                return
-            self._send(canned.status, canned.body)
-
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            payload = json.dumps(body).encode()
-            try:
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-            except (BrokenPipeError, ConnectionResetError):
-                pass
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    return Handler
-
-
-@pytest.fixture
-def fake_provider() -> Iterator[FakeProvider]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    provider = FakeProvider(port=server.server_address[1])
-    server.RequestHandlerClass = _handler_for(provider)
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    )
-    thread.start()
-    yield provider
-    provider.stopping.set()
-    server.shutdown()
-    server.server_close()
-    thread.join()
 
 
 @pytest.fixture
@@ -169,51 +88,6 @@ def anthropic_config(port: int, **parameters: Any) -> ModelConfig:
     )
 
 
-def openai_completion(
-    *, content: str | None = None, tool_calls: tuple[tuple[str, str, str], ...] = ()
-) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if tool_calls:
-        message["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-            for call_id, name, args in tool_calls
-        ]
-    return {
-        "id": "chatcmpl-1",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": "fake-gpt-2025-01-01",
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": "tool_calls" if tool_calls else "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 321, "completion_tokens": 45, "total_tokens": 366},
-    }
-
-
-def anthropic_message(
-    *, text: str | None = None, tool_uses: tuple[tuple[str, str, dict[str, Any]], ...] = ()
-) -> dict[str, Any]:
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
-    content += [
-        {"type": "tool_use", "id": call_id, "name": name, "input": arguments}
-        for call_id, name, arguments in tool_uses
-    ]
-    return {
-        "id": "msg_1",
-        "type": "message",
-        "role": "assistant",
-        "model": "fake-claude-2025-01-01",
-        "content": content,
-        "stop_reason": "tool_use" if tool_uses else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": 210, "output_tokens": 34},
-    }
-
-
 def request_of(*transcript: Any, max_output_tokens: int = 2048) -> ModelRequest:
     return ModelRequest(
         instructions=INSTRUCTIONS,
@@ -223,10 +97,10 @@ def request_of(*transcript: Any, max_output_tokens: int = 2048) -> ModelRequest:
     )
 
 
-def test_openai_two_turns_pair_tool_calls_and_results(fake_provider, api_key):
+def test_openai_two_turns_pair_tool_calls_and_results(model_server, api_key):
     # given
-    client = model_client_for(openai_config(fake_provider.port, temperature=0.2, timeout_s=5))
-    fake_provider.reply(
+    client = model_client_for(openai_config(model_server.port, temperature=0.2, timeout_s=5))
+    model_server.reply(
         openai_completion(
             content="Looking it up.",
             tool_calls=(
@@ -235,7 +109,7 @@ def test_openai_two_turns_pair_tool_calls_and_results(fake_provider, api_key):
             ),
         )
     )
-    fake_provider.reply(openai_completion(content="Here is the summary."))
+    model_server.reply(openai_completion(content="Here is the summary."))
     user = UserMessage(text="Summarise project apollo for its R&D lead.")
 
     # when
@@ -255,8 +129,8 @@ def test_openai_two_turns_pair_tool_calls_and_results(fake_provider, api_key):
     assert second.text == "Here is the summary."
     assert second.tool_calls == ()
     assert second.stop_reason == "stop"
-    assert [recorded.path for recorded in fake_provider.requests] == [OPENAI_PATH] * 2
-    sent = fake_provider.requests[1]
+    assert [recorded.path for recorded in model_server.requests] == [OPENAI_PATH] * 2
+    sent = model_server.requests[1]
     assert sent.headers["authorization"] == f"Bearer {API_KEY}"
     assert sent.body == {
         "model": "fake-gpt",
@@ -301,10 +175,10 @@ def test_openai_two_turns_pair_tool_calls_and_results(fake_provider, api_key):
     }
 
 
-def test_anthropic_two_turns_pair_tool_uses_and_results(fake_provider, api_key):
+def test_anthropic_two_turns_pair_tool_uses_and_results(model_server, api_key):
     # given
-    client = model_client_for(anthropic_config(fake_provider.port, temperature=0.2, timeout_s=5))
-    fake_provider.reply(
+    client = model_client_for(anthropic_config(model_server.port, temperature=0.2, timeout_s=5))
+    model_server.reply(
         anthropic_message(
             text="Looking it up.",
             tool_uses=(
@@ -313,7 +187,7 @@ def test_anthropic_two_turns_pair_tool_uses_and_results(fake_provider, api_key):
             ),
         )
     )
-    fake_provider.reply(anthropic_message(text="Here is the summary."))
+    model_server.reply(anthropic_message(text="Here is the summary."))
     user = UserMessage(text="Summarise project apollo for its R&D lead.")
 
     # when
@@ -333,8 +207,8 @@ def test_anthropic_two_turns_pair_tool_uses_and_results(fake_provider, api_key):
     assert second.text == "Here is the summary."
     assert second.tool_calls == ()
     assert second.stop_reason == "end_turn"
-    assert [recorded.path for recorded in fake_provider.requests] == [ANTHROPIC_PATH] * 2
-    sent = fake_provider.requests[1]
+    assert [recorded.path for recorded in model_server.requests] == [ANTHROPIC_PATH] * 2
+    sent = model_server.requests[1]
     # anthropic 2.x sends the API key as a bearer token, no longer as x-api-key.
     assert sent.headers["authorization"] == f"Bearer {API_KEY}"
     assert "x-api-key" not in sent.headers
@@ -395,13 +269,13 @@ def test_anthropic_two_turns_pair_tool_uses_and_results(fake_provider, api_key):
     }
 
 
-def test_openai_keeps_unparsable_arguments_raw_and_sends_them_back_verbatim(fake_provider, api_key):
+def test_openai_keeps_unparsable_arguments_raw_and_sends_them_back_verbatim(model_server, api_key):
     # given
-    client = model_client_for(openai_config(fake_provider.port))
-    fake_provider.reply(
+    client = model_client_for(openai_config(model_server.port))
+    model_server.reply(
         openai_completion(tool_calls=(("call_1", "project_search", "{'project_id': apollo"),))
     )
-    fake_provider.reply(openai_completion(content="Sorry."))
+    model_server.reply(openai_completion(content="Sorry."))
     user = UserMessage(text="Summarise apollo.")
 
     # when
@@ -421,7 +295,7 @@ def test_openai_keeps_unparsable_arguments_raw_and_sends_them_back_verbatim(fake
     )
     assert first.usage == Usage(input_tokens=321, output_tokens=45)
     assert first.model == "fake-gpt-2025-01-01"
-    assistant = fake_provider.requests[1].body["messages"][2]
+    assistant = model_server.requests[1].body["messages"][2]
     assert assistant == {
         "role": "assistant",
         "content": None,
@@ -435,13 +309,13 @@ def test_openai_keeps_unparsable_arguments_raw_and_sends_them_back_verbatim(fake
     }
 
 
-def test_openai_accepts_tool_calls_without_a_type_and_with_empty_arguments(fake_provider, api_key):
+def test_openai_accepts_tool_calls_without_a_type_and_with_empty_arguments(model_server, api_key):
     # given a server that leaves out "type" and sends "" for a call without arguments
-    client = model_client_for(openai_config(fake_provider.port))
+    client = model_client_for(openai_config(model_server.port))
     completion = openai_completion(tool_calls=(("call_1", "project_search", ""),))
     del completion["choices"][0]["message"]["tool_calls"][0]["type"]
     completion["usage"] = None
-    fake_provider.reply(completion)
+    model_server.reply(completion)
 
     # when
     response = client.complete(request_of(UserMessage(text="Summarise apollo.")))
@@ -452,11 +326,11 @@ def test_openai_accepts_tool_calls_without_a_type_and_with_empty_arguments(fake_
 
 
 def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_turn(
-    fake_provider, api_key
+    model_server, api_key
 ):
     # given
-    client = model_client_for(anthropic_config(fake_provider.port))
-    fake_provider.reply(anthropic_message(text="Done."))
+    client = model_client_for(anthropic_config(model_server.port))
+    model_server.reply(anthropic_message(text="Done."))
 
     # when
     client.complete(
@@ -469,7 +343,7 @@ def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_t
     )
 
     # then
-    assert fake_provider.requests[0].body["messages"][1:] == [
+    assert model_server.requests[0].body["messages"][1:] == [
         {
             "role": "assistant",
             "content": [
@@ -526,11 +400,11 @@ def test_openai_official_endpoint_limits_output_with_max_completion_tokens(api_k
     [(429, True), (500, True), (503, True), (400, False), (401, False)],
 )
 def test_http_errors_are_classified_and_never_carry_the_key(
-    fake_provider, api_key, make_config, error_body, status, is_retryable
+    model_server, api_key, make_config, error_body, status, is_retryable
 ):
     # given a provider that echoes the key it received in its error message
-    client = model_client_for(make_config(fake_provider.port))
-    fake_provider.reply(error_body(f"rejected key {API_KEY}"), status=status)
+    client = model_client_for(make_config(model_server.port))
+    model_server.reply(error_body(f"rejected key {API_KEY}"), status=status)
 
     # when
     with pytest.raises(ModelError) as raised:
@@ -542,18 +416,18 @@ def test_http_errors_are_classified_and_never_carry_the_key(
     assert error.status_code == status
     assert str(error).endswith(f"answered HTTP {status}: rejected key [redacted]")
     assert API_KEY not in "".join(traceback.format_exception(error))
-    assert len(fake_provider.requests) == 1
+    assert len(model_server.requests) == 1
 
 
 @pytest.mark.parametrize(
     "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
 )
 def test_a_provider_slower_than_the_timeout_is_a_retryable_error(
-    fake_provider, api_key, make_config
+    model_server, api_key, make_config
 ):
     # given
-    client = model_client_for(make_config(fake_provider.port, timeout_s=0.3))
-    fake_provider.reply({}, delay_s=5)
+    client = model_client_for(make_config(model_server.port, timeout_s=0.3))
+    model_server.reply({}, delay_s=5)
 
     # when
     with pytest.raises(ModelError) as raised:
@@ -563,7 +437,7 @@ def test_a_provider_slower_than_the_timeout_is_a_retryable_error(
     assert raised.value.retryable is True
     assert raised.value.status_code is None
     assert str(raised.value).endswith("did not answer within 0.3 s")
-    assert len(fake_provider.requests) == 1
+    assert len(model_server.requests) == 1
 
 
 @pytest.fixture
@@ -630,10 +504,10 @@ def test_a_bad_timeout_is_a_final_error(api_key, parameters, message):
     "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
 )
 def test_request_parameters_may_not_replace_the_fields_the_client_sets(
-    fake_provider, api_key, make_config
+    model_server, api_key, make_config
 ):
     # given
-    client = model_client_for(make_config(fake_provider.port))
+    client = model_client_for(make_config(model_server.port))
     request = ModelRequest(
         instructions=INSTRUCTIONS,
         transcript=(UserMessage(text="Hello"),),
@@ -646,7 +520,7 @@ def test_request_parameters_may_not_replace_the_fields_the_client_sets(
 
     # then
     assert raised.value.retryable is False
-    assert fake_provider.requests == []
+    assert model_server.requests == []
 
 
 def test_an_unknown_provider_is_a_final_error(api_key):
