@@ -1,7 +1,80 @@
+"""The ASGI application (uvicorn in production: event streams hold no thread).
+
+Django's ASGI handler reads a whole request body into a temporary file before any middleware
+runs, so the API's body limit is enforced here, while the body streams in: a declared
+Content-Length over the limit, or more bytes than the limit without one, is answered 413
+before the rest is read.
+"""
+
+import json
 import os
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from config.api import error_body  # noqa: E402 - needs the apps loaded above
+from config.middleware import body_limit  # noqa: E402
+
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+async def _too_large(send: Send, limit: int) -> None:
+    body = json.dumps(
+        error_body("PAYLOAD_TOO_LARGE", "The request body is too large.", {"max_bytes": limit})
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class BodyLimit:
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope["method"], scope["path"])
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length", b"").decode("latin-1")
+        if declared.isdigit() and int(declared) > limit:
+            await _too_large(send, limit)
+            return
+        received: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            received.append(message)
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > limit:
+                await _too_large(send, limit)
+                return
+            if not message.get("more_body"):
+                break
+        replay = iter(received)
+
+        async def replayed() -> Message:
+            return next(replay, None) or await receive()
+
+        await self.app(scope, replayed, send)
+
+
+application = BodyLimit(django_application)

@@ -11,10 +11,10 @@ from config.api import error_body
 READ_CHUNK_BYTES = 64 * 1024
 
 
-def _body_limit(request: HttpRequest) -> int:
-    """The largest body this request may carry: an upload carries a whole attachment,
-    every other API request at most API_MAX_BODY_BYTES of JSON."""
-    if request.method == "POST" and request.path == reverse("attachments"):
+def body_limit(method: str, path: str) -> int:
+    """The largest body a request may carry: an upload carries a whole attachment, every
+    other API request at most API_MAX_BODY_BYTES of JSON."""
+    if method == "POST" and path == reverse("attachments"):
         return settings.ATTACHMENT_MAX_BYTES + settings.ATTACHMENT_MULTIPART_OVERHEAD_BYTES
     return settings.API_MAX_BODY_BYTES
 
@@ -81,7 +81,7 @@ class ApiBodySizeLimitMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if not request.path.startswith("/api/"):
             return self.get_response(request)
-        limit = _body_limit(request)
+        limit = body_limit(request.method, request.path)
         declared = request.META.get("CONTENT_LENGTH")
         if declared:
             try:

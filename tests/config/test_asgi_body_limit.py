@@ -1,0 +1,95 @@
+"""The ASGI entry point refuses an oversized API body while it streams in."""
+
+import asyncio
+import json
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from config.asgi import application
+
+
+def _call(*, path: str, headers: list, chunks: list[bytes]) -> tuple[int, dict, int]:
+    """Drive the ASGI application by hand; returns (status, JSON body, chunks read)."""
+    pending = [
+        {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
+        for index, chunk in enumerate(chunks)
+    ]
+    read = []
+    sent = []
+
+    async def receive():
+        if pending:
+            message = pending.pop(0)
+            read.append(message)
+            return message
+        await asyncio.Event().wait()  # like a server: nothing more until the client leaves
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 1234),
+        "server": ("testserver", 80),
+    }
+    async_to_sync(application)(scope, receive, send)
+    start = next(message for message in sent if message["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(body), len(read)
+
+
+@pytest.mark.django_db
+def test_a_declared_length_over_the_limit_is_refused_before_reading(settings):
+    status, body, read = _call(
+        path="/api/v1/messages",
+        headers=[(b"content-length", str(settings.API_MAX_BODY_BYTES + 1).encode())],
+        chunks=[b"{}"],
+    )
+
+    assert status == 413
+    assert body["error"]["code"] == "PAYLOAD_TOO_LARGE"
+    assert read == 0
+
+
+@pytest.mark.django_db
+def test_a_chunked_body_over_the_limit_is_refused_as_it_streams(settings):
+    chunk = b"x" * (settings.API_MAX_BODY_BYTES // 4)
+
+    status, body, read = _call(
+        path="/api/v1/messages",
+        headers=[(b"content-type", b"application/json")],
+        chunks=[chunk] * 10,
+    )
+
+    assert status == 413
+    assert body == {
+        "error": {
+            "code": "PAYLOAD_TOO_LARGE",
+            "message": "The request body is too large.",
+            "details": {"max_bytes": settings.API_MAX_BODY_BYTES},
+        }
+    }
+    assert read == 5
+
+
+@pytest.mark.django_db
+def test_a_body_within_the_limit_reaches_the_api(settings):
+    status, body, read = _call(
+        path="/api/v1/messages",
+        headers=[(b"content-type", b"application/json")],
+        chunks=[b'{"channel":', b' "api"}'],
+    )
+
+    assert status == 401
+    assert body["error"]["code"] == "AUTHENTICATION_REQUIRED"
+    assert read == 2
