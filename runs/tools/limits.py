@@ -1,15 +1,23 @@
 """Rate limit, concurrency cap and circuit breaker of a tool version, kept in the cache (Redis
 in production, so every worker shares them)."""
 
+import functools
+import threading
 import time
+import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 
+import redis
+from django.conf import settings
 from django.core.cache import cache
 
 from registry.models import ToolVersion
 from runs.tools.adapters import ToolFailed
 from runs.tools.envelope import ErrorCategory
+
+# A slot outlives its call's timeout by this much before another call may take it.
+SLOT_GRACE_SECONDS = 5
 
 
 def _incr(key: str, *, timeout: int) -> int:
@@ -38,12 +46,65 @@ def check_rate_limit(tool_version: ToolVersion, *, tenant_id: int) -> None:
         )
 
 
+# Take a slot if fewer than the cap are held; each holder expires on its own, so a worker
+# killed mid-call frees its slot once the call's deadline has passed.
+_TAKE_SLOT = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
+_local_slots: dict[str, dict[str, float]] = {}
+_local_lock = threading.Lock()
+
+
+def _slots_key(tool_version: ToolVersion) -> str:
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+    return f"{prefix}:tool-running:{tool_version.pk}"
+
+
+@functools.lru_cache(maxsize=4)
+def _redis(url: str) -> redis.Redis:
+    """One client (with its connection pool) per Redis URL for the process."""
+    return redis.Redis.from_url(url)
+
+
+def _take(key: str, *, cap: int, holder: str, expires_at: float, ttl: int) -> bool:
+    if settings.REDIS_URL:
+        client = _redis(settings.REDIS_URL)
+        return bool(client.eval(_TAKE_SLOT, 1, key, time.time(), cap, expires_at, holder, ttl))
+    with _local_lock:
+        holders = {h: t for h, t in _local_slots.get(key, {}).items() if t > time.time()}
+        if len(holders) >= cap:
+            _local_slots[key] = holders
+            return False
+        holders[holder] = expires_at
+        _local_slots[key] = holders
+        return True
+
+
+def _release(key: str, holder: str) -> None:
+    if settings.REDIS_URL:
+        _redis(settings.REDIS_URL).zrem(key, holder)
+        return
+    with _local_lock:
+        _local_slots.get(key, {}).pop(holder, None)
+
+
 @contextmanager
 def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
     """At most `concurrency_cap` calls of a tool version at once, across workers."""
-    key = f"tool-running:{tool_version.pk}"
-    if _incr(key, timeout=tool_version.timeout_s * 2 + 5) > tool_version.concurrency_cap:
-        cache.decr(key)
+    key, holder = _slots_key(tool_version), uuid.uuid4().hex
+    lifetime = tool_version.timeout_s + SLOT_GRACE_SECONDS
+    taken = _take(
+        key,
+        cap=tool_version.concurrency_cap,
+        holder=holder,
+        expires_at=time.time() + lifetime,
+        ttl=lifetime * 2,
+    )
+    if not taken:
         raise ToolFailed(
             f"{tool_version.qualified_name} is at its concurrency cap.",
             category=ErrorCategory.RATE_LIMITED,
@@ -52,8 +113,7 @@ def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
     try:
         yield
     finally:
-        with suppress(ValueError):
-            cache.decr(key)
+        _release(key, holder)
 
 
 def _breaker_keys(tool_version: ToolVersion) -> tuple[str, str]:

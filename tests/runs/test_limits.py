@@ -1,0 +1,67 @@
+"""Tool limits kept in Redis: concurrency cap (with holders that expire), rate limit and
+circuit breaker."""
+
+import time
+
+import pytest
+
+from runs.tools import limits
+from runs.tools.adapters import ToolFailed
+from runs.tools.envelope import ErrorCategory
+
+
+@pytest.fixture
+def tool_version(make_tool_version):
+    return make_tool_version(
+        concurrency_cap=1,
+        timeout_s=5,
+        rate_limit={"requests": 2, "per_seconds": 60},
+        circuit_breaker={"failure_threshold": 2, "reset_after_s": 30},
+    )
+
+
+def test_the_cap_refuses_a_second_call_until_the_first_ends(tool_version):
+    with limits.concurrency_slot(tool_version):
+        with pytest.raises(ToolFailed) as refused, limits.concurrency_slot(tool_version):
+            pass
+        assert refused.value.category == ErrorCategory.RATE_LIMITED
+        assert refused.value.retryable
+
+    with limits.concurrency_slot(tool_version):
+        pass
+
+
+def test_a_slot_left_by_a_killed_worker_frees_itself_after_its_deadline(tool_version):
+    key = limits._slots_key(tool_version)
+    assert limits._take(key, cap=1, holder="live", expires_at=time.time() + 60, ttl=120)
+    with pytest.raises(ToolFailed), limits.concurrency_slot(tool_version):
+        pass
+    limits._release(key, "live")
+    assert limits._take(key, cap=1, holder="killed", expires_at=time.time() - 1, ttl=120)
+
+    with limits.concurrency_slot(tool_version):
+        pass
+
+
+def test_the_rate_limit_counts_calls_per_tenant_in_a_window(tool_version, acme, globex):
+    limits.check_rate_limit(tool_version, tenant_id=acme.pk)
+    limits.check_rate_limit(tool_version, tenant_id=acme.pk)
+
+    with pytest.raises(ToolFailed) as refused:
+        limits.check_rate_limit(tool_version, tenant_id=acme.pk)
+
+    assert refused.value.category == ErrorCategory.RATE_LIMITED
+    limits.check_rate_limit(tool_version, tenant_id=globex.pk)
+
+
+def test_the_circuit_opens_after_the_threshold_and_a_success_resets_the_count(tool_version):
+    limits.record_outcome(tool_version, failed=True)
+    limits.record_outcome(tool_version, failed=False)
+    limits.record_outcome(tool_version, failed=True)
+    limits.check_circuit(tool_version)
+
+    limits.record_outcome(tool_version, failed=True)
+
+    with pytest.raises(ToolFailed) as refused:
+        limits.check_circuit(tool_version)
+    assert refused.value.category == ErrorCategory.UPSTREAM_ERROR
