@@ -478,6 +478,7 @@ def _budget_exhausted(run: Run) -> str | None:
 
 
 def _save(run: Run) -> None:
+    events.flush_events(run)
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.save(
         update_fields=[
@@ -513,6 +514,7 @@ def run_advance_step(*, run_id: str) -> bool:
         if run.cancel_requested_at is not None:
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
             return False
+        events.buffer_events(run)
         if run.status == RunStatus.QUEUED:
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:
