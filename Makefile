@@ -22,7 +22,10 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $@
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed .env
+
+.env:
+	cp .env.example .env
 
 run: install
 	$(RUN_ENV) $(BIN)/python manage.py migrate --noinput

@@ -12,6 +12,11 @@ from django.core.exceptions import ImproperlyConfigured
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
+# A local .env (made from .env.example by `make install`) fills in what the environment
+# leaves unset; real environment variables always win.
+ENV_FILE = Path(env.str("ENV_FILE", default=str(BASE_DIR / ".env")))
+if ENV_FILE.is_file():
+    environ.Env.read_env(ENV_FILE)
 
 DEBUG = env.bool("DEBUG", default=False)
 

@@ -30,8 +30,14 @@ print(json.dumps({
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess:
-    """Python with only PATH and `env` set (no DATABASE_URL, REDIS_URL... unless given)."""
-    environment = {"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "config.settings", **env}
+    """Python with only PATH and `env` set (no DATABASE_URL, REDIS_URL... unless given), and
+    no local .env file: these tests are about the settings' own defaults."""
+    environment = {
+        "PATH": os.environ["PATH"],
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "ENV_FILE": "/nonexistent/.env",
+        **env,
+    }
     return subprocess.run(
         [sys.executable, *args],
         cwd=BASE_DIR,
@@ -69,6 +75,23 @@ def test_debug_is_off_unless_asked_for():
 
     assert result.returncode != 0
     assert "SECRET_KEY" in result.stderr
+
+
+def test_a_local_env_file_fills_in_what_the_environment_leaves_unset(tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("DEBUG=1\nALLOWED_HOSTS=from-file.example\n")
+    code = "from django.conf import settings; print(settings.DEBUG, settings.ALLOWED_HOSTS)"
+
+    from_file = _run("-c", f"import django; django.setup(); {code}", ENV_FILE=str(env_file))
+    overridden = _run(
+        "-c",
+        f"import django; django.setup(); {code}",
+        ENV_FILE=str(env_file),
+        ALLOWED_HOSTS="from-env.example",
+    )
+
+    assert from_file.stdout.split() == ["True", "['from-file.example']"]
+    assert overridden.stdout.split() == ["True", "['from-env.example']"]
 
 
 def test_deploy_check_passes_with_production_settings():
