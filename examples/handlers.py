@@ -9,6 +9,7 @@ from datetime import date
 from typing import Any
 
 from examples.models import DirectoryRecord, Project, ProjectUpdate
+from examples.selectors import projects_visible
 from runs.tools.adapters import SourceDraft, ToolContext, ToolOutput, ToolRefused
 
 
@@ -17,8 +18,12 @@ def _project(context: ToolContext, arguments: dict[str, Any]) -> Project:
     project = context.resources.get("project")
     if project is not None and project.key == arguments["project_id"]:
         return project
-    project = Project.objects.filter(tenant=context.tenant, key=arguments["project_id"]).first()
-    if project is None or not context.actor.has_perm("examples.view_project", project):
+    project = (
+        projects_visible(actor=context.actor, tenant=context.tenant)
+        .filter(key=arguments["project_id"])
+        .first()
+    )
+    if project is None:
         raise ToolRefused("No such project, or no access to it.")
     context.resources["project"] = project
     return project
