@@ -184,7 +184,9 @@ def execute_admitted(run: Run, admitted: list[Admitted]) -> list[ToolCall]:
     """Gates 6 and 7 for the admitted calls of one step; independent calls run in parallel
     under `TOOL_PARALLELISM`, results stay paired with their call ids."""
     if len(admitted) > 1:
-        with ThreadPoolExecutor(max_workers=settings.TOOL_PARALLELISM) as pool:
+        with ThreadPoolExecutor(
+            max_workers=settings.TOOL_PARALLELISM, thread_name_prefix="tool-call"
+        ) as pool:
             outcomes = list(pool.map(_execute_isolated, admitted))
     else:
         outcomes = [_run_with_retries(call) for call in admitted]
