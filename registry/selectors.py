@@ -119,20 +119,6 @@ def skill_versions_visible(*, user: User, tenant: Tenant) -> QuerySet[SkillVersi
     )
 
 
-def tool_version_get(*, user: User, tenant: Tenant, version_id: Any) -> ToolVersion:
-    try:
-        return tool_versions_visible(user=user, tenant=tenant).get(pk=version_id)
-    except (ToolVersion.DoesNotExist, ValueError) as error:
-        raise NotFound("No such tool version.") from error
-
-
-def skill_version_get(*, user: User, tenant: Tenant, version_id: Any) -> SkillVersion:
-    try:
-        return skill_versions_visible(user=user, tenant=tenant).get(pk=version_id)
-    except (SkillVersion.DoesNotExist, ValueError) as error:
-        raise NotFound("No such skill version.") from error
-
-
 def user_may_publish(*, user: User, definition: Definition, tenant: Tenant | None = None) -> bool:
     """Publishers of the owner tenant may manage its definitions; a platform-wide definition
     needs a platform admin or an object grant (django-guardian) of `publish_*` on it."""

@@ -24,7 +24,7 @@ from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
-from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
+from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.runs import run_finish, run_transition
 from runs.tools import executor
 from runs.transcript import assistant_entry, pending_calls, result_entry, user_entry
@@ -131,6 +131,23 @@ def _effective_node(run: Run) -> Node:
     )
 
 
+def _merged_rules(
+    workflow_rules: tuple[Rule, ...], skill_version: SkillVersion | None
+) -> MergedRules:
+    skill_rules = tuple(
+        Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
+        for rule in (skill_version.rules if skill_version else [])
+    )
+    return merge_rules(
+        {
+            "platform": PLATFORM_RULES,
+            "application": APPLICATION_RULES,
+            "workflow": workflow_rules,
+            "skill": skill_rules,
+        }
+    )
+
+
 def _start(run: Run) -> None:
     """Route, activate the skill, merge its rules, gather the inputs, assemble the tools."""
     run.started_at = timezone.now()
@@ -164,17 +181,8 @@ def _start(run: Run) -> None:
         "corrections": 0,
         "history": _history(run),
     }
-    skill_rules = tuple(
-        Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
-        for rule in (skill_version.rules if skill_version else [])
-    )
-    merged = merge_rules(
-        {
-            "platform": PLATFORM_RULES,
-            "application": APPLICATION_RULES,
-            "workflow": tuple(rule for node in workflow.nodes.values() for rule in node.rules),
-            "skill": skill_rules,
-        }
+    merged = _merged_rules(
+        tuple(rule for node in workflow.nodes.values() for rule in node.rules), skill_version
     )
     if merged.conflicts:
         run_finish(
@@ -292,17 +300,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     node = _effective_node(run)
     skill = _skill(run)
     skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
-    merged = merge_rules(
-        {
-            "platform": PLATFORM_RULES,
-            "application": APPLICATION_RULES,
-            "workflow": node.rules,
-            "skill": tuple(
-                Rule(id=r["id"], scope=r["scope"], priority=r["priority"], text=r["text"])
-                for r in (skill_version.rules if skill_version else [])
-            ),
-        }
-    )
+    merged = _merged_rules(node.rules, skill_version)
     built = context_build(
         run_state=run.state,
         transcript=run.transcript,

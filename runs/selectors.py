@@ -1,14 +1,11 @@
 """Reads of the data plane with tenant scope applied: another tenant's run is not found."""
 
-from typing import Any
-
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from registry.choices import Action
 from registry.models import Tenant
 from registry.selectors import user_can
-from runs.errors import NotFound
 from runs.models import Attachment, Run, RunEvent
 
 
@@ -18,13 +15,6 @@ def runs_visible(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Run]:
     if not user_can(user=user, action=Action.RUN_VIEW_ALL, tenant=tenant):
         runs = runs.filter(actor=user)
     return runs
-
-
-def run_get(*, user: AbstractBaseUser, tenant: Tenant, run_id: Any) -> Run:
-    try:
-        return runs_visible(user=user, tenant=tenant).select_related("tenant").get(pk=run_id)
-    except (Run.DoesNotExist, ValueError) as error:
-        raise NotFound("No such run.") from error
 
 
 def run_events(*, run: Run, after_seq: int = 0) -> QuerySet[RunEvent]:
