@@ -7,14 +7,23 @@ the tenant's group holds the `use_*` grant on it. Anything else is "not found".
 import difflib
 import hashlib
 import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Q, QuerySet
 from guardian.shortcuts import get_objects_for_group
 
-from registry.choices import LISTED_STATUSES, ROLE_ACTIONS, Action, VersionStatus
+from registry.choices import (
+    FROZEN_STATUSES,
+    LISTED_STATUSES,
+    ROLE_ACTIONS,
+    Action,
+    VersionStatus,
+)
 from registry.errors import NotFound
 from registry.models import (
     Membership,
@@ -29,8 +38,10 @@ from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
 
 User = AbstractBaseUser | AnonymousUser
+V = TypeVar("V", bound=DefinitionVersion)
 
 ROLLOUT_BUCKETS = 10_000
+FROZEN_VERSIONS_KEPT = 1024
 
 
 def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
@@ -41,13 +52,22 @@ def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
     )
 
 
-def user_can(*, user: User, action: Action | str, tenant: Tenant) -> bool:
-    """May `user` do `action` in `tenant`? Platform admins (superusers) may do anything."""
+def user_can(
+    *,
+    user: User,
+    action: Action | str,
+    tenant: Tenant,
+    roles: frozenset[str] | None = None,
+) -> bool:
+    """May `user` do `action` in `tenant`? Platform admins (superusers) may do anything.
+    `roles`, when the caller already read them with `user_roles`, saves the query."""
     if not user.is_authenticated or not user.is_active or not tenant.is_active:
         return False
     if user.is_superuser:
         return True
-    return any(action in ROLE_ACTIONS[role] for role in user_roles(user=user, tenant=tenant))
+    if roles is None:
+        roles = user_roles(user=user, tenant=tenant)
+    return any(action in ROLE_ACTIONS[role] for role in roles)
 
 
 def user_tenants(*, user: User) -> QuerySet[Tenant]:
@@ -162,6 +182,49 @@ def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> S
         if rollout_serves(flag=flag, tenant=tenant, actor_id=actor_id):
             return flag.skill_version
     return skill.current_version
+
+
+_frozen_versions: OrderedDict[tuple[str, str], DefinitionVersion] = OrderedDict()
+_frozen_versions_lock = threading.Lock()
+
+
+def versions_frozen(*, model: type[V], ids: Iterable[str]) -> dict[str, V]:
+    """Released (published, deprecated or revoked) versions by id, with their definition.
+
+    Their content is frozen (the model layer refuses any change), so each process keeps the
+    copies it has read and reads a version once. Only the lifecycle fields of a copy may be
+    out of date: a gate that depends on them (revocation) reads them with
+    `version_ids_revoked`. The copies are shared: callers must not change them."""
+    label = model._meta.label
+    found: dict[str, V] = {}
+    with _frozen_versions_lock:
+        for version_id in map(str, ids):
+            version = _frozen_versions.get((label, version_id))
+            if version is not None:
+                found[version_id] = version
+    missing = [version_id for version_id in map(str, ids) if version_id not in found]
+    if not missing:
+        return found
+    loaded = model.objects.filter(pk__in=missing, status__in=FROZEN_STATUSES).select_related(
+        model.parent_field
+    )
+    with _frozen_versions_lock:
+        for version in loaded:
+            found[str(version.pk)] = version
+            _frozen_versions[(label, str(version.pk))] = version
+        while len(_frozen_versions) > FROZEN_VERSIONS_KEPT:
+            _frozen_versions.popitem(last=False)
+    return found
+
+
+def version_ids_revoked(*, model: type[DefinitionVersion], ids: Iterable[str]) -> set[str]:
+    """Which of these versions are revoked now (one query, never from a cache)."""
+    return {
+        str(pk)
+        for pk in model.objects.filter(pk__in=list(ids), status=VersionStatus.REVOKED).values_list(
+            "pk", flat=True
+        )
+    }
 
 
 @dataclass(frozen=True)

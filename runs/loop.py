@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
+from registry.selectors import versions_frozen
 from runs import events
 from runs.capability import canonical_hash
 from runs.choices import RunStatus
@@ -44,6 +45,15 @@ class ModelTemporarilyUnavailable(Exception):
     """A retryable provider failure; the task retries the step with backoff."""
 
 
+def _finish(run: Run, **result: Any) -> None:
+    """End the run; the step saves it with everything else (`_save`)."""
+    run_finish(run=run, save=False, **result)
+
+
+def _transition(run: Run, *, status: RunStatus) -> None:
+    run_transition(run=run, status=status, save=False)
+
+
 def _this_week(today: date) -> tuple[str, str]:
     monday = today - timedelta(days=today.weekday())
     return monday.isoformat(), (monday + timedelta(days=6)).isoformat()
@@ -60,6 +70,14 @@ def _node(run: Run) -> Node:
 def _skill(run: Run) -> dict[str, Any] | None:
     skills = run.capability.get("skills", [])
     return skills[0] if skills else None
+
+
+def _skill_version(run: Run) -> SkillVersion | None:
+    """The snapshot's skill version (frozen content, read once per process)."""
+    skill = _skill(run)
+    if skill is None:
+        return None
+    return versions_frozen(model=SkillVersion, ids=[skill["id"]]).get(skill["id"])
 
 
 def _text(run: Run) -> str:
@@ -108,12 +126,15 @@ def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
 def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
     entries = run.capability.get("tools", [])
     if node.tools:
-        ids = [entry["id"] for entry in entries if entry["name"] in node.tools]
-        return list(ToolVersion.objects.filter(pk__in=ids).select_related("tool"))
-    if _workflow(run) is not AGENT:
+        entries = [entry for entry in entries if entry["name"] in node.tools]
+    elif _workflow(run) is not AGENT:
         return []
-    ids = [entry["id"] for entry in entries]
-    return list(ToolVersion.objects.filter(pk__in=ids, risk__in=READ_RISKS).select_related("tool"))
+    versions = versions_frozen(model=ToolVersion, ids=[entry["id"] for entry in entries])
+    return [
+        versions[entry["id"]]
+        for entry in entries
+        if entry["id"] in versions and (node.tools or versions[entry["id"]].risk in READ_RISKS)
+    ]
 
 
 def _effective_node(run: Run) -> Node:
@@ -151,7 +172,7 @@ def _merged_rules(
 def _start(run: Run) -> None:
     """Route, activate the skill, merge its rules, gather the inputs, assemble the tools."""
     run.started_at = timezone.now()
-    run_transition(run=run, status=RunStatus.RUNNING)
+    _transition(run, status=RunStatus.RUNNING)
     skill = _skill(run)
     workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
     events.route_selected(
@@ -160,12 +181,11 @@ def _start(run: Run) -> None:
         skill=f"{skill['name']}@{skill['version']}" if skill else None,
         risk="external_side_effect" if "send" in workflow.nodes else "read",
     )
-    skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
+    skill_version = _skill_version(run)
     if skill_version is not None:
         events.skill_activated(
             run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
         )
-    session_state = run.session.state
     metadata = run.message.get("metadata", {})
     date_from, date_to = _this_week(timezone.localdate())
     run.state = {
@@ -173,7 +193,7 @@ def _start(run: Run) -> None:
         "node": workflow.start,
         "phase": "model",
         "inputs": {
-            "project_id": metadata.get("project_id") or session_state.get("project_id"),
+            "project_id": metadata.get("project_id") or _session_project(run),
             "date_from": date_from,
             "date_to": date_to,
             "recipient_role": RECIPIENT_ROLE,
@@ -185,8 +205,8 @@ def _start(run: Run) -> None:
         tuple(rule for node in workflow.nodes.values() for rule in node.rules), skill_version
     )
     if merged.conflicts:
-        run_finish(
-            run=run,
+        _finish(
+            run,
             status=RunStatus.REFUSED,
             reason_code="RULE_CONFLICT",
             output={"conflicting_rules": list(merged.conflicts)},
@@ -194,8 +214,8 @@ def _start(run: Run) -> None:
         return
     required = set(skill_version.required_inputs if skill_version else [])
     if "project_scope" in required and not run.state["inputs"]["project_id"]:
-        run_finish(
-            run=run,
+        _finish(
+            run,
             status=RunStatus.NEEDS_CLARIFICATION,
             reason_code="MISSING_PROJECT_SCOPE",
             question="Which project should the summary cover?",
@@ -203,6 +223,11 @@ def _start(run: Run) -> None:
         return
     run.transcript = [user_entry(_text(run))]
     _enter_node(run, workflow.start)
+
+
+def _session_project(run: Run) -> str | None:
+    projects = Session.objects.filter(pk=run.session_id).values_list("state__project_id", flat=True)
+    return projects.first()
 
 
 def _enter_node(run: Run, name: str) -> None:
@@ -239,23 +264,19 @@ def _resolve_recipient(run: Run) -> None:
         name="directory_lookup",
         arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
     )
-    outcome = executor.admit(run=run, call=call, node=node, step=run.steps)
-    if isinstance(outcome, executor.Admitted):
-        outcome = executor.execute_admitted(run, [outcome])[0]
+    outcome = executor.calls_run(run=run, calls=[call], node=node, step=run.steps)[0]
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
         category = (envelope.get("error") or {}).get("category", "UNKNOWN")
         if category == "PERMISSION_DENIED":
-            run_finish(run=run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
         else:
-            run_finish(
-                run=run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}"
-            )
+            _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
         return
     candidates = (envelope.get("raw") or {}).get("candidates", [])
     if len(candidates) != 1 or not candidates[0].get("corporate_email"):
-        run_finish(
-            run=run,
+        _finish(
+            run,
             status=RunStatus.NEEDS_CLARIFICATION,
             reason_code="RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
             output={"candidates": [{"display_name": c["display_name"]} for c in candidates]},
@@ -283,9 +304,13 @@ def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
     ]
 
 
-def _model_config(run: Run) -> ModelConfig:
-    """The model the snapshot pinned, even if the agent has moved to another since."""
-    return ModelConfig.objects.get(pk=run.capability["model"]["id"])
+def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfig:
+    """The model the snapshot pinned, even if the agent has moved to another since; read
+    once per execution (`run_execute`), not once per turn."""
+    model_id = run.capability["model"]["id"]
+    if model_id not in model_configs:
+        model_configs[model_id] = ModelConfig.objects.get(pk=model_id)
+    return model_configs[model_id]
 
 
 def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> Decimal:
@@ -299,7 +324,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     client = model_client_for(model_config)
     node = _effective_node(run)
     skill = _skill(run)
-    skill_version = SkillVersion.objects.get(pk=skill["id"]) if skill else None
+    skill_version = _skill_version(run)
     merged = _merged_rules(node.rules, skill_version)
     built = context_build(
         run_state=run.state,
@@ -326,7 +351,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     except ModelError as error:
         if error.retryable:
             raise ModelTemporarilyUnavailable(str(error)) from error
-        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
+        _finish(run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
         return
     cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
     run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
@@ -350,11 +375,10 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     _final(run, response.text)
 
 
-def _draft_problems(run: Run, draft: Any) -> list[str]:
+def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     if not isinstance(draft, dict):
         return ["The draft is not a JSON object."]
     problems = [f"Missing section {name}." for name in DRAFT_SECTIONS if name not in draft]
-    known = set(run.sources.filter(allowed_use=EVIDENCE_USE).values_list("reference", flat=True))
     for risk in draft.get("risks") or []:
         if not isinstance(risk, dict) or risk.get("source") not in known:
             problems.append(f"Risk without a source returned by a tool: {risk}.")
@@ -365,23 +389,22 @@ def _draft_problems(run: Run, draft: Any) -> list[str]:
 
 def _final(run: Run, text: str) -> None:
     if _workflow(run) is AGENT:
-        run_finish(
-            run=run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text}
-        )
+        _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
-    if not run.sources.filter(allowed_use=EVIDENCE_USE).exists():
-        run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
+    evidence = set(run.sources.filter(allowed_use=EVIDENCE_USE).values_list("reference", flat=True))
+    if not evidence:
+        _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:
         draft = json.loads(text)
     except ValueError:
         draft = text
-    problems = _draft_problems(run, draft)
+    problems = _draft_problems(draft, evidence)
     if not problems:
         _await_approval(run, draft)
     elif run.state["corrections"] >= 1:
-        run_finish(
-            run=run,
+        _finish(
+            run,
             status=RunStatus.PARTIAL,
             reason_code="DRAFT_CONTRACT_NOT_MET",
             output={"problems": problems},
@@ -415,7 +438,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
         "next_step": "An approver reviews the draft.",
     }
     _enter_node(run, "approval")
-    run_transition(run=run, status=RunStatus.WAITING_APPROVAL)
+    _transition(run, status=RunStatus.WAITING_APPROVAL)
 
 
 def _tool_turn(run: Run) -> None:
@@ -423,23 +446,9 @@ def _tool_turn(run: Run) -> None:
     node = _effective_node(run)
     pending = pending_calls(run.transcript)
     budget_left = run.capability["budgets"]["max_tool_calls"] - run.tool_call_count
-    finished: dict[str, ToolCallRecord] = {}
-    admitted = []
-    for call in pending:
-        if budget_left <= 0:
-            break
-        outcome = executor.admit(run=run, call=call, node=node, step=run.steps)
-        budget_left -= 1
-        if isinstance(outcome, executor.Admitted):
-            admitted.append(outcome)
-        else:
-            finished[call.call_id] = outcome
-    for record in executor.execute_admitted(run, admitted):
-        finished[record.call_id] = record
-    for call in pending:
-        record = finished.get(call.call_id)
-        if record is None:
-            continue
+    within = pending[: max(budget_left, 0)]
+    records = executor.calls_run(run=run, calls=within, node=node, step=run.steps)
+    for call, record in zip(within, records, strict=True):
         content = json.dumps(record.envelope, ensure_ascii=False, sort_keys=True)
         run.transcript.append(
             result_entry(
@@ -455,8 +464,8 @@ def _tool_turn(run: Run) -> None:
                 is_error=record.status != ToolCallRecord.Status.COMPLETED,
             )
         )
-    if len(finished) < len(pending):
-        run_finish(run=run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOOL_CALL_BUDGET")
+    if len(within) < len(pending):
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOOL_CALL_BUDGET")
         return
     run.state["phase"] = "model"
 
@@ -480,6 +489,9 @@ def _save(run: Run) -> None:
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.save(
         update_fields=[
+            "status",
+            "reason_code",
+            "finished_at",
             "state",
             "transcript",
             "steps",
@@ -495,7 +507,7 @@ def _save(run: Run) -> None:
     )
 
 
-def run_advance_step(*, run_id: str) -> bool:
+def run_advance_step(*, run_id: str, model_configs: dict[int, ModelConfig] | None = None) -> bool:
     """Advance the run by one transaction: the host's own steps (start, recipient) together,
     or one model turn, or the tool calls of one turn. A model turn's output is committed
     before its tools run, and their results before the next turn. Returns whether there is
@@ -516,11 +528,11 @@ def run_advance_step(*, run_id: str) -> bool:
         if run.status == RunStatus.QUEUED:
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:
-            run_finish(run=run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+            _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
         elif run.state["phase"] == "tools":
             _tool_turn(run)
         elif run.state["node"] != "resolve_recipient":
-            _model_turn(run, _model_config(run))
+            _model_turn(run, _model_config(run, {} if model_configs is None else model_configs))
         if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
             _resolve_recipient(run)
         _save(run)
@@ -529,5 +541,6 @@ def run_advance_step(*, run_id: str) -> bool:
 
 def run_execute(*, run_id: str) -> None:
     """Advance the run until it pauses, ends, or needs a retry."""
-    while run_advance_step(run_id=run_id):
+    model_configs: dict[int, ModelConfig] = {}
+    while run_advance_step(run_id=run_id, model_configs=model_configs):
         pass

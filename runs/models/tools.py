@@ -1,6 +1,7 @@
 import uuid
 
 from django.db import models
+from django.utils import timezone
 
 from runs.tools.envelope import ErrorCategory
 
@@ -33,7 +34,7 @@ class ToolCall(models.Model):
     error_category = models.CharField(max_length=24, choices=ErrorCategory.choices, blank=True)
     envelope = models.JSONField(default=dict)
     attempts = models.PositiveSmallIntegerField(default=0)
-    started_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(default=timezone.now)
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:

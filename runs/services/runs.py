@@ -10,9 +10,10 @@ from runs.errors import InvalidRunTransition, PermissionDenied
 from runs.models import Run
 
 
-def run_transition(*, run: Run, status: RunStatus, reason_code: str = "") -> Run:
+def run_transition(*, run: Run, status: RunStatus, reason_code: str = "", save: bool = True) -> Run:
     """Move a locked run to `status`. The same status again is a no-op; a terminal status is
-    never overwritten; reaching one writes `run.finished`."""
+    never overwritten; reaching one writes `run.finished`. `save=False` leaves the save to a
+    caller that saves the run at the end of its step (the loop)."""
     if run.status == status:
         return run
     if status not in RUN_TRANSITIONS[run.status]:
@@ -27,7 +28,8 @@ def run_transition(*, run: Run, status: RunStatus, reason_code: str = "") -> Run
         run.finished_at = timezone.now()
         update_fields.append("finished_at")
         events.run_finished(run, status=status, reason_code=reason_code)
-    run.save(update_fields=update_fields)
+    if save:
+        run.save(update_fields=update_fields)
     return run
 
 
@@ -51,6 +53,7 @@ def run_finish(
     reason_code: str,
     output: dict | None = None,
     question: str = "",
+    save: bool = True,
 ) -> Run:
     """End a locked run with the structured result every run ends with: status, reason code,
     actions executed, displayable sources, the output and the next step for the user."""
@@ -67,8 +70,9 @@ def run_finish(
         "next_step": NEXT_STEPS.get(status, ""),
         "model": run.capability.get("model", {}),
     }
-    run.save(update_fields=["result", "updated_at"])
-    return run_transition(run=run, status=status, reason_code=reason_code)
+    if save:
+        run.save(update_fields=["result", "updated_at"])
+    return run_transition(run=run, status=status, reason_code=reason_code, save=save)
 
 
 def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:

@@ -7,20 +7,24 @@ A refused call is recorded as `tool.rejected`, answered with a stable error cate
 never executed.
 """
 
+import functools
 import hashlib
+import json
 import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 
-from registry.choices import READ_RISKS, AdapterKind, VersionStatus
+from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
+from registry.selectors import version_ids_revoked, versions_frozen
 from runs import events
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
@@ -40,6 +44,15 @@ class Admitted:
     arguments: dict[str, Any]
 
 
+@dataclass
+class StepCalls:
+    """The calls of one step: records in call order, and the evidence they returned. Both
+    are written together, in two statements, when the step's calls have run."""
+
+    records: list[ToolCall] = field(default_factory=list)
+    sources: list[Source] = field(default_factory=list)
+
+
 def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str) -> ToolCall:
     envelope = Envelope(
         call_id=record.call_id,
@@ -51,17 +64,24 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
     record.status = ToolCall.Status.REJECTED
     record.error_category = category
     record.envelope = envelope.as_dict()
-    record.save(update_fields=["status", "error_category", "envelope"])
     events.tool_rejected(
         run, call_id=record.call_id, name=record.name, category=category, reason=message
     )
     return record
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(tool_version_id: str, schema: str) -> Draft202012Validator:
+    """A frozen version's schema never changes; its validator is built once per process."""
+    return Draft202012Validator(json.loads(schema), format_checker=FormatChecker())
+
+
 def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
     if not isinstance(arguments, dict):
         return ["The arguments are not a JSON object."]
-    validator = Draft202012Validator(tool_version.input_schema, format_checker=FormatChecker())
+    validator = _validator(
+        str(tool_version.pk), json.dumps(tool_version.input_schema, sort_keys=True)
+    )
     return sorted(
         ("/".join(map(str, error.absolute_path)) + ": " if error.absolute_path else "")
         + error.message
@@ -76,35 +96,36 @@ def _credential(tool_version: ToolVersion) -> str | None:
     return os.environ.get(reference)
 
 
-def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall | Admitted:
-    """Gates 1-5. Returns the rejected (or already finished) ToolCall, or the admitted call."""
-    entry = next(
-        (tool for tool in run.capability.get("tools", []) if tool["name"] == call.name), None
-    )
-    tool_version = ToolVersion.objects.select_related("tool").get(pk=entry["id"]) if entry else None
-    record, created = ToolCall.objects.get_or_create(
+def _admit(
+    *,
+    run: Run,
+    call: RequestedCall,
+    node: Node,
+    step: int,
+    entry: dict[str, Any] | None,
+    tool_version: ToolVersion | None,
+    revoked: bool,
+    authorised: dict[str, Any],
+) -> ToolCall | Admitted:
+    """Gates 1-5 for one call the run has not seen. Returns the rejected ToolCall (not yet
+    saved) or the admitted call."""
+    record = ToolCall(
         run=run,
         call_id=call.call_id,
-        defaults={
-            "step": step,
-            "name": call.name[:128],
-            "arguments": call.arguments,
-            "tool_version": tool_version,
-        },
+        step=step,
+        name=call.name[:128],
+        arguments=call.arguments,
+        tool_version=tool_version,
+        started_at=timezone.now(),
     )
-    if not created and record.status != ToolCall.Status.REQUESTED:
-        return record
-    if created:
-        run.tool_call_count += 1
-        events.tool_requested(
-            run, call_id=call.call_id, name=record.name, arguments=record.arguments
-        )
-    if entry is None or call.name not in node.tools:
+    run.tool_call_count += 1
+    events.tool_requested(run, call_id=call.call_id, name=record.name, arguments=record.arguments)
+    if entry is None or tool_version is None or call.name not in node.tools:
         category = ErrorCategory.NOT_FOUND if entry is None else ErrorCategory.PERMISSION_DENIED
         return _reject(
             record, run, category=category, message=f"{call.name} is not available in this step."
         )
-    if tool_version.status == VersionStatus.REVOKED:
+    if revoked:
         return _reject(
             record,
             run,
@@ -123,6 +144,7 @@ def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall |
         actor=run.actor,
         idempotency_key=f"{run.pk}:{call.call_id}",
         credential=_credential(tool_version),
+        resources=authorised,
     )
     try:
         adapters.authorize(tool_version, context, call.arguments)
@@ -135,6 +157,49 @@ def admit(*, run: Run, call: RequestedCall, node: Node, step: int) -> ToolCall |
     return Admitted(
         record=record, tool_version=tool_version, context=context, arguments=call.arguments
     )
+
+
+def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) -> list[ToolCall]:
+    """The eight gates for the calls of one step, with the run locked; returns their records
+    in call order. A call id the run already has is answered with its record and never
+    admitted or executed again. Gates 1-5 run in call order; admitted calls execute (in
+    parallel when there are several); the records, their evidence and their events are
+    written in the step's transaction."""
+    by_name = {entry["name"]: entry for entry in run.capability.get("tools", [])}
+    entries = [by_name.get(call.name) for call in calls]
+    ids = {entry["id"] for entry in entries if entry is not None}
+    tool_versions = versions_frozen(model=ToolVersion, ids=ids)
+    revoked = version_ids_revoked(model=ToolVersion, ids=ids) if ids else set()
+    known = {
+        record.call_id: record
+        for record in ToolCall.objects.filter(run=run, call_id__in=[call.call_id for call in calls])
+    }
+    step_calls = StepCalls()
+    authorised: dict[str, Any] = {}
+    admitted: list[Admitted] = []
+    outcomes: dict[str, ToolCall] = {}
+    for call, entry in zip(calls, entries, strict=True):
+        if call.call_id in known or call.call_id in outcomes:
+            continue
+        outcome = _admit(
+            run=run,
+            call=call,
+            node=node,
+            step=step,
+            entry=entry,
+            tool_version=tool_versions.get(entry["id"]) if entry else None,
+            revoked=entry is not None and entry["id"] in revoked,
+            authorised=authorised,
+        )
+        if isinstance(outcome, Admitted):
+            admitted.append(outcome)
+            outcome = outcome.record
+        outcomes[call.call_id] = outcome
+        step_calls.records.append(outcome)
+    _execute_admitted(run, admitted, step_calls)
+    ToolCall.objects.bulk_create(step_calls.records)
+    Source.objects.bulk_create(step_calls.sources)
+    return [known.get(call.call_id) or outcomes[call.call_id] for call in calls]
 
 
 def _attempt(admitted: Admitted) -> ToolOutput:
@@ -180,7 +245,7 @@ def _execute_isolated(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int,
         close_old_connections()
 
 
-def execute_admitted(run: Run, admitted: list[Admitted]) -> list[ToolCall]:
+def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
     """Gates 6 and 7 for the admitted calls of one step; independent calls run in parallel
     under `TOOL_PARALLELISM`, results stay paired with their call ids."""
     if len(admitted) > 1:
@@ -190,15 +255,18 @@ def execute_admitted(run: Run, admitted: list[Admitted]) -> list[ToolCall]:
             outcomes = list(pool.map(_execute_isolated, admitted))
     else:
         outcomes = [_run_with_retries(call) for call in admitted]
-    return [
-        _record(run, call, outcome, attempts, duration_ms)
-        for call, (outcome, attempts, duration_ms) in zip(admitted, outcomes, strict=True)
-    ]
+    for call, (outcome, attempts, duration_ms) in zip(admitted, outcomes, strict=True):
+        _record(run, call, outcome, attempts, duration_ms, step_calls)
 
 
 def _record(
-    run: Run, admitted: Admitted, outcome: ToolOutput | ToolFailed, attempts: int, duration_ms: int
-) -> ToolCall:
+    run: Run,
+    admitted: Admitted,
+    outcome: ToolOutput | ToolFailed,
+    attempts: int,
+    duration_ms: int,
+    step_calls: StepCalls,
+) -> None:
     """Gate 7: the envelope, secrets stripped and size-limited; evidence kept as Sources."""
     record, tool_version = admitted.record, admitted.tool_version
     secrets = tuple(filter(None, [admitted.context.credential]))
@@ -223,7 +291,7 @@ def _record(
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
         for draft in outcome.sources:
             content = strip_secrets(draft.content, secrets=secrets)
-            source = Source.objects.create(
+            source = Source(
                 run=run,
                 tool_call=record,
                 origin=tool_version.qualified_name,
@@ -232,6 +300,7 @@ def _record(
                 allowed_use=draft.allowed_use,
                 content=content,
             )
+            step_calls.sources.append(source)
             envelope.sources.append(
                 {
                     "id": str(source.pk),
@@ -244,7 +313,6 @@ def _record(
     record.envelope = envelope.as_dict()
     record.attempts = attempts
     record.duration_ms = duration_ms
-    record.save(update_fields=["status", "error_category", "envelope", "attempts", "duration_ms"])
     if record.status == ToolCall.Status.COMPLETED:
         events.tool_completed(
             run,
@@ -263,4 +331,3 @@ def _record(
             retryable=envelope.retryable,
             may_have_side_effect=envelope.may_have_side_effect,
         )
-    return record

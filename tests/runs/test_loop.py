@@ -835,18 +835,19 @@ def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_re
     events = event_types(run)
     monday, sunday = this_week()
 
-    outcome = executor.admit(
+    [outcome] = executor.calls_run(
         run=run,
-        call=RequestedCall(
-            call_id="offline-1",
-            name="project_search",
-            arguments={"project_id": "apollo", "from": monday, "to": sunday},
-        ),
+        calls=[
+            RequestedCall(
+                call_id="offline-1",
+                name="project_search",
+                arguments={"project_id": "apollo", "from": monday, "to": sunday},
+            )
+        ],
         node=WEEKLY_SUMMARY_SEND.nodes["draft"],
         step=run.steps,
     )
 
-    assert not isinstance(outcome, executor.Admitted)
     assert outcome == ToolCall.objects.get(run=run, call_id="offline-1")
     assert (outcome.status, outcome.attempts) == ("completed", 1)
     assert counted_reads == ["offline-1"]
