@@ -9,7 +9,7 @@ from datetime import date
 from typing import Any
 
 from examples.models import DirectoryRecord, Project, ProjectUpdate
-from examples.selectors import projects_visible
+from examples.selectors import project_for_actor
 from runs.tools.adapters import SourceDraft, ToolContext, ToolOutput, ToolRefused
 
 
@@ -18,10 +18,8 @@ def _project(context: ToolContext, arguments: dict[str, Any]) -> Project:
     project = context.resources.get("project")
     if project is not None and project.key == arguments["project_id"]:
         return project
-    project = (
-        projects_visible(actor=context.actor, tenant=context.tenant)
-        .filter(key=arguments["project_id"])
-        .first()
+    project = project_for_actor(
+        actor=context.actor, tenant=context.tenant, key=arguments["project_id"]
     )
     if project is None:
         raise ToolRefused("No such project, or no access to it.")

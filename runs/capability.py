@@ -57,8 +57,15 @@ def _tool_exclusion(
 
 
 def capability_resolve(
-    *, tenant: Tenant, actor: AbstractBaseUser, agent_config: AgentConfig
+    *,
+    tenant: Tenant,
+    actor: AbstractBaseUser,
+    agent_config: AgentConfig,
+    roles: frozenset[str] | None = None,
 ) -> dict[str, Any]:
+    """`roles`: the actor's roles in the tenant, when the caller has read them already."""
+    if roles is None:
+        roles = user_roles(user=actor, tenant=tenant)
     policy = agent_config.policy
     max_level = DATA_CLASSIFICATION_LEVELS.index(policy.max_data_classification)
     skills: list[dict[str, Any]] = []
@@ -93,7 +100,7 @@ def capability_resolve(
         "schema": SNAPSHOT_SCHEMA,
         "tenant": tenant.slug,
         "actor": {"id": str(actor.pk), "username": actor.get_username()},
-        "roles": sorted(user_roles(user=actor, tenant=tenant)),
+        "roles": sorted(roles),
         "environment": settings.ENVIRONMENT,
         "agent": {"id": agent_config.pk, "name": agent_config.name},
         "model": {

@@ -31,7 +31,7 @@ class RunEvent(models.Model):
     objects = RunEventQuerySet.as_manager()
 
     class Meta:
-        ordering = ["run", "seq"]
+        ordering = ["run_id", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq"),
             models.CheckConstraint(condition=models.Q(seq__gte=1), name="runevent_seq_positive"),

@@ -38,7 +38,7 @@ class ToolCall(models.Model):
     duration_ms = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
-        ordering = ["run", "step", "started_at"]
+        ordering = ["run_id", "step", "started_at"]
         constraints = [
             models.UniqueConstraint(fields=["run", "call_id"], name="toolcall_unique_call_id"),
         ]
@@ -62,7 +62,7 @@ class Source(models.Model):
     content = models.TextField(blank=True)
 
     class Meta:
-        ordering = ["run", "fetched_at"]
+        ordering = ["run_id", "fetched_at"]
         indexes = [models.Index(fields=["run", "reference"])]
 
     def __str__(self) -> str:

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from registry.choices import Action
 from registry.models import AgentConfig, Tenant
-from registry.selectors import user_can
+from registry.selectors import user_can, user_roles
 from runs import events
 from runs.capability import canonical_hash, capability_resolve
 from runs.choices import RunStatus
@@ -113,7 +113,8 @@ def message_ingest(
     body is refused; concurrent duplicates make one run (the ingress unique constraint).
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content."""
-    if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant):
+    roles = user_roles(user=actor, tenant=tenant)
+    if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
     normalized_parts = attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts)
     request = {
@@ -123,9 +124,6 @@ def message_ingest(
         "session_id": str(session_id) if session_id else None,
     }
     request_hash = canonical_hash(request)
-    existing = _existing(tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash)
-    if existing:
-        return existing
     try:
         with transaction.atomic():
             run = _create_run(
@@ -137,6 +135,7 @@ def message_ingest(
                 parts=normalized_parts,
                 metadata=metadata,
                 session_id=session_id,
+                roles=roles,
             )
         if run.status == RunStatus.QUEUED:
             transaction.on_commit(lambda: run_advance.delay(run_id=str(run.pk)))
@@ -160,10 +159,16 @@ def _create_run(
     parts: list[dict[str, Any]],
     metadata: dict[str, Any],
     session_id: UUID | None,
+    roles: frozenset[str],
 ) -> Run:
+    """The ingress record goes first: a key already taken fails here, before any work (its
+    run is created in this transaction; the foreign key is checked at commit)."""
+    run_id = uuid4()
+    IngressRecord.objects.create(
+        tenant=tenant, actor=actor, idempotency_key=key, request_hash=request_hash, run_id=run_id
+    )
     agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"))
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)
-    run_id = uuid4()
     message = _normalized(
         run_id=run_id,
         tenant=tenant,
@@ -176,11 +181,11 @@ def _create_run(
         received_at=timezone.now().isoformat(),
     )
     capability = (
-        capability_resolve(tenant=tenant, actor=actor, agent_config=agent_config)
+        capability_resolve(tenant=tenant, actor=actor, agent_config=agent_config, roles=roles)
         if agent_config
         else {}
     )
-    run = Run.objects.create(
+    run = Run(
         id=run_id,
         tenant=tenant,
         actor=actor,
@@ -196,9 +201,7 @@ def _create_run(
         ),
         trace_id=secrets.token_hex(16),
     )
-    IngressRecord.objects.create(
-        tenant=tenant, actor=actor, idempotency_key=key, request_hash=request_hash, run=run
-    )
+    events.buffer_events(run)
     events.message_received(
         run,
         idempotency_key=key,
@@ -209,13 +212,15 @@ def _create_run(
     events.message_normalized(run, message=message)
     events.session_loaded(run, is_new=is_new, state_keys=sorted(session.state))
     if agent_config is None:
-        run_finish(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
-        return run
+        run.save(force_insert=True)
+        events.flush_events(run)
+        return run_finish(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
     events.capability_resolved(
         run,
         capability_hash=run.capability_hash,
         skills=[f"{skill['name']}@{skill['version']}" for skill in capability["skills"]],
         tools=[f"{tool['name']}@{tool['version']}" for tool in capability["tools"]],
     )
-    run.save(update_fields=["last_event_seq"])
+    run.save(force_insert=True)
+    events.flush_events(run)
     return run
