@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from registry.choices import Role
 from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
+from runs.tools import threads
 from tests.celery_worker import celery_queue, start_worker  # noqa: F401 (real-worker fixtures)
 from tests.registry.factories import (
     PASSWORD,
@@ -27,6 +28,13 @@ def django_db_modify_db_settings():
     database = settings.DATABASES["default"]
     if database["ENGINE"].endswith("postgresql"):
         database.setdefault("TEST", {})["NAME"] = f"test_{database['NAME']}_{os.getpid()}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tool_threads_stopped_before_the_database_is_dropped(django_db_setup):
+    """The parallel tool-call threads keep database connections; they end first."""
+    yield
+    threads.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -13,12 +13,10 @@ import json
 import os
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
 from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 
@@ -28,7 +26,7 @@ from registry.selectors import version_ids_revoked, versions_frozen
 from runs import events
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
-from runs.tools import adapters, limits
+from runs.tools import adapters, limits, threads
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
 from runs.workflows import Node
@@ -238,21 +236,13 @@ def _run_with_retries(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int,
         time.sleep(random.uniform(0, backoff) if policy.get("jitter", True) else backoff)
 
 
-def _execute_isolated(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, int]:
-    try:
-        return _run_with_retries(admitted)
-    finally:
-        close_old_connections()
-
-
 def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
     """Gates 6 and 7 for the admitted calls of one step; independent calls run in parallel
     under `TOOL_PARALLELISM`, results stay paired with their call ids."""
     if len(admitted) > 1:
-        with ThreadPoolExecutor(
-            max_workers=settings.TOOL_PARALLELISM, thread_name_prefix="tool-call"
-        ) as pool:
-            outcomes = list(pool.map(_execute_isolated, admitted))
+        outcomes = threads.parallel_map(
+            _run_with_retries, admitted, workers=settings.TOOL_PARALLELISM
+        )
     else:
         outcomes = [_run_with_retries(call) for call in admitted]
     for call, (outcome, attempts, duration_ms) in zip(admitted, outcomes, strict=True):
