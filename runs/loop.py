@@ -6,6 +6,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 
 import json
 import logging
+from dataclasses import dataclass, field
 from datetime import date, timedelta
 from decimal import Decimal
 from typing import Any
@@ -507,18 +508,45 @@ def _save(run: Run) -> None:
     )
 
 
-def run_advance_step(*, run_id: str, model_configs: dict[int, ModelConfig] | None = None) -> bool:
+@dataclass
+class Execution:
+    """What one `run_execute` carries from step to step: the model configs it has read, and
+    the run as its last step saved it. The next step locks the row and reuses that copy
+    when the row's version (updated_at, last_event_seq) shows nobody wrote it since (a
+    cancel, an approval); otherwise it reads the row again."""
+
+    model_configs: dict[int, ModelConfig] = field(default_factory=dict)
+    run: Run | None = None
+
+
+def _locked_run(run_id: str, execution: Execution) -> Run | None:
+    saved = execution.run
+    if saved is not None:
+        version = (
+            Run.objects.select_for_update()
+            .filter(pk=run_id)
+            .values_list("updated_at", "last_event_seq")
+            .first()
+        )
+        if version == (saved.updated_at, saved.last_event_seq):
+            return saved
+    return (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("tenant", "actor")
+        .filter(pk=run_id)
+        .first()
+    )
+
+
+def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool:
     """Advance the run by one transaction: the host's own steps (start, recipient) together,
     or one model turn, or the tool calls of one turn. A model turn's output is committed
     before its tools run, and their results before the next turn. Returns whether there is
     more to do."""
+    execution = execution or Execution()
     with transaction.atomic():
-        run = (
-            Run.objects.select_for_update(of=("self",))
-            .select_related("tenant", "actor")
-            .filter(pk=run_id)
-            .first()
-        )
+        run = _locked_run(run_id, execution)
+        execution.run = None
         if run is None or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
             return False
         if run.cancel_requested_at is not None:
@@ -532,15 +560,16 @@ def run_advance_step(*, run_id: str, model_configs: dict[int, ModelConfig] | Non
         elif run.state["phase"] == "tools":
             _tool_turn(run)
         elif run.state["node"] != "resolve_recipient":
-            _model_turn(run, _model_config(run, {} if model_configs is None else model_configs))
+            _model_turn(run, _model_config(run, execution.model_configs))
         if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
             _resolve_recipient(run)
         _save(run)
-        return run.status == RunStatus.RUNNING
+    execution.run = run
+    return run.status == RunStatus.RUNNING
 
 
 def run_execute(*, run_id: str) -> None:
     """Advance the run until it pauses, ends, or needs a retry."""
-    model_configs: dict[int, ModelConfig] = {}
-    while run_advance_step(run_id=run_id, model_configs=model_configs):
+    execution = Execution()
+    while run_advance_step(run_id=run_id, execution=execution):
         pass

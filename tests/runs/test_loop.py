@@ -24,6 +24,7 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tool
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tools import TOOL_CONTENT_FIELDS
+from runs import loop
 from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, RunEvent, Source, ToolCall
@@ -526,6 +527,30 @@ def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
     assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     # and a late redelivery changes nothing
     run_execute(run_id=str(run.pk))
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+
+
+def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypatch):
+    # given an execution whose steps reuse the run they saved last
+    run = start(demo, project_id="apollo")
+    step = loop.run_advance_step
+    steps = []
+
+    def then_cancel(**kwargs):
+        more = step(**kwargs)
+        steps.append(more)
+        if len(steps) == 1:
+            run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+        return more
+
+    monkeypatch.setattr(loop, "run_advance_step", then_cancel)
+
+    # when alice cancels it after its first step committed
+    run_execute(run_id=str(run.pk))
+
+    # then the second step reads the row again and ends the run, asking no model
+    assert steps == [True, False]
+    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
 
 
