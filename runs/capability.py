@@ -71,7 +71,7 @@ def capability_resolve(
     skills: list[dict[str, Any]] = []
     tools: dict[str, dict[str, Any]] = {}
     excluded: list[dict[str, str]] = []
-    for skill in agent_config.skills.order_by("name"):
+    for skill in agent_config.skills.select_related("current_version").order_by("name"):
         version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
         if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
             excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
