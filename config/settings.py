@@ -131,7 +131,8 @@ STORAGES = {
     },
 }
 
-LOGIN_URL = "admin:login"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "approvals:queue"
 
 # Redis: Celery broker, cache (rate limits, throttles, circuit state). Absent: embedded default.
 REDIS_URL = env.str("REDIS_URL", default="")
@@ -163,9 +164,18 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
+    "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
 }
 
-EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.smtp.EmailBackend")
+# The embedded default (no EMAIL_HOST) writes each mail to a file under var/mail, which the
+# demo shows; with EMAIL_HOST set, mail goes to that SMTP server.
+EMAIL_BACKEND = env.str(
+    "EMAIL_BACKEND",
+    default="django.core.mail.backends.smtp.EmailBackend"
+    if env.str("EMAIL_HOST", default="")
+    else "django.core.mail.backends.filebased.EmailBackend",
+)
+EMAIL_FILE_PATH = env.str("EMAIL_FILE_PATH", default=str(BASE_DIR / "var" / "mail"))
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
@@ -174,6 +184,11 @@ EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
 EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
 EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agents@localhost")
+# The domain of the Message-IDs the mail tool derives from its idempotency keys, and an
+# optional function (dotted path: message_id -> True | False | None) that asks the mail
+# server whether it accepted a message, for reconciling interrupted deliveries.
+MAIL_MESSAGE_ID_DOMAIN = env.str("MAIL_MESSAGE_ID_DOMAIN", default="agentgov.local")
+MAIL_DELIVERY_LOOKUP = env.str("MAIL_DELIVERY_LOOKUP", default="")
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["registry.authentication.ApiTokenAuthentication"],

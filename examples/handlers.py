@@ -5,12 +5,19 @@ the actor holds the `view_project` grant on it; another tenant's project is refu
 like a missing one.
 """
 
+import hashlib
+import smtplib
 from datetime import date
 from typing import Any
 
-from examples.models import DirectoryRecord, Project, ProjectUpdate
+from django.conf import settings
+from django.core.mail import EmailMessage, get_connection
+from django.utils.module_loading import import_string
+
+from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
 from examples.selectors import project_for_actor
-from runs.tools.adapters import SourceDraft, ToolContext, ToolOutput, ToolRefused
+from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
+from runs.tools.envelope import ErrorCategory
 
 
 def _project(context: ToolContext, arguments: dict[str, Any]) -> Project:
@@ -106,5 +113,131 @@ class DirectoryLookup:
         )
 
 
+def _message_id(idempotency_key: str) -> str:
+    """A stable Message-ID derived from the key: a delivery can be found again by it."""
+    digest = hashlib.sha256(idempotency_key.encode()).hexdigest()[:40]
+    return f"<{digest}@{settings.MAIL_MESSAGE_ID_DOMAIN}>"
+
+
+def _sent(delivery: MailDelivery) -> ToolOutput:
+    return ToolOutput(
+        business_status="ok",
+        raw={"message_id": delivery.message_id, "to": delivery.recipients},
+        normalized={"message_id": delivery.message_id},
+    )
+
+
+def _settled(delivery: MailDelivery) -> ToolOutput:
+    """The outcome a recorded delivery had; raises while it is not known."""
+    if delivery.status == MailDelivery.Status.SENT:
+        return _sent(delivery)
+    if delivery.status == MailDelivery.Status.FAILED:
+        raise ToolFailed(
+            f"The mail was not delivered: {delivery.error}",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=False,
+        )
+    raise ToolFailed(
+        "An earlier delivery with this key has no known outcome; it is not sent again.",
+        category=ErrorCategory.UNKNOWN,
+        retryable=False,
+        may_have_side_effect=True,
+    )
+
+
+def _delivery_fail(delivery: MailDelivery, status: str, error: Exception) -> None:
+    delivery.status = status
+    delivery.error = f"{type(error).__name__}: {error}"[:255]
+    delivery.save(update_fields=["status", "error", "updated_at"])
+
+
+class MailSend:
+    """mail_send@1: delivers an approved mail through Django's email backend (SMTP under
+    `EMAIL_*`), exactly once per idempotency key. The delivery record is written before the
+    mail server is contacted; once a connection is open, a timeout or a dropped connection
+    is `unknown` (the server may have accepted the mail), never retried."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        """The host sends only a payload a human approved; it checked that before."""
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        delivery, created = MailDelivery.objects.get_or_create(
+            idempotency_key=context.idempotency_key,
+            defaults={
+                "message_id": _message_id(context.idempotency_key),
+                "recipients": arguments["to"],
+                "subject": arguments["subject"][:255],
+            },
+        )
+        if not created:
+            return _settled(delivery)
+        message = EmailMessage(
+            subject=arguments["subject"],
+            body=arguments["body"],
+            to=arguments["to"],
+            headers={
+                "Message-ID": delivery.message_id,
+                "X-Approved-Draft-Hash": arguments["approved_draft_hash"],
+            },
+        )
+        connection = get_connection(fail_silently=False)
+        try:
+            connection.open()
+        except (OSError, smtplib.SMTPException) as error:
+            _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
+            raise ToolFailed(
+                "The mail server could not be reached; nothing was sent.",
+                category=ErrorCategory.UPSTREAM_ERROR,
+                retryable=False,
+            ) from error
+        try:
+            connection.send_messages([message])
+        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as error:
+            _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
+            raise ToolFailed(
+                "The mail server refused the sender or the recipients; nothing was sent.",
+                category=ErrorCategory.INVALID_ARGUMENT,
+                retryable=False,
+            ) from error
+        except (OSError, smtplib.SMTPException) as error:
+            _delivery_fail(delivery, MailDelivery.Status.UNKNOWN, error)
+            raise ToolFailed(
+                "The mail server stopped answering during delivery; it may have accepted it.",
+                category=ErrorCategory.TIMEOUT,
+                retryable=False,
+                may_have_side_effect=True,
+            ) from error
+        finally:
+            connection.close()
+        delivery.status = MailDelivery.Status.SENT
+        delivery.save(update_fields=["status", "updated_at"])
+        return _sent(delivery)
+
+    def reconcile(self, context: ToolContext) -> ToolOutput:
+        """Settle an interrupted delivery by its key: the record, then the mail server where
+        `MAIL_DELIVERY_LOOKUP` names a way to ask it. Still unknown → ToolFailed UNKNOWN."""
+        delivery = MailDelivery.objects.filter(idempotency_key=context.idempotency_key).first()
+        if delivery is None:
+            raise ToolFailed(
+                "No delivery was started with this key.",
+                category=ErrorCategory.NOT_FOUND,
+                retryable=False,
+            )
+        if delivery.status in (MailDelivery.Status.SENDING, MailDelivery.Status.UNKNOWN):
+            accepted = (
+                import_string(settings.MAIL_DELIVERY_LOOKUP)(delivery.message_id)
+                if settings.MAIL_DELIVERY_LOOKUP
+                else None
+            )
+            if accepted is True:
+                delivery.status = MailDelivery.Status.SENT
+                delivery.save(update_fields=["status", "updated_at"])
+            elif accepted is False:
+                delivery.status = MailDelivery.Status.FAILED
+                delivery.save(update_fields=["status", "updated_at"])
+        return _settled(delivery)
+
+
 project_search = ProjectSearch()
 directory_lookup = DirectoryLookup()
+mail_send = MailSend()

@@ -65,3 +65,31 @@ class DirectoryRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.display_name} ({self.role} of {self.project})"
+
+
+class MailDelivery(models.Model):
+    """The mail tool's own record of one delivery, keyed by the host's idempotency key and
+    written before the mail server is contacted: a second call with the key never sends
+    again, and an interrupted delivery can be settled by the key."""
+
+    class Status(models.TextChoices):
+        SENDING = "sending"
+        SENT = "sent"
+        FAILED = "failed"
+        UNKNOWN = "unknown"
+
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    message_id = models.CharField(max_length=255, unique=True)
+    recipients = models.JSONField()
+    subject = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SENDING)
+    error = models.CharField(max_length=255, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "mail deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.message_id} ({self.status})"

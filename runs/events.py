@@ -195,7 +195,79 @@ def draft_created(run: Run, *, draft: dict[str, Any]) -> RunEvent:
     return _append(run, EventType.DRAFT_CREATED, {"draft": draft})
 
 
-def approval_required(run: Run, *, draft_hash: str, recipient: dict[str, Any]) -> RunEvent:
+def approval_required(
+    run: Run, *, action_id: str, draft_hash: str, recipient: dict[str, Any], expires_at: str
+) -> RunEvent:
     return _append(
-        run, EventType.APPROVAL_REQUIRED, {"draft_hash": draft_hash, "recipient": recipient}
+        run,
+        EventType.APPROVAL_REQUIRED,
+        {
+            "action_id": action_id,
+            "draft_hash": draft_hash,
+            "recipient": recipient,
+            "expires_at": expires_at,
+        },
+    )
+
+
+def approval_granted(run: Run, *, action_id: str, approver: str, payload_hash: str) -> RunEvent:
+    return _append(
+        run,
+        EventType.APPROVAL_GRANTED,
+        {"action_id": action_id, "approver": approver, "payload_hash": payload_hash},
+    )
+
+
+def approval_rejected(
+    run: Run, *, action_id: str, approver: str, payload_hash: str, comment: str
+) -> RunEvent:
+    return _append(
+        run,
+        EventType.APPROVAL_REJECTED,
+        {
+            "action_id": action_id,
+            "approver": approver,
+            "payload_hash": payload_hash,
+            "comment": comment,
+        },
+    )
+
+
+def approval_invalidated(run: Run, *, action_id: str, reasons: list[str]) -> RunEvent:
+    return _append(
+        run, EventType.APPROVAL_INVALIDATED, {"action_id": action_id, "reasons": reasons}
+    )
+
+
+def run_resumed(run: Run, *, action_id: str, checks: list[str]) -> RunEvent:
+    return _append(run, EventType.RUN_RESUMED, {"action_id": action_id, "checks": checks})
+
+
+def action_executing(run: Run, *, action_id: str, idempotency_key: str) -> RunEvent:
+    return _append(
+        run,
+        EventType.ACTION_EXECUTING,
+        {"action_id": action_id, "idempotency_key": idempotency_key},
+    )
+
+
+def action_succeeded(run: Run, *, action_id: str, external_id: str) -> RunEvent:
+    return _append(
+        run, EventType.ACTION_SUCCEEDED, {"action_id": action_id, "external_id": external_id}
+    )
+
+
+def action_failed(run: Run, *, action_id: str, category: str) -> RunEvent:
+    return _append(run, EventType.ACTION_FAILED, {"action_id": action_id, "category": category})
+
+
+def action_unknown(run: Run, *, action_id: str, category: str) -> RunEvent:
+    return _append(run, EventType.ACTION_UNKNOWN, {"action_id": action_id, "category": category})
+
+
+def action_reconciled(run: Run, *, action_id: str, outcome: str, external_id: str) -> RunEvent:
+    return _append(
+        run,
+        EventType.ACTION_RECONCILED,
+        {"action_id": action_id, "outcome": outcome, "external_id": external_id},
     )

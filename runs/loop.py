@@ -15,11 +15,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.services import action_freeze
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
 from runs import events
-from runs.capability import canonical_hash
 from runs.choices import RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
@@ -40,6 +40,8 @@ DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 EVIDENCE_USE = "summarize"
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
+# Nodes past the drafting loop: the approval services drive the run from there.
+HOST_NODES = frozenset({"approval", "send"})
 
 
 class ModelTemporarilyUnavailable(Exception):
@@ -418,7 +420,19 @@ def _final(run: Run, text: str) -> None:
 
 
 def _await_approval(run: Run, draft: dict[str, Any]) -> None:
-    """The drafting ends: the draft and the recipient the host resolved wait for a human."""
+    """The drafting ends: the draft and the recipient the host resolved (never the model) are
+    frozen into a Business Action that waits for a human."""
+    send_tool = next(
+        (
+            entry
+            for entry in run.capability["tools"]
+            if entry["name"] in _workflow(run).nodes["send"].tools
+        ),
+        None,
+    )
+    if send_tool is None:
+        _finish(run, status=RunStatus.REFUSED, reason_code="SEND_TOOL_NOT_AVAILABLE")
+        return
     recipient = run.state.get("recipient", {})
     payload = {
         "recipient_snapshot": recipient,
@@ -427,15 +441,30 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
         "skill_version": _skill(run)["version"] if _skill(run) else None,
         "tool_versions": {entry["name"]: entry["version"] for entry in run.capability["tools"]},
     }
+    action = action_freeze(
+        run=run,
+        kind=send_tool["name"],
+        payload=payload,
+        tool_version=versions_frozen(model=ToolVersion, ids=[send_tool["id"]])[send_tool["id"]],
+        skill_version=_skill_version(run),
+    )
     run.state["draft"] = draft
-    run.state["draft_hash"] = canonical_hash(payload)
-    _remember(run, draft={"run_id": str(run.pk), "draft_hash": run.state["draft_hash"]})
+    run.state["draft_hash"] = action.payload_hash
+    run.state["action_id"] = str(action.pk)
+    _remember(run, draft={"run_id": str(run.pk), "draft_hash": action.payload_hash})
     events.draft_created(run, draft=draft)
-    events.approval_required(run, draft_hash=run.state["draft_hash"], recipient=recipient)
+    events.approval_required(
+        run,
+        action_id=str(action.pk),
+        draft_hash=action.payload_hash,
+        recipient=recipient,
+        expires_at=action.expires_at.isoformat(),
+    )
     run.result = {
         "status": RunStatus.WAITING_APPROVAL,
         "output": draft,
         "recipient": recipient,
+        "action": {"id": str(action.pk), "payload_hash": action.payload_hash},
         "next_step": "An approver reviews the draft.",
     }
     _enter_node(run, "approval")
@@ -548,6 +577,8 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
         run = _locked_run(run_id, execution)
         execution.run = None
         if run is None or run.status not in (RunStatus.QUEUED, RunStatus.RUNNING):
+            return False
+        if run.state.get("node") in HOST_NODES:
             return False
         if run.cancel_requested_at is not None:
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")

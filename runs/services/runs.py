@@ -53,6 +53,7 @@ def run_finish(
     reason_code: str,
     output: dict | None = None,
     question: str = "",
+    actions: list[dict] | None = None,
     save: bool = True,
 ) -> Run:
     """End a locked run with the structured result every run ends with: status, reason code,
@@ -60,7 +61,7 @@ def run_finish(
     run.result = {
         "status": str(status),
         "reason_code": reason_code,
-        "actions": [],
+        "actions": actions or [],
         "sources": [
             {"reference": source.reference, "origin": source.origin}
             for source in run.sources.order_by("fetched_at")

@@ -165,6 +165,23 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
         python_handler(tool_version).authorize(context, arguments)
 
 
+def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
+    """The outcome of an earlier call with `context.idempotency_key`, from the tool itself.
+    Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it never started),
+    UNKNOWN (may_have_side_effect) when the outcome is still not known."""
+    handler = (
+        python_handler(tool_version) if tool_version.adapter_kind == AdapterKind.PYTHON else None
+    )
+    if handler is None or not hasattr(handler, "reconcile"):
+        raise ToolFailed(
+            f"{tool_version.qualified_name} cannot be asked about an earlier call.",
+            category=ErrorCategory.UNKNOWN,
+            retryable=False,
+            may_have_side_effect=True,
+        )
+    return handler.reconcile(context)
+
+
 def execute(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:

@@ -200,6 +200,52 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     return [known.get(call.call_id) or outcomes[call.call_id] for call in calls]
 
 
+def side_effect_admit(
+    *, run: Run, call: RequestedCall, node: Node, step: int
+) -> Admitted | ToolCall:
+    """Gates 1-5 for a side effect, with the run locked. Its ToolCall is saved now, in the
+    transaction that records the action as executing: the call and its idempotency key are
+    durable before anything is done. Run it with `side_effect_run`, outside any transaction,
+    and record it with `side_effect_record`."""
+    entry = next(
+        (tool for tool in run.capability.get("tools", []) if tool["name"] == call.name), None
+    )
+    tool_version = (
+        versions_frozen(model=ToolVersion, ids=[entry["id"]]).get(entry["id"]) if entry else None
+    )
+    outcome = _admit(
+        run=run,
+        call=call,
+        node=node,
+        step=step,
+        entry=entry,
+        tool_version=tool_version,
+        revoked=bool(entry)
+        and entry["id"] in version_ids_revoked(model=ToolVersion, ids=[entry["id"]]),
+        authorised={},
+    )
+    record = outcome.record if isinstance(outcome, Admitted) else outcome
+    record.save(force_insert=True)
+    return outcome
+
+
+def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, int]:
+    """Gate 6 for a side effect: under its limits, without retrying what may have happened."""
+    return _run_with_retries(admitted)
+
+
+def side_effect_record(
+    run: Run, admitted: Admitted, outcome: ToolOutput | ToolFailed, attempts: int, duration_ms: int
+) -> ToolCall:
+    """Gate 7 with the run locked again: the envelope, the evidence and the events."""
+    step_calls = StepCalls()
+    _record(run, admitted, outcome, attempts, duration_ms, step_calls)
+    record = admitted.record
+    record.save(update_fields=["status", "error_category", "envelope", "attempts", "duration_ms"])
+    Source.objects.bulk_create(step_calls.sources)
+    return record
+
+
 def _attempt(admitted: Admitted) -> ToolOutput:
     tool_version = admitted.tool_version
     limits.check_circuit(tool_version)

@@ -1,0 +1,60 @@
+from rest_framework import serializers
+
+from approvals.choices import Decision
+from approvals.models import ApprovalDecision, BusinessAction
+
+
+class DecisionSerializer(serializers.ModelSerializer):
+    approver = serializers.CharField(source="approver.get_username", read_only=True)
+
+    class Meta:
+        model = ApprovalDecision
+        fields = ["decision", "approver", "payload_hash", "comment", "created_at"]
+        read_only_fields = fields
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    """A Business Action as an approver sees it: exactly the frozen payload and its hash."""
+
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    requester = serializers.CharField(source="requester.get_username", read_only=True)
+    skill = serializers.SerializerMethodField()
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = BusinessAction
+        fields = [
+            "id",
+            "run",
+            "tenant",
+            "requester",
+            "kind",
+            "risk",
+            "status",
+            "status_reason",
+            "skill",
+            "payload",
+            "payload_hash",
+            "idempotency_key",
+            "external_id",
+            "created_at",
+            "expires_at",
+            "decided_at",
+            "finished_at",
+            "decision",
+        ]
+        read_only_fields = fields
+
+    def get_skill(self, action: BusinessAction) -> str | None:
+        version = action.skill_version
+        return version.qualified_name if version else None
+
+    def get_decision(self, action: BusinessAction) -> dict | None:
+        decision = getattr(action, "decision", None)
+        return DecisionSerializer(decision).data if decision else None
+
+
+class DecisionRequestSerializer(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=Decision.choices)
+    payload_hash = serializers.RegexField(r"^[0-9a-f]{64}$")
+    comment = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")

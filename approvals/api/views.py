@@ -1,0 +1,53 @@
+from uuid import UUID
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from approvals import selectors, services
+from approvals.api.filters import ApprovalFilter
+from approvals.api.serializers import ApprovalSerializer, DecisionRequestSerializer
+from approvals.errors import NotFound
+from approvals.models import BusinessAction
+
+
+@extend_schema(tags=["approvals"])
+class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Business Actions of the token's tenant that the caller may decide."""
+
+    serializer_class = ApprovalSerializer
+    filterset_class = ApprovalFilter
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[BusinessAction]:
+        if getattr(self, "swagger_fake_view", False):
+            return BusinessAction.objects.none()
+        return selectors.actions_for_approver(
+            user=self.request.user, tenant=self.request.auth.tenant
+        )
+
+    def get_object(self) -> BusinessAction:
+        try:
+            UUID(self.kwargs["pk"])
+        except ValueError as error:
+            raise NotFound("No such approval.") from error
+        return super().get_object()
+
+    @extend_schema(
+        summary="Approve or reject the frozen payload with the hash you reviewed.",
+        request=DecisionRequestSerializer,
+        responses={200: ApprovalSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def decision(self, request: Request, pk: str) -> Response:
+        action = self.get_object()
+        data = DecisionRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        decided = services.approval_decide(
+            action_id=action.pk, approver=request.user, **data.validated_data
+        )
+        action = self.get_queryset().get(pk=decided.action.pk)
+        return Response(ApprovalSerializer(action).data)

@@ -1,0 +1,50 @@
+"""The lifecycle of a Business Action (DESIGN.md): a side effect from proposal to a verified
+terminal state. Statuses move only along `ACTION_TRANSITIONS`, through `approvals.services`."""
+
+from django.db import models
+
+
+class ActionStatus(models.TextChoices):
+    PROPOSED = "proposed"
+    FROZEN = "frozen"
+    WAITING_APPROVAL = "waiting_approval"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    INVALIDATED = "invalidated"
+    EXECUTING = "executing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
+    ActionStatus.PROPOSED: frozenset({ActionStatus.FROZEN}),
+    ActionStatus.FROZEN: frozenset({ActionStatus.WAITING_APPROVAL}),
+    ActionStatus.WAITING_APPROVAL: frozenset(
+        {
+            ActionStatus.APPROVED,
+            ActionStatus.REJECTED,
+            ActionStatus.EXPIRED,
+            ActionStatus.INVALIDATED,
+        }
+    ),
+    ActionStatus.APPROVED: frozenset({ActionStatus.EXECUTING, ActionStatus.INVALIDATED}),
+    ActionStatus.EXECUTING: frozenset(
+        {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
+    ),
+    # Reconciliation settles an unknown outcome by the idempotency key.
+    ActionStatus.UNKNOWN: frozenset({ActionStatus.SUCCEEDED, ActionStatus.FAILED}),
+    ActionStatus.REJECTED: frozenset(),
+    ActionStatus.EXPIRED: frozenset(),
+    ActionStatus.INVALIDATED: frozenset(),
+    ActionStatus.SUCCEEDED: frozenset(),
+    ActionStatus.FAILED: frozenset(),
+}
+
+DECIDABLE_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL})
+
+
+class Decision(models.TextChoices):
+    APPROVE = "approve", "Approve"
+    REJECT = "reject", "Reject"

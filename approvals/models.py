@@ -1,0 +1,97 @@
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from approvals.choices import ActionStatus, Decision
+from approvals.errors import ActionFrozen
+
+# What the freeze fixed: never written again after the action is created.
+FROZEN_FIELDS = frozenset({"payload", "payload_hash", "idempotency_key", "run", "kind"})
+
+
+class BusinessAction(models.Model):
+    """A side effect of a run, frozen as RFC 8785 canonical JSON with its sha256, waiting for a
+    human, then executed once under `idempotency_key` (`run_id:kind:payload_hash`)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        "registry.Tenant", on_delete=models.PROTECT, related_name="business_actions"
+    )
+    run = models.OneToOneField("runs.Run", on_delete=models.PROTECT, related_name="action")
+    requester = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_actions"
+    )
+    kind = models.CharField(max_length=64, help_text="The tool that performs it, e.g. mail_send.")
+    risk = models.CharField(max_length=32)
+    status = models.CharField(
+        max_length=24, choices=ActionStatus.choices, default=ActionStatus.PROPOSED
+    )
+    status_reason = models.CharField(max_length=64, blank=True)
+    payload = models.JSONField(help_text="The frozen payload: exactly what will be done.")
+    payload_hash = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=200, unique=True)
+    tool_version = models.ForeignKey(
+        "registry.ToolVersion", on_delete=models.PROTECT, related_name="actions"
+    )
+    skill_version = models.ForeignKey(
+        "registry.SkillVersion",
+        on_delete=models.PROTECT,
+        related_name="actions",
+        null=True,
+        blank=True,
+    )
+    policy = models.JSONField(help_text="The approval policy of the run's snapshot.")
+    expires_at = models.DateTimeField()
+    external_id = models.CharField(max_length=255, blank=True, help_text="E.g. the message id.")
+    outcome = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    executed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    reconciled_at = models.DateTimeField(null=True, blank=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(payload_hash__regex=r"^[0-9a-f]{64}$"),
+                name="action_payload_hash_sha256",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} for run {self.run_id} ({self.status})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            update_fields = kwargs.get("update_fields")
+            if update_fields is None or FROZEN_FIELDS & set(update_fields):
+                raise ActionFrozen("A business action's frozen payload is never changed.")
+        super().save(*args, **kwargs)
+
+
+class ApprovalDecision(models.Model):
+    """The one decision on an action: who decided, what, and on which payload hash."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    action = models.OneToOneField(BusinessAction, on_delete=models.PROTECT, related_name="decision")
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approval_decisions"
+    )
+    decision = models.CharField(max_length=8, choices=Decision.choices)
+    payload_hash = models.CharField(max_length=64)
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.decision} by {self.approver} on {self.action_id}"

@@ -1,0 +1,35 @@
+"""Reads of Business Actions with the approver's scope applied in one place."""
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Case, IntegerField, QuerySet, Value, When
+
+from approvals.choices import ActionStatus
+from approvals.models import BusinessAction
+from registry.choices import Action
+from registry.models import Tenant
+from registry.selectors import tenants_where_user_can
+
+
+def actions_for_approver(
+    *, user: AbstractBaseUser, tenant: Tenant | None = None
+) -> QuerySet[BusinessAction]:
+    """The actions in the tenants where `user` may decide approvals (one tenant if given),
+    waiting ones first, oldest first among them; anything else is "not found"."""
+    actions = BusinessAction.objects.all()
+    if not user.is_superuser:
+        actions = actions.filter(
+            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
+        )
+    if tenant is not None:
+        actions = actions.filter(tenant=tenant)
+    return (
+        actions.select_related("tenant", "requester", "run", "skill_version__skill", "decision")
+        .annotate(
+            waiting=Case(
+                When(status=ActionStatus.WAITING_APPROVAL, then=Value(0)),
+                default=Value(1),
+                output_field=IntegerField(),
+            )
+        )
+        .order_by("waiting", "created_at")
+    )

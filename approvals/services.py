@@ -1,0 +1,527 @@
+"""Business Actions: freeze a run's side effect, let a human decide it, re-validate on resume,
+execute it exactly once under its idempotency key, and settle an unknown outcome by that key.
+
+Lock order, everywhere: the run's row, then the action's. A side effect runs outside any
+transaction: the action is `executing` and its ToolCall saved (committed) before the tool is
+called, so a crash leaves a record that says "this may have happened" and nothing is sent
+twice.
+"""
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import tasks
+from approvals.choices import ACTION_TRANSITIONS, ActionStatus, Decision
+from approvals.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    InvalidActionTransition,
+    NotFound,
+    PayloadHashMismatch,
+    SelfApprovalForbidden,
+)
+from approvals.models import ApprovalDecision, BusinessAction
+from examples.models import DirectoryRecord
+from registry.choices import Action, VersionStatus
+from registry.models import Policy, SkillVersion, ToolVersion
+from registry.selectors import user_can, user_roles, versions_frozen
+from runs import events
+from runs.capability import canonical_hash
+from runs.choices import RunStatus
+from runs.model_clients.base import ToolCall as RequestedCall
+from runs.models import Run, ToolCall
+from runs.services.runs import run_finish, run_transition
+from runs.tools import adapters, executor
+from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput
+from runs.tools.envelope import ErrorCategory
+from runs.workflows import WORKFLOWS
+
+USABLE_VERSION_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
+SEND_NODE = "send"
+# Seconds before an unknown outcome is first reconciled.
+RECONCILE_AFTER = 5
+
+
+def _transition(action: BusinessAction, status: ActionStatus, *, reason: str = "") -> None:
+    if status not in ACTION_TRANSITIONS[action.status]:
+        raise InvalidActionTransition(
+            f"A {action.status} action cannot become {status}.",
+            details={"from": action.status, "to": status},
+        )
+    action.status = status
+    action.status_reason = reason
+    now = timezone.now()
+    fields = ["status", "status_reason", "updated_at"]
+    stamp = {
+        ActionStatus.APPROVED: "decided_at",
+        ActionStatus.REJECTED: "decided_at",
+        ActionStatus.EXECUTING: "executed_at",
+    }.get(status)
+    if status in (ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.EXPIRED):
+        stamp = "finished_at"
+    if stamp:
+        setattr(action, stamp, now)
+        fields.append(stamp)
+    if not action._state.adding:
+        action.save(update_fields=fields)
+
+
+def action_freeze(
+    *,
+    run: Run,
+    kind: str,
+    payload: dict[str, Any],
+    tool_version: ToolVersion,
+    skill_version: SkillVersion | None,
+) -> BusinessAction:
+    """Freeze the side effect a locked run proposes: canonical JSON (RFC 8785), its sha256,
+    the key `run_id:kind:payload_hash`, the snapshot's approval policy and the expiry; the
+    action waits for a human from here."""
+    payload_hash = canonical_hash(payload)
+    policy = run.capability["approval_policy"]
+    action = BusinessAction(
+        tenant=run.tenant,
+        run=run,
+        requester=run.actor,
+        kind=kind,
+        risk=tool_version.risk,
+        payload=payload,
+        payload_hash=payload_hash,
+        idempotency_key=f"{run.pk}:{kind}:{payload_hash}",
+        tool_version=tool_version,
+        skill_version=skill_version,
+        policy=policy,
+        expires_at=timezone.now() + timedelta(seconds=policy["approval_ttl_seconds"]),
+    )
+    _transition(action, ActionStatus.FROZEN)
+    _transition(action, ActionStatus.WAITING_APPROVAL)
+    action.save(force_insert=True)
+    return action
+
+
+def _locked(action_id: Any) -> tuple[Run, BusinessAction] | None:
+    """The run, then the action, locked in that order."""
+    run_id = BusinessAction.objects.filter(pk=action_id).values_list("run_id", flat=True).first()
+    if run_id is None:
+        return None
+    run = (
+        Run.objects.select_for_update(of=("self",)).select_related("tenant", "actor").get(pk=run_id)
+    )
+    action = BusinessAction.objects.select_for_update().get(pk=action_id)
+    action.run = run
+    return run, action
+
+
+def _finish_run(run: Run, **result: Any) -> None:
+    run_finish(run=run, **result)
+
+
+def _expire(run: Run, action: BusinessAction) -> None:
+    _transition(action, ActionStatus.EXPIRED, reason="APPROVAL_EXPIRED")
+    events.approval_invalidated(run, action_id=str(action.pk), reasons=["APPROVAL_EXPIRED"])
+    _finish_run(
+        run,
+        status=RunStatus.CANCELLED,
+        reason_code="APPROVAL_EXPIRED",
+        output={"action_id": str(action.pk)},
+    )
+
+
+def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
+    if not user_can(user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant):
+        return False
+    if approver.is_superuser:
+        return True
+    return bool(
+        set(user_roles(user=approver, tenant=action.tenant)) & set(action.policy["approver_roles"])
+    )
+
+
+@dataclass(frozen=True)
+class Decided:
+    action: BusinessAction
+    decision: ApprovalDecision
+
+
+def approval_decide(
+    *,
+    action_id: Any,
+    approver: AbstractBaseUser,
+    decision: Decision | str,
+    payload_hash: str,
+    comment: str = "",
+) -> Decided:
+    """Decide a waiting action. The approver holds an approver role of the policy in the
+    action's tenant (anyone else: not found); the requester may not decide their own unless
+    the policy allows it; the decision binds the run, the payload hash the approver saw and
+    the approver. One decision per action: the rows are locked, and the decision's one-to-one
+    key refuses a second writer. An approval starts the resume task after commit."""
+    expired = False
+    with transaction.atomic():
+        locked = _locked(action_id)
+        if locked is None or not _may_decide(locked[1], approver):
+            raise NotFound("No such approval.", details={"id": str(action_id)})
+        run, action = locked
+        if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
+            raise SelfApprovalForbidden("You may not decide an action you requested.")
+        if action.status != ActionStatus.WAITING_APPROVAL:
+            raise AlreadyDecided(
+                "This action was already decided.", details={"status": action.status}
+            )
+        if payload_hash != action.payload_hash:
+            raise PayloadHashMismatch(
+                "The payload changed since you saw it; review it again.",
+                details={"payload_hash": action.payload_hash},
+            )
+        if timezone.now() >= action.expires_at:
+            _expire(run, action)
+            expired = True
+        else:
+            record = ApprovalDecision.objects.create(
+                action=action,
+                approver=approver,
+                decision=decision,
+                payload_hash=payload_hash,
+                comment=comment,
+            )
+            if decision == Decision.APPROVE:
+                _transition(action, ActionStatus.APPROVED)
+                events.approval_granted(
+                    run,
+                    action_id=str(action.pk),
+                    approver=approver.get_username(),
+                    payload_hash=payload_hash,
+                )
+                run.save(update_fields=["last_event_seq", "updated_at"])
+                transaction.on_commit(lambda: _resume_later(action.pk))
+            else:
+                _transition(action, ActionStatus.REJECTED, reason="REJECTED_BY_APPROVER")
+                events.approval_rejected(
+                    run,
+                    action_id=str(action.pk),
+                    approver=approver.get_username(),
+                    payload_hash=payload_hash,
+                    comment=comment,
+                )
+                _finish_run(
+                    run,
+                    status=RunStatus.CANCELLED,
+                    reason_code="APPROVAL_REJECTED",
+                    output={"action_id": str(action.pk), "comment": comment},
+                )
+    if expired:
+        raise ApprovalExpired(
+            "This approval expired; the run ended without sending.",
+            details={"expires_at": action.expires_at.isoformat()},
+        )
+    return Decided(action=action, decision=record)
+
+
+def _resume_later(action_id: Any) -> None:
+    tasks.action_resume.delay(action_id=str(action_id))
+
+
+def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
+    """What changed since the approval (seed 000, step 14); empty when nothing did."""
+    problems = []
+    decision = action.decision
+    approver = decision.approver
+    policy = Policy.objects.filter(agent_configs__runs=run).first()
+    if policy is None:
+        problems.append("POLICY_REMOVED")
+    else:
+        if approver.pk == action.requester_id and not policy.allow_self_approval:
+            problems.append("SELF_APPROVAL_NOT_ALLOWED")
+        roles = set(user_roles(user=approver, tenant=action.tenant))
+        if not approver.is_active or not (
+            approver.is_superuser or roles & set(policy.approver_roles)
+        ):
+            problems.append("APPROVER_NO_LONGER_AUTHORISED")
+    requester = get_user_model().objects.filter(pk=action.requester_id).first()
+    if requester is None or not user_can(
+        user=requester, action=Action.RUN_CREATE, tenant=action.tenant
+    ):
+        problems.append("REQUESTER_NO_LONGER_AUTHORISED")
+    if (
+        canonical_hash(action.payload) != action.payload_hash
+        or decision.payload_hash != action.payload_hash
+    ):
+        problems.append("PAYLOAD_HASH_CHANGED")
+    recipient = action.payload.get("recipient_snapshot") or {}
+    record = DirectoryRecord.objects.filter(
+        project__tenant=action.tenant,
+        project__key=run.state.get("inputs", {}).get("project_id"),
+        record_id=recipient.get("record_id"),
+    ).first()
+    if (
+        record is None
+        or not record.is_active
+        or record.version != recipient.get("record_version")
+        or record.corporate_email != recipient.get("corporate_email")
+    ):
+        problems.append("DIRECTORY_RECORD_CHANGED")
+    if (
+        action.skill_version_id
+        and not SkillVersion.objects.filter(
+            pk=action.skill_version_id, status__in=USABLE_VERSION_STATUSES
+        ).exists()
+    ):
+        problems.append("SKILL_VERSION_NOT_AVAILABLE")
+    pinned = {entry["id"] for entry in run.capability.get("tools", [])}
+    usable = set(
+        str(pk)
+        for pk in ToolVersion.objects.filter(pk__in=pinned, status__in=USABLE_VERSION_STATUSES)
+        .order_by()
+        .values_list("pk", flat=True)
+    )
+    if pinned - usable:
+        problems.append("TOOL_VERSION_NOT_AVAILABLE")
+    return problems
+
+
+def _send_call(action: BusinessAction) -> RequestedCall:
+    """The call comes from the frozen payload, never from a model turn."""
+    payload = action.payload
+    return RequestedCall(
+        call_id=f"{action.kind}:{action.payload_hash}",
+        name=action.kind,
+        arguments={
+            "to": [payload["recipient_snapshot"]["corporate_email"]],
+            "subject": payload["subject"],
+            "body": payload["body"],
+            "approved_draft_hash": action.payload_hash,
+        },
+    )
+
+
+def _send_node(run: Run):
+    workflow = WORKFLOWS[run.state["workflow"]]
+    return workflow.nodes[SEND_NODE]
+
+
+def _action_summary(action: BusinessAction) -> dict[str, Any]:
+    return {
+        "id": str(action.pk),
+        "kind": action.kind,
+        "status": action.status,
+        "external_id": action.external_id,
+        "idempotency_key": action.idempotency_key,
+    }
+
+
+def _succeed(run: Run, action: BusinessAction, output: ToolOutput, *, reconciled: bool) -> None:
+    action.external_id = str((output.normalized or {}).get("message_id", ""))[:255]
+    action.outcome = {"raw": output.raw}
+    action.save(update_fields=["external_id", "outcome", "updated_at"])
+    _transition(action, ActionStatus.SUCCEEDED)
+    if reconciled:
+        action.reconciled_at = timezone.now()
+        action.save(update_fields=["reconciled_at"])
+        events.action_reconciled(
+            run, action_id=str(action.pk), outcome="succeeded", external_id=action.external_id
+        )
+    events.action_succeeded(run, action_id=str(action.pk), external_id=action.external_id)
+    recipient = action.payload["recipient_snapshot"]
+    _finish_run(
+        run,
+        status=RunStatus.COMPLETED,
+        reason_code="SENT",
+        output={
+            "recipient": {
+                "display_name": recipient["display_name"],
+                "corporate_email": recipient["corporate_email"],
+            },
+            "message_id": action.external_id,
+        },
+        actions=[_action_summary(action)],
+    )
+
+
+def _fail(run: Run, action: BusinessAction, failure: ToolFailed, *, reconciled: bool) -> None:
+    action.outcome = {"error": {"category": failure.category, "message": str(failure)}}
+    action.save(update_fields=["outcome", "updated_at"])
+    _transition(action, ActionStatus.FAILED, reason=failure.category)
+    if reconciled:
+        action.reconciled_at = timezone.now()
+        action.save(update_fields=["reconciled_at"])
+        events.action_reconciled(run, action_id=str(action.pk), outcome="failed", external_id="")
+    events.action_failed(run, action_id=str(action.pk), category=failure.category)
+    _finish_run(
+        run,
+        status=RunStatus.FAILED_FINAL,
+        reason_code="ACTION_FAILED",
+        output={"error": action.outcome["error"]},
+        actions=[_action_summary(action)],
+    )
+
+
+def _context(run: Run, action: BusinessAction, call: RequestedCall) -> ToolContext:
+    return ToolContext(
+        run_id=str(run.pk),
+        call_id=call.call_id,
+        tenant=run.tenant,
+        actor=run.actor,
+        idempotency_key=action.idempotency_key,
+    )
+
+
+def action_execute(*, action_id: Any) -> None:
+    """Resume an approved action: re-validate, record that it is executing, execute it once
+    outside any transaction, record the outcome. Safe to call again at any point: an action
+    already executing is settled by its key (`action_reconcile`), never executed again."""
+    with transaction.atomic():
+        locked = _locked(action_id)
+        if locked is None:
+            return
+        run, action = locked
+        if action.status in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
+            transaction.on_commit(lambda: _reconcile_later(action.pk))
+            return
+        if action.status != ActionStatus.APPROVED:
+            return
+        problems = _revalidation_problems(run, action)
+        if problems:
+            _transition(action, ActionStatus.INVALIDATED, reason=problems[0])
+            events.approval_invalidated(run, action_id=str(action.pk), reasons=problems)
+            _finish_run(
+                run,
+                status=RunStatus.FAILED_FINAL,
+                reason_code="APPROVAL_INVALIDATED",
+                output={"reasons": problems},
+            )
+            return
+        events.run_resumed(
+            run,
+            action_id=str(action.pk),
+            checks=["approver", "requester", "policy", "directory_record", "versions", "hash"],
+        )
+        run.state = {**run.state, "node": SEND_NODE, "phase": "action"}
+        run_transition(run=run, status=RunStatus.RUNNING)
+        call = _send_call(action)
+        admitted = executor.side_effect_admit(
+            run=run, call=call, node=_send_node(run), step=run.steps
+        )
+        if not isinstance(admitted, executor.Admitted):
+            _transition(action, ActionStatus.EXECUTING)
+            failure = ToolFailed(
+                admitted.envelope.get("error", {}).get("message", "Refused."),
+                category=admitted.error_category,
+                retryable=False,
+            )
+            _fail(run, action, failure, reconciled=False)
+            run.save(update_fields=["state", "tool_call_count"])
+            return
+        _transition(action, ActionStatus.EXECUTING)
+        events.action_executing(
+            run, action_id=str(action.pk), idempotency_key=action.idempotency_key
+        )
+        run.save(update_fields=["state", "tool_call_count", "last_event_seq", "updated_at"])
+    admitted.context = _context(run, action, call)
+    _run_and_record(action_id, admitted)
+
+
+def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
+    """Execute an action's call outside any transaction, then record what came back."""
+    outcome, attempts, duration_ms = executor.side_effect_run(admitted)
+    with transaction.atomic():
+        run, action = _locked(action_id)
+        if action.status != ActionStatus.EXECUTING:
+            return
+        admitted.record = ToolCall.objects.get(pk=admitted.record.pk)
+        executor.side_effect_record(run, admitted, outcome, attempts, duration_ms)
+        if isinstance(outcome, ToolOutput):
+            _succeed(run, action, outcome, reconciled=False)
+        elif outcome.may_have_side_effect:
+            _transition(action, ActionStatus.UNKNOWN, reason=outcome.category)
+            events.action_unknown(run, action_id=str(action.pk), category=outcome.category)
+            run.save(update_fields=["last_event_seq", "updated_at"])
+            transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
+        else:
+            _fail(run, action, outcome, reconciled=False)
+
+
+def _reconcile_later(action_id: Any, countdown: float = 0) -> None:
+    tasks.action_reconcile.apply_async(kwargs={"action_id": str(action_id)}, countdown=countdown)
+
+
+def action_reconcile(*, action_id: Any) -> str:
+    """Settle an action whose outcome is not known (`unknown`, or `executing` after a crash)
+    by its idempotency key. A tool with no record of the key never started: the call runs
+    now. A tool that knows the outcome settles it. Otherwise it stays unknown, for a later
+    attempt or a person; it is never executed again. Returns the action's status."""
+    with transaction.atomic():
+        locked = _locked(action_id)
+        if locked is None:
+            return ""
+        run, action = locked
+        if action.status not in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
+            return action.status
+        call = _send_call(action)
+        tool_version = versions_frozen(model=ToolVersion, ids=[action.tool_version_id])[
+            str(action.tool_version_id)
+        ]
+        context = _context(run, action, call)
+        try:
+            output = adapters.reconcile(tool_version, context)
+        except ToolFailed as failure:
+            never_started = failure.category == ErrorCategory.NOT_FOUND
+            if never_started and action.status == ActionStatus.EXECUTING:
+                record = ToolCall.objects.get(run=run, call_id=call.call_id)
+            elif failure.may_have_side_effect:
+                if action.status == ActionStatus.EXECUTING:
+                    _transition(action, ActionStatus.UNKNOWN, reason=failure.category)
+                    events.action_unknown(run, action_id=str(action.pk), category=failure.category)
+                    run.save(update_fields=["last_event_seq", "updated_at"])
+                return action.status
+            else:
+                _fail(run, action, failure, reconciled=True)
+                return action.status
+        else:
+            _succeed(run, action, output, reconciled=True)
+            return action.status
+    _run_and_record(
+        action_id,
+        executor.Admitted(
+            record=record, tool_version=tool_version, context=context, arguments=call.arguments
+        ),
+    )
+    return BusinessAction.objects.get(pk=action_id).status
+
+
+def actions_expire() -> int:
+    """End the waiting actions whose approval expired; returns how many."""
+    expired = 0
+    due = BusinessAction.objects.filter(
+        status=ActionStatus.WAITING_APPROVAL, expires_at__lte=timezone.now()
+    ).values_list("pk", flat=True)[:500]
+    for action_id in list(due):
+        with transaction.atomic():
+            locked = _locked(action_id)
+            if locked and locked[1].status == ActionStatus.WAITING_APPROVAL:
+                _expire(*locked)
+                expired += 1
+    return expired
+
+
+# An approved or executing action untouched this long lost its task.
+STALLED_AFTER = timedelta(minutes=5)
+
+
+def actions_resume_stalled() -> int:
+    """Send the resume task again for approved or executing actions idle past
+    `STALLED_AFTER` (a lost task, a dead worker); returns how many."""
+    stalled = list(
+        BusinessAction.objects.filter(
+            status__in=[ActionStatus.APPROVED, ActionStatus.EXECUTING],
+            updated_at__lt=timezone.now() - STALLED_AFTER,
+        ).values_list("pk", flat=True)[:500]
+    )
+    for action_id in stalled:
+        tasks.action_resume.delay(action_id=str(action_id))
+    return len(stalled)

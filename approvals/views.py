@@ -1,0 +1,77 @@
+"""The approval queue: server-rendered pages for approvers, through the same services as the
+API."""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from approvals import selectors, services
+from approvals.choices import ActionStatus
+from approvals.errors import NotFound
+from approvals.forms import DecisionForm, QueueFilterForm
+from approvals.models import BusinessAction
+from config.errors import ApplicationError
+
+PAGE_SIZE = 50
+
+
+def _action_or_404(request: HttpRequest, action_id) -> BusinessAction:
+    action = selectors.actions_for_approver(user=request.user).filter(pk=action_id).first()
+    if action is None:
+        raise Http404("No such approval.")
+    return action
+
+
+@method_decorator(login_required, name="dispatch")
+class QueueView(View):
+    """Waiting actions first (oldest first), then the decided ones; filter by tenant."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        actions = selectors.actions_for_approver(user=request.user)
+        tenants = sorted({action.tenant.slug for action in actions.select_related("tenant")})
+        filters = QueueFilterForm(request.GET)
+        filters.is_valid()
+        if tenant := filters.cleaned_data.get("tenant"):
+            actions = actions.filter(tenant__slug=tenant)
+        if filters.cleaned_data.get("status") == "pending":
+            actions = actions.filter(status=ActionStatus.WAITING_APPROVAL)
+        page = Paginator(actions, PAGE_SIZE).get_page(request.GET.get("page"))
+        return render(
+            request,
+            "approvals/queue.html",
+            {"page": page, "tenants": tenants, "filters": filters.cleaned_data},
+        )
+
+
+@method_decorator(login_required, name="dispatch")
+class ActionView(View):
+    """Exactly what will be done: recipient, subject, body, versions and hash; the form
+    posts the hash it showed."""
+
+    def get(self, request: HttpRequest, action_id) -> HttpResponse:
+        action = _action_or_404(request, action_id)
+        return render(request, "approvals/action.html", {"action": action})
+
+    def post(self, request: HttpRequest, action_id) -> HttpResponse:
+        action = _action_or_404(request, action_id)
+        form = DecisionForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "The decision was incomplete; nothing was recorded.")
+            return redirect("approvals:action", action_id=action.pk)
+        try:
+            services.approval_decide(
+                action_id=action.pk, approver=request.user, **form.cleaned_data
+            )
+        except NotFound as error:
+            raise Http404(str(error)) from error
+        except ApplicationError as error:
+            messages.error(request, error.message)
+            return render(
+                request, "approvals/action.html", {"action": action}, status=error.http_status
+            )
+        messages.success(request, f"Recorded: {form.cleaned_data['decision']}.")
+        return redirect("approvals:action", action_id=action.pk)

@@ -1,0 +1,291 @@
+"""Business Actions through the services: freeze, decide, re-validate on resume, execute once
+through a real SMTP server, settle an unknown outcome by the key."""
+
+import pytest
+
+from approvals import services
+from approvals.choices import ActionStatus, Decision
+from approvals.errors import (
+    AlreadyDecided,
+    ApprovalExpired,
+    NotFound,
+    PayloadHashMismatch,
+    SelfApprovalForbidden,
+)
+from approvals.models import ApprovalDecision, BusinessAction
+from examples.models import DirectoryRecord, MailDelivery
+from registry.choices import Role
+from registry.models import SkillVersion, Tenant
+from registry.services.skills import skill_version_revoke
+from registry.services.tenancy import membership_add
+from runs.capability import canonical_hash
+from runs.models import Run, ToolCall
+from tests.approvals.conftest import approver_in, waiting_run
+from tests.runs.conftest import event_types, events_of
+
+INGRESS = ["message.received", "message.normalized", "session.loaded", "capability.resolved"]
+DRAFTING = [
+    *INGRESS,
+    "route.selected",
+    "skill.activated",
+    "tools.assembled",
+    "tool.requested",
+    "tool.completed",
+    "tools.assembled",
+    "context.built",
+    "model.requested",
+    "model.responded",
+    "tool.requested",
+    "tool.completed",
+    "context.built",
+    "model.requested",
+    "model.responded",
+    "draft.created",
+    "approval.required",
+    "tools.assembled",
+]
+SENDING = [
+    "approval.granted",
+    "run.resumed",
+    "tool.requested",
+    "action.executing",
+    "tool.completed",
+    "action.succeeded",
+    "run.finished",
+]
+
+
+def approve(action, approver, **overrides):
+    return services.approval_decide(
+        action_id=action.pk,
+        approver=approver,
+        decision=overrides.pop("decision", Decision.APPROVE),
+        payload_hash=overrides.pop("payload_hash", action.payload_hash),
+        **overrides,
+    )
+
+
+def test_the_running_example_sends_one_mail_to_the_directory_address(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+
+    # the frozen payload: the host's recipient, the model's subject and body, the versions
+    assert action.status == ActionStatus.WAITING_APPROVAL
+    assert action.payload["recipient_snapshot"]["corporate_email"] == "li.wei@acme.example"
+    assert action.payload["recipient_snapshot"]["record_version"] == 3
+    assert action.payload["skill_version"] == "3.2.0"
+    assert action.payload["tool_versions"]["mail_send"] == "1.0.0"
+    assert action.payload_hash == canonical_hash(action.payload)
+    assert action.idempotency_key == f"{run.pk}:mail_send:{action.payload_hash}"
+    assert run.result["action"] == {"id": str(action.pk), "payload_hash": action.payload_hash}
+    assert events_of(run, "approval.required")[0]["draft_hash"] == action.payload_hash
+    assert smtp_server.messages == []
+
+    approve(action, bob, comment="Looks right.")
+    services.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=run.pk)
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert run.status == "COMPLETED"
+    assert run.reason_code == "SENT"
+    assert [message["To"] for message in smtp_server.messages] == ["li.wei@acme.example"]
+    sent = smtp_server.messages[0]
+    assert sent["Subject"] == action.payload["subject"]
+    assert sent["Message-ID"] == action.external_id
+    assert "".join(sent["X-Approved-Draft-Hash"].split()) == action.payload_hash
+    assert action.status == ActionStatus.SUCCEEDED
+    assert run.result["output"]["message_id"] == action.external_id
+    assert run.result["output"]["recipient"]["corporate_email"] == "li.wei@acme.example"
+    assert run.result["actions"][0]["external_id"] == action.external_id
+    assert event_types(run) == [*DRAFTING, *SENDING]
+    granted = events_of(run, "approval.granted")[0]
+    assert granted == {
+        "action_id": str(action.pk),
+        "approver": "bob",
+        "payload_hash": action.payload_hash,
+    }
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert call.arguments["to"] == ["li.wei@acme.example"]
+    assert call.status == "completed"
+
+    # a second resume (a redelivered task) sends nothing more
+    services.action_execute(action_id=action.pk)
+    assert len(smtp_server.messages) == 1
+
+
+def test_a_stale_hash_is_refused_and_nothing_is_sent(demo, bob, smtp_server):
+    _run, action = waiting_run(demo)
+
+    with pytest.raises(PayloadHashMismatch):
+        approve(action, bob, payload_hash="0" * 64)
+
+    action.refresh_from_db()
+    assert action.status == ActionStatus.WAITING_APPROVAL
+    assert not ApprovalDecision.objects.exists()
+    assert smtp_server.messages == []
+
+
+def test_the_requester_may_not_approve_their_own_action(demo, smtp_server):
+    _run, action = waiting_run(demo)
+    membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
+
+    with pytest.raises(SelfApprovalForbidden):
+        approve(action, demo.alice)
+
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+
+
+def test_an_approver_of_another_tenant_does_not_find_the_action(demo, smtp_server):
+    _run, action = waiting_run(demo)
+    outsider = approver_in(Tenant.objects.get(slug="globex"))
+
+    with pytest.raises(NotFound):
+        approve(action, outsider)
+    with pytest.raises(NotFound):
+        approve(action, demo.alice)  # a member of acme, but no approver
+
+    assert not ApprovalDecision.objects.exists()
+
+
+def test_a_second_decision_is_refused(demo, bob, smtp_server):
+    _run, action = waiting_run(demo)
+    quinn = approver_in(demo.acme)
+    approve(action, bob)
+
+    with pytest.raises(AlreadyDecided):
+        approve(action, quinn, decision=Decision.REJECT)
+
+    assert ApprovalDecision.objects.get(action=action).approver == bob
+
+
+def test_a_rejection_cancels_the_run_with_the_comment(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+
+    approve(action, bob, decision=Decision.REJECT, comment="Wrong week.")
+    services.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("CANCELLED", "APPROVAL_REJECTED")
+    assert run.result["output"]["comment"] == "Wrong week."
+    assert event_types(run)[-2:] == ["approval.rejected", "run.finished"]
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.REJECTED
+    assert smtp_server.messages == []
+
+
+def test_an_expired_approval_can_no_longer_be_approved(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+
+    with pytest.raises(ApprovalExpired):
+        approve(action, bob)
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("CANCELLED", "APPROVAL_EXPIRED")
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.EXPIRED
+    assert smtp_server.messages == []
+
+
+def test_a_skill_version_revoked_before_the_resume_invalidates_the_approval(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    skill_version_revoke(
+        skill_version=SkillVersion.objects.get(pk=action.skill_version_id),
+        actor=demo.admin,
+        reason="Leaks data.",
+    )
+
+    services.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["SKILL_VERSION_NOT_AVAILABLE"]
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert smtp_server.messages == []
+    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+
+
+def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
+    demo, bob, smtp_server
+):
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    DirectoryRecord.objects.filter(record_id="dir-1001").update(
+        corporate_email="wei.li@acme.example", version=4
+    )
+
+    services.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=run.pk)
+    assert run.reason_code == "APPROVAL_INVALIDATED"
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["DIRECTORY_RECORD_CHANGED"]
+    assert smtp_server.messages == []
+
+
+def test_an_approver_who_lost_the_role_invalidates_the_approval(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    bob.memberships.filter(role=Role.APPROVER).delete()
+
+    services.action_execute(action_id=action.pk)
+
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["APPROVER_NO_LONGER_AUTHORISED"]
+    assert smtp_server.messages == []
+
+
+def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_without_resending(
+    demo, bob, smtp_server
+):
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    smtp_server.stall_after_data = 3  # longer than EMAIL_TIMEOUT
+
+    services.action_execute(action_id=action.pk)
+
+    action.refresh_from_db()
+    run = Run.objects.get(pk=run.pk)
+    assert action.status == ActionStatus.UNKNOWN
+    assert run.status == "RUNNING"
+    assert event_types(run)[-2:] == ["tool.failed", "action.unknown"]
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "unknown"
+    assert len(smtp_server.messages) == 1
+
+    # a redelivered resume does not send again
+    services.action_execute(action_id=action.pk)
+    smtp_server.stall_after_data = 0
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
+
+    run = Run.objects.get(pk=run.pk)
+    action.refresh_from_db()
+    assert len(smtp_server.messages) == 1
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    assert action.external_id == smtp_server.messages[0]["Message-ID"]
+    assert action.reconciled_at is not None
+    assert event_types(run)[-3:] == ["action.reconciled", "action.succeeded", "run.finished"]
+
+
+def test_a_crash_after_the_action_started_executing_sends_once(demo, bob, smtp_server):
+    # given an action recorded as executing whose worker died before the tool was called
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    original = services._run_and_record
+
+    class WorkerDied(Exception):
+        pass
+
+    def die(*args, **kwargs):
+        raise WorkerDied
+
+    services._run_and_record = die
+    try:
+        with pytest.raises(WorkerDied):
+            services.action_execute(action_id=action.pk)
+    finally:
+        services._run_and_record = original
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.EXECUTING
+
+    # when the task is delivered again, it settles by the key: nothing was sent, so it sends
+    services.action_execute(action_id=action.pk)
+    services.action_reconcile(action_id=action.pk)
+    services.action_reconcile(action_id=action.pk)
+
+    assert len(smtp_server.messages) == 1
+    assert Run.objects.get(pk=run.pk).status == "COMPLETED"

@@ -1,0 +1,172 @@
+"""The approvals API of DESIGN.md and the server-rendered queue, over the same service."""
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from approvals.choices import ActionStatus
+from approvals.models import ApprovalDecision, BusinessAction
+from registry.choices import Role
+from registry.demo import DEMO_PASSWORD
+from registry.models import Tenant
+from registry.services.tenancy import api_token_issue, membership_add
+from runs.models import Run
+from tests.approvals.conftest import approver_in, waiting_run
+
+
+def api(user, tenant) -> APIClient:
+    _, key = api_token_issue(
+        username=user.username, password=DEMO_PASSWORD, tenant_slug=tenant.slug
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    return client
+
+
+def decide(client, action, **body):
+    return client.post(
+        f"/api/v1/approvals/{action.pk}/decision",
+        {"decision": "approve", "payload_hash": action.payload_hash, **body},
+        format="json",
+    )
+
+
+def test_an_approver_lists_pending_actions_and_sees_the_frozen_payload(demo, bob):
+    run, action = waiting_run(demo)
+
+    listed = api(bob, demo.acme).get("/api/v1/approvals?status=pending")
+    detail = api(bob, demo.acme).get(f"/api/v1/approvals/{action.pk}")
+
+    assert listed.status_code == 200
+    assert [item["id"] for item in listed.json()["results"]] == [str(action.pk)]
+    assert detail.status_code == 200
+    body = detail.json()
+    assert body["payload"] == action.payload
+    assert body["payload_hash"] == action.payload_hash
+    assert body["requester"] == "alice"
+    assert body["skill"] == "weekly-summary@3.2.0"
+    assert body["run"] == str(run.pk)
+    assert body["decision"] is None
+
+
+def test_approving_through_the_api_binds_the_hash_and_the_approver(demo, bob):
+    _run, action = waiting_run(demo)
+
+    response = decide(api(bob, demo.acme), action, comment="ok")
+
+    assert response.status_code == 200, response.json()
+    assert response.json()["status"] == ActionStatus.APPROVED
+    assert response.json()["decision"]["approver"] == "bob"
+    decision = ApprovalDecision.objects.get(action=action)
+    assert (decision.payload_hash, decision.approver.username) == (action.payload_hash, "bob")
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"payload_hash": "0" * 64}, 409, "PAYLOAD_HASH_MISMATCH"),
+        ({"payload_hash": "not-a-hash"}, 400, "VALIDATION_ERROR"),
+        ({"decision": "maybe"}, 400, "VALIDATION_ERROR"),
+    ],
+)
+def test_a_bad_decision_is_refused_with_its_code_and_nothing_recorded(
+    demo, bob, body, status, code
+):
+    _run, action = waiting_run(demo)
+
+    response = decide(api(bob, demo.acme), action, **body)
+
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert not ApprovalDecision.objects.exists()
+
+
+def test_a_second_decision_is_409_already_decided(demo, bob):
+    _run, action = waiting_run(demo)
+    decide(api(bob, demo.acme), action)
+
+    response = decide(api(bob, demo.acme), action, decision="reject")
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "ALREADY_DECIDED"
+
+
+def test_self_approval_is_403_and_other_tenants_see_404(demo):
+    _run, action = waiting_run(demo)
+    membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex)
+
+    own = decide(api(demo.alice, demo.acme), action)
+    foreign = api(outsider, globex).get(f"/api/v1/approvals/{action.pk}")
+    foreign_decision = decide(api(outsider, globex), action)
+    member_view = api(demo.alice, demo.acme).get("/api/v1/approvals/not-a-uuid")
+
+    assert own.status_code == 403
+    assert own.json()["error"]["code"] == "SELF_APPROVAL_FORBIDDEN"
+    assert foreign.status_code == 404
+    assert foreign_decision.status_code == 404
+    assert member_view.status_code == 404
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+
+
+def logged_in(user) -> Client:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client
+
+
+def test_the_queue_lists_waiting_actions_for_approvers_only(demo, bob):
+    _run, action = waiting_run(demo)
+
+    page = logged_in(bob).get("/approvals/")
+    other = logged_in(demo.alice).get("/approvals/")
+    anonymous = Client().get("/approvals/")
+
+    assert page.status_code == 200
+    assert f"/approvals/{action.pk}/" in page.content.decode()
+    assert "alice" in page.content.decode()
+    assert str(action.pk) not in other.content.decode()
+    assert anonymous.status_code == 302
+    assert logged_in(demo.alice).get(f"/approvals/{action.pk}/").status_code == 404
+
+
+def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(demo, bob):
+    _run, action = waiting_run(demo)
+    client = logged_in(bob)
+
+    page = client.get(f"/approvals/{action.pk}/")
+    html = page.content.decode()
+
+    assert page.status_code == 200
+    assert "li.wei@acme.example" in html
+    assert action.payload_hash in html
+    assert f'name="payload_hash" value="{action.payload_hash}"' in html
+    # without the CSRF token the post is refused
+    refused = client.post(
+        f"/approvals/{action.pk}/", {"decision": "approve", "payload_hash": action.payload_hash}
+    )
+    assert refused.status_code == 403
+    assert not ApprovalDecision.objects.exists()
+
+    token = client.cookies["csrftoken"].value
+    stale = client.post(
+        f"/approvals/{action.pk}/",
+        {"decision": "approve", "payload_hash": "1" * 64, "csrfmiddlewaretoken": token},
+    )
+    assert stale.status_code == 409
+    assert not ApprovalDecision.objects.exists()
+
+    approved = client.post(
+        f"/approvals/{action.pk}/",
+        {
+            "decision": "approve",
+            "payload_hash": action.payload_hash,
+            "comment": "Send it.",
+            "csrfmiddlewaretoken": token,
+        },
+    )
+    assert approved.status_code == 302
+    decision = ApprovalDecision.objects.get(action=action)
+    assert (decision.approver, decision.comment) == (bob, "Send it.")
+    assert Run.objects.get(pk=action.run_id).status == "WAITING_APPROVAL"
