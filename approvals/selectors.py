@@ -8,6 +8,7 @@ from approvals.models import BusinessAction
 from registry.choices import Action
 from registry.models import Tenant
 from registry.selectors import tenants_where_user_can
+from runs.choices import RunStatus
 
 
 def actions_for_approver(
@@ -32,4 +33,11 @@ def actions_for_approver(
             )
         )
         .order_by("waiting", "created_at")
+    )
+
+
+def pending(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
+    """The actions still waiting for a decision on a run that still waits for it."""
+    return actions.filter(
+        status=ActionStatus.WAITING_APPROVAL, run__status=RunStatus.WAITING_APPROVAL
     )

@@ -124,6 +124,8 @@ def _finish_run(run: Run, **result: Any) -> None:
 
 def _expire(run: Run, action: BusinessAction) -> None:
     _transition(action, ActionStatus.EXPIRED, reason="APPROVAL_EXPIRED")
+    if run.status != RunStatus.WAITING_APPROVAL:
+        return
     events.approval_invalidated(run, action_id=str(action.pk), reasons=["APPROVAL_EXPIRED"])
     _finish_run(
         run,
@@ -131,6 +133,14 @@ def _expire(run: Run, action: BusinessAction) -> None:
         reason_code="APPROVAL_EXPIRED",
         output={"action_id": str(action.pk)},
     )
+
+
+def _run_ended(run: Run, action: BusinessAction) -> bool:
+    """A run that stopped waiting (cancelled, say) takes its waiting action with it."""
+    if run.status == RunStatus.WAITING_APPROVAL:
+        return False
+    _transition(action, ActionStatus.INVALIDATED, reason="RUN_ENDED")
+    return True
 
 
 def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
@@ -162,7 +172,7 @@ def approval_decide(
     the policy allows it; the decision binds the run, the payload hash the approver saw and
     the approver. One decision per action: the rows are locked, and the decision's one-to-one
     key refuses a second writer. An approval starts the resume task after commit."""
-    expired = False
+    expired = ended = False
     with transaction.atomic():
         locked = _locked(action_id)
         if locked is None or not _may_decide(locked[1], approver):
@@ -170,7 +180,9 @@ def approval_decide(
         run, action = locked
         if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
             raise SelfApprovalForbidden("You may not decide an action you requested.")
-        if action.status != ActionStatus.WAITING_APPROVAL:
+        if action.status == ActionStatus.WAITING_APPROVAL and _run_ended(run, action):
+            ended = True
+        elif action.status != ActionStatus.WAITING_APPROVAL:
             raise AlreadyDecided(
                 "This action was already decided.", details={"status": action.status}
             )
@@ -179,7 +191,9 @@ def approval_decide(
                 "The payload changed since you saw it; review it again.",
                 details={"payload_hash": action.payload_hash},
             )
-        if timezone.now() >= action.expires_at:
+        if ended:
+            pass
+        elif timezone.now() >= action.expires_at:
             _expire(run, action)
             expired = True
         else:
@@ -215,6 +229,10 @@ def approval_decide(
                     reason_code="APPROVAL_REJECTED",
                     output={"action_id": str(action.pk), "comment": comment},
                 )
+    if ended:
+        raise AlreadyDecided(
+            "The run stopped waiting for this approval.", details={"run_status": run.status}
+        )
     if expired:
         raise ApprovalExpired(
             "This approval expired; the run ended without sending.",
@@ -385,6 +403,9 @@ def action_execute(*, action_id: Any) -> None:
             return
         if action.status != ActionStatus.APPROVED:
             return
+        if run.status != RunStatus.WAITING_APPROVAL:
+            _transition(action, ActionStatus.INVALIDATED, reason="RUN_ENDED")
+            return
         problems = _revalidation_problems(run, action)
         if problems:
             _transition(action, ActionStatus.INVALIDATED, reason=problems[0])
@@ -506,6 +527,14 @@ def actions_expire() -> int:
             if locked and locked[1].status == ActionStatus.WAITING_APPROVAL:
                 _expire(*locked)
                 expired += 1
+    orphaned = BusinessAction.objects.filter(status=ActionStatus.WAITING_APPROVAL).exclude(
+        run__status=RunStatus.WAITING_APPROVAL
+    )
+    for action_id in list(orphaned.values_list("pk", flat=True)[:500]):
+        with transaction.atomic():
+            locked = _locked(action_id)
+            if locked and locked[1].status == ActionStatus.WAITING_APPROVAL:
+                _run_ended(*locked)
     return expired
 
 

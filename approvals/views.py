@@ -10,7 +10,6 @@ from django.utils.decorators import method_decorator
 from django.views import View
 
 from approvals import selectors, services
-from approvals.choices import ActionStatus
 from approvals.errors import NotFound
 from approvals.forms import DecisionForm, QueueFilterForm
 from approvals.models import BusinessAction
@@ -38,7 +37,7 @@ class QueueView(View):
         if tenant := filters.cleaned_data.get("tenant"):
             actions = actions.filter(tenant__slug=tenant)
         if filters.cleaned_data.get("status") == "pending":
-            actions = actions.filter(status=ActionStatus.WAITING_APPROVAL)
+            actions = selectors.pending(actions)
         page = Paginator(actions, PAGE_SIZE).get_page(request.GET.get("page"))
         return render(
             request,

@@ -149,6 +149,8 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# The queue tasks are sent to (and workers consume with `--queues`), by default "celery".
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="celery")
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
@@ -254,6 +256,8 @@ TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
 
 # The model context's token budget per turn (estimated locally, see runs/tokens.py).
 CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
+# How long a recipient the user chose stays confirmed in their session (seed 000, step 3).
+RECIPIENT_CONFIRMATION_SECONDS = env.int("RECIPIENT_CONFIRMATION_SECONDS", default=7 * 24 * 3600)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
 

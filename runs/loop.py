@@ -246,22 +246,67 @@ def _enter_node(run: Run, name: str) -> None:
     events.tools_assembled(run, node=name, allowlist=allowed, deferred=deferred)
 
 
-def _remember(run: Run, *, project_id: str | None = None, draft: dict | None = None) -> None:
+def _remember(
+    run: Run,
+    *,
+    project_id: str | None = None,
+    recipient: dict | None = None,
+    draft: dict | None = None,
+) -> None:
     """Session state is the one authoritative copy: the project the actor proved access to,
-    and the latest drafts."""
+    the recipient they confirmed (with its expiry) and the latest drafts."""
     session = Session.objects.select_for_update().get(pk=run.session_id)
     if project_id:
         session.state["project_id"] = project_id
+    if recipient:
+        session.state["recipient"] = recipient
     if draft:
         session.state["drafts"] = [*session.state.get("drafts", []), draft][-DRAFTS_KEPT:]
     session.save(update_fields=["state", "updated_at"])
 
 
+def _confirmed_recipient(run: Run) -> dict | None:
+    """The recipient the user confirmed in this session for this project and role, if that
+    confirmation has not expired (seed 000, step 3); the directory is asked otherwise."""
+    inputs = run.state["inputs"]
+    confirmed = (
+        Session.objects.filter(pk=run.session_id).values_list("state__recipient", flat=True).first()
+    )
+    if (
+        not isinstance(confirmed, dict)
+        or confirmed.get("project_id") != inputs["project_id"]
+        or confirmed.get("role") != inputs["recipient_role"]
+        or confirmed.get("expires_at", "") <= timezone.now().isoformat()
+    ):
+        return None
+    return confirmed["snapshot"]
+
+
+def _recipient_choice(run: Run, candidates: list[dict]) -> dict | None:
+    """The candidate the message names (`metadata.recipient_record_id`), if it has an email."""
+    chosen = run.message.get("metadata", {}).get("recipient_record_id")
+    return next(
+        (
+            candidate
+            for candidate in candidates
+            if chosen and candidate["record_id"] == chosen and candidate.get("corporate_email")
+        ),
+        None,
+    )
+
+
 def _resolve_recipient(run: Run) -> None:
-    """The workflow, not the model, looks the recipient up: exactly one active record with a
-    corporate email, or the user is asked."""
+    """The workflow, not the model, finds the recipient: a confirmation still valid in the
+    session, else the directory (exactly one active record with a corporate email, or the
+    one the user chose among several), else the user is asked."""
     node = _node(run)
     inputs = run.state["inputs"]
+    next_node = _workflow(run).transitions[node.name][0]
+    confirmed = _confirmed_recipient(run)
+    if confirmed is not None:
+        run.state["recipient"] = {**confirmed, "confirmed": True}
+        _enter_node(run, next_node)
+        return
     call = ToolCall(
         call_id="host-recipient",
         name="directory_lookup",
@@ -277,21 +322,43 @@ def _resolve_recipient(run: Run) -> None:
             _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
         return
     candidates = (envelope.get("raw") or {}).get("candidates", [])
-    if len(candidates) != 1 or not candidates[0].get("corporate_email"):
+    now = timezone.now()
+    chosen = _recipient_choice(run, candidates)
+    if chosen is None and (len(candidates) != 1 or not candidates[0].get("corporate_email")):
+        _remember(run, project_id=inputs["project_id"])
         _finish(
             run,
             status=RunStatus.NEEDS_CLARIFICATION,
             reason_code="RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
-            output={"candidates": [{"display_name": c["display_name"]} for c in candidates]},
-            question="Who should receive the summary?",
+            output={
+                "candidates": [
+                    {
+                        "record_id": candidate["record_id"],
+                        "display_name": candidate["display_name"],
+                        "has_email": bool(candidate.get("corporate_email")),
+                    }
+                    for candidate in candidates
+                ]
+            },
+            question="Who should receive the summary? Send the message again in this session "
+            "with metadata.recipient_record_id set to one of the candidates.",
         )
         return
-    run.state["recipient"] = {
-        **candidates[0],
-        "looked_up_at": timezone.now().isoformat(),
-    }
-    _remember(run, project_id=inputs["project_id"])
-    _enter_node(run, _workflow(run).transitions[node.name][0])
+    snapshot = {**(chosen or candidates[0]), "looked_up_at": now.isoformat()}
+    run.state["recipient"] = {**snapshot, "confirmed": chosen is not None}
+    confirmation = None
+    if chosen is not None:
+        confirmation = {
+            "project_id": inputs["project_id"],
+            "role": inputs["recipient_role"],
+            "snapshot": snapshot,
+            "confirmed_at": now.isoformat(),
+            "expires_at": (
+                now + timedelta(seconds=settings.RECIPIENT_CONFIRMATION_SECONDS)
+            ).isoformat(),
+        }
+    _remember(run, project_id=inputs["project_id"], recipient=confirmation)
+    _enter_node(run, next_node)
 
 
 def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:

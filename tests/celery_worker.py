@@ -213,6 +213,7 @@ def start_worker(transactional_db, celery_queue, tmp_path) -> Iterator[Callable[
             "DATABASE_URL": _database_url(),
             "REDIS_URL": settings.REDIS_URL,
             "CACHE_KEY_PREFIX": settings.CACHES["default"]["KEY_PREFIX"],
+            "CELERY_QUEUE": QUEUE,
             "PYTHONPATH": str(BASE_DIR),
             **(environment or {}),
         }

@@ -1,11 +1,12 @@
 """A real SMTP server on loopback (aiosmtpd) and the running example up to its approval."""
 
+import asyncio
 import email
-import threading
-import time
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.message import Message
+from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
@@ -22,49 +23,70 @@ from tests.runs.conftest import demo_run
 
 demo = runs_fixtures.demo
 
-RECEIVED: dict[str, Message] = {}
-"""Every message the test SMTP servers accepted, by Message-ID (see `accepted`)."""
+ACCEPTED_LOG = "SMTP_ACCEPTED_LOG"
+LOOKUP = "tests.approvals.conftest.accepted"
 
 
-def accepted(message_id: str) -> bool | None:
-    """MAIL_DELIVERY_LOOKUP of the tests: did a test SMTP server accept this message?"""
-    return message_id in RECEIVED
+def accepted(message_id: str) -> bool:
+    """MAIL_DELIVERY_LOOKUP of the tests, as a relay's API would answer: did the test SMTP
+    server accept this message? It logs the Message-IDs it accepted to a file, so a worker
+    process can ask too."""
+    return message_id in Path(os.environ[ACCEPTED_LOG]).read_text().splitlines()
 
 
 @dataclass
 class SmtpServer:
-    """What the server accepted, in order. `stall_after_data` makes it accept a message
-    (store it) and then not answer, as a server that times out after accepting."""
+    """What the server accepted, in order. While `stall` is set it accepts a message (stores
+    it) and then does not answer for that many seconds, as a server that times out after
+    accepting."""
 
     host: str
     port: int
+    accepted_log: Path
     messages: list[Message] = field(default_factory=list)
-    stall_after_data: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    envelope_recipients: list[list[str]] = field(default_factory=list)
+    stall: float = 0.0
 
     async def handle_DATA(self, server, session, envelope):
         message = email.message_from_bytes(envelope.original_content)
-        with self.lock:
-            self.messages.append(message)
-            RECEIVED[message["Message-ID"]] = message
-        if self.stall_after_data:
-            time.sleep(self.stall_after_data)
+        self.messages.append(message)
+        self.envelope_recipients.append(list(envelope.rcpt_tos))
+        with self.accepted_log.open("a") as log:
+            log.write(message["Message-ID"] + "\n")
+        waited = 0.0
+        while waited < self.stall:
+            await asyncio.sleep(0.05)
+            waited += 0.05
         return "250 OK"
+
+    def environment(self, **extra: str) -> dict[str, str]:
+        """The settings a worker process needs to deliver to this server."""
+        return {
+            "EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend",
+            "EMAIL_HOST": self.host,
+            "EMAIL_PORT": str(self.port),
+            "MAIL_DELIVERY_LOOKUP": LOOKUP,
+            ACCEPTED_LOG: str(self.accepted_log),
+            **extra,
+        }
 
 
 @pytest.fixture
-def smtp_server(settings, free_tcp_port) -> Iterator[SmtpServer]:
-    server = SmtpServer(host="127.0.0.1", port=free_tcp_port)
+def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[SmtpServer]:
+    server = SmtpServer(host="127.0.0.1", port=free_tcp_port, accepted_log=tmp_path / "smtp.log")
+    server.accepted_log.touch()
+    monkeypatch.setenv(ACCEPTED_LOG, str(server.accepted_log))
     controller = Controller(server, hostname=server.host, port=server.port)
     controller.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = server.host
     settings.EMAIL_PORT = server.port
     settings.EMAIL_TIMEOUT = 2
-    settings.MAIL_DELIVERY_LOOKUP = "tests.approvals.conftest.accepted"
+    settings.MAIL_DELIVERY_LOOKUP = LOOKUP
     try:
         yield server
     finally:
+        server.stall = 0
         controller.stop()
 
 

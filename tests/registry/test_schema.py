@@ -25,6 +25,9 @@ V1_PATHS = [
     "/api/v1/runs/{id}/events",
     "/api/v1/runs/{id}/cancel",
     "/api/v1/runs/{id}/stream",
+    "/api/v1/approvals",
+    "/api/v1/approvals/{id}",
+    "/api/v1/approvals/{id}/decision",
 ]
 
 
@@ -74,6 +77,9 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/runs/{id}/events", {"get"}),
         ("/api/v1/runs/{id}/cancel", {"post"}),
         ("/api/v1/runs/{id}/stream", {"get"}),
+        ("/api/v1/approvals", {"get"}),
+        ("/api/v1/approvals/{id}", {"get"}),
+        ("/api/v1/approvals/{id}/decision", {"post"}),
     ],
 )
 def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):

@@ -346,11 +346,19 @@ def test_without_a_project_the_run_asks_which_one_before_any_tool_or_model(demo)
     [
         (
             "hermes",
-            [{"display_name": "Zhang Min"}, {"display_name": "Chen Jie"}],
+            [
+                {"record_id": "dir-2001", "display_name": "Zhang Min", "has_email": True},
+                {"record_id": "dir-2002", "display_name": "Chen Jie", "has_email": True},
+            ],
             ["directory:dir-2001@1", "directory:dir-2002@2"],
             ["zhang.min@acme.example", "chen.jie@acme.example"],
         ),
-        ("zephyr", [{"display_name": "Wang Fang"}], ["directory:dir-3001@1"], []),
+        (
+            "zephyr",
+            [{"record_id": "dir-3001", "display_name": "Wang Fang", "has_email": False}],
+            ["directory:dir-3001@1"],
+            [],
+        ),
     ],
     ids=["two-leads", "lead-without-email"],
 )

@@ -1,0 +1,92 @@
+"""The recipient comes from the directory or from the user's confirmed choice, never from the
+model; a confirmation is reused in its session until it expires (seed 000, steps 3 and 8)."""
+
+import uuid
+from datetime import timedelta
+
+from django.utils import timezone
+
+from runs.loop import run_execute
+from runs.models import Run, Session, ToolCall
+from runs.services.ingress import message_ingest
+from tests.runs.conftest import RUNNING_EXAMPLE_TEXT
+
+
+def ask(demo, *, session_id=None, **metadata) -> Run:
+    run = message_ingest(
+        actor=demo.alice,
+        tenant=demo.acme,
+        idempotency_key=f"key-{uuid.uuid4()}",
+        channel="chat",
+        parts=[{"type": "text", "text": RUNNING_EXAMPLE_TEXT}],
+        metadata=metadata,
+        session_id=session_id,
+    ).run
+    run_execute(run_id=str(run.pk))
+    return Run.objects.get(pk=run.pk)
+
+
+def looked_up(run: Run) -> bool:
+    return ToolCall.objects.filter(run=run, call_id="host-recipient").exists()
+
+
+def test_a_choice_among_several_leads_is_confirmed_and_reused_in_the_session(demo):
+    # given a project with two R&D leads: the run asks who, with the candidates' record ids
+    first = ask(demo, project_id="hermes")
+    assert (first.status, first.reason_code) == (
+        "NEEDS_CLARIFICATION",
+        "RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
+    )
+    assert first.result["output"]["candidates"] == [
+        {"record_id": "dir-2001", "display_name": "Zhang Min", "has_email": True},
+        {"record_id": "dir-2002", "display_name": "Chen Jie", "has_email": True},
+    ]
+    session = first.session_id
+
+    # when alice answers in the same session with her choice (the project comes from the session)
+    second = ask(demo, session_id=session, recipient_record_id="dir-2002")
+
+    # then the directory's record for her choice is the recipient, and it is confirmed
+    assert second.status == "WAITING_APPROVAL", second.result
+    assert second.state["recipient"]["corporate_email"] == "chen.jie@acme.example"
+    assert second.state["recipient"]["record_version"] == 2
+    assert second.state["recipient"]["confirmed"] is True
+    confirmation = Session.objects.get(pk=session).state["recipient"]
+    assert confirmation["project_id"] == "hermes"
+    assert confirmation["snapshot"]["record_id"] == "dir-2002"
+
+    # and a later message in the session reuses the confirmation without asking the directory
+    third = ask(demo, session_id=session)
+    assert third.status == "WAITING_APPROVAL"
+    assert third.state["recipient"]["record_id"] == "dir-2002"
+    assert not looked_up(third)
+
+    # until it expires: then the directory is asked again, and the user too
+    state = Session.objects.get(pk=session).state
+    state["recipient"]["expires_at"] = (timezone.now() - timedelta(seconds=1)).isoformat()
+    Session.objects.filter(pk=session).update(state=state)
+    fourth = ask(demo, session_id=session)
+    assert fourth.status == "NEEDS_CLARIFICATION"
+    assert looked_up(fourth)
+
+
+def test_a_choice_without_an_email_or_outside_the_candidates_is_asked_again(demo):
+    zephyr = ask(demo, project_id="zephyr")
+    assert zephyr.status == "NEEDS_CLARIFICATION"
+    no_email = zephyr.result["output"]["candidates"][0]["record_id"]
+
+    again = ask(demo, session_id=zephyr.session_id, recipient_record_id=no_email)
+    elsewhere = ask(demo, project_id="hermes", recipient_record_id="dir-1001")
+
+    assert again.status == "NEEDS_CLARIFICATION"
+    assert elsewhere.status == "NEEDS_CLARIFICATION"
+    assert "recipient" not in Session.objects.get(pk=zephyr.session_id).state
+
+
+def test_a_unique_lead_is_not_a_confirmation(demo):
+    run = ask(demo, project_id="apollo")
+
+    assert run.status == "WAITING_APPROVAL"
+    assert run.state["recipient"]["confirmed"] is False
+    assert "recipient" not in Session.objects.get(pk=run.session_id).state
+    assert looked_up(ask(demo, session_id=run.session_id))
