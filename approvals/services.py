@@ -38,7 +38,7 @@ from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, ToolCall
 from runs.services.runs import run_finish, run_transition
 from runs.tools import adapters, executor
-from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput
+from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
 from runs.workflows import WORKFLOWS
 
@@ -118,17 +118,13 @@ def _locked(action_id: Any) -> tuple[Run, BusinessAction] | None:
     return run, action
 
 
-def _finish_run(run: Run, **result: Any) -> None:
-    run_finish(run=run, **result)
-
-
 def _expire(run: Run, action: BusinessAction) -> None:
     _transition(action, ActionStatus.EXPIRED, reason="APPROVAL_EXPIRED")
     if run.status != RunStatus.WAITING_APPROVAL:
         return
     events.approval_invalidated(run, action_id=str(action.pk), reasons=["APPROVAL_EXPIRED"])
-    _finish_run(
-        run,
+    run_finish(
+        run=run,
         status=RunStatus.CANCELLED,
         reason_code="APPROVAL_EXPIRED",
         output={"action_id": str(action.pk)},
@@ -172,7 +168,7 @@ def approval_decide(
     the policy allows it; the decision binds the run, the payload hash the approver saw and
     the approver. One decision per action: the rows are locked, and the decision's one-to-one
     key refuses a second writer. An approval starts the resume task after commit."""
-    expired = ended = False
+    refusal = None
     with transaction.atomic():
         locked = _locked(action_id)
         if locked is None or not _may_decide(locked[1], approver):
@@ -180,9 +176,7 @@ def approval_decide(
         run, action = locked
         if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
             raise SelfApprovalForbidden("You may not decide an action you requested.")
-        if action.status == ActionStatus.WAITING_APPROVAL and _run_ended(run, action):
-            ended = True
-        elif action.status != ActionStatus.WAITING_APPROVAL:
+        if action.status != ActionStatus.WAITING_APPROVAL:
             raise AlreadyDecided(
                 "This action was already decided.", details={"status": action.status}
             )
@@ -191,54 +185,64 @@ def approval_decide(
                 "The payload changed since you saw it; review it again.",
                 details={"payload_hash": action.payload_hash},
             )
-        if ended:
-            pass
+        # These two refusals are raised after commit: the action's end is kept.
+        if _run_ended(run, action):
+            refusal = AlreadyDecided(
+                "The run stopped waiting for this approval.", details={"run_status": run.status}
+            )
         elif timezone.now() >= action.expires_at:
             _expire(run, action)
-            expired = True
-        else:
-            record = ApprovalDecision.objects.create(
-                action=action,
-                approver=approver,
-                decision=decision,
-                payload_hash=payload_hash,
-                comment=comment,
+            refusal = ApprovalExpired(
+                "This approval expired; the run ended without sending.",
+                details={"expires_at": action.expires_at.isoformat()},
             )
-            if decision == Decision.APPROVE:
-                _transition(action, ActionStatus.APPROVED)
-                events.approval_granted(
-                    run,
-                    action_id=str(action.pk),
-                    approver=approver.get_username(),
-                    payload_hash=payload_hash,
-                )
-                run.save(update_fields=["last_event_seq", "updated_at"])
-                transaction.on_commit(lambda: _resume_later(action.pk))
-            else:
-                _transition(action, ActionStatus.REJECTED, reason="REJECTED_BY_APPROVER")
-                events.approval_rejected(
-                    run,
-                    action_id=str(action.pk),
-                    approver=approver.get_username(),
-                    payload_hash=payload_hash,
-                    comment=comment,
-                )
-                _finish_run(
-                    run,
-                    status=RunStatus.CANCELLED,
-                    reason_code="APPROVAL_REJECTED",
-                    output={"action_id": str(action.pk), "comment": comment},
-                )
-    if ended:
-        raise AlreadyDecided(
-            "The run stopped waiting for this approval.", details={"run_status": run.status}
-        )
-    if expired:
-        raise ApprovalExpired(
-            "This approval expired; the run ended without sending.",
-            details={"expires_at": action.expires_at.isoformat()},
-        )
+        else:
+            record = _decision_record(run, action, approver, decision, comment)
+    if refusal is not None:
+        raise refusal
     return Decided(action=action, decision=record)
+
+
+def _decision_record(
+    run: Run,
+    action: BusinessAction,
+    approver: AbstractBaseUser,
+    decision: Decision | str,
+    comment: str,
+) -> ApprovalDecision:
+    record = ApprovalDecision.objects.create(
+        action=action,
+        approver=approver,
+        decision=decision,
+        payload_hash=action.payload_hash,
+        comment=comment,
+    )
+    if decision == Decision.APPROVE:
+        _transition(action, ActionStatus.APPROVED)
+        events.approval_granted(
+            run,
+            action_id=str(action.pk),
+            approver=approver.get_username(),
+            payload_hash=action.payload_hash,
+        )
+        run.save(update_fields=["last_event_seq", "updated_at"])
+        transaction.on_commit(lambda: _resume_later(action.pk))
+    else:
+        _transition(action, ActionStatus.REJECTED, reason="REJECTED_BY_APPROVER")
+        events.approval_rejected(
+            run,
+            action_id=str(action.pk),
+            approver=approver.get_username(),
+            payload_hash=action.payload_hash,
+            comment=comment,
+        )
+        run_finish(
+            run=run,
+            status=RunStatus.CANCELLED,
+            reason_code="APPROVAL_REJECTED",
+            output={"action_id": str(action.pk), "comment": comment},
+        )
+    return record
 
 
 def _resume_later(action_id: Any) -> None:
@@ -304,7 +308,8 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
 
 
 def _send_call(action: BusinessAction) -> RequestedCall:
-    """The call comes from the frozen payload, never from a model turn."""
+    """The call comes from the frozen payload, never from a model turn. Its id makes the
+    host's idempotency key `run_id:kind:payload_hash`, the action's."""
     payload = action.payload
     return RequestedCall(
         call_id=f"{action.kind}:{action.payload_hash}",
@@ -346,8 +351,8 @@ def _succeed(run: Run, action: BusinessAction, output: ToolOutput, *, reconciled
         )
     events.action_succeeded(run, action_id=str(action.pk), external_id=action.external_id)
     recipient = action.payload["recipient_snapshot"]
-    _finish_run(
-        run,
+    run_finish(
+        run=run,
         status=RunStatus.COMPLETED,
         reason_code="SENT",
         output={
@@ -370,22 +375,12 @@ def _fail(run: Run, action: BusinessAction, failure: ToolFailed, *, reconciled: 
         action.save(update_fields=["reconciled_at"])
         events.action_reconciled(run, action_id=str(action.pk), outcome="failed", external_id="")
     events.action_failed(run, action_id=str(action.pk), category=failure.category)
-    _finish_run(
-        run,
+    run_finish(
+        run=run,
         status=RunStatus.FAILED_FINAL,
         reason_code="ACTION_FAILED",
         output={"error": action.outcome["error"]},
         actions=[_action_summary(action)],
-    )
-
-
-def _context(run: Run, action: BusinessAction, call: RequestedCall) -> ToolContext:
-    return ToolContext(
-        run_id=str(run.pk),
-        call_id=call.call_id,
-        tenant=run.tenant,
-        actor=run.actor,
-        idempotency_key=action.idempotency_key,
     )
 
 
@@ -410,8 +405,8 @@ def action_execute(*, action_id: Any) -> None:
         if problems:
             _transition(action, ActionStatus.INVALIDATED, reason=problems[0])
             events.approval_invalidated(run, action_id=str(action.pk), reasons=problems)
-            _finish_run(
-                run,
+            run_finish(
+                run=run,
                 status=RunStatus.FAILED_FINAL,
                 reason_code="APPROVAL_INVALIDATED",
                 output={"reasons": problems},
@@ -443,7 +438,6 @@ def action_execute(*, action_id: Any) -> None:
             run, action_id=str(action.pk), idempotency_key=action.idempotency_key
         )
         run.save(update_fields=["state", "tool_call_count", "last_event_seq", "updated_at"])
-    admitted.context = _context(run, action, call)
     _run_and_record(action_id, admitted)
 
 
@@ -487,7 +481,7 @@ def action_reconcile(*, action_id: Any) -> str:
         tool_version = versions_frozen(model=ToolVersion, ids=[action.tool_version_id])[
             str(action.tool_version_id)
         ]
-        context = _context(run, action, call)
+        context = executor.host_context(run=run, call_id=call.call_id, tool_version=tool_version)
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:

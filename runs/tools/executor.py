@@ -94,6 +94,22 @@ def _credential(tool_version: ToolVersion) -> str | None:
     return os.environ.get(reference)
 
 
+def host_context(
+    *, run: Run, call_id: str, tool_version: ToolVersion, resources: dict[str, Any] | None = None
+) -> ToolContext:
+    """Gate 5: what the host, never the model, gives a call: identity, tenant, the
+    idempotency key `run_id:call_id` and a short-lived credential from its reference."""
+    return ToolContext(
+        run_id=str(run.pk),
+        call_id=call_id,
+        tenant=run.tenant,
+        actor=run.actor,
+        idempotency_key=f"{run.pk}:{call_id}",
+        credential=_credential(tool_version),
+        resources={} if resources is None else resources,
+    )
+
+
 def _admit(
     *,
     run: Run,
@@ -135,14 +151,8 @@ def _admit(
         return _reject(
             record, run, category=ErrorCategory.INVALID_ARGUMENT, message="; ".join(problems)
         )
-    context = ToolContext(
-        run_id=str(run.pk),
-        call_id=call.call_id,
-        tenant=run.tenant,
-        actor=run.actor,
-        idempotency_key=f"{run.pk}:{call.call_id}",
-        credential=_credential(tool_version),
-        resources=authorised,
+    context = host_context(
+        run=run, call_id=call.call_id, tool_version=tool_version, resources=authorised
     )
     try:
         adapters.authorize(tool_version, context, call.arguments)
