@@ -31,7 +31,7 @@ class QueueView(View):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         actions = selectors.actions_for_approver(user=request.user)
-        tenants = sorted({action.tenant.slug for action in actions.select_related("tenant")})
+        tenants = sorted(set(actions.order_by().values_list("tenant__slug", flat=True).distinct()))
         filters = QueueFilterForm(request.GET)
         filters.is_valid()
         if tenant := filters.cleaned_data.get("tenant"):

@@ -170,3 +170,21 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     decision = ApprovalDecision.objects.get(action=action)
     assert (decision.approver, decision.comment) == (bob, "Send it.")
     assert Run.objects.get(pk=action.run_id).status == "WAITING_APPROVAL"
+
+
+def test_the_queue_and_the_list_cost_the_same_queries_for_one_action_or_three(
+    demo, bob, django_assert_max_num_queries
+):
+    waiting_run(demo)
+    client, token_client = logged_in(bob), api(bob, demo.acme)
+    with django_assert_max_num_queries(12) as one_page:
+        client.get("/approvals/")
+    with django_assert_max_num_queries(12) as one_list:
+        token_client.get("/api/v1/approvals")
+    waiting_run(demo)
+    waiting_run(demo)
+
+    with django_assert_max_num_queries(len(one_page.captured_queries)):
+        assert client.get("/approvals/").status_code == 200
+    with django_assert_max_num_queries(len(one_list.captured_queries)):
+        assert len(token_client.get("/api/v1/approvals").json()["results"]) == 3
