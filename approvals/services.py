@@ -7,7 +7,6 @@ called, so a crash leaves a record that says "this may have happened" and nothin
 twice.
 """
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -149,12 +148,6 @@ def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class Decided:
-    action: BusinessAction
-    decision: ApprovalDecision
-
-
 def approval_decide(
     *,
     action_id: Any,
@@ -162,7 +155,7 @@ def approval_decide(
     decision: Decision | str,
     payload_hash: str,
     comment: str = "",
-) -> Decided:
+) -> ApprovalDecision:
     """Decide a waiting action. The approver holds an approver role of the policy in the
     action's tenant (anyone else: not found); the requester may not decide their own unless
     the policy allows it; the decision binds the run, the payload hash the approver saw and
@@ -200,7 +193,7 @@ def approval_decide(
             record = _decision_record(run, action, approver, decision, comment)
     if refusal is not None:
         raise refusal
-    return Decided(action=action, decision=record)
+    return record
 
 
 def _decision_record(
@@ -338,17 +331,28 @@ def _action_summary(action: BusinessAction) -> dict[str, Any]:
     }
 
 
+def _mark_unknown(run: Run, action: BusinessAction, failure: ToolFailed) -> None:
+    _transition(action, ActionStatus.UNKNOWN, reason=failure.category)
+    events.action_unknown(run, action_id=str(action.pk), category=failure.category)
+    run.save(update_fields=["last_event_seq", "updated_at"])
+
+
+def _mark_reconciled(run: Run, action: BusinessAction) -> None:
+    """Settled by the idempotency key, not by the call that started it."""
+    action.reconciled_at = timezone.now()
+    action.save(update_fields=["reconciled_at"])
+    events.action_reconciled(
+        run, action_id=str(action.pk), outcome=action.status, external_id=action.external_id
+    )
+
+
 def _succeed(run: Run, action: BusinessAction, output: ToolOutput, *, reconciled: bool) -> None:
     action.external_id = str((output.normalized or {}).get("message_id", ""))[:255]
     action.outcome = {"raw": output.raw}
     action.save(update_fields=["external_id", "outcome", "updated_at"])
     _transition(action, ActionStatus.SUCCEEDED)
     if reconciled:
-        action.reconciled_at = timezone.now()
-        action.save(update_fields=["reconciled_at"])
-        events.action_reconciled(
-            run, action_id=str(action.pk), outcome="succeeded", external_id=action.external_id
-        )
+        _mark_reconciled(run, action)
     events.action_succeeded(run, action_id=str(action.pk), external_id=action.external_id)
     recipient = action.payload["recipient_snapshot"]
     run_finish(
@@ -371,9 +375,7 @@ def _fail(run: Run, action: BusinessAction, failure: ToolFailed, *, reconciled: 
     action.save(update_fields=["outcome", "updated_at"])
     _transition(action, ActionStatus.FAILED, reason=failure.category)
     if reconciled:
-        action.reconciled_at = timezone.now()
-        action.save(update_fields=["reconciled_at"])
-        events.action_reconciled(run, action_id=str(action.pk), outcome="failed", external_id="")
+        _mark_reconciled(run, action)
     events.action_failed(run, action_id=str(action.pk), category=failure.category)
     run_finish(
         run=run,
@@ -453,9 +455,7 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
         if isinstance(outcome, ToolOutput):
             _succeed(run, action, outcome, reconciled=False)
         elif outcome.may_have_side_effect:
-            _transition(action, ActionStatus.UNKNOWN, reason=outcome.category)
-            events.action_unknown(run, action_id=str(action.pk), category=outcome.category)
-            run.save(update_fields=["last_event_seq", "updated_at"])
+            _mark_unknown(run, action, outcome)
             transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
         else:
             _fail(run, action, outcome, reconciled=False)
@@ -490,9 +490,7 @@ def action_reconcile(*, action_id: Any) -> str:
                 record = ToolCall.objects.get(run=run, call_id=call.call_id)
             elif failure.may_have_side_effect:
                 if action.status == ActionStatus.EXECUTING:
-                    _transition(action, ActionStatus.UNKNOWN, reason=failure.category)
-                    events.action_unknown(run, action_id=str(action.pk), category=failure.category)
-                    run.save(update_fields=["last_event_seq", "updated_at"])
+                    _mark_unknown(run, action, failure)
                 return action.status
             else:
                 _fail(run, action, failure, reconciled=True)

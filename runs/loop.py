@@ -190,17 +190,20 @@ def _start(run: Run) -> None:
             run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
         )
     metadata = run.message.get("metadata", {})
+    session_state = Session.objects.filter(pk=run.session_id).values_list("state", flat=True)[0]
     date_from, date_to = _this_week(timezone.localdate())
+    inputs = {
+        "project_id": metadata.get("project_id") or session_state.get("project_id"),
+        "date_from": date_from,
+        "date_to": date_to,
+        "recipient_role": RECIPIENT_ROLE,
+    }
     run.state = {
         "workflow": workflow.key,
         "node": workflow.start,
         "phase": "model",
-        "inputs": {
-            "project_id": metadata.get("project_id") or _session_project(run),
-            "date_from": date_from,
-            "date_to": date_to,
-            "recipient_role": RECIPIENT_ROLE,
-        },
+        "inputs": inputs,
+        "confirmed_recipient": _confirmed_recipient(session_state, inputs),
         "corrections": 0,
         "history": _history(run),
     }
@@ -226,11 +229,6 @@ def _start(run: Run) -> None:
         return
     run.transcript = [user_entry(_text(run))]
     _enter_node(run, workflow.start)
-
-
-def _session_project(run: Run) -> str | None:
-    projects = Session.objects.filter(pk=run.session_id).values_list("state__project_id", flat=True)
-    return projects.first()
 
 
 def _enter_node(run: Run, name: str) -> None:
@@ -265,13 +263,10 @@ def _remember(
     session.save(update_fields=["state", "updated_at"])
 
 
-def _confirmed_recipient(run: Run) -> dict | None:
+def _confirmed_recipient(session_state: dict, inputs: dict) -> dict | None:
     """The recipient the user confirmed in this session for this project and role, if that
     confirmation has not expired (seed 000, step 3); the directory is asked otherwise."""
-    inputs = run.state["inputs"]
-    confirmed = (
-        Session.objects.filter(pk=run.session_id).values_list("state__recipient", flat=True).first()
-    )
+    confirmed = session_state.get("recipient")
     if (
         not isinstance(confirmed, dict)
         or confirmed.get("project_id") != inputs["project_id"]
@@ -302,7 +297,7 @@ def _resolve_recipient(run: Run) -> None:
     node = _node(run)
     inputs = run.state["inputs"]
     next_node = _workflow(run).transitions[node.name][0]
-    confirmed = _confirmed_recipient(run)
+    confirmed = run.state.get("confirmed_recipient")
     if confirmed is not None:
         run.state["recipient"] = {**confirmed, "confirmed": True}
         _enter_node(run, next_node)

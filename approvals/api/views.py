@@ -46,8 +46,6 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         action = self.get_object()
         data = DecisionRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        decided = services.approval_decide(
-            action_id=action.pk, approver=request.user, **data.validated_data
-        )
-        action = self.get_queryset().get(pk=decided.action.pk)
+        services.approval_decide(action_id=action.pk, approver=request.user, **data.validated_data)
+        action = self.get_queryset().get(pk=action.pk)
         return Response(ApprovalSerializer(action).data)

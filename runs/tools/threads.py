@@ -25,10 +25,10 @@ _threads: list[threading.Thread] = []
 
 
 def _close_broken_connections() -> None:
+    """A connection that saw a database error is closed (the next call opens a new one);
+    asking a healthy one whether it is usable would cost a round trip per call."""
     for connection in connections.all(initialized_only=True):
-        if connection.connection is not None and (
-            connection.errors_occurred or not connection.is_usable()
-        ):
+        if connection.errors_occurred:
             connection.close()
 
 

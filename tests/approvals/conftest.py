@@ -23,6 +23,17 @@ from tests.runs.conftest import demo_run
 
 demo = runs_fixtures.demo
 
+# The running example's events from the approval to the end, after EXAMPLE_EVENTS.
+SENDING_EVENTS = [
+    "approval.granted",
+    "run.resumed",
+    "tool.requested",
+    "action.executing",
+    "tool.completed",
+    "action.succeeded",
+    "run.finished",
+]
+
 ACCEPTED_LOG = "SMTP_ACCEPTED_LOG"
 LOOKUP = "tests.approvals.conftest.accepted"
 

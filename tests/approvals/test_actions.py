@@ -22,39 +22,9 @@ from registry.services.tenancy import membership_add
 from runs.capability import canonical_hash
 from runs.models import Run, ToolCall
 from runs.services.runs import run_cancel
-from tests.approvals.conftest import approver_in, waiting_run
+from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
+from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import event_types, events_of, this_week
-
-INGRESS = ["message.received", "message.normalized", "session.loaded", "capability.resolved"]
-DRAFTING = [
-    *INGRESS,
-    "route.selected",
-    "skill.activated",
-    "tools.assembled",
-    "tool.requested",
-    "tool.completed",
-    "tools.assembled",
-    "context.built",
-    "model.requested",
-    "model.responded",
-    "tool.requested",
-    "tool.completed",
-    "context.built",
-    "model.requested",
-    "model.responded",
-    "draft.created",
-    "approval.required",
-    "tools.assembled",
-]
-SENDING = [
-    "approval.granted",
-    "run.resumed",
-    "tool.requested",
-    "action.executing",
-    "tool.completed",
-    "action.succeeded",
-    "run.finished",
-]
 
 
 def approve(action, approver, **overrides):
@@ -98,7 +68,7 @@ def test_the_running_example_sends_one_mail_to_the_directory_address(demo, bob, 
     assert run.result["output"]["message_id"] == action.external_id
     assert run.result["output"]["recipient"]["corporate_email"] == "li.wei@acme.example"
     assert run.result["actions"][0]["external_id"] == action.external_id
-    assert event_types(run) == [*DRAFTING, *SENDING]
+    assert event_types(run) == [*EXAMPLE_EVENTS, *SENDING_EVENTS]
     granted = events_of(run, "approval.granted")[0]
     assert granted == {
         "action_id": str(action.pk),
@@ -264,30 +234,31 @@ def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_with
     assert event_types(run)[-3:] == ["action.reconciled", "action.succeeded", "run.finished"]
 
 
-def test_a_crash_after_the_action_started_executing_sends_once(demo, bob, smtp_server):
+class WorkerDied(Exception):
+    pass
+
+
+def die(*args):
+    raise WorkerDied
+
+
+def test_a_crash_after_the_action_started_executing_sends_once(demo, bob, smtp_server, monkeypatch):
     # given an action recorded as executing whose worker died before the tool was called
     run, action = waiting_run(demo)
     approve(action, bob)
-    original = services._run_and_record
-
-    class WorkerDied(Exception):
-        pass
-
-    def die(*args, **kwargs):
-        raise WorkerDied
-
-    services._run_and_record = die
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "_run_and_record", die)
         with pytest.raises(WorkerDied):
             services.action_execute(action_id=action.pk)
-    finally:
-        services._run_and_record = original
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.EXECUTING
+    assert not MailDelivery.objects.exists()
 
-    # when the task is delivered again, it settles by the key: nothing was sent, so it sends
+    # when the task is delivered again it executes nothing itself: it hands over to the
+    # reconciliation, which finds no delivery under the key and sends, once
     services.action_execute(action_id=action.pk)
-    services.action_reconcile(action_id=action.pk)
-    services.action_reconcile(action_id=action.pk)
+    assert smtp_server.messages == []
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
 
     assert len(smtp_server.messages) == 1
     assert Run.objects.get(pk=run.pk).status == "COMPLETED"
