@@ -30,6 +30,7 @@ install: $(VENV)/.installed .env
 run: install
 	$(RUN_ENV) $(BIN)/python manage.py migrate --noinput
 	$(RUN_ENV) $(BIN)/python manage.py seed_demo
+	$(RUN_ENV) $(BIN)/python manage.py mcp_discover
 	@echo ""
 	@echo "  Home:      http://$(HOST):$(PORT)/"
 	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"

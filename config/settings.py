@@ -164,9 +164,15 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Discovery of every enabled MCP server (drafts for review, drift marked) runs this often.
+MCP_DISCOVERY_INTERVAL_SECONDS = env.int("MCP_DISCOVERY_INTERVAL_SECONDS", default=3600)
 CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
     "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
+    "mcp-discover": {
+        "task": "registry.tasks.mcp_servers_discover",
+        "schedule": float(MCP_DISCOVERY_INTERVAL_SECONDS),
+    },
 }
 
 # The embedded default (no EMAIL_HOST) writes each mail to a file under var/mail, which the
@@ -253,6 +259,10 @@ ATTACHMENT_MEDIA_TYPES = [
 # larger than this is cut (the full evidence stays in the run's sources).
 TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
 TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
+# MCP servers: a worker lists a server's tools again (the drift check before a call) when its
+# copy is older than this; a resource attached to a run keeps at most this much text.
+MCP_DEFINITION_CACHE_SECONDS = env.int("MCP_DEFINITION_CACHE_SECONDS", default=30)
+MCP_RESOURCE_MAX_BYTES = env.int("MCP_RESOURCE_MAX_BYTES", default=64 * 1024)
 
 # The model context's token budget per turn (estimated locally, see runs/tokens.py).
 CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
@@ -291,4 +301,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    # The MCP SDK logs whole protocol messages (tool results included) at DEBUG: never kept.
+    "loggers": {"mcp": {"level": "INFO"}},
 }

@@ -3,6 +3,7 @@
 Loading is idempotent: what exists is left as it is, what is missing is created and published.
 """
 
+import sys
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -16,6 +17,7 @@ from examples.demo import seed_examples
 from registry.choices import DataClassification, ModelProvider, Risk, Role, VersionStatus
 from registry.models import (
     AgentConfig,
+    McpServer,
     ModelConfig,
     Policy,
     SkillVersion,
@@ -176,6 +178,19 @@ def seed_demo() -> SeedReport:
     )
     if not agent.skills.filter(pk=weekly_summary.pk).exists():
         agent.skills.add(weekly_summary)
+    _config(
+        McpServer,
+        {"tenant": acme, "name": "projects"},
+        {
+            "description": "The running example's project data (examples/mcp_server.py).",
+            "transport": McpServer.Transport.STDIO,
+            "command": sys.executable,
+            "args": ["-m", "examples.mcp_server"],
+            "created_by": admin,
+        },
+        admin,
+        report,
+    )
     for what in seed_examples():
         report.add(what)
     return report

@@ -6,8 +6,10 @@ __all__ = [
     "ApplicationError",
     "DependencyUnavailable",
     "InvalidStatusTransition",
+    "McpServerUnavailable",
     "NotFound",
     "PermissionDenied",
+    "ToolDefinitionChanged",
     "ValidationFailed",
     "VersionImmutable",
     "VersionNotGreater",
@@ -34,3 +36,15 @@ class VersionImmutable(ApplicationError):
 class DependencyUnavailable(ApplicationError):
     code = "DEPENDENCY_UNAVAILABLE"
     http_status = 409
+
+
+class ToolDefinitionChanged(ApplicationError):
+    """An MCP server no longer serves the definition a version was reviewed against."""
+
+    code = "TOOL_DEFINITION_CHANGED"
+    http_status = 409
+
+
+class McpServerUnavailable(ApplicationError):
+    code = "MCP_SERVER_UNAVAILABLE"
+    http_status = 502

@@ -11,6 +11,7 @@ from jsonschema.exceptions import best_match
 
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
+from registry.mcp.review import risk_at_least
 from runs.workflows import WORKFLOWS
 
 Errors = dict[str, list[str]]
@@ -67,6 +68,7 @@ ADAPTER_CONFIG_SCHEMAS: dict[str, dict[str, Any]] = {
             "server": {"type": "string", "minLength": 1},
             "remote_name": {"type": "string", "minLength": 1},
             "definition_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "proposed_risk": {"enum": list(Risk.values)},
         },
         "required": ["server", "remote_name", "definition_hash"],
         "additionalProperties": False,
@@ -166,6 +168,13 @@ def tool_version_errors(values: dict[str, Any]) -> Errors:
         checks["description"] = ["Say what the tool does, when not to use it, what it returns."]
     if values.get("risk") not in Risk.values:
         checks["risk"] = [f"Unknown risk '{values.get('risk')}'."]
+    elif not checks.get("adapter_config") and values.get("adapter_kind") == AdapterKind.MCP:
+        proposed = values["adapter_config"].get("proposed_risk")
+        if proposed and not risk_at_least(values["risk"], proposed):
+            checks["risk"] = [
+                f"The server's annotations propose '{proposed}'; a reviewer may raise the "
+                "risk, never lower it."
+            ]
     for field, messages in checks.items():
         if messages:
             errors[field] = messages

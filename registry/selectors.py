@@ -22,10 +22,13 @@ from registry.choices import (
     LISTED_STATUSES,
     ROLE_ACTIONS,
     Action,
+    AdapterKind,
     VersionStatus,
 )
 from registry.errors import NotFound
 from registry.models import (
+    McpRemoteTool,
+    McpServer,
     Membership,
     RolloutFlag,
     Skill,
@@ -298,3 +301,47 @@ def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersio
             details={"reference": reference},
         )
     return max(candidates, key=lambda version: version.semver)
+
+
+def mcp_server_of(tool_version: ToolVersion) -> McpServer | None:
+    """The server an MCP tool version calls: the one of its name owned by the tool's owner."""
+    if tool_version.adapter_kind != AdapterKind.MCP:
+        return None
+    return McpServer.objects.filter(
+        tenant_id=tool_version.tool.tenant_id, name=tool_version.adapter_config.get("server")
+    ).first()
+
+
+def mcp_server_usable(*, server: McpServer | None, tenant: Tenant) -> bool:
+    """Enabled, and owned by the tenant or platform-wide and granted to it."""
+    if server is None or not server.is_enabled:
+        return False
+    if server.tenant_id is not None:
+        return server.tenant_id == tenant.pk
+    return server.granted_tenants.filter(pk=tenant.pk).exists()
+
+
+def mcp_drift(tool_versions: Iterable[ToolVersion]) -> dict[str, str]:
+    """Why MCP tool versions no longer match what their servers serve, by version id:
+    `DEFINITION_CHANGED` or `REMOVED`. Versions that match, or are not MCP tools, are absent.
+    One query whatever the number of versions."""
+    versions = [v for v in tool_versions if v.adapter_kind == AdapterKind.MCP]
+    if not versions:
+        return {}
+    remote = {
+        (tool.server.tenant_id, tool.server.name, tool.remote_name): tool
+        for tool in McpRemoteTool.objects.filter(
+            server__name__in={v.adapter_config.get("server") for v in versions}
+        ).select_related("server", "current")
+    }
+    drift = {}
+    for version in versions:
+        config = version.adapter_config
+        found = remote.get(
+            (version.tool.tenant_id, config.get("server"), config.get("remote_name"))
+        )
+        if found is None or found.removed_at is not None:
+            drift[str(version.pk)] = "REMOVED"
+        elif found.current.definition_hash != config.get("definition_hash"):
+            drift[str(version.pk)] = "DEFINITION_CHANGED"
+    return drift

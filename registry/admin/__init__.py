@@ -1,3 +1,3 @@
-from registry.admin import configs, definitions, tenancy
+from registry.admin import configs, definitions, mcp, tenancy
 
-__all__ = ["configs", "definitions", "tenancy"]
+__all__ = ["configs", "definitions", "mcp", "tenancy"]

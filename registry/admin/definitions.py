@@ -12,10 +12,19 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from registry.admin.base import RegistryAdmin
-from registry.models import Skill, SkillToolDependency, SkillVersion, Tool, ToolVersion
+from registry.admin.mcp import mcp_review_html
+from registry.choices import AdapterKind
+from registry.models import (
+    McpToolDefinition,
+    Skill,
+    SkillToolDependency,
+    SkillVersion,
+    Tool,
+    ToolVersion,
+)
 from registry.models.versions import LIFECYCLE_FIELDS, DefinitionVersion
 from registry.schemas import skill_version_errors, tool_version_errors
-from registry.selectors import user_may_publish, version_diff
+from registry.selectors import mcp_drift, user_may_publish, version_diff
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.skills import SKILL_CONTENT_FIELDS
@@ -225,7 +234,12 @@ class VersionAdmin(RegistryAdmin):
 class ToolVersionAdmin(VersionAdmin):
     form = ToolVersionForm
     tenant_lookup = "tool__tenant"
-    list_display = (*VersionAdmin.list_display[:3], "risk", *VersionAdmin.list_display[3:])
+    list_display = (
+        *VersionAdmin.list_display[:3],
+        "risk",
+        "drift",
+        *VersionAdmin.list_display[3:],
+    )
     list_filter = (
         "status",
         "risk",
@@ -246,6 +260,25 @@ class ToolVersionAdmin(VersionAdmin):
         "revoke": tools.tool_version_revoke,
         "rollback": tools.tool_rollback,
     }
+
+    @admin.display(description="MCP drift")
+    def drift(self, obj: ToolVersion) -> str:
+        return mcp_drift([obj]).get(str(obj.pk), "")
+
+    @admin.display(description="MCP review")
+    def mcp_review(self, obj: ToolVersion) -> str:
+        definition = McpToolDefinition.objects.filter(
+            server__tenant_id=obj.tool.tenant_id,
+            server__name=obj.adapter_config.get("server"),
+            definition_hash=obj.adapter_config.get("definition_hash"),
+        ).first()
+        if obj.adapter_kind != AdapterKind.MCP or definition is None:
+            return "—"
+        return mcp_review_html(definition.definition, definition.review_flags, self.drift(obj))
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        fields = super().get_readonly_fields(request, obj)
+        return (*fields, "mcp_review") if obj is not None else fields
 
 
 class SkillToolDependencyInline(admin.TabularInline):

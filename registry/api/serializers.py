@@ -1,9 +1,11 @@
 from typing import Any
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
 from registry.models import SkillVersion, ToolVersion
+from registry.selectors import mcp_drift
 from registry.services.skills import SKILL_CONTENT_FIELDS
 from registry.services.tools import TOOL_CONTENT_FIELDS
 
@@ -60,17 +62,41 @@ class VersionFieldsSerializer(serializers.ModelSerializer):
     ]
 
 
+class ToolVersionListSerializer(serializers.ListSerializer):
+    """Reads the drift of every MCP tool version of the page in one query."""
+
+    def to_representation(self, data: Any) -> list[dict[str, Any]]:
+        items = list(data.all() if hasattr(data, "all") else data)
+        self.child.drift = mcp_drift(items)
+        return super().to_representation(items)
+
+
 class ToolVersionSerializer(VersionFieldsSerializer):
     tool = DefinitionRefSerializer(read_only=True)
+    drift = serializers.SerializerMethodField(
+        help_text="MCP tools only: DEFINITION_CHANGED or REMOVED when the server no longer "
+        "serves the reviewed definition (calls are blocked until a new version is reviewed)."
+    )
 
     class Meta:
         model = ToolVersion
         fields = [
             *VersionFieldsSerializer.version_fields,
             "tool",
+            "drift",
             *TOOL_CONTENT_FIELDS,
         ]
         read_only_fields = fields
+        list_serializer_class = ToolVersionListSerializer
+
+    @extend_schema_field(
+        serializers.ChoiceField(choices=["DEFINITION_CHANGED", "REMOVED"], allow_null=True)
+    )
+    def get_drift(self, tool_version: ToolVersion) -> str | None:
+        drift = getattr(self, "drift", None)
+        if drift is None:
+            drift = mcp_drift([tool_version])
+        return drift.get(str(tool_version.pk))
 
 
 class ToolVersionCreateSerializer(StrictSerializer):

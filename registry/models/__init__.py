@@ -1,4 +1,11 @@
 from registry.models.configs import AgentConfig, ModelConfig
+from registry.models.mcp import (
+    McpPrompt,
+    McpRemoteTool,
+    McpResource,
+    McpServer,
+    McpToolDefinition,
+)
 from registry.models.policies import Policy
 from registry.models.rollouts import RolloutFlag
 from registry.models.skills import Skill, SkillToolDependency, SkillVersion
@@ -8,6 +15,11 @@ from registry.models.tools import Tool, ToolVersion
 __all__ = [
     "AgentConfig",
     "ApiToken",
+    "McpPrompt",
+    "McpRemoteTool",
+    "McpResource",
+    "McpServer",
+    "McpToolDefinition",
     "Membership",
     "ModelConfig",
     "Policy",

@@ -3,9 +3,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from registry.errors import VersionImmutable
+from registry.choices import AdapterKind
+from registry.errors import ToolDefinitionChanged, ValidationFailed, VersionImmutable
 from registry.models import Tenant, Tool, ToolVersion
 from registry.schemas import raise_if_errors, tool_version_errors
+from registry.selectors import mcp_drift, mcp_server_of
 from registry.services import lifecycle
 from registry.services.common import audited_save, full_clean_or_raise
 
@@ -91,10 +93,32 @@ def tool_version_validate(tool_version: ToolVersion) -> None:
     )
 
 
+def mcp_version_publish_check(tool_version: ToolVersion) -> None:
+    """A version is published only against the definition its server serves now."""
+    config = tool_version.adapter_config
+    server = mcp_server_of(tool_version)
+    if server is None:
+        raise ValidationFailed(
+            f"No MCP server named {config.get('server')} belongs to the tool's owner."
+        )
+    reason = mcp_drift([tool_version]).get(str(tool_version.pk))
+    if reason:
+        raise ToolDefinitionChanged(
+            f"{server} no longer serves the definition this draft was made from "
+            f"({reason.lower().replace('_', ' ')}); discover again and review the new draft.",
+            details={"reason": reason},
+        )
+
+
+def _publish_validate(tool_version: ToolVersion) -> None:
+    tool_version_validate(tool_version)
+    if tool_version.adapter_kind == AdapterKind.MCP:
+        mcp_version_publish_check(tool_version)
+
+
 def tool_version_publish(*, tool_version: ToolVersion, actor: AbstractBaseUser) -> ToolVersion:
-    return lifecycle.version_publish(
-        version=tool_version, actor=actor, validate=tool_version_validate
-    )
+    """Publishing an MCP tool also needs its server to serve the reviewed definition now."""
+    return lifecycle.version_publish(version=tool_version, actor=actor, validate=_publish_validate)
 
 
 def tool_version_deprecate(

@@ -11,6 +11,7 @@ from django.core.management import call_command
 from registry.choices import ApprovalRule, DataClassification, Risk, VersionStatus
 from registry.models import (
     AgentConfig,
+    McpServer,
     Membership,
     Policy,
     Skill,
@@ -94,6 +95,7 @@ def test_first_run_reports_everything_it_created(seeded):
         "created model config offline-planner",
         "created policy approval-before-side-effects",
         "created agent config weekly-reporter",
+        "created MCP server projects",
         "created project acme/apollo",
         "created project acme/hermes",
         "created project acme/zephyr",
@@ -101,6 +103,14 @@ def test_first_run_reports_everything_it_created(seeded):
         "created project globex/portal",
         DEMO_LOGINS,
     ]
+
+
+def test_acme_gets_the_example_mcp_server_registered_but_nothing_from_it_published(seeded):
+    server = McpServer.objects.get()
+    assert (server.tenant.slug, server.name, server.transport) == ("acme", "projects", "stdio")
+    assert server.args == ["-m", "examples.mcp_server"]
+    assert (server.health, server.last_discovered_at) == ("unknown", None)
+    assert not ToolVersion.objects.filter(adapter_kind="mcp").exists()
 
 
 def test_second_run_creates_nothing_and_says_so(seeded):

@@ -1,0 +1,377 @@
+"""One client session per MCP server per process, shared by every call made in it.
+
+The `mcp` SDK is asynchronous; workers, admin requests and beat tasks are not. Each process
+runs one event loop on a daemon thread (started on first use, again after a fork) that holds
+the sessions; synchronous callers hand it coroutines and wait with explicit timeouts. A
+session whose transport broke is dropped and the next call opens a new one. Secrets (the stdio
+environment, the HTTP bearer token) are read from the host's environment when a connection
+opens and exist nowhere else.
+"""
+
+import asyncio
+import atexit
+import concurrent.futures
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+from django.conf import settings
+from mcp import ClientSession, McpError, StdioServerParameters
+from mcp import types as mcp_types
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from registry.mcp.review import definition_of
+from registry.models import McpServer
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+LIST_PAGES_MAX = 100
+CLOSE_TIMEOUT_S = 5.0
+
+
+class McpUnavailable(Exception):
+    """The server could not be reached, or its connection broke during the request."""
+
+
+class McpTimeout(Exception):
+    """The server did not answer within the request's timeout."""
+
+
+class McpRemoteError(Exception):
+    """The server answered the request with a protocol error."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """How to reach one server, secrets resolved. Never logged or stored."""
+
+    key: str
+    label: str
+    transport: str
+    connect_timeout_s: float
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    url: str = ""
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Values a response must never carry back into a run."""
+        return tuple(value for _, value in self.env) + tuple(
+            value.removeprefix("Bearer ") for _, value in self.headers
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(
+            json.dumps(
+                [self.transport, self.command, self.args, self.env, self.url, self.headers]
+            ).encode()
+        ).hexdigest()
+
+
+def _secret(reference: str, *, server: McpServer) -> str:
+    value = os.environ.get(reference)
+    if value is None:
+        raise McpUnavailable(f"{server}: the secret reference {reference} is not set on this host.")
+    return value
+
+
+def endpoint_for(server: McpServer) -> Endpoint:
+    common = {
+        "key": str(server.pk),
+        "label": str(server),
+        "transport": server.transport,
+        "connect_timeout_s": float(server.timeout_s),
+    }
+    if server.transport == McpServer.Transport.STDIO:
+        return Endpoint(
+            **common,
+            command=server.command,
+            args=tuple(server.args),
+            env=tuple(
+                sorted(
+                    (name, _secret(reference, server=server))
+                    for name, reference in server.env.items()
+                )
+            ),
+        )
+    headers = ()
+    if server.credential_ref:
+        headers = (("Authorization", f"Bearer {_secret(server.credential_ref, server=server)}"),)
+    return Endpoint(**common, url=server.url, headers=headers)
+
+
+class _Connection:
+    """A task on the loop that opens the transport and the session, keeps them open until
+    asked to close, and closes them in the same task (as anyio requires)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.fingerprint = endpoint.fingerprint
+        self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.closing = asyncio.Event()
+        self.broken = False
+        self.task = asyncio.ensure_future(self._hold())
+
+    async def _open(self, stack: AsyncExitStack) -> ClientSession:
+        endpoint = self.endpoint
+        if endpoint.transport == McpServer.Transport.STDIO:
+            parameters = StdioServerParameters(
+                command=endpoint.command,
+                args=list(endpoint.args),
+                env=dict(endpoint.env),
+                cwd=settings.BASE_DIR,
+            )
+            read, write = await stack.enter_async_context(stdio_client(parameters))
+        else:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(
+                    headers=dict(endpoint.headers),
+                    timeout=httpx.Timeout(endpoint.connect_timeout_s, read=None),
+                )
+            )
+            read, write, _ = await stack.enter_async_context(
+                streamable_http_client(endpoint.url, http_client=client)
+            )
+        session = await stack.enter_async_context(ClientSession(read, write))
+        await session.initialize()
+        return session
+
+    async def _hold(self) -> None:
+        try:
+            async with AsyncExitStack() as stack:
+                self.ready.set_result(await self._open(stack))
+                await self.closing.wait()
+        except BaseException as error:
+            if not self.ready.done():
+                self.ready.set_exception(
+                    McpUnavailable(
+                        f"{self.endpoint.label}: could not connect ({_describe(error)})."
+                    )
+                )
+            if isinstance(error, asyncio.CancelledError):
+                raise
+        finally:
+            self.broken = True
+
+    def close(self) -> None:
+        self.broken = True
+        self.closing.set()
+
+
+def _describe(error: BaseException) -> str:
+    """A short reason without secrets: the exception types, innermost first."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    if isinstance(error, httpx.HTTPStatusError):
+        return f"HTTP {error.response.status_code}"
+    return type(error).__name__
+
+
+class McpConnections:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid: int | None = None
+        self._connections: dict[str, _Connection] = {}
+        self._definitions: dict[str, tuple[float, str, dict[str, dict[str, Any]]]] = {}
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(
+                    target=loop.run_forever, name="mcp-connections", daemon=True
+                ).start()
+                self._loop, self._pid = loop, os.getpid()
+                self._connections, self._definitions = {}, {}
+            return self._loop
+
+    def _run(
+        self,
+        endpoint: Endpoint,
+        operation: Callable[[ClientSession], Awaitable[T]],
+        *,
+        timeout_s: float,
+    ) -> T:
+        future = asyncio.run_coroutine_threadsafe(
+            self._on_session(endpoint, operation, timeout_s), self._running_loop()
+        )
+        try:
+            return future.result(endpoint.connect_timeout_s + timeout_s + 5)
+        except concurrent.futures.TimeoutError as error:
+            future.cancel()
+            raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+
+    async def _session(self, endpoint: Endpoint) -> ClientSession:
+        connection = self._connections.get(endpoint.key)
+        if connection is not None and (
+            connection.broken or connection.fingerprint != endpoint.fingerprint
+        ):
+            connection.close()
+            connection = None
+        if connection is None:
+            connection = _Connection(endpoint)
+            self._connections[endpoint.key] = connection
+        try:
+            return await asyncio.wait_for(
+                asyncio.shield(connection.ready), endpoint.connect_timeout_s
+            )
+        except TimeoutError as error:
+            self._discard(connection)
+            raise McpUnavailable(
+                f"{endpoint.label} did not complete the handshake in "
+                f"{endpoint.connect_timeout_s:g} s."
+            ) from error
+        except McpUnavailable:
+            self._discard(connection)
+            raise
+
+    def _discard(self, connection: _Connection) -> None:
+        connection.close()
+        if self._connections.get(connection.endpoint.key) is connection:
+            del self._connections[connection.endpoint.key]
+
+    async def _on_session(
+        self,
+        endpoint: Endpoint,
+        operation: Callable[[ClientSession], Awaitable[T]],
+        timeout_s: float,
+    ) -> T:
+        session = await self._session(endpoint)
+        connection = self._connections.get(endpoint.key)
+        try:
+            return await asyncio.wait_for(operation(session), timeout_s + 1)
+        except TimeoutError as error:
+            raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+        except McpError as error:
+            if error.error.code == httpx.codes.REQUEST_TIMEOUT:
+                raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+            if error.error.code == mcp_types.CONNECTION_CLOSED:
+                if connection is not None:
+                    self._discard(connection)
+                raise McpUnavailable(f"{endpoint.label} closed the connection.") from error
+            raise McpRemoteError(f"{endpoint.label}: {error.error.message}") from error
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as error:
+            if connection is not None:
+                self._discard(connection)
+            raise McpUnavailable(f"{endpoint.label}: the connection broke.") from error
+
+    # --- what callers use -----------------------------------------------------------------
+
+    def tools(self, endpoint: Endpoint) -> dict[str, dict[str, Any]]:
+        """Every tool the server lists (all pages), as definitions by remote name."""
+
+        async def walk(session: ClientSession) -> dict[str, dict[str, Any]]:
+            found: dict[str, dict[str, Any]] = {}
+            cursor = None
+            for _ in range(LIST_PAGES_MAX):
+                page = await session.list_tools(cursor=cursor)
+                found.update({tool.name: definition_of(tool) for tool in page.tools})
+                cursor = page.nextCursor
+                if not cursor:
+                    break
+            return found
+
+        definitions = self._run(endpoint, walk, timeout_s=endpoint.connect_timeout_s)
+        with self._lock:
+            self._definitions[endpoint.key] = (time.monotonic(), endpoint.fingerprint, definitions)
+        return definitions
+
+    def tools_cached(self, endpoint: Endpoint, *, max_age_s: float) -> dict[str, dict[str, Any]]:
+        """The server's tool definitions, listed again when the copy is older than `max_age_s`."""
+        with self._lock:
+            cached = self._definitions.get(endpoint.key)
+        if (
+            cached
+            and cached[1] == endpoint.fingerprint
+            and time.monotonic() - cached[0] < max_age_s
+        ):
+            return cached[2]
+        return self.tools(endpoint)
+
+    def _listing(self, endpoint: Endpoint, capability: str, method: str) -> list[Any]:
+        async def walk(session: ClientSession) -> list[Any]:
+            capabilities = session.get_server_capabilities()
+            if capabilities is None or getattr(capabilities, capability) is None:
+                return []
+            found: list[Any] = []
+            cursor = None
+            for _ in range(LIST_PAGES_MAX):
+                page = await getattr(session, method)(cursor=cursor)
+                found.extend(getattr(page, capability))
+                cursor = page.nextCursor
+                if not cursor:
+                    break
+            return found
+
+        return self._run(endpoint, walk, timeout_s=endpoint.connect_timeout_s)
+
+    def prompts(self, endpoint: Endpoint) -> list[mcp_types.Prompt]:
+        return self._listing(endpoint, "prompts", "list_prompts")
+
+    def resources(self, endpoint: Endpoint) -> list[mcp_types.Resource]:
+        return self._listing(endpoint, "resources", "list_resources")
+
+    def call_tool(
+        self,
+        endpoint: Endpoint,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any],
+        timeout_s: float,
+    ) -> mcp_types.CallToolResult:
+        async def call(session: ClientSession) -> mcp_types.CallToolResult:
+            return await session.call_tool(
+                name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s), meta=meta
+            )
+
+        return self._run(endpoint, call, timeout_s=timeout_s)
+
+    def read_resource(
+        self, endpoint: Endpoint, uri: str, *, timeout_s: float
+    ) -> mcp_types.ReadResourceResult:
+        async def read(session: ClientSession) -> mcp_types.ReadResourceResult:
+            return await session.read_resource(uri)
+
+        return self._run(endpoint, read, timeout_s=timeout_s)
+
+    def close_all(self) -> None:
+        """Close every session of this process (tests, shutdown)."""
+        with self._lock:
+            loop = self._loop if self._pid == os.getpid() else None
+            self._definitions = {}
+        if loop is None:
+            return
+
+        async def close() -> None:
+            connections = list(self._connections.values())
+            self._connections.clear()
+            for connection in connections:
+                connection.close()
+            if connections:
+                await asyncio.wait([c.task for c in connections], timeout=CLOSE_TIMEOUT_S)
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), loop).result(CLOSE_TIMEOUT_S + 1)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            logger.warning("MCP sessions did not close in %s s.", CLOSE_TIMEOUT_S)
+
+
+connections = McpConnections()
+atexit.register(connections.close_all)

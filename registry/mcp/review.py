@@ -1,0 +1,191 @@
+"""What the registry reads off a remote MCP tool before a human reviews it: its definition hash,
+the risk its annotations propose, and flags on text that speaks to the model.
+
+Descriptions and schemas from a server are data written by someone else. Nothing here trusts
+them: annotations only propose a risk the publisher can raise, and flagged text is shown to the
+reviewer, escaped, with hidden characters made visible.
+"""
+
+import hashlib
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any
+
+import rfc8785
+
+from registry.choices import Risk
+
+# From least to most dangerous; a publisher may move a proposed risk only up this list.
+RISK_ORDER: tuple[str, ...] = (
+    Risk.READ,
+    Risk.READ_SENSITIVE,
+    Risk.INTERNAL_WRITE,
+    Risk.EXTERNAL_SIDE_EFFECT,
+    Risk.DESTRUCTIVE,
+    Risk.FINANCIAL,
+)
+
+
+def definition_of(tool: Any) -> dict[str, Any]:
+    """The parts of a remote tool (an `mcp.types.Tool`) the registry keeps and hashes."""
+    return {
+        "name": tool.name,
+        "title": tool.title,
+        "description": tool.description or "",
+        "inputSchema": tool.inputSchema,
+        "outputSchema": tool.outputSchema,
+        "annotations": tool.annotations.model_dump(exclude_none=True) if tool.annotations else {},
+    }
+
+
+def definition_hash(definition: dict[str, Any]) -> str:
+    """sha256 of the RFC 8785 canonical JSON of name, description and schemas."""
+    hashed = {
+        "name": definition["name"],
+        "description": definition.get("description") or "",
+        "inputSchema": definition.get("inputSchema") or {},
+        "outputSchema": definition.get("outputSchema"),
+    }
+    return hashlib.sha256(rfc8785.dumps(hashed)).hexdigest()
+
+
+def proposed_risk(annotations: dict[str, Any]) -> str:
+    """The risk the annotations claim, read with the protocol's defaults (not read-only,
+    destructive, open world): a tool that says nothing is proposed as destructive."""
+    if annotations.get("readOnlyHint", False):
+        return Risk.READ
+    if annotations.get("destructiveHint", True):
+        return Risk.DESTRUCTIVE
+    if annotations.get("openWorldHint", True):
+        return Risk.EXTERNAL_SIDE_EFFECT
+    return Risk.INTERNAL_WRITE
+
+
+def risk_at_least(risk: str, floor: str) -> bool:
+    return RISK_ORDER.index(risk) >= RISK_ORDER.index(floor)
+
+
+_LOCAL_NAME = re.compile(r"[^a-z0-9_]+")
+
+
+def local_tool_name(remote_name: str) -> str:
+    """The registry's name for a remote tool: lower case, letters, digits and '_'."""
+    name = _LOCAL_NAME.sub("_", remote_name.lower()).strip("_") or "tool"
+    if not name[0].isalpha():
+        name = f"t_{name}"
+    return name[:64]
+
+
+@dataclass(frozen=True)
+class Flag:
+    code: str
+    field: str
+    excerpt: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"code": self.code, "field": self.field, "excerpt": self.excerpt}
+
+
+_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        "OVERRIDE_INSTRUCTIONS",
+        re.compile(
+            r"\b(ignore|disregard|forget|override)\b.{0,40}\b(previous|prior|above|earlier|all|"
+            r"system|other)\b.{0,20}\b(instructions?|rules?|prompts?|messages?)\b",
+            re.I | re.S,
+        ),
+    ),
+    (
+        "ADDRESSES_THE_MODEL",
+        re.compile(
+            r"\b(you must|you should|you are now|as an ai|do not (tell|inform|mention|reveal)|"
+            r"don't (tell|inform|mention|reveal)|without (telling|informing) the user|"
+            r"before (using|calling) (any|this|the) (other )?tool|always (call|use|send)|"
+            r"instead of (calling|using))\b",
+            re.I,
+        ),
+    ),
+    (
+        "MENTIONS_OTHER_TOOLS",
+        re.compile(r"\b(other|another|every|all) tools?\b|\btool named\b", re.I),
+    ),
+    (
+        "MENTIONS_SECRETS",
+        re.compile(
+            r"\b(passwords?|passwd|secrets?|api[ _-]?keys?|access[ _-]?tokens?|tokens?|"
+            r"credentials?|private[ _-]?keys?|ssh|\.env|id_rsa)\b",
+            re.I,
+        ),
+    ),
+    (
+        "MENTIONS_RECIPIENTS",
+        re.compile(
+            r"[\w.+-]+@[\w-]+(\.[\w-]+)+|\b(send|forward|mail|email|post|upload|exfiltrate)\b"
+            r".{0,60}\bto\b|\b(bcc|cc)\b",
+            re.I | re.S,
+        ),
+    ),
+    ("MARKUP", re.compile(r"<\s*/?\s*[a-z][a-z0-9_-]*[^>]*>|<!--|\[\[|\]\]|\{\{", re.I)),
+)
+_HIDDEN_CATEGORIES = frozenset({"Cf", "Co", "Cn"})
+
+
+def _hidden(text: str) -> list[str]:
+    return [
+        char
+        for char in text
+        if unicodedata.category(char) in _HIDDEN_CATEGORIES
+        or (unicodedata.category(char) == "Cc" and char not in "\n\r\t")
+    ]
+
+
+def visible(text: str) -> str:
+    """`text` with every hidden or control character spelled out as <U+XXXX>."""
+    return "".join(f"<U+{ord(char):04X}>" if char in set(_hidden(text)) else char for char in text)
+
+
+def _texts(definition: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every piece of free text in a definition, with where it sits."""
+    found = [("description", definition.get("description") or "")]
+    if definition.get("title"):
+        found.append(("title", definition["title"]))
+
+    def walk(value: Any, path: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in {"description", "title"} and isinstance(item, str):
+                    found.append((f"{path}/{key}", item))
+                else:
+                    walk(item, f"{path}/{key}")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{path}/{index}")
+        elif isinstance(value, str) and path.rsplit("/", 1)[-1] in {"default", "const"}:
+            found.append((path, value))
+
+    walk(definition.get("inputSchema") or {}, "inputSchema")
+    walk(definition.get("outputSchema") or {}, "outputSchema")
+    return found
+
+
+def poisoning_flags(definition: dict[str, Any]) -> list[dict[str, str]]:
+    """Why a reviewer should read this definition closely: instructions to the model,
+    mentions of other tools, secrets or recipients, hidden Unicode or markup."""
+    flags: list[Flag] = []
+    for field, text in _texts(definition):
+        hidden = _hidden(text)
+        if hidden:
+            flags.append(
+                Flag(
+                    "HIDDEN_CHARACTERS",
+                    field,
+                    ", ".join(sorted({f"U+{ord(char):04X}" for char in hidden})),
+                )
+            )
+        for code, pattern in _PATTERNS:
+            match = pattern.search(text)
+            if match:
+                start = max(match.start() - 30, 0)
+                flags.append(Flag(code, field, visible(text[start : match.end() + 30])))
+    return [flag.as_dict() for flag in flags]

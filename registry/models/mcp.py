@@ -1,0 +1,214 @@
+"""MCP servers as tool sources, and what discovery last read from them.
+
+A server's remote tools become draft `ToolVersion`s in the namespace of the server's name;
+every distinct remote definition is kept (`McpToolDefinition`, by hash) with the risk its
+annotations propose and the flags a reviewer must see; `McpRemoteTool` says which definition
+the server serves now, or that it stopped serving the tool.
+"""
+
+import uuid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from registry.choices import Risk
+from registry.models.definitions import NAMESPACE_VALIDATOR
+from registry.models.tenancy import Tenant
+
+SECRET_REFERENCE = RegexValidator(
+    r"^[A-Z][A-Z0-9_]{0,127}$", "The name of an environment variable, e.g. PROJECTS_MCP_TOKEN."
+)
+
+
+class McpServer(models.Model):
+    """A registered MCP server. Secrets are references: names of environment variables of the
+    host, read when a connection opens, never stored or shown."""
+
+    class Transport(models.TextChoices):
+        STDIO = "stdio", "stdio (a local process)"
+        STREAMABLE_HTTP = "streamable_http", "Streamable HTTP"
+
+    class Health(models.TextChoices):
+        UNKNOWN = "unknown", "Unknown"
+        HEALTHY = "healthy", "Healthy"
+        UNHEALTHY = "unhealthy", "Unhealthy"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        Tenant,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+        help_text="Owner tenant; empty for a platform-wide server granted to tenants.",
+    )
+    name = models.CharField(
+        max_length=63,
+        validators=[NAMESPACE_VALIDATOR],
+        help_text="Also the namespace of the tools discovered on it.",
+    )
+    description = models.TextField(blank=True)
+    transport = models.CharField(max_length=16, choices=Transport.choices)
+    command = models.CharField(max_length=500, blank=True, help_text="stdio: the executable.")
+    args = models.JSONField(default=list, blank=True, help_text="stdio: a list of arguments.")
+    env = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="stdio: {VARIABLE: SECRET_REFERENCE}; the process gets each variable set "
+        "to the value of the host's environment variable of that reference.",
+    )
+    url = models.URLField(max_length=500, blank=True, help_text="streamable HTTP: the endpoint.")
+    credential_ref = models.CharField(
+        max_length=128,
+        blank=True,
+        validators=[SECRET_REFERENCE],
+        help_text="streamable HTTP: sent as a bearer token.",
+    )
+    timeout_s = models.PositiveIntegerField(
+        default=10,
+        validators=[MinValueValidator(1), MaxValueValidator(120)],
+        help_text="Connecting and listing; each tool call uses its tool version's timeout.",
+    )
+    granted_tenants = models.ManyToManyField(
+        Tenant,
+        blank=True,
+        related_name="granted_mcp_servers",
+        help_text="Tenants whose runs may use a platform-wide server's tools and resources.",
+    )
+    is_enabled = models.BooleanField(default=True)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    health_detail = models.CharField(max_length=300, blank=True)
+    health_checked_at = models.DateTimeField(null=True, blank=True)
+    last_discovered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True
+    )
+
+    history = HistoricalRecords(m2m_fields=[granted_tenants])
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "MCP server"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "name"],
+                condition=models.Q(tenant__isnull=False),
+                name="mcpserver_unique_tenant_name",
+            ),
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=models.Q(tenant__isnull=True),
+                name="mcpserver_unique_platform_name",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        owner = self.tenant.slug if self.tenant_id else "platform"
+        return f"{owner}/{self.name}"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.transport == self.Transport.STDIO:
+            if not self.command:
+                errors["command"] = "A stdio server needs the command that starts it."
+            if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
+                errors["args"] = "A list of strings."
+            if not isinstance(self.env, dict) or not all(
+                isinstance(value, str) and SECRET_REFERENCE.regex.match(value)
+                for value in self.env.values()
+            ):
+                errors["env"] = "An object of VARIABLE: SECRET_REFERENCE (upper-case names)."
+        elif self.transport == self.Transport.STREAMABLE_HTTP and not self.url:
+            errors["url"] = "A streamable HTTP server needs its endpoint URL."
+        if errors:
+            raise ValidationError(errors)
+
+
+class McpToolDefinition(models.Model):
+    """One remote tool definition exactly as a server served it, kept by its hash."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="definitions")
+    remote_name = models.CharField(max_length=200)
+    definition_hash = models.CharField(max_length=64)
+    definition = models.JSONField()
+    proposed_risk = models.CharField(max_length=32, choices=Risk.choices)
+    review_flags = models.JSONField(default=list, blank=True)
+    first_seen_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["server", "remote_name", "-first_seen_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "definition_hash"], name="mcptooldefinition_unique_hash"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server.name}/{self.remote_name} {self.definition_hash[:12]}"
+
+
+class McpRemoteTool(models.Model):
+    """Which definition a server serves under a name now; `removed_at` once it stopped."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="remote_tools")
+    remote_name = models.CharField(max_length=200)
+    current = models.ForeignKey(McpToolDefinition, on_delete=models.PROTECT, related_name="+")
+    last_seen_at = models.DateTimeField()
+    removed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["server", "remote_name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["server", "remote_name"], name="mcpremotetool_unique_name"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server.name}/{self.remote_name}"
+
+
+class McpPrompt(models.Model):
+    """A prompt a server lists: a template a human may read, never a skill."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="prompts")
+    name = models.CharField(max_length=200)
+    title = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    arguments = models.JSONField(default=list, blank=True)
+    review_flags = models.JSONField(default=list, blank=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["server", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "name"], name="mcpprompt_unique_name")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server.name}/{self.name}"
+
+
+class McpResource(models.Model):
+    """A resource a server lists; a run may read it as untrusted evidence, by its URI."""
+
+    server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="resources")
+    uri = models.CharField(max_length=500)
+    name = models.CharField(max_length=200, blank=True)
+    title = models.CharField(max_length=200, blank=True)
+    description = models.TextField(blank=True)
+    mime_type = models.CharField(max_length=100, blank=True)
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["server", "uri"]
+        constraints = [
+            models.UniqueConstraint(fields=["server", "uri"], name="mcpresource_unique_uri")
+        ]
+
+    def __str__(self) -> str:
+        return self.uri

@@ -1,0 +1,306 @@
+"""MCP servers: registration, discovery into reviewable drafts, and drift bookkeeping.
+
+Discovery never makes anything callable: each remote tool becomes (or refreshes) a *draft*
+ToolVersion in the server's namespace, with the remote definition's hash pinned in its adapter
+config and the risk the annotations propose as the floor a publisher may only raise. A
+published version keeps serving only while the server serves exactly the definition it was
+reviewed against.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import rfc8785
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+
+from registry.choices import READ_RISKS, AdapterKind, ApprovalRule, VersionStatus
+from registry.errors import (
+    McpServerUnavailable,
+    PermissionDenied,
+    ValidationFailed,
+)
+from registry.mcp.connections import (
+    McpRemoteError,
+    McpTimeout,
+    McpUnavailable,
+    connections,
+    endpoint_for,
+)
+from registry.mcp.review import (
+    definition_hash,
+    local_tool_name,
+    poisoning_flags,
+    proposed_risk,
+)
+from registry.models import (
+    McpPrompt,
+    McpRemoteTool,
+    McpResource,
+    McpServer,
+    McpToolDefinition,
+    Tool,
+    ToolVersion,
+)
+from registry.selectors import mcp_drift
+from registry.services.common import audited_save, full_clean_or_raise, registry_object_save
+from registry.services.tools import tool_version_validate
+
+UNREACHABLE = (McpUnavailable, McpTimeout, McpRemoteError)
+
+
+def mcp_server_save(
+    *, server: McpServer, actor: AbstractBaseUser, reason: str = "saved"
+) -> McpServer:
+    """A stdio server runs its command on every worker: only platform admins register one."""
+    if server.transport == McpServer.Transport.STDIO and not actor.is_superuser:
+        raise PermissionDenied(
+            "Only platform admins may register stdio servers; they run a command on the host."
+        )
+    if server._state.adding and server.created_by_id is None:
+        server.created_by = actor
+    return registry_object_save(instance=server, actor=actor, reason=reason)
+
+
+@dataclass
+class DiscoveryReport:
+    server: str
+    drafted: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    drifted: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    flagged: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+    prompts: int = 0
+    resources: int = 0
+
+    def summary(self) -> str:
+        parts = [
+            f"{len(self.drafted)} drafted",
+            f"{len(self.unchanged)} unchanged",
+            f"{len(self.drifted)} changed since publish",
+            f"{len(self.removed)} removed",
+            f"{len(self.flagged)} flagged for review",
+            f"{self.prompts} prompts",
+            f"{self.resources} resources",
+        ]
+        if self.skipped:
+            parts.append(f"skipped: {', '.join(f'{k} ({v})' for k, v in self.skipped.items())}")
+        return f"{self.server}: " + ", ".join(parts) + "."
+
+
+def _health(server: McpServer, health: str, detail: str = "", **extra: Any) -> None:
+    """Health is observed state, not configuration: updated without a history row."""
+    McpServer.objects.filter(pk=server.pk).update(
+        health=health, health_detail=detail[:300], health_checked_at=timezone.now(), **extra
+    )
+
+
+def mcp_definitions_sync(
+    *, server: McpServer, listing: dict[str, dict[str, Any]], skipped: dict[str, str] | None = None
+) -> dict[str, McpToolDefinition]:
+    """Record what the server serves now (each new definition kept by its hash, with its
+    proposed risk and review flags) and mark the tools it stopped serving as removed.
+    Safe to run concurrently: rows are created under savepoints."""
+    now = timezone.now()
+    current: dict[str, McpToolDefinition] = {}
+    for remote_name, definition in listing.items():
+        try:
+            hashed = definition_hash(definition)
+        except rfc8785.CanonicalizationError:
+            if skipped is not None:
+                skipped[remote_name] = "holds numbers that cannot be hashed canonically"
+            continue
+        row, _ = McpToolDefinition.objects.get_or_create(
+            server=server,
+            definition_hash=hashed,
+            defaults={
+                "remote_name": remote_name,
+                "definition": definition,
+                "proposed_risk": proposed_risk(definition.get("annotations") or {}),
+                "review_flags": poisoning_flags(definition),
+            },
+        )
+        McpRemoteTool.objects.update_or_create(
+            server=server,
+            remote_name=remote_name,
+            defaults={"current": row, "last_seen_at": now, "removed_at": None},
+        )
+        current[remote_name] = row
+    McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).exclude(
+        remote_name__in=list(listing)
+    ).update(removed_at=now)
+    return current
+
+
+def _next_version(versions: list[ToolVersion]) -> str:
+    latest = max((version.semver for version in versions), default=None)
+    return "1.0.0" if latest is None else str(latest.bump_minor())
+
+
+def _draft_content(server: McpServer, row: McpToolDefinition) -> dict[str, Any]:
+    definition = row.definition
+    schema = dict(definition.get("inputSchema") or {})
+    schema.setdefault("type", "object")
+    schema.setdefault("properties", {})
+    schema["additionalProperties"] = False
+    output_schema = definition.get("outputSchema")
+    return {
+        "description": definition.get("description")
+        or f"{row.remote_name} on the MCP server {server.name} (no description given).",
+        "returns": "Structured content as the output schema says." if output_schema else "",
+        "input_schema": schema,
+        "result_contract": {"output_schema": output_schema} if output_schema else {},
+        "risk": row.proposed_risk,
+        "approval_rule": ApprovalRule.NONE
+        if row.proposed_risk in READ_RISKS
+        else ApprovalRule.REQUIRED,
+        "adapter_kind": AdapterKind.MCP,
+        "adapter_config": {
+            "server": server.name,
+            "remote_name": row.remote_name,
+            "definition_hash": row.definition_hash,
+            "proposed_risk": row.proposed_risk,
+        },
+    }
+
+
+def _draft(
+    *, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser | None
+) -> tuple[str, ToolVersion | None]:
+    """Make sure a version of this definition exists for review. Returns what happened:
+    'unchanged', 'drafted' or 'skipped: …'. Periodic discovery (no actor) creates drafts in
+    the name of whoever registered the server; their history shows no user."""
+    creator = actor or server.created_by
+    name = local_tool_name(row.remote_name)
+    tool = Tool.objects.filter(tenant=server.tenant, namespace=server.name, name=name).first()
+    if tool is None:
+        tool = Tool(tenant=server.tenant, namespace=server.name, name=name, created_by=creator)
+        full_clean_or_raise(tool, exclude=["current_version"])
+        audited_save(tool, actor=actor, reason=f"discovered on MCP server {server}")
+    versions = list(tool.versions.all())
+    if any(v.adapter_config.get("remote_name") != row.remote_name for v in versions):
+        return f"skipped: {name} already names another tool", None
+    if any(v.adapter_config.get("definition_hash") == row.definition_hash for v in versions):
+        return "unchanged", None
+    content = _draft_content(server, row)
+    draft = next((v for v in versions if v.status == VersionStatus.DRAFT), None)
+    if draft is None:
+        draft = ToolVersion(tool=tool, version=_next_version(versions), created_by=creator)
+        reason = f"discovered on MCP server {server}"
+    else:
+        reason = f"definition changed on MCP server {server}"
+    for field_name, value in content.items():
+        setattr(draft, field_name, value)
+    try:
+        full_clean_or_raise(draft)
+        tool_version_validate(draft)
+    except ValidationFailed as error:
+        return f"skipped: {error.message}", None
+    audited_save(draft, actor=actor, reason=reason)
+    return "drafted", draft
+
+
+def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) -> DiscoveryReport:
+    """List the server's tools (every page), prompts and resources and record them."""
+    report = DiscoveryReport(server=str(server))
+    try:
+        endpoint = endpoint_for(server)
+        listing = connections.tools(endpoint)
+        prompts = connections.prompts(endpoint)
+        resources = connections.resources(endpoint)
+    except UNREACHABLE as error:
+        _health(server, McpServer.Health.UNHEALTHY, str(error))
+        raise McpServerUnavailable(str(error)) from error
+    now = timezone.now()
+    with transaction.atomic():
+        server = McpServer.objects.select_for_update().get(pk=server.pk)
+        previous = set(
+            McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).values_list(
+                "remote_name", flat=True
+            )
+        )
+        current = mcp_definitions_sync(server=server, listing=listing, skipped=report.skipped)
+        report.removed = sorted(previous - set(listing))
+        for remote_name, row in sorted(current.items()):
+            outcome, _ = _draft(server=server, row=row, actor=actor)
+            if outcome == "drafted":
+                report.drafted.append(remote_name)
+            elif outcome == "unchanged":
+                report.unchanged.append(remote_name)
+            else:
+                report.skipped[remote_name] = outcome.removeprefix("skipped: ")
+            if row.review_flags:
+                report.flagged.append(remote_name)
+        report.drifted = sorted(mcp_drift_of_server(server))
+        report.prompts = _prompts_record(server, prompts, now)
+        report.resources = _resources_record(server, resources, now)
+        _health(server, McpServer.Health.HEALTHY, report.summary(), last_discovered_at=now)
+    return report
+
+
+def _prompts_record(server: McpServer, prompts: list[Any], now: Any) -> int:
+    for prompt in prompts:
+        definition = {"name": prompt.name, "description": prompt.description or ""}
+        McpPrompt.objects.update_or_create(
+            server=server,
+            name=prompt.name,
+            defaults={
+                "title": prompt.title or "",
+                "description": prompt.description or "",
+                "arguments": [a.model_dump(exclude_none=True) for a in prompt.arguments or []],
+                "review_flags": poisoning_flags(definition),
+                "last_seen_at": now,
+            },
+        )
+    McpPrompt.objects.filter(server=server).exclude(name__in=[p.name for p in prompts]).delete()
+    return len(prompts)
+
+
+def _resources_record(server: McpServer, resources: list[Any], now: Any) -> int:
+    for resource in resources:
+        McpResource.objects.update_or_create(
+            server=server,
+            uri=str(resource.uri),
+            defaults={
+                "name": resource.name or "",
+                "title": resource.title or "",
+                "description": resource.description or "",
+                "mime_type": resource.mimeType or "",
+                "last_seen_at": now,
+            },
+        )
+    McpResource.objects.filter(server=server).exclude(
+        uri__in=[str(r.uri) for r in resources]
+    ).delete()
+    return len(resources)
+
+
+def mcp_drift_of_server(server: McpServer) -> dict[str, str]:
+    """Released versions on this server that no longer match it: remote name → reason."""
+    released = list(
+        ToolVersion.objects.filter(
+            tool__tenant=server.tenant,
+            tool__namespace=server.name,
+            adapter_kind=AdapterKind.MCP,
+            status__in=[VersionStatus.PUBLISHED, VersionStatus.DEPRECATED],
+        ).select_related("tool")
+    )
+    drift = mcp_drift(released)
+    return {
+        version.adapter_config.get("remote_name", ""): drift[str(version.pk)]
+        for version in released
+        if str(version.pk) in drift
+    }
+
+
+def mcp_servers_discover_all(*, actor: AbstractBaseUser | None = None) -> list[str]:
+    """Discover every enabled server; one unreachable server does not stop the others."""
+    summaries = []
+    for server in McpServer.objects.filter(is_enabled=True).order_by("name"):
+        try:
+            summaries.append(mcp_server_discover(server=server, actor=actor).summary())
+        except McpServerUnavailable as error:
+            summaries.append(f"{server}: unavailable ({error.message})")
+    return summaries
