@@ -3,8 +3,9 @@
 It is computed from the actor's roles, the tenant's grants, the agent's statically bound
 skills (the version a rollout serves this actor, else the current one), their pinned tool
 versions and the policy. What is unpublished, revoked, not granted to the tenant or above the
-policy's data classification never enters it, whatever the message says. The snapshot is
-canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
+policy's data classification never enters it, whatever the message says; nor does an MCP tool
+whose server is not available to the tenant or no longer serves the reviewed definition. The
+snapshot is canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 """
 
 import hashlib
@@ -14,9 +15,16 @@ import rfc8785
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
-from registry.choices import DATA_CLASSIFICATION_LEVELS, VersionStatus
+from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, VersionStatus
 from registry.models import AgentConfig, Tenant, ToolVersion
-from registry.selectors import skill_version_for_actor, tenant_has_grant, user_roles
+from registry.selectors import (
+    mcp_drift,
+    mcp_server_of,
+    mcp_server_usable,
+    skill_version_for_actor,
+    tenant_has_grant,
+    user_roles,
+)
 
 SNAPSHOT_SCHEMA = 1
 # A pinned tool version serves its existing pins while published or deprecated; never revoked.
@@ -50,6 +58,11 @@ def _tool_exclusion(
         return "NOT_GRANTED"
     if DATA_CLASSIFICATION_LEVELS.index(tool_version.data_classification) > max_level:
         return "ABOVE_DATA_CLASSIFICATION"
+    if tool_version.adapter_kind == AdapterKind.MCP:
+        if not mcp_server_usable(server=mcp_server_of(tool_version), tenant=tenant):
+            return "MCP_SERVER_NOT_AVAILABLE"
+        if mcp_drift([tool_version]):
+            return "TOOL_DEFINITION_CHANGED"
     already = chosen.get(tool_version.tool.name)
     if already is not None and already["id"] != str(tool_version.pk):
         return "CONFLICTING_PIN"

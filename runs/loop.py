@@ -26,7 +26,9 @@ from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
+from runs.models.tools import EVIDENCE_USE
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
+from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import run_finish, run_transition
 from runs.tools import executor
 from runs.transcript import assistant_entry, pending_calls, result_entry, user_entry
@@ -38,7 +40,6 @@ RECIPIENT_ROLE = "研发负责人"
 HISTORY_RUNS = 5
 DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
-EVIDENCE_USE = "summarize"
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
 HOST_NODES = frozenset({"approval", "send"})
@@ -83,12 +84,15 @@ def _skill_version(run: Run) -> SkillVersion | None:
     return versions_frozen(model=SkillVersion, ids=[skill["id"]]).get(skill["id"])
 
 
-def _text(run: Run) -> str:
-    """The user's message; an attachment appears as a reference, never as its content."""
+def _text(run: Run, resources: dict[str, str]) -> str:
+    """The user's message; an attachment appears as a reference, never as its content; an
+    MCP resource as what `resources_attach` read, wrapped as untrusted data."""
     lines = []
     for part in run.message.get("message", {}).get("parts", []):
         if part["type"] == "text":
             lines.append(part["text"])
+        elif part["type"] == RESOURCE_PART:
+            lines.append(resources[part["uri"]])
         else:
             lines.append(
                 f"[attachment {part['id']}: {part.get('media_type', '')}, "
@@ -227,7 +231,7 @@ def _start(run: Run) -> None:
             question="Which project should the summary cover?",
         )
         return
-    run.transcript = [user_entry(_text(run))]
+    run.transcript = [user_entry(_text(run, resources_attach(run)))]
     _enter_node(run, workflow.start)
 
 

@@ -24,6 +24,12 @@ class AttachmentRefPartSerializer(StrictSerializer):
     id = serializers.UUIDField()
 
 
+class ResourceRefPartSerializer(StrictSerializer):
+    type = serializers.ChoiceField(choices=["resource_ref"])
+    server = serializers.CharField(max_length=63)
+    uri = serializers.CharField(max_length=500)
+
+
 @extend_schema_field(
     {
         "oneOf": [
@@ -45,20 +51,35 @@ class AttachmentRefPartSerializer(StrictSerializer):
                 "required": ["type", "id"],
                 "additionalProperties": False,
             },
+            {
+                "type": "object",
+                "description": "A resource an MCP server lists, read when the run starts and "
+                "given to the model as untrusted evidence with its URI as source.",
+                "properties": {
+                    "type": {"type": "string", "enum": ["resource_ref"]},
+                    "server": {"type": "string", "maxLength": 63},
+                    "uri": {"type": "string", "maxLength": 500},
+                },
+                "required": ["type", "server", "uri"],
+                "additionalProperties": False,
+            },
         ]
     }
 )
 class PartField(serializers.Field):
-    """One message part: text, or a reference to an uploaded attachment."""
+    """One message part: text, a reference to an uploaded attachment, or to an MCP resource."""
 
     serializers_by_type = {
         "text": TextPartSerializer,
         "attachment_ref": AttachmentRefPartSerializer,
+        "resource_ref": ResourceRefPartSerializer,
     }
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         if not isinstance(data, dict) or data.get("type") not in self.serializers_by_type:
-            raise serializers.ValidationError('A part is {"type": "text" | "attachment_ref", …}.')
+            raise serializers.ValidationError(
+                'A part is {"type": "text" | "attachment_ref" | "resource_ref", …}.'
+            )
         part = self.serializers_by_type[data["type"]](data=data)
         part.is_valid(raise_exception=True)
         value = dict(part.validated_data)

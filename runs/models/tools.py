@@ -47,18 +47,32 @@ class ToolCall(models.Model):
         return f"{self.name} ({self.call_id}) {self.status}"
 
 
+# What evidence a draft may cite is marked with this use.
+EVIDENCE_USE = "summarize"
+
+
 class Source(models.Model):
-    """Evidence a tool returned: where it came from, when, its content hash and what it may
-    be used for. The model cites it by `reference`; the content never enters a context whole."""
+    """Evidence a tool returned, or an MCP resource attached to the message: where it came
+    from, when, its content hash and what it may be used for. The model cites it by
+    `reference`; the content never enters a context whole."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="sources")
-    tool_call = models.ForeignKey(ToolCall, on_delete=models.PROTECT, related_name="sources")
-    origin = models.CharField(max_length=200, help_text="The tool version that returned it.")
+    tool_call = models.ForeignKey(
+        ToolCall,
+        on_delete=models.PROTECT,
+        related_name="sources",
+        null=True,
+        blank=True,
+        help_text="Empty for an MCP resource attached to the message.",
+    )
+    origin = models.CharField(
+        max_length=200, help_text="The tool version, or MCP server, that returned it."
+    )
     reference = models.CharField(max_length=300)
     fetched_at = models.DateTimeField(auto_now_add=True)
     content_hash = models.CharField(max_length=64)
-    allowed_use = models.CharField(max_length=64, default="summarize")
+    allowed_use = models.CharField(max_length=64, default=EVIDENCE_USE)
     content = models.TextField(blank=True)
 
     class Meta:

@@ -18,6 +18,7 @@ from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session
 from runs.services.attachments import attachment_parts_resolve
+from runs.services.resources import resource_parts_resolve
 from runs.services.runs import run_finish
 from runs.tasks import run_advance
 
@@ -112,11 +113,15 @@ def message_ingest(
     """Accept a message: the same key and body give the same run; the same key with another
     body is refused; concurrent duplicates make one run (the ingress unique constraint).
     Attachment references must name the actor's own uploads in this tenant; the run's message
-    carries what each one is, never its content."""
+    carries what each one is, never its content. Resource references must name a resource an
+    MCP server available to the tenant listed."""
     roles = user_roles(user=actor, tenant=tenant)
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
-    normalized_parts = attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts)
+    normalized_parts = resource_parts_resolve(
+        tenant=tenant,
+        parts=attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts),
+    )
     request = {
         "channel": channel,
         "parts": parts,

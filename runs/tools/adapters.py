@@ -1,4 +1,5 @@
-"""How a tool version is executed: a Python handler in this process, or an HTTP service.
+"""How a tool version is executed: a Python handler in this process, an HTTP service, or a
+tool of an MCP server.
 
 The host builds the `ToolContext` (identity, tenant, idempotency key, short-lived credential);
 the model never supplies any of it. A handler refuses with `ToolRefused` (gate 3, nothing was
@@ -6,15 +7,27 @@ done) and fails with `ToolFailed` (it ran, and may or may not have had an effect
 """
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
-from registry.choices import AdapterKind
-from registry.models import Tenant, ToolVersion
-from runs.tools.envelope import ErrorCategory
+from registry.choices import READ_RISKS, AdapterKind
+from registry.mcp.connections import (
+    McpRemoteError,
+    McpTimeout,
+    McpUnavailable,
+    connections,
+    endpoint_for,
+)
+from registry.mcp.review import definition_hash
+from registry.models import McpServer, Tenant, ToolVersion
+from registry.selectors import mcp_server_of, mcp_server_usable
+from registry.services.mcp import mcp_definitions_sync
+from runs.tools.envelope import ErrorCategory, strip_secrets
 
 
 @dataclass(frozen=True)
@@ -159,10 +172,137 @@ def http_call(
     )
 
 
+MCP_META_PREFIX = "agentgov/"
+
+
+def _mcp_server(tool_version: ToolVersion, tenant: Tenant) -> McpServer:
+    server = mcp_server_of(tool_version)
+    if not mcp_server_usable(server=server, tenant=tenant):
+        raise ToolRefused(f"The MCP server of {tool_version.qualified_name} is not available here.")
+    return server
+
+
+def _mcp_output(
+    *, server: McpServer, remote_name: str, context: ToolContext, result: Any, secrets: tuple
+) -> ToolOutput:
+    """Content blocks, structured content and `isError` into the envelope's parts. Every text
+    from the server is untrusted data: kept as evidence, never as instructions."""
+    blocks: list[dict[str, Any]] = []
+    texts: list[str] = []
+    sources: list[SourceDraft] = []
+    for block in result.content:
+        if block.type == "text":
+            texts.append(block.text)
+            blocks.append({"type": "text", "text": block.text})
+        elif block.type == "resource":
+            uri, text = str(block.resource.uri), getattr(block.resource, "text", None)
+            blocks.append({"type": "resource", "uri": uri, "mimeType": block.resource.mimeType})
+            if text:
+                sources.append(SourceDraft(reference=uri, content=text, allowed_use="evidence"))
+        elif block.type == "resource_link":
+            blocks.append({"type": "resource_link", "uri": str(block.uri), "name": block.name})
+        else:
+            blocks.append({"type": block.type, "mimeType": getattr(block, "mimeType", None)})
+    structured = result.structuredContent
+    raw = strip_secrets({"content": blocks, "structuredContent": structured}, secrets=secrets)
+    if result.isError:
+        return ToolOutput(business_status="failed", raw=raw)
+    content = (
+        json.dumps(structured, ensure_ascii=False, sort_keys=True)
+        if structured is not None
+        else "\n".join(texts)
+    )
+    sources.insert(
+        0,
+        SourceDraft(
+            reference=f"mcp://{server.name}/{remote_name}#{context.call_id}",
+            content=content,
+            allowed_use="evidence",
+        ),
+    )
+    return ToolOutput(
+        business_status="ok",
+        raw=raw,
+        normalized=raw["structuredContent"] if isinstance(structured, dict) else {},
+        sources=[
+            SourceDraft(
+                reference=draft.reference,
+                content=strip_secrets(draft.content, secrets=secrets),
+                allowed_use=draft.allowed_use,
+            )
+            for draft in sources
+        ],
+    )
+
+
+def mcp_call(
+    tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
+) -> ToolOutput:
+    """`tools/call` on the server's shared session, after checking that the server still
+    serves the definition this version was reviewed against. The host, never the model,
+    supplies the credential (in the connection) and the identity (in `_meta`)."""
+    server = _mcp_server(tool_version, context.tenant)
+    config = tool_version.adapter_config
+    remote_name = config["remote_name"]
+    writes = tool_version.risk not in READ_RISKS
+    try:
+        endpoint = endpoint_for(server)
+        listing = connections.tools_cached(
+            endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS
+        )
+        served = listing.get(remote_name)
+        if served is None or definition_hash(served) != config["definition_hash"]:
+            mcp_definitions_sync(server=server, listing=listing)
+            raise ToolFailed(
+                f"{server} changed or removed {remote_name} since {tool_version.qualified_name} "
+                "was reviewed; a new reviewed version is needed.",
+                category=ErrorCategory.TOOL_DEFINITION_CHANGED,
+                retryable=False,
+            )
+        result = connections.call_tool(
+            endpoint,
+            remote_name,
+            arguments,
+            meta={
+                f"{MCP_META_PREFIX}tenant": context.tenant.slug,
+                f"{MCP_META_PREFIX}actor": context.actor.get_username(),
+                f"{MCP_META_PREFIX}run_id": context.run_id,
+                f"{MCP_META_PREFIX}call_id": context.call_id,
+                f"{MCP_META_PREFIX}idempotency_key": context.idempotency_key,
+            },
+            timeout_s=tool_version.timeout_s,
+        )
+    except McpTimeout as error:
+        raise ToolFailed(
+            str(error), category=ErrorCategory.TIMEOUT, retryable=True, may_have_side_effect=writes
+        ) from error
+    except McpUnavailable as error:
+        raise ToolFailed(
+            str(error),
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=True,
+            may_have_side_effect=writes,
+        ) from error
+    except McpRemoteError as error:
+        raise ToolFailed(
+            str(error), category=ErrorCategory.UPSTREAM_ERROR, retryable=False
+        ) from error
+    return _mcp_output(
+        server=server,
+        remote_name=remote_name,
+        context=context,
+        result=result,
+        secrets=endpoint.secrets,
+    )
+
+
 def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]) -> None:
-    """Gate 3 for Python handlers; an HTTP service authorises the identity the host sends."""
+    """Gate 3 for Python handlers; an HTTP service or an MCP server authorises the identity
+    the host sends, once the host found the MCP server available to the run's tenant."""
     if tool_version.adapter_kind == AdapterKind.PYTHON:
         python_handler(tool_version).authorize(context, arguments)
+    elif tool_version.adapter_kind == AdapterKind.MCP:
+        _mcp_server(tool_version, context.tenant)
 
 
 def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
@@ -189,8 +329,4 @@ def execute(
         return python_handler(tool_version)(context, arguments)
     if tool_version.adapter_kind == AdapterKind.HTTP:
         return http_call(tool_version, context, arguments)
-    raise ToolFailed(
-        f"{tool_version.adapter_kind} tools are not executable here yet.",
-        category=ErrorCategory.UNKNOWN,
-        retryable=False,
-    )
+    return mcp_call(tool_version, context, arguments)

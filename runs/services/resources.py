@@ -1,0 +1,126 @@
+"""MCP resources attached to a message: checked at ingress, read when the run starts.
+
+A resource is someone else's text. It reaches the model only inside an `untrusted_data`
+envelope with its URI as source, is kept as a Source the draft may cite, and is cut to
+`MCP_RESOURCE_MAX_BYTES`. A resource that cannot be read leaves a note, not a failed run.
+"""
+
+import hashlib
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Q
+from django.utils import timezone
+
+from registry.errors import ValidationFailed
+from registry.mcp.connections import (
+    McpRemoteError,
+    McpTimeout,
+    McpUnavailable,
+    connections,
+    endpoint_for,
+)
+from registry.models import McpResource, McpServer, Tenant
+from registry.selectors import mcp_server_usable
+from runs.context import wrap_untrusted
+from runs.models import Run, Source
+from runs.models.tools import EVIDENCE_USE
+from runs.tools.envelope import strip_secrets
+
+RESOURCE_PART = "resource_ref"
+
+
+def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
+    """The resource as the tenant's own server lists it, else a granted platform server."""
+    candidates = (
+        McpResource.objects.filter(server__name=server_name, uri=uri)
+        .filter(Q(server__tenant=tenant) | Q(server__tenant__isnull=True))
+        .select_related("server")
+        .order_by("server__tenant_id")
+    )
+    return next(
+        (found for found in candidates if mcp_server_usable(server=found.server, tenant=tenant)),
+        None,
+    )
+
+
+def resource_parts_resolve(*, tenant: Tenant, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each resource reference bound to a resource its server listed at discovery, on a
+    server available to the tenant; anything else is refused alike, telling nothing."""
+    resolved, unknown = [], []
+    for index, part in enumerate(parts):
+        if part["type"] != RESOURCE_PART:
+            resolved.append(part)
+            continue
+        found = _listed(tenant, part["server"], part["uri"])
+        if found is None:
+            unknown.append({"index": index, "uri": part["uri"], "message": "No such resource."})
+            continue
+        resolved.append(
+            {
+                "type": RESOURCE_PART,
+                "server": found.server.name,
+                "server_id": str(found.server_id),
+                "uri": found.uri,
+                "mime_type": found.mime_type,
+            }
+        )
+    if unknown:
+        raise ValidationFailed(
+            "A part refers to a resource you cannot use.", details={"parts": unknown}
+        )
+    return resolved
+
+
+def _content(result: Any) -> str:
+    texts = [
+        item.text if hasattr(item, "text") else f"[{item.mimeType or 'binary'} content omitted]"
+        for item in result.contents
+    ]
+    return "\n".join(texts)
+
+
+def _cut(text: str, max_bytes: int) -> str:
+    encoded = text.encode()
+    if len(encoded) <= max_bytes:
+        return text
+    return encoded[:max_bytes].decode(errors="ignore") + "\n[cut]"
+
+
+def resources_attach(run: Run) -> dict[str, str]:
+    """Read the message's resources; returns, by URI, what the model is shown for each."""
+    shown: dict[str, str] = {}
+    for part in run.message.get("message", {}).get("parts", []):
+        if part["type"] != RESOURCE_PART:
+            continue
+        uri = part["uri"]
+        server = McpServer.objects.filter(pk=part["server_id"]).first()
+        if not mcp_server_usable(server=server, tenant=run.tenant):
+            shown[uri] = f"[resource {uri}: its server is no longer available]"
+            continue
+        try:
+            endpoint = endpoint_for(server)
+            result = connections.read_resource(endpoint, uri, timeout_s=server.timeout_s)
+        except (McpUnavailable, McpTimeout, McpRemoteError):
+            shown[uri] = f"[resource {uri}: could not be read from {server.name}]"
+            continue
+        content = _cut(
+            strip_secrets(_content(result), secrets=endpoint.secrets),
+            settings.MCP_RESOURCE_MAX_BYTES,
+        )
+        source = Source.objects.create(
+            run=run,
+            origin=f"mcp:{server.name}",
+            reference=uri[:300],
+            content_hash=hashlib.sha256(content.encode()).hexdigest(),
+            allowed_use=EVIDENCE_USE,
+            content=content,
+        )
+        shown[uri] = wrap_untrusted(
+            source=uri,
+            fetched_at=(source.fetched_at or timezone.now()).isoformat(),
+            content=content,
+            allowed_use=EVIDENCE_USE,
+            references=[source.reference],
+        )
+    return shown

@@ -1,0 +1,175 @@
+"""MCP resources attached to a run as untrusted evidence, and the two ways discovery runs:
+the admin action and the periodic Celery task."""
+
+import json
+import uuid
+
+import pytest
+from django.conf import settings
+from django.urls import reverse
+from rest_framework.test import APIClient
+
+from registry.demo import DEMO_PASSWORD
+from registry.models import McpServer, Skill, ToolVersion
+from registry.services.mcp import mcp_server_discover
+from registry.services.tenancy import api_token_issue
+from registry.tasks import mcp_servers_discover
+from runs.loop import run_execute
+from runs.models import Run, Source
+from tests.mcp.conftest import assistant
+from tests.registry.test_admin import messages_of
+from tests.runs.conftest import RUNS, events_of
+from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import seeded_tool
+
+pytestmark = pytest.mark.django_db
+
+APOLLO = "project://acme/apollo"
+
+
+def resource_message(uri: str = APOLLO, server: str = "projects") -> dict:
+    return {
+        "channel": "api",
+        "parts": [
+            {"type": "text", "text": "What does this say about risks?"},
+            {"type": "resource_ref", "server": server, "uri": uri},
+        ],
+        "metadata": {"agent": "project-assistant", "project_id": "apollo"},
+    }
+
+
+def post(client, body: dict):
+    return client.post(
+        "/api/v1/messages", body, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
+    )
+
+
+@pytest.fixture
+def alice_api(demo, client_for_demo):
+    return client_for_demo("alice")
+
+
+@pytest.fixture
+def client_for_demo(demo):
+    def make(username: str):
+        _, key = api_token_issue(username=username, password=DEMO_PASSWORD)
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    return make
+
+
+def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
+    demo, projects, fake_model, alice_api
+):
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
+    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+
+    response = post(alice_api, resource_message())
+
+    assert response.status_code == 202, response.json()
+    run = Run.objects.get(pk=response.json()["run_id"])
+    assert run.message["message"]["parts"][1] == {
+        "type": "resource_ref",
+        "server": "projects",
+        "server_id": str(projects.pk),
+        "uri": APOLLO,
+        "mime_type": "application/json",
+    }
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "COMPLETED"
+    (source,) = Source.objects.filter(run=run)
+    assert (source.reference, source.origin, source.tool_call_id) == (APOLLO, "mcp:projects", None)
+    assert "Vendor SDK delay" in source.content
+    user_message = fake.requests[0].body["messages"][1]
+    assert user_message["role"] == "user"
+    wrapped = json.loads(user_message["content"].split("\n", 1)[1])["untrusted_data"]
+    assert (wrapped["source"], wrapped["references"]) == (APOLLO, [APOLLO])
+    assert "Vendor SDK delay" in wrapped["content"]
+    assert {"reference": APOLLO, "origin": "mcp:projects"} in run.result["sources"]
+    assert events_of(run, "run.finished")[0]["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize(
+    "server, uri",
+    [("projects", "project://acme/nowhere"), ("elsewhere", APOLLO)],
+    ids=["unlisted-uri", "unknown-server"],
+)
+def test_a_resource_nobody_listed_is_refused_and_leaves_no_run(
+    demo, projects, alice_api, server, uri
+):
+    mcp_server_discover(server=projects, actor=demo.admin)
+    assistant(demo, [seeded_tool(demo, "project_search")])
+
+    response = post(alice_api, resource_message(uri, server))
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert response.json()["error"]["details"]["parts"][0]["message"] == "No such resource."
+    assert not Run.objects.exists()
+    assert alice_api.get(RUNS).json()["count"] == 0
+
+
+def test_another_tenants_server_resources_are_refused_alike(demo, projects, client_for_demo):
+    mcp_server_discover(server=projects, actor=demo.admin)
+
+    response = post(client_for_demo("erin"), {**resource_message(), "metadata": {}})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["details"]["parts"][0]["message"] == "No such resource."
+
+
+def test_discovery_from_admin_reports_what_it_found(demo, projects, client):
+    client.force_login(demo.admin)
+
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(projects.pk)]},
+        follow=True,
+    )
+
+    assert messages_of(response) == [
+        (
+            "success",
+            "acme/projects: 2 drafted, 0 unchanged, 0 changed since publish, 0 removed, "
+            "0 flagged for review, 1 prompts, 4 resources.",
+        )
+    ]
+    assert ToolVersion.objects.filter(tool__namespace="projects", status="draft").count() == 2
+    assert not Skill.objects.filter(name="weekly_status").exists()
+
+
+def test_discovery_of_an_unreachable_server_marks_it_unhealthy_in_admin(demo, projects, client):
+    projects.transport, projects.url = McpServer.Transport.STREAMABLE_HTTP, "http://127.0.0.1:9/"
+    projects.save()
+    client.force_login(demo.admin)
+
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(projects.pk)]},
+        follow=True,
+    )
+
+    ((level, message),) = messages_of(response)
+    assert level == "error" and "could not connect" in message
+    projects.refresh_from_db()
+    assert projects.health == "unhealthy"
+    assert not ToolVersion.objects.filter(tool__namespace="projects").exists()
+
+
+def test_the_periodic_task_discovers_every_enabled_server(demo, projects):
+    assert settings.CELERY_BEAT_SCHEDULE["mcp-discover"]["task"] == mcp_servers_discover.name
+
+    summaries = mcp_servers_discover.apply().get()
+
+    assert summaries == [
+        "acme/projects: 2 drafted, 0 unchanged, 0 changed since publish, 0 removed, "
+        "0 flagged for review, 1 prompts, 4 resources."
+    ]
+    drafts = ToolVersion.objects.filter(tool__namespace="projects")
+    assert {draft.created_by for draft in drafts} == {projects.created_by}
