@@ -16,7 +16,7 @@ Environment:
 - `PROJECTS_MCP_OVERRIDES`: path of a JSON file read on every request, to show what a changed
   or misbehaving server looks like: `descriptions` (tool → new description), `removed` (tool
   names no longer listed), `delay_s` (each call sleeps this long), `echo_credential` (results
-  include the credential, as a leaking server would).
+  include the credential, as a leaking server would), `crash` (the process exits mid-call).
 """
 
 import argparse
@@ -136,6 +136,8 @@ def _status(tenant: str, project_id: str, actor: str | None) -> ProjectStatus:
 
 async def _misbehave() -> str:
     overrides = _overrides()
+    if overrides.get("crash"):
+        os._exit(1)
     if overrides.get("delay_s"):
         await asyncio.sleep(float(overrides["delay_s"]))
     return (

@@ -169,8 +169,12 @@ class _Connection:
             self.broken = True
 
     def close(self) -> None:
+        """Ask the holding task to close; one still opening (a handshake that hangs) is
+        cancelled instead, so no task outlives its connection."""
         self.broken = True
         self.closing.set()
+        if not self.ready.done():
+            self.task.cancel()
 
 
 def _describe(error: BaseException) -> str:
@@ -188,6 +192,7 @@ class McpConnections:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid: int | None = None
         self._connections: dict[str, _Connection] = {}
+        self._closing: set[asyncio.Task] = set()
         self._definitions: dict[str, tuple[float, str, dict[str, dict[str, Any]]]] = {}
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
@@ -198,7 +203,7 @@ class McpConnections:
                     target=loop.run_forever, name="mcp-connections", daemon=True
                 ).start()
                 self._loop, self._pid = loop, os.getpid()
-                self._connections, self._definitions = {}, {}
+                self._connections, self._closing, self._definitions = {}, set(), {}
             return self._loop
 
     def _run(
@@ -222,7 +227,7 @@ class McpConnections:
         if connection is not None and (
             connection.broken or connection.fingerprint != endpoint.fingerprint
         ):
-            connection.close()
+            self._discard(connection)
             connection = None
         if connection is None:
             connection = _Connection(endpoint)
@@ -242,7 +247,12 @@ class McpConnections:
             raise
 
     def _discard(self, connection: _Connection) -> None:
+        """Close a connection; `close_all` still waits for it to finish closing (its server
+        process to exit)."""
         connection.close()
+        if not connection.task.done():
+            self._closing.add(connection.task)
+            connection.task.add_done_callback(self._closing.discard)
         if self._connections.get(connection.endpoint.key) is connection:
             del self._connections[connection.endpoint.key]
 
@@ -360,12 +370,10 @@ class McpConnections:
             return
 
         async def close() -> None:
-            connections = list(self._connections.values())
-            self._connections.clear()
-            for connection in connections:
-                connection.close()
-            if connections:
-                await asyncio.wait([c.task for c in connections], timeout=CLOSE_TIMEOUT_S)
+            for connection in list(self._connections.values()):
+                self._discard(connection)
+            if self._closing:
+                await asyncio.wait(list(self._closing), timeout=CLOSE_TIMEOUT_S)
 
         try:
             asyncio.run_coroutine_threadsafe(close(), loop).result(CLOSE_TIMEOUT_S + 1)

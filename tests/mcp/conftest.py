@@ -101,15 +101,22 @@ def transport(request) -> str:
     return request.param
 
 
+def over_stdio(server: McpServer) -> McpServer:
+    """The example server spawned by the platform, its credential and overrides file passed
+    by reference to the host's environment (`overrides` sets both variables)."""
+    server.transport = McpServer.Transport.STDIO
+    server.command = sys.executable
+    server.args = ["-m", "examples.mcp_server"]
+    server.env = {"PROJECTS_MCP_TOKEN": TOKEN_REF, "PROJECTS_MCP_OVERRIDES": OVERRIDES_REF}
+    return server
+
+
 @pytest.fixture
 def projects(demo, transport, overrides, request) -> McpServer:
     """acme's `projects` server (seeded by the demo) on the transport under test."""
     server = McpServer.objects.get(tenant=demo.acme, name="projects")
     if transport == "stdio":
-        server.transport = McpServer.Transport.STDIO
-        server.command = sys.executable
-        server.args = ["-m", "examples.mcp_server"]
-        server.env = {"PROJECTS_MCP_TOKEN": TOKEN_REF, "PROJECTS_MCP_OVERRIDES": OVERRIDES_REF}
+        over_stdio(server)
     else:
         server.transport = McpServer.Transport.STREAMABLE_HTTP
         server.url = request.getfixturevalue("http_server")
@@ -153,21 +160,23 @@ def assistant(demo, tool_versions: list[ToolVersion], *, model_config=None) -> A
     return agent
 
 
-@pytest.fixture
-def published_status(demo, projects) -> Callable[..., ToolVersion]:
+def status_publish(demo, server: McpServer, model_config=None, **changes) -> ToolVersion:
     """Discover, then publish project_status (changed first as given) and give acme the
     `project-assistant` pinning it (on `model_config`, or the offline planner)."""
+    mcp_server_discover(server=server, actor=demo.admin)
+    draft = draft_of(server, "project_status")
+    if changes:
+        draft = tools.tool_version_update(tool_version=draft, actor=demo.admin, **changes)
+    version = tools.tool_version_publish(tool_version=draft, actor=demo.admin)
+    assistant(demo, [version], model_config=model_config)
+    return version
 
-    def publish(model_config=None, **changes) -> ToolVersion:
-        mcp_server_discover(server=projects, actor=demo.admin)
-        draft = draft_of(projects, "project_status")
-        if changes:
-            draft = tools.tool_version_update(tool_version=draft, actor=demo.admin, **changes)
-        version = tools.tool_version_publish(tool_version=draft, actor=demo.admin)
-        assistant(demo, [version], model_config=model_config)
-        return version
 
-    return publish
+@pytest.fixture
+def published_status(demo, projects) -> Callable[..., ToolVersion]:
+    return lambda model_config=None, **changes: status_publish(
+        demo, projects, model_config, **changes
+    )
 
 
 def ask(demo, *, project_id: str = "apollo", actor=None) -> Run:

@@ -237,11 +237,30 @@ def test_a_server_that_is_down_fails_the_call_and_the_run_still_ends(
     assert event_types(run)[-1] == "run.finished"
 
 
+def test_a_disabled_server_leaves_new_snapshots_and_refuses_calls_already_allowed(
+    demo, projects, published_status
+):
+    published_status()
+    allowed = ask(demo)
+    projects.is_enabled = False
+    mcp_server_save(server=projects, actor=demo.admin)
+
+    later = ask(demo)
+    run_execute(run_id=str(allowed.pk))
+
+    assert {"tool": "project_status@1.0.0", "reason": "MCP_SERVER_NOT_AVAILABLE"} in (
+        later.capability["excluded"]
+    )
+    call = only_call(allowed)
+    assert (call.status, call.error_category) == ("rejected", "PERMISSION_DENIED")
+    assert finished(allowed).status == "COMPLETED"
+
+
 # --- drift -----------------------------------------------------------------------------------
 
 
 def test_a_changed_description_blocks_the_next_call_until_a_new_version_is_reviewed(
-    demo, projects, published_status, overrides, settings
+    demo, projects, published_status, overrides, settings, client
 ):
     settings.MCP_DEFINITION_CACHE_SECONDS = 0
     version = published_status()
@@ -261,6 +280,11 @@ def test_a_changed_description_blocks_the_next_call_until_a_new_version_is_revie
     assert remote.current.definition_hash != version.adapter_config["definition_hash"]
     api = publisher_api()
     assert api.get(f"/api/v1/tools/{version.pk}").json()["drift"] == "DEFINITION_CHANGED"
+    client.force_login(demo.admin)
+    servers = client.get(reverse("admin:registry_mcpserver_changelist")).content.decode()
+    assert "project_status (DEFINITION_CHANGED)" in servers
+    versions = client.get(reverse("admin:registry_toolversion_changelist")).content.decode()
+    assert "DEFINITION_CHANGED" in versions
 
     third = ask(demo)  # a new run no longer gets the tool at all
     assert "project_status" not in [t["name"] for t in third.capability["tools"]]

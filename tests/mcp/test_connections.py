@@ -1,0 +1,100 @@
+"""One client session per server per process, shared safely: concurrent calls on it stay
+paired with their requests, a crashed server is replaced on the next call, and a server that
+never completes its handshake costs a bounded wait and leaves nothing behind."""
+
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from registry.mcp.connections import McpUnavailable, connections, endpoint_for
+from registry.models import McpServer
+from tests.mcp.conftest import over_stdio
+
+IDENTITY = {"agentgov/tenant": "acme", "agentgov/actor": "alice"}
+
+
+def example_servers() -> list[int]:
+    """Pids of the stdio example servers this process spawned."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"examples.mcp_server" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.fixture
+def endpoint(overrides):
+    return endpoint_for(over_stdio(McpServer(name="projects", timeout_s=10)))
+
+
+def status_of(endpoint, project_id: str) -> str:
+    result = connections.call_tool(
+        endpoint, "project_status", {"project_id": project_id}, meta=IDENTITY, timeout_s=10
+    )
+    return result.structuredContent["project_id"]
+
+
+def test_calls_share_one_session_and_concurrent_calls_stay_paired(endpoint):
+    assert status_of(endpoint, "apollo") == "apollo"
+    (spawned,) = example_servers()
+
+    wanted = ["apollo", "hermes", "zephyr"] * 8
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answered = list(pool.map(lambda project: status_of(endpoint, project), wanted))
+
+    assert answered == wanted
+    assert example_servers() == [spawned]
+    assert len(connections.tools(endpoint)) == 2
+    assert example_servers() == [spawned]
+
+
+def test_a_server_crashing_mid_call_fails_that_call_and_the_next_call_reconnects(
+    endpoint, overrides
+):
+    assert status_of(endpoint, "apollo") == "apollo"
+    (first,) = example_servers()
+    overrides(crash=True)
+
+    with pytest.raises(McpUnavailable):
+        status_of(endpoint, "apollo")
+
+    overrides()
+    assert status_of(endpoint, "hermes") == "hermes"
+    assert example_servers() != [first] and len(example_servers()) == 1
+
+
+def test_a_server_that_never_completes_its_handshake_costs_one_timeout(overrides):
+    silent = McpServer(
+        name="silent",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=["-c", "import time; time.sleep(60)"],
+        timeout_s=1,
+    )
+    started = time.monotonic()
+
+    with pytest.raises(McpUnavailable, match="did not complete the handshake"):
+        connections.tools(endpoint_for(silent))
+
+    assert time.monotonic() - started < 4
+    assert str(silent.pk) not in connections._connections
+
+
+def test_a_missing_secret_reference_is_named_without_any_value(monkeypatch):
+    server = over_stdio(McpServer(name="projects"))
+    monkeypatch.delenv("TEST_PROJECTS_MCP_TOKEN", raising=False)
+
+    with pytest.raises(McpUnavailable, match="TEST_PROJECTS_MCP_TOKEN is not set"):
+        endpoint_for(server)

@@ -1,0 +1,72 @@
+"""Who may use and register MCP servers."""
+
+import pytest
+from django.urls import reverse
+
+from registry.models import McpServer
+from registry.selectors import mcp_server_usable
+
+pytestmark = pytest.mark.django_db
+
+
+def server(**values) -> McpServer:
+    return McpServer.objects.create(
+        name=values.pop("name", "projects"),
+        transport=McpServer.Transport.STREAMABLE_HTTP,
+        url="http://127.0.0.1:8765/mcp",
+        **values,
+    )
+
+
+def test_a_platform_server_serves_only_the_tenants_granted_to_it(acme, globex):
+    platform = server()
+    platform.granted_tenants.add(acme)
+
+    assert mcp_server_usable(server=platform, tenant=acme)
+    assert not mcp_server_usable(server=platform, tenant=globex)
+    platform.is_enabled = False
+    assert not mcp_server_usable(server=platform, tenant=acme)
+
+
+def test_a_tenants_own_server_serves_only_that_tenant(acme, globex):
+    own = server(tenant=acme)
+
+    assert mcp_server_usable(server=own, tenant=acme)
+    assert not mcp_server_usable(server=own, tenant=globex)
+    assert not mcp_server_usable(server=None, tenant=acme)
+
+
+def test_a_publisher_registers_an_http_server_but_no_stdio_command(client, publisher, acme):
+    publisher.is_staff = True
+    publisher.save()
+    client.force_login(publisher)
+    form = {
+        "tenant": acme.pk,
+        "name": "projects",
+        "args": "[]",
+        "env": "{}",
+        "timeout_s": 10,
+        "is_enabled": "on",
+        **{
+            f"{prefix}-{field}": value
+            for prefix in ("remote_tools", "prompts", "resources")
+            for field, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
+        },
+    }
+    add = reverse("admin:registry_mcpserver_add")
+
+    refused = client.post(add, {**form, "transport": "stdio", "command": "/bin/sh"})
+    accepted = client.post(
+        add, {**form, "transport": "streamable_http", "url": "http://127.0.0.1:8765/mcp"}
+    )
+
+    assert refused.status_code == 200
+    assert "Only platform admins may register stdio servers" in refused.content.decode()
+    assert accepted.status_code == 302
+    created = McpServer.objects.get()
+    assert (created.transport, created.tenant, created.created_by) == (
+        "streamable_http",
+        acme,
+        publisher,
+    )
+    assert created.history.first().history_user == publisher
