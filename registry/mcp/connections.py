@@ -63,7 +63,7 @@ class Endpoint:
     connect_timeout_s: float
     command: str = ""
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     url: str = ""
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 

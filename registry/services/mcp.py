@@ -168,10 +168,11 @@ def _draft_content(server: McpServer, row: McpToolDefinition) -> dict[str, Any]:
 
 def _draft(
     *, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser | None
-) -> tuple[str, ToolVersion | None]:
+) -> str:
     """Make sure a version of this definition exists for review. Returns what happened:
-    'unchanged', 'drafted' or 'skipped: …'. Periodic discovery (no actor) creates drafts in
-    the name of whoever registered the server; their history shows no user."""
+    'unchanged', 'drafted' or 'skipped: …'. A draft of an older definition is rewritten
+    (its review starts over). Periodic discovery (no actor) creates drafts in the name of
+    whoever registered the server; their history shows no user."""
     creator = actor or server.created_by
     name = local_tool_name(row.remote_name)
     tool = Tool.objects.filter(tenant=server.tenant, namespace=server.name, name=name).first()
@@ -181,9 +182,9 @@ def _draft(
         audited_save(tool, actor=actor, reason=f"discovered on MCP server {server}")
     versions = list(tool.versions.all())
     if any(v.adapter_config.get("remote_name") != row.remote_name for v in versions):
-        return f"skipped: {name} already names another tool", None
+        return f"skipped: {name} already names another tool"
     if any(v.adapter_config.get("definition_hash") == row.definition_hash for v in versions):
-        return "unchanged", None
+        return "unchanged"
     content = _draft_content(server, row)
     draft = next((v for v in versions if v.status == VersionStatus.DRAFT), None)
     if draft is None:
@@ -197,9 +198,9 @@ def _draft(
         full_clean_or_raise(draft)
         tool_version_validate(draft)
     except ValidationFailed as error:
-        return f"skipped: {error.message}", None
+        return f"skipped: {error.message}"
     audited_save(draft, actor=actor, reason=reason)
-    return "drafted", draft
+    return "drafted"
 
 
 def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) -> DiscoveryReport:
@@ -224,7 +225,7 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
         current = mcp_definitions_sync(server=server, listing=listing, skipped=report.skipped)
         report.removed = sorted(previous - set(listing))
         for remote_name, row in sorted(current.items()):
-            outcome, _ = _draft(server=server, row=row, actor=actor)
+            outcome = _draft(server=server, row=row, actor=actor)
             if outcome == "drafted":
                 report.drafted.append(remote_name)
             elif outcome == "unchanged":

@@ -12,13 +12,13 @@ import pytest
 
 from registry.mcp.connections import McpUnavailable, connections, endpoint_for
 from registry.models import McpServer
-from tests.mcp.conftest import over_stdio
+from tests.mcp.conftest import TOKEN, over_stdio
 
 IDENTITY = {"agentgov/tenant": "acme", "agentgov/actor": "alice"}
 
 
 def example_servers() -> list[int]:
-    """Pids of the stdio example servers this process spawned."""
+    """Pids of the stdio example servers this process spawned (not the HTTP one)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -29,7 +29,7 @@ def example_servers() -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"examples.mcp_server" in cmdline:
+        if parent == os.getpid() and b"examples.mcp_server" in cmdline and b"--http" not in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -90,6 +90,11 @@ def test_a_server_that_never_completes_its_handshake_costs_one_timeout(overrides
 
     assert time.monotonic() - started < 4
     assert str(silent.pk) not in connections._connections
+
+
+def test_an_endpoint_never_shows_its_secrets(endpoint):
+    assert TOKEN in endpoint.secrets
+    assert TOKEN not in repr(endpoint) and TOKEN not in str(endpoint)
 
 
 def test_a_missing_secret_reference_is_named_without_any_value(monkeypatch):
