@@ -166,9 +166,7 @@ def _draft_content(server: McpServer, row: McpToolDefinition) -> dict[str, Any]:
     }
 
 
-def _draft(
-    *, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser | None
-) -> str:
+def _draft(*, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser | None) -> str:
     """Make sure a version of this definition exists for review. Returns what happened:
     'unchanged', 'drafted' or 'skipped: …'. A draft of an older definition is rewritten
     (its review starts over). Periodic discovery (no actor) creates drafts in the name of
