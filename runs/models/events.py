@@ -2,6 +2,7 @@ import uuid
 from typing import Any
 
 from django.db import models
+from django.utils import timezone
 
 from runs.choices import EventType
 from runs.errors import EventLogIsAppendOnly
@@ -26,7 +27,9 @@ class RunEvent(models.Model):
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=32, choices=EventType.choices)
     payload = models.JSONField(default=dict)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(
+        default=timezone.now, help_text="When it happened, not when its step was written."
+    )
 
     objects = RunEventQuerySet.as_manager()
 
