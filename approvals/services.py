@@ -30,7 +30,7 @@ from examples.models import DirectoryRecord
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
-from runs import events
+from runs import events, tracing
 from runs.capability import canonical_hash
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
@@ -118,6 +118,15 @@ def _locked(action_id: Any) -> tuple[Run, BusinessAction] | None:
 
 
 def _expire(run: Run, action: BusinessAction) -> None:
+    tracing.span_add(
+        run,
+        "approval.wait",
+        started_at=action.created_at,
+        error=True,
+        action_id=str(action.pk),
+        decision="expired",
+        payload_hash=action.payload_hash,
+    )
     _transition(action, ActionStatus.EXPIRED, reason="APPROVAL_EXPIRED")
     if run.status != RunStatus.WAITING_APPROVAL:
         return
@@ -209,6 +218,17 @@ def _decision_record(
         decision=decision,
         payload_hash=action.payload_hash,
         comment=comment,
+    )
+    tracing.span_add(
+        run,
+        "approval.wait",
+        started_at=action.created_at,
+        ended_at=record.created_at,
+        error=decision != Decision.APPROVE,
+        action_id=str(action.pk),
+        decision=str(decision),
+        approver=approver.get_username(),
+        payload_hash=action.payload_hash,
     )
     if decision == Decision.APPROVE:
         _transition(action, ActionStatus.APPROVED)
@@ -459,6 +479,18 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
             transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
         else:
             _fail(run, action, outcome, reconciled=False)
+        tracing.span_add(
+            run,
+            "action",
+            started_at=admitted.record.started_at,
+            error=action.status != ActionStatus.SUCCEEDED,
+            action_id=str(action.pk),
+            kind=action.kind,
+            outcome=action.status,
+            idempotency_key=action.idempotency_key,
+            external_id=action.external_id,
+            attempts=attempts,
+        )
 
 
 def _reconcile_later(action_id: Any, countdown: float = 0) -> None:

@@ -19,7 +19,7 @@ from approvals.services import action_freeze
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
-from runs import events
+from runs import events, tracing
 from runs.choices import RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
@@ -179,6 +179,18 @@ def _merged_rules(
 def _start(run: Run) -> None:
     """Route, activate the skill, merge its rules, gather the inputs, assemble the tools."""
     run.started_at = timezone.now()
+    _route_and_assemble(run)
+    tracing.span_add(
+        run,
+        "routing",
+        started_at=run.started_at,
+        workflow=run.state.get("workflow", ""),
+        skill=run.skill,
+        outcome=run.status,
+    )
+
+
+def _route_and_assemble(run: Run) -> None:
     _transition(run, status=RunStatus.RUNNING)
     skill = _skill(run)
     workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
@@ -391,6 +403,7 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
 
 def _model_turn(run: Run, model_config: ModelConfig) -> None:
     client = model_client_for(model_config)
+    context_started = timezone.now()
     node = _effective_node(run)
     skill = _skill(run)
     skill_version = _skill_version(run)
@@ -407,6 +420,16 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     )
     run.steps += 1
     events.context_built(run, step=run.steps, sections=built.sections)
+    model_started = timezone.now()
+    tracing.span_add(
+        run,
+        "context",
+        started_at=context_started,
+        ended_at=model_started,
+        step=run.steps,
+        node=node.name,
+        tokens={name: section.get("tokens", 0) for name, section in built.sections.items()},
+    )
     events.model_requested(
         run,
         step=run.steps,
@@ -415,14 +438,34 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     )
     if client.is_offline:
         logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)
+    model = {"model": model_config.model_name, "provider": model_config.provider, "step": run.steps}
     try:
         response = client.complete(built.request)
     except ModelError as error:
         if error.retryable:
             raise ModelTemporarilyUnavailable(str(error)) from error
+        tracing.span_add(
+            run,
+            "model.turn",
+            started_at=model_started,
+            error=True,
+            **model,
+            error_category="MODEL_ERROR",
+        )
         _finish(run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
         return
     cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
+    tracing.span_add(
+        run,
+        "model.turn",
+        started_at=model_started,
+        **model,
+        input_tokens=response.usage.input_tokens,
+        output_tokens=response.usage.output_tokens,
+        cost=str(cost),
+        tool_calls=len(response.tool_calls),
+        stop_reason=response.stop_reason,
+    )
     run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
     run.cost += cost
     run.transcript.append(assistant_entry(response.text, response.tool_calls))
@@ -582,6 +625,7 @@ def _budget_exhausted(run: Run) -> str | None:
 
 def _save(run: Run) -> None:
     events.flush_events(run)
+    tracing.flush_spans(run)
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.save(
         update_fields=[
@@ -650,6 +694,7 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
             return False
         events.buffer_events(run)
+        tracing.buffer_spans(run)
         if run.status == RunStatus.QUEUED:
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:

@@ -2,6 +2,16 @@ from runs.models.attachments import Attachment
 from runs.models.events import RunEvent
 from runs.models.runs import IngressRecord, Run
 from runs.models.sessions import Session
+from runs.models.spans import Span
 from runs.models.tools import Source, ToolCall
 
-__all__ = ["Attachment", "IngressRecord", "Run", "RunEvent", "Session", "Source", "ToolCall"]
+__all__ = [
+    "Attachment",
+    "IngressRecord",
+    "Run",
+    "RunEvent",
+    "Session",
+    "Source",
+    "Span",
+    "ToolCall",
+]

@@ -12,7 +12,7 @@ from django.utils import timezone
 from registry.choices import Action
 from registry.models import AgentConfig, Tenant
 from registry.selectors import user_can, user_roles
-from runs import events
+from runs import events, tracing
 from runs.capability import canonical_hash, capability_resolve
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
@@ -169,6 +169,7 @@ def _create_run(
     """The ingress record goes first: a key already taken fails here, before any work (its
     run is created in this transaction; the foreign key is checked at commit)."""
     run_id = uuid4()
+    started_at = timezone.now()
     IngressRecord.objects.create(
         tenant=tenant, actor=actor, idempotency_key=key, request_hash=request_hash, run_id=run_id
     )
@@ -185,11 +186,13 @@ def _create_run(
         metadata=metadata,
         received_at=timezone.now().isoformat(),
     )
+    capability_started = timezone.now()
     capability = (
         capability_resolve(tenant=tenant, actor=actor, agent_config=agent_config, roles=roles)
         if agent_config
         else {}
     )
+    capability_ended = timezone.now()
     run = Run(
         id=run_id,
         tenant=tenant,
@@ -207,6 +210,20 @@ def _create_run(
         trace_id=secrets.token_hex(16),
     )
     events.buffer_events(run)
+    tracing.buffer_spans(run)
+    ingress = tracing.span_add(
+        run, "ingress", started_at=started_at, channel=channel, parts=len(parts), new_session=is_new
+    )
+    tracing.span_add(
+        run,
+        "capability",
+        started_at=capability_started,
+        ended_at=capability_ended,
+        parent_span_id=ingress.span_id,
+        capability_hash=run.capability_hash,
+        tools=len(capability.get("tools", [])),
+        excluded=len(capability.get("excluded", [])),
+    )
     events.message_received(
         run,
         idempotency_key=key,
@@ -219,6 +236,7 @@ def _create_run(
     if agent_config is None:
         run.save(force_insert=True)
         events.flush_events(run)
+        tracing.flush_spans(run)
         return run_finish(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
     events.capability_resolved(
         run,
@@ -228,4 +246,5 @@ def _create_run(
     )
     run.save(force_insert=True)
     events.flush_events(run)
+    tracing.flush_spans(run)
     return run

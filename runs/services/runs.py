@@ -4,7 +4,7 @@ from django.utils import timezone
 
 from registry.choices import Action
 from registry.selectors import user_can
-from runs import events
+from runs import events, tracing
 from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
 from runs.models import Run
@@ -28,6 +28,7 @@ def run_transition(*, run: Run, status: RunStatus, reason_code: str = "", save: 
         run.finished_at = timezone.now()
         update_fields.append("finished_at")
         events.run_finished(run, status=status, reason_code=reason_code)
+        tracing.run_span(run)
     if save:
         run.save(update_fields=update_fields)
     return run

@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
 from registry.selectors import version_ids_revoked, versions_frozen
-from runs import events
+from runs import events, tracing
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
 from runs.tools import adapters, limits, threads
@@ -64,6 +64,17 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
     record.envelope = envelope.as_dict()
     events.tool_rejected(
         run, call_id=record.call_id, name=record.name, category=category, reason=message
+    )
+    tracing.span_add(
+        run,
+        "tool.call",
+        started_at=record.started_at,
+        error=True,
+        tool=record.name,
+        call_id=record.call_id,
+        status=record.status,
+        error_category=category,
+        validation=message,
     )
     return record
 
@@ -359,6 +370,21 @@ def _record(
     record.envelope = envelope.as_dict()
     record.attempts = attempts
     record.duration_ms = duration_ms
+    tracing.span_add(
+        run,
+        "tool.call",
+        started_at=record.started_at,
+        error=record.status != ToolCall.Status.COMPLETED,
+        tool=tool_version.qualified_name,
+        call_id=record.call_id,
+        status=record.status,
+        business_status=envelope.business_status,
+        error_category=record.error_category,
+        attempts=attempts,
+        retries=max(attempts - 1, 0),
+        gate6_ms=duration_ms,
+        risk=tool_version.risk,
+    )
     if record.status == ToolCall.Status.COMPLETED:
         events.tool_completed(
             run,

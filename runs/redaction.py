@@ -1,0 +1,60 @@
+"""Redaction by data classification, applied before anything is stored in a trace or shown.
+
+Two levels. Everything stored in a span, and everything anyone is shown, loses secrets:
+credential-like keys, bearer tokens, values that look like keys or tokens. A viewer without
+clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked and the fields a tool
+contract marks sensitive (`result_contract.sensitive_fields`) replaced.
+"""
+
+import re
+from typing import Any
+
+REDACTED = "[redacted]"
+_EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
+_SECRETS = (
+    re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}"),
+    re.compile(r"\b(sk|pk|rk|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"),
+)
+
+
+_SECRET_WORDS = frozenset(
+    {"token", "secret", "password", "passwd", "credential", "authorization", "cookie", "apikey"}
+)
+_SECRET_PAIRS = ("api_key", "api-key", "private_key", "client_secret")
+
+
+def secret_key(name: str) -> bool:
+    """Whether a field of this name holds a secret: access_token, api_key, password, … (not
+    input_tokens or idempotency_key)."""
+    lowered = name.lower()
+    words = set(re.split(r"[^a-z0-9]+", lowered))
+    return bool(words & _SECRET_WORDS) or any(pair in lowered for pair in _SECRET_PAIRS)
+
+
+def mask_email(text: str) -> str:
+    """li.wei@acme.example → l***@acme.example"""
+    return _EMAIL.sub(lambda match: f"{match.group(1)}***@{match.group(2)}", text)
+
+
+def _text(value: str, *, cleared: bool) -> str:
+    for pattern in _SECRETS:
+        value = pattern.sub(REDACTED, value)
+    return value if cleared else mask_email(value)
+
+
+def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = frozenset()) -> Any:
+    """`value` with secrets removed everywhere and, unless `cleared`, emails masked and the
+    `sensitive` keys replaced."""
+    if isinstance(value, dict):
+        return {
+            key: REDACTED
+            if secret_key(str(key)) or (not cleared and key in sensitive)
+            else redact(item, cleared=cleared, sensitive=sensitive)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact(item, cleared=cleared, sensitive=sensitive) for item in value]
+    if isinstance(value, str):
+        return _text(value, cleared=cleared)
+    return value

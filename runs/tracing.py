@@ -1,0 +1,85 @@
+"""Spans of a run's trace: the timed stages an operator reads as a waterfall.
+
+Like events, a step's spans are held in memory and written in one statement with the step
+(`buffer_spans` / `flush_spans`); outside a step a span is written at once. Every span carries
+the run's trace id, run id and session id; its attributes are redacted before they are kept.
+"""
+
+import secrets
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from runs.models import Run, Span
+from runs.redaction import redact
+
+BUFFER = "_pending_spans"
+
+
+def root_span_id(run: Run) -> str:
+    """The id of the run's root span, known before it is written (when the run ends)."""
+    return run.trace_id[:16]
+
+
+def span_add(
+    run: Run,
+    name: str,
+    *,
+    started_at: datetime,
+    ended_at: datetime | None = None,
+    error: bool = False,
+    span_id: str | None = None,
+    parent_span_id: str | None = None,
+    **attributes: Any,
+) -> Span:
+    ended_at = ended_at or timezone.now()
+    span = Span(
+        run=run,
+        session_id=run.session_id,
+        trace_id=run.trace_id,
+        span_id=span_id or secrets.token_hex(8),
+        parent_span_id=root_span_id(run) if parent_span_id is None else parent_span_id,
+        name=name,
+        started_at=started_at,
+        ended_at=ended_at,
+        duration_ms=max(int((ended_at - started_at).total_seconds() * 1000), 0),
+        status=Span.Status.ERROR if error else Span.Status.OK,
+        attributes=redact(attributes),
+    )
+    buffer = run.__dict__.get(BUFFER)
+    if buffer is None:
+        span.save(force_insert=True)
+    else:
+        buffer.append(span)
+    return span
+
+
+def buffer_spans(run: Run) -> None:
+    run.__dict__[BUFFER] = []
+
+
+def flush_spans(run: Run) -> None:
+    buffer = run.__dict__.pop(BUFFER, None)
+    if buffer:
+        Span.objects.bulk_create(buffer)
+
+
+def run_span(run: Run) -> Span:
+    """The root span, when the run reaches its terminal status."""
+    return span_add(
+        run,
+        "run",
+        started_at=run.created_at,
+        ended_at=run.finished_at,
+        error=run.status not in {"COMPLETED", "NEEDS_CLARIFICATION"},
+        span_id=root_span_id(run),
+        parent_span_id="",
+        status=run.status,
+        reason_code=run.reason_code,
+        skill=run.skill,
+        steps=run.steps,
+        tool_calls=run.tool_call_count,
+        tokens=run.tokens_used,
+        cost=str(run.cost),
+    )
