@@ -8,6 +8,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.api import error_body
+from runs.views import RegistryHistoryView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
@@ -18,6 +19,8 @@ urlpatterns = [
     path("api/v1/", include("runs.api.urls")),
     path("api/v1/", include("approvals.api.urls")),
     path("approvals/", include("approvals.urls")),
+    path("runs/", include("runs.urls")),
+    path("registry/history/", RegistryHistoryView.as_view(), name="registry-history"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

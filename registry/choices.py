@@ -20,6 +20,7 @@ class Action(models.TextChoices):
     REGISTRY_PUBLISH = "registry.publish", "Create, publish, deprecate, revoke, roll back"
     RUN_CREATE = "run.create", "Start runs"
     RUN_VIEW_ALL = "run.view_all", "View every run of the tenant"
+    RUN_VIEW_SENSITIVE = "run.view_sensitive", "See emails and sensitive fields in runs unmasked"
     APPROVAL_DECIDE = "approval.decide", "Decide approvals"
     TENANT_ADMIN = "tenant.admin", "Administer the tenant"
 

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 
 from registry.choices import Action
 from registry.models import Tenant
-from registry.selectors import user_can
+from registry.selectors import tenants_where_user_can, user_can
 from runs.models import Attachment, Run, RunEvent
 
 
@@ -24,3 +24,17 @@ def run_events(*, run: Run, after_seq: int = 0) -> QuerySet[RunEvent]:
 def attachments_usable(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Attachment]:
     """The attachments a message of `user` in `tenant` may refer to: their own uploads there."""
     return Attachment.objects.filter(tenant=tenant, uploaded_by=user)
+
+
+def runs_audited(*, user: AbstractBaseUser) -> QuerySet[Run]:
+    """Every run of the tenants where `user` may view all runs (auditors, admins)."""
+    return Run.objects.filter(
+        tenant__in=tenants_where_user_can(user=user, action=Action.RUN_VIEW_ALL)
+    )
+
+
+def viewer_cleared(*, user: AbstractBaseUser, run: Run) -> bool:
+    """Whether `user` sees `run` unmasked: its requester, or a holder of the clearance."""
+    return run.actor_id == user.pk or user_can(
+        user=user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant
+    )

@@ -8,8 +8,9 @@ waits; under WSGI (the development server) it is a plain iterator.
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -41,11 +42,15 @@ class Poll:
     finished: bool
 
 
-def _poll(run_id: str, after: int) -> Poll:
+Shape = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _poll(run_id: str, after: int, shape: Shape) -> Poll:
     events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:200])
     frames = [
-        f"id: {event.seq}\nevent: {event.type}\n"
-        f"data: {json.dumps({'seq': event.seq, 'type': event.type, 'payload': event.payload})}\n\n"
+        f"id: {event.seq}\nevent: {event.type}\ndata: "
+        + json.dumps({"seq": event.seq, "type": event.type, "payload": shape(event.payload)})
+        + "\n\n"
         for event in events
     ]
     if events:
@@ -60,11 +65,11 @@ def _poll(run_id: str, after: int) -> Poll:
     return Poll(frames=[], after=after, finished=False)
 
 
-def _sync_stream(run_id: str, after: int) -> Iterator[str]:
+def _sync_stream(run_id: str, after: int, shape: Shape) -> Iterator[str]:
     deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
-        poll = _poll(run_id, after)
+        poll = _poll(run_id, after, shape)
         after = poll.after
         yield from poll.frames
         if poll.finished:
@@ -77,12 +82,12 @@ def _sync_stream(run_id: str, after: int) -> Iterator[str]:
         time.sleep(POLL_SECONDS)
 
 
-async def _async_stream(run_id: str, after: int) -> AsyncIterator[str]:
+async def _async_stream(run_id: str, after: int, shape: Shape) -> AsyncIterator[str]:
     deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
     quiet_since = time.monotonic()
     poll_async = sync_to_async(_poll)
     while time.monotonic() < deadline:
-        poll = await poll_async(run_id, after)
+        poll = await poll_async(run_id, after, shape)
         after = poll.after
         for frame in poll.frames:
             yield frame
@@ -96,12 +101,19 @@ async def _async_stream(run_id: str, after: int) -> AsyncIterator[str]:
         await asyncio.sleep(POLL_SECONDS)
 
 
-def event_stream(request: HttpRequest, run: Run, after: int) -> StreamingHttpResponse:
+def _as_stored(payload: dict[str, Any]) -> dict[str, Any]:
+    return payload
+
+
+def event_stream(
+    request: HttpRequest, run: Run, after: int, *, shape: Shape = _as_stored
+) -> StreamingHttpResponse:
+    """`shape` turns each stored payload into what this viewer may see."""
     run_id = str(run.pk)
     stream = (
-        _async_stream(run_id, after)
+        _async_stream(run_id, after, shape)
         if isinstance(request, ASGIRequest)
-        else _sync_stream(run_id, after)
+        else _sync_stream(run_id, after, shape)
     )
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"

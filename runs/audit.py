@@ -1,0 +1,292 @@
+"""What auditors read: the run history with filters and keyset pagination, and one run in
+full (timeline, capability, model turns, tool calls, sources, actions with their approval
+chain, spans, result), redacted for the viewer.
+
+Keyset pagination keeps a deep page as fast as the first: a page is the next `PAGE_SIZE` runs
+before a (created_at, id) cursor, on the (tenant, created_at) indexes.
+"""
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils import timezone
+
+from approvals.models import ApprovalDecision, BusinessAction
+from registry.models import ToolVersion
+from runs.models import Run, RunEvent, Source, Span, ToolCall
+from runs.redaction import redact
+
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class HistoryFilters:
+    tenant: str = ""
+    status: str = ""
+    skill: str = ""
+    user: str = ""
+    date_from: date | None = None
+    date_to: date | None = None
+    has_side_effect: bool = False
+    has_rejected_call: bool = False
+
+
+def encode_cursor(run: Run) -> str:
+    raw = f"{run.created_at.isoformat()}|{run.pk}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
+    """The (created_at, id) a cursor names, or None for a cursor that is not one of ours."""
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created_at, run_id = raw.split("|")
+        return datetime.fromisoformat(created_at), UUID(run_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min))
+
+
+def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -> list[Run]:
+    """One page (plus one, to tell whether there is a next) of `runs`, newest first."""
+    if filters.tenant:
+        runs = runs.filter(tenant__slug=filters.tenant)
+    if filters.status:
+        runs = runs.filter(status=filters.status)
+    if filters.skill and "@" in filters.skill:
+        runs = runs.filter(skill=filters.skill)
+    elif filters.skill:
+        runs = runs.filter(skill__startswith=f"{filters.skill}@")
+    if filters.user:
+        runs = runs.filter(actor__username=filters.user)
+    if filters.date_from:
+        runs = runs.filter(created_at__gte=_day_start(filters.date_from))
+    if filters.date_to:
+        runs = runs.filter(created_at__lt=_day_start(filters.date_to + timedelta(days=1)))
+    side_effect = BusinessAction.objects.filter(run=OuterRef("pk"))
+    rejected = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCall.Status.REJECTED)
+    if filters.has_side_effect:
+        runs = runs.filter(Exists(side_effect))
+    if filters.has_rejected_call:
+        runs = runs.filter(Exists(rejected))
+    position = decode_cursor(before) if before else None
+    if position is not None:
+        created_at, run_id = position
+        runs = runs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=run_id))
+    return list(
+        runs.select_related("tenant", "actor")
+        .annotate(has_side_effect=Exists(side_effect), has_rejected_call=Exists(rejected))
+        .only(
+            "id",
+            "status",
+            "reason_code",
+            "skill",
+            "channel",
+            "created_at",
+            "finished_at",
+            "steps",
+            "tool_call_count",
+            "cost",
+            "tenant__slug",
+            "actor__username",
+        )
+        .order_by("-created_at", "-pk")[: PAGE_SIZE + 1]
+    )
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+def _sensitive_fields(tool_versions: dict[Any, ToolVersion]) -> dict[Any, frozenset[str]]:
+    return {
+        pk: frozenset(version.result_contract.get("sensitive_fields", []))
+        for pk, version in tool_versions.items()
+    }
+
+
+def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
+    """Each span with its offset and width as percentages of the run's span."""
+    if not spans:
+        return []
+    start = min(span.started_at for span in spans)
+    end = max(span.ended_at for span in spans)
+    total = max((end - start).total_seconds(), 0.001)
+    return [
+        {
+            "name": span.name,
+            "span_id": span.span_id,
+            "parent_span_id": span.parent_span_id,
+            "started_at": span.started_at.isoformat(),
+            "duration_ms": span.duration_ms,
+            "status": span.status,
+            "attributes": span.attributes,
+            "offset": round((span.started_at - start).total_seconds() / total * 100, 2),
+            "width": max(round(span.duration_ms / 1000 / total * 100, 2), 0.3),
+        }
+        for span in spans
+    ]
+
+
+def _turns(events: list[RunEvent]) -> list[dict[str, Any]]:
+    """Per model turn: the context sections' sizes and what the model answered."""
+    turns: dict[int, dict[str, Any]] = {}
+    for event in events:
+        step = event.payload.get("step")
+        if event.type == "context.built":
+            turns.setdefault(step, {"step": step})["sections"] = {
+                name: {"tokens": section.get("tokens"), "chars": section.get("chars")}
+                for name, section in event.payload.get("sections", {}).items()
+            }
+        elif event.type == "model.requested":
+            turns.setdefault(step, {"step": step})["model"] = event.payload.get("model")
+        elif event.type == "model.responded":
+            turn = turns.setdefault(step, {"step": step})
+            turn["tool_calls"] = event.payload.get("tool_calls", [])
+            turn["usage"] = event.payload.get("usage", {})
+            turn["stop_reason"] = event.payload.get("stop_reason")
+    return [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
+
+
+def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
+    resumed = {
+        event.payload.get("action_id"): event.payload.get("checks", [])
+        for event in events
+        if event.type == "run.resumed"
+    }
+    decisions = {
+        decision.action_id: decision
+        for decision in ApprovalDecision.objects.filter(action__run=run).select_related("approver")
+    }
+    found = []
+    for action in BusinessAction.objects.filter(run=run).order_by("created_at"):
+        decision = decisions.get(action.pk)
+        found.append(
+            {
+                "id": str(action.pk),
+                "kind": action.kind,
+                "status": action.status,
+                "status_reason": action.status_reason,
+                "payload_hash": action.payload_hash,
+                "idempotency_key": action.idempotency_key,
+                "payload": action.payload,
+                "created_at": action.created_at.isoformat(),
+                "expires_at": action.expires_at.isoformat() if action.expires_at else None,
+                "executed_at": action.executed_at.isoformat() if action.executed_at else None,
+                "external_id": action.external_id,
+                "decision": {
+                    "decision": decision.decision,
+                    "approver": decision.approver.get_username(),
+                    "payload_hash": decision.payload_hash,
+                    "hash_matches": decision.payload_hash == action.payload_hash,
+                    "comment": decision.comment,
+                    "decided_at": decision.created_at.isoformat(),
+                }
+                if decision
+                else None,
+                "revalidated": resumed.get(str(action.pk), []),
+            }
+        )
+    return found
+
+
+def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
+    """Everything an auditor reads about one run, redacted for the viewer; the page renders
+    it and the export is it, as JSON."""
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    calls = list(ToolCall.objects.filter(run=run).order_by("step", "started_at"))
+    versions = {
+        version.pk: version
+        for version in ToolVersion.objects.filter(
+            pk__in={call.tool_version_id for call in calls if call.tool_version_id}
+        ).select_related("tool")
+    }
+    sensitive = _sensitive_fields(versions)
+    spans = list(Span.objects.filter(run=run).order_by("started_at"))
+    record = {
+        "run": {
+            "id": str(run.pk),
+            "tenant": run.tenant.slug,
+            "actor": run.actor.get_username(),
+            "session_id": str(run.session_id),
+            "trace_id": run.trace_id,
+            "channel": run.channel,
+            "skill": run.skill,
+            "status": run.status,
+            "reason_code": run.reason_code,
+            "created_at": run.created_at.isoformat(),
+            "finished_at": run.finished_at.isoformat() if run.finished_at else None,
+            "steps": run.steps,
+            "tool_calls": run.tool_call_count,
+            "tokens": run.tokens_used,
+            "cost": str(run.cost),
+            "capability_hash": run.capability_hash,
+        },
+        "message": run.message,
+        "capability": run.capability,
+        "events": [
+            {
+                "seq": event.seq,
+                "type": event.type,
+                "at": event.created_at.isoformat(),
+                "payload": event.payload,
+            }
+            for event in events
+        ],
+        "turns": _turns(events),
+        "tool_calls": [
+            {
+                "call_id": call.call_id,
+                "name": call.name,
+                "tool_version": versions[call.tool_version_id].qualified_name
+                if call.tool_version_id in versions
+                else None,
+                "step": call.step,
+                "status": call.status,
+                "error_category": call.error_category,
+                "attempts": call.attempts,
+                "duration_ms": call.duration_ms,
+                "arguments": redact(
+                    call.arguments,
+                    cleared=cleared,
+                    sensitive=sensitive.get(call.tool_version_id, frozenset()),
+                ),
+                "envelope": redact(
+                    call.envelope,
+                    cleared=cleared,
+                    sensitive=sensitive.get(call.tool_version_id, frozenset()),
+                ),
+            }
+            for call in calls
+        ],
+        "sources": [
+            {
+                "reference": source.reference,
+                "origin": source.origin,
+                "content_hash": source.content_hash,
+                "allowed_use": source.allowed_use,
+                "fetched_at": source.fetched_at.isoformat(),
+                "content": source.content,
+            }
+            for source in Source.objects.filter(run=run).order_by("fetched_at")
+        ],
+        "actions": _actions(run, events),
+        "spans": _waterfall(spans, run),
+        "result": run.result,
+    }
+    calls_redacted = record.pop("tool_calls")
+    redacted = redact(record, cleared=cleared)
+    redacted["tool_calls"] = calls_redacted
+    return redacted
+
+
+def run_export(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, indent=2, sort_keys=True, default=str)

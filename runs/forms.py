@@ -1,0 +1,16 @@
+from django import forms
+
+from runs.choices import RunStatus
+
+
+class RunFilterForm(forms.Form):
+    """The run history's filters; an invalid value is ignored, never an error page."""
+
+    tenant = forms.SlugField(required=False, max_length=63)
+    status = forms.ChoiceField(required=False, choices=[("", "Any"), *RunStatus.choices])
+    skill = forms.CharField(required=False, max_length=140, help_text="name or name@version")
+    user = forms.CharField(required=False, max_length=150)
+    date_from = forms.DateField(required=False)
+    date_to = forms.DateField(required=False)
+    has_side_effect = forms.BooleanField(required=False)
+    has_rejected_call = forms.BooleanField(required=False)

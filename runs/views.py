@@ -1,0 +1,144 @@
+"""Auditor pages: read-only, login required, scoped to the tenants where the viewer may view
+every run; a run of any other tenant is not found. What a page shows is redacted for the
+viewer (runs.redaction)."""
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.decorators import method_decorator
+from django.views import View
+from simple_history.utils import get_history_model_for_model
+
+from registry.choices import Action
+from registry.models import SkillVersion, ToolVersion
+from registry.selectors import tenants_where_user_can
+from runs import audit, selectors
+from runs.api.stream import event_stream
+from runs.choices import ACTIVE_STATUSES
+from runs.forms import RunFilterForm
+from runs.models import Run
+from runs.redaction import redact
+
+REGISTRY_HISTORY_ROWS = 200
+
+
+def _audited_tenants(request: HttpRequest) -> list[str]:
+    slugs = list(
+        tenants_where_user_can(user=request.user, action=Action.RUN_VIEW_ALL).values_list(
+            "slug", flat=True
+        )
+    )
+    if not slugs:
+        raise PermissionDenied("Only auditors and tenant admins read run histories.")
+    return slugs
+
+
+def _run_or_404(request: HttpRequest, run_id) -> Run:
+    run = (
+        selectors.runs_audited(user=request.user)
+        .select_related("tenant", "actor")
+        .filter(pk=run_id)
+        .first()
+    )
+    if run is None:
+        raise Http404("No such run.")
+    return run
+
+
+@method_decorator(login_required, name="dispatch")
+class RunHistoryView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        tenants = _audited_tenants(request)
+        form = RunFilterForm(request.GET)
+        filters = (
+            audit.HistoryFilters(**form.cleaned_data) if form.is_valid() else audit.HistoryFilters()
+        )
+        runs = audit.history(
+            selectors.runs_audited(user=request.user), filters, before=request.GET.get("before", "")
+        )
+        page = runs[: audit.PAGE_SIZE]
+        query = request.GET.copy()
+        query.pop("before", None)
+        return render(
+            request,
+            "runs/history.html",
+            {
+                "form": form,
+                "tenants": tenants,
+                "runs": page,
+                "next_cursor": audit.encode_cursor(page[-1]) if len(runs) > len(page) else "",
+                "query": query.urlencode(),
+            },
+        )
+
+
+@method_decorator(login_required, name="dispatch")
+class RunDetailView(View):
+    def get(self, request: HttpRequest, run_id) -> HttpResponse:
+        run = _run_or_404(request, run_id)
+        record = audit.run_record(run, cleared=selectors.viewer_cleared(user=request.user, run=run))
+        return render(
+            request,
+            "runs/detail.html",
+            {"run": run, "record": record, "active": run.status in ACTIVE_STATUSES},
+        )
+
+
+@method_decorator(login_required, name="dispatch")
+class RunExportView(View):
+    def get(self, request: HttpRequest, run_id) -> HttpResponse:
+        run = _run_or_404(request, run_id)
+        record = audit.run_record(run, cleared=selectors.viewer_cleared(user=request.user, run=run))
+        response = HttpResponse(audit.run_export(record), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="run-{run.pk}.json"'
+        return response
+
+
+@method_decorator(login_required, name="dispatch")
+class RunStreamView(View):
+    """The run page follows this while the run is active: its events, redacted."""
+
+    def get(self, request: HttpRequest, run_id) -> HttpResponse:
+        run = _run_or_404(request, run_id)
+        cleared = selectors.viewer_cleared(user=request.user, run=run)
+        after = request.headers.get("Last-Event-ID", "0")
+        return event_stream(
+            request,
+            run,
+            int(after) if after.isdigit() else 0,
+            shape=lambda payload: redact(payload, cleared=cleared),
+        )
+
+
+@method_decorator(login_required, name="dispatch")
+class RegistryHistoryView(View):
+    """Who created, published, deprecated or revoked which tool and skill version, when and
+    why: the registry's own history rows for the auditor's tenants and the platform."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        tenants = _audited_tenants(request)
+        rows = []
+        for model, parent in ((ToolVersion, "tool"), (SkillVersion, "skill")):
+            history = get_history_model_for_model(model)
+            owned = history.objects.filter(**{f"{parent}__tenant__slug__in": tenants})
+            platform = history.objects.filter(**{f"{parent}__tenant__isnull": True})
+            for row in (
+                (owned | platform)
+                .select_related(parent, "history_user")
+                .order_by("-history_date")[:REGISTRY_HISTORY_ROWS]
+            ):
+                definition = getattr(row, parent)
+                rows.append(
+                    {
+                        "at": row.history_date,
+                        "kind": parent,
+                        "name": f"{definition.name}@{row.version}",
+                        "status": row.status,
+                        "change": row.get_history_type_display(),
+                        "reason": row.history_change_reason or "",
+                        "user": row.history_user.get_username() if row.history_user else "system",
+                    }
+                )
+        rows.sort(key=lambda row: row["at"], reverse=True)
+        return render(request, "runs/registry_history.html", {"rows": rows[:REGISTRY_HISTORY_ROWS]})

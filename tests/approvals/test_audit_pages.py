@@ -1,0 +1,222 @@
+"""What an auditor reads about the running example, from approval to sent mail: the trace's
+spans, the run history with its filters and pages, one run in full, redacted for the viewer,
+and the export."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals import services
+from approvals.choices import Decision
+from registry.choices import Role
+from registry.demo import DEMO_PASSWORD
+from registry.services.tenancy import membership_add
+from runs.audit import PAGE_SIZE
+from runs.models import Run, Span
+from runs.tracing import root_span_id
+from tests.approvals.conftest import waiting_run
+from tests.runs.conftest import demo_run
+
+pytestmark = pytest.mark.django_db
+
+EMAIL = "li.wei@acme.example"
+MASKED = "l***@acme.example"
+
+
+@pytest.fixture
+def sent_run(demo, bob, smtp_server) -> Run:
+    """The running example approved by bob and sent."""
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+        comment="Looks right.",
+    )
+    services.action_execute(action_id=action.pk)
+    return Run.objects.get(pk=run.pk)
+
+
+@pytest.fixture
+def carol(demo):
+    """acme's auditor (seeded)."""
+    return get_user_model().objects.get(username="carol")
+
+
+def logged_in(client, user):
+    assert client.login(username=user.username, password=DEMO_PASSWORD)
+    return client
+
+
+def test_every_stage_of_the_run_is_a_span_of_its_trace(sent_run):
+    spans = list(Span.objects.filter(run=sent_run).order_by("started_at"))
+
+    assert [span.name for span in spans if span.name != "run"] == [
+        "ingress",
+        "capability",
+        "routing",
+        "tool.call",
+        "context",
+        "model.turn",
+        "tool.call",
+        "context",
+        "model.turn",
+        "approval.wait",
+        "tool.call",
+        "action",
+    ]
+    assert {(span.trace_id, span.session_id) for span in spans} == {
+        (sent_run.trace_id, sent_run.session_id)
+    }
+    root = next(span for span in spans if span.name == "run")
+    assert (root.span_id, root.parent_span_id) == (root_span_id(sent_run), "")
+    assert root.attributes["status"] == "COMPLETED"
+    ingress = next(span for span in spans if span.name == "ingress")
+    capability = next(span for span in spans if span.name == "capability")
+    assert capability.parent_span_id == ingress.span_id
+    assert {span.parent_span_id for span in spans} - {"", ingress.span_id} == {root.span_id}
+    turn = next(span for span in spans if span.name == "model.turn")
+    assert turn.attributes["model"] == "offline-deterministic-planner"
+    assert turn.attributes["input_tokens"] > 0
+    wait = next(span for span in spans if span.name == "approval.wait")
+    assert (wait.attributes["decision"], wait.attributes["approver"]) == ("approve", "bob")
+    action = next(span for span in spans if span.name == "action")
+    assert action.attributes["outcome"] == "succeeded"
+    assert all(span.duration_ms >= 0 and span.ended_at >= span.started_at for span in spans)
+    assert EMAIL not in json.dumps([span.attributes for span in spans])
+
+
+def test_an_auditor_reads_the_run_with_the_email_masked(demo, sent_run, carol, client):
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))
+
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert EMAIL not in html
+    assert MASKED in html
+    assert "approve by <strong>bob</strong>" in html
+    assert "the frozen payload" in html and "NOT the frozen payload" not in html
+    assert sent_run.action.payload_hash in html
+    assert "Re-validated on resume: approver, requester, policy, directory_record" in html
+    for span in ("ingress", "model.turn", "approval.wait", "action"):
+        assert f"<td>{span}</td>" in html
+    assert "project_search" in html and "mail_send" in html
+    assert "run.finished" in html
+    assert 'id="live"' not in html
+
+
+def test_a_tenant_admin_has_clearance_and_sees_the_email(demo, sent_run, client):
+    page = logged_in(client, demo.admin).get(reverse("runs:detail", args=[sent_run.pk]))
+
+    assert EMAIL in page.content.decode()
+
+
+def test_the_export_is_the_same_record_as_json(demo, sent_run, carol, client):
+    response = logged_in(client, carol).get(reverse("runs:export", args=[sent_run.pk]))
+
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="run-{sent_run.pk}.json"'
+    record = json.loads(response.content)
+    assert record["run"]["status"] == "COMPLETED"
+    assert [event["seq"] for event in record["events"]] == list(
+        range(1, sent_run.last_event_seq + 1)
+    )
+    assert record["actions"][0]["decision"]["approver"] == "bob"
+    assert {span["name"] for span in record["spans"]} >= {"run", "action", "approval.wait"}
+    assert EMAIL not in response.content.decode()
+
+
+def test_someone_of_another_tenant_or_role_does_not_find_the_run(demo, sent_run, client):
+    erin = get_user_model().objects.get(username="erin")
+    globex_auditor = get_user_model().objects.create_user("gina", password=DEMO_PASSWORD)
+    membership_add(actor=None, user=globex_auditor, tenant=demo.globex, role=Role.AUDITOR)
+
+    assert (
+        logged_in(client, globex_auditor)
+        .get(reverse("runs:detail", args=[sent_run.pk]))
+        .status_code
+        == 404
+    )
+    assert client.get(reverse("runs:export", args=[sent_run.pk])).status_code == 404
+    assert "No run matches." in client.get(reverse("runs:history")).content.decode()
+    client.logout()
+    assert logged_in(client, erin).get(reverse("runs:history")).status_code == 403
+    client.logout()
+    anonymous = client.get(reverse("runs:detail", args=[sent_run.pk]))
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
+
+
+def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
+    queued = demo_run(demo, text="Summarise project Hermes", project_id="hermes")
+    logged_in(client, carol)
+
+    def listed(**params) -> list[str]:
+        html = client.get(reverse("runs:history"), params).content.decode()
+        return [str(run.pk) for run in Run.objects.all() if str(run.pk) in html]
+
+    assert set(listed()) == {str(sent_run.pk), str(queued.pk)}
+    assert listed(status="COMPLETED") == [str(sent_run.pk)]
+    assert listed(has_side_effect="on") == [str(sent_run.pk)]
+    assert listed(skill="weekly-summary@3.2.0", status="QUEUED") == [str(queued.pk)]
+    assert listed(user="bob") == []
+    tomorrow = (timezone.localdate() + timedelta(days=1)).isoformat()
+    assert listed(date_from=tomorrow) == []
+    assert set(listed(date_to=tomorrow, status="nonsense")) == {str(sent_run.pk), str(queued.pk)}
+
+
+def test_a_deep_page_is_one_query_like_the_first(demo, carol, client):
+    runs = [demo_run(demo) for _ in range(PAGE_SIZE + 5)]
+    logged_in(client, carol)
+
+    with CaptureQueriesContext(connection) as first_queries:
+        first = client.get(reverse("runs:history"))
+    older = first.content.decode().split('id="next" href="?before=')[1].split('"')[0]
+    with CaptureQueriesContext(connection) as next_queries:
+        second = client.get(reverse("runs:history"), {"before": older})
+
+    newest_first = sorted(runs, key=lambda run: (run.created_at, str(run.pk)), reverse=True)
+    assert str(newest_first[0].pk) in first.content.decode()
+    assert str(newest_first[PAGE_SIZE].pk) not in first.content.decode()
+    page_two = second.content.decode()
+    assert [str(run.pk) in page_two for run in newest_first] == [False] * PAGE_SIZE + [True] * 5
+    assert 'id="next"' not in page_two
+    assert len(first_queries) <= 10 and len(next_queries) == len(first_queries)
+
+
+def test_the_run_page_stays_within_ten_queries(demo, sent_run, carol, client):
+    logged_in(client, carol)
+
+    with CaptureQueriesContext(connection) as queries:
+        client.get(reverse("runs:detail", args=[sent_run.pk]))
+
+    assert len(queries) <= 12, [query["sql"][:80] for query in queries]
+
+
+def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
+    demo, carol, client, settings
+):
+    settings.RUN_STREAM_MAX_SECONDS = 1
+    run, _action = waiting_run(demo)
+    logged_in(client, carol)
+
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    stream = client.get(reverse("runs:stream", args=[run.pk]), HTTP_LAST_EVENT_ID="0")
+    body = b"".join(stream.streaming_content).decode()
+
+    assert 'id="live"' in page and reverse("runs:stream", args=[run.pk]) in page
+    assert "event: approval.required" in body
+    assert EMAIL not in body and MASKED in body
+
+
+def test_the_registry_history_shows_who_published_what(demo, carol, client):
+    page = logged_in(client, carol).get(reverse("registry-history")).content.decode()
+
+    assert "weekly-summary@3.2.0" in page
+    assert "published" in page
+    assert "admin" in page
