@@ -6,8 +6,11 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.api.serializers import StrictSerializer
+from registry.choices import Action
+from registry.selectors import user_can
 from runs.choices import Channel
 from runs.models import Attachment, Run, RunEvent
+from runs.redaction import redact
 
 MAX_PARTS = 20
 MAX_TEXT_CHARS = 20_000
@@ -129,7 +132,28 @@ class MessageAcceptedSerializer(serializers.Serializer):
         return run_links(run)
 
 
+def viewer_cleared(serializer: serializers.Serializer, run: Run) -> bool:
+    """Whether the requesting user sees this run unmasked (its requester, or a holder of the
+    clearance in its tenant); without a request, nobody is. One check per tenant."""
+    request = serializer.context.get("request")
+    if request is None:
+        return False
+    if run.actor_id == request.user.pk:
+        return True
+    cache = serializer.context.setdefault("_clearance", {})
+    if run.tenant_id not in cache:
+        tenant = getattr(request.auth, "tenant", None)
+        cache[run.tenant_id] = user_can(
+            user=request.user,
+            action=Action.RUN_VIEW_SENSITIVE,
+            tenant=tenant if tenant is not None and tenant.pk == run.tenant_id else run.tenant,
+        )
+    return cache[run.tenant_id]
+
+
 class RunSerializer(serializers.ModelSerializer):
+    """The result is redacted (runs.redaction) for viewers without clearance."""
+
     session_id = serializers.UUIDField()
     actor = serializers.CharField(source="actor.get_username")
     links = serializers.SerializerMethodField()
@@ -158,12 +182,24 @@ class RunSerializer(serializers.ModelSerializer):
     def get_links(self, run: Run) -> dict[str, str]:
         return run_links(run)
 
+    def to_representation(self, instance: Run) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["result"] = redact(data["result"], cleared=viewer_cleared(self, instance))
+        return data
+
 
 class RunEventSerializer(serializers.ModelSerializer):
+    """Payloads are redacted for viewers without clearance; `context["run"]` names the run."""
+
     class Meta:
         model = RunEvent
         fields = ["id", "seq", "type", "payload", "created_at"]
         read_only_fields = fields
+
+    def to_representation(self, instance: RunEvent) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        data["payload"] = redact(data["payload"], cleared=viewer_cleared(self, self.context["run"]))
+        return data
 
 
 class AttachmentUploadSerializer(StrictSerializer):

@@ -33,6 +33,7 @@ from runs.api.stream import EventStreamRenderer, event_stream
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.errors import IdempotencyKeyRequired, NotFound
 from runs.models import Run
+from runs.redaction import redact
 from runs.services.attachments import attachment_store
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
@@ -156,7 +157,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         page = self.paginate_queryset(
             selectors.run_events(run=run, after_seq=query.validated_data["after"])
         )
-        return self.get_paginated_response(RunEventSerializer(page, many=True).data)
+        context = {**self.get_serializer_context(), "run": run}
+        return self.get_paginated_response(
+            RunEventSerializer(page, many=True, context=context).data
+        )
 
     @extend_schema(
         summary="Server-sent events of the run's log, live, until the run ends.",
@@ -176,10 +180,16 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             }
         )
         query.is_valid(raise_exception=True)
-        return event_stream(request._request, run, query.validated_data["after"])
+        cleared = selectors.viewer_cleared(user=request.user, run=run)
+        return event_stream(
+            request._request,
+            run,
+            query.validated_data["after"],
+            shape=lambda payload: redact(payload, cleared=cleared),
+        )
 
     @extend_schema(summary="Cancel a run that has not finished.", request=None)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
         run = run_cancel(run=self.get_object(), actor=request.user)
-        return Response(RunSerializer(run).data)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data)

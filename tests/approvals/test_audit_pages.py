@@ -3,6 +3,7 @@ spans, the run history with its filters and pages, one run in full, redacted for
 and the export."""
 
 import json
+import logging
 from datetime import timedelta
 
 import pytest
@@ -11,19 +12,26 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework.test import APIClient
 
 from approvals import services
 from approvals.choices import Decision
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
-from registry.services.tenancy import membership_add
+from registry.services.tenancy import api_token_issue, membership_add
 from runs.audit import PAGE_SIZE
 from runs.models import Run, Span
 from runs.tracing import root_span_id
 from tests.approvals.conftest import waiting_run
-from tests.runs.conftest import demo_run
+from tests.runs import conftest as runs_fixtures
+from tests.runs.conftest import apollo_draft, demo_run, read_apollo
+from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
+from tests.runs.fake_provider import openai_completion
 
 pytestmark = pytest.mark.django_db
+
+model_server = runs_fixtures.model_server
+fake_model = runs_fixtures.fake_model
 
 EMAIL = "li.wei@acme.example"
 MASKED = "l***@acme.example"
@@ -220,3 +228,53 @@ def test_the_registry_history_shows_who_published_what(demo, carol, client):
     assert "weekly-summary@3.2.0" in page
     assert "published" in page
     assert "admin" in page
+
+
+def test_the_api_masks_the_email_for_an_auditor_and_not_for_the_requester(
+    demo, sent_run, carol, settings
+):
+    settings.RUN_STREAM_MAX_SECONDS = 1
+
+    def api(username: str) -> APIClient:
+        _, key = api_token_issue(username=username, password=DEMO_PASSWORD, tenant_slug="acme")
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+        return client
+
+    auditor, requester = api("carol"), api("alice")
+    url = f"/api/v1/runs/{sent_run.pk}"
+
+    seen = json.dumps(
+        [
+            auditor.get(url).json(),
+            auditor.get(f"{url}/events").json(),
+            auditor.get("/api/v1/runs").json(),
+            b"".join(auditor.get(f"{url}/stream").streaming_content).decode(),
+        ]
+    )
+    assert EMAIL not in seen and MASKED in seen
+    own = requester.get(url).json()
+    assert own["result"]["output"]["recipient"]["corporate_email"] == EMAIL
+
+
+def test_no_secret_reaches_the_logs(demo, bob, smtp_server, fake_model, caplog, client):
+    caplog.set_level(logging.DEBUG)
+    fake = fake_model()
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk, approver=bob, decision="approve", payload_hash=action.payload_hash
+    )
+    services.action_execute(action_id=action.pk)
+    _, key = api_token_issue(username="carol", password=DEMO_PASSWORD, tenant_slug="acme")
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    api.get(f"/api/v1/runs/{run.pk}/events")
+    api.get("/api/v1/runs/not-a-run")
+    logged_in(client, demo.admin).get(reverse("runs:detail", args=[run.pk]))
+
+    assert Run.objects.get(pk=run.pk).status == "COMPLETED"
+    assert len(fake.requests) == 2
+    for secret in (FAKE_API_KEY, key, DEMO_PASSWORD):
+        assert secret not in caplog.text
