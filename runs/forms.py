@@ -14,3 +14,9 @@ class RunFilterForm(forms.Form):
     date_to = forms.DateField(required=False)
     has_side_effect = forms.BooleanField(required=False)
     has_rejected_call = forms.BooleanField(required=False)
+
+
+class DashboardFilterForm(forms.Form):
+    tenant = forms.SlugField(required=False, max_length=63)
+    skill = forms.CharField(required=False, max_length=140, help_text="name@version")
+    days = forms.IntegerField(required=False, min_value=1, max_value=90)

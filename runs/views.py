@@ -13,10 +13,10 @@ from simple_history.utils import get_history_model_for_model
 from registry.choices import Action
 from registry.models import SkillVersion, ToolVersion
 from registry.selectors import tenants_where_user_can
-from runs import audit, selectors
+from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
 from runs.choices import ACTIVE_STATUSES
-from runs.forms import RunFilterForm
+from runs.forms import DashboardFilterForm, RunFilterForm
 from runs.models import Run
 from runs.redaction import redact
 
@@ -142,3 +142,40 @@ class RegistryHistoryView(View):
                 )
         rows.sort(key=lambda row: row["at"], reverse=True)
         return render(request, "runs/registry_history.html", {"rows": rows[:REGISTRY_HISTORY_ROWS]})
+
+
+@method_decorator(login_required, name="dispatch")
+class DashboardView(View):
+    """Per tenant and per skill version: statuses per day, latency per stage, approvals,
+    tool error categories, cost per day."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        tenants = _audited_tenants(request)
+        form = DashboardFilterForm(request.GET)
+        values = form.cleaned_data if form.is_valid() else {}
+        runs = selectors.runs_audited(user=request.user)
+        if values.get("tenant"):
+            runs = runs.filter(tenant__slug=values["tenant"])
+        if values.get("skill"):
+            runs = runs.filter(skill=values["skill"])
+        figures = dashboards.dashboard(runs, days=values.get("days") or 14)
+        return render(
+            request,
+            "runs/dashboard.html",
+            {
+                "form": form,
+                "tenants": tenants,
+                "skills": sorted(
+                    set(runs.exclude(skill="").values_list("skill", flat=True).distinct())
+                ),
+                "figures": figures,
+                "status_chart": charts.stacked_columns(figures.days, figures.statuses),
+                "cost_chart": charts.bars(
+                    [(day.isoformat(), float(cost)) for day, cost in sorted(figures.cost.items())]
+                ),
+                "latency_chart": charts.bars(
+                    [(row["name"], row["p95"]) for row in figures.stages], unit=" ms"
+                ),
+                "error_chart": charts.bars(figures.tool_errors),
+            },
+        )

@@ -278,3 +278,21 @@ def test_no_secret_reaches_the_logs(demo, bob, smtp_server, fake_model, caplog, 
     assert len(fake.requests) == 2
     for secret in (FAKE_API_KEY, key, DEMO_PASSWORD):
         assert secret not in caplog.text
+
+
+def test_the_dashboard_shows_statuses_latency_approvals_and_cost(demo, sent_run, carol, client):
+    waiting_run(demo)
+    logged_in(client, carol)
+
+    page = client.get(reverse("runs:dashboard"), {"skill": "weekly-summary@3.2.0"})
+
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "<title>COMPLETED: 1</title>" in html
+    stages = html.split('id="stages"')[1].split("</table>")[0]
+    assert "<td>model.turn</td><td>4</td>" in stages
+    assert "<td>tool.call</td><td>5</td>" in stages
+    assert "1 decided · 1 approved\n  (100% acceptance)" in html
+    assert "No data." in html.split("Tool error categories")[1].split("Cost per day")[0]
+    other = client.get(reverse("runs:dashboard"), {"tenant": "globex"}).content.decode()
+    assert "COMPLETED" not in other.split("Latency per stage")[0].split("<h2>")[-1]

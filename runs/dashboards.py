@@ -1,0 +1,108 @@
+"""Figures for the dashboards, per tenant and per skill version: terminal statuses per day,
+latency percentiles per stage, the approval wait and acceptance rate, tool error categories
+and cost per day. Percentiles are computed by PostgreSQL (`percentile_cont`); the embedded
+SQLite default computes them in Python."""
+
+from dataclasses import dataclass, field
+from datetime import date, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import connection
+from django.db.models import Aggregate, Count, FloatField, QuerySet, Sum
+from django.db.models.functions import TruncDate
+from django.utils import timezone
+
+from runs.choices import TERMINAL_STATUSES
+from runs.models import Run, Span, ToolCall
+
+
+class Percentile(Aggregate):
+    function = "percentile_cont"
+    template = "%(function)s(%(fraction)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+    output_field = FloatField()
+
+    def __init__(self, expression: str, fraction: float, **extra: Any) -> None:
+        super().__init__(expression, fraction=fraction, **extra)
+
+
+@dataclass
+class Dashboard:
+    days: list[date]
+    statuses: dict[str, dict[date, int]] = field(default_factory=dict)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    approvals: dict[str, Any] = field(default_factory=dict)
+    tool_errors: list[tuple[str, int]] = field(default_factory=list)
+    cost: dict[date, Decimal] = field(default_factory=dict)
+
+
+def _percentiles(spans: QuerySet[Span]) -> list[dict[str, Any]]:
+    if connection.vendor == "postgresql":
+        rows = (
+            spans.values("name")
+            .annotate(
+                count=Count("id"),
+                p50=Percentile("duration_ms", 0.5),
+                p95=Percentile("duration_ms", 0.95),
+            )
+            .order_by("name")
+        )
+        return [
+            {**row, "p50": round(row["p50"] or 0), "p95": round(row["p95"] or 0)} for row in rows
+        ]
+    by_name: dict[str, list[int]] = {}
+    for name, duration in spans.values_list("name", "duration_ms"):
+        by_name.setdefault(name, []).append(duration)
+
+    def at(values: list[int], fraction: float) -> int:
+        ordered = sorted(values)
+        return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+
+    return [
+        {"name": name, "count": len(values), "p50": at(values, 0.5), "p95": at(values, 0.95)}
+        for name, values in sorted(by_name.items())
+    ]
+
+
+def dashboard(runs: QuerySet[Run], *, days: int = 14) -> Dashboard:
+    """The figures of `runs` (already scoped to the viewer, tenant and skill) of the last
+    `days` days."""
+    today = timezone.localdate()
+    since = timezone.now() - timedelta(days=days)
+    runs = runs.filter(created_at__gte=since)
+    figures = Dashboard(days=[today - timedelta(days=offset) for offset in reversed(range(days))])
+    for row in (
+        runs.filter(status__in=TERMINAL_STATUSES)
+        .annotate(day=TruncDate("created_at"))
+        .values("day", "status")
+        .annotate(count=Count("id"))
+        .order_by()
+    ):
+        figures.statuses.setdefault(row["status"], {})[row["day"]] = row["count"]
+    spans = Span.objects.filter(run__in=runs)
+    figures.stages = _percentiles(spans.exclude(name="approval.wait"))
+    waits = _percentiles(spans.filter(name="approval.wait"))
+    decided = spans.filter(name="approval.wait").values_list("attributes", flat=True)
+    decisions = [attributes.get("decision") for attributes in decided]
+    figures.approvals = {
+        "count": len(decisions),
+        "accepted": decisions.count("approve"),
+        "rate": round(decisions.count("approve") / len(decisions) * 100) if decisions else None,
+        "p50_ms": waits[0]["p50"] if waits else None,
+        "p95_ms": waits[0]["p95"] if waits else None,
+    }
+    figures.tool_errors = list(
+        ToolCall.objects.filter(run__in=runs)
+        .exclude(error_category="")
+        .values_list("error_category")
+        .annotate(count=Count("id"))
+        .order_by("-count", "error_category")
+    )
+    figures.cost = {
+        row["day"]: row["cost"]
+        for row in runs.annotate(day=TruncDate("created_at"))
+        .values("day")
+        .annotate(cost=Sum("cost"))
+        .order_by()
+    }
+    return figures
