@@ -1,6 +1,7 @@
 # make run: the platform on the embedded default (SQLite, Celery eager, demo data, offline planner).
 # make test: the whole suite on PostgreSQL and Redis.
-# make bench: governance overhead per run and per tool call, the floor, runs/s end to end.
+# make bench: governance overhead per run and per tool call, the floor, runs/s end to end,
+#   and the auditor pages over a large history.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -47,10 +48,12 @@ test: install
 	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Governance overhead, the raw-insert floor and end-to-end runs/s, in a scratch database
-# (agentgov_bench, dropped afterwards). BENCH_RUNS=200 by default.
+# (agentgov_bench, dropped afterwards; BENCH_RUNS=200 by default); then the auditor pages
+# over 100,000 runs and 1,000,000 events against raw SQL (agentgov_bench_audit).
 bench: install
 	./scripts/services.sh
 	$(TEST_ENV) $(BIN)/python scripts/bench.py
+	$(TEST_ENV) $(BIN)/python scripts/bench_audit.py
 
 lint: install
 	$(BIN)/ruff check .

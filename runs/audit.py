@@ -17,7 +17,7 @@ from uuid import UUID
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
-from approvals.models import ApprovalDecision, BusinessAction
+from approvals.models import BusinessAction
 from registry.models import ToolVersion
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.redaction import redact
@@ -81,7 +81,10 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
     position = decode_cursor(before) if before else None
     if position is not None:
         created_at, run_id = position
-        runs = runs.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=run_id))
+        # The first condition bounds the index range; the second breaks ties by id.
+        runs = runs.filter(created_at__lte=created_at).filter(
+            Q(created_at__lt=created_at) | Q(pk__lt=run_id)
+        )
     return list(
         runs.select_related("tenant", "actor")
         .annotate(has_side_effect=Exists(side_effect), has_rejected_call=Exists(rejected))
@@ -162,13 +165,10 @@ def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
         for event in events
         if event.type == "run.resumed"
     }
-    decisions = {
-        decision.action_id: decision
-        for decision in ApprovalDecision.objects.filter(action__run=run).select_related("approver")
-    }
     found = []
-    for action in BusinessAction.objects.filter(run=run).order_by("created_at"):
-        decision = decisions.get(action.pk)
+    actions = BusinessAction.objects.filter(run=run).select_related("decision__approver")
+    for action in actions.order_by("created_at"):
+        decision = getattr(action, "decision", None)
         found.append(
             {
                 "id": str(action.pk),

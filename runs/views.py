@@ -12,7 +12,7 @@ from simple_history.utils import get_history_model_for_model
 
 from registry.choices import Action
 from registry.models import SkillVersion, ToolVersion
-from registry.selectors import tenants_where_user_can
+from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
 from runs.choices import ACTIVE_STATUSES
@@ -23,27 +23,26 @@ from runs.redaction import redact
 REGISTRY_HISTORY_ROWS = 200
 
 
-def _audited_tenants(request: HttpRequest) -> list[str]:
-    slugs = list(
-        tenants_where_user_can(user=request.user, action=Action.RUN_VIEW_ALL).values_list(
-            "slug", flat=True
-        )
-    )
-    if not slugs:
+def _audited_tenants(request: HttpRequest) -> dict[int, str]:
+    tenants = selectors.tenants_audited(user=request.user)
+    if not tenants:
         raise PermissionDenied("Only auditors and tenant admins read run histories.")
-    return slugs
+    return tenants
 
 
-def _run_or_404(request: HttpRequest, run_id) -> Run:
-    run = (
-        selectors.runs_audited(user=request.user)
-        .select_related("tenant", "actor")
-        .filter(pk=run_id)
-        .first()
-    )
+def _audited_run(request: HttpRequest, run_id) -> tuple[Run, bool]:
+    """The run, if the viewer may view every run of its tenant, and whether they see it
+    unmasked; anything else is not found. One read of the viewer's roles serves both."""
+    run = Run.objects.select_related("tenant", "actor").filter(pk=run_id).first()
     if run is None:
         raise Http404("No such run.")
-    return run
+    roles = user_roles(user=request.user, tenant=run.tenant)
+    if not user_can(user=request.user, action=Action.RUN_VIEW_ALL, tenant=run.tenant, roles=roles):
+        raise Http404("No such run.")
+    cleared = run.actor_id == request.user.pk or user_can(
+        user=request.user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant, roles=roles
+    )
+    return run, cleared
 
 
 @method_decorator(login_required, name="dispatch")
@@ -55,7 +54,9 @@ class RunHistoryView(View):
             audit.HistoryFilters(**form.cleaned_data) if form.is_valid() else audit.HistoryFilters()
         )
         runs = audit.history(
-            selectors.runs_audited(user=request.user), filters, before=request.GET.get("before", "")
+            selectors.runs_audited(tenant_ids=list(tenants)),
+            filters,
+            before=request.GET.get("before", ""),
         )
         page = runs[: audit.PAGE_SIZE]
         query = request.GET.copy()
@@ -65,7 +66,7 @@ class RunHistoryView(View):
             "runs/history.html",
             {
                 "form": form,
-                "tenants": tenants,
+                "tenants": sorted(tenants.values()),
                 "runs": page,
                 "next_cursor": audit.encode_cursor(page[-1]) if len(runs) > len(page) else "",
                 "query": query.urlencode(),
@@ -76,8 +77,8 @@ class RunHistoryView(View):
 @method_decorator(login_required, name="dispatch")
 class RunDetailView(View):
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run = _run_or_404(request, run_id)
-        record = audit.run_record(run, cleared=selectors.viewer_cleared(user=request.user, run=run))
+        run, cleared = _audited_run(request, run_id)
+        record = audit.run_record(run, cleared=cleared)
         return render(
             request,
             "runs/detail.html",
@@ -88,8 +89,8 @@ class RunDetailView(View):
 @method_decorator(login_required, name="dispatch")
 class RunExportView(View):
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run = _run_or_404(request, run_id)
-        record = audit.run_record(run, cleared=selectors.viewer_cleared(user=request.user, run=run))
+        run, cleared = _audited_run(request, run_id)
+        record = audit.run_record(run, cleared=cleared)
         response = HttpResponse(audit.run_export(record), content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}.json"'
         return response
@@ -100,8 +101,7 @@ class RunStreamView(View):
     """The run page follows this while the run is active: its events, redacted."""
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run = _run_or_404(request, run_id)
-        cleared = selectors.viewer_cleared(user=request.user, run=run)
+        run, cleared = _audited_run(request, run_id)
         after = request.headers.get("Last-Event-ID", "0")
         return event_stream(
             request,
@@ -117,7 +117,7 @@ class RegistryHistoryView(View):
     why: the registry's own history rows for the auditor's tenants and the platform."""
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        tenants = _audited_tenants(request)
+        tenants = list(_audited_tenants(request).values())
         rows = []
         for model, parent in ((ToolVersion, "tool"), (SkillVersion, "skill")):
             history = get_history_model_for_model(model)
@@ -153,7 +153,7 @@ class DashboardView(View):
         tenants = _audited_tenants(request)
         form = DashboardFilterForm(request.GET)
         values = form.cleaned_data if form.is_valid() else {}
-        runs = selectors.runs_audited(user=request.user)
+        runs = selectors.runs_audited(tenant_ids=list(tenants))
         if values.get("tenant"):
             runs = runs.filter(tenant__slug=values["tenant"])
         if values.get("skill"):
@@ -164,7 +164,7 @@ class DashboardView(View):
             "runs/dashboard.html",
             {
                 "form": form,
-                "tenants": tenants,
+                "tenants": sorted(tenants.values()),
                 "skills": sorted(
                     set(runs.exclude(skill="").values_list("skill", flat=True).distinct())
                 ),

@@ -59,6 +59,7 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
+            models.Index(fields=["tenant", "-created_at", "-id"], name="run_tenant_history"),
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["tenant", "actor", "-created_at"]),
             models.Index(fields=["status", "lease_expires_at"]),

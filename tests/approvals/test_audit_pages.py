@@ -203,7 +203,7 @@ def test_the_run_page_stays_within_ten_queries(demo, sent_run, carol, client):
     with CaptureQueriesContext(connection) as queries:
         client.get(reverse("runs:detail", args=[sent_run.pk]))
 
-    assert len(queries) <= 12, [query["sql"][:80] for query in queries]
+    assert len(queries) <= 10, [query["sql"][:80] for query in queries]
 
 
 def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
