@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Install Debian's Chromium and its driver for the browser tests, if they are missing.
+# Install Debian's Chromium for the browser tests (Playwright drives it), if it is missing.
 set -euo pipefail
-if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+if command -v chromium >/dev/null; then
   exit 0
 fi
-echo "installing chromium and chromium-driver"
+echo "installing chromium"
 apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null

@@ -1,14 +1,19 @@
-"""Browser tests: Debian's Chromium driven by its chromedriver, against the live test server."""
+"""Browser tests: Playwright driving Debian's Chromium (scripts/browser.sh installs it;
+Playwright's own browser download is never used) against the live test server."""
 
+import os
 import shutil
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.options import Options
-from selenium.webdriver.chrome.service import Service
+from playwright.sync_api import Browser, Page, sync_playwright
 
-CHROMIUM_FLAGS = (
-    "--headless",
+from registry.demo import DEMO_PASSWORD
+
+# Playwright's sync API keeps an event loop on the test's thread; the ORM calls the tests make
+# between browser steps are still plain synchronous calls.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",
@@ -16,25 +21,26 @@ CHROMIUM_FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--window-size=1400,1000",
-)
+]
 
 
 @pytest.fixture(scope="session")
-def browser():
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    if not (chromium and driver):
-        pytest.fail(
-            "Chromium and chromedriver are needed: run scripts/browser.sh (make test does)."
-        )
-    options = Options()
-    options.binary_location = chromium
-    for flag in CHROMIUM_FLAGS:
-        options.add_argument(flag)
-    session = webdriver.Chrome(options=options, service=Service(driver))
-    session.implicitly_wait(5)
-    yield session
-    session.quit()
+def browser() -> Browser:
+    chromium = shutil.which("chromium")
+    if not chromium:
+        pytest.fail("Debian's Chromium is needed: run scripts/browser.sh (make test does).")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Page:
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(10_000)
+    yield context.new_page()
+    context.close()
 
 
 @pytest.fixture
@@ -42,3 +48,11 @@ def http_cookies(settings):
     """The live test server speaks plain HTTP; production cookies are Secure."""
     settings.SESSION_COOKIE_SECURE = False
     settings.CSRF_COOKIE_SECURE = False
+
+
+def log_in(page: Page, live_server, username: str, *, path: str = "/accounts/login/") -> None:
+    page.goto(f"{live_server.url}{path}")
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", DEMO_PASSWORD)
+    page.click("[type=submit]")
+    page.wait_for_load_state()

@@ -1,0 +1,127 @@
+"""The people of the product in a browser: an approver approves from the queue and sees the
+mail go out (a real worker, a real SMTP server); an auditor filters the history, opens the run
+and sees the recipient's email masked; someone of another tenant does not find the run."""
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from approvals import services
+from approvals.choices import Decision
+from approvals.models import BusinessAction
+from registry.choices import Role
+from registry.demo import DEMO_PASSWORD
+from registry.models import Tenant
+from registry.services.tenancy import membership_add
+from runs.choices import RunStatus
+from runs.loop import run_execute
+from runs.models import Run
+from tests.approvals.conftest import smtp_server  # noqa: F401 (fixture)
+from tests.celery_worker import (
+    alice_client,
+    example_post,
+    example_seed,
+    queue_purge,
+    run_status,
+    wait_until,
+)
+from tests.e2e.conftest import log_in
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+EMAIL = "li.wei@acme.example"
+MASKED = "l***@acme.example"
+
+
+def test_an_approver_approves_from_the_queue_and_sees_the_mail_sent(
+    page,
+    live_server,
+    http_cookies,
+    start_worker,
+    smtp_server,  # noqa: F811
+):
+    example_seed()
+    worker = start_worker(environment=smtp_server.environment())
+    run_id = example_post(alice_client()).json()["run_id"]
+    wait_until(
+        lambda: run_status(run_id) == RunStatus.WAITING_APPROVAL,
+        seconds=60,
+        what="the run to wait for approval",
+        worker=worker,
+    )
+
+    log_in(page, live_server, "bob")
+    page.goto(f"{live_server.url}/approvals/")
+    page.click("text=mail_send")
+    assert f"Li Wei <{EMAIL}>" in page.inner_text("dl")
+    page.fill("textarea[name=comment]", "Looks right.")
+    page.click("button[value=approve]")
+    assert "Recorded: approve." in page.inner_text(".message")
+    wait_until(
+        lambda: run_status(run_id) == RunStatus.COMPLETED,
+        seconds=60,
+        what="the worker to send the approved mail",
+        worker=worker,
+    )
+    page.reload()
+
+    details = page.inner_text("dl")
+    assert "Succeeded" in details
+    assert "approve by bob" in details
+    assert BusinessAction.objects.get(run_id=run_id).external_id in details
+    assert [message["To"] for message in smtp_server.messages] == [EMAIL]
+
+
+@pytest.fixture
+def sent_run(smtp_server, celery_queue) -> Run:  # noqa: F811
+    """The running example, approved by bob and sent, in this process (the task the ingress
+    enqueued is dropped: no worker of a later test may take it)."""
+    example_seed()
+    response = example_post(alice_client())
+    run_id = response.json()["run_id"]
+    queue_purge()
+    run_execute(run_id=run_id)
+    action = BusinessAction.objects.get(run_id=run_id)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=get_user_model().objects.get(username="bob"),
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    services.action_execute(action_id=action.pk)
+    return Run.objects.get(pk=run_id)
+
+
+def test_an_auditor_filters_the_history_opens_the_run_and_sees_the_email_masked(
+    page, live_server, http_cookies, sent_run
+):
+    log_in(page, live_server, "carol")
+    page.goto(f"{live_server.url}/runs/")
+    page.select_option("select[name=status]", "COMPLETED")
+    page.check("input[name=has_side_effect]")
+    page.click("#filters button[type=submit]")
+    page.wait_for_load_state()
+
+    rows = page.locator("#runs tbody tr")
+    assert rows.count() == 1
+    rows.first.locator("a").click()
+    page.wait_for_selector("#timeline")
+
+    text = page.inner_text("main")
+    assert page.url == f"{live_server.url}/runs/{sent_run.pk}/"
+    assert MASKED in text
+    assert EMAIL not in page.content()
+    assert "approve by bob" in text
+    assert "run.finished" in page.inner_text("#timeline")
+
+
+def test_someone_of_another_tenant_does_not_find_the_run(page, live_server, http_cookies, sent_run):
+    auditor = get_user_model().objects.create_user("gina", password=DEMO_PASSWORD)
+    membership_add(
+        actor=None, user=auditor, tenant=Tenant.objects.get(slug="globex"), role=Role.AUDITOR
+    )
+    log_in(page, live_server, "gina")
+
+    response = page.goto(f"{live_server.url}/runs/{sent_run.pk}/")
+
+    assert response.status == 404
+    assert EMAIL not in page.content() and MASKED not in page.content()
