@@ -295,6 +295,11 @@ if not DEBUG:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
 
+# Run spans also go to an OpenTelemetry collector over OTLP/HTTP when this is set (the
+# exporter reads the other standard OTEL_EXPORTER_OTLP_* variables itself); off by default.
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="agentgov")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

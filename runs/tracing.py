@@ -3,14 +3,18 @@
 Like events, a step's spans are held in memory and written in one statement with the step
 (`buffer_spans` / `flush_spans`); outside a step a span is written at once. Every span carries
 the run's trace id, run id and session id; its attributes are redacted before they are kept.
+With OTLP export configured (runs.otel), spans also leave once their transaction commits.
 """
 
 import secrets
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
+from runs import otel
 from runs.models import Run, Span
 from runs.redaction import redact
 
@@ -50,9 +54,15 @@ def span_add(
     buffer = run.__dict__.get(BUFFER)
     if buffer is None:
         span.save(force_insert=True)
+        _export_on_commit([span])
     else:
         buffer.append(span)
     return span
+
+
+def _export_on_commit(spans: list[Span]) -> None:
+    if settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+        transaction.on_commit(lambda: otel.export(spans))
 
 
 def buffer_spans(run: Run) -> None:
@@ -63,6 +73,7 @@ def flush_spans(run: Run) -> None:
     buffer = run.__dict__.pop(BUFFER, None)
     if buffer:
         Span.objects.bulk_create(buffer)
+        _export_on_commit(buffer)
 
 
 def run_span(run: Run) -> Span:

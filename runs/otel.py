@@ -1,0 +1,92 @@
+"""Optional export of run spans over OTLP/HTTP, off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is
+set (the exporter reads the standard `OTEL_EXPORTER_OTLP_*` variables: headers, timeout, …).
+
+The spans exported are the stored ones, with their ids, times and redacted attributes: what an
+operator sees in a tracing backend is what the run page shows. They leave after the step's
+transaction commits, batched on a background thread, so a slow collector never holds a run.
+"""
+
+import json
+import threading
+from typing import Any
+
+from django.conf import settings
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
+from opentelemetry.trace.status import Status
+
+from runs.models import Span
+
+_processor: BatchSpanProcessor | None = None
+_lock = threading.Lock()
+
+
+def processor() -> BatchSpanProcessor | None:
+    """The process's batch processor, or None when export is off."""
+    global _processor
+    if not settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+        return None
+    with _lock:
+        if _processor is None:
+            _processor = BatchSpanProcessor(OTLPSpanExporter())
+        return _processor
+
+
+def _value(value: Any) -> str | bool | int | float:
+    if isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _nanoseconds(moment) -> int:
+    return int(moment.timestamp() * 1_000_000_000)
+
+
+def readable(span: Span, *, run_id: str) -> ReadableSpan:
+    trace_id = int(span.trace_id, 16)
+    context = SpanContext(
+        trace_id=trace_id,
+        span_id=int(span.span_id, 16),
+        is_remote=False,
+        trace_flags=TraceFlags(TraceFlags.SAMPLED),
+    )
+    parent = (
+        SpanContext(trace_id=trace_id, span_id=int(span.parent_span_id, 16), is_remote=False)
+        if span.parent_span_id
+        else None
+    )
+    return ReadableSpan(
+        name=span.name,
+        context=context,
+        parent=parent,
+        resource=Resource.create({"service.name": settings.OTEL_SERVICE_NAME}),
+        attributes={
+            "run.id": run_id,
+            "session.id": str(span.session_id),
+            **{key: _value(value) for key, value in span.attributes.items() if value is not None},
+        },
+        status=Status(StatusCode.ERROR if span.status == Span.Status.ERROR else StatusCode.OK),
+        start_time=_nanoseconds(span.started_at),
+        end_time=_nanoseconds(span.ended_at),
+    )
+
+
+def shutdown() -> None:
+    """Send what is batched and stop exporting (tests; a process going down)."""
+    global _processor
+    with _lock:
+        if _processor is not None:
+            _processor.shutdown()
+            _processor = None
+
+
+def export(spans: list[Span]) -> None:
+    """Hand stored spans to the exporter (call it after the transaction that stored them)."""
+    batch = processor()
+    if batch is None:
+        return
+    for span in spans:
+        batch.on_end(readable(span, run_id=str(span.run_id)))

@@ -1,0 +1,108 @@
+"""Spans leave over OTLP/HTTP only when an endpoint is configured, with the stored ids and
+the same redaction as the run page."""
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from approvals import services
+from approvals.choices import Decision
+from runs import otel
+from runs.models import Span
+from tests.approvals.conftest import waiting_run
+from tests.celery_worker import queue_purge
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _tasks_kept_to_this_session(celery_queue):
+    """The runs' tasks, enqueued on commit here, go to this session's queue and are dropped:
+    the runs are advanced in process."""
+    yield
+    queue_purge()
+
+
+class Received(list):
+    """The export requests a collector received, decoded; `url` is where it listens."""
+
+    url = ""
+
+
+@pytest.fixture
+def collector() -> Iterator[Received]:
+    """A local OTLP/HTTP receiver."""
+    received = Received()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(ExportTraceServiceRequest.FromString(body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    received.url = f"http://127.0.0.1:{server.server_port}"
+    yield received
+    server.shutdown()
+
+
+def exported(requests: list[ExportTraceServiceRequest]) -> list:
+    return [
+        span
+        for request in requests
+        for resource in request.resource_spans
+        for scope in resource.scope_spans
+        for span in scope.spans
+    ]
+
+
+def test_spans_are_exported_with_their_ids_and_redacted(
+    demo, bob, smtp_server, collector, settings, monkeypatch
+):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
+    try:
+        run, action = waiting_run(demo)
+        services.approval_decide(
+            action_id=action.pk,
+            approver=bob,
+            decision=Decision.APPROVE,
+            payload_hash=action.payload_hash,
+        )
+        services.action_execute(action_id=action.pk)
+    finally:
+        otel.shutdown()
+
+    spans = exported(collector)
+    stored = Span.objects.filter(run=run)
+    assert sorted(span.span_id.hex() for span in spans) == sorted(
+        stored.values_list("span_id", flat=True)
+    )
+    assert {span.trace_id.hex() for span in spans} == {run.trace_id}
+    root = next(span for span in spans if span.name == "run")
+    assert root.parent_span_id == b""
+    attributes = {
+        attribute.key: attribute.value.string_value
+        for span in spans
+        for attribute in span.attributes
+    }
+    assert attributes["run.id"] == str(run.pk)
+    assert "li.wei@acme.example" not in str(collector)
+
+
+def test_nothing_is_exported_without_an_endpoint(demo, collector, settings):
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = ""
+
+    waiting_run(demo)
+    otel.shutdown()
+
+    assert collector == []
