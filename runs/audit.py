@@ -139,8 +139,22 @@ def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
     ]
 
 
-def _turns(events: list[RunEvent]) -> list[dict[str, Any]]:
-    """Per model turn: the context sections' sizes and what the model answered."""
+SEEN_CHARS = 2000
+
+
+def _seen(entry: dict[str, Any]) -> dict[str, Any]:
+    text = entry.get("text") or entry.get("content") or ""
+    return {
+        "kind": entry.get("kind"),
+        "name": entry.get("name", ""),
+        "call_id": entry.get("call_id", ""),
+        "text": text[:SEEN_CHARS] + ("…" if len(text) > SEEN_CHARS else ""),
+    }
+
+
+def _turns(events: list[RunEvent], transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per model turn: the context sections' sizes, the transcript entries it had (the
+    builder may have cut old results to their sources within its budget), what it answered."""
     turns: dict[int, dict[str, Any]] = {}
     for event in events:
         step = event.payload.get("step")
@@ -156,7 +170,12 @@ def _turns(events: list[RunEvent]) -> list[dict[str, Any]]:
             turn["tool_calls"] = event.payload.get("tool_calls", [])
             turn["usage"] = event.payload.get("usage", {})
             turn["stop_reason"] = event.payload.get("stop_reason")
-    return [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
+    answers = [index for index, entry in enumerate(transcript) if entry.get("kind") == "assistant"]
+    ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
+    for number, turn in enumerate(ordered):
+        end = answers[number] if number < len(answers) else len(transcript)
+        turn["seen"] = [_seen(entry) for entry in transcript[:end]]
+    return ordered
 
 
 def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
@@ -241,7 +260,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             }
             for event in events
         ],
-        "turns": _turns(events),
+        "turns": _turns(events, run.transcript),
         "tool_calls": [
             {
                 "call_id": call.call_id,

@@ -20,7 +20,7 @@ from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.audit import PAGE_SIZE
-from runs.models import Run, Span
+from runs.models import Run, Span, ToolCall
 from runs.tracing import root_span_id
 from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
@@ -115,6 +115,9 @@ def test_an_auditor_reads_the_run_with_the_email_masked(demo, sent_run, carol, c
     for span in ("ingress", "model.turn", "approval.wait", "action"):
         assert f"<td>{span}</td>" in html
     assert "project_search" in html and "mail_send" in html
+    turns = html.split('id="turns"')[1].split("</table>")[0]
+    assert "tool_result project_search (offline-1)" in turns
+    assert "untrusted_data" in turns
     assert "run.finished" in html
     assert 'id="live"' not in html
 
@@ -173,6 +176,17 @@ def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
     assert listed(has_side_effect="on") == [str(sent_run.pk)]
     assert listed(skill="weekly-summary@3.2.0", status="QUEUED") == [str(queued.pk)]
     assert listed(user="bob") == []
+    assert listed(has_rejected_call="on") == []
+    ToolCall.objects.create(
+        run=queued,
+        call_id="call_x",
+        step=1,
+        name="send_everything",
+        arguments={},
+        status=ToolCall.Status.REJECTED,
+        error_category="NOT_FOUND",
+    )
+    assert listed(has_rejected_call="on") == [str(queued.pk)]
     tomorrow = (timezone.localdate() + timedelta(days=1)).isoformat()
     assert listed(date_from=tomorrow) == []
     assert set(listed(date_to=tomorrow, status="nonsense")) == {str(sent_run.pk), str(queued.pk)}

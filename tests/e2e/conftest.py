@@ -9,10 +9,6 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from registry.demo import DEMO_PASSWORD
 
-# Playwright's sync API keeps an event loop on the test's thread; the ORM calls the tests make
-# between browser steps are still plain synchronous calls.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -24,15 +20,22 @@ CHROMIUM_ARGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Browser:
+    """One browser per module. Playwright's sync API keeps an event loop running on the
+    test's thread while it is open, so the ORM calls the tests make between browser steps are
+    allowed for that time only, and the loop is gone before any other module runs."""
     chromium = shutil.which("chromium")
     if not chromium:
         pytest.fail("Debian's Chromium is needed: run scripts/browser.sh (make test does).")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            launched = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+            yield launched
+            launched.close()
+    finally:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
 
 @pytest.fixture

@@ -1,0 +1,56 @@
+"""Redaction before anything is stored in a trace or shown (runs.redaction)."""
+
+import pytest
+
+from runs.redaction import REDACTED, mask_email, redact, secret_key
+
+
+def test_emails_are_masked_for_viewers_without_clearance_only():
+    record = {"to": ["li.wei@acme.example"], "note": "ask hank@globex.example"}
+
+    assert redact(record) == {"to": ["l***@acme.example"], "note": "ask h***@globex.example"}
+    assert redact(record, cleared=True) == record
+
+
+def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance():
+    envelope = {"raw": {"display_name": "Li Wei", "role": "lead"}}
+
+    masked = redact(envelope, sensitive=frozenset({"display_name"}))
+
+    assert masked == {"raw": {"display_name": REDACTED, "role": "lead"}}
+    assert redact(envelope, cleared=True, sensitive=frozenset({"display_name"})) == envelope
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Bearer abcdefghijklmnop",
+        "key sk-abcdefghijklmnopqrstu",
+        "ghp_abcdefghijklmnopqrstuvwx",
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    ],
+)
+def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
+    assert REDACTED in redact({"text": value}, cleared=True)["text"]
+
+
+@pytest.mark.parametrize(
+    "name, secret",
+    [
+        ("access_token", True),
+        ("api_key", True),
+        ("Authorization", True),
+        ("client_secret", True),
+        ("password", True),
+        ("input_tokens", False),
+        ("idempotency_key", False),
+        ("capability_hash", False),
+    ],
+)
+def test_secret_fields_are_named_by_their_words(name, secret):
+    assert secret_key(name) is secret
+    assert (redact({name: "value"}, cleared=True)[name] == REDACTED) is secret
+
+
+def test_masking_keeps_the_first_letter_and_the_domain():
+    assert mask_email("write to Li <li.wei@acme.example>.") == "write to Li <l***@acme.example>."
