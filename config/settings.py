@@ -169,6 +169,7 @@ MCP_DISCOVERY_INTERVAL_SECONDS = env.int("MCP_DISCOVERY_INTERVAL_SECONDS", defau
 CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
     "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
+    "memories-expire": {"task": "runs.tasks.memories_expire", "schedule": 3600.0},
     "mcp-discover": {
         "task": "registry.tasks.mcp_servers_discover",
         "schedule": float(MCP_DISCOVERY_INTERVAL_SECONDS),
@@ -230,6 +231,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "VersionStatusEnum": "registry.choices.VersionStatus",
         "RunStatusEnum": "runs.choices.RunStatus",
+        "DataClassificationEnum": "registry.choices.DataClassification",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
@@ -294,6 +296,12 @@ if not DEBUG:
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=60 * 60 * 24 * 365)
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
+
+# Long-term memory (runs.services.memory): the longest value kept, each kind's lifetime in
+# days, the most items a task retrieves.
+MEMORY_VALUE_MAX_CHARS = env.int("MEMORY_VALUE_MAX_CHARS", default=500)
+MEMORY_TTL_DAYS = {"preference": 365, "fact": 180, "task_state": 30}
+MEMORY_RETRIEVE_MAX = env.int("MEMORY_RETRIEVE_MAX", default=20)
 
 # Run spans also go to an OpenTelemetry collector over OTLP/HTTP when this is set (the
 # exporter reads the other standard OTEL_EXPORTER_OTLP_* variables itself); off by default.

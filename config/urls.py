@@ -8,7 +8,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.api import error_body
-from runs.views import RegistryHistoryView
+from runs.views import MemoryListView, RegistryHistoryView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
@@ -21,6 +21,7 @@ urlpatterns = [
     path("approvals/", include("approvals.urls")),
     path("runs/", include("runs.urls")),
     path("registry/history/", RegistryHistoryView.as_view(), name="registry-history"),
+    path("memories/", MemoryListView.as_view(), name="memories"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

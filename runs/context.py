@@ -98,6 +98,11 @@ def context_build(
         + "\n```",
         "output_contract": "# Output contract\n" + json.dumps(output_contract, sort_keys=True),
     }
+    if run_state.get("memory"):
+        fixed["memory"] = (
+            "# Remembered about this user (their own statements, each with its source)\n"
+            + json.dumps(run_state["memory"], sort_keys=True, ensure_ascii=False)
+        )
     tool_text = json.dumps(
         [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
         sort_keys=True,

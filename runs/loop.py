@@ -28,6 +28,7 @@ from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
+from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import run_finish, run_transition
 from runs.tools import executor
@@ -43,6 +44,8 @@ DRAFTS_KEPT = 5
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
 HOST_NODES = frozenset({"approval", "send"})
+# A skill that lists this among its required inputs gets the user's memory in its context.
+MEMORY_INPUT = "memory"
 
 
 class ModelTemporarilyUnavailable(Exception):
@@ -243,6 +246,13 @@ def _route_and_assemble(run: Run) -> None:
             question="Which project should the summary cover?",
         )
         return
+    if MEMORY_INPUT in required:
+        run.state["memory"] = memory_retrieve(
+            tenant=run.tenant,
+            user=run.actor,
+            purpose=skill["name"] if skill else "any",
+            max_sensitivity=run.capability["data_scope"]["max_data_classification"],
+        )
     run.transcript = [user_entry(_text(run, resources_attach(run)))]
     _enter_node(run, workflow.start)
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 from runs.choices import RunStatus
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.models import Run
+from runs.services import memory
 from runs.services.runs import run_finish
 
 MODEL_RETRIES = 4
@@ -63,3 +64,9 @@ def runs_sweep() -> int:
     for run_id in run_ids:
         run_advance.delay(run_id=run_id)
     return len(run_ids)
+
+
+@shared_task
+def memories_expire() -> int:
+    """Remove memory items past their TTL."""
+    return memory.memories_expire()

@@ -2,10 +2,13 @@
 every run; a run of any other tenant is not found. What a page shows is redacted for the
 viewer (runs.redaction)."""
 
+from uuid import UUID
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.decorators import method_decorator
 from django.views import View
 from simple_history.utils import get_history_model_for_model
@@ -17,8 +20,9 @@ from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
 from runs.choices import ACTIVE_STATUSES
 from runs.forms import DashboardFilterForm, RunFilterForm
-from runs.models import Run
+from runs.models import MemoryItem, Run
 from runs.redaction import redact
+from runs.services import memory
 
 REGISTRY_HISTORY_ROWS = 200
 
@@ -179,3 +183,28 @@ class DashboardView(View):
                 "error_chart": charts.bars(figures.tool_errors),
             },
         )
+
+
+@method_decorator(login_required, name="dispatch")
+class MemoryListView(View):
+    """What the platform keeps about the signed-in user, in every tenant; each can be deleted."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        items = (
+            MemoryItem.objects.filter(user=request.user)
+            .select_related("tenant")
+            .order_by("tenant__slug", "kind", "key")
+        )
+        return render(request, "runs/memories.html", {"items": items})
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        try:
+            item_id = UUID(request.POST.get("item", ""))
+        except ValueError as error:
+            raise Http404("No such memory.") from error
+        item = MemoryItem.objects.filter(user=request.user, pk=item_id).first()
+        if item is None:
+            raise Http404("No such memory.")
+        memory.memory_delete(tenant=item.tenant, user=request.user, item_id=item.pk)
+        messages.success(request, f"Forgotten: {item.key}.")
+        return redirect("memories")

@@ -6,15 +6,17 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.api.serializers import StrictSerializer
-from registry.choices import Action
+from registry.choices import Action, DataClassification
 from registry.selectors import user_can
 from runs.choices import Channel
-from runs.models import Attachment, Run, RunEvent
+from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
 
 MAX_PARTS = 20
 MAX_TEXT_CHARS = 20_000
 MAX_METADATA_KEYS = 32
+# The policy refuses long values with its own reason; the API takes a little more to say so.
+MEMORY_VALUE_CHARS_ACCEPTED = 4000
 
 
 class TextPartSerializer(StrictSerializer):
@@ -219,3 +221,36 @@ class AttachmentSerializer(serializers.ModelSerializer):
         model = Attachment
         fields = ["id", "media_type", "size", "sha256"]
         read_only_fields = fields
+
+
+class MemoryItemSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = MemoryItem
+        fields = [
+            "id",
+            "kind",
+            "key",
+            "value",
+            "purpose",
+            "sensitivity",
+            "consent_at",
+            "origin",
+            "source",
+            "created_at",
+            "confirmed_at",
+            "expires_at",
+        ]
+        read_only_fields = fields
+
+
+class MemoryCreateSerializer(StrictSerializer):
+    """An explicit preference, or a fact the user confirms; the write policy decides."""
+
+    kind = serializers.ChoiceField(choices=[MemoryItem.Kind.PREFERENCE, MemoryItem.Kind.FACT])
+    key = serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,99}$")
+    value = serializers.CharField(max_length=MEMORY_VALUE_CHARS_ACCEPTED)
+    purpose = serializers.CharField(max_length=64, required=False, default="any")
+    sensitivity = serializers.ChoiceField(
+        choices=DataClassification.choices, default=DataClassification.INTERNAL
+    )
+    consent = serializers.BooleanField(default=False)

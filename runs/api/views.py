@@ -24,6 +24,8 @@ from runs.api.filters import RunFilter
 from runs.api.serializers import (
     AttachmentSerializer,
     AttachmentUploadSerializer,
+    MemoryCreateSerializer,
+    MemoryItemSerializer,
     MessageAcceptedSerializer,
     MessageSerializer,
     RunEventSerializer,
@@ -32,8 +34,9 @@ from runs.api.serializers import (
 from runs.api.stream import EventStreamRenderer, event_stream
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.errors import IdempotencyKeyRequired, NotFound
-from runs.models import Run
+from runs.models import MemoryItem, Run
 from runs.redaction import redact
+from runs.services import memory
 from runs.services.attachments import attachment_store
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
@@ -193,3 +196,50 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def cancel(self, request: Request, pk: str) -> Response:
         run = run_cancel(run=self.get_object(), actor=request.user)
         return Response(RunSerializer(run, context=self.get_serializer_context()).data)
+
+
+@extend_schema(tags=["memory"])
+class MemoryViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+    """What the platform keeps about you in the token's tenant: list it, add an explicit
+    preference or a fact you confirm, delete any of it."""
+
+    serializer_class = MemoryItemSerializer
+    permission_classes = [IsTenantMember]
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[MemoryItem]:
+        if getattr(self, "swagger_fake_view", False):
+            return MemoryItem.objects.none()
+        return memory.memories_of(tenant=self.request.auth.tenant, user=self.request.user)
+
+    @extend_schema(
+        summary="Keep a preference or a confirmed fact; secrets, tokens, passwords, one-time "
+        "codes, long text and sensitive items without consent are refused.",
+        request=MemoryCreateSerializer,
+        responses={201: MemoryItemSerializer},
+    )
+    def create(self, request: Request) -> Response:
+        data = MemoryCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        kind = values.pop("kind")
+        item = memory.memory_write(
+            tenant=request.auth.tenant,
+            user=request.user,
+            kind=kind,
+            origin=MemoryItem.Origin.USER_STATED
+            if kind == MemoryItem.Kind.PREFERENCE
+            else MemoryItem.Origin.USER_CONFIRMED,
+            source={"via": "api"},
+            **values,
+        )
+        return Response(MemoryItemSerializer(item).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(summary="Forget one item.")
+    def destroy(self, request: Request, pk: str) -> Response:
+        try:
+            UUID(pk)
+        except ValueError as error:
+            raise NotFound("No such memory.") from error
+        memory.memory_delete(tenant=request.auth.tenant, user=request.user, item_id=pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)

@@ -1,5 +1,6 @@
 from runs.models.attachments import Attachment
 from runs.models.events import RunEvent
+from runs.models.memory import MemoryItem
 from runs.models.runs import IngressRecord, Run
 from runs.models.sessions import Session
 from runs.models.spans import Span
@@ -8,6 +9,7 @@ from runs.models.tools import Source, ToolCall
 __all__ = [
     "Attachment",
     "IngressRecord",
+    "MemoryItem",
     "Run",
     "RunEvent",
     "Session",

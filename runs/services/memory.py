@@ -1,0 +1,157 @@
+"""Long-term memory under a written write policy (seed 000, stage 3).
+
+What may be kept:
+- an explicit preference the user stated (kind `preference`, origin `user_stated`);
+- a fact the user confirmed (kind `fact`, origin `user_confirmed`);
+- reusable task state a task keeps (kind `task_state`, origin `task`).
+
+What never is: a model's unconfirmed guess; anything that looks like a secret, a token, a
+password or a one-time code (refused, not redacted: a memory with a hole in it misleads);
+long text such as an attachment's content; an item above `internal` without the user's consent.
+The same key again replaces the value (or, for the same value, only renews it); each kind lives
+for its TTL. Retrieval happens only for a task that asks for memory, filtered by tenant, user,
+purpose, freshness and sensitivity, and each item keeps its source.
+"""
+
+import re
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
+from registry.errors import NotFound, ValidationFailed
+from registry.models import Tenant
+from runs.models import MemoryItem
+from runs.redaction import REDACTED, redact, secret_key
+
+ALLOWED_ORIGINS = {
+    MemoryItem.Kind.PREFERENCE: {MemoryItem.Origin.USER_STATED, MemoryItem.Origin.USER_CONFIRMED},
+    MemoryItem.Kind.FACT: {MemoryItem.Origin.USER_CONFIRMED},
+    MemoryItem.Kind.TASK_STATE: {MemoryItem.Origin.TASK},
+}
+_SECRET_TEXT = re.compile(
+    r"\b(pass(word|wd|phrase)?|pwd|secret|token|api[ _-]?key|private[ _-]?key|credential"
+    r"|one[ -]?time|otp|2fa|mfa|verification code|security code)\b"
+    r"|\b\d{6}\b.{0,20}\bcode\b|\bcode\b.{0,20}\b\d{4,8}\b",
+    re.I | re.S,
+)
+
+
+def _refuse(reason: str, message: str) -> ValidationFailed:
+    return ValidationFailed(message, details={"reason": reason})
+
+
+def _policy_check(*, kind: str, key: str, value: str, origin: str, sensitivity: str, consent: bool):
+    if origin == MemoryItem.Origin.MODEL_INFERRED:
+        raise _refuse("UNCONFIRMED", "A model's guess is kept only after the user confirms it.")
+    if origin not in ALLOWED_ORIGINS.get(kind, set()):
+        raise _refuse("ORIGIN_NOT_ALLOWED", f"A {kind} cannot come from {origin}.")
+    if (
+        secret_key(key)
+        or _SECRET_TEXT.search(f"{key} {value}")
+        or REDACTED in redact(value, cleared=True)
+    ):
+        raise _refuse(
+            "SECRET", "Secrets, tokens, passwords and one-time codes are never kept in memory."
+        )
+    if len(value) > settings.MEMORY_VALUE_MAX_CHARS:
+        raise _refuse(
+            "TOO_LONG",
+            f"At most {settings.MEMORY_VALUE_MAX_CHARS} characters: memory keeps facts and "
+            "preferences, never documents or attachment text.",
+        )
+    if sensitivity not in DATA_CLASSIFICATION_LEVELS:
+        raise _refuse("UNKNOWN_SENSITIVITY", f"Unknown sensitivity {sensitivity}.")
+    above_internal = DATA_CLASSIFICATION_LEVELS.index(
+        sensitivity
+    ) > DATA_CLASSIFICATION_LEVELS.index(DataClassification.INTERNAL)
+    if above_internal and not consent:
+        raise _refuse("CONSENT_REQUIRED", f"Keeping a {sensitivity} item needs your consent.")
+
+
+def memory_write(
+    *,
+    tenant: Tenant,
+    user: AbstractBaseUser,
+    kind: str,
+    key: str,
+    value: str,
+    origin: str,
+    purpose: str = "any",
+    sensitivity: str = DataClassification.INTERNAL,
+    consent: bool = False,
+    source: dict[str, Any] | None = None,
+) -> MemoryItem:
+    """Keep one item under the write policy, or raise ValidationFailed with the reason."""
+    key, value = key.strip(), value.strip()
+    _policy_check(
+        kind=kind, key=key, value=value, origin=origin, sensitivity=sensitivity, consent=consent
+    )
+    now = timezone.now()
+    fields = {
+        "value": value,
+        "purpose": purpose or "any",
+        "sensitivity": sensitivity,
+        "consent_at": now if consent else None,
+        "origin": origin,
+        "source": source or {},
+        "confirmed_at": now,
+        "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
+    }
+    try:
+        with transaction.atomic():
+            item, _ = MemoryItem.objects.update_or_create(
+                tenant=tenant, user=user, kind=kind, key=key, defaults=fields
+            )
+    except IntegrityError:
+        item, _ = MemoryItem.objects.update_or_create(
+            tenant=tenant, user=user, kind=kind, key=key, defaults=fields
+        )
+    return item
+
+
+def memories_of(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[MemoryItem]:
+    """What the platform keeps about `user` in `tenant` (expired items included until the
+    sweep removes them), for the user to list and delete."""
+    return MemoryItem.objects.filter(tenant=tenant, user=user)
+
+
+def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> None:
+    deleted, _ = memories_of(tenant=tenant, user=user).filter(pk=item_id).delete()
+    if not deleted:
+        raise NotFound("No such memory.")
+
+
+def memory_retrieve(
+    *, tenant: Tenant, user: AbstractBaseUser, purpose: str, max_sensitivity: str
+) -> list[dict[str, Any]]:
+    """The live items a task may use: this tenant and user, this purpose (or any), not
+    expired, not above `max_sensitivity`; each with its source."""
+    allowed = DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(max_sensitivity) + 1]
+    items = memories_of(tenant=tenant, user=user).filter(
+        expires_at__gt=timezone.now(),
+        purpose__in=[purpose, "any"],
+        sensitivity__in=allowed,
+    )
+    return [
+        {
+            "id": str(item.pk),
+            "kind": item.kind,
+            "key": item.key,
+            "value": item.value,
+            "confirmed_at": item.confirmed_at.isoformat(),
+            "source": {"origin": item.origin, **item.source},
+        }
+        for item in items.order_by("kind", "key")[: settings.MEMORY_RETRIEVE_MAX]
+    ]
+
+
+def memories_expire() -> int:
+    """Remove what outlived its TTL."""
+    deleted, _ = MemoryItem.objects.filter(expires_at__lte=timezone.now()).delete()
+    return deleted

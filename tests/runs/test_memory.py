@@ -1,0 +1,191 @@
+"""Long-term memory: the write policy, isolation, expiry, the API and page to list and delete,
+and retrieval into a run only when its skill asks for memory."""
+
+import json
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from registry.errors import ValidationFailed
+from registry.services import skills
+from runs.loop import run_execute
+from runs.models import MemoryItem
+from runs.services.memory import memories_expire, memory_retrieve, memory_write
+from tests.registry.factories import PASSWORD
+from tests.runs.conftest import demo_run
+from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import SKILL_FIELDS, seeded_skill
+
+pytestmark = pytest.mark.django_db
+
+MEMORIES = "/api/v1/memories"
+
+
+def prefer(tenant, user, key: str = "summary_language", value: str = "Chinese", **extra):
+    return memory_write(
+        tenant=tenant,
+        user=user,
+        kind=extra.pop("kind", "preference"),
+        key=key,
+        value=value,
+        origin=extra.pop("origin", "user_stated"),
+        **extra,
+    )
+
+
+def refusal(**arguments) -> str:
+    with pytest.raises(ValidationFailed) as refused:
+        prefer(**arguments)
+    return refused.value.details["reason"]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("vpn_password", "hunter22"),
+        ("note", "my password is hunter22"),
+        ("github", "ghp_abcdefghijklmnopqrstuvwx"),
+        ("note", "the verification code is 493817"),
+        ("note", "one-time code 4821"),
+        ("access_token", "abc"),
+        ("note", "use Bearer abcdefghijklmnop for the API"),
+    ],
+)
+def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
+    assert refusal(tenant=acme, user=member, key=key, value=value) == "SECRET"
+    assert not MemoryItem.objects.exists()
+
+
+def test_a_stated_preference_is_kept_with_its_source_and_ttl(acme, member):
+    item = prefer(acme, member, source={"via": "api"})
+
+    assert (item.kind, item.key, item.value, item.origin) == (
+        "preference",
+        "summary_language",
+        "Chinese",
+        "user_stated",
+    )
+    assert item.expires_at - item.confirmed_at == timedelta(days=365)
+    again = prefer(acme, member, value="English")
+    assert MemoryItem.objects.count() == 1
+    assert again.value == "English"
+
+
+def test_guesses_long_text_and_sensitive_items_without_consent_are_refused(acme, member):
+    base = {"tenant": acme, "user": member}
+    assert refusal(**base, origin="model_inferred") == "UNCONFIRMED"
+    assert refusal(**base, kind="fact", origin="user_stated") == "ORIGIN_NOT_ALLOWED"
+    assert refusal(**base, value="word " * 200) == "TOO_LONG"
+    assert refusal(**base, sensitivity="confidential") == "CONSENT_REQUIRED"
+    kept = prefer(**base, sensitivity="confidential", consent=True)
+    assert kept.consent_at is not None
+
+
+def test_memory_of_one_tenant_or_user_is_never_retrieved_for_another(
+    acme, globex, member, auditor, globex_member
+):
+    prefer(acme, member)
+    limits = {"purpose": "weekly-summary", "max_sensitivity": "restricted"}
+
+    assert [item["key"] for item in memory_retrieve(tenant=acme, user=member, **limits)] == [
+        "summary_language"
+    ]
+    assert memory_retrieve(tenant=acme, user=auditor, **limits) == []
+    assert memory_retrieve(tenant=globex, user=member, **limits) == []
+    assert memory_retrieve(tenant=globex, user=globex_member, **limits) == []
+
+
+def test_retrieval_filters_purpose_freshness_and_sensitivity(acme, member):
+    prefer(acme, member, key="tone", value="brief", purpose="weekly-summary")
+    prefer(acme, member, key="format", value="table", purpose="other-skill")
+    prefer(acme, member, key="team", value="R&D", sensitivity="confidential", consent=True)
+    stale = prefer(acme, member, key="old", value="x")
+    MemoryItem.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(days=1))
+
+    found = memory_retrieve(
+        tenant=acme, user=member, purpose="weekly-summary", max_sensitivity="internal"
+    )
+
+    assert [item["key"] for item in found] == ["tone"]
+    assert found[0]["source"] == {"origin": "user_stated"}
+    assert memories_expire() == 1
+    assert not MemoryItem.objects.filter(key="old").exists()
+
+
+def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, client_for):
+    alice, carol = client_for(member, acme), client_for(auditor, acme)
+
+    created = alice.post(
+        MEMORIES,
+        {"kind": "preference", "key": "summary_language", "value": "Chinese"},
+        format="json",
+    )
+    refused = alice.post(
+        MEMORIES, {"kind": "fact", "key": "pin", "value": "password: hunter22"}, format="json"
+    )
+
+    assert created.status_code == 201, created.json()
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"] == {"reason": "SECRET"}
+    assert [item["key"] for item in alice.get(MEMORIES).json()["results"]] == ["summary_language"]
+    assert carol.get(MEMORIES).json()["results"] == []
+    item_id = created.json()["id"]
+    assert carol.delete(f"{MEMORIES}/{item_id}").status_code == 404
+    assert alice.delete(f"{MEMORIES}/not-an-id").status_code == 404
+    assert alice.delete(f"{MEMORIES}/{item_id}").status_code == 204
+    assert not MemoryItem.objects.exists()
+
+
+def test_the_page_lists_and_deletes_your_memory(acme, member, auditor, client):
+    mine = prefer(acme, member)
+    theirs = prefer(acme, auditor, key="tone", value="formal")
+    client.login(username=member.username, password=PASSWORD)
+
+    page = client.get(reverse("memories")).content.decode()
+    refused = client.post(reverse("memories"), {"item": str(theirs.pk)})
+    deleted = client.post(reverse("memories"), {"item": str(mine.pk)}, follow=True)
+
+    assert "summary_language" in page and "formal" not in page
+    assert refused.status_code == 404
+    assert client.post(reverse("memories"), {"item": "nonsense"}).status_code == 404
+    assert "Forgotten: summary_language." in deleted.content.decode()
+    assert list(MemoryItem.objects.values_list("pk", flat=True)) == [theirs.pk]
+
+
+def _memory_skill(demo):
+    """weekly-summary 3.3.0: the seeded content, also asking for the user's memory."""
+    seeded = seeded_skill(demo)
+    content = {field: getattr(seeded, field) for field in SKILL_FIELDS}
+    content["required_inputs"] = [*content["required_inputs"], "memory"]
+    draft = skills.skill_version_create(
+        actor=demo.admin,
+        tenant=demo.acme,
+        name="weekly-summary",
+        version="3.3.0",
+        tool_versions=[
+            dependency.tool_version
+            for dependency in seeded.tool_dependencies.select_related("tool_version")
+        ],
+        **content,
+    )
+    return skills.skill_version_publish(skill_version=draft, actor=demo.admin)
+
+
+@pytest.mark.parametrize("asks_for_memory", [True, False])
+def test_a_run_gets_the_users_memory_only_when_its_skill_asks(demo, fake_model, asks_for_memory):
+    fake = fake_model()
+    fake.reply(openai_completion(content="Which week?"))
+    if asks_for_memory:
+        _memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    prefer(demo.acme, demo.admin, key="tone", value="formal")
+
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    instructions = json.dumps(fake.requests[0].body["messages"][0])
+    assert ("Remembered about this user" in instructions) is asks_for_memory
+    assert ("summary_language" in instructions) is asks_for_memory
+    assert "formal" not in instructions
