@@ -116,29 +116,62 @@ def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
         _release(key, holder)
 
 
-def _breaker_keys(tool_version: ToolVersion) -> tuple[str, str]:
-    return f"tool-failures:{tool_version.tool_id}", f"tool-open:{tool_version.tool_id}"
+def _now() -> float:
+    return time.time()
+
+
+def _breaker_keys(tool_version: ToolVersion) -> tuple[str, str, str]:
+    tool = tool_version.tool_id
+    return f"tool-failures:{tool}", f"tool-circuit:{tool}", f"tool-trial:{tool}"
+
+
+def circuit_state(tool_version: ToolVersion) -> str:
+    """`closed` (calls pass), `open` (calls fail fast until `reset_after_s` has passed since
+    it opened) or `half_open` (one trial call may pass; its outcome closes or reopens it)."""
+    _, circuit_key, _ = _breaker_keys(tool_version)
+    opened_until = cache.get(circuit_key)
+    if opened_until is None:
+        return "closed"
+    return "open" if _now() < opened_until else "half_open"
+
+
+def _fail_fast(tool_version: ToolVersion, why: str) -> ToolFailed:
+    return ToolFailed(
+        f"{tool_version.qualified_name} is failing; {why}.",
+        category=ErrorCategory.UPSTREAM_ERROR,
+        retryable=True,
+    )
 
 
 def check_circuit(tool_version: ToolVersion) -> None:
-    if tool_version.circuit_breaker and cache.get(_breaker_keys(tool_version)[1]):
-        raise ToolFailed(
-            f"{tool_version.qualified_name} is failing; calls are paused for a while.",
-            category=ErrorCategory.UPSTREAM_ERROR,
-            retryable=True,
-        )
+    """Fail fast while the circuit is open; when half-open, let one trial call through."""
+    if not tool_version.circuit_breaker:
+        return
+    state = circuit_state(tool_version)
+    if state == "open":
+        raise _fail_fast(tool_version, "calls are paused for a while")
+    if state == "half_open":
+        _, _, trial_key = _breaker_keys(tool_version)
+        if not cache.add(trial_key, 1, timeout=tool_version.timeout_s + SLOT_GRACE_SECONDS):
+            raise _fail_fast(tool_version, "a trial call is under way")
 
 
 def record_outcome(tool_version: ToolVersion, *, failed: bool) -> None:
-    """Open the circuit after `failure_threshold` failures in `reset_after_s`; a success
-    closes the count."""
+    """`failure_threshold` failures within `reset_after_s` open the circuit; a failed trial
+    reopens it; any success closes it."""
     breaker = tool_version.circuit_breaker
     if not breaker:
         return
-    failures_key, open_key = _breaker_keys(tool_version)
+    failures_key, circuit_key, trial_key = _breaker_keys(tool_version)
+    reset_after = breaker["reset_after_s"]
     if not failed:
-        cache.delete(failures_key)
+        cache.delete_many([failures_key, circuit_key, trial_key])
         return
-    if _incr(failures_key, timeout=breaker["reset_after_s"]) >= breaker["failure_threshold"]:
-        cache.set(open_key, True, timeout=breaker["reset_after_s"])
+    keep = reset_after * 10
+    if circuit_state(tool_version) == "half_open":
+        cache.set(circuit_key, _now() + reset_after, timeout=keep)
+        cache.delete(trial_key)
+        return
+    if _incr(failures_key, timeout=reset_after) >= breaker["failure_threshold"]:
+        cache.set(circuit_key, _now() + reset_after, timeout=keep)
         cache.delete(failures_key)

@@ -65,3 +65,31 @@ def test_the_circuit_opens_after_the_threshold_and_a_success_resets_the_count(to
     with pytest.raises(ToolFailed) as refused:
         limits.check_circuit(tool_version)
     assert refused.value.category == ErrorCategory.UPSTREAM_ERROR
+
+
+def test_the_breaker_opens_fails_fast_half_opens_for_one_trial_and_closes(
+    tool_version, monkeypatch
+):
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    limits.record_outcome(tool_version, failed=True)
+    limits.record_outcome(tool_version, failed=True)
+
+    assert limits.circuit_state(tool_version) == "open"
+    with pytest.raises(ToolFailed, match="paused"):
+        limits.check_circuit(tool_version)
+
+    clock[0] += 31  # reset_after_s has passed: one trial call, and only one
+    assert limits.circuit_state(tool_version) == "half_open"
+    limits.check_circuit(tool_version)
+    with pytest.raises(ToolFailed, match="trial call is under way"):
+        limits.check_circuit(tool_version)
+
+    limits.record_outcome(tool_version, failed=True)  # the trial failed: open again
+    assert limits.circuit_state(tool_version) == "open"
+    clock[0] += 31
+    limits.check_circuit(tool_version)
+    limits.record_outcome(tool_version, failed=False)  # the trial succeeded: closed
+    assert limits.circuit_state(tool_version) == "closed"
+    limits.check_circuit(tool_version)
+    limits.check_circuit(tool_version)
