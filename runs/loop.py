@@ -19,7 +19,7 @@ from approvals.services import action_freeze
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
-from runs import events, tracing
+from runs import events, quotas, tracing
 from runs.choices import RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
@@ -465,6 +465,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         _finish(run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
         return
     cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
+    quotas.tenant_cost_add(run.tenant_id, cost)
     tracing.span_add(
         run,
         "model.turn",
@@ -709,6 +710,13 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:
             _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+        elif (quota := quotas.tenant_quota_spent(run.tenant)) is not None:
+            _finish(
+                run,
+                status=RunStatus.BUDGET_EXHAUSTED,
+                reason_code="TENANT_DAILY_COST_QUOTA",
+                output=quota,
+            )
         elif run.state["phase"] == "tools":
             _tool_turn(run)
         elif run.state["node"] != "resolve_recipient":

@@ -22,6 +22,14 @@ class Tenant(models.Model):
         Group, on_delete=models.PROTECT, related_name="tenant", editable=False
     )
     is_active = models.BooleanField(default=True)
+    daily_cost_quota = models.DecimalField(
+        max_digits=12,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        help_text="Model cost the tenant's runs may spend per day; a run that finds it spent "
+        "ends BUDGET_EXHAUSTED. Empty: no quota.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     history = HistoricalRecords()

@@ -1,0 +1,50 @@
+"""Daily cost quotas per tenant, counted in the cache (Redis in production, so every worker
+adds to and reads the same figure). The day is the platform's local day."""
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.core.cache import cache
+from django.utils import timezone
+
+from registry.models import Tenant
+
+MICROS = Decimal(1_000_000)
+KEPT_SECONDS = 2 * 24 * 3600
+
+
+def _key(tenant_id: int) -> str:
+    return f"tenant-cost:{tenant_id}:{timezone.localdate().isoformat()}"
+
+
+def tenant_cost_add(tenant_id: int, cost: Decimal) -> None:
+    """Add a model turn's estimated cost to the tenant's spend of today."""
+    micros = int(cost * MICROS)
+    if micros <= 0:
+        return
+    key = _key(tenant_id)
+    cache.add(key, 0, timeout=KEPT_SECONDS)
+    try:
+        cache.incr(key, micros)
+    except ValueError:
+        cache.set(key, micros, timeout=KEPT_SECONDS)
+
+
+def tenant_cost_today(tenant_id: int) -> Decimal:
+    return Decimal(cache.get(_key(tenant_id), 0)) / MICROS
+
+
+def tenant_quota_spent(tenant: Tenant) -> dict | None:
+    """None while the tenant may still spend today; otherwise what the run's result says."""
+    if tenant.daily_cost_quota is None:
+        return None
+    spent = tenant_cost_today(tenant.pk)
+    if spent < tenant.daily_cost_quota:
+        return None
+    tomorrow = timezone.localdate() + timedelta(days=1)
+    return {
+        "reason": "The tenant's daily model cost quota is spent.",
+        "daily_cost_quota": f"{tenant.daily_cost_quota:.4f}",
+        "spent_today": f"{spent:.4f}",
+        "resets_on": tomorrow.isoformat(),
+    }
