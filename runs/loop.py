@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 
 RECIPIENT_ROLE = "研发负责人"
 HISTORY_RUNS = 5
+# Older runs of the session are kept as a rolling summary: this many, this much of each.
+SUMMARY_RUNS = 45
+SUMMARY_CHARS = 80
 DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
@@ -104,22 +107,48 @@ def _text(run: Run, resources: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def _history(run: Run) -> list[dict[str, str]]:
-    """The session's earlier messages and how their runs ended, newest last."""
-    earlier = (
+def _message_text(message: dict[str, Any]) -> str:
+    return " ".join(part.get("text", "") for part in message["message"]["parts"])
+
+
+def _history(run: Run) -> list[dict[str, Any]]:
+    """The session's earlier messages and how their runs ended, newest last: the last
+    HISTORY_RUNS as they were, and before them a rolling summary of up to SUMMARY_RUNS older
+    ones, marked with when it was generated and which runs it covers."""
+    earlier = list(
         Run.objects.filter(session_id=run.session_id, created_at__lt=run.created_at)
         .order_by("-created_at")
-        .values("message", "status", "reason_code")[:HISTORY_RUNS]
+        .values("id", "created_at", "message", "status", "reason_code")[
+            : HISTORY_RUNS + SUMMARY_RUNS
+        ]
     )
-    return [
+    recent, older = earlier[:HISTORY_RUNS], earlier[HISTORY_RUNS:]
+    history: list[dict[str, Any]] = []
+    if older:
+        oldest, newest = older[-1], older[0]
+        history.append(
+            {
+                "summary": "; ".join(
+                    f"{_message_text(entry['message'])[:SUMMARY_CHARS]} -> {entry['status']}"
+                    for entry in reversed(older)
+                ),
+                "generated_at": timezone.now().isoformat(),
+                "source": {
+                    "runs": len(older),
+                    "from_run": str(oldest["id"]),
+                    "from": oldest["created_at"].isoformat(),
+                    "to_run": str(newest["id"]),
+                    "to": newest["created_at"].isoformat(),
+                },
+            }
+        )
+    return history + [
         {
-            "message": " ".join(
-                part.get("text", "") for part in entry["message"]["message"]["parts"]
-            ),
+            "message": _message_text(entry["message"]),
             "status": entry["status"],
             "reason_code": entry["reason_code"],
         }
-        for entry in reversed(earlier)
+        for entry in reversed(recent)
     ]
 
 

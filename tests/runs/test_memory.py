@@ -1,5 +1,5 @@
-"""Long-term memory: the write policy, isolation, expiry, the API and page to list and delete,
-and retrieval into a run only when its skill asks for memory."""
+"""Memory: the write policy of long-term memory, isolation, expiry, the API and page to list
+and delete, retrieval into a run only when its skill asks; the session's rolling summary."""
 
 import json
 from datetime import timedelta
@@ -11,7 +11,8 @@ from django.utils import timezone
 from registry.errors import ValidationFailed
 from registry.services import skills
 from runs.loop import run_execute
-from runs.models import MemoryItem
+from runs.models import MemoryItem, Run
+from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_retrieve, memory_write
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import demo_run
@@ -189,3 +190,31 @@ def test_a_run_gets_the_users_memory_only_when_its_skill_asks(demo, fake_model, 
     assert ("Remembered about this user" in instructions) is asks_for_memory
     assert ("summary_language" in instructions) is asks_for_memory
     assert "formal" not in instructions
+
+
+def test_older_turns_of_a_session_become_a_rolling_summary_with_its_source_range(demo):
+    def say(text: str, session_id=None):
+        return message_ingest(
+            actor=demo.alice,
+            tenant=demo.acme,
+            idempotency_key=f"key-{text}",
+            channel="chat",
+            parts=[{"type": "text", "text": text}],
+            metadata={"project_id": "apollo"},
+            session_id=session_id,
+        ).run
+
+    first = say("message 0")
+    earlier = [first, *(say(f"message {index}", first.session_id) for index in range(1, 8))]
+    run = say("summarise this week", first.session_id)
+
+    run_execute(run_id=str(run.pk))
+
+    history = Run.objects.get(pk=run.pk).state["history"]
+    summary, recent = history[0], history[1:]
+    assert summary["summary"] == "message 0 -> QUEUED; message 1 -> QUEUED; message 2 -> QUEUED"
+    assert summary["source"]["runs"] == 3
+    assert summary["source"]["from_run"] == str(earlier[0].pk)
+    assert summary["source"]["to_run"] == str(earlier[2].pk)
+    assert summary["generated_at"]
+    assert [entry["message"] for entry in recent] == [f"message {i}" for i in range(3, 8)]
