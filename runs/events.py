@@ -77,10 +77,10 @@ def run_finished(run: Run, *, status: RunStatus | str, reason_code: str) -> RunE
     return _append(run, EventType.RUN_FINISHED, {"status": str(status), "reason_code": reason_code})
 
 
-def route_selected(run: Run, *, workflow: str, skill: str | None, risk: str) -> RunEvent:
-    return _append(
-        run, EventType.ROUTE_SELECTED, {"workflow": workflow, "skill": skill, "risk": risk}
-    )
+def route_selected(run: Run, *, decision: dict[str, Any]) -> RunEvent:
+    """`decision`: workflow, skill, risk, category, mode, model, clarification, pre_approval,
+    why (runs.routing)."""
+    return _append(run, EventType.ROUTE_SELECTED, decision)
 
 
 def skill_activated(run: Run, *, skill: str, skill_version_id: str) -> RunEvent:

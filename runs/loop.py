@@ -27,6 +27,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
+from runs.routing import route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
@@ -226,17 +227,7 @@ def _route_and_assemble(run: Run) -> None:
     _transition(run, status=RunStatus.RUNNING)
     skill = _skill(run)
     workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
-    events.route_selected(
-        run,
-        workflow=workflow.key,
-        skill=f"{skill['name']}@{skill['version']}" if skill else None,
-        risk="external_side_effect" if "send" in workflow.nodes else "read",
-    )
     skill_version = _skill_version(run)
-    if skill_version is not None:
-        events.skill_activated(
-            run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
-        )
     metadata = run.message.get("metadata", {})
     session_state = Session.objects.filter(pk=run.session_id).values_list("state", flat=True)[0]
     date_from, date_to = _this_week(timezone.localdate())
@@ -246,6 +237,20 @@ def _route_and_assemble(run: Run) -> None:
         "date_to": date_to,
         "recipient_role": RECIPIENT_ROLE,
     }
+    events.route_selected(
+        run,
+        decision=route_decide(
+            capability=run.capability,
+            skill=skill,
+            required_inputs=skill_version.required_inputs if skill_version else [],
+            workflow=workflow,
+            inputs=inputs,
+        ),
+    )
+    if skill_version is not None:
+        events.skill_activated(
+            run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
+        )
     run.state = {
         "workflow": workflow.key,
         "node": workflow.start,

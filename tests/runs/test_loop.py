@@ -204,13 +204,22 @@ def test_the_running_example_waits_for_approval_with_a_sourced_draft_for_the_dir
     assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)) == (
         list(range(1, 22))
     )
-    assert events_of(run, "route.selected") == [
-        {
-            "workflow": "weekly-summary-send@1",
-            "skill": "weekly-summary@3.2.0",
-            "risk": "external_side_effect",
-        }
-    ]
+    (route,) = events_of(run, "route.selected")
+    assert route == {
+        "workflow": "weekly-summary-send@1",
+        "skill": "weekly-summary@3.2.0",
+        "risk": "external_side_effect",
+        "category": "external_action",
+        "mode": "explicit_workflow",
+        "model": "offline-planner",
+        "clarification": [],
+        "pre_approval": True,
+        "why": [
+            "weekly-summary binds workflow weekly-summary-send@1, which ends in a send",
+            "a side effect waits for a human approval of its frozen payload",
+            "model offline-planner from the agent's configuration",
+        ],
+    }
     assert [payload["skill"] for payload in events_of(run, "skill.activated")] == [
         "weekly-summary@3.2.0"
     ]
@@ -338,6 +347,9 @@ def test_without_a_project_the_run_asks_which_one_before_any_tool_or_model(demo)
     assert result["question"] == "Which project should the summary cover?"
     assert result["sources"] == []
     assert event_types(run) == [*INGRESS, "route.selected", "skill.activated", "run.finished"]
+    (route,) = events_of(run, "route.selected")
+    assert route["clarification"] == ["project_scope"]
+    assert "the project scope is missing: the run asks for it" in route["why"]
     assert tool_calls(run) == []
 
 
@@ -587,9 +599,15 @@ def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
     # then
     result = assert_terminal(run, "COMPLETED", "ANSWERED")
     assert event_types(run) == [*START, *MODEL_TURN, *TOOL_RUN, *MODEL_TURN, "run.finished"]
-    assert events_of(run, "route.selected") == [
-        {"workflow": "agent@1", "skill": "project-brief@1.0.0", "risk": "read"}
-    ]
+    (route,) = events_of(run, "route.selected")
+    assert {key: route[key] for key in ("workflow", "skill", "risk", "category", "mode")} == {
+        "workflow": "agent@1",
+        "skill": "project-brief@1.0.0",
+        "risk": "read",
+        "category": "retrieval",
+        "mode": "single_agent",
+    }
+    assert route["pre_approval"] is False
     assert [(p["node"], p["allowlist"]) for p in events_of(run, "tools.assembled")] == [
         ("answer", ["project_search@2.0.0"])
     ]
