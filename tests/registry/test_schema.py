@@ -28,6 +28,8 @@ V1_PATHS = [
     "/api/v1/approvals",
     "/api/v1/approvals/{id}",
     "/api/v1/approvals/{id}/decision",
+    "/api/v1/memories",
+    "/api/v1/memories/{id}",
 ]
 
 
