@@ -219,7 +219,8 @@ def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
 
 def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
     """Everything an auditor reads about one run, redacted for the viewer; the page renders
-    it and the export is it, as JSON."""
+    it and the export is it, as JSON. Tool calls are redacted first with their contracts'
+    sensitive fields; redacting again changes nothing already masked."""
     events = list(RunEvent.objects.filter(run=run).order_by("seq"))
     calls = list(ToolCall.objects.filter(run=run).order_by("step", "started_at"))
     versions = {
@@ -301,10 +302,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         "spans": _waterfall(spans, run),
         "result": run.result,
     }
-    calls_redacted = record.pop("tool_calls")
-    redacted = redact(record, cleared=cleared)
-    redacted["tool_calls"] = calls_redacted
-    return redacted
+    return redact(record, cleared=cleared)
 
 
 def run_export(record: dict[str, Any]) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 REDACTED = "[redacted]"
 _EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
-_SECRETS = (
-    re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}"),
+_BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}")
+_SECRET_VALUES = (
     re.compile(r"\b(sk|pk|rk|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"),
 )
@@ -37,9 +37,16 @@ def mask_email(text: str) -> str:
     return _EMAIL.sub(lambda match: f"{match.group(1)}***@{match.group(2)}", text)
 
 
+def secrets_removed(text: str) -> str:
+    """`text` with bearer tokens and values that look like API keys or JWTs replaced."""
+    text = _BEARER.sub("Bearer " + REDACTED, text)
+    for pattern in _SECRET_VALUES:
+        text = pattern.sub(REDACTED, text)
+    return text
+
+
 def _text(value: str, *, cleared: bool) -> str:
-    for pattern in _SECRETS:
-        value = pattern.sub(REDACTED, value)
+    value = secrets_removed(value)
     return value if cleared else mask_email(value)
 
 

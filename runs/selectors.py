@@ -40,8 +40,11 @@ def runs_audited(*, tenant_ids: list[int]) -> QuerySet[Run]:
     return Run.objects.filter(tenant_id__in=tenant_ids)
 
 
-def viewer_cleared(*, user: AbstractBaseUser, run: Run) -> bool:
-    """Whether `user` sees `run` unmasked: its requester, or a holder of the clearance."""
+def viewer_cleared(
+    *, user: AbstractBaseUser, run: Run, roles: frozenset[str] | None = None
+) -> bool:
+    """Whether `user` sees `run` unmasked: its requester, or a holder of the clearance in its
+    tenant. `roles`: the user's roles there, when the caller has read them."""
     return run.actor_id == user.pk or user_can(
-        user=user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant
+        user=user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant, roles=roles
     )

@@ -43,10 +43,7 @@ def _audited_run(request: HttpRequest, run_id) -> tuple[Run, bool]:
     roles = user_roles(user=request.user, tenant=run.tenant)
     if not user_can(user=request.user, action=Action.RUN_VIEW_ALL, tenant=run.tenant, roles=roles):
         raise Http404("No such run.")
-    cleared = run.actor_id == request.user.pk or user_can(
-        user=request.user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant, roles=roles
-    )
-    return run, cleared
+    return run, selectors.viewer_cleared(user=request.user, run=run, roles=roles)
 
 
 @method_decorator(login_required, name="dispatch")

@@ -29,9 +29,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from scratch_database import ScratchDatabase
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BENCH_DATABASE = "agentgov_bench"
@@ -47,34 +47,11 @@ CACHE_PREFIX = f"agentgov-bench-{os.getpid()}"
 EXAMPLE_TEXT = "Summarise this week's project status and mail it to the R&D lead."
 
 
-def _server_urls() -> tuple[str, str]:
-    """(maintenance database URL, bench database URL) on the server of DATABASE_URL."""
-    configured = os.environ.get("DATABASE_URL", "")
-    if not configured.startswith(("postgres://", "postgresql://")):
-        sys.exit("make bench needs DATABASE_URL to name a PostgreSQL server.")
-    parts = urlsplit(configured)
-    return (
-        urlunsplit(parts._replace(path="/postgres")),
-        urlunsplit(parts._replace(path=f"/{BENCH_DATABASE}")),
-    )
-
-
-def _database_recreate(maintenance_url: str) -> None:
-    with psycopg.connect(maintenance_url, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-        connection.execute(f"CREATE DATABASE {BENCH_DATABASE}")
-
-
-def _database_drop(maintenance_url: str) -> None:
-    with psycopg.connect(maintenance_url, autocommit=True) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {BENCH_DATABASE} WITH (FORCE)")
-
-
-MAINTENANCE_URL, BENCH_URL = _server_urls()
+SCRATCH = ScratchDatabase(BENCH_DATABASE)
 if not os.environ.get("REDIS_URL"):
     sys.exit("make bench needs REDIS_URL (the broker of the real worker).")
-_database_recreate(MAINTENANCE_URL)
-os.environ["DATABASE_URL"] = BENCH_URL
+SCRATCH.recreate()
+os.environ["DATABASE_URL"] = SCRATCH.url
 os.environ["CACHE_KEY_PREFIX"] = CACHE_PREFIX
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # One log line per step on a terminal would be measured too; warnings and errors still show.
@@ -292,7 +269,7 @@ def _floor(run_ids: list) -> tuple[int, float]:
         .order_by("run_id", "seq")
         .values_list("run_id", "seq", "type", "payload")
     )
-    with psycopg.connect(BENCH_URL) as raw:
+    with psycopg.connect(SCRATCH.url) as raw:
         raw.execute(
             "CREATE TABLE bench_floor_event "
             "(LIKE runs_runevent INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)"
@@ -506,4 +483,4 @@ if __name__ == "__main__":
         connection.close()
         _forget_broker_and_cache()
         if not KEEP_DATABASE:
-            _database_drop(MAINTENANCE_URL)
+            SCRATCH.drop()

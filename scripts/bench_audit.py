@@ -18,9 +18,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
+from scratch_database import ScratchDatabase
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATABASE = "agentgov_bench_audit"
@@ -31,16 +30,9 @@ RUN_PAGE_EVENTS = 200
 GOAL_P95_MS = 150
 GOAL_QUERIES = 10
 
-configured = os.environ.get("DATABASE_URL", "")
-if not configured.startswith(("postgres://", "postgresql://")):
-    sys.exit("make bench needs DATABASE_URL to name a PostgreSQL server.")
-parts = urlsplit(configured)
-MAINTENANCE_URL = urlunsplit(parts._replace(path="/postgres"))
-BENCH_URL = urlunsplit(parts._replace(path=f"/{DATABASE}"))
-with psycopg.connect(MAINTENANCE_URL, autocommit=True) as maintenance:
-    maintenance.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-    maintenance.execute(f"CREATE DATABASE {DATABASE}")
-os.environ["DATABASE_URL"] = BENCH_URL
+SCRATCH = ScratchDatabase(DATABASE)
+SCRATCH.recreate()
+os.environ["DATABASE_URL"] = SCRATCH.url
 os.environ["ALLOWED_HOSTS"] = "testserver"
 os.environ.setdefault("LOG_LEVEL", "WARNING")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -242,5 +234,4 @@ if __name__ == "__main__":
         main()
     finally:
         connection.close()
-        with psycopg.connect(MAINTENANCE_URL, autocommit=True) as maintenance:
-            maintenance.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        SCRATCH.drop()

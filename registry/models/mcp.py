@@ -10,17 +10,14 @@ import uuid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
 
 from registry.choices import Risk
+from registry.models.configs import CREDENTIAL_REF_VALIDATOR
 from registry.models.definitions import NAMESPACE_VALIDATOR
 from registry.models.tenancy import Tenant
-
-SECRET_REFERENCE = RegexValidator(
-    r"^[A-Z][A-Z0-9_]{0,127}$", "The name of an environment variable, e.g. PROJECTS_MCP_TOKEN."
-)
 
 
 class McpServer(models.Model):
@@ -64,7 +61,7 @@ class McpServer(models.Model):
     credential_ref = models.CharField(
         max_length=128,
         blank=True,
-        validators=[SECRET_REFERENCE],
+        validators=[CREDENTIAL_REF_VALIDATOR],
         help_text="streamable HTTP: sent as a bearer token.",
     )
     timeout_s = models.PositiveIntegerField(
@@ -118,7 +115,7 @@ class McpServer(models.Model):
             if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
                 errors["args"] = "A list of strings."
             if not isinstance(self.env, dict) or not all(
-                isinstance(value, str) and SECRET_REFERENCE.regex.match(value)
+                isinstance(value, str) and CREDENTIAL_REF_VALIDATOR.regex.match(value)
                 for value in self.env.values()
             ):
                 errors["env"] = "An object of VARIABLE: SECRET_REFERENCE (upper-case names)."

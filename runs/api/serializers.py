@@ -6,8 +6,9 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from registry.api.serializers import StrictSerializer
-from registry.choices import Action, DataClassification
-from registry.selectors import user_can
+from registry.choices import DataClassification
+from registry.selectors import user_roles
+from runs import selectors
 from runs.choices import Channel
 from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
@@ -135,22 +136,15 @@ class MessageAcceptedSerializer(serializers.Serializer):
 
 
 def viewer_cleared(serializer: serializers.Serializer, run: Run) -> bool:
-    """Whether the requesting user sees this run unmasked (its requester, or a holder of the
-    clearance in its tenant); without a request, nobody is. One check per tenant."""
+    """`selectors.viewer_cleared` for the requesting user, reading their roles once per
+    tenant whatever the number of runs; without a request, nobody is cleared."""
     request = serializer.context.get("request")
     if request is None:
         return False
-    if run.actor_id == request.user.pk:
-        return True
-    cache = serializer.context.setdefault("_clearance", {})
-    if run.tenant_id not in cache:
-        tenant = getattr(request.auth, "tenant", None)
-        cache[run.tenant_id] = user_can(
-            user=request.user,
-            action=Action.RUN_VIEW_SENSITIVE,
-            tenant=tenant if tenant is not None and tenant.pk == run.tenant_id else run.tenant,
-        )
-    return cache[run.tenant_id]
+    roles = serializer.context.setdefault("_roles", {})
+    if run.actor_id != request.user.pk and run.tenant_id not in roles:
+        roles[run.tenant_id] = user_roles(user=request.user, tenant=run.tenant)
+    return selectors.viewer_cleared(user=request.user, run=run, roles=roles.get(run.tenant_id))
 
 
 class RunSerializer(serializers.ModelSerializer):

@@ -19,7 +19,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -27,7 +26,7 @@ from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.models import MemoryItem
-from runs.redaction import REDACTED, redact, secret_key
+from runs.redaction import secret_key, secrets_removed
 
 ALLOWED_ORIGINS = {
     MemoryItem.Kind.PREFERENCE: {MemoryItem.Origin.USER_STATED, MemoryItem.Origin.USER_CONFIRMED},
@@ -51,11 +50,7 @@ def _policy_check(*, kind: str, key: str, value: str, origin: str, sensitivity: 
         raise _refuse("UNCONFIRMED", "A model's guess is kept only after the user confirms it.")
     if origin not in ALLOWED_ORIGINS.get(kind, set()):
         raise _refuse("ORIGIN_NOT_ALLOWED", f"A {kind} cannot come from {origin}.")
-    if (
-        secret_key(key)
-        or _SECRET_TEXT.search(f"{key} {value}")
-        or REDACTED in redact(value, cleared=True)
-    ):
+    if secret_key(key) or _SECRET_TEXT.search(f"{key} {value}") or secrets_removed(value) != value:
         raise _refuse(
             "SECRET", "Secrets, tokens, passwords and one-time codes are never kept in memory."
         )
@@ -103,15 +98,10 @@ def memory_write(
         "confirmed_at": now,
         "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
     }
-    try:
-        with transaction.atomic():
-            item, _ = MemoryItem.objects.update_or_create(
-                tenant=tenant, user=user, kind=kind, key=key, defaults=fields
-            )
-    except IntegrityError:
-        item, _ = MemoryItem.objects.update_or_create(
-            tenant=tenant, user=user, kind=kind, key=key, defaults=fields
-        )
+    # update_or_create locks an existing row and settles a concurrent insert of the same key.
+    item, _ = MemoryItem.objects.update_or_create(
+        tenant=tenant, user=user, kind=kind, key=key, defaults=fields
+    )
     return item
 
 

@@ -175,11 +175,18 @@ def http_call(
 MCP_META_PREFIX = "agentgov/"
 
 
-def _mcp_server(tool_version: ToolVersion, tenant: Tenant) -> McpServer:
-    server = mcp_server_of(tool_version)
-    if not mcp_server_usable(server=server, tenant=tenant):
-        raise ToolRefused(f"The MCP server of {tool_version.qualified_name} is not available here.")
-    return server
+def _mcp_server(tool_version: ToolVersion, context: ToolContext) -> McpServer:
+    """The call's server, if it is available to the run's tenant. Gate 3 finds it and keeps
+    it in the call's resources; the call itself reuses it."""
+    key = f"mcp_server:{tool_version.pk}"
+    if key not in context.resources:
+        server = mcp_server_of(tool_version)
+        if not mcp_server_usable(server=server, tenant=context.tenant):
+            raise ToolRefused(
+                f"The MCP server of {tool_version.qualified_name} is not available here."
+            )
+        context.resources[key] = server
+    return context.resources[key]
 
 
 def _mcp_output(
@@ -241,7 +248,7 @@ def mcp_call(
     """`tools/call` on the server's shared session, after checking that the server still
     serves the definition this version was reviewed against. The host, never the model,
     supplies the credential (in the connection) and the identity (in `_meta`)."""
-    server = _mcp_server(tool_version, context.tenant)
+    server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
     remote_name = config["remote_name"]
     writes = tool_version.risk not in READ_RISKS
@@ -302,7 +309,7 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
     if tool_version.adapter_kind == AdapterKind.PYTHON:
         python_handler(tool_version).authorize(context, arguments)
     elif tool_version.adapter_kind == AdapterKind.MCP:
-        _mcp_server(tool_version, context.tenant)
+        _mcp_server(tool_version, context)
 
 
 def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:

@@ -6,15 +6,13 @@ stripped; what does not fit stays in a Source the model can cite by reference.
 """
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.db import models
 
 from registry.models.configs import SECRET_LIKE_NAME
-
-REDACTED = "[redacted]"
+from runs.redaction import REDACTED, secrets_removed
 
 
 class ErrorCategory(models.TextChoices):
@@ -64,11 +62,8 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
         for secret in secrets:
             if secret:
                 value = value.replace(secret, REDACTED)
-        return BEARER.sub("Bearer " + REDACTED, value)
+        return secrets_removed(value)
     return value
-
-
-BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:

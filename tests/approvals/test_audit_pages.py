@@ -239,9 +239,13 @@ def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
 def test_the_registry_history_shows_who_published_what(demo, carol, client):
     page = logged_in(client, carol).get(reverse("registry-history")).content.decode()
 
-    assert "weekly-summary@3.2.0" in page
-    assert "published" in page
-    assert "admin" in page
+    rows = [row.split("</td></tr>")[0].split("</td><td>")[1:] for row in page.split("<tr><td>")[1:]]
+    assert ["skill", "weekly-summary@3.2.0", "published", "Changed", "published", "admin"] in [
+        row[:6] for row in rows
+    ]
+    assert ["tool", "mail_send@1.0.0", "draft", "Created", "draft created", "admin"] in [
+        row[:6] for row in rows
+    ]
 
 
 def test_the_api_masks_the_email_for_an_auditor_and_not_for_the_requester(
