@@ -104,3 +104,17 @@ class ModelProvider(models.TextChoices):
     OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible Chat Completions"
     ANTHROPIC = "anthropic", "Anthropic Messages"
     OFFLINE = "offline", "Offline deterministic planner"
+
+
+class SkillAssembly(models.TextChoices):
+    """How a run's skill is chosen (seed 000, stage 6)."""
+
+    STATIC = "static", "Static: the agent's bound skills"
+    RETRIEVAL = "retrieval", "Retrieval: recalled from the registry by the request"
+
+
+class NoSkillMatched(models.TextChoices):
+    """What a retrieval agent does when no skill scores above its threshold."""
+
+    ANSWER = "answer", "Answer directly, without tools"
+    CLARIFY = "clarify", "Ask the user what they need"

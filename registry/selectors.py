@@ -5,8 +5,10 @@ the tenant's group holds the `use_*` grant on it. Anything else is "not found".
 """
 
 import difflib
+import functools
 import hashlib
 import json
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
+from django.db import connection
 from django.db.models import Q, QuerySet
 from guardian.shortcuts import get_objects_for_group
 
@@ -39,6 +43,7 @@ from registry.models import (
 )
 from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
+from registry.search import search_terms
 
 User = AbstractBaseUser | AnonymousUser
 V = TypeVar("V", bound=DefinitionVersion)
@@ -345,3 +350,65 @@ def mcp_drift(tool_versions: Iterable[ToolVersion]) -> dict[str, str]:
         elif found.current.definition_hash != config.get("definition_hash"):
             drift[str(version.pk)] = "DEFINITION_CHANGED"
     return drift
+
+
+# ts_rank of one matching term in a vector of weight A (6/π²); the fallback scores alike.
+SINGLE_MATCH_RANK = 0.6079271
+SEARCH_FIELD_WEIGHTS = (
+    ("search_triggers", "A", 1.0),
+    ("search_description", "B", 0.4),
+    ("search_examples", "C", 0.2),
+)
+
+
+@dataclass(frozen=True)
+class Recalled:
+    skill: Skill
+    score: float
+
+
+def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled]:
+    """Published skills the tenant may use, ranked by how well their triggers (weight A),
+    description (B) and examples (C) match the request: PostgreSQL full-text search, or a
+    plain term match on other databases. The score is the mean over the request's terms of
+    the weight of the best field matching it, scaled as PostgreSQL's `ts_rank` (one match in
+    the triggers ≈ 0.61), so a request with many words no skill knows scores low."""
+    terms = search_terms(text)
+    if not terms:
+        return []
+    skills = definitions_visible(model=Skill, tenant=tenant).filter(
+        current_version__status=VersionStatus.PUBLISHED
+    )
+    if connection.vendor == "postgresql":
+        vector = functools.reduce(
+            operator.add,
+            (
+                SearchVector(f"current_version__{field}", weight=weight, config="english")
+                for field, weight, _ in SEARCH_FIELD_WEIGHTS
+            ),
+        )
+        query = SearchQuery(
+            " | ".join(f"'{term}'" for term in terms), search_type="raw", config="english"
+        )
+        ranked = (
+            skills.annotate(score=SearchRank(vector, query))
+            .filter(score__gt=0)
+            .select_related("current_version")
+            .order_by("-score", "name")[:limit]
+        )
+        return [Recalled(skill=skill, score=round(skill.score, 4)) for skill in ranked]
+    scored = []
+    for skill in skills.select_related("current_version"):
+        fields = [
+            (weight, set(getattr(skill.current_version, field).split()))
+            for field, _, weight in SEARCH_FIELD_WEIGHTS
+        ]
+        matched = sum(
+            max((weight for weight, words in fields if term in words), default=0.0)
+            for term in terms
+        )
+        if matched:
+            scored.append(
+                Recalled(skill=skill, score=round(matched / len(terms) * SINGLE_MATCH_RANK, 4))
+            )
+    return sorted(scored, key=lambda recalled: (-recalled.score, recalled.skill.name))[:limit]

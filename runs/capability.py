@@ -1,11 +1,13 @@
 """The capability snapshot: what one run may use at most, resolved once when the run starts.
 
-It is computed from the actor's roles, the tenant's grants, the agent's statically bound
-skills (the version a rollout serves this actor, else the current one), their pinned tool
-versions and the policy. What is unpublished, revoked, not granted to the tenant or above the
-policy's data classification never enters it, whatever the message says; nor does an MCP tool
-whose server is not available to the tenant or no longer serves the reviewed definition. The
-snapshot is canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
+It is computed from the actor's roles, the tenant's grants, the agent's skills (bound to it
+statically, or recalled from the registry for the request and kept when they score above the
+agent's threshold and all their tools are usable; in either case the version a rollout serves
+this actor, else the current one), their pinned tool versions and the policy. What is
+unpublished, revoked, not granted to the tenant or above the policy's data classification
+never enters it, whatever the message says; nor does an MCP tool whose server is not
+available to the tenant or no longer serves the reviewed definition. The snapshot is
+canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 """
 
 import hashlib
@@ -15,16 +17,18 @@ import rfc8785
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
-from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, VersionStatus
-from registry.models import AgentConfig, Tenant, ToolVersion
+from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, SkillAssembly, VersionStatus
+from registry.models import AgentConfig, Skill, SkillVersion, Tenant, ToolVersion
 from registry.selectors import (
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
     skill_version_for_actor,
+    skills_recall,
     tenant_has_grant,
     user_roles,
 )
+from runs.tools.limits import circuit_state
 
 SNAPSHOT_SCHEMA = 1
 # A pinned tool version serves its existing pins while published or deprecated; never revoked.
@@ -69,14 +73,71 @@ def _tool_exclusion(
     return None
 
 
+def _skill_entry(
+    skill: Skill,
+    version: SkillVersion,
+    *,
+    tenant: Tenant,
+    max_level: int,
+    tools: dict[str, dict[str, Any]],
+    excluded: list[dict[str, str]],
+    healthy_only: bool,
+) -> dict[str, Any] | None:
+    """A skill's snapshot entry, adding the pinned tools that may enter to `tools`. With
+    `healthy_only` (retrieval), a skill one of whose tools cannot be used stays out whole."""
+    pinned: dict[str, dict[str, Any]] = {}
+    for dependency in version.tool_dependencies.select_related("tool_version__tool"):
+        tool_version = dependency.tool_version
+        reason = _tool_exclusion(tool_version, tenant=tenant, max_level=max_level, chosen=tools)
+        if reason is None and healthy_only and circuit_state(tool_version) == "open":
+            reason = "CIRCUIT_OPEN"
+        if reason:
+            excluded.append({"tool": tool_version.qualified_name, "reason": reason})
+            if healthy_only:
+                excluded.append({"skill": skill.name, "reason": "DEPENDENCY_UNAVAILABLE"})
+                return None
+            continue
+        pinned[tool_version.tool.name] = _tool_entry(tool_version)
+    tools.update(pinned)
+    return {
+        "id": str(version.pk),
+        "name": skill.name,
+        "version": version.version,
+        "required_inputs": version.required_inputs,
+        "workflow": version.workflow,
+        "tools": sorted(pinned),
+    }
+
+
+def _candidates(
+    agent_config: AgentConfig, *, tenant: Tenant, request_text: str
+) -> tuple[list[tuple[Skill, float | None]], dict[str, Any]]:
+    """The skills to consider, best first, and how they were assembled: the agent's bound
+    skills, or those recalled for the request that score at least the agent's threshold."""
+    if agent_config.skill_assembly == SkillAssembly.STATIC:
+        bound = agent_config.skills.select_related("current_version").order_by("name")
+        return [(skill, None) for skill in bound], {"mode": SkillAssembly.STATIC}
+    recalled = skills_recall(tenant=tenant, text=request_text)
+    threshold = float(agent_config.skill_min_score)
+    assembly = {
+        "mode": SkillAssembly.RETRIEVAL,
+        "min_score": f"{agent_config.skill_min_score:.3f}",
+        "when_no_skill_matches": agent_config.when_no_skill_matches,
+        "recalled": [{"skill": item.skill.name, "score": item.score} for item in recalled],
+    }
+    return [(item.skill, item.score) for item in recalled if item.score >= threshold], assembly
+
+
 def capability_resolve(
     *,
     tenant: Tenant,
     actor: AbstractBaseUser,
     agent_config: AgentConfig,
     roles: frozenset[str] | None = None,
+    request_text: str = "",
 ) -> dict[str, Any]:
-    """`roles`: the actor's roles in the tenant, when the caller has read them already."""
+    """`roles`: the actor's roles in the tenant, when the caller has read them already.
+    `request_text`: what the user asked, for an agent that recalls its skills."""
     if roles is None:
         roles = user_roles(user=actor, tenant=tenant)
     policy = agent_config.policy
@@ -84,30 +145,23 @@ def capability_resolve(
     skills: list[dict[str, Any]] = []
     tools: dict[str, dict[str, Any]] = {}
     excluded: list[dict[str, str]] = []
-    for skill in agent_config.skills.select_related("current_version").order_by("name"):
+    candidates, assembly = _candidates(agent_config, tenant=tenant, request_text=request_text)
+    for skill, score in candidates:
         version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
         if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
             excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
             continue
-        pinned = []
-        for dependency in version.tool_dependencies.select_related("tool_version__tool"):
-            tool_version = dependency.tool_version
-            reason = _tool_exclusion(tool_version, tenant=tenant, max_level=max_level, chosen=tools)
-            if reason:
-                excluded.append({"tool": tool_version.qualified_name, "reason": reason})
-                continue
-            tools[tool_version.tool.name] = _tool_entry(tool_version)
-            pinned.append(tool_version.tool.name)
-        skills.append(
-            {
-                "id": str(version.pk),
-                "name": skill.name,
-                "version": version.version,
-                "required_inputs": version.required_inputs,
-                "workflow": version.workflow,
-                "tools": sorted(pinned),
-            }
+        entry = _skill_entry(
+            skill,
+            version,
+            tenant=tenant,
+            max_level=max_level,
+            tools=tools,
+            excluded=excluded,
+            healthy_only=score is not None,
         )
+        if entry is not None:
+            skills.append(entry if score is None else {**entry, "score": score})
     model = agent_config.model_config
     return {
         "schema": SNAPSHOT_SCHEMA,
@@ -129,6 +183,7 @@ def capability_resolve(
             "max_tokens": agent_config.max_tokens,
             "max_cost": f"{agent_config.max_cost:.4f}",
         },
+        "assembly": assembly,
         "skills": skills,
         "tools": [tools[name] for name in sorted(tools)],
         "excluded": excluded,

@@ -27,7 +27,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
-from runs.routing import route_decide
+from runs.routing import no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
@@ -269,6 +269,15 @@ def _route_and_assemble(run: Run) -> None:
             status=RunStatus.REFUSED,
             reason_code="RULE_CONFLICT",
             output={"conflicting_rules": list(merged.conflicts)},
+        )
+        return
+    if skill is None and no_skill_clarifies(run.capability):
+        _finish(
+            run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="NO_SKILL_MATCHED",
+            question="Which task should I do? Say what you need (for example which report, "
+            "for which project) in other words.",
         )
         return
     required = set(skill_version.required_inputs if skill_version else [])

@@ -6,10 +6,31 @@ refused by the host before any project data is read."""
 
 from typing import Any
 
-from registry.choices import READ_RISKS
+from registry.choices import READ_RISKS, NoSkillMatched, SkillAssembly
 from runs.workflows import AGENT, Workflow
 
 PROJECT_SCOPE = "project_scope"
+SKILL = "skill"
+
+
+def no_skill_clarifies(capability: dict[str, Any]) -> bool:
+    """Whether a retrieval agent asks the user when no skill matched (else it answers)."""
+    return capability.get("assembly", {}).get("when_no_skill_matches") == NoSkillMatched.CLARIFY
+
+
+def _assembly_why(assembly: dict[str, Any], skill: dict[str, Any] | None) -> list[str]:
+    if assembly.get("mode") != SkillAssembly.RETRIEVAL:
+        return [f"{skill['name']} is bound to the agent"] if skill else []
+    recalled, threshold = assembly["recalled"], assembly["min_score"]
+    if skill is not None:
+        return [
+            f"recalled {skill['name']} with score {skill['score']} (threshold {threshold}) "
+            f"among {len(recalled)} candidate(s)"
+        ]
+    if not recalled:
+        return ["no published skill matches the request's terms"]
+    best = recalled[0]
+    return [f"no usable skill scored at least {threshold} (best: {best['skill']} {best['score']})"]
 
 
 def route_decide(
@@ -20,11 +41,16 @@ def route_decide(
     workflow: Workflow,
     inputs: dict[str, Any],
 ) -> dict[str, Any]:
-    why: list[str] = []
+    why: list[str] = _assembly_why(capability.get("assembly", {}), skill)
     sends = "send" in workflow.nodes
-    if skill is None:
+    missing = []
+    if skill is None and no_skill_clarifies(capability):
         category, mode = "question", "direct_answer"
-        why.append("no skill of the agent serves this actor: the model answers directly")
+        missing.append(SKILL)
+        why.append("no skill serves this request: the run asks what the user needs")
+    elif skill is None:
+        category, mode = "question", "direct_answer"
+        why.append("no skill serves this request and actor: the model answers without tools")
     elif sends:
         category, mode = "external_action", "explicit_workflow"
         why.append(f"{skill['name']} binds workflow {workflow.key}, which ends in a send")
@@ -39,10 +65,8 @@ def route_decide(
     pre_approval = sends or bool(risks - READ_RISKS and mode != "single_agent")
     if pre_approval:
         why.append("a side effect waits for a human approval of its frozen payload")
-    missing = [
-        name for name in required_inputs if name == PROJECT_SCOPE and not inputs.get("project_id")
-    ]
-    if missing:
+    if PROJECT_SCOPE in required_inputs and not inputs.get("project_id"):
+        missing.append(PROJECT_SCOPE)
         why.append("the project scope is missing: the run asks for it")
     model = capability.get("model", {})
     why.append(f"model {model.get('name', '?')} from the agent's configuration")

@@ -41,11 +41,12 @@ class AgentConfigAdmin(ConfigAdmin):
         "tenant",
         "model_config",
         "policy",
+        "skill_assembly",
         "max_steps",
         "max_cost",
         "is_active",
     )
-    list_filter = ("tenant", "is_active")
+    list_filter = ("tenant", "skill_assembly", "is_active")
     search_fields = ("name", "description")
     list_select_related = ("tenant", "model_config", "policy__tenant")
     filter_horizontal = ("skills",)

@@ -2,11 +2,11 @@ import re
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
 
-from registry.choices import ModelProvider
+from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
 
 CREDENTIAL_REF_VALIDATOR = RegexValidator(
     r"^[A-Z][A-Z0-9_]{0,127}$",
@@ -84,7 +84,8 @@ class ModelConfig(models.Model):
 
 
 class AgentConfig(models.Model):
-    """An agent: its model, its statically bound skills, its policy and its budgets."""
+    """An agent: its model, its skills (bound statically, or recalled from the registry for
+    each request), its policy and its budgets."""
 
     tenant = models.ForeignKey(
         "registry.Tenant", on_delete=models.PROTECT, related_name="agent_configs"
@@ -94,7 +95,26 @@ class AgentConfig(models.Model):
     model_config = models.ForeignKey(
         ModelConfig, on_delete=models.PROTECT, related_name="agent_configs"
     )
-    skills = models.ManyToManyField("registry.Skill", related_name="agent_configs", blank=True)
+    skills = models.ManyToManyField(
+        "registry.Skill",
+        related_name="agent_configs",
+        blank=True,
+        help_text="Static assembly: the skills this agent uses. Retrieval: ignored.",
+    )
+    skill_assembly = models.CharField(
+        max_length=16, choices=SkillAssembly.choices, default=SkillAssembly.STATIC
+    )
+    skill_min_score = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("0.080"),
+        validators=[MinValueValidator(0), MaxValueValidator(1)],
+        help_text="Retrieval: a skill scoring below this is not used (0 to 1; the mean over the "
+        "request's terms of how strongly a skill's triggers, description or examples match).",
+    )
+    when_no_skill_matches = models.CharField(
+        max_length=16, choices=NoSkillMatched.choices, default=NoSkillMatched.ANSWER
+    )
     policy = models.ForeignKey(
         "registry.Policy", on_delete=models.PROTECT, related_name="agent_configs"
     )

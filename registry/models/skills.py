@@ -1,3 +1,5 @@
+from typing import Any
+
 from django.core.validators import RegexValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
@@ -6,6 +8,7 @@ from registry.choices import VersionStatus
 from registry.errors import VersionImmutable
 from registry.models.definitions import Definition, unique_name_constraints
 from registry.models.versions import DefinitionVersion
+from registry.search import skill_search_fields
 
 SKILL_NAME_VALIDATOR = RegexValidator(
     r"^[a-z][a-z0-9-]{0,63}$", "Lower-case letters, digits and '-'; starts with a letter."
@@ -42,6 +45,7 @@ class SkillVersion(DefinitionVersion):
     priority), examples, output contract and acceptance rules."""
 
     parent_field = "skill"
+    derived_fields = frozenset({"search_triggers", "search_description", "search_examples"})
 
     skill = models.ForeignKey(Skill, on_delete=models.PROTECT, related_name="versions")
     instructions = models.TextField(blank=True, help_text="Standard operating procedure.")
@@ -59,8 +63,12 @@ class SkillVersion(DefinitionVersion):
         help_text="name@version of the workflow (defined in code) that runs this skill; "
         "empty: the generic agent loop.",
     )
+    # Search terms (registry.search) of what the skill is for, ranked in this order.
+    search_triggers = models.TextField(blank=True, editable=False)
+    search_description = models.TextField(blank=True, editable=False)
+    search_examples = models.TextField(blank=True, editable=False)
 
-    history = HistoricalRecords()
+    history = HistoricalRecords(excluded_fields=sorted(derived_fields))
 
     class Meta:
         ordering = ["skill__name", "-created_at"]
@@ -77,6 +85,22 @@ class SkillVersion(DefinitionVersion):
 
     def __str__(self) -> str:
         return self.qualified_name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self.is_frozen or not self.search_triggers:
+            self.search_index()
+        super().save(*args, **kwargs)
+
+    def search_index(self) -> None:
+        """Derive the search terms from the name, triggers, description and examples."""
+        fields = skill_search_fields(
+            name=self.skill.name,
+            triggers=self.triggers,
+            description=self.description,
+            examples=self.examples,
+        )
+        for field, terms in fields.items():
+            setattr(self, field, terms)
 
 
 class SkillToolDependency(models.Model):

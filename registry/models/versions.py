@@ -28,7 +28,12 @@ class VersionQuerySet(models.QuerySet):
     """Refuses bulk writes that would change or remove a frozen version's content."""
 
     def update(self, **kwargs: Any) -> int:
-        content = set(kwargs) - LIFECYCLE_FIELDS - {f + "_id" for f in LIFECYCLE_FIELDS}
+        content = (
+            set(kwargs)
+            - LIFECYCLE_FIELDS
+            - {f + "_id" for f in LIFECYCLE_FIELDS}
+            - self.model.derived_fields
+        )
         if content and self.filter(status__in=FROZEN_STATUSES).exists():
             raise VersionImmutable(
                 "Published versions cannot be changed; create a new version.",
@@ -49,6 +54,9 @@ class DefinitionVersion(models.Model):
     lifecycle fields move, along `VERSION_TRANSITIONS`."""
 
     parent_field: ClassVar[str]
+    # Computed from the content (search terms): not content, so re-deriving them never counts
+    # as changing a frozen version.
+    derived_fields: ClassVar[frozenset[str]] = frozenset()
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     version = models.CharField(
@@ -110,7 +118,7 @@ class DefinitionVersion(models.Model):
         return [
             field.attname
             for field in cls._meta.concrete_fields
-            if field.name not in LIFECYCLE_FIELDS and not field.primary_key
+            if field.name not in LIFECYCLE_FIELDS | cls.derived_fields and not field.primary_key
         ]
 
     def _check_change_allowed(self) -> None:

@@ -188,7 +188,13 @@ def _create_run(
     )
     capability_started = timezone.now()
     capability = (
-        capability_resolve(tenant=tenant, actor=actor, agent_config=agent_config, roles=roles)
+        capability_resolve(
+            tenant=tenant,
+            actor=actor,
+            agent_config=agent_config,
+            roles=roles,
+            request_text=" ".join(part["text"] for part in parts if part["type"] == "text"),
+        )
         if agent_config
         else {}
     )

@@ -235,7 +235,12 @@ def test_weekly_summary_skill_is_published_with_its_full_contract(seeded):
     assert (skill_version.version, skill_version.status) == ("3.2.0", VersionStatus.PUBLISHED)
     assert skill_version.skill.tenant.slug == "acme"
     assert skill_version.skill.current_version_id == skill_version.pk
-    assert skill_version.triggers == ["project weekly status"]
+    assert skill_version.triggers == [
+        "project weekly status",
+        "weekly summary report",
+        "项目周报",
+        "汇总本周项目状态",
+    ]
     assert skill_version.required_inputs == ["project_scope", "date_range", "recipient_role"]
     pinned = {
         dependency.tool_version.pk

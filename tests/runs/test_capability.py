@@ -72,6 +72,7 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
         "roles": ["member"],
         "environment": settings.ENVIRONMENT,
         "agent": {"id": acme_agent.pk, "name": "weekly-reporter"},
+        "assembly": {"mode": "static"},
         "model": {
             "id": acme_agent.model_config_id,
             "name": "offline-planner",

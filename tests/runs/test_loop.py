@@ -215,6 +215,7 @@ def test_the_running_example_waits_for_approval_with_a_sourced_draft_for_the_dir
         "clarification": [],
         "pre_approval": True,
         "why": [
+            "weekly-summary is bound to the agent",
             "weekly-summary binds workflow weekly-summary-send@1, which ends in a send",
             "a side effect waits for a human approval of its frozen payload",
             "model offline-planner from the agent's configuration",
