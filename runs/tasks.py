@@ -1,5 +1,6 @@
 """Thin Celery tasks of the data plane: load by id, call the loop, own the retry policy."""
 
+import logging
 import random
 from datetime import timedelta
 
@@ -14,6 +15,9 @@ from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.models import Run
 from runs.services import memory
 from runs.services.runs import run_finish
+from runs.tools import limits
+
+logger = logging.getLogger(__name__)
 
 MODEL_RETRIES = 4
 
@@ -26,11 +30,42 @@ def _backoff(retries: int) -> float:
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MODEL_RETRIES)
 def run_advance(self, *, run_id: str) -> None:
     """Advance a run until it pauses or ends. Safe to deliver twice: each step locks the run
-    and skips work already checkpointed."""
+    and skips work already checkpointed. A run whose tenant has as many runs advancing as its
+    `max_concurrent_runs` waits its turn: the task comes back a little later."""
+    run = (
+        Run.objects.filter(pk=run_id)
+        .values("tenant_id", "tenant__max_concurrent_runs", "capability__budgets__max_seconds")
+        .first()
+    )
+    cap = run["tenant__max_concurrent_runs"] if run else None
+    # Eager (the embedded default) runs each task inline in its request: nothing to queue.
+    if cap is None or settings.CELERY_TASK_ALWAYS_EAGER:
+        _advance(self, run_id)
+        return
+    tenant_id = run["tenant_id"]
+    seconds = run["capability__budgets__max_seconds"] or settings.RUN_LEASE_SECONDS
+    if not limits.tenant_run_slot_take(
+        tenant_id=tenant_id, cap=cap, run_id=run_id, seconds=seconds
+    ):
+        logger.info("run %s waits: its tenant has %s runs advancing", run_id, cap)
+        run_advance.apply_async(kwargs={"run_id": run_id}, countdown=_turn_wait())
+        return
+    try:
+        _advance(self, run_id)
+    finally:
+        limits.tenant_run_slot_release(tenant_id=tenant_id, run_id=run_id)
+
+
+def _turn_wait() -> float:
+    """How long a run over its tenant's cap waits before it asks again (jittered)."""
+    return random.uniform(0.5, 2.0)
+
+
+def _advance(task, run_id: str) -> None:
     try:
         run_execute(run_id=run_id)
     except ModelTemporarilyUnavailable as error:
-        if self.request.retries >= self.max_retries:
+        if task.request.retries >= task.max_retries:
             with transaction.atomic():
                 run = Run.objects.select_for_update().get(pk=run_id)
                 if run.status == RunStatus.RUNNING:
@@ -38,7 +73,7 @@ def run_advance(self, *, run_id: str) -> None:
                         run=run, status=RunStatus.FAILED_RETRYABLE, reason_code="MODEL_UNAVAILABLE"
                     )
             return
-        raise self.retry(countdown=_backoff(self.request.retries), exc=error) from error
+        raise task.retry(countdown=_backoff(task.request.retries), exc=error) from error
 
 
 @shared_task(acks_late=True)

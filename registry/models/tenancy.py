@@ -3,6 +3,7 @@ import secrets
 
 from django.conf import settings
 from django.contrib.auth.models import Group
+from django.core.validators import MinValueValidator
 from django.db import models
 from simple_history.models import HistoricalRecords
 
@@ -29,6 +30,13 @@ class Tenant(models.Model):
         blank=True,
         help_text="Model cost the tenant's runs may spend per day; a run that finds it spent "
         "ends BUDGET_EXHAUSTED. Empty: no quota.",
+    )
+    max_concurrent_runs = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="How many of the tenant's runs workers advance at once; the others wait "
+        "their turn in the queue. Empty: no cap.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
 

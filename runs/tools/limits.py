@@ -1,5 +1,5 @@
-"""Rate limit, concurrency cap and circuit breaker of a tool version, kept in the cache (Redis
-in production, so every worker shares them)."""
+"""Rate limit, concurrency cap and circuit breaker of a tool version, and the concurrency cap
+of a tenant's runs, kept in the cache (Redis in production, so every worker shares them)."""
 
 import functools
 import threading
@@ -59,9 +59,9 @@ _local_slots: dict[str, dict[str, float]] = {}
 _local_lock = threading.Lock()
 
 
-def _slots_key(tool_version: ToolVersion) -> str:
+def _slots_key(kind: str, owner: object) -> str:
     prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
-    return f"{prefix}:tool-running:{tool_version.pk}"
+    return f"{prefix}:{kind}-running:{owner}"
 
 
 @functools.lru_cache(maxsize=4)
@@ -95,7 +95,7 @@ def _release(key: str, holder: str) -> None:
 @contextmanager
 def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
     """At most `concurrency_cap` calls of a tool version at once, across workers."""
-    key, holder = _slots_key(tool_version), uuid.uuid4().hex
+    key, holder = _slots_key("tool", tool_version.pk), uuid.uuid4().hex
     lifetime = tool_version.timeout_s + SLOT_GRACE_SECONDS
     taken = _take(
         key,
@@ -114,6 +114,30 @@ def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
         yield
     finally:
         _release(key, holder)
+
+
+def tenant_run_slot_take(*, tenant_id: int, cap: int, run_id: str, seconds: int) -> bool:
+    """Whether this run may advance now: fewer than `cap` of the tenant's runs hold a slot,
+    or this one holds it already. The slot lapses after `seconds` (the run's wall-time
+    budget and a grace), so a worker killed mid-run does not keep it."""
+    lifetime = seconds + SLOT_GRACE_SECONDS
+    key = _slots_key("tenant", tenant_id)
+    if _holds(key, run_id):
+        return True
+    return _take(key, cap=cap, holder=run_id, expires_at=time.time() + lifetime, ttl=lifetime * 2)
+
+
+def tenant_run_slot_release(*, tenant_id: int, run_id: str) -> None:
+    _release(_slots_key("tenant", tenant_id), run_id)
+
+
+def _holds(key: str, holder: str) -> bool:
+    if settings.REDIS_URL:
+        expires_at = _redis(settings.REDIS_URL).zscore(key, holder)
+    else:
+        with _local_lock:
+            expires_at = _local_slots.get(key, {}).get(holder)
+    return expires_at is not None and expires_at > time.time()
 
 
 def _now() -> float:

@@ -1,5 +1,5 @@
-"""Tool limits kept in Redis: concurrency cap (with holders that expire), rate limit and
-circuit breaker."""
+"""Limits kept in Redis: concurrency caps of tools and tenants (with holders that expire), a
+tool's rate limit and circuit breaker."""
 
 import time
 
@@ -32,7 +32,7 @@ def test_the_cap_refuses_a_second_call_until_the_first_ends(tool_version):
 
 
 def test_a_slot_left_by_a_killed_worker_frees_itself_after_its_deadline(tool_version):
-    key = limits._slots_key(tool_version)
+    key = limits._slots_key("tool", tool_version.pk)
     assert limits._take(key, cap=1, holder="live", expires_at=time.time() + 60, ttl=120)
     with pytest.raises(ToolFailed), limits.concurrency_slot(tool_version):
         pass
@@ -93,3 +93,24 @@ def test_the_breaker_opens_fails_fast_half_opens_for_one_trial_and_closes(
     assert limits.circuit_state(tool_version) == "closed"
     limits.check_circuit(tool_version)
     limits.check_circuit(tool_version)
+
+
+def test_a_tenant_s_run_slots_admit_the_cap_and_the_holder_again(acme, globex):
+    take = limits.tenant_run_slot_take
+
+    assert take(tenant_id=acme.pk, cap=1, run_id="run-1", seconds=60)
+    assert take(tenant_id=acme.pk, cap=1, run_id="run-1", seconds=60)
+    assert not take(tenant_id=acme.pk, cap=1, run_id="run-2", seconds=60)
+    assert take(tenant_id=globex.pk, cap=1, run_id="run-3", seconds=60)
+    limits.tenant_run_slot_release(tenant_id=acme.pk, run_id="run-1")
+    assert take(tenant_id=acme.pk, cap=1, run_id="run-2", seconds=60)
+
+
+def test_a_tenant_slot_left_by_a_killed_worker_lapses(acme, monkeypatch):
+    monkeypatch.setattr(limits, "SLOT_GRACE_SECONDS", 0)
+    assert limits.tenant_run_slot_take(tenant_id=acme.pk, cap=1, run_id="killed", seconds=1)
+    assert not limits.tenant_run_slot_take(tenant_id=acme.pk, cap=1, run_id="next", seconds=1)
+
+    time.sleep(1.1)
+
+    assert limits.tenant_run_slot_take(tenant_id=acme.pk, cap=1, run_id="next", seconds=1)
