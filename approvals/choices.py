@@ -48,3 +48,11 @@ DECIDABLE_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL})
 class Decision(models.TextChoices):
     APPROVE = "approve", "Approve"
     REJECT = "reject", "Reject"
+
+
+class HandoffStatus(models.TextChoices):
+    """A request the route left to people: open until someone handles or declines it."""
+
+    OPEN = "open"
+    HANDLED = "handled"
+    DECLINED = "declined"

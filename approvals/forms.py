@@ -1,6 +1,6 @@
 from django import forms
 
-from approvals.choices import Decision
+from approvals.choices import Decision, HandoffStatus
 
 
 class DecisionForm(forms.Form):
@@ -14,3 +14,13 @@ class DecisionForm(forms.Form):
 class QueueFilterForm(forms.Form):
     tenant = forms.CharField(required=False, max_length=63)
     status = forms.CharField(required=False, max_length=24)
+
+
+class HandoffForm(forms.Form):
+    """How a person closes a request the route left to people, with what they did."""
+
+    outcome = forms.ChoiceField(
+        choices=[(status, label) for status, label in HandoffStatus.choices if status != "open"],
+        widget=forms.HiddenInput,
+    )
+    note = forms.CharField(max_length=4000, widget=forms.Textarea)

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.db import models
 from simple_history.models import HistoricalRecords
 
-from approvals.choices import ActionStatus, Decision
+from approvals.choices import ActionStatus, Decision, HandoffStatus
 from approvals.errors import ActionFrozen
 
 # What the freeze fixed: never written again after the action is created.
@@ -95,3 +95,41 @@ class ApprovalDecision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.decision} by {self.approver} on {self.action_id}"
+
+
+class Handoff(models.Model):
+    """A request the route sends to people instead of the agent (execution mode
+    `human_queue`): the run waits until someone with an approver role of the tenant handles
+    or declines it, and ends with what they wrote."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey("registry.Tenant", on_delete=models.PROTECT, related_name="handoffs")
+    run = models.OneToOneField("runs.Run", on_delete=models.PROTECT, related_name="handoff")
+    requester = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="requested_handoffs"
+    )
+    skill = models.CharField(max_length=200, help_text="The skill the route chose, name@version.")
+    risks = models.JSONField(help_text="The tool risks the policy leaves to people.")
+    request = models.TextField(help_text="What the requester asked, as they wrote it.")
+    status = models.CharField(
+        max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN
+    )
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="resolved_handoffs",
+        null=True,
+        blank=True,
+    )
+    note = models.TextField(blank=True, help_text="What was done, or why not.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [models.Index(fields=["tenant", "status", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.skill} for {self.requester_id} ({self.status})"

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import tasks
-from approvals.choices import ACTION_TRANSITIONS, ActionStatus, Decision
+from approvals.choices import ACTION_TRANSITIONS, ActionStatus, Decision, HandoffStatus
 from approvals.errors import (
     AlreadyDecided,
     ApprovalExpired,
@@ -25,7 +25,7 @@ from approvals.errors import (
     PayloadHashMismatch,
     SelfApprovalForbidden,
 )
-from approvals.models import ApprovalDecision, BusinessAction
+from approvals.models import ApprovalDecision, BusinessAction, Handoff
 from examples.models import DirectoryRecord
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, ToolVersion
@@ -578,3 +578,78 @@ def actions_resume_stalled() -> int:
     for action_id in stalled:
         tasks.action_resume.delay(action_id=str(action_id))
     return len(stalled)
+
+
+# --- the human queue: requests the route leaves to people ---------------------------------
+
+HANDOFF_OUTCOMES = {
+    HandoffStatus.HANDLED: (RunStatus.COMPLETED, "HANDLED_BY_PERSON"),
+    HandoffStatus.DECLINED: (RunStatus.REFUSED, "DECLINED_BY_PERSON"),
+}
+
+
+def handoff_open(*, run: Run, risks: list[str], request: str) -> Handoff:
+    """Leave a run's request to people; the step that calls this makes the run wait."""
+    handoff = Handoff.objects.create(
+        tenant_id=run.tenant_id,
+        run=run,
+        requester_id=run.actor_id,
+        skill=run.skill,
+        risks=risks,
+        request=request,
+    )
+    events.handoff_requested(run, handoff_id=str(handoff.pk), risks=risks)
+    return handoff
+
+
+def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
+    """People with an approver role of the run's policy in the handoff's tenant."""
+    if not user_can(user=person, action=Action.APPROVAL_DECIDE, tenant=handoff.tenant):
+        return False
+    if person.is_superuser:
+        return True
+    approver_roles = handoff.run.capability.get("approval_policy", {}).get("approver_roles", [])
+    return bool(set(user_roles(user=person, tenant=handoff.tenant)) & set(approver_roles))
+
+
+def handoff_resolve(
+    *, handoff_id: Any, person: AbstractBaseUser, outcome: HandoffStatus | str, note: str
+) -> Handoff:
+    """Handle or decline an open handoff, once. Anyone who may not handle it gets "not found";
+    the requester may not handle their own request. The run ends with the note: COMPLETED
+    (HANDLED_BY_PERSON) or REFUSED (DECLINED_BY_PERSON)."""
+    status, reason_code = HANDOFF_OUTCOMES[HandoffStatus(outcome)]
+    with transaction.atomic():
+        found = Handoff.objects.select_related("tenant", "run").filter(pk=handoff_id).first()
+        if found is None or not may_handle(found, person):
+            raise NotFound("No such handoff.", details={"id": str(handoff_id)})
+        run = Run.objects.select_for_update().get(pk=found.run_id)
+        handoff = Handoff.objects.select_for_update().get(pk=found.pk)
+        if person.pk == handoff.requester_id:
+            raise SelfApprovalForbidden("You may not handle a request you made.")
+        if handoff.status != HandoffStatus.OPEN or run.status != RunStatus.WAITING_APPROVAL:
+            raise AlreadyDecided(
+                "This request was already handled, or its run ended.",
+                details={"status": handoff.status, "run_status": run.status},
+            )
+        handoff.status = outcome
+        handoff.resolved_by = person
+        handoff.note = note
+        handoff.resolved_at = timezone.now()
+        handoff.save(update_fields=["status", "resolved_by", "note", "resolved_at"])
+        events.handoff_resolved(
+            run,
+            handoff_id=str(handoff.pk),
+            outcome=str(outcome),
+            resolved_by=person.get_username(),
+            note=note,
+        )
+        if status == RunStatus.COMPLETED:
+            run_transition(run=run, status=RunStatus.RUNNING, save=False)
+        run_finish(
+            run=run,
+            status=status,
+            reason_code=reason_code,
+            output={"handoff_id": str(handoff.pk), "note": note},
+        )
+    return handoff

@@ -1,5 +1,5 @@
-"""The approval queue: server-rendered pages for approvers, through the same services as the
-API."""
+"""The approval queue and the human queue: server-rendered pages for approvers, through the
+same services as the API."""
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -11,8 +11,8 @@ from django.views import View
 
 from approvals import selectors, services
 from approvals.errors import NotFound
-from approvals.forms import DecisionForm, QueueFilterForm
-from approvals.models import BusinessAction
+from approvals.forms import DecisionForm, HandoffForm, QueueFilterForm
+from approvals.models import BusinessAction, Handoff
 from config.errors import ApplicationError
 
 PAGE_SIZE = 50
@@ -74,3 +74,49 @@ class ActionView(View):
             )
         messages.success(request, f"Recorded: {form.cleaned_data['decision']}.")
         return redirect("approvals:action", action_id=action.pk)
+
+
+def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
+    handoff = selectors.handoffs_for_person(user=request.user).filter(pk=handoff_id).first()
+    if handoff is None:
+        raise Http404("No such handoff.")
+    return handoff
+
+
+@method_decorator(login_required, name="dispatch")
+class HandoffQueueView(View):
+    """Requests the route left to people: open ones first (oldest first), then the rest."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        handoffs = selectors.handoffs_for_person(user=request.user)
+        page = Paginator(handoffs, PAGE_SIZE).get_page(request.GET.get("page"))
+        return render(request, "approvals/handoffs.html", {"page": page})
+
+
+@method_decorator(login_required, name="dispatch")
+class HandoffView(View):
+    """The request as the requester wrote it; the form handles or declines it with a note."""
+
+    def get(self, request: HttpRequest, handoff_id) -> HttpResponse:
+        handoff = _handoff_or_404(request, handoff_id)
+        return render(request, "approvals/handoff.html", {"handoff": handoff})
+
+    def post(self, request: HttpRequest, handoff_id) -> HttpResponse:
+        handoff = _handoff_or_404(request, handoff_id)
+        form = HandoffForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "Write what was done (or why not); nothing was recorded.")
+            return redirect("approvals:handoff", handoff_id=handoff.pk)
+        try:
+            services.handoff_resolve(
+                handoff_id=handoff.pk, person=request.user, **form.cleaned_data
+            )
+        except NotFound as error:
+            raise Http404(str(error)) from error
+        except ApplicationError as error:
+            messages.error(request, error.message)
+            return render(
+                request, "approvals/handoff.html", {"handoff": handoff}, status=error.http_status
+            )
+        messages.success(request, f"Recorded: {form.cleaned_data['outcome']}.")
+        return redirect("approvals:handoff", handoff_id=handoff.pk)

@@ -217,6 +217,7 @@ def validate_policy_lists(policy: Any) -> None:
     errors = {
         "approval_required_risks": _unknown(policy.approval_required_risks, Risk.values),
         "approver_roles": _unknown(policy.approver_roles, Role.values),
+        "human_queue_risks": _unknown(policy.human_queue_risks, Risk.values),
     }
     if policy.max_data_classification not in DATA_CLASSIFICATION_LEVELS:
         errors["max_data_classification"] = ["Unknown classification."]

@@ -190,6 +190,7 @@ def capability_resolve(
         "approval_policy": {
             "name": policy.name,
             "approval_required_risks": sorted(policy.approval_required_risks),
+            "human_queue_risks": sorted(policy.human_queue_risks),
             "approver_roles": sorted(policy.approver_roles),
             "allow_self_approval": policy.allow_self_approval,
             "approval_ttl_seconds": policy.approval_ttl_seconds,

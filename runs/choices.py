@@ -56,6 +56,8 @@ class EventType(models.TextChoices):
     ACTION_FAILED = "action.failed"
     ACTION_UNKNOWN = "action.unknown"
     ACTION_RECONCILED = "action.reconciled"
+    HANDOFF_REQUESTED = "handoff.requested"
+    HANDOFF_RESOLVED = "handoff.resolved"
     RUN_FINISHED = "run.finished"
 
 

@@ -239,6 +239,20 @@ def approval_invalidated(run: Run, *, action_id: str, reasons: list[str]) -> Run
     )
 
 
+def handoff_requested(run: Run, *, handoff_id: str, risks: list[str]) -> RunEvent:
+    return _append(run, EventType.HANDOFF_REQUESTED, {"handoff_id": handoff_id, "risks": risks})
+
+
+def handoff_resolved(
+    run: Run, *, handoff_id: str, outcome: str, resolved_by: str, note: str
+) -> RunEvent:
+    return _append(
+        run,
+        EventType.HANDOFF_RESOLVED,
+        {"handoff_id": handoff_id, "outcome": outcome, "resolved_by": resolved_by, "note": note},
+    )
+
+
 def run_resumed(run: Run, *, action_id: str, checks: list[str]) -> RunEvent:
     return _append(run, EventType.RUN_RESUMED, {"action_id": action_id, "checks": checks})
 

@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from approvals.services import action_freeze
+from approvals.services import action_freeze, handoff_open
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
@@ -27,7 +27,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
-from runs.routing import no_skill_clarifies, route_decide
+from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
@@ -237,16 +237,14 @@ def _route_and_assemble(run: Run) -> None:
         "date_to": date_to,
         "recipient_role": RECIPIENT_ROLE,
     }
-    events.route_selected(
-        run,
-        decision=route_decide(
-            capability=run.capability,
-            skill=skill,
-            required_inputs=skill_version.required_inputs if skill_version else [],
-            workflow=workflow,
-            inputs=inputs,
-        ),
+    route = route_decide(
+        capability=run.capability,
+        skill=skill,
+        required_inputs=skill_version.required_inputs if skill_version else [],
+        workflow=workflow,
+        inputs=inputs,
     )
+    events.route_selected(run, decision=route)
     if skill_version is not None:
         events.skill_activated(
             run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
@@ -270,6 +268,17 @@ def _route_and_assemble(run: Run) -> None:
             reason_code="RULE_CONFLICT",
             output={"conflicting_rules": list(merged.conflicts)},
         )
+        return
+    if route["mode"] == HUMAN_QUEUE:
+        handoff = handoff_open(
+            run=run, risks=route["for_people"], request=_message_text(run.message)
+        )
+        run.result = {
+            "status": RunStatus.WAITING_APPROVAL,
+            "handoff": {"id": str(handoff.pk)},
+            "next_step": "A person handles this request; the run ends with their note.",
+        }
+        _transition(run, status=RunStatus.WAITING_APPROVAL)
         return
     if skill is None and no_skill_clarifies(run.capability):
         _finish(

@@ -6,11 +6,19 @@ refused by the host before any project data is read."""
 
 from typing import Any
 
-from registry.choices import READ_RISKS, NoSkillMatched, SkillAssembly
+from registry.choices import NoSkillMatched, Risk, SkillAssembly
 from runs.workflows import AGENT, Workflow
 
 PROJECT_SCOPE = "project_scope"
 SKILL = "skill"
+HUMAN_QUEUE = "human_queue"
+
+
+def _skill_risks(capability: dict[str, Any], skill: dict[str, Any] | None) -> set[str]:
+    """The risks of the tools the skill pins (those in the snapshot)."""
+    if skill is None:
+        return set()
+    return {tool["risk"] for tool in capability.get("tools", []) if tool["name"] in skill["tools"]}
 
 
 def no_skill_clarifies(capability: dict[str, Any]) -> bool:
@@ -44,7 +52,17 @@ def route_decide(
     why: list[str] = _assembly_why(capability.get("assembly", {}), skill)
     sends = "send" in workflow.nodes
     missing = []
-    if skill is None and no_skill_clarifies(capability):
+    skill_risks = _skill_risks(capability, skill)
+    for_people = sorted(
+        skill_risks & set(capability.get("approval_policy", {}).get("human_queue_risks", []))
+    )
+    if skill is not None and for_people:
+        category, mode = ("external_action" if sends else "writing"), HUMAN_QUEUE
+        why.append(
+            f"{skill['name']} uses tools of risk {', '.join(for_people)}, which the policy "
+            "leaves to people: the request goes to the human queue"
+        )
+    elif skill is None and no_skill_clarifies(capability):
         category, mode = "question", "direct_answer"
         missing.append(SKILL)
         why.append("no skill serves this request: the run asks what the user needs")
@@ -60,9 +78,11 @@ def route_decide(
     else:
         category, mode = "retrieval", "single_agent"
         why.append(f"{skill['name']} binds no workflow: one agent with its read tools")
-    risks = {tool["risk"] for tool in capability.get("tools", [])}
-    risk = "external_side_effect" if sends else "read"
-    pre_approval = sends or bool(risks - READ_RISKS and mode != "single_agent")
+    risk = max(skill_risks, key=Risk.values.index, default=Risk.READ)
+    policy = capability.get("approval_policy", {})
+    pre_approval = mode != HUMAN_QUEUE and bool(
+        skill_risks & set(policy.get("approval_required_risks", []))
+    )
     if pre_approval:
         why.append("a side effect waits for a human approval of its frozen payload")
     if PROJECT_SCOPE in required_inputs and not inputs.get("project_id"):
@@ -79,5 +99,6 @@ def route_decide(
         "model": model.get("name"),
         "clarification": missing,
         "pre_approval": pre_approval,
+        "for_people": for_people,
         "why": why,
     }

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
-from approvals.choices import Decision
-from approvals.models import ApprovalDecision, BusinessAction
+from approvals.choices import Decision, HandoffStatus
+from approvals.models import ApprovalDecision, BusinessAction, Handoff
 
 
 class DecisionSerializer(serializers.ModelSerializer):
@@ -58,3 +58,39 @@ class DecisionRequestSerializer(serializers.Serializer):
     decision = serializers.ChoiceField(choices=Decision.choices)
     payload_hash = serializers.RegexField(r"^[0-9a-f]{64}$")
     comment = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class HandoffSerializer(serializers.ModelSerializer):
+    """A request the route left to people, as they see it."""
+
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    requester = serializers.CharField(source="requester.get_username", read_only=True)
+    resolved_by = serializers.SerializerMethodField()
+    run_status = serializers.CharField(source="run.status", read_only=True)
+
+    class Meta:
+        model = Handoff
+        fields = [
+            "id",
+            "run",
+            "run_status",
+            "tenant",
+            "requester",
+            "skill",
+            "risks",
+            "request",
+            "status",
+            "resolved_by",
+            "note",
+            "created_at",
+            "resolved_at",
+        ]
+        read_only_fields = fields
+
+    def get_resolved_by(self, handoff: Handoff) -> str | None:
+        return handoff.resolved_by.get_username() if handoff.resolved_by else None
+
+
+class HandoffResolveSerializer(serializers.Serializer):
+    outcome = serializers.ChoiceField(choices=[HandoffStatus.HANDLED, HandoffStatus.DECLINED])
+    note = serializers.CharField(max_length=4000)

@@ -9,9 +9,14 @@ from rest_framework.response import Response
 
 from approvals import selectors, services
 from approvals.api.filters import ApprovalFilter
-from approvals.api.serializers import ApprovalSerializer, DecisionRequestSerializer
+from approvals.api.serializers import (
+    ApprovalSerializer,
+    DecisionRequestSerializer,
+    HandoffResolveSerializer,
+    HandoffSerializer,
+)
 from approvals.errors import NotFound
-from approvals.models import BusinessAction
+from approvals.models import BusinessAction, Handoff
 
 
 @extend_schema(tags=["approvals"])
@@ -49,3 +54,38 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         services.approval_decide(action_id=action.pk, approver=request.user, **data.validated_data)
         action = self.get_queryset().get(pk=action.pk)
         return Response(ApprovalSerializer(action).data)
+
+
+@extend_schema(tags=["approvals"])
+class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Requests of the token's tenant that the policy leaves to people (the human queue)."""
+
+    serializer_class = HandoffSerializer
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[Handoff]:
+        if getattr(self, "swagger_fake_view", False):
+            return Handoff.objects.none()
+        return selectors.handoffs_for_person(
+            user=self.request.user, tenant=self.request.auth.tenant
+        )
+
+    def get_object(self) -> Handoff:
+        try:
+            UUID(self.kwargs["pk"])
+        except ValueError as error:
+            raise NotFound("No such handoff.") from error
+        return super().get_object()
+
+    @extend_schema(
+        summary="Close the request: handled (say what you did) or declined (say why).",
+        request=HandoffResolveSerializer,
+        responses={200: HandoffSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def resolve(self, request: Request, pk: str) -> Response:
+        handoff = self.get_object()
+        data = HandoffResolveSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.handoff_resolve(handoff_id=handoff.pk, person=request.user, **data.validated_data)
+        return Response(HandoffSerializer(self.get_queryset().get(pk=handoff.pk)).data)

@@ -24,6 +24,12 @@ class Policy(models.Model):
         blank=True,
         help_text="Tool risks whose side effects wait for a human approval.",
     )
+    human_queue_risks = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Tool risks the agent never handles: a request whose skill uses such a tool "
+        "goes to a queue of people (the approver roles) instead.",
+    )
     approver_roles = models.JSONField(
         default=default_approver_roles, help_text="Roles that may decide an approval."
     )

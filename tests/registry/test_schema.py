@@ -28,6 +28,9 @@ V1_PATHS = [
     "/api/v1/approvals",
     "/api/v1/approvals/{id}",
     "/api/v1/approvals/{id}/decision",
+    "/api/v1/handoffs",
+    "/api/v1/handoffs/{id}",
+    "/api/v1/handoffs/{id}/resolve",
     "/api/v1/memories",
     "/api/v1/memories/{id}",
 ]
@@ -82,6 +85,9 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/approvals", {"get"}),
         ("/api/v1/approvals/{id}", {"get"}),
         ("/api/v1/approvals/{id}/decision", {"post"}),
+        ("/api/v1/handoffs", {"get"}),
+        ("/api/v1/handoffs/{id}", {"get"}),
+        ("/api/v1/handoffs/{id}/resolve", {"post"}),
     ],
 )
 def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):

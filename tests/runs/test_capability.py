@@ -112,6 +112,7 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
         "approval_policy": {
             "name": "approval-before-side-effects",
             "approval_required_risks": ["destructive", "external_side_effect", "financial"],
+            "human_queue_risks": [],
             "approver_roles": ["approver"],
             "allow_self_approval": False,
             "approval_ttl_seconds": 86_400,

@@ -214,6 +214,7 @@ def test_the_running_example_waits_for_approval_with_a_sourced_draft_for_the_dir
         "model": "offline-planner",
         "clarification": [],
         "pre_approval": True,
+        "for_people": [],
         "why": [
             "weekly-summary is bound to the agent",
             "weekly-summary binds workflow weekly-summary-send@1, which ends in a send",

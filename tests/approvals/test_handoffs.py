@@ -1,0 +1,150 @@
+"""The human queue: a request whose skill uses tools of a risk the policy leaves to people is
+routed to them instead of the agent; the run waits until a person handles or declines it."""
+
+import pytest
+from django.test import Client
+from django.utils.html import escape
+
+from approvals.models import Handoff
+from registry.choices import Risk, Role
+from registry.models import Policy, Tenant
+from registry.services.common import registry_object_save
+from registry.services.tenancy import membership_add
+from runs.choices import RunStatus
+from runs.loop import run_execute
+from runs.models import Run, ToolCall
+from runs.services.runs import run_cancel
+from tests.approvals.conftest import approver_in
+from tests.approvals.test_api_and_pages import api, logged_in
+from tests.runs.conftest import demo_run, event_types, events_of
+
+REQUEST = "Summarise project Apollo's week and mail it to the R&D lead."
+
+
+@pytest.fixture
+def handed_off(demo) -> Run:
+    """The running example under a policy that leaves external side effects to people."""
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    run = demo_run(demo, text=REQUEST, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    return Run.objects.get(pk=run.pk)
+
+
+def resolve(client, handoff, **body):
+    return client.post(
+        f"/api/v1/handoffs/{handoff.pk}/resolve",
+        {"outcome": "handled", "note": "Sent the summary myself.", **body},
+        format="json",
+    )
+
+
+def test_the_request_waits_for_people_and_the_agent_does_nothing(demo, handed_off):
+    handoff = Handoff.objects.get(run=handed_off)
+
+    assert handed_off.status == RunStatus.WAITING_APPROVAL
+    assert handed_off.result["handoff"] == {"id": str(handoff.pk)}
+    assert (handoff.status, handoff.requester, handoff.request, handoff.risks) == (
+        "open",
+        demo.alice,
+        REQUEST,
+        ["external_side_effect"],
+    )
+    [route] = events_of(handed_off, "route.selected")
+    assert (route["mode"], route["for_people"], route["pre_approval"]) == (
+        "human_queue",
+        ["external_side_effect"],
+        False,
+    )
+    assert "leaves to people" in " ".join(route["why"])
+    assert event_types(handed_off)[-1] == "handoff.requested"
+    assert "model.requested" not in event_types(handed_off)
+    assert not ToolCall.objects.filter(run=handed_off).exists()
+
+
+def test_a_person_handles_it_through_the_api_and_the_run_ends_with_their_note(
+    demo, bob, handed_off
+):
+    handoff = Handoff.objects.get(run=handed_off)
+    client = api(bob, demo.acme)
+
+    listed = client.get("/api/v1/handoffs").json()
+    handled = resolve(client, handoff)
+    again = resolve(client, handoff, outcome="declined", note="No.")
+
+    assert [item["id"] for item in listed["results"]] == [str(handoff.pk)]
+    assert handled.status_code == 200
+    assert (handled.json()["status"], handled.json()["resolved_by"]) == ("handled", "bob")
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.COMPLETED, "HANDLED_BY_PERSON")
+    assert run.result["output"] == {
+        "handoff_id": str(handoff.pk),
+        "note": "Sent the summary myself.",
+    }
+    assert event_types(run)[-2:] == ["handoff.resolved", "run.finished"]
+    assert events_of(run, "handoff.resolved")[0]["resolved_by"] == "bob"
+    assert again.status_code == 409
+    assert again.json()["error"]["code"] == "ALREADY_DECIDED"
+
+
+def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
+    handoff = Handoff.objects.get(run=handed_off)
+    client = logged_in(bob)
+
+    queue = client.get("/approvals/handoffs/").content.decode()
+    page = client.get(f"/approvals/handoffs/{handoff.pk}/")
+    token = client.cookies["csrftoken"].value
+    without_note = client.post(
+        f"/approvals/handoffs/{handoff.pk}/", {"outcome": "declined", "csrfmiddlewaretoken": token}
+    )
+    declined = client.post(
+        f"/approvals/handoffs/{handoff.pk}/",
+        {"outcome": "declined", "note": "Ask the PMO instead.", "csrfmiddlewaretoken": token},
+    )
+
+    assert f"/approvals/handoffs/{handoff.pk}/" in queue
+    assert escape(REQUEST) in page.content.decode()
+    assert without_note.status_code == 302
+    assert declined.status_code == 302
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.REFUSED, "DECLINED_BY_PERSON")
+    assert run.result["output"]["note"] == "Ask the PMO instead."
+    assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
+
+
+def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(demo, handed_off):
+    handoff = Handoff.objects.get(run=handed_off)
+    membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex)
+    carol = type(demo.alice).objects.get(username="carol")
+
+    own = resolve(api(demo.alice, demo.acme), handoff)
+    foreign = resolve(api(outsider, globex), handoff)
+    auditor = resolve(api(carol, demo.acme), handoff)
+    bad_outcome = resolve(api(demo.alice, demo.acme), handoff, outcome="open")
+    no_uuid = api(demo.alice, demo.acme).get("/api/v1/handoffs/not-a-uuid")
+
+    assert (own.status_code, own.json()["error"]["code"]) == (403, "SELF_APPROVAL_FORBIDDEN")
+    assert foreign.status_code == 404
+    assert api(outsider, globex).get("/api/v1/handoffs").json()["results"] == []
+    assert auditor.status_code == 404
+    assert bad_outcome.status_code == 400
+    assert no_uuid.status_code == 404
+    assert logged_in(carol).get(f"/approvals/handoffs/{handoff.pk}/").status_code == 404
+    assert Client().get("/approvals/handoffs/").status_code == 302
+    assert Handoff.objects.get(pk=handoff.pk).status == "open"
+
+
+def test_a_cancelled_run_s_request_can_no_longer_be_handled(demo, bob, handed_off):
+    handoff = Handoff.objects.get(run=handed_off)
+    run_cancel(run=handed_off, actor=demo.alice)
+
+    late = resolve(api(bob, demo.acme), handoff)
+
+    assert (late.status_code, late.json()["error"]["details"]["run_status"]) == (
+        409,
+        RunStatus.CANCELLED,
+    )
+    assert Handoff.objects.get(pk=handoff.pk).status == "open"
