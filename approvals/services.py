@@ -147,6 +147,23 @@ def _run_ended(run: Run, action: BusinessAction) -> bool:
     return True
 
 
+def action_withdraw(*, run: Run, reason: str) -> BusinessAction | None:
+    """Withdraw the action of a locked run before it executes, because the run is ending
+    (`reason`, e.g. DEADLINE_PASSED): a waiting action leaves the queue at once and an
+    approved one is never resumed. An action already executing is left to finish. Returns
+    the withdrawn action, if any."""
+    action = (
+        BusinessAction.objects.select_for_update()
+        .filter(run=run, status__in=[ActionStatus.WAITING_APPROVAL, ActionStatus.APPROVED])
+        .first()
+    )
+    if action is None:
+        return None
+    _transition(action, ActionStatus.INVALIDATED, reason=reason)
+    events.approval_invalidated(run, action_id=str(action.pk), reasons=[reason])
+    return action
+
+
 def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
     if not user_can(user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant):
         return False

@@ -170,6 +170,7 @@ CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
     "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
     "memories-expire": {"task": "runs.tasks.memories_expire", "schedule": 3600.0},
+    "scheduled-tasks-sweep": {"task": "runs.tasks.scheduled_tasks_sweep", "schedule": 30.0},
     "mcp-discover": {
         "task": "registry.tasks.mcp_servers_discover",
         "schedule": float(MCP_DISCOVERY_INTERVAL_SECONDS),
@@ -272,6 +273,9 @@ CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
 RECIPIENT_CONFIRMATION_SECONDS = env.int("RECIPIENT_CONFIRMATION_SECONDS", default=7 * 24 * 3600)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
+# A scheduled task's occurrence holds a lease this long while its run is started; a start
+# whose lease lapsed is taken over by the sweep (runs.services.scheduler).
+SCHEDULED_TASK_LEASE_SECONDS = env.int("SCHEDULED_TASK_LEASE_SECONDS", default=60)
 
 # A run's event stream closes after this long; the client reconnects with Last-Event-ID.
 RUN_STREAM_MAX_SECONDS = env.int("RUN_STREAM_MAX_SECONDS", default=300)

@@ -67,3 +67,36 @@ class Channel(models.TextChoices):
     WEB = "web", "Web"
     IM = "im", "Enterprise IM"
     TASK = "task", "Scheduled task"
+
+
+# Channels a client may post a message on. Scheduled tasks start their runs on the server,
+# with a goal, project and recipient the client cannot supply.
+CLIENT_CHANNELS = [(value, label) for value, label in Channel.choices if value != Channel.TASK]
+
+
+class OccurrenceStatus(models.TextChoices):
+    """Where one firing of a scheduled task stands: `pending` until its run exists, then
+    following that run (`runs.services.occurrences.OCCURRENCE_STATUS_OF_RUN`)."""
+
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    WAITING_APPROVAL = "waiting_approval", "Waiting for approval"
+    COMPLETED = "completed", "Completed"
+    NEEDS_OWNER = "needs_owner", "Needs its owner"
+    REFUSED = "refused", "Refused"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+    DEADLINE_PASSED = "deadline_passed", "Deadline passed"
+
+
+OCCURRENCE_ACTIVE = frozenset(
+    {OccurrenceStatus.PENDING, OccurrenceStatus.RUNNING, OccurrenceStatus.WAITING_APPROVAL}
+)
+OCCURRENCE_TERMINAL = frozenset(set(OccurrenceStatus) - OCCURRENCE_ACTIVE)
+
+OCCURRENCE_TRANSITIONS: dict[str, frozenset[str]] = {
+    OccurrenceStatus.PENDING: frozenset({OccurrenceStatus.RUNNING, *OCCURRENCE_TERMINAL}),
+    OccurrenceStatus.RUNNING: frozenset({OccurrenceStatus.WAITING_APPROVAL, *OCCURRENCE_TERMINAL}),
+    OccurrenceStatus.WAITING_APPROVAL: frozenset({OccurrenceStatus.RUNNING, *OCCURRENCE_TERMINAL}),
+    **{status: frozenset() for status in OCCURRENCE_TERMINAL},
+}

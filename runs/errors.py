@@ -6,6 +6,7 @@ __all__ = [
     "EventLogIsAppendOnly",
     "IdempotencyKeyRequired",
     "IdempotencyKeyReused",
+    "InvalidOccurrenceTransition",
     "InvalidRunTransition",
     "NotFound",
     "PayloadTooLarge",
@@ -27,6 +28,11 @@ class IdempotencyKeyRequired(ApplicationError):
 
 class IdempotencyKeyReused(ApplicationError):
     code = "IDEMPOTENCY_KEY_REUSED"
+    http_status = 409
+
+
+class InvalidOccurrenceTransition(ApplicationError):
+    code = "INVALID_STATUS_TRANSITION"
     http_status = 409
 
 

@@ -20,7 +20,7 @@ from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
 from runs import events, quotas, tracing
-from runs.choices import RunStatus
+from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
@@ -223,13 +223,27 @@ def _start(run: Run) -> None:
     )
 
 
+def _is_task(run: Run) -> bool:
+    """A scheduled task's run: its message and metadata were written by the server
+    (`runs.services.scheduler`), since clients cannot post on the task channel."""
+    return run.channel == Channel.TASK
+
+
+def _session_state(run: Run) -> dict[str, Any]:
+    """What the session remembers. A task's project and recipient are fixed by the task, so
+    its run reads nothing from a session, whatever was said there."""
+    if _is_task(run):
+        return {}
+    return Session.objects.filter(pk=run.session_id).values_list("state", flat=True)[0]
+
+
 def _route_and_assemble(run: Run) -> None:
     _transition(run, status=RunStatus.RUNNING)
     skill = _skill(run)
     workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
     skill_version = _skill_version(run)
     metadata = run.message.get("metadata", {})
-    session_state = Session.objects.filter(pk=run.session_id).values_list("state", flat=True)[0]
+    session_state = _session_state(run)
     date_from, date_to = _this_week(timezone.localdate())
     inputs = {
         "project_id": metadata.get("project_id") or session_state.get("project_id"),
@@ -356,7 +370,8 @@ def _confirmed_recipient(session_state: dict, inputs: dict) -> dict | None:
 
 
 def _recipient_choice(run: Run, candidates: list[dict]) -> dict | None:
-    """The candidate the message names (`metadata.recipient_record_id`), if it has an email."""
+    """The candidate the message names (`metadata.recipient_record_id`), if it has an email:
+    the user's choice in a chat, the task's frozen recipient in a task's run."""
     chosen = run.message.get("metadata", {}).get("recipient_record_id")
     return next(
         (
@@ -397,6 +412,18 @@ def _resolve_recipient(run: Run) -> None:
     candidates = (envelope.get("raw") or {}).get("candidates", [])
     now = timezone.now()
     chosen = _recipient_choice(run, candidates)
+    frozen = run.message.get("metadata", {}).get("recipient_record_id")
+    if chosen is None and frozen and _is_task(run):
+        _remember(run, project_id=inputs["project_id"])
+        _finish(
+            run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="TASK_RECIPIENT_UNAVAILABLE",
+            question=f"The task's recipient, directory record {frozen}, is no longer an "
+            f"active {inputs['recipient_role']} of project {inputs['project_id']} with an "
+            "email. Which record should receive it? Change the task's recipient.",
+        )
+        return
     if chosen is None and (len(candidates) != 1 or not candidates[0].get("corporate_email")):
         _remember(run, project_id=inputs["project_id"])
         _finish(
@@ -754,7 +781,7 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
         if run.state.get("node") in HOST_NODES:
             return False
         if run.cancel_requested_at is not None:
-            run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
+            run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
             return False
         events.buffer_events(run)
         tracing.buffer_spans(run)

@@ -105,3 +105,24 @@ def runs_sweep() -> int:
 def memories_expire() -> int:
     """Remove memory items past their TTL."""
     return memory.memories_expire()
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def scheduled_task_fire(*, task_id: str) -> str | None:
+    """Fire a scheduled task for the current slot (the beat sends this). Safe to deliver twice
+    and to send from two beats: the slot's occurrence is created once. Returns the
+    occurrence's id when this delivery created it."""
+    # The scheduler starts runs through the ingress, which enqueues run_advance from here.
+    from runs.services.scheduler import scheduled_task_fire as fire
+
+    occurrence = fire(task_id=task_id)
+    return str(occurrence.pk) if occurrence else None
+
+
+@shared_task(acks_late=True)
+def scheduled_tasks_sweep() -> dict[str, int]:
+    """End occurrences past their deadline, restart starts a dead worker left, and send owner
+    notifications still owed."""
+    from runs.services.scheduler import occurrences_sweep
+
+    return occurrences_sweep()

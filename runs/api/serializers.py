@@ -9,7 +9,7 @@ from registry.api.serializers import StrictSerializer
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
-from runs.choices import Channel
+from runs.choices import CLIENT_CHANNELS
 from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
 
@@ -99,7 +99,7 @@ class PartField(serializers.Field):
 
 class MessageSerializer(StrictSerializer):
     session_id = serializers.UUIDField(required=False)
-    channel = serializers.ChoiceField(choices=Channel.choices)
+    channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
     parts = serializers.ListField(child=PartField(), min_length=1, max_length=MAX_PARTS)
     metadata = serializers.DictField(required=False, default=dict)
 

@@ -51,6 +51,11 @@ class Run(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_reason = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The reason code a run whose cancellation was requested ends with.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)

@@ -5,15 +5,19 @@ from django.utils import timezone
 from registry.choices import Action
 from registry.selectors import user_can
 from runs import events, tracing
-from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, RunStatus
+from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, Channel, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
 from runs.models import Run
+from runs.services.occurrences import occurrence_follow_run
+
+CANCELLED_BY_USER = "CANCELLED_BY_USER"
 
 
 def run_transition(*, run: Run, status: RunStatus, reason_code: str = "", save: bool = True) -> Run:
     """Move a locked run to `status`. The same status again is a no-op; a terminal status is
     never overwritten; reaching one writes `run.finished`. `save=False` leaves the save to a
-    caller that saves the run at the end of its step (the loop)."""
+    caller that saves the run at the end of its step (the loop). A scheduled task's
+    occurrence follows its run in the same transaction."""
     if run.status == status:
         return run
     if status not in RUN_TRANSITIONS[run.status]:
@@ -31,6 +35,8 @@ def run_transition(*, run: Run, status: RunStatus, reason_code: str = "", save: 
         tracing.run_span(run)
     if save:
         run.save(update_fields=update_fields)
+    if run.channel == Channel.TASK:
+        occurrence_follow_run(run=run)
     return run
 
 
@@ -92,9 +98,18 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
             raise InvalidRunTransition(
                 f"The run already finished {run.status}.", details={"status": run.status}
             )
-        if run.cancel_requested_at is None:
-            run.cancel_requested_at = timezone.now()
-            run.save(update_fields=["cancel_requested_at", "updated_at"])
-        if run.status != RunStatus.RUNNING:
-            run_finish(run=run, status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER")
+        run_stop(run=run, reason_code=CANCELLED_BY_USER)
+    return run
+
+
+def run_stop(*, run: Run, reason_code: str) -> Run:
+    """End a locked run that has not finished, for `reason_code`: a queued or waiting run ends
+    CANCELLED at once; a running one is marked and the loop ends it at its next step boundary
+    with the reason of the first request."""
+    if run.cancel_requested_at is None:
+        run.cancel_requested_at = timezone.now()
+        run.cancel_reason = reason_code
+        run.save(update_fields=["cancel_requested_at", "cancel_reason", "updated_at"])
+    if run.status != RunStatus.RUNNING:
+        run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
     return run

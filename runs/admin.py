@@ -1,0 +1,246 @@
+"""Scheduled tasks in the admin: created, changed, paused and resumed through
+`runs.services.schedules`, with their occurrences shown as read-only evidence. Tenant admins
+see their tenants' tasks; platform admins see all."""
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from registry.admin.base import RegistryAdmin
+from registry.choices import Action
+from registry.models import AgentConfig, Tenant
+from registry.selectors import tenants_where_user_can
+from runs.models import ScheduledTask, TaskOccurrence
+from runs.services.schedules import (
+    schedule_next_run,
+    scheduled_task_errors,
+    scheduled_task_pause,
+    scheduled_task_resume,
+    scheduled_task_save,
+)
+
+# Occurrences shown on a task's page, newest first; the occurrence list has them all.
+OCCURRENCES_SHOWN = 20
+
+
+def run_link(occurrence: TaskOccurrence) -> str:
+    if occurrence.run_id is None:
+        return "—"
+    return format_html(
+        '<a href="{}">{}</a>', reverse("runs:detail", args=[occurrence.run_id]), occurrence.run_id
+    )
+
+
+class ScheduledTaskForm(forms.ModelForm):
+    """Shows what `scheduled_task_save` would refuse next to the field it concerns."""
+
+    class Meta:
+        model = ScheduledTask
+        fields = (
+            "tenant",
+            "name",
+            "owner",
+            "agent_config",
+            "goal",
+            "project_id",
+            "recipient_record_id",
+            "interval_seconds",
+            "crontab",
+            "deadline_seconds",
+            "max_attempts",
+            "is_enabled",
+        )
+
+    def _post_clean(self) -> None:
+        super()._post_clean()
+        for field, messages in scheduled_task_errors(self.instance).items():
+            if field not in self.errors:
+                self.add_error(field, messages)
+
+
+class LatestOccurrencesFormSet(forms.BaseInlineFormSet):
+    def get_queryset(self) -> QuerySet[TaskOccurrence]:
+        return super().get_queryset().select_related("task")[:OCCURRENCES_SHOWN]
+
+
+class TaskOccurrenceInline(admin.TabularInline):
+    model = TaskOccurrence
+    formset = LatestOccurrencesFormSet
+    fk_name = "task"
+    verbose_name_plural = f"latest {OCCURRENCES_SHOWN} occurrences"
+    fields = (
+        "slot",
+        "status",
+        "detail",
+        "attempts",
+        "lease_expires_at",
+        "deadline_at",
+        "run_page",
+        "owner_notified_at",
+    )
+    readonly_fields = fields
+    ordering = ("-slot",)
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="run")
+    def run_page(self, obj: TaskOccurrence) -> str:
+        return run_link(obj)
+
+
+@admin.register(ScheduledTask)
+class ScheduledTaskAdmin(RegistryAdmin):
+    required_action = Action.TENANT_ADMIN
+    form = ScheduledTaskForm
+    list_display = ("name", "tenant", "owner", "schedule", "is_enabled", "next_run")
+    list_filter = ("is_enabled", "tenant")
+    search_fields = ("name", "goal", "project_id", "owner__username")
+    list_select_related = (
+        "tenant",
+        "owner",
+        "periodic_task__interval",
+        "periodic_task__crontab",
+    )
+    readonly_fields = ("next_run", "periodic_task", "occurrences", "created_at", "updated_at")
+    inlines = (TaskOccurrenceInline,)
+    actions = ("pause", "resume")
+
+    @admin.display(description="schedule")
+    def schedule(self, obj: ScheduledTask) -> str:
+        return obj.schedule_text
+
+    @admin.display(description="next run (UTC)")
+    def next_run(self, obj: ScheduledTask) -> str:
+        moment = schedule_next_run(obj) if obj.pk else None
+        return f"{moment:%Y-%m-%d %H:%M:%S}" if moment else "—"
+
+    @admin.display(description="all occurrences")
+    def occurrences(self, obj: ScheduledTask) -> str:
+        if obj.pk is None:
+            return "—"
+        url = reverse("admin:runs_taskoccurrence_changelist") + f"?task__id__exact={obj.pk}"
+        return format_html('<a href="{}">{} occurrences</a>', url, obj.occurrences.count())
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        """Owners and agents are offered from the tenants this user administers only."""
+        if not request.user.is_superuser:
+            tenants = self.scoped_tenants(request)
+            if db_field.name == "owner":
+                kwargs["queryset"] = (
+                    get_user_model().objects.filter(memberships__tenant__in=tenants).distinct()
+                )
+            elif db_field.name == "agent_config":
+                kwargs["queryset"] = AgentConfig.objects.filter(tenant__in=tenants)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """A task is paused, never deleted: its occurrences and runs are evidence."""
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        scheduled_task_save(actor=request.user, task=obj, reason="saved in admin")
+
+    @admin.action(description="Pause: stop firing", permissions=["change"])
+    def pause(self, request: HttpRequest, queryset: QuerySet[ScheduledTask]) -> None:
+        for task in queryset:
+            self.run_service(
+                request,
+                lambda task=task: scheduled_task_pause(actor=request.user, task=task),
+                f"{task.name} is paused.",
+            )
+
+    @admin.action(description="Resume firing", permissions=["change"])
+    def resume(self, request: HttpRequest, queryset: QuerySet[ScheduledTask]) -> None:
+        for task in queryset:
+            self.run_service(
+                request,
+                lambda task=task: scheduled_task_resume(actor=request.user, task=task),
+                f"{task.name} fires again.",
+            )
+
+
+@admin.register(TaskOccurrence)
+class TaskOccurrenceAdmin(admin.ModelAdmin):
+    """Evidence: what each firing did, read here and changed only by the scheduler."""
+
+    list_display = (
+        "task",
+        "slot",
+        "status",
+        "attempts",
+        "lease_owner",
+        "lease_expires_at",
+        "deadline_at",
+        "run_page",
+        "owner_notified_at",
+    )
+    list_filter = ("status", "task__tenant")
+    search_fields = ("task__name", "run__id", "detail")
+    list_select_related = ("task__tenant",)
+    date_hierarchy = "slot"
+    fields = (
+        "task",
+        "slot",
+        "status",
+        "detail",
+        "owner",
+        "message",
+        "attempts",
+        "lease_owner",
+        "lease_expires_at",
+        "deadline_at",
+        "run_page",
+        "owner_notified_at",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="run")
+    def run_page(self, obj: TaskOccurrence) -> str:
+        return run_link(obj)
+
+    def _tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
+        return tenants_where_user_can(user=request.user, action=Action.TENANT_ADMIN)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskOccurrence]:
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(task__tenant__in=self._tenants(request))
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        if not (user.is_active and user.is_staff):
+            return False
+        if user.is_superuser:
+            return True
+        if obj is None:
+            return self._tenants(request).exists()
+        return self.get_queryset(request).filter(pk=obj.pk).exists()
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

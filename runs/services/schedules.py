@@ -1,0 +1,217 @@
+"""Scheduled tasks: their validation, their django-celery-beat row, and the slot a firing is
+for.
+
+A task fires `runs.tasks.scheduled_task_fire` through the PeriodicTask this module keeps in
+step with it (the beat runs on the DatabaseScheduler). Every beat and worker maps a moment to
+the same slot: the latest scheduled time at or before it. For a crontab that is the latest
+matching minute; for an interval of N seconds it is the start of the N-second window (counted
+from the Unix epoch) the moment falls in. So at most one occurrence exists per scheduled time
+or window, however many beats fire for it.
+"""
+
+import json
+from datetime import UTC, date, datetime, timedelta
+
+from celery.schedules import crontab as Crontab
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.utils import timezone
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
+
+from registry.choices import Action
+from registry.selectors import user_can
+from registry.services.common import audited_save, full_clean_or_raise
+from runs.errors import PermissionDenied, ValidationFailed
+from runs.models import ScheduledTask
+
+FIRE_TASK = "runs.tasks.scheduled_task_fire"
+MIN_INTERVAL_SECONDS = 60
+MIN_DEADLINE_SECONDS = 60
+MAX_ATTEMPTS = 10
+CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
+# How far back the latest matching day of a crontab is looked for: 28 years, after which
+# the calendar's dates fall on the same weekdays again, so any day a crontab can name is found.
+CRONTAB_LOOKBACK_DAYS = 366 * 28
+
+
+def _crontab_parse(expression: str) -> Crontab:
+    """A five-field crontab as Celery reads it; ValueError names what is wrong."""
+    fields = expression.split()
+    if len(fields) != len(CRONTAB_FIELDS):
+        raise ValueError("A crontab has five fields: minute hour day-of-month month day-of-week.")
+    return Crontab(**dict(zip(CRONTAB_FIELDS, fields, strict=True)))
+
+
+def _schedule_errors(task: ScheduledTask) -> dict[str, list[str]]:
+    if bool(task.interval_seconds) == bool(task.crontab.strip()):
+        message = "Give either an interval in seconds or a crontab, not both."
+        return {"interval_seconds": [message], "crontab": [message]}
+    if task.interval_seconds:
+        if task.interval_seconds < MIN_INTERVAL_SECONDS:
+            return {"interval_seconds": [f"At least {MIN_INTERVAL_SECONDS} seconds."]}
+        return {}
+    try:
+        _crontab_slot(task.crontab, timezone.now())
+    except ValueError as error:
+        return {"crontab": [f"Not a valid crontab: {error}"]}
+    return {}
+
+
+def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
+    """What is wrong with a task, field by field; empty when nothing is. The admin form shows
+    these next to the fields; `scheduled_task_save` refuses a task that has any."""
+    errors = _schedule_errors(task)
+    if task.tenant_id and task.owner_id:
+        owner = task.owner
+        if not user_can(user=owner, action=Action.RUN_CREATE, tenant=task.tenant):
+            errors["owner"] = [
+                f"{owner.get_username()} is not a member of {task.tenant} who may start runs; "
+                "the task's runs act as its owner."
+            ]
+        elif not owner.email:
+            errors["owner"] = [
+                f"{owner.get_username()} has no email address; the task's questions go there."
+            ]
+    if task.tenant_id and task.agent_config_id:
+        agent = task.agent_config
+        if agent.tenant_id != task.tenant_id:
+            errors["agent_config"] = [f"{agent.name} is an agent of another tenant."]
+        elif not agent.is_active:
+            errors["agent_config"] = [f"{agent.name} is not active."]
+    if task.deadline_seconds is not None and task.deadline_seconds < MIN_DEADLINE_SECONDS:
+        errors["deadline_seconds"] = [f"At least {MIN_DEADLINE_SECONDS} seconds."]
+    if task.max_attempts is not None and not 1 <= task.max_attempts <= MAX_ATTEMPTS:
+        errors["max_attempts"] = [f"Between 1 and {MAX_ATTEMPTS}."]
+    if not task.goal.strip():
+        errors["goal"] = ["The goal is the message every run starts from; it cannot be empty."]
+    return errors
+
+
+def _may_manage(*, actor: AbstractBaseUser, task: ScheduledTask) -> None:
+    if not user_can(user=actor, action=Action.TENANT_ADMIN, tenant=task.tenant):
+        raise PermissionDenied("Only a tenant admin manages the tenant's scheduled tasks.")
+
+
+def _interval(seconds: int) -> IntervalSchedule:
+    schedule = IntervalSchedule.objects.filter(every=seconds, period=IntervalSchedule.SECONDS)
+    return schedule.order_by("pk").first() or IntervalSchedule.objects.create(
+        every=seconds, period=IntervalSchedule.SECONDS
+    )
+
+
+def _crontab(expression: str) -> CrontabSchedule:
+    fields = dict(zip(CRONTAB_FIELDS, expression.split(), strict=True))
+    schedule = CrontabSchedule.objects.filter(**fields, timezone="UTC")
+    return schedule.order_by("pk").first() or CrontabSchedule.objects.create(
+        **fields, timezone="UTC"
+    )
+
+
+def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
+    """The beat's row for the task: its schedule, its switch, the task id it fires with."""
+    periodic = task.periodic_task or PeriodicTask(name=f"scheduled-task:{task.pk}")
+    periodic.task = FIRE_TASK
+    periodic.kwargs = json.dumps({"task_id": str(task.pk)})
+    periodic.description = f"{task.tenant.slug}: {task.name}"
+    periodic.enabled = task.is_enabled
+    if task.interval_seconds:
+        periodic.interval, periodic.crontab = _interval(task.interval_seconds), None
+    else:
+        periodic.interval, periodic.crontab = None, _crontab(task.crontab)
+    periodic.save()
+    return periodic
+
+
+def scheduled_task_save(
+    *, actor: AbstractBaseUser, task: ScheduledTask, reason: str = "saved"
+) -> ScheduledTask:
+    """Create or change a task and its beat schedule in one transaction. The actor is a
+    tenant admin; the owner a member who may start runs, with an email; the agent one of
+    the tenant's active agents; the schedule an interval or a valid crontab."""
+    _may_manage(actor=actor, task=task)
+    task.crontab = task.crontab.strip()
+    errors = scheduled_task_errors(task)
+    if errors:
+        raise ValidationFailed("The scheduled task is not valid.", details=errors)
+    full_clean_or_raise(task, exclude=["periodic_task"])
+    with transaction.atomic():
+        task.periodic_task = _periodic_task_sync(task)
+        audited_save(task, actor=actor, reason=reason)
+    return task
+
+
+def _switch(*, actor: AbstractBaseUser, task: ScheduledTask, enabled: bool) -> ScheduledTask:
+    _may_manage(actor=actor, task=task)
+    with transaction.atomic():
+        task = ScheduledTask.objects.select_for_update().get(pk=task.pk)
+        if task.is_enabled == enabled:
+            return task
+        task.is_enabled = enabled
+        task.periodic_task = _periodic_task_sync(task)
+        audited_save(
+            task,
+            actor=actor,
+            reason="resumed" if enabled else "paused",
+            update_fields=["is_enabled", "periodic_task", "updated_at"],
+        )
+    return task
+
+
+def scheduled_task_pause(*, actor: AbstractBaseUser, task: ScheduledTask) -> ScheduledTask:
+    """Stop firing: the beat's row is disabled. An occurrence already started runs on to its
+    end or its deadline."""
+    return _switch(actor=actor, task=task, enabled=False)
+
+
+def scheduled_task_resume(*, actor: AbstractBaseUser, task: ScheduledTask) -> ScheduledTask:
+    return _switch(actor=actor, task=task, enabled=True)
+
+
+def _crontab_day_matches(schedule: Crontab, day: date) -> bool:
+    # As Celery reads a crontab: both day fields must match; Sunday is day 0 of the week.
+    return (
+        day.month in schedule.month_of_year
+        and day.day in schedule.day_of_month
+        and day.isoweekday() % 7 in schedule.day_of_week
+    )
+
+
+def _crontab_slot(expression: str, moment: datetime) -> datetime:
+    schedule = _crontab_parse(expression)
+    moment = moment.astimezone(UTC).replace(second=0, microsecond=0)
+    day = moment.date()
+    for _ in range(CRONTAB_LOOKBACK_DAYS):
+        if _crontab_day_matches(schedule, day):
+            is_today = day == moment.date()
+            for hour in sorted(schedule.hour, reverse=True):
+                if is_today and hour > moment.hour:
+                    continue
+                minutes = [
+                    minute
+                    for minute in schedule.minute
+                    if not (is_today and hour == moment.hour and minute > moment.minute)
+                ]
+                if minutes:
+                    return datetime(day.year, day.month, day.day, hour, max(minutes), tzinfo=UTC)
+        day -= timedelta(days=1)
+    raise ValueError(f"{expression!r} names no day that exists.")
+
+
+def schedule_slot(task: ScheduledTask, moment: datetime) -> datetime:
+    """The scheduled time a firing at `moment` is for (see the module's docstring)."""
+    if task.interval_seconds:
+        epoch_seconds = int(moment.timestamp())
+        return datetime.fromtimestamp(epoch_seconds - epoch_seconds % task.interval_seconds, tz=UTC)
+    return _crontab_slot(task.crontab, moment)
+
+
+def schedule_next_run(task: ScheduledTask) -> datetime | None:
+    """When the beat fires the task next, to the second, as its PeriodicTask says; None while
+    paused."""
+    periodic = task.periodic_task
+    if not task.is_enabled or periodic is None or not periodic.enabled:
+        return None
+    now = timezone.now()
+    moment = max(now, now + periodic.schedule.remaining_estimate(periodic.last_run_at or now))
+    # Celery measures the remaining time from its own clock reading: round off the drift.
+    return (moment + timedelta(milliseconds=500)).replace(microsecond=0)

@@ -1,0 +1,622 @@
+"""Scheduled tasks through the services: the beat schedule a task keeps, the slot a firing is
+for, one run per occurrence across retried starts, the deadline, the owner's one
+notification, and a goal, project and recipient nothing but the task decides."""
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import OperationalError
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from approvals import services as approvals
+from approvals.choices import ActionStatus, Decision
+from approvals.errors import AlreadyDecided
+from approvals.models import ApprovalDecision, BusinessAction
+from examples.models import DirectoryRecord, MailDelivery
+from registry.models import AgentConfig, Policy
+from registry.services.common import registry_object_save
+from runs.choices import OccurrenceStatus, RunStatus
+from runs.errors import PermissionDenied, ValidationFailed
+from runs.loop import run_advance_step, run_execute
+from runs.models import IngressRecord, Run, ScheduledTask, Session, TaskOccurrence, ToolCall
+from runs.services import scheduler
+from runs.services.ingress import message_ingest
+from runs.services.scheduler import (
+    occurrence_start,
+    occurrences_sweep,
+    scheduled_task_fire,
+)
+from runs.services.schedules import (
+    schedule_slot,
+    scheduled_task_pause,
+    scheduled_task_resume,
+    scheduled_task_save,
+)
+from tests.approvals import conftest as approvals_fixtures
+from tests.celery_worker import alice_client
+from tests.runs.conftest import (
+    MESSAGES,
+    RUNNING_EXAMPLE_TEXT,
+    apollo_draft,
+    event_types,
+    events_of,
+    message_body,
+    read_apollo,
+    this_week,
+)
+from tests.runs.fake_provider import openai_completion
+
+bob = approvals_fixtures.bob
+smtp_server = approvals_fixtures.smtp_server
+
+MONDAYS_AT_NINE = "0 9 * * 1"
+LEASE = timedelta(seconds=61)
+PAST_DEADLINE = timedelta(seconds=3601)
+
+
+def task_of(demo, *, name: str = "apollo weekly", **fields) -> ScheduledTask:
+    """A task of acme saved by its tenant admin, acting as alice, Mondays at 09:00."""
+    values = {
+        "tenant": demo.acme,
+        "name": name,
+        "owner": demo.alice,
+        "agent_config": demo.agent,
+        "goal": RUNNING_EXAMPLE_TEXT,
+        "project_id": "apollo",
+        "crontab": MONDAYS_AT_NINE,
+        "deadline_seconds": 3600,
+        **fields,
+    }
+    return scheduled_task_save(actor=demo.admin, task=ScheduledTask(**values))
+
+
+def fired(demo, **fields) -> TaskOccurrence:
+    """A task fired now, with its run created and queued."""
+    occurrence = scheduled_task_fire(task_id=task_of(demo, **fields).pk)
+    assert occurrence.run.status == RunStatus.QUEUED
+    return occurrence
+
+
+def refreshed(occurrence: TaskOccurrence) -> TaskOccurrence:
+    return TaskOccurrence.objects.select_related("run").get(pk=occurrence.pk)
+
+
+def crash_first_starts(monkeypatch, crashes: int) -> list[str]:
+    """The first `crashes` starts lose their database connection inside the ingress, as a
+    worker that dies there would leave it: nothing of the start is committed."""
+    keys: list[str] = []
+    ingest = scheduler.message_ingest
+
+    def flaky(**kwargs):
+        keys.append(kwargs["idempotency_key"])
+        if len(keys) <= crashes:
+            raise OperationalError("server closed the connection unexpectedly")
+        return ingest(**kwargs)
+
+    monkeypatch.setattr(scheduler, "message_ingest", flaky)
+    return keys
+
+
+# --- the task and its beat schedule ------------------------------------------------------
+
+
+def test_saving_a_task_keeps_its_beat_schedule_and_pausing_disables_it(demo):
+    task = task_of(demo)
+
+    periodic = PeriodicTask.objects.get(scheduled_task=task)
+    assert periodic.task == "runs.tasks.scheduled_task_fire"
+    assert json.loads(periodic.kwargs) == {"task_id": str(task.pk)}
+    assert periodic.enabled is True
+    assert periodic.interval is None
+    crontab = periodic.crontab
+    assert (
+        crontab.minute,
+        crontab.hour,
+        crontab.day_of_month,
+        crontab.month_of_year,
+        crontab.day_of_week,
+        str(crontab.timezone),
+    ) == ("0", "9", "*", "*", "1", "UTC")
+    assert task.history.get().history_change_reason == "saved"
+
+    scheduled_task_pause(actor=demo.admin, task=task)
+
+    periodic.refresh_from_db()
+    assert periodic.enabled is False
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is False
+    assert scheduled_task_fire(task_id=task.pk) is None
+    assert not TaskOccurrence.objects.exists()
+
+    scheduled_task_resume(actor=demo.admin, task=task)
+
+    periodic.refresh_from_db()
+    assert periodic.enabled is True
+    assert [record.history_change_reason for record in task.history.order_by("history_id")] == [
+        "saved",
+        "paused",
+        "resumed",
+    ]
+
+
+def test_changing_the_schedule_to_an_interval_changes_the_same_beat_row(demo):
+    task = task_of(demo)
+    task.crontab, task.interval_seconds = "", 900
+
+    scheduled_task_save(actor=demo.admin, task=task)
+
+    periodic = PeriodicTask.objects.get(scheduled_task=task)
+    assert (periodic.interval.every, periodic.interval.period, periodic.crontab) == (
+        900,
+        "seconds",
+        None,
+    )
+    assert PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").count() == 1
+
+
+def _globex_agent(demo) -> AgentConfig:
+    policy = registry_object_save(
+        instance=Policy(tenant=demo.globex, name="globex-policy"), actor=demo.admin
+    )
+    return registry_object_save(
+        instance=AgentConfig(
+            tenant=demo.globex,
+            name="globex-agent",
+            model_config=demo.agent.model_config,
+            policy=policy,
+        ),
+        actor=demo.admin,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        pytest.param({"crontab": "61 9 * * 1"}, "crontab", "Invalid end range", id="bad-minute"),
+        pytest.param({"crontab": "0 9 * *"}, "crontab", "five fields", id="four-fields"),
+        pytest.param({"crontab": "0 0 31 2 *"}, "crontab", "never occurs", id="feb-31"),
+        pytest.param(
+            {"interval_seconds": 3600}, "interval_seconds", "not both", id="interval-and-crontab"
+        ),
+        pytest.param(
+            {"crontab": "", "interval_seconds": 30}, "interval_seconds", "60", id="too-often"
+        ),
+        pytest.param({"owner": "erin"}, "owner", "not a member of", id="owner-of-globex"),
+        pytest.param({"owner": "bob"}, "owner", "may start runs", id="owner-may-not-run"),
+        pytest.param({"agent_config": "globex"}, "agent_config", "another tenant", id="agent"),
+        pytest.param({"deadline_seconds": 10}, "deadline_seconds", "60", id="short-deadline"),
+    ],
+)
+def test_an_invalid_task_is_refused_field_by_field_and_nothing_is_scheduled(
+    demo, fields, field, message
+):
+    if "owner" in fields:
+        fields["owner"] = type(demo.alice).objects.get(username=fields["owner"])
+    if fields.get("agent_config") == "globex":
+        fields["agent_config"] = _globex_agent(demo)
+
+    with pytest.raises(ValidationFailed) as refused:
+        task_of(demo, **fields)
+
+    assert refused.value.code == "VALIDATION_ERROR"
+    assert message in " ".join(refused.value.details[field])
+    assert not ScheduledTask.objects.exists()
+    assert not PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").exists()
+
+
+def test_only_a_tenant_admin_schedules_tasks(demo):
+    with pytest.raises(PermissionDenied):
+        scheduled_task_save(
+            actor=demo.alice,
+            task=ScheduledTask(
+                tenant=demo.acme,
+                name="mine",
+                owner=demo.alice,
+                agent_config=demo.agent,
+                goal=RUNNING_EXAMPLE_TEXT,
+                crontab=MONDAYS_AT_NINE,
+            ),
+        )
+
+    assert not ScheduledTask.objects.exists()
+
+
+# --- slots -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "moment", "slot"),
+    [
+        # Monday 2 March 2026: two beats a few seconds apart, and one a minute late
+        ({"crontab": MONDAYS_AT_NINE}, "2026-03-02T09:00:00.2", "2026-03-02T09:00"),
+        ({"crontab": MONDAYS_AT_NINE}, "2026-03-02T09:00:59.9", "2026-03-02T09:00"),
+        ({"crontab": MONDAYS_AT_NINE}, "2026-03-02T09:01:30", "2026-03-02T09:00"),
+        # before Monday's time, the slot is the Monday before
+        ({"crontab": MONDAYS_AT_NINE}, "2026-03-02T08:59:59", "2026-02-23T09:00"),
+        ({"crontab": "*/15 8-17 * * 1-5"}, "2026-03-04T12:44:10", "2026-03-04T12:30"),
+        ({"crontab": "*/15 8-17 * * 1-5"}, "2026-03-07T12:00:00", "2026-03-06T17:45"),
+        ({"crontab": "0 0 29 2 *"}, "2026-03-02T09:00:00", "2024-02-29T00:00"),
+        ({"interval_seconds": 3600}, "2026-03-02T10:17:23", "2026-03-02T10:00"),
+        ({"interval_seconds": 3600}, "2026-03-02T10:59:59", "2026-03-02T10:00"),
+        ({"interval_seconds": 900}, "2026-03-02T10:31:00", "2026-03-02T10:30"),
+    ],
+)
+def test_a_firing_maps_to_the_latest_scheduled_time_at_or_before_it(schedule, moment, slot):
+    task = ScheduledTask(**{"crontab": "", **schedule})
+
+    computed = schedule_slot(task, datetime.fromisoformat(moment).replace(tzinfo=UTC))
+
+    assert computed == datetime.fromisoformat(slot).replace(tzinfo=UTC)
+
+
+# --- firing ------------------------------------------------------------------------------
+
+
+def test_firing_creates_one_occurrence_whose_run_acts_as_the_owner_on_the_task_channel(demo):
+    task = task_of(demo, recipient_record_id="dir-1001")
+    now = timezone.now()
+
+    occurrence = scheduled_task_fire(task_id=task.pk, now=now)
+    again = scheduled_task_fire(task_id=task.pk, now=now + timedelta(seconds=5))
+
+    assert again is None
+    occurrence = refreshed(occurrence)
+    slot = schedule_slot(task, now)
+    assert (occurrence.slot, occurrence.status, occurrence.attempts) == (slot, "running", 1)
+    assert occurrence.deadline_at == now + timedelta(seconds=3600)
+    run = occurrence.run
+    assert (run.status, run.channel, run.actor, run.agent_config) == (
+        RunStatus.QUEUED,
+        "task",
+        demo.alice,
+        demo.agent,
+    )
+    assert run.message["message"]["parts"] == [{"type": "text", "text": RUNNING_EXAMPLE_TEXT}]
+    assert run.message["metadata"] == {
+        "agent": "weekly-reporter",
+        "project_id": "apollo",
+        "recipient_record_id": "dir-1001",
+        "task": {
+            "id": str(task.pk),
+            "name": "apollo weekly",
+            "occurrence_id": str(occurrence.pk),
+            "slot": slot.isoformat(),
+        },
+    }
+    assert IngressRecord.objects.get(run=run).idempotency_key == (
+        f"task:{task.pk}:{slot.isoformat()}"
+    )
+    assert TaskOccurrence.objects.count() == 1
+    assert Run.objects.count() == 1
+
+
+def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_without_a_run(demo):
+    task = task_of(demo)
+    demo.alice.memberships.all().delete()
+
+    occurrence = refreshed(scheduled_task_fire(task_id=task.pk))
+
+    assert occurrence.status == OccurrenceStatus.FAILED
+    assert occurrence.detail == "PERMISSION_DENIED: You may not start runs in this tenant."
+    assert occurrence.run is None
+    assert not Run.objects.exists()
+
+
+def test_a_start_whose_worker_died_is_restarted_once_its_lease_lapsed_and_makes_one_run(
+    demo, monkeypatch
+):
+    # given a start that died inside the ingress
+    keys = crash_first_starts(monkeypatch, crashes=1)
+    task = task_of(demo)
+    now = timezone.now()
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task.pk, now=now)
+    occurrence = TaskOccurrence.objects.get()
+    first_lease_owner = occurrence.lease_owner
+    assert (occurrence.status, occurrence.attempts, occurrence.run) == ("pending", 1, None)
+
+    # while its lease runs, the sweep leaves it to its worker
+    assert occurrences_sweep(now=now + timedelta(seconds=30))["restarted"] == 0
+    assert TaskOccurrence.objects.get().attempts == 1
+
+    # when the lease lapsed, the sweep starts it again
+    counts = occurrences_sweep(now=now + LEASE)
+
+    occurrence = refreshed(occurrence)
+    assert counts["restarted"] == 1
+    assert (occurrence.status, occurrence.attempts) == ("running", 2)
+    assert occurrence.lease_owner != first_lease_owner
+    assert occurrence.run.status == RunStatus.QUEUED
+    assert keys == [occurrence.idempotency_key] * 2
+
+    # and neither the first worker coming back nor a later sweep makes a second run
+    assert occurrence_start(occurrence_id=occurrence.pk, lease_owner=first_lease_owner) is None
+    assert occurrences_sweep(now=now + 2 * LEASE)["restarted"] == 0
+    assert Run.objects.count() == 1
+    assert IngressRecord.objects.count() == 1
+
+
+def test_an_occurrence_whose_starts_keep_dying_fails_after_max_attempts_without_a_run(
+    demo, monkeypatch
+):
+    crash_first_starts(monkeypatch, crashes=2)
+    task = task_of(demo, max_attempts=2)
+    now = timezone.now()
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task.pk, now=now)
+    with pytest.raises(OperationalError):
+        occurrences_sweep(now=now + LEASE)
+    assert TaskOccurrence.objects.get().attempts == 2
+
+    occurrences_sweep(now=now + 2 * LEASE)
+
+    occurrence = TaskOccurrence.objects.get()
+    assert (occurrence.status, occurrence.attempts) == ("failed", 2)
+    assert occurrence.detail == "MAX_ATTEMPTS: 2 starts did not finish."
+    assert occurrence.finished_at is not None
+    assert not Run.objects.exists()
+
+
+# --- the deadline ------------------------------------------------------------------------
+
+
+def test_a_deadline_passing_while_the_run_waits_for_approval_ends_it_and_nothing_is_sent(
+    demo, bob, smtp_server
+):
+    # given an occurrence whose run waits for approval of its mail
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.run.status) == ("waiting_approval", "WAITING_APPROVAL")
+    action = BusinessAction.objects.get(run=occurrence.run)
+
+    # when the deadline passes
+    counts = occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+
+    # then the occurrence and its run end, and the run says why
+    assert counts["deadline_passed"] == 1
+    occurrence = refreshed(occurrence)
+    run = occurrence.run
+    assert (occurrence.status, occurrence.detail) == ("deadline_passed", "DEADLINE_PASSED")
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "DEADLINE_PASSED")
+    assert event_types(run)[-2:] == ["approval.invalidated", "run.finished"]
+    assert events_of(run, "approval.invalidated") == [
+        {"action_id": str(action.pk), "reasons": ["DEADLINE_PASSED"]}
+    ]
+    assert events_of(run, "run.finished") == [
+        {"status": "CANCELLED", "reason_code": "DEADLINE_PASSED"}
+    ]
+    action.refresh_from_db()
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "DEADLINE_PASSED")
+
+    # and an approval that comes afterwards sends nothing, even if a resume is delivered
+    with pytest.raises(AlreadyDecided):
+        approvals.approval_decide(
+            action_id=action.pk,
+            approver=bob,
+            decision=Decision.APPROVE,
+            payload_hash=action.payload_hash,
+        )
+    approvals.action_execute(action_id=action.pk)
+    assert not ApprovalDecision.objects.exists()
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+    assert not MailDelivery.objects.exists()
+    assert smtp_server.messages == []
+
+
+def test_an_approval_given_before_the_deadline_but_not_yet_executed_sends_nothing_after_it(
+    demo, bob, smtp_server
+):
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+    approvals.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+
+    occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+    approvals.action_execute(action_id=action.pk)
+
+    action.refresh_from_db()
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "DEADLINE_PASSED")
+    assert refreshed(occurrence).status == "deadline_passed"
+    assert smtp_server.messages == []
+
+
+def test_a_deadline_passing_while_the_run_works_stops_it_at_its_next_step(demo):
+    occurrence = fired(demo)
+    assert run_advance_step(run_id=str(occurrence.run_id)) is True
+    assert Run.objects.get(pk=occurrence.run_id).status == RunStatus.RUNNING
+
+    occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+
+    assert refreshed(occurrence).status == "running"
+    run_execute(run_id=str(occurrence.run_id))
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.run.status, occurrence.run.reason_code) == (
+        "deadline_passed",
+        RunStatus.CANCELLED,
+        "DEADLINE_PASSED",
+    )
+    assert not BusinessAction.objects.exists()
+
+
+def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_without_a_run(
+    demo, monkeypatch
+):
+    crash_first_starts(monkeypatch, crashes=1)
+    now = timezone.now()
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task_of(demo).pk, now=now)
+
+    counts = occurrences_sweep(now=now + PAST_DEADLINE)
+
+    occurrence = TaskOccurrence.objects.get()
+    assert counts == {"deadline_passed": 1, "restarted": 0, "notified": 0}
+    assert (occurrence.status, occurrence.attempts, occurrence.run) == ("deadline_passed", 1, None)
+    assert not Run.objects.exists()
+
+
+# --- no waiting on a user ----------------------------------------------------------------
+
+
+def test_a_question_ends_the_occurrence_needs_owner_and_mails_the_owner_once(
+    demo, smtp_server, django_capture_on_commit_callbacks
+):
+    # hermes has two R&D leads and the task names neither
+    occurrence = fired(demo, name="hermes weekly", project_id="hermes")
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run_execute(run_id=str(occurrence.run_id))
+
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.detail) == (
+        "needs_owner",
+        "RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
+    )
+    assert occurrence.run.status == RunStatus.NEEDS_CLARIFICATION
+    assert occurrence.owner_notified_at is not None
+    (mail,) = smtp_server.messages
+    assert mail["To"] == "alice@example.com"
+    assert mail["Subject"] == "Scheduled task 'hermes weekly' needs you"
+    body = mail.get_payload()
+    assert "Who should receive the summary?" in body
+    assert "RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING" in body
+    assert str(occurrence.run_id) in body
+    assert "@acme.example" not in body
+
+    assert occurrences_sweep()["notified"] == 0
+    assert len(smtp_server.messages) == 1
+
+
+def test_a_notification_the_mail_server_refused_is_sent_by_the_next_sweep_once(
+    demo, smtp_server, settings, django_capture_on_commit_callbacks, free_tcp_port_factory
+):
+    occurrence = fired(demo, name="hermes weekly", project_id="hermes")
+    settings.EMAIL_PORT = free_tcp_port_factory()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run_execute(run_id=str(occurrence.run_id))
+
+    assert refreshed(occurrence).status == "needs_owner"
+    assert refreshed(occurrence).owner_notified_at is None
+    assert occurrences_sweep()["notified"] == 0
+
+    settings.EMAIL_PORT = smtp_server.port
+    assert occurrences_sweep()["notified"] == 1
+    assert occurrences_sweep()["notified"] == 0
+    assert [mail["To"] for mail in smtp_server.messages] == ["alice@example.com"]
+
+
+# --- what only the task decides ----------------------------------------------------------
+
+
+def test_a_frozen_recipient_is_used_as_confirmed_when_the_directory_still_has_it(demo):
+    occurrence = fired(demo, project_id="hermes", recipient_record_id="dir-2002")
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    occurrence = refreshed(occurrence)
+    assert occurrence.status == "waiting_approval"
+    recipient = BusinessAction.objects.get(run=occurrence.run).payload["recipient_snapshot"]
+    assert (recipient["record_id"], recipient["corporate_email"], recipient["confirmed"]) == (
+        "dir-2002",
+        "chen.jie@acme.example",
+        True,
+    )
+
+
+def test_a_frozen_recipient_no_longer_in_the_directory_is_never_replaced_by_another(demo):
+    # given a task for hermes' lead dir-2001, who has left: dir-2002 is the only lead now
+    occurrence = fired(demo, project_id="hermes", recipient_record_id="dir-2001")
+    DirectoryRecord.objects.filter(record_id="dir-2001").update(is_active=False)
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.detail) == ("needs_owner", "TASK_RECIPIENT_UNAVAILABLE")
+    assert "dir-2001" in occurrence.run.result["question"]
+    assert not BusinessAction.objects.exists()
+
+
+def test_a_message_in_the_task_runs_session_changes_neither_its_project_nor_its_recipient(demo):
+    # given apollo with a second R&D lead, and a task frozen on apollo's dir-1001
+    lead = DirectoryRecord.objects.get(record_id="dir-1001")
+    DirectoryRecord.objects.create(
+        project=lead.project,
+        record_id="dir-1002",
+        role=lead.role,
+        display_name="Mallory",
+        corporate_email="mallory@elsewhere.example",
+    )
+    occurrence = fired(demo, recipient_record_id="dir-1001")
+    task_run = occurrence.run
+
+    # when the owner, in the task run's session, picks the other lead and another project
+    chat = message_ingest(
+        actor=demo.alice,
+        tenant=demo.acme,
+        idempotency_key="chat-in-task-session",
+        channel="chat",
+        parts=[{"type": "text", "text": RUNNING_EXAMPLE_TEXT}],
+        metadata={"project_id": "apollo", "recipient_record_id": "dir-1002"},
+        session_id=task_run.session_id,
+    ).run
+    run_execute(run_id=str(chat.pk))
+    assert Run.objects.get(pk=chat.pk).state["recipient"]["record_id"] == "dir-1002"
+    run_execute(run_id=str(task_run.pk))
+
+    # then the task's run still drafts apollo for dir-1001
+    task_run = Run.objects.get(pk=task_run.pk)
+    assert task_run.status == RunStatus.WAITING_APPROVAL
+    assert task_run.state["inputs"]["project_id"] == "apollo"
+    recipient = BusinessAction.objects.get(run=task_run).payload["recipient_snapshot"]
+    assert recipient["record_id"] == "dir-1001"
+
+
+def test_a_task_without_a_project_does_not_take_one_from_its_session(demo):
+    occurrence = fired(demo, project_id="")
+    Session.objects.filter(pk=occurrence.run.session_id).update(state={"project_id": "hermes"})
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.detail) == ("needs_owner", "MISSING_PROJECT_SCOPE")
+    assert occurrence.run.state["inputs"]["project_id"] is None
+
+
+def test_a_model_cannot_move_a_task_run_to_another_project(demo, fake_model):
+    fake = fake_model()
+    monday, sunday = this_week()
+    other = json.dumps({"project_id": "hermes", "from": monday, "to": sunday})
+    fake.reply(openai_completion(tool_calls=(("call_other", "project_search", other),)))
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    occurrence = fired(demo)
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    rejected = ToolCall.objects.get(run_id=occurrence.run_id, call_id="call_other")
+    assert (rejected.status, rejected.error_category) == ("rejected", "PERMISSION_DENIED")
+    occurrence = refreshed(occurrence)
+    assert occurrence.status == "waiting_approval"
+    assert occurrence.run.state["inputs"]["project_id"] == "apollo"
+
+
+def test_clients_cannot_post_on_the_task_channel(demo):
+    response = alice_client().post(
+        MESSAGES,
+        message_body(channel="task", metadata={"project_id": "apollo"}),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="forged-task",
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert "channel" in response.json()["error"]["details"]
+    assert not Run.objects.exists()

@@ -1,0 +1,178 @@
+"""Scheduled tasks in the admin: created through the service with its beat schedule, refused
+field by field, paused and resumed by actions, scoped to the tenants one administers; their
+occurrences are read-only."""
+
+import json
+from datetime import datetime, timedelta
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from django_celery_beat.models import PeriodicTask
+
+from registry.choices import Role
+from registry.services.tenancy import membership_add
+from runs.models import ScheduledTask, TaskOccurrence
+from runs.services.scheduler import scheduled_task_fire
+from runs.services.schedules import scheduled_task_save
+from tests.runs.conftest import RUNNING_EXAMPLE_TEXT
+
+TASKS = "/admin/runs/scheduledtask/"
+OCCURRENCES = "/admin/runs/taskoccurrence/"
+NO_OCCURRENCES = {
+    "occurrences-TOTAL_FORMS": "0",
+    "occurrences-INITIAL_FORMS": "0",
+    "occurrences-MIN_NUM_FORMS": "0",
+    "occurrences-MAX_NUM_FORMS": "1000",
+}
+
+
+def task_form(demo, **overrides) -> dict:
+    return {
+        "tenant": str(demo.acme.pk),
+        "name": "apollo weekly",
+        "owner": str(demo.alice.pk),
+        "agent_config": str(demo.agent.pk),
+        "goal": RUNNING_EXAMPLE_TEXT,
+        "project_id": "apollo",
+        "recipient_record_id": "dir-1001",
+        "interval_seconds": "",
+        "crontab": "0 9 * * 1",
+        "deadline_seconds": "3600",
+        "max_attempts": "3",
+        "is_enabled": "on",
+        **NO_OCCURRENCES,
+        **overrides,
+    }
+
+
+def saved_task(demo, *, tenant=None, owner=None, agent=None, name="apollo weekly"):
+    return scheduled_task_save(
+        actor=demo.admin,
+        task=ScheduledTask(
+            tenant=tenant or demo.acme,
+            name=name,
+            owner=owner or demo.alice,
+            agent_config=agent or demo.agent,
+            goal=RUNNING_EXAMPLE_TEXT,
+            project_id="apollo",
+            crontab="0 9 * * 1",
+        ),
+    )
+
+
+def next_monday_at_nine() -> datetime:
+    now = timezone.now()
+    monday = now.replace(hour=9, minute=0, second=0, microsecond=0) + timedelta(
+        days=-now.weekday() % 7
+    )
+    return monday if monday > now else monday + timedelta(days=7)
+
+
+def messages_of(response) -> list[tuple[str, str]]:
+    return [(message.level_tag, str(message)) for message in response.context["messages"]]
+
+
+def test_creating_a_task_in_the_admin_schedules_it_through_the_service(client, demo):
+    client.force_login(demo.admin)
+
+    response = client.post(f"{TASKS}add/", task_form(demo))
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    task = ScheduledTask.objects.get()
+    assert (task.owner, task.project_id, task.recipient_record_id, task.is_enabled) == (
+        demo.alice,
+        "apollo",
+        "dir-1001",
+        True,
+    )
+    periodic = PeriodicTask.objects.get(scheduled_task=task)
+    assert periodic.task == "runs.tasks.scheduled_task_fire"
+    assert json.loads(periodic.kwargs) == {"task_id": str(task.pk)}
+    assert periodic.enabled is True
+    assert task.history.get().history_change_reason == "saved in admin"
+    assert task.history.get().history_user == demo.admin
+
+
+def test_the_admin_form_shows_each_refusal_next_to_its_field_and_saves_nothing(client, demo):
+    client.force_login(demo.admin)
+    erin = get_user_model().objects.get(username="erin")
+
+    response = client.post(
+        f"{TASKS}add/", task_form(demo, crontab="0 25 * * 1", owner=str(erin.pk))
+    )
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "Invalid end range" in errors["crontab"][0]
+    assert "erin is not a member of" in errors["owner"][0]
+    assert not ScheduledTask.objects.exists()
+    assert not PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").exists()
+
+
+def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(client, demo):
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+
+    response = client.post(
+        TASKS, {"action": "pause", "_selected_action": [str(task.pk)]}, follow=True
+    )
+
+    assert messages_of(response) == [("success", "apollo weekly is paused.")]
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is False
+    assert PeriodicTask.objects.get(scheduled_task=task).enabled is False
+
+    client.post(TASKS, {"action": "resume", "_selected_action": [str(task.pk)]})
+
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is True
+    assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
+
+
+def test_a_tenant_admin_sees_and_offers_only_their_tenants_tasks_owners_and_agents(client, demo):
+    acme_admin = get_user_model().objects.create_user(
+        username="ada", password="x", email="ada@example.com", is_staff=True
+    )
+    membership_add(actor=None, user=acme_admin, tenant=demo.acme, role=Role.ADMIN)
+    erin = get_user_model().objects.get(username="erin")
+    acme_task = saved_task(demo)
+    client.force_login(acme_admin)
+
+    listed = client.get(TASKS)
+    add = client.get(f"{TASKS}add/")
+
+    assert [row.pk for row in listed.context["cl"].result_list] == [acme_task.pk]
+    form = add.context["adminform"].form
+    assert erin not in form.fields["owner"].queryset
+    assert demo.alice in form.fields["owner"].queryset
+    assert list(form.fields["agent_config"].queryset) == [demo.agent]
+    assert list(form.fields["tenant"].queryset) == [demo.acme]
+
+
+def test_a_member_cannot_open_the_scheduled_tasks(client, demo):
+    demo.alice.is_staff = True
+    demo.alice.save(update_fields=["is_staff"])
+    saved_task(demo)
+    client.force_login(demo.alice)
+
+    assert client.get(TASKS).status_code == 403
+    assert client.get(OCCURRENCES).status_code == 403
+
+
+def test_a_task_page_shows_its_next_run_and_its_occurrences_read_only(client, demo):
+    task = saved_task(demo)
+    occurrence = scheduled_task_fire(task_id=task.pk)
+    client.force_login(demo.admin)
+
+    page = client.get(f"{TASKS}{task.pk}/change/")
+    occurrence_page = client.get(f"{OCCURRENCES}{occurrence.pk}/change/")
+    edit = client.post(f"{OCCURRENCES}{occurrence.pk}/change/", {"status": "completed"})
+
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f'href="/runs/{occurrence.run_id}/"' in html
+    assert "running" in html
+    assert f"{next_monday_at_nine():%Y-%m-%d %H:%M:%S}" in html
+    assert occurrence_page.status_code == 200
+    assert f'href="/runs/{occurrence.run_id}/"' in occurrence_page.content.decode()
+    assert edit.status_code == 403
+    assert TaskOccurrence.objects.get(pk=occurrence.pk).status == "running"
+    assert client.get(f"{OCCURRENCES}add/").status_code == 403
