@@ -27,11 +27,11 @@ from approvals.errors import (
 )
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
 from examples.models import DirectoryRecord
+from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
 from runs import events, tracing
-from runs.capability import canonical_hash
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, ToolCall

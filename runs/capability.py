@@ -10,13 +10,12 @@ available to the tenant or no longer serves the reviewed definition. The snapsho
 canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 """
 
-import hashlib
 from typing import Any
 
-import rfc8785
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
+from registry.canonical import canonical_hash
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, SkillAssembly, VersionStatus
 from registry.models import AgentConfig, Skill, SkillVersion, Tenant, ToolVersion
 from registry.selectors import (
@@ -33,10 +32,6 @@ from runs.tools.limits import circuit_state
 SNAPSHOT_SCHEMA = 1
 # A pinned tool version serves its existing pins while published or deprecated; never revoked.
 USABLE_PIN_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
-
-
-def canonical_hash(document: Any) -> str:
-    return hashlib.sha256(rfc8785.dumps(document)).hexdigest()
 
 
 def _tool_entry(tool_version: ToolVersion) -> dict[str, Any]:

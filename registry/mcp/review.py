@@ -6,14 +6,12 @@ them: annotations only propose a risk the publisher can raise, and flagged text 
 reviewer, escaped, with hidden characters made visible.
 """
 
-import hashlib
 import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
-import rfc8785
-
+from registry.canonical import canonical_hash
 from registry.choices import Risk
 
 # From least to most dangerous; a publisher may move a proposed risk only up this list.
@@ -47,7 +45,7 @@ def definition_hash(definition: dict[str, Any]) -> str:
         "inputSchema": definition.get("inputSchema") or {},
         "outputSchema": definition.get("outputSchema"),
     }
-    return hashlib.sha256(rfc8785.dumps(hashed)).hexdigest()
+    return canonical_hash(hashed)
 
 
 def proposed_risk(annotations: dict[str, Any]) -> str:

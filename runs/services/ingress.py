@@ -9,11 +9,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, Tenant
 from registry.selectors import user_can, user_roles
 from runs import events, tracing
-from runs.capability import canonical_hash, capability_resolve
+from runs.capability import capability_resolve
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session

@@ -15,11 +15,11 @@ from approvals.errors import (
 )
 from approvals.models import ApprovalDecision, BusinessAction
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
+from registry.canonical import canonical_hash
 from registry.choices import Role
 from registry.models import SkillVersion, Tenant
 from registry.services.skills import skill_version_revoke
 from registry.services.tenancy import membership_add
-from runs.capability import canonical_hash
 from runs.models import Run, ToolCall
 from runs.services.runs import run_cancel
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run

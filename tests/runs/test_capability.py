@@ -6,13 +6,14 @@ import copy
 import pytest
 from django.conf import settings
 
+from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Role
 from registry.errors import ValidationFailed
 from registry.models import AgentConfig, RolloutFlag, ToolVersion
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant
-from runs.capability import canonical_hash, capability_resolve
+from runs.capability import capability_resolve
 from runs.models import Run
 from tests.registry.factories import valid_input_schema
 from tests.runs.conftest import DIRECTORY_LOOKUP_SCHEMA
