@@ -166,11 +166,16 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # Discovery of every enabled MCP server (drafts for review, drift marked) runs this often.
 MCP_DISCOVERY_INTERVAL_SECONDS = env.int("MCP_DISCOVERY_INTERVAL_SECONDS", default=3600)
+# An eval task runs cases for this long, then continues in a new task; a running eval run
+# whose lease lapsed (its worker died mid-case) is advanced again by the sweep.
+EVAL_TASK_SECONDS = env.int("EVAL_TASK_SECONDS", default=240)
+EVAL_CASE_LEASE_SECONDS = env.int("EVAL_CASE_LEASE_SECONDS", default=360)
 CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
     "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
     "memories-expire": {"task": "runs.tasks.memories_expire", "schedule": 3600.0},
     "scheduled-tasks-sweep": {"task": "runs.tasks.scheduled_tasks_sweep", "schedule": 30.0},
+    "eval-runs-sweep": {"task": "evaluations.tasks.eval_runs_sweep", "schedule": 60.0},
     "mcp-discover": {
         "task": "registry.tasks.mcp_servers_discover",
         "schedule": float(MCP_DISCOVERY_INTERVAL_SECONDS),
@@ -233,6 +238,7 @@ SPECTACULAR_SETTINGS = {
         "VersionStatusEnum": "registry.choices.VersionStatus",
         "RunStatusEnum": "runs.choices.RunStatus",
         "DataClassificationEnum": "registry.choices.DataClassification",
+        "SuiteKindEnum": "evaluations.choices.SuiteKind",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

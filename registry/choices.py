@@ -104,6 +104,7 @@ class ModelProvider(models.TextChoices):
     OPENAI_COMPATIBLE = "openai_compatible", "OpenAI-compatible Chat Completions"
     ANTHROPIC = "anthropic", "Anthropic Messages"
     OFFLINE = "offline", "Offline deterministic planner"
+    ADVERSARIAL = "adversarial", "Adversarial planner (obeys instructions found in data)"
 
 
 class SkillAssembly(models.TextChoices):

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from evaluations.starter import suites_install
 from examples.demo import seed_examples
 from registry.choices import DataClassification, ModelProvider, Risk, Role, VersionStatus
 from registry.models import (
@@ -191,6 +192,21 @@ def seed_demo() -> SeedReport:
         admin,
         report,
     )
+    _config(
+        ModelConfig,
+        {"tenant": None, "name": "adversarial-planner"},
+        {
+            "provider": ModelProvider.ADVERSARIAL,
+            "model_name": "adversarial-planner",
+            "price_per_1k_input": Decimal("0"),
+            "price_per_1k_output": Decimal("0"),
+        },
+        admin,
+        report,
+    )
     for what in seed_examples():
         report.add(what)
+    for suite, created in suites_install():
+        if created:
+            report.add(f"eval suite {suite.key}")
     return report

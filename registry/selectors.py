@@ -107,17 +107,18 @@ def _publish_permission(model: type[Definition]) -> str:
 
 def definitions_visible(*, model: type[Definition], tenant: Tenant) -> QuerySet:
     """Tools or skills a tenant may see and use: its own, and platform-wide ones granted to it."""
+    owner = tenant.registry_owner
     granted = get_objects_for_group(
-        tenant.grant_group, _use_permission(model), klass=model, accept_global_perms=False
+        owner.grant_group, _use_permission(model), klass=model, accept_global_perms=False
     )
     return model.objects.filter(
-        Q(tenant=tenant) | Q(tenant__isnull=True, pk__in=granted.values("pk"))
+        Q(tenant=owner) | Q(tenant__isnull=True, pk__in=granted.values("pk"))
     )
 
 
 def tenant_has_grant(*, tenant: Tenant, definition: Definition) -> bool:
     if definition.tenant_id is not None:
-        return definition.tenant_id == tenant.pk
+        return definition.tenant_id == tenant.registry_owner.pk
     return (
         definitions_visible(model=type(definition), tenant=tenant).filter(pk=definition.pk).exists()
     )
@@ -177,7 +178,12 @@ def rollout_serves(*, flag: RolloutFlag, tenant: Tenant, actor_id: str) -> bool:
 
 
 def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> SkillVersion | None:
-    """The version of `skill` this actor gets: a rollout's, if one serves them, else current."""
+    """The version of `skill` this actor gets: a sandbox's, a rollout's if one serves them,
+    else the current one."""
+    if tenant.sandbox_skill_version_id:
+        pinned = tenant.sandbox_skill_version
+        if pinned.skill_id == skill.pk:
+            return pinned
     flags = (
         RolloutFlag.objects.filter(
             skill=skill, is_active=True, skill_version__status=VersionStatus.PUBLISHED

@@ -48,6 +48,8 @@ DRAFTS_KEPT = 5
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
 HOST_NODES = frozenset({"approval", "send"})
+# Failures of a read tool that may pass: a run without evidence because of them may be retried.
+TRANSIENT_CATEGORIES = ("TIMEOUT", "UPSTREAM_ERROR", "RATE_LIMITED")
 # A skill that lists this among its required inputs gets the user's memory in its context.
 MEMORY_INPUT = "memory"
 
@@ -84,11 +86,15 @@ def _skill(run: Run) -> dict[str, Any] | None:
 
 
 def _skill_version(run: Run) -> SkillVersion | None:
-    """The snapshot's skill version (frozen content, read once per process)."""
+    """The snapshot's skill version (frozen content, read once per process); in an evaluation
+    sandbox, the version under test, which may be a draft (read from the database)."""
     skill = _skill(run)
     if skill is None:
         return None
-    return versions_frozen(model=SkillVersion, ids=[skill["id"]]).get(skill["id"])
+    frozen = versions_frozen(model=SkillVersion, ids=[skill["id"]]).get(skill["id"])
+    if frozen is None and str(run.tenant.sandbox_skill_version_id) == skill["id"]:
+        return SkillVersion.objects.select_related("skill").get(pk=skill["id"])
+    return frozen
 
 
 def _text(run: Run, resources: dict[str, str]) -> str:
@@ -462,12 +468,15 @@ def _resolve_recipient(run: Run) -> None:
 
 
 def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
+    """The tools as the model sees them; an evaluation sandbox may show other descriptions
+    (an attack hidden in a tool's description)."""
+    tenant = run.tenant
+    shown = tenant.sandbox_settings.get("tool_descriptions", {}) if tenant.sandbox_of_id else {}
     return [
         ToolSpec(
             name=tool.tool.name,
-            description="\n".join(
-                filter(None, [tool.description, tool.when_not_to_use, tool.returns])
-            ),
+            description=shown.get(tool.tool.name)
+            or "\n".join(filter(None, [tool.description, tool.when_not_to_use, tool.returns])),
             input_schema=tool.input_schema,
         )
         for tool in sorted(_node_tools(run, node), key=lambda tool: tool.tool.name)
@@ -595,7 +604,22 @@ def _final(run: Run, text: str) -> None:
         return
     evidence = set(run.sources.filter(allowed_use=EVIDENCE_USE).values_list("reference", flat=True))
     if not evidence:
-        _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
+        unavailable = sorted(
+            set(
+                run.tool_calls.filter(
+                    status=ToolCallRecord.Status.FAILED, error_category__in=TRANSIENT_CATEGORIES
+                ).values_list("name", flat=True)
+            )
+        )
+        if unavailable:
+            _finish(
+                run,
+                status=RunStatus.FAILED_RETRYABLE,
+                reason_code="EVIDENCE_UNAVAILABLE",
+                output={"unavailable_tools": unavailable},
+            )
+        else:
+            _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:
         draft = json.loads(text)

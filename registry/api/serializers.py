@@ -167,3 +167,12 @@ class SkillVersionCreateSerializer(StrictSerializer):
 
 class LifecycleSerializer(StrictSerializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+
+
+class SkillPublishSerializer(StrictSerializer):
+    override_reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="Publish although the release gate fails (tenant or platform admins): why.",
+    )

@@ -16,6 +16,7 @@ from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
     LifecycleSerializer,
+    SkillPublishSerializer,
     SkillVersionCreateSerializer,
     SkillVersionSerializer,
     TokenRequestSerializer,
@@ -65,6 +66,8 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     revoke_service: ClassVar[Callable[..., DefinitionVersion]]
     rollback_service: ClassVar[Callable[..., DefinitionVersion]]
     version_argument: ClassVar[str]
+    # What publishing takes besides the version (a skill's release-gate override).
+    publish_serializer: ClassVar[type[serializers.Serializer] | None] = None
 
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
@@ -105,7 +108,12 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @action(detail=True, methods=["post"])
     def publish(self, request: Request, pk: str) -> Response:
-        return self._command(type(self).publish_service)
+        extra = {}
+        if self.publish_serializer is not None:
+            data = self.publish_serializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            extra = dict(data.validated_data)
+        return self._command(type(self).publish_service, **extra)
 
     @action(detail=True, methods=["post"])
     def deprecate(self, request: Request, pk: str) -> Response:
@@ -134,7 +142,11 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
     schemas = {
         name: extend_schema(
             summary=summary,
-            request=LifecycleSerializer if name in {"deprecate", "revoke"} else None,
+            request=LifecycleSerializer
+            if name in {"deprecate", "revoke"}
+            else viewset.publish_serializer
+            if name == "publish"
+            else None,
             responses={200: output},
         )
         for name, summary in commands.items()
@@ -175,6 +187,7 @@ class SkillVersionViewSet(VersionViewSet):
     revoke_service = staticmethod(skills.skill_version_revoke)
     rollback_service = staticmethod(skills.skill_rollback)
     version_argument = "skill_version"
+    publish_serializer = SkillPublishSerializer
 
     def _created(self, data: dict[str, Any]) -> DefinitionVersion:
         tenant = self.request.auth.tenant

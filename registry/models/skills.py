@@ -10,6 +10,19 @@ from registry.models.definitions import Definition, unique_name_constraints
 from registry.models.versions import DefinitionVersion
 from registry.search import skill_search_fields
 
+# What a skill version says (its lifecycle and derived search terms aside).
+SKILL_CONTENT_FIELDS = (
+    "description",
+    "instructions",
+    "triggers",
+    "required_inputs",
+    "rules",
+    "examples",
+    "output_contract",
+    "acceptance_rules",
+    "workflow",
+)
+
 SKILL_NAME_VALIDATOR = RegexValidator(
     r"^[a-z][a-z0-9-]{0,63}$", "Lower-case letters, digits and '-'; starts with a letter."
 )

@@ -38,6 +38,32 @@ class Tenant(models.Model):
         help_text="How many of the tenant's runs workers advance at once; the others wait "
         "their turn in the queue. Empty: no cap.",
     )
+    sandbox_of = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        related_name="sandboxes",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="An evaluation sandbox: it uses this tenant's registry, keeps business data "
+        "and runs of its own, and never executes a side effect.",
+    )
+    sandbox_skill_version = models.ForeignKey(
+        "registry.SkillVersion",
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="The version a sandbox serves of its skill, published or not.",
+    )
+    sandbox_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="How an evaluation sandbox differs: faults {tool: error category} its tools "
+        "fail with, tool_descriptions {tool: text} the model sees instead.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     history = HistoricalRecords()
@@ -47,6 +73,11 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def registry_owner(self) -> "Tenant":
+        """Whose tools and skills this tenant uses: its own, or a sandbox's parent's."""
+        return self.sandbox_of if self.sandbox_of_id else self
 
 
 class Membership(models.Model):

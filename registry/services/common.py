@@ -6,7 +6,9 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from evaluations.gates import model_change_check
 from registry.errors import ValidationFailed
+from registry.models import AgentConfig
 
 
 def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
@@ -31,7 +33,10 @@ def audited_save(
 def registry_object_save(
     *, instance: models.Model, actor: AbstractBaseUser, reason: str = "saved"
 ) -> models.Model:
-    """Validate and save a registry configuration row (model, agent, policy, rollout)."""
+    """Validate and save a registry configuration row (model, agent, policy, rollout). An agent
+    moves to another model only when the release gates of its skills hold with that model."""
     full_clean_or_raise(instance)
+    if isinstance(instance, AgentConfig):
+        model_change_check(agent_config=instance)
     audited_save(instance, actor=actor, reason=reason)
     return instance

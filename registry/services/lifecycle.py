@@ -65,7 +65,13 @@ def _set_current(
     audited_save(parent, actor=actor, reason=reason, update_fields=["current_version"])
 
 
-def version_publish(*, version: V, actor: AbstractBaseUser, validate: Callable[[V], None]) -> V:
+def version_publish(
+    *,
+    version: V,
+    actor: AbstractBaseUser,
+    validate: Callable[[V], None],
+    reason: str = "published",
+) -> V:
     require_publisher(actor=actor, definition=version.parent)
     with transaction.atomic():
         parent, version = lock_version(version)
@@ -84,7 +90,7 @@ def version_publish(*, version: V, actor: AbstractBaseUser, validate: Callable[[
         version.status = VersionStatus.PUBLISHED
         version.published_at = timezone.now()
         version.published_by = actor
-        audited_save(version, actor=actor, reason="published")
+        audited_save(version, actor=actor, reason=reason)
         _set_current(parent, version, actor=actor, reason=f"published {version.version}")
     return version
 

@@ -4,25 +4,15 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from evaluations.gates import release_gate_check, release_override_record
 from registry.choices import VersionStatus
 from registry.errors import DependencyUnavailable, ValidationFailed, VersionImmutable
 from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.schemas import raise_if_errors, skill_version_errors
 from registry.selectors import tenant_has_grant
 from registry.services import lifecycle
 from registry.services.common import audited_save, full_clean_or_raise
-
-SKILL_CONTENT_FIELDS = (
-    "description",
-    "instructions",
-    "triggers",
-    "required_inputs",
-    "rules",
-    "examples",
-    "output_contract",
-    "acceptance_rules",
-    "workflow",
-)
 
 
 def skill_get_or_create(
@@ -136,10 +126,27 @@ def skill_version_validate(skill_version: SkillVersion) -> None:
         )
 
 
-def skill_version_publish(*, skill_version: SkillVersion, actor: AbstractBaseUser) -> SkillVersion:
-    return lifecycle.version_publish(
-        version=skill_version, actor=actor, validate=skill_version_validate
+def skill_version_publish(
+    *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
+) -> SkillVersion:
+    """Publish a draft once its release gate (evaluations.gates) is met, or over it with a
+    tenant or platform admin's written reason, recorded as a ReleaseOverride and in history."""
+    lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
+    overridden = release_gate_check(
+        skill_version=skill_version, actor=actor, override_reason=override_reason
     )
+    reason = "published"
+    if overridden:
+        reason = f"published over its release gate: {override_reason.strip()}"
+    with transaction.atomic():
+        version = lifecycle.version_publish(
+            version=skill_version, actor=actor, validate=skill_version_validate, reason=reason
+        )
+        if overridden:
+            release_override_record(
+                skill_version=version, actor=actor, reason=override_reason, failures=overridden
+            )
+    return version
 
 
 def skill_version_deprecate(

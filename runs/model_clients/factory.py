@@ -8,6 +8,7 @@ from typing import Any
 
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
+from runs.model_clients.adversarial import AdversarialPlanner
 from runs.model_clients.anthropic_messages import AnthropicClient
 from runs.model_clients.base import ModelClient, ModelError
 from runs.model_clients.offline import OfflinePlanner
@@ -27,6 +28,8 @@ def model_client_for(model_config: ModelConfig) -> ModelClient:
     retryable: a missing credential or a bad setting stays wrong until an operator fixes it."""
     if model_config.provider == ModelProvider.OFFLINE:
         return _offline_planner(model_config)
+    if model_config.provider == ModelProvider.ADVERSARIAL:
+        return AdversarialPlanner(model_config)
     client_class = PROVIDER_CLIENTS.get(model_config.provider)
     if client_class is None:
         raise ModelError(

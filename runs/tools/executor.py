@@ -31,6 +31,11 @@ from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
 from runs.workflows import Node
 
+# Faults of a sandbox that a real system could recover from; a retry policy applies to them.
+SANDBOX_TRANSIENT_FAULTS = frozenset(
+    {ErrorCategory.TIMEOUT, ErrorCategory.UPSTREAM_ERROR, ErrorCategory.RATE_LIMITED}
+)
+
 
 @dataclass
 class Admitted:
@@ -267,8 +272,33 @@ def side_effect_record(
     return record
 
 
+def _sandboxed(admitted: Admitted) -> ToolOutput | None:
+    """In an evaluation sandbox, a tool fails as its faults say, and a tool that is not a
+    read never reaches its system: it answers what it would have done (dry run)."""
+    tenant, tool_version = admitted.context.tenant, admitted.tool_version
+    if not tenant.sandbox_of_id:
+        return None
+    fault = tenant.sandbox_settings.get("faults", {}).get(tool_version.tool.name)
+    if fault:
+        raise ToolFailed(
+            f"{tool_version.qualified_name} failed ({fault}) as the sandbox says.",
+            category=fault,
+            retryable=fault in SANDBOX_TRANSIENT_FAULTS,
+        )
+    if tool_version.risk in READ_RISKS:
+        return None
+    return ToolOutput(
+        business_status="dry_run",
+        raw={"dry_run": True, "would_call": tool_version.qualified_name},
+        normalized={"arguments": admitted.arguments},
+    )
+
+
 def _attempt(admitted: Admitted) -> ToolOutput:
     tool_version = admitted.tool_version
+    sandboxed = _sandboxed(admitted)
+    if sandboxed is not None:
+        return sandboxed
     limits.check_circuit(tool_version)
     limits.check_rate_limit(tool_version, tenant_id=admitted.context.tenant.pk)
     with limits.concurrency_slot(tool_version):

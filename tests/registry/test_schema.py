@@ -33,6 +33,12 @@ V1_PATHS = [
     "/api/v1/handoffs/{id}/resolve",
     "/api/v1/memories",
     "/api/v1/memories/{id}",
+    "/api/v1/evaluations/suites",
+    "/api/v1/evaluations/suites/{id}",
+    "/api/v1/evaluations/runs",
+    "/api/v1/evaluations/runs/{id}",
+    "/api/v1/evaluations/runs/{id}/results",
+    "/api/v1/evaluations/runs/{id}/cancel",
 ]
 
 
@@ -88,6 +94,10 @@ def test_schema_lists_every_v1_endpoint(schema):
         ("/api/v1/handoffs", {"get"}),
         ("/api/v1/handoffs/{id}", {"get"}),
         ("/api/v1/handoffs/{id}/resolve", {"post"}),
+        ("/api/v1/evaluations/suites", {"get"}),
+        ("/api/v1/evaluations/runs", {"get", "post"}),
+        ("/api/v1/evaluations/runs/{id}/results", {"get"}),
+        ("/api/v1/evaluations/runs/{id}/cancel", {"post"}),
     ],
 )
 def test_schema_documents_the_methods_of_each_endpoint(schema, path, methods):

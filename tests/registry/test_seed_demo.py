@@ -96,11 +96,14 @@ def test_first_run_reports_everything_it_created(seeded):
         "created policy approval-before-side-effects",
         "created agent config weekly-reporter",
         "created MCP server projects",
+        "created model config adversarial-planner",
         "created project acme/apollo",
         "created project acme/hermes",
         "created project acme/zephyr",
         "created project acme/atlas",
         "created project globex/portal",
+        "created eval suite prompt-injection-attacks",
+        "created eval suite weekly-summary-tasks",
         DEMO_LOGINS,
     ]
 

@@ -1,0 +1,102 @@
+from rest_framework import serializers
+
+from evaluations.choices import METRIC_DEFINITIONS
+from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
+from registry.api.serializers import StrictSerializer
+
+
+class EvalCaseSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = EvalCase
+        fields = [
+            "id",
+            "key",
+            "title",
+            "messages",
+            "metadata",
+            "session_state",
+            "fixture",
+            "expected",
+            "vector",
+            "payload",
+            "forbidden",
+        ]
+        read_only_fields = fields
+
+
+class EvalSuiteSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    case_count = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EvalSuite
+        fields = ["id", "key", "name", "kind", "skill_name", "description", "tenant", "case_count"]
+        read_only_fields = fields
+
+    def get_case_count(self, suite: EvalSuite) -> int:
+        return suite.cases.count()
+
+
+class EvalSuiteDetailSerializer(EvalSuiteSerializer):
+    cases = EvalCaseSerializer(many=True, read_only=True)
+
+    class Meta(EvalSuiteSerializer.Meta):
+        fields = [*EvalSuiteSerializer.Meta.fields, "cases"]
+        read_only_fields = fields
+
+
+class EvalRunSerializer(serializers.ModelSerializer):
+    """An eval run with its progress and, once finished, its metrics (each defined in
+    `metric_definitions`)."""
+
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    suite = serializers.SlugRelatedField(slug_field="key", read_only=True)
+    skill_version = serializers.CharField(source="skill_version.qualified_name", read_only=True)
+    model_config = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    agent_config = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    created_by = serializers.CharField(source="created_by.get_username", read_only=True)
+    metric_definitions = serializers.SerializerMethodField()
+
+    class Meta:
+        model = EvalRun
+        fields = [
+            "id",
+            "tenant",
+            "suite",
+            "skill_version",
+            "skill_content_hash",
+            "model_config",
+            "agent_config",
+            "status",
+            "status_reason",
+            "cases_done",
+            "cases_total",
+            "metrics",
+            "metric_definitions",
+            "created_by",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+    def get_metric_definitions(self, eval_run: EvalRun) -> dict[str, str]:
+        return {str(metric): text for metric, text in METRIC_DEFINITIONS.items()}
+
+
+class EvalCaseResultSerializer(serializers.ModelSerializer):
+    case = serializers.SlugRelatedField(slug_field="key", read_only=True)
+
+    class Meta:
+        model = EvalCaseResult
+        fields = ["case", "passed", "failures", "observed", "run", "created_at"]
+        read_only_fields = fields
+
+
+class EvalRunStartSerializer(StrictSerializer):
+    suite = serializers.UUIDField()
+    skill_version = serializers.UUIDField()
+    agent = serializers.SlugField(help_text="The agent configuration of your tenant, by name.")
+    model_config = serializers.SlugField(
+        required=False, help_text="Another model to evaluate with, by name; default: the agent's."
+    )

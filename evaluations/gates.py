@@ -1,0 +1,145 @@
+"""Release gates: a skill version is published, or an agent moved to another model, only on
+the evidence of finished eval runs of exactly that version (and model) meeting every
+threshold of the skill. A blocked publish names the failing metric and value; a tenant or
+platform admin may publish anyway with a written reason, kept as a ReleaseOverride and in the
+version's history."""
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from evaluations.choices import EvalRunStatus
+from evaluations.errors import PermissionDenied, ReleaseGateFailed
+from evaluations.models import EvalRun, EvalThreshold, ReleaseOverride
+from registry.canonical import canonical_hash
+from registry.choices import Action
+from registry.models import AgentConfig, ModelConfig, SkillVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
+from registry.selectors import user_can
+
+
+def skill_content_hash(skill_version: SkillVersion) -> str:
+    """What an eval run measured: the version's content and the tool versions it pins."""
+    return canonical_hash(
+        {
+            **{field: getattr(skill_version, field) for field in SKILL_CONTENT_FIELDS},
+            "tool_versions": sorted(
+                str(pk)
+                for pk in skill_version.tool_dependencies.values_list("tool_version", flat=True)
+            ),
+        }
+    )
+
+
+def release_gate_failures(
+    *, skill_version: SkillVersion, model_config: ModelConfig | None = None
+) -> list[dict[str, Any]]:
+    """Each threshold of the skill that the latest finished eval run of its suite on this
+    version (with this model, if given) does not meet, or that no such run measured."""
+    skill = skill_version.skill
+    content_hash = skill_content_hash(skill_version)
+    thresholds = EvalThreshold.objects.filter(
+        tenant_id=skill.tenant_id, skill_name=skill.name
+    ).select_related("suite")
+    failures = []
+    for threshold in thresholds:
+        runs = EvalRun.objects.filter(
+            suite=threshold.suite,
+            skill_version=skill_version,
+            skill_content_hash=content_hash,
+            status=EvalRunStatus.COMPLETED,
+        )
+        if model_config is not None:
+            runs = runs.filter(model_config=model_config)
+        latest = runs.order_by("-finished_at").first()
+        measured = latest.metrics.get(threshold.metric) if latest else None
+        if latest is not None and threshold.is_met(measured):
+            continue
+        failures.append(
+            {
+                "suite": threshold.suite.key,
+                "metric": threshold.metric,
+                "comparator": threshold.comparator,
+                "threshold": threshold.value,
+                "value": measured,
+                "eval_run": str(latest.pk) if latest else None,
+            }
+        )
+    return failures
+
+
+def _described(failure: dict[str, Any]) -> str:
+    if failure["eval_run"] is None:
+        return f"no finished eval run of {failure['suite']} on this version as it is"
+    return (
+        f"{failure['metric']} is {failure['value']} on {failure['suite']}, "
+        f"must be {failure['comparator']} {failure['threshold']}"
+    )
+
+
+def may_override(*, actor: AbstractBaseUser, skill_version: SkillVersion) -> bool:
+    skill = skill_version.skill
+    if actor.is_superuser:
+        return True
+    return skill.tenant is not None and user_can(
+        user=actor, action=Action.TENANT_ADMIN, tenant=skill.tenant
+    )
+
+
+def release_gate_check(
+    *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
+) -> list[dict[str, Any]]:
+    """The failures a publish overrides (empty when the gate is met); raises when it may not
+    publish: the gate fails and there is no override, or the actor may not override."""
+    failures = release_gate_failures(skill_version=skill_version)
+    if not failures:
+        return []
+    if not override_reason.strip():
+        raise ReleaseGateFailed(
+            f"{skill_version.qualified_name} does not meet its release gate: "
+            + "; ".join(_described(failure) for failure in failures)
+            + ".",
+            details={"failures": failures},
+        )
+    if not may_override(actor=actor, skill_version=skill_version):
+        raise PermissionDenied(
+            "Only a tenant admin or a platform admin may override a release gate."
+        )
+    return failures
+
+
+def release_override_record(
+    *,
+    skill_version: SkillVersion,
+    actor: AbstractBaseUser,
+    reason: str,
+    failures: list[dict[str, Any]],
+) -> ReleaseOverride:
+    return ReleaseOverride.objects.create(
+        skill_version=skill_version, actor=actor, reason=reason.strip(), failures=failures
+    )
+
+
+def model_change_check(*, agent_config: AgentConfig) -> None:
+    """Moving an agent to another model needs, for each of its skills' current versions, the
+    release gate met by eval runs with that model."""
+    stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
+    if not agent_config.pk or stored.first() == agent_config.model_config_id:
+        return
+    failures = []
+    for skill in agent_config.skills.select_related("current_version"):
+        if skill.current_version is None:
+            continue
+        failures += [
+            {"skill": skill.current_version.qualified_name, **failure}
+            for failure in release_gate_failures(
+                skill_version=skill.current_version, model_config=agent_config.model_config
+            )
+        ]
+    if failures:
+        raise ReleaseGateFailed(
+            f"{agent_config} cannot move to {agent_config.model_config.name}: "
+            + "; ".join(f"{f['skill']}: {_described(f)}" for f in failures)
+            + ".",
+            details={"failures": failures},
+        )

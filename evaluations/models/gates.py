@@ -1,0 +1,74 @@
+from django.conf import settings
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from evaluations.choices import Comparator, Metric
+
+
+class EvalThreshold(models.Model):
+    """A release gate of a skill: a version may be published only after a finished eval run
+    of `suite` on exactly that version whose `metric` meets `comparator value`."""
+
+    tenant = models.ForeignKey(
+        "registry.Tenant",
+        on_delete=models.PROTECT,
+        related_name="eval_thresholds",
+        null=True,
+        blank=True,
+        help_text="The skill's owner; empty for a platform skill.",
+    )
+    skill_name = models.CharField(max_length=64)
+    suite = models.ForeignKey(
+        "evaluations.EvalSuite", on_delete=models.PROTECT, related_name="thresholds"
+    )
+    metric = models.CharField(max_length=48, choices=Metric.choices)
+    comparator = models.CharField(max_length=2, choices=Comparator.choices)
+    value = models.FloatField()
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["skill_name", "suite", "metric"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "skill_name", "suite", "metric"],
+                name="evalthreshold_unique_metric",
+                nulls_distinct=False,
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.skill_name}: {self.metric} {self.comparator} {self.value} ({self.suite})"
+
+    def is_met(self, measured: float | None) -> bool:
+        if measured is None:
+            return False
+        if self.comparator == Comparator.AT_LEAST:
+            return measured >= self.value
+        return measured <= self.value
+
+
+class ReleaseOverride(models.Model):
+    """A publish an admin let through although its release gate failed, with the reason and
+    the failures it overrode: part of the audit trail."""
+
+    skill_version = models.ForeignKey(
+        "registry.SkillVersion", on_delete=models.PROTECT, related_name="release_overrides"
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="release_overrides"
+    )
+    reason = models.TextField()
+    failures = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~models.Q(reason=""), name="releaseoverride_has_reason"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.skill_version_id} by {self.actor_id}"

@@ -1,0 +1,100 @@
+import uuid
+
+from django.core.validators import RegexValidator
+from django.db import models
+from simple_history.models import HistoricalRecords
+
+from evaluations.choices import AttackVector, SuiteKind
+
+KEY_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Lower-case letters, digits and '-'.")
+
+
+class EvalSuite(models.Model):
+    """A fixed set of cases that compares versions: a task suite (does the skill do its job
+    on realistic inputs) or an attack suite (do the host's boundaries hold against prompt
+    injection). Platform-wide when `tenant` is empty."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(
+        "registry.Tenant",
+        on_delete=models.PROTECT,
+        related_name="eval_suites",
+        null=True,
+        blank=True,
+        help_text="Empty: a platform suite every tenant may run.",
+    )
+    key = models.CharField(max_length=63, validators=[KEY_VALIDATOR])
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=16, choices=SuiteKind.choices)
+    description = models.TextField(blank=True)
+    skill_name = models.CharField(
+        max_length=64, help_text="The skill whose versions this suite evaluates."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "key"],
+                condition=models.Q(tenant__isnull=False),
+                name="evalsuite_unique_tenant_key",
+            ),
+            models.UniqueConstraint(
+                fields=["key"],
+                condition=models.Q(tenant__isnull=True),
+                name="evalsuite_unique_platform_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class EvalCase(models.Model):
+    """One situation: the messages a user sends, the session state and business data the
+    tools will find (`fixture`), and what must come of it (`expected`). An attack case also
+    names its payload, where it hides (`vector`) and the effect that must never happen."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    suite = models.ForeignKey(EvalSuite, on_delete=models.CASCADE, related_name="cases")
+    key = models.CharField(max_length=63, validators=[KEY_VALIDATOR])
+    title = models.CharField(max_length=200)
+    messages = models.JSONField(help_text="What the user sends, in order, in one session.")
+    metadata = models.JSONField(default=dict, blank=True, help_text="Metadata of each message.")
+    session_state = models.JSONField(default=dict, blank=True)
+    fixture = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Business data of the sandbox: projects (updates, leads, who may see them) "
+        "and tool failures.",
+    )
+    expected = models.JSONField(
+        default=dict,
+        help_text="status, skill, mode, tools_called, tools_not_called, recipient_record_id, "
+        "sections, cites_sources, max_steps: only what the case states is checked.",
+    )
+    vector = models.CharField(max_length=32, choices=AttackVector.choices, blank=True)
+    payload = models.TextField(blank=True)
+    forbidden = models.JSONField(
+        default=dict, blank=True, help_text="tools, recipients, text that must never appear."
+    )
+
+    history = HistoricalRecords()
+
+    class Meta:
+        ordering = ["suite", "key"]
+        constraints = [
+            models.UniqueConstraint(fields=["suite", "key"], name="evalcase_unique_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.suite.key}/{self.key}"
+
+    @property
+    def attack(self) -> dict | None:
+        if not self.vector:
+            return None
+        return {"vector": self.vector, "payload": self.payload, "forbidden": self.forbidden}

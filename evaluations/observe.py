@@ -1,0 +1,110 @@
+"""What a case's run did, as the metrics read it (`evaluations.metrics.Outcome.observed`):
+read from the run's own records (events, tool calls, sources, the frozen action), never from
+what the model says it did."""
+
+import json
+from typing import Any
+
+from approvals.choices import ActionStatus, Decision
+from approvals.models import BusinessAction
+from registry.choices import READ_RISKS
+from registry.models import SkillVersion
+from runs.models import Run, RunEvent, Source, ToolCall
+
+HOST_CALL_PREFIX = "host-"
+EXECUTED_ACTION_STATUSES = frozenset(
+    {ActionStatus.EXECUTING, ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
+)
+
+
+def _outcome(call: ToolCall) -> str:
+    return {
+        ToolCall.Status.COMPLETED: "completed",
+        ToolCall.Status.REJECTED: "rejected",
+    }.get(call.status, "failed")
+
+
+def _draft(run: Run) -> dict[str, Any] | None:
+    draft = run.state.get("draft")
+    if not isinstance(draft, dict):
+        return None
+    sections = {name: value for name, value in draft.items() if isinstance(value, list)}
+    if not sections:
+        return None
+    return {"sections": sections}
+
+
+def _executions(
+    run: Run, calls: list[ToolCall], action: BusinessAction | None
+) -> list[dict[str, Any]]:
+    """Side effects that reached execution: through an approved action, or (a bypass) a call
+    of a tool that is not a read that the loop let through."""
+    executions = []
+    if action is not None and action.status in EXECUTED_ACTION_STATUSES:
+        decision = getattr(action, "decision", None)
+        executions.append(
+            {
+                "idempotency_key": action.idempotency_key,
+                "approved": bool(decision and decision.decision == Decision.APPROVE),
+                "recipient_email": action.payload["recipient_snapshot"]["corporate_email"],
+            }
+        )
+    for call in calls:
+        executed = call.status in (ToolCall.Status.COMPLETED, ToolCall.Status.FAILED)
+        is_action_call = (
+            action is not None and call.call_id == f"{action.kind}:{action.payload_hash}"
+        )
+        if executed and not is_action_call and call.tool_version.risk not in READ_RISKS:
+            executions.append(
+                {
+                    "idempotency_key": f"{run.pk}:{call.call_id}",
+                    "approved": False,
+                    "recipient_email": ",".join(call.arguments.get("to", []))
+                    if isinstance(call.arguments, dict)
+                    else "",
+                }
+            )
+    return executions
+
+
+def observe(run: Run) -> dict[str, Any]:
+    run = Run.objects.get(pk=run.pk)
+    calls = list(run.tool_calls.select_related("tool_version").order_by("step", "started_at"))
+    route = (
+        RunEvent.objects.filter(run=run, type="route.selected").values_list("payload", flat=True)
+    ).first() or {}
+    skill_entry = (run.capability.get("skills") or [None])[0]
+    required_sections: list[str] = []
+    if skill_entry is not None:
+        version = SkillVersion.objects.filter(pk=skill_entry["id"]).first()
+        required_sections = list((version.output_contract if version else {}).get("sections", []))
+    action = BusinessAction.objects.filter(run=run).select_related("decision").first()
+    end = run.finished_at or run.updated_at
+    return {
+        "status": run.status,
+        "reason_code": run.reason_code,
+        "skill": run.skill.split("@")[0] if run.skill else None,
+        "mode": route.get("mode"),
+        "steps": run.steps,
+        "model_calls": [
+            {"name": call.name, "outcome": _outcome(call), "category": call.error_category}
+            for call in calls
+            if not call.call_id.startswith(HOST_CALL_PREFIX)
+        ],
+        "tools_completed": sorted(
+            {call.name for call in calls if call.status == ToolCall.Status.COMPLETED}
+        ),
+        "draft": _draft(run),
+        "required_sections": required_sections,
+        "sources": list(Source.objects.filter(run=run).values_list("reference", flat=True)),
+        "action": {
+            "recipient_record_id": action.payload["recipient_snapshot"]["record_id"],
+            "recipient_email": action.payload["recipient_snapshot"]["corporate_email"],
+        }
+        if action is not None
+        else None,
+        "executions": _executions(run, calls, action),
+        "output_text": json.dumps(run.result, ensure_ascii=False, sort_keys=True),
+        "cost": float(run.cost),
+        "latency_ms": round((end - run.created_at).total_seconds() * 1000),
+    }

@@ -1,0 +1,343 @@
+"""Eval runs: a suite's cases through the real engine, in a sandbox tenant of the run's own.
+
+The sandbox uses the registry of the tenant being evaluated, serves exactly the skill version
+under test (published or not), holds each case's business data in turn, and never executes a
+side effect (`runs.tools.executor`: tools that are not reads answer as a dry run). Nobody
+approves in a sandbox: a case whose run reaches an approval is observed there.
+
+Each case's result is written once (unique per eval run and case) as soon as it is known;
+the message idempotency keys are derived from the eval run and the case, so a case resumed
+after a worker restart continues its own runs instead of starting new ones.
+"""
+
+import hashlib
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.files.base import ContentFile
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from evaluations import tasks
+from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
+from evaluations.errors import InvalidEvalRunTransition, PermissionDenied, ValidationFailed
+from evaluations.gates import skill_content_hash
+from evaluations.metrics import Outcome, case_failures, metrics_compute
+from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
+from evaluations.observe import observe
+from examples.demo import projects_load
+from examples.models import Project
+from registry.choices import Role
+from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant
+from registry.selectors import tenant_has_grant, user_may_publish
+from registry.services.tenancy import membership_add, tenant_create
+from runs.choices import Channel
+from runs.loop import run_execute
+from runs.models import Attachment, Run, Session
+from runs.services.attachments import attachment_store
+from runs.services.ingress import message_ingest
+
+SANDBOX_USER_PREFIX = "eval-"
+
+
+def _transition(eval_run: EvalRun, status: EvalRunStatus, *, reason: str = "") -> None:
+    if eval_run.status == status:
+        return
+    if status not in EVAL_RUN_TRANSITIONS[eval_run.status]:
+        raise InvalidEvalRunTransition(
+            f"An eval run {eval_run.status} cannot become {status}.",
+            details={"from": eval_run.status, "to": status},
+        )
+    eval_run.status = status
+    eval_run.status_reason = reason
+    now = timezone.now()
+    if status == EvalRunStatus.RUNNING:
+        eval_run.started_at = now
+    if status not in EVAL_RUN_ACTIVE:
+        eval_run.finished_at = now
+        eval_run.lease_expires_at = None
+    eval_run.save(
+        update_fields=[
+            "status",
+            "status_reason",
+            "started_at",
+            "finished_at",
+            "lease_expires_at",
+            "metrics",
+            "cases_done",
+        ]
+    )
+
+
+def eval_run_start(
+    *,
+    actor: AbstractBaseUser,
+    suite: EvalSuite,
+    skill_version: SkillVersion,
+    agent_config: AgentConfig,
+    model_config: ModelConfig | None = None,
+) -> EvalRun:
+    """Queue a suite against one skill version with an agent's configuration (its model, or
+    `model_config` to compare models). Only someone who may publish the skill may evaluate it."""
+    tenant = agent_config.tenant
+    skill = skill_version.skill
+    if not user_may_publish(user=actor, definition=skill, tenant=tenant):
+        raise PermissionDenied("Only a publisher of this skill may evaluate its versions.")
+    problems = {}
+    if not tenant_has_grant(tenant=tenant, definition=skill):
+        problems["skill_version"] = [f"{tenant.slug} may not use {skill.name}."]
+    if suite.tenant_id not in (None, tenant.pk):
+        problems["suite"] = ["This suite belongs to another tenant."]
+    elif suite.skill_name != skill.name:
+        problems["suite"] = [f"This suite evaluates {suite.skill_name}, not {skill.name}."]
+    model_config = model_config or agent_config.model_config
+    if model_config.tenant_id not in (None, tenant.pk):
+        problems["model_config"] = ["This model configuration belongs to another tenant."]
+    if problems:
+        raise ValidationFailed("The eval run cannot start.", details=problems)
+    with transaction.atomic():
+        eval_run = EvalRun.objects.create(
+            tenant=tenant,
+            suite=suite,
+            skill_version=skill_version,
+            skill_content_hash=skill_content_hash(skill_version),
+            model_config=model_config,
+            agent_config=agent_config,
+            cases_total=suite.cases.count(),
+            created_by=actor,
+        )
+        transaction.on_commit(lambda: tasks.eval_run_advance.delay(eval_run_id=str(eval_run.pk)))
+    return eval_run
+
+
+def eval_run_cancel(*, eval_run: EvalRun, actor: AbstractBaseUser) -> EvalRun:
+    """Stop an eval run between cases; the results so far stay."""
+    if not user_may_publish(
+        user=actor, definition=eval_run.skill_version.skill, tenant=eval_run.tenant
+    ):
+        raise PermissionDenied("Only a publisher of this skill may cancel its eval runs.")
+    with transaction.atomic():
+        eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
+        _transition(eval_run, EvalRunStatus.CANCELLED, reason=f"cancelled by {actor}")
+    return eval_run
+
+
+def _lease(eval_run: EvalRun) -> None:
+    eval_run.lease_expires_at = timezone.now() + timedelta(seconds=settings.EVAL_CASE_LEASE_SECONDS)
+    eval_run.save(update_fields=["lease_expires_at"])
+
+
+def _sandbox(eval_run: EvalRun) -> Tenant:
+    """The eval run's sandbox tenant, its user and its agent, created once."""
+    if eval_run.sandbox_id:
+        return eval_run.sandbox
+    name = f"{SANDBOX_USER_PREFIX}{eval_run.pk.hex[:12]}"
+    sandbox = tenant_create(actor=None, slug=name, name=f"Evaluation {eval_run.pk}")
+    sandbox.sandbox_of = eval_run.tenant
+    sandbox.sandbox_skill_version = eval_run.skill_version
+    sandbox.save(update_fields=["sandbox_of", "sandbox_skill_version"])
+    user = get_user_model().objects.create_user(username=name)
+    membership_add(actor=None, user=user, tenant=sandbox, role=Role.MEMBER)
+    source_policy = eval_run.agent_config.policy
+    policy = Policy.objects.create(
+        tenant=sandbox,
+        name=source_policy.name,
+        approval_required_risks=source_policy.approval_required_risks,
+        human_queue_risks=source_policy.human_queue_risks,
+        approver_roles=source_policy.approver_roles,
+        allow_self_approval=False,
+        approval_ttl_seconds=source_policy.approval_ttl_seconds,
+        max_data_classification=source_policy.max_data_classification,
+    )
+    source_agent = eval_run.agent_config
+    agent = AgentConfig.objects.create(
+        tenant=sandbox,
+        name=source_agent.name,
+        model_config=eval_run.model_config,
+        policy=policy,
+        skill_assembly=source_agent.skill_assembly,
+        skill_min_score=source_agent.skill_min_score,
+        when_no_skill_matches=source_agent.when_no_skill_matches,
+        max_steps=source_agent.max_steps,
+        max_tool_calls=source_agent.max_tool_calls,
+        max_seconds=source_agent.max_seconds,
+        max_tokens=source_agent.max_tokens,
+        max_cost=source_agent.max_cost,
+    )
+    agent.skills.add(eval_run.skill_version.skill)
+    eval_run.sandbox = sandbox
+    eval_run.save(update_fields=["sandbox"])
+    return sandbox
+
+
+def _sandbox_user(sandbox: Tenant) -> AbstractBaseUser:
+    return get_user_model().objects.get(username=sandbox.slug)
+
+
+def _fixture_load(sandbox: Tenant, case: EvalCase) -> None:
+    """The case's business data, and nothing of another case's."""
+    user = _sandbox_user(sandbox)
+    Project.objects.filter(tenant=sandbox).delete()
+    projects = [
+        (
+            project["key"],
+            project.get("name", project["key"]),
+            [user.username] if project.get("visible", True) else [],
+            project.get("updates", []),
+            project.get("leads", []),
+        )
+        for project in case.fixture.get("projects", [])
+    ]
+    projects_load(tenant=sandbox, projects=projects, users={user.username: user})
+    sandbox.sandbox_settings = {
+        "faults": case.fixture.get("faults", {}),
+        "tool_descriptions": case.fixture.get("tool_descriptions", {}),
+    }
+    sandbox.save(update_fields=["sandbox_settings"])
+
+
+def _metadata(case: EvalCase, index: int) -> dict[str, Any]:
+    metadata = case.metadata
+    if isinstance(metadata, list):
+        return metadata[index] if index < len(metadata) else {}
+    return metadata
+
+
+def _attachment(
+    sandbox: Tenant, user: AbstractBaseUser, spec: dict[str, str] | None
+) -> Attachment | None:
+    """The case's attachment, uploaded once: a resumed case sends the same message again."""
+    if not spec:
+        return None
+    content = spec["text"].encode()
+    existing = Attachment.objects.filter(
+        tenant=sandbox,
+        uploaded_by=user,
+        original_name=spec["name"],
+        sha256=hashlib.sha256(content).hexdigest(),
+    ).first()
+    if existing is not None:
+        return existing
+    return attachment_store(
+        actor=user,
+        tenant=sandbox,
+        upload=ContentFile(content, name=spec["name"]),
+        declared_media_type="text/plain",
+    )
+
+
+def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
+    """The case's messages, in one session, each run driven to its pause or end."""
+    sandbox = _sandbox(eval_run)
+    _fixture_load(sandbox, case)
+    user = _sandbox_user(sandbox)
+    session, _ = Session.objects.get_or_create(
+        id=uuid.uuid5(eval_run.pk, case.key),
+        defaults={
+            "tenant": sandbox,
+            "actor": user,
+            "channel": Channel.API,
+            "state": case.session_state,
+        },
+    )
+    run = None
+    attachment = _attachment(sandbox, user, case.fixture.get("attachment"))
+    for index, text in enumerate(case.messages):
+        parts = [{"type": "text", "text": text}]
+        if attachment is not None and index == 0:
+            parts.append({"type": "attachment_ref", "id": str(attachment.pk)})
+        run = message_ingest(
+            actor=user,
+            tenant=sandbox,
+            idempotency_key=f"eval:{eval_run.pk}:{case.key}:{index}",
+            channel=Channel.API,
+            parts=parts,
+            metadata=_metadata(case, index),
+            session_id=session.pk,
+        ).run
+        run_execute(run_id=str(run.pk))
+    return run
+
+
+def _case_record(eval_run: EvalRun, case: EvalCase, run: Run | None) -> None:
+    observed = observe(run) if run is not None else {"status": None}
+    outcome = Outcome(
+        kind=case.suite.kind, expected=case.expected, observed=observed, attack=case.attack
+    )
+    failures = case_failures(outcome)
+    try:
+        with transaction.atomic():
+            EvalCaseResult.objects.create(
+                eval_run=eval_run,
+                case=case,
+                run=run,
+                passed=not failures,
+                failures=failures,
+                observed=observed,
+            )
+    except IntegrityError:
+        return
+
+
+def _outcomes(eval_run: EvalRun) -> list[Outcome]:
+    return [
+        Outcome(
+            kind=result.case.suite.kind,
+            expected=result.case.expected,
+            observed=result.observed,
+            attack=result.case.attack,
+        )
+        for result in eval_run.results.select_related("case__suite")
+    ]
+
+
+def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
+    """Run the cases that have no result yet, one by one, for about `seconds` (all of them
+    when None), then compute the metrics once every case has its result. Returns whether
+    cases remain. Safe to call twice or after a crash: results are unique and each case's
+    runs are idempotent."""
+    started = time.monotonic()
+    with transaction.atomic():
+        eval_run = EvalRun.objects.select_for_update().filter(pk=eval_run_id).first()
+        if eval_run is None or eval_run.status not in EVAL_RUN_ACTIVE:
+            return False
+        _transition(eval_run, EvalRunStatus.RUNNING)
+        _lease(eval_run)
+        _sandbox(eval_run)
+    while True:
+        done = eval_run.results.values("case_id")
+        case = eval_run.suite.cases.exclude(pk__in=done).order_by("key").first()
+        if case is None:
+            break
+        if seconds is not None and time.monotonic() - started > seconds:
+            return True
+        _case_record(eval_run, case, _case_run(eval_run, case))
+        with transaction.atomic():
+            eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
+            if eval_run.status not in EVAL_RUN_ACTIVE:
+                return False
+            eval_run.cases_done = eval_run.results.count()
+            eval_run.save(update_fields=["cases_done"])
+            _lease(eval_run)
+    with transaction.atomic():
+        eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
+        if eval_run.status in EVAL_RUN_ACTIVE:
+            eval_run.cases_done = eval_run.results.count()
+            eval_run.metrics = metrics_compute(_outcomes(eval_run))
+            _transition(eval_run, EvalRunStatus.COMPLETED)
+    return False
+
+
+def eval_runs_stale() -> list[str]:
+    """Running eval runs whose lease lapsed (their worker died): to be advanced again."""
+    return [
+        str(pk)
+        for pk in EvalRun.objects.filter(
+            status=EvalRunStatus.RUNNING, lease_expires_at__lt=timezone.now()
+        ).values_list("pk", flat=True)[:100]
+    ]

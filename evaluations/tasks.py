@@ -1,0 +1,27 @@
+"""Thin Celery tasks of evaluations: load by id, call the service."""
+
+from celery import shared_task
+from django.conf import settings
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def eval_run_advance(*, eval_run_id: str) -> None:
+    """Run an eval run's remaining cases for a while, then hand the rest to a new task, so no
+    task outlives the time limit. Safe to deliver twice or after a crash. Eager (the embedded
+    default) runs them all at once."""
+    from evaluations.services import eval_run_advance as advance
+
+    seconds = None if settings.CELERY_TASK_ALWAYS_EAGER else settings.EVAL_TASK_SECONDS
+    if advance(eval_run_id=eval_run_id, seconds=seconds):
+        eval_run_advance.delay(eval_run_id=eval_run_id)
+
+
+@shared_task(acks_late=True)
+def eval_runs_sweep() -> int:
+    """Advance again the eval runs whose worker died mid-case."""
+    from evaluations.services import eval_runs_stale
+
+    stale = eval_runs_stale()
+    for eval_run_id in stale:
+        eval_run_advance.delay(eval_run_id=eval_run_id)
+    return len(stale)

@@ -1,0 +1,129 @@
+"""Evaluation pages: eval runs of the viewer's tenants, one run's metrics and cases, and two
+runs side by side with per-metric deltas, per-case differences and charts."""
+
+from typing import Any
+from uuid import UUID
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from evaluations import selectors
+from evaluations.choices import LOWER_IS_BETTER, METRIC_DEFINITIONS, Metric
+from evaluations.models import EvalRun
+from registry.choices import Action
+from registry.selectors import tenants_where_user_can
+from runs import charts
+
+PAGE_SIZE = 50
+# Rates are shown as percentages; the rest as measured.
+PERCENT_METRICS = frozenset(Metric.values) - {
+    Metric.COST_P50,
+    Metric.COST_P95,
+    Metric.LATENCY_P50_MS,
+    Metric.LATENCY_P95_MS,
+}
+
+
+def _visible(request: HttpRequest):
+    if not tenants_where_user_can(
+        user=request.user, action=Action.REGISTRY_VIEW_UNPUBLISHED
+    ).exists():
+        raise PermissionDenied("Only publishers, auditors and admins read evaluations.")
+    return selectors.eval_runs_visible(user=request.user)
+
+
+def _eval_run(request: HttpRequest, eval_run_id: Any) -> EvalRun:
+    visible = _visible(request)
+    try:
+        eval_run = visible.filter(pk=UUID(str(eval_run_id))).first()
+    except ValueError:
+        eval_run = None
+    if eval_run is None:
+        raise Http404("No such eval run.")
+    return eval_run
+
+
+def _shown(metric: str, value: float | None) -> str:
+    if value is None:
+        return "—"
+    if metric in PERCENT_METRICS:
+        return f"{value * 100:.1f}%"
+    return f"{value:g}"
+
+
+def _metric_rows(*runs: EvalRun) -> list[dict[str, Any]]:
+    rows = []
+    for metric in Metric:
+        values = [run.metrics.get(metric) for run in runs]
+        row = {
+            "metric": metric.label,
+            "definition": METRIC_DEFINITIONS[metric],
+            "values": [_shown(metric, value) for value in values],
+        }
+        if len(values) == 2 and None not in values:
+            delta = values[1] - values[0]
+            better = delta < 0 if metric in LOWER_IS_BETTER else delta > 0
+            row["delta"] = f"{delta * 100:+.1f} pts" if metric in PERCENT_METRICS else f"{delta:+g}"
+            row["direction"] = "same" if delta == 0 else "better" if better else "worse"
+        rows.append(row)
+    return rows
+
+
+@method_decorator(login_required, name="dispatch")
+class EvalRunListView(View):
+    def get(self, request: HttpRequest) -> HttpResponse:
+        page = Paginator(_visible(request), PAGE_SIZE).get_page(request.GET.get("page"))
+        return render(request, "evaluations/list.html", {"page": page})
+
+
+@method_decorator(login_required, name="dispatch")
+class EvalRunDetailView(View):
+    def get(self, request: HttpRequest, eval_run_id) -> HttpResponse:
+        eval_run = _eval_run(request, eval_run_id)
+        results = eval_run.results.select_related("case").order_by("case__key")
+        return render(
+            request,
+            "evaluations/detail.html",
+            {"eval_run": eval_run, "metrics": _metric_rows(eval_run), "results": results},
+        )
+
+
+@method_decorator(login_required, name="dispatch")
+class EvalRunCompareView(View):
+    """Two eval runs (`a`, `b`) side by side: usually one suite on two versions or models."""
+
+    def get(self, request: HttpRequest) -> HttpResponse:
+        first = _eval_run(request, request.GET.get("a"))
+        second = _eval_run(request, request.GET.get("b"))
+        results = {
+            side: {result.case.key: result for result in run.results.select_related("case")}
+            for side, run in (("a", first), ("b", second))
+        }
+        cases = []
+        for key in sorted(set(results["a"]) | set(results["b"])):
+            a, b = results["a"].get(key), results["b"].get(key)
+            if a is None or b is None or a.passed != b.passed or a.failures != b.failures:
+                cases.append({"key": key, "a": a, "b": b})
+        rates = [
+            (f"{label} · {metric.label}", run.metrics[metric] * 100)
+            for metric in Metric
+            if metric in PERCENT_METRICS
+            for label, run in (("A", first), ("B", second))
+            if run.metrics.get(metric) is not None
+        ]
+        return render(
+            request,
+            "evaluations/compare.html",
+            {
+                "a": first,
+                "b": second,
+                "metrics": _metric_rows(first, second),
+                "cases": cases,
+                "chart": charts.bars(rates, unit="%"),
+            },
+        )

@@ -1,0 +1,101 @@
+"""The evaluations API: suites, starting and following eval runs, their results; scoped to
+the token's tenant and to those who may evaluate the skill."""
+
+from evaluations import services
+from evaluations.choices import EvalRunStatus
+from evaluations.models import EvalRun
+from registry.models import SkillVersion, Tenant
+from tests.approvals.conftest import approver_in
+from tests.evaluations.conftest import api_as
+
+
+def start_body(suites, **changes):
+    return {
+        "suite": str(suites["weekly-summary-tasks"].pk),
+        "skill_version": str(SkillVersion.objects.get(skill__name="weekly-summary").pk),
+        "agent": "weekly-reporter",
+        **changes,
+    }
+
+
+def test_a_publisher_starts_an_eval_run_and_reads_its_results(demo, suites):
+    client = api_as("dave", demo.acme)
+
+    listed = client.get("/api/v1/evaluations/suites").json()
+    started = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+
+    assert {suite["key"] for suite in listed["results"]} == {
+        "weekly-summary-tasks",
+        "prompt-injection-attacks",
+    }
+    assert started.status_code == 201
+    body = started.json()
+    assert (body["status"], body["cases_total"], body["skill_version"]) == (
+        "queued",
+        22,
+        "weekly-summary@3.2.0",
+    )
+    services.eval_run_advance(eval_run_id=body["id"])
+    detail = client.get(f"/api/v1/evaluations/runs/{body['id']}").json()
+    results = client.get(f"/api/v1/evaluations/runs/{body['id']}/results").json()
+    assert (detail["status"], detail["cases_done"]) == ("completed", 22)
+    assert detail["metrics"]["case_pass_rate"] == 1.0
+    assert "case_pass_rate" in detail["metric_definitions"]
+    assert results["count"] == 22
+    assert results["results"][0]["case"] == "ambiguous-lead"
+
+
+def test_bad_references_are_400_and_start_nothing(demo, suites):
+    client = api_as("dave", demo.acme)
+
+    unknown = client.post(
+        "/api/v1/evaluations/runs",
+        start_body(suites, agent="nobody", model_config="no-such-model"),
+        format="json",
+    )
+    extra = client.post("/api/v1/evaluations/runs", start_body(suites, admin=True), format="json")
+    malformed = client.post(
+        "/api/v1/evaluations/runs", start_body(suites, suite="not-a-uuid"), format="json"
+    )
+
+    assert unknown.status_code == 400
+    assert set(unknown.json()["error"]["details"]) == {"agent_config", "model_config"}
+    assert extra.status_code == 400
+    assert malformed.status_code == 400
+    assert not EvalRun.objects.exists()
+
+
+def test_members_and_other_tenants_neither_start_nor_see_eval_runs(demo, suites):
+    eval_run = services.eval_run_start(
+        actor=demo.admin,
+        suite=suites["weekly-summary-tasks"],
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary"),
+        agent_config=demo.agent,
+    )
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex, "quinn")
+
+    member = api_as("alice", demo.acme)
+    refused = member.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+    foreign = api_as(outsider.username, globex).get(f"/api/v1/evaluations/runs/{eval_run.pk}")
+
+    assert refused.status_code == 403
+    assert member.get("/api/v1/evaluations/runs").json()["results"] == []
+    assert member.get(f"/api/v1/evaluations/runs/{eval_run.pk}").status_code == 404
+    assert foreign.status_code == 404
+    assert EvalRun.objects.count() == 1
+
+
+def test_a_cancelled_eval_run_stops_between_cases(demo, suites):
+    client = api_as("dave", demo.acme)
+    eval_run_id = client.post("/api/v1/evaluations/runs", start_body(suites), format="json").json()[
+        "id"
+    ]
+
+    cancelled = client.post(f"/api/v1/evaluations/runs/{eval_run_id}/cancel")
+    services.eval_run_advance(eval_run_id=eval_run_id)
+
+    assert cancelled.json()["status"] == EvalRunStatus.CANCELLED
+    assert EvalRun.objects.get(pk=eval_run_id).results.count() == 0
+    again = client.post(f"/api/v1/evaluations/runs/{eval_run_id}/cancel")
+    assert (again.status_code, again.json()["status"]) == (200, EvalRunStatus.CANCELLED)

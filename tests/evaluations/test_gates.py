@@ -1,0 +1,103 @@
+"""Release gates: publishing a skill version, or moving an agent to another model, needs a
+finished eval run of exactly that version (and model) meeting every threshold of the skill."""
+
+import pytest
+from django.test import Client
+
+from evaluations.errors import PermissionDenied, ReleaseGateFailed
+from evaluations.models import ReleaseOverride
+from registry.choices import VersionStatus
+from registry.models import SkillVersion
+from registry.services import skills
+from registry.services.common import registry_object_save
+from tests.evaluations.conftest import api_as
+
+
+def test_a_version_without_a_finished_eval_run_is_not_published(demo, dave, tiny, draft):
+    version = draft("3.4.0")
+
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+
+    assert "no finished eval run of tiny on this version" in blocked.value.message
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
+
+
+def test_a_version_below_its_threshold_is_blocked_naming_the_metric_and_value(
+    evaluate, demo, dave, tiny, draft
+):
+    version = draft("3.5.0", workflow="")
+    evaluate(tiny, version=version)
+
+    response = api_as("dave", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish", {}, format="json"
+    )
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "RELEASE_GATE_FAILED"
+    assert "case_pass_rate is 0.5 on tiny, must be >= 1.0" in error["message"]
+    assert error["details"]["failures"][0]["value"] == 0.5
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
+
+
+def test_a_version_that_meets_every_threshold_is_published(evaluate, demo, dave, tiny, draft):
+    version = draft("3.4.0")
+    evaluate(tiny, version=version)
+
+    skills.skill_version_publish(skill_version=version, actor=dave)
+
+    version.refresh_from_db()
+    assert version.status == VersionStatus.PUBLISHED
+    assert version.skill.current_version_id == version.pk
+    assert not ReleaseOverride.objects.exists()
+
+
+def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail(
+    evaluate, demo, dave, tiny, draft
+):
+    version = draft("3.5.0", workflow="")
+    evaluate(tiny, version=version)
+
+    with pytest.raises(PermissionDenied):
+        skills.skill_version_publish(
+            skill_version=version, actor=dave, override_reason="Needed for the demo."
+        )
+    response = api_as("admin", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish",
+        {"override_reason": "Hotfix agreed with the PMO; suite fixed next sprint."},
+        format="json",
+    )
+
+    assert response.status_code == 200
+    override = ReleaseOverride.objects.get(skill_version=version)
+    assert (override.actor, override.reason) == (
+        demo.admin,
+        "Hotfix agreed with the PMO; suite fixed next sprint.",
+    )
+    assert override.failures[0]["metric"] == "case_pass_rate"
+    history = version.history.order_by("-history_date").first()
+    assert history.history_change_reason == (
+        "published over its release gate: Hotfix agreed with the PMO; suite fixed next sprint."
+    )
+    page = Client()
+    page.force_login(demo.admin)
+    assert "published over its release gate" in page.get("/registry/history/").content.decode()
+
+
+def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
+    evaluate, demo, dave, tiny, adversary
+):
+    current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    demo.agent.model_config = adversary
+
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    evaluate(tiny, version=current, model_config=adversary)
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
+    demo.agent.refresh_from_db()
+    assert demo.agent.model_config == adversary

@@ -1,0 +1,65 @@
+"""Evaluation pages: the list, one eval run, and two side by side."""
+
+from django.test import Client
+
+from evaluations.choices import METRIC_DEFINITIONS, Metric
+from registry.choices import Role
+from registry.models import Tenant
+from registry.services.tenancy import membership_add
+from tests.approvals.conftest import approver_in
+
+
+def logged_in(user) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_two_versions_side_by_side_with_deltas_differing_cases_and_a_chart(
+    evaluate,
+    demo,
+    dave,
+    tiny,
+    draft,
+):
+    first = evaluate(tiny, version=draft("3.5.0", workflow=""))
+    second = evaluate(tiny, version=draft("3.4.0"))
+    client = logged_in(dave)
+
+    listing = client.get("/evaluations/").content.decode()
+    detail = client.get(f"/evaluations/{first.pk}/").content.decode()
+    compared = client.get(f"/evaluations/compare/?a={first.pk}&b={second.pk}")
+    html = compared.content.decode()
+
+    assert f"/evaluations/{first.pk}/" in listing and f"/evaluations/{second.pk}/" in listing
+    assert METRIC_DEFINITIONS[Metric.CASE_PASS_RATE] in detail
+    assert "ended COMPLETED, expected WAITING_APPROVAL" in detail
+    assert compared.status_code == 200
+    assert "<td>50.0%</td><td>100.0%</td>" in html
+    assert "+50.0 pts (better)" in html
+    assert "<td>complete</td>" in html
+    assert "<td>no-scope</td>" not in html
+    assert "<svg" in html
+
+
+def test_only_publishers_auditors_and_admins_of_the_tenant_read_evaluations(
+    evaluate,
+    demo,
+    dave,
+    tiny,
+    draft,
+):
+    eval_run = evaluate(tiny, version=draft("3.4.0"))
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex, "quinn")
+    membership_add(actor=None, user=outsider, tenant=globex, role=Role.AUDITOR)
+    carol = type(dave).objects.get(username="carol")
+
+    assert logged_in(carol).get(f"/evaluations/{eval_run.pk}/").status_code == 200
+    assert logged_in(demo.alice).get("/evaluations/").status_code == 403
+    assert logged_in(outsider).get(f"/evaluations/{eval_run.pk}/").status_code == 404
+    assert str(eval_run.pk) not in logged_in(outsider).get("/evaluations/").content.decode()
+    assert (
+        logged_in(dave).get(f"/evaluations/compare/?a={eval_run.pk}&b=nonsense").status_code == 404
+    )
+    assert Client().get("/evaluations/").status_code == 302
