@@ -1,6 +1,11 @@
+"""Evaluations in the admin, scoped like the registry: platform admins see everything, a
+tenant's publishers see (and edit the suites and thresholds of) their own tenant; eval runs and
+overrides are measured evidence, read-only."""
+
+from typing import Any
+
 from django.contrib import admin
 from django.http import HttpRequest
-from simple_history.admin import SimpleHistoryAdmin
 
 from evaluations.models import (
     EvalCase,
@@ -10,6 +15,8 @@ from evaluations.models import (
     EvalThreshold,
     ReleaseOverride,
 )
+from registry.admin.base import RegistryAdmin
+from registry.choices import Action
 
 
 class EvalCaseInline(admin.TabularInline):
@@ -19,12 +26,12 @@ class EvalCaseInline(admin.TabularInline):
     extra = 0
     show_change_link = True
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(EvalSuite)
-class EvalSuiteAdmin(SimpleHistoryAdmin):
+class EvalSuiteAdmin(RegistryAdmin):
     list_display = ("key", "name", "kind", "skill_name", "tenant")
     list_filter = ("kind", "tenant")
     search_fields = ("key", "name", "skill_name")
@@ -32,23 +39,34 @@ class EvalSuiteAdmin(SimpleHistoryAdmin):
 
 
 @admin.register(EvalCase)
-class EvalCaseAdmin(SimpleHistoryAdmin):
+class EvalCaseAdmin(RegistryAdmin):
+    tenant_lookup = "suite__tenant"
     list_display = ("key", "suite", "title", "vector")
     list_filter = ("suite", "vector")
     search_fields = ("key", "title", "payload")
     list_select_related = ("suite",)
 
 
-class EvidenceAdmin(admin.ModelAdmin):
-    """Measured results: shown, never edited (eval runs start from the API)."""
+@admin.register(EvalThreshold)
+class EvalThresholdAdmin(RegistryAdmin):
+    list_display = ("skill_name", "suite", "metric", "comparator", "value", "tenant")
+    list_filter = ("tenant", "suite", "metric")
+    search_fields = ("skill_name",)
+    list_select_related = ("suite", "tenant")
+
+
+class EvidenceAdmin(RegistryAdmin):
+    """Measured results: shown to those who may see the tenant's drafts, never edited."""
+
+    required_action = Action.REGISTRY_VIEW_UNPUBLISHED
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
@@ -58,10 +76,10 @@ class EvalCaseResultInline(admin.TabularInline):
     readonly_fields = fields
     extra = 0
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
@@ -82,16 +100,9 @@ class EvalRunAdmin(EvidenceAdmin):
     inlines = (EvalCaseResultInline,)
 
 
-@admin.register(EvalThreshold)
-class EvalThresholdAdmin(SimpleHistoryAdmin):
-    list_display = ("skill_name", "suite", "metric", "comparator", "value", "tenant")
-    list_filter = ("tenant", "suite", "metric")
-    search_fields = ("skill_name",)
-    list_select_related = ("suite", "tenant")
-
-
 @admin.register(ReleaseOverride)
 class ReleaseOverrideAdmin(EvidenceAdmin):
+    tenant_lookup = "skill_version__skill__tenant"
     list_display = ("skill_version", "actor", "reason", "created_at")
     list_select_related = ("skill_version__skill", "actor")
     search_fields = ("reason", "skill_version__skill__name")

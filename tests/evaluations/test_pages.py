@@ -63,3 +63,25 @@ def test_only_publishers_auditors_and_admins_of_the_tenant_read_evaluations(
         logged_in(dave).get(f"/evaluations/compare/?a={eval_run.pk}&b=nonsense").status_code == 404
     )
     assert Client().get("/evaluations/").status_code == 302
+
+
+def test_the_admin_shows_eval_runs_only_to_their_tenant_and_never_edits_them(
+    evaluate, demo, dave, tiny, draft
+):
+    eval_run = evaluate(tiny, version=draft("3.4.0"))
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex, "quinn")
+    outsider.is_staff = True
+    outsider.save(update_fields=["is_staff"])
+    membership_add(actor=None, user=outsider, tenant=globex, role=Role.PUBLISHER)
+
+    own = logged_in(dave).get(f"/admin/evaluations/evalrun/{eval_run.pk}/change/")
+    listing = logged_in(dave).get("/admin/evaluations/evalrun/").content.decode()
+    foreign = logged_in(outsider).get("/admin/evaluations/evalrun/").content.decode()
+
+    assert own.status_code == 200
+    assert (
+        logged_in(dave).post(f"/admin/evaluations/evalrun/{eval_run.pk}/change/").status_code == 403
+    )
+    assert str(eval_run.pk) in listing
+    assert str(eval_run.pk) not in foreign

@@ -21,6 +21,7 @@ from django.db.models import Q
 from examples.handlers import project_search
 from registry.choices import AdapterKind, Risk
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, ToolVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tools import TOOL_CONTENT_FIELDS
@@ -58,17 +59,6 @@ LI_WEI = {
     "record_version": 3,
 }
 APOLLO_TITLES = ("API gateway migration", "Load test plan", "Beta release", "Vendor SDK delay")
-SKILL_FIELDS = (
-    "description",
-    "instructions",
-    "triggers",
-    "required_inputs",
-    "rules",
-    "examples",
-    "output_contract",
-    "acceptance_rules",
-    "workflow",
-)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -147,7 +137,7 @@ def publish_skill(
 ) -> SkillVersion:
     """A published skill version with the seeded weekly-summary content, changed as given."""
     seeded = seeded_skill(demo)
-    content = {field: getattr(seeded, field) for field in SKILL_FIELDS} | changes
+    content = {field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS} | changes
     draft = skills.skill_version_create(
         actor=demo.admin,
         tenant=demo.acme,
