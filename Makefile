@@ -32,6 +32,7 @@ run: install
 	$(RUN_ENV) $(BIN)/python manage.py migrate --noinput
 	$(RUN_ENV) $(BIN)/python manage.py seed_demo
 	$(RUN_ENV) $(BIN)/python manage.py mcp_discover
+	$(RUN_ENV) $(BIN)/python manage.py eval_suites_install
 	@echo ""
 	@echo "  Home:      http://$(HOST):$(PORT)/"
 	@echo "  Admin:     http://$(HOST):$(PORT)/admin/"

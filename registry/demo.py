@@ -13,7 +13,6 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from evaluations.starter import suites_install
 from examples.demo import seed_examples
 from registry.choices import DataClassification, ModelProvider, Risk, Role, VersionStatus
 from registry.models import (
@@ -206,7 +205,4 @@ def seed_demo() -> SeedReport:
     )
     for what in seed_examples():
         report.add(what)
-    for suite, created in suites_install():
-        if created:
-            report.add(f"eval suite {suite.key}")
     return report

@@ -102,8 +102,6 @@ def test_first_run_reports_everything_it_created(seeded):
         "created project acme/zephyr",
         "created project acme/atlas",
         "created project globex/portal",
-        "created eval suite prompt-injection-attacks",
-        "created eval suite weekly-summary-tasks",
         DEMO_LOGINS,
     ]
 
