@@ -9,6 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from registry.errors import ValidationFailed
+from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from runs.loop import run_execute
 from runs.models import MemoryItem, Run
@@ -17,7 +18,7 @@ from runs.services.memory import memories_expire, memory_retrieve, memory_write
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import demo_run
 from tests.runs.fake_provider import openai_completion
-from tests.runs.test_loop import SKILL_FIELDS, seeded_skill
+from tests.runs.test_loop import seeded_skill
 
 pytestmark = pytest.mark.django_db
 
@@ -158,7 +159,7 @@ def test_the_page_lists_and_deletes_your_memory(acme, member, auditor, client):
 def _memory_skill(demo):
     """weekly-summary 3.3.0: the seeded content, also asking for the user's memory."""
     seeded = seeded_skill(demo)
-    content = {field: getattr(seeded, field) for field in SKILL_FIELDS}
+    content = {field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS}
     content["required_inputs"] = [*content["required_inputs"], "memory"]
     draft = skills.skill_version_create(
         actor=demo.admin,
