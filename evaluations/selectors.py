@@ -3,7 +3,7 @@ tenant suites are seen by those who may see a tenant's unpublished versions (pub
 auditors, admins); platform suites by everyone who may view the registry."""
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from evaluations.models import EvalRun, EvalSuite
 from registry.choices import Action
@@ -36,6 +36,8 @@ def eval_suites_visible(
 ) -> QuerySet[EvalSuite]:
     if not _tenants(user, tenant).exists():
         return EvalSuite.objects.none()
-    return EvalSuite.objects.filter(
-        Q(tenant__isnull=True) | Q(tenant__in=_tenants(user, tenant))
-    ).order_by("key")
+    return (
+        EvalSuite.objects.filter(Q(tenant__isnull=True) | Q(tenant__in=_tenants(user, tenant)))
+        .annotate(case_count=Count("cases"))
+        .order_by("key")
+    )

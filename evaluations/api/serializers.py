@@ -26,15 +26,12 @@ class EvalCaseSerializer(serializers.ModelSerializer):
 
 class EvalSuiteSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    case_count = serializers.SerializerMethodField()
+    case_count = serializers.IntegerField(read_only=True)
 
     class Meta:
         model = EvalSuite
         fields = ["id", "key", "name", "kind", "skill_name", "description", "tenant", "case_count"]
         read_only_fields = fields
-
-    def get_case_count(self, suite: EvalSuite) -> int:
-        return suite.cases.count()
 
 
 class EvalSuiteDetailSerializer(EvalSuiteSerializer):

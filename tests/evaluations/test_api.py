@@ -1,12 +1,16 @@
 """The evaluations API: suites, starting and following eval runs, their results; scoped to
 the token's tenant and to those who may evaluate the skill."""
 
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
 from evaluations import services
 from evaluations.choices import EvalRunStatus
 from evaluations.models import EvalRun
+from evaluations.starter import suite_install
 from registry.models import SkillVersion, Tenant
 from tests.approvals.conftest import approver_in
-from tests.evaluations.conftest import api_as
+from tests.evaluations.conftest import TINY_SUITE, api_as
 
 
 def start_body(suites, **changes):
@@ -24,9 +28,9 @@ def test_a_publisher_starts_an_eval_run_and_reads_its_results(demo, suites):
     listed = client.get("/api/v1/evaluations/suites").json()
     started = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
 
-    assert {suite["key"] for suite in listed["results"]} == {
-        "weekly-summary-tasks",
-        "prompt-injection-attacks",
+    assert {suite["key"]: suite["case_count"] for suite in listed["results"]} == {
+        "weekly-summary-tasks": 22,
+        "prompt-injection-attacks": 30,
     }
     assert started.status_code == 201
     body = started.json()
@@ -99,3 +103,15 @@ def test_a_cancelled_eval_run_stops_between_cases(demo, suites):
     assert EvalRun.objects.get(pk=eval_run_id).results.count() == 0
     again = client.post(f"/api/v1/evaluations/runs/{eval_run_id}/cancel")
     assert (again.status_code, again.json()["status"]) == (200, EvalRunStatus.CANCELLED)
+
+
+def test_listing_suites_costs_the_same_queries_for_two_suites_or_three(demo, suites):
+    client = api_as("dave", demo.acme)
+    with CaptureQueriesContext(connection) as two:
+        client.get("/api/v1/evaluations/suites")
+    suite_install({**TINY_SUITE, "key": "third"})
+    with CaptureQueriesContext(connection) as three:
+        listed = client.get("/api/v1/evaluations/suites").json()
+
+    assert listed["count"] == 3
+    assert len(three.captured_queries) == len(two.captured_queries)
