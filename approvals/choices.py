@@ -33,8 +33,11 @@ ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
     ActionStatus.EXECUTING: frozenset(
         {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
     ),
-    # Reconciliation settles an unknown outcome by the idempotency key.
-    ActionStatus.UNKNOWN: frozenset({ActionStatus.SUCCEEDED, ActionStatus.FAILED}),
+    # Reconciliation settles an unknown outcome by the idempotency key, or finds that the
+    # action never reached the system and executes it.
+    ActionStatus.UNKNOWN: frozenset(
+        {ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.EXECUTING}
+    ),
     ActionStatus.REJECTED: frozenset(),
     ActionStatus.EXPIRED: frozenset(),
     ActionStatus.INVALIDATED: frozenset(),

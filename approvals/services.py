@@ -516,9 +516,10 @@ def _reconcile_later(action_id: Any, countdown: float = 0) -> None:
 
 def action_reconcile(*, action_id: Any) -> str:
     """Settle an action whose outcome is not known (`unknown`, or `executing` after a crash)
-    by its idempotency key. A tool with no record of the key never started: the call runs
-    now. A tool that knows the outcome settles it. Otherwise it stays unknown, for a later
-    attempt or a person; it is never executed again. Returns the action's status."""
+    by its idempotency key. A tool with no record of the key (it never started, or its
+    system says it never arrived) did nothing: the call runs now. A tool that knows the
+    outcome settles it. Otherwise it stays unknown, for a later attempt or a person; it is
+    never executed twice. Returns the action's status."""
     with transaction.atomic():
         locked = _locked(action_id)
         if locked is None:
@@ -534,8 +535,9 @@ def action_reconcile(*, action_id: Any) -> str:
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:
-            never_started = failure.category == ErrorCategory.NOT_FOUND
-            if never_started and action.status == ActionStatus.EXECUTING:
+            if failure.category == ErrorCategory.NOT_FOUND:
+                if action.status == ActionStatus.UNKNOWN:
+                    _transition(action, ActionStatus.EXECUTING)
                 record = ToolCall.objects.get(run=run, call_id=call.call_id)
             elif failure.may_have_side_effect:
                 if action.status == ActionStatus.EXECUTING:

@@ -204,6 +204,9 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="agents@localhost")
 # server whether it accepted a message, for reconciling interrupted deliveries.
 MAIL_MESSAGE_ID_DOMAIN = env.str("MAIL_MESSAGE_ID_DOMAIN", default="agentgov.local")
 MAIL_DELIVERY_LOOKUP = env.str("MAIL_DELIVERY_LOOKUP", default="")
+# An SMTP exchange whose worker died is over after this long: if the server says it never
+# accepted the message, reconciliation sends it (each of its steps may wait EMAIL_TIMEOUT).
+MAIL_ATTEMPT_SECONDS = env.int("MAIL_ATTEMPT_SECONDS", default=EMAIL_TIMEOUT * 10)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["registry.authentication.ApiTokenAuthentication"],

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
@@ -215,15 +216,14 @@ class MailSend:
 
     def reconcile(self, context: ToolContext) -> ToolOutput:
         """Settle an interrupted delivery by its key: the record, then the mail server where
-        `MAIL_DELIVERY_LOOKUP` names a way to ask it. Still unknown → ToolFailed UNKNOWN."""
+        `MAIL_DELIVERY_LOOKUP` names a way to ask it. A delivery the server says it never
+        accepted, whose attempt is over, never happened: its record goes and the key is free
+        to send (NOT_FOUND). Still unknown → ToolFailed UNKNOWN."""
         delivery = MailDelivery.objects.filter(idempotency_key=context.idempotency_key).first()
-        if delivery is None:
-            raise ToolFailed(
-                "No delivery was started with this key.",
-                category=ErrorCategory.NOT_FOUND,
-                retryable=False,
-            )
-        if delivery.status in (MailDelivery.Status.SENDING, MailDelivery.Status.UNKNOWN):
+        if delivery is not None and delivery.status in (
+            MailDelivery.Status.SENDING,
+            MailDelivery.Status.UNKNOWN,
+        ):
             accepted = (
                 import_string(settings.MAIL_DELIVERY_LOOKUP)(delivery.message_id)
                 if settings.MAIL_DELIVERY_LOOKUP
@@ -232,10 +232,25 @@ class MailSend:
             if accepted is True:
                 delivery.status = MailDelivery.Status.SENT
                 delivery.save(update_fields=["status", "updated_at"])
-            elif accepted is False:
-                delivery.status = MailDelivery.Status.FAILED
-                delivery.save(update_fields=["status", "updated_at"])
+            elif accepted is False and _attempt_over(delivery):
+                delivery.delete()
+                delivery = None
+        if delivery is None:
+            raise ToolFailed(
+                "No delivery with this key reached the mail server.",
+                category=ErrorCategory.NOT_FOUND,
+                retryable=False,
+            )
         return _settled(delivery)
+
+
+def _attempt_over(delivery: MailDelivery) -> bool:
+    """Whether the attempt that wrote this record has ended: it recorded how (unknown), or it
+    started longer ago than an SMTP exchange can last (its worker died)."""
+    if delivery.status == MailDelivery.Status.UNKNOWN:
+        return True
+    age = (timezone.now() - delivery.updated_at).total_seconds()
+    return age > settings.MAIL_ATTEMPT_SECONDS
 
 
 project_search = ProjectSearch()
