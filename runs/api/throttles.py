@@ -1,13 +1,17 @@
-"""Per-actor and per-tenant rate limits on ingress, kept in the cache (Redis in production)
-so every web process counts the same requests; over the limit: 429 with Retry-After."""
+"""Per-actor and per-tenant rate limits on ingress: a sliding window kept in Redis (in
+production) and taken in one atomic step, so every web process counts the same requests and
+concurrent requests cannot slip through together; over the limit: 429 with Retry-After."""
 
 from rest_framework.request import Request
 from rest_framework.throttling import SimpleRateThrottle
 
 from registry.models import ApiToken
+from runs.tools import limits
 
 
 class _TokenThrottle(SimpleRateThrottle):
+    retry_after: float | None = None
+
     def ident_of(self, token: ApiToken) -> str:
         raise NotImplementedError
 
@@ -15,6 +19,21 @@ class _TokenThrottle(SimpleRateThrottle):
         if not isinstance(request.auth, ApiToken):
             return None
         return self.cache_format % {"scope": self.scope, "ident": self.ident_of(request.auth)}
+
+    def allow_request(self, request: Request, view) -> bool:
+        if self.rate is None:
+            return True
+        ident = self.get_cache_key(request, view)
+        if ident is None:
+            return True
+        key = limits.window_key("throttle", ident)
+        if limits.window_take(key, cap=self.num_requests, seconds=self.duration):
+            return True
+        self.retry_after = limits.window_wait(key)
+        return False
+
+    def wait(self) -> float | None:
+        return self.retry_after
 
 
 class ActorIngressThrottle(_TokenThrottle):

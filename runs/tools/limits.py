@@ -84,6 +84,35 @@ def _take(key: str, *, cap: int, holder: str, expires_at: float, ttl: int) -> bo
         return True
 
 
+def window_key(scope: str, ident: str) -> str:
+    return _slots_key(scope, ident)
+
+
+def window_take(key: str, *, cap: int, seconds: float) -> bool:
+    """A sliding window: at most `cap` takes in any `seconds`, one atomic step across every
+    process sharing Redis (a read-modify-write of a cached list would let concurrent
+    requests through together)."""
+    return _take(
+        key,
+        cap=cap,
+        holder=uuid.uuid4().hex,
+        expires_at=time.time() + seconds,
+        ttl=int(seconds) + 1,
+    )
+
+
+def window_wait(key: str) -> float:
+    """Seconds until the oldest take in the window lapses (when a new take may succeed)."""
+    now = time.time()
+    if settings.REDIS_URL:
+        oldest = _redis(settings.REDIS_URL).zrange(key, 0, 0, withscores=True)
+        lapses = oldest[0][1] if oldest else now
+    else:
+        with _local_lock:
+            lapses = min(_local_slots.get(key, {}).values(), default=now)
+    return max(0.0, lapses - now)
+
+
 def _release(key: str, holder: str) -> None:
     if settings.REDIS_URL:
         _redis(settings.REDIS_URL).zrem(key, holder)

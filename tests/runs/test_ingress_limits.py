@@ -1,11 +1,15 @@
 """Ingress rate limits per actor and per tenant (Redis under `make test`), and the skill
 filter of the runs list."""
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from rest_framework.throttling import SimpleRateThrottle
 
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.models import Run
+from runs.tools import limits
 from tests.runs.conftest import message_body
 
 
@@ -34,6 +38,23 @@ def test_an_actor_over_its_rate_gets_429_with_retry_after_and_no_run(low_rates, 
     assert refused.json()["error"]["code"] == "RATE_LIMITED"
     assert 0 < int(refused["Retry-After"]) <= 60
     assert Run.objects.count() == 2
+
+
+def test_concurrent_requests_cannot_slip_through_the_window_together():
+    """Sixteen requests of one actor at the same instant against a limit of five: five pass
+    (a cached list read and written back by each would let most of them through)."""
+    key = limits.window_key("throttle", "concurrent-test")
+    barrier = threading.Barrier(16)
+
+    def take(_):
+        barrier.wait()
+        return limits.window_take(key, cap=5, seconds=60)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        taken = list(pool.map(take, range(16)))
+
+    assert taken.count(True) == 5
+    assert 59 < limits.window_wait(key) <= 60
 
 
 def test_the_tenant_rate_counts_every_actor_of_the_tenant(low_rates, alice, add_member, client_for):
