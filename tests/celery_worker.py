@@ -172,7 +172,7 @@ class Worker:
             self.kill()
 
 
-def _database_url() -> str:
+def database_url() -> str:
     """The URL of the database this test session uses (the test database, not the dev one)."""
     database = connection.settings_dict
     credentials = quote(database["USER"] or "", safe="")
@@ -204,13 +204,18 @@ def start_worker(transactional_db, celery_queue, tmp_path) -> Iterator[Callable[
     started: list[Worker] = []
 
     def start(
-        *, pool: str = "solo", concurrency: int = 1, environment: dict[str, str] | None = None
+        *,
+        pool: str = "solo",
+        concurrency: int = 1,
+        environment: dict[str, str] | None = None,
+        wait: bool = True,
     ) -> Worker:
+        """Start a worker; with `wait`, return once it answers a ping."""
         name = f"e2e-{os.getpid()}-{len(started) + 1}@localhost"
         log = tmp_path / f"worker-{len(started) + 1}.log"
         env = {
             **os.environ,
-            "DATABASE_URL": _database_url(),
+            "DATABASE_URL": database_url(),
             "REDIS_URL": settings.REDIS_URL,
             "CACHE_KEY_PREFIX": settings.CACHES["default"]["KEY_PREFIX"],
             "CELERY_QUEUE": QUEUE,
@@ -249,9 +254,10 @@ def start_worker(transactional_db, celery_queue, tmp_path) -> Iterator[Callable[
                 pytest.fail(f"The worker exited with {process.returncode}:\n{worker.output()}")
             return bool(app.control.ping(destination=[name], timeout=0.3))
 
-        wait_until(
-            ready, seconds=READY_SECONDS, what=f"worker {name} to answer a ping", worker=worker
-        )
+        if wait:
+            wait_until(
+                ready, seconds=READY_SECONDS, what=f"worker {name} to answer a ping", worker=worker
+            )
         return worker
 
     yield start
@@ -267,33 +273,35 @@ def example_seed() -> None:
 def gated_example_publish() -> ToolVersion:
     """Publish project_search 2.1.0 (the same contract, its handler waits at the gate file)
     and weekly-summary 3.3.0 pinning it, as acme's publisher would."""
+    return example_search_publish(adapter_config={"handler": GATED_HANDLER})
+
+
+def example_search_publish(**changes) -> ToolVersion:
+    """Publish project_search 2.1.0 with `changes` to the running example's version and
+    weekly-summary 3.3.0 pinning it, as acme's publisher would."""
     publisher = get_user_model().objects.get(username="dave")
     tool_specs = {spec["name"]: spec for spec in yaml.safe_load((DATA / "tools.yaml").read_text())}
-    gated = tools.tool_version_create(
+    search = tools.tool_version_create(
         actor=publisher,
         tenant=Tenant.objects.get(slug="acme"),
-        **{
-            **tool_specs["project_search"],
-            "version": "2.1.0",
-            "adapter_config": {"handler": GATED_HANDLER},
-        },
+        **{**tool_specs["project_search"], "version": "2.1.0", **changes},
     )
-    tools.tool_version_publish(tool_version=gated, actor=publisher)
+    tools.tool_version_publish(tool_version=search, actor=publisher)
     skill_spec = yaml.safe_load((DATA / "weekly-summary.yaml").read_text())
     skill_spec.pop("depends_on_tools")
     pinned = [
-        gated,
+        search,
         ToolVersion.objects.get(tool__name="directory_lookup", version="1.0.0"),
         ToolVersion.objects.get(tool__name="mail_send", version="1.0.0"),
     ]
     skill_version = skills.skill_version_create(
         actor=publisher,
-        tenant=gated.tool.tenant,
+        tenant=search.tool.tenant,
         **{**skill_spec, "version": "3.3.0"},
         tool_versions=pinned,
     )
     skills.skill_version_publish(skill_version=skill_version, actor=publisher)
-    return gated
+    return search
 
 
 def alice_client() -> APIClient:

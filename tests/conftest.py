@@ -13,6 +13,7 @@ from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.tools import threads
 from tests.celery_worker import celery_queue, start_worker  # noqa: F401 (real-worker fixtures)
+from tests.faults import FAULT_TABLE, fault_table_lines
 from tests.registry.factories import (
     PASSWORD,
     TenantFactory,
@@ -165,3 +166,11 @@ def api():
 
     client.as_user = as_user
     return client
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The fault-injection table (tests/faults.py), when a scenario ran."""
+    if FAULT_TABLE:
+        terminalreporter.section("fault injection")
+        for line in fault_table_lines():
+            terminalreporter.write_line(line)

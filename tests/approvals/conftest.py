@@ -49,7 +49,8 @@ def accepted(message_id: str) -> bool:
 class SmtpServer:
     """What the server accepted, in order. While `stall` is set it accepts a message (stores
     it) and then does not answer for that many seconds, as a server that times out after
-    accepting."""
+    accepting. `drop` closes the connection after DATA without an answer: "after_accept"
+    stores the message first, "before_accept" does not."""
 
     host: str
     port: int
@@ -57,13 +58,25 @@ class SmtpServer:
     messages: list[Message] = field(default_factory=list)
     envelope_recipients: list[list[str]] = field(default_factory=list)
     stall: float = 0.0
+    drop: str = ""
+    controller: Controller | None = None
+
+    def start(self) -> None:
+        self.controller = Controller(self, hostname=self.host, port=self.port)
+        self.controller.start()
 
     async def handle_DATA(self, server, session, envelope):
+        if self.drop == "before_accept":
+            server.transport.close()
+            return "421 Closing"
         message = email.message_from_bytes(envelope.original_content)
         self.messages.append(message)
         self.envelope_recipients.append(list(envelope.rcpt_tos))
         with self.accepted_log.open("a") as log:
             log.write(message["Message-ID"] + "\n")
+        if self.drop == "after_accept":
+            server.transport.close()
+            return "421 Closing"
         waited = 0.0
         while waited < self.stall:
             await asyncio.sleep(0.05)
@@ -87,8 +100,7 @@ def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[Smtp
     server = SmtpServer(host="127.0.0.1", port=free_tcp_port, accepted_log=tmp_path / "smtp.log")
     server.accepted_log.touch()
     monkeypatch.setenv(ACCEPTED_LOG, str(server.accepted_log))
-    controller = Controller(server, hostname=server.host, port=server.port)
-    controller.start()
+    server.start()
     settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
     settings.EMAIL_HOST = server.host
     settings.EMAIL_PORT = server.port
@@ -98,7 +110,8 @@ def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[Smtp
         yield server
     finally:
         server.stall = 0
-        controller.stop()
+        server.drop = ""
+        server.controller.stop()
 
 
 @pytest.fixture

@@ -57,7 +57,7 @@ def test_the_running_example_reaches_waiting_approval_through_the_worker(start_w
     assert run.result["output"]["subject"].startswith("Weekly status: Project Apollo")
     assert run.lease_expires_at is not None
     assert Run.objects.count() == 1
-    assert worker.tasks_succeeded() == 1
+    wait_until(lambda: worker.tasks_succeeded() == 1, seconds=10, what="the task's success")
 
 
 def _waiting_on_a_row_lock() -> int:

@@ -1,6 +1,7 @@
 """MCP calls from a real Celery worker (prefork): each worker process opens one session to
 the stdio server and reuses it for every call it makes; no credential reaches its log."""
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -9,14 +10,40 @@ from django.contrib.auth import get_user_model
 from registry.models import AgentConfig, McpServer, Tenant
 from registry.services.mcp import mcp_server_save
 from runs.choices import RunStatus
-from runs.models import Source, ToolCall
+from runs.models import Run, Source, ToolCall
 from tests.celery_worker import alice_client, example_seed, run_status, wait_until
+from tests.faults import FaultRow, fault_report
 from tests.mcp.conftest import OVERRIDES_REF, TOKEN, TOKEN_REF, over_stdio, status_publish
 from tests.runs.conftest import Demo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 RUNS = 6
+CRASHES = 2
+
+
+def _ask(client, key: str) -> str:
+    response = client.post(
+        "/api/v1/messages",
+        {
+            "channel": "api",
+            "parts": [{"type": "text", "text": "How is Apollo doing?"}],
+            "metadata": {"agent": "project-assistant", "project_id": "apollo"},
+        },
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+    assert response.status_code == 202, response.content
+    return response.json()["run_id"]
+
+
+def _wait_end(run_id: str, worker) -> None:
+    wait_until(
+        lambda: run_status(run_id) not in (RunStatus.QUEUED, RunStatus.RUNNING),
+        seconds=60,
+        what=f"run {run_id} to end",
+        worker=worker,
+    )
 
 
 def _children(pid: int) -> list[int]:
@@ -61,28 +88,11 @@ def test_a_worker_reuses_one_session_per_process_across_runs(
     )
     client = alice_client()
 
-    run_ids = []
-    for index in range(RUNS):
-        response = client.post(
-            "/api/v1/messages",
-            {
-                "channel": "api",
-                "parts": [{"type": "text", "text": "How is Apollo doing?"}],
-                "metadata": {"agent": "project-assistant", "project_id": "apollo"},
-            },
-            format="json",
-            HTTP_IDEMPOTENCY_KEY=f"mcp-worker-{index}",
-        )
-        assert response.status_code == 202, response.content
-        run_ids.append(response.json()["run_id"])
+    run_ids = [_ask(client, f"mcp-worker-{index}") for index in range(RUNS)]
 
     for run_id in run_ids:
-        wait_until(
-            lambda run_id=run_id: run_status(run_id) == RunStatus.COMPLETED,
-            seconds=60,
-            what=f"run {run_id} to complete",
-            worker=worker,
-        )
+        _wait_end(run_id, worker)
+    assert {run_status(run_id) for run_id in run_ids} == {RunStatus.COMPLETED}
     calls = ToolCall.objects.filter(run_id__in=run_ids)
     assert sorted(set(calls.values_list("name", "status"))) == [("project_status", "completed")]
     assert calls.count() == RUNS
@@ -98,6 +108,33 @@ def test_a_worker_reuses_one_session_per_process_across_runs(
         if b"examples.mcp_server" in _command(child)
     ]
     assert 1 <= len(sessions) <= len(worker_processes) == 2
+
+    # a server process that exits in the middle of a call fails that call only: the run ends
+    # with it, and the next call of that worker process starts a new server
+    overrides(crash=True)
+    crashed = [_ask(client, f"mcp-crash-{index}") for index in range(CRASHES)]
+    for run_id in crashed:
+        _wait_end(run_id, worker)
+    overrides()
+    after = [_ask(client, f"mcp-after-crash-{index}") for index in range(CRASHES)]
+    for run_id in after:
+        _wait_end(run_id, worker)
+    runs = Run.objects.filter(pk__in=crashed + after)
+    fault_report(
+        FaultRow(
+            fault="MCP stdio server exits mid-call",
+            injected=CRASHES,
+            runs=len(runs),
+            statuses=Counter(f"{run.status} {run.reason_code}" for run in runs),
+            duplicates=ToolCall.objects.filter(run__in=runs).count() - len(runs),
+        )
+    )
+    failed = ToolCall.objects.filter(run_id__in=crashed)
+    assert (
+        sorted(failed.values_list("status", "error_category"))
+        == [("failed", "UPSTREAM_ERROR")] * CRASHES
+    )
+    assert {run_status(run_id) for run_id in after} == {RunStatus.COMPLETED}
     worker.stop()
     assert TOKEN not in worker.output()
     wait_until(

@@ -1,0 +1,112 @@
+"""The mail server fails the approved send of the running example (a real SMTP server on
+loopback, the action resumed and reconciled as its tasks would): down, slow, or closing the
+connection after DATA with or without having accepted the message. Each mail goes out at most
+once, and exactly once whenever the server can take it."""
+
+from collections import Counter
+
+import pytest
+
+from approvals import services
+from approvals.choices import ActionStatus, Decision
+from examples.models import MailDelivery
+from runs.models import Run
+from tests.approvals.conftest import waiting_run
+from tests.faults import FaultRow, fault_report
+
+RUNS = 3
+
+
+def _approved(demo, bob):
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    return run, action
+
+
+def _settle(action) -> str:
+    """What the tasks do: the resume, then reconciliations while the outcome is unknown."""
+    services.action_execute(action_id=action.pk)
+    status = services.action_reconcile(action_id=action.pk)
+    return status or action.status
+
+
+def _report(fault: str, runs: list[Run], smtp_server) -> tuple[Counter, int]:
+    statuses = Counter()
+    for run in runs:
+        run.refresh_from_db()
+        statuses[f"{run.status} {run.reason_code}"] += 1
+    sent = Counter(message["Message-ID"] for message in smtp_server.messages)
+    duplicates = sum(count - 1 for count in sent.values())
+    fault_report(
+        FaultRow(
+            fault=fault,
+            injected=len(runs),
+            runs=len(runs),
+            statuses=statuses,
+            duplicates=duplicates,
+        )
+    )
+    return statuses, duplicates
+
+
+@pytest.mark.parametrize(
+    ("fault", "arrange"),
+    [
+        ("SMTP slow: no answer after accepting", {"stall": 3}),
+        ("SMTP drops the connection after DATA, accepted", {"drop": "after_accept"}),
+        ("SMTP drops the connection after DATA, not accepted", {"drop": "before_accept"}),
+    ],
+)
+def test_an_interrupted_delivery_is_settled_by_its_key_and_sent_exactly_once(
+    demo, bob, smtp_server, fault, arrange
+):
+    runs = []
+    for _ in range(RUNS):
+        run, action = _approved(demo, bob)
+        for name, value in arrange.items():
+            setattr(smtp_server, name, value)
+        services.action_execute(action_id=action.pk)
+        action.refresh_from_db()
+        assert action.status == ActionStatus.UNKNOWN
+        assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "unknown"
+        smtp_server.stall, smtp_server.drop = 0, ""
+        # a redelivered resume settles nothing by sending: it hands over to reconciliation
+        services.action_execute(action_id=action.pk)
+        assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
+        runs.append(run)
+
+    statuses, duplicates = _report(fault, runs, smtp_server)
+
+    assert statuses == {"COMPLETED SENT": RUNS}
+    assert duplicates == 0
+    assert len(smtp_server.messages) == RUNS
+    assert sorted(message["Message-ID"] for message in smtp_server.messages) == sorted(
+        run.result["output"]["message_id"] for run in runs
+    )
+
+
+def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob, smtp_server):
+    runs = []
+    smtp_server.controller.stop()
+    try:
+        for _ in range(RUNS):
+            run, action = _approved(demo, bob)
+            services.action_execute(action_id=action.pk)
+            action.refresh_from_db()
+            assert action.status == ActionStatus.FAILED
+            assert action.outcome["error"]["category"] == "UPSTREAM_ERROR"
+            # nothing was sent, and a redelivered resume does not try again
+            services.action_execute(action_id=action.pk)
+            runs.append(run)
+    finally:
+        smtp_server.start()
+
+    statuses, _ = _report("SMTP down (connection refused)", runs, smtp_server)
+
+    assert statuses == {"FAILED_FINAL ACTION_FAILED": RUNS}
+    assert smtp_server.messages == []
