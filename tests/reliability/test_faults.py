@@ -41,7 +41,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SEED = int(os.environ.get("FAULT_SEED", "20261130"))
 LEASE_SECONDS = 2
-KILLS = int(os.environ.get("FAULT_KILLS", "6"))
+KILLS = int(os.environ.get("FAULT_KILLS", "5"))
 RESTART_RUNS, REDIS_RESTARTS = 20, 2
 TERMINATE_RUNS, TERMINATIONS = 20, 6
 # Events a run of the running example writes exactly once, however often its steps are redone.
