@@ -12,6 +12,8 @@ import pytest
 from aiosmtpd.controller import Controller
 from django.contrib.auth import get_user_model
 
+from approvals import services
+from approvals.choices import Decision
 from approvals.models import BusinessAction
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
@@ -126,6 +128,18 @@ def waiting_run(demo, **metadata) -> tuple[Run, BusinessAction]:
     run = Run.objects.get(pk=run.pk)
     assert run.status == "WAITING_APPROVAL", run.result
     return run, BusinessAction.objects.get(run=run)
+
+
+def approved_run(demo, approver) -> tuple[Run, BusinessAction]:
+    """The running example as alice, approved (its resume task is sent, not run)."""
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=approver,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    return run, action
 
 
 def approver_in(tenant, username: str = "quinn"):

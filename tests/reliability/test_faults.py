@@ -42,8 +42,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SEED = int(os.environ.get("FAULT_SEED", "20261130"))
 LEASE_SECONDS = 2
 KILLS = int(os.environ.get("FAULT_KILLS", "5"))
-RESTART_RUNS, REDIS_RESTARTS = 20, 2
-TERMINATE_RUNS, TERMINATIONS = 20, 6
+RESTART_RUNS, REDIS_RESTARTS = 12, 2
+TERMINATE_RUNS, TERMINATIONS = 12, 5
 # Events a run of the running example writes exactly once, however often its steps are redone.
 ONCE = [
     "message.received",
@@ -127,6 +127,22 @@ class Driver:
                 pytest.fail(f"Runs not at rest after {seconds} s: {statuses}\n{log}")
             between()
             time.sleep(0.05)
+
+
+def audited(fault: str, injected: int, run_ids: list[str], smtp_server):
+    """Audit the runs and add the scenario's row to the fault table; returns the runs' end
+    states and what is wrong."""
+    statuses, duplicates, problems = audit(run_ids, smtp_server)
+    fault_report(
+        FaultRow(
+            fault=fault,
+            injected=injected,
+            runs=len(run_ids),
+            statuses=statuses,
+            duplicates=duplicates,
+        )
+    )
+    return statuses, problems
 
 
 def audit(run_ids: Iterable[str], smtp_server) -> tuple[Counter, int, list[str]]:
@@ -227,15 +243,8 @@ def test_workers_sigkilled_at_seeded_points_across_a_hundred_runs_lose_and_repea
 
     driver.drive(seconds=240, between=maybe_kill, worker=lambda: workers[-1])
 
-    statuses, duplicates, problems = audit(driver.run_ids, smtp_server)
-    fault_report(
-        FaultRow(
-            fault=f"worker SIGKILL at seeded points (seed {SEED})",
-            injected=len(kills),
-            runs=len(driver.run_ids),
-            statuses=statuses,
-            duplicates=duplicates,
-        )
+    statuses, problems = audited(
+        f"worker SIGKILL at seeded points (seed {SEED})", len(kills), driver.run_ids, smtp_server
     )
     assert len(kills) == KILLS
     assert problems == []
@@ -335,15 +344,11 @@ def test_redis_restarted_mid_run_loses_its_queue_and_the_sweeps_finish_every_run
         if server.process and server.process.poll() is None:
             server.kill()
 
-    statuses, duplicates, problems = audit(driver.run_ids, smtp_server)
-    fault_report(
-        FaultRow(
-            fault="Redis (broker, cache) killed and restarted empty",
-            injected=len(restarts),
-            runs=len(driver.run_ids),
-            statuses=statuses,
-            duplicates=duplicates,
-        )
+    statuses, problems = audited(
+        "Redis (broker, cache) killed and restarted empty",
+        len(restarts),
+        driver.run_ids,
+        smtp_server,
     )
     assert len(restarts) == REDIS_RESTARTS
     assert "Connection to broker lost" in worker.output()
@@ -384,15 +389,8 @@ def test_database_connections_dropped_mid_step_lose_and_repeat_nothing(
 
     driver.drive(seconds=120, between=maybe_terminate, worker=lambda: worker)
 
-    statuses, duplicates, problems = audit(driver.run_ids, smtp_server)
-    fault_report(
-        FaultRow(
-            fault="PostgreSQL backends of the worker terminated",
-            injected=sum(terminated),
-            runs=len(driver.run_ids),
-            statuses=statuses,
-            duplicates=duplicates,
-        )
+    statuses, problems = audited(
+        "PostgreSQL backends of the worker terminated", sum(terminated), driver.run_ids, smtp_server
     )
     assert len(terminated) == TERMINATIONS and sum(terminated) > 0
     assert problems == []

@@ -8,31 +8,13 @@ from collections import Counter
 import pytest
 
 from approvals import services
-from approvals.choices import ActionStatus, Decision
+from approvals.choices import ActionStatus
 from examples.models import MailDelivery
 from runs.models import Run
-from tests.approvals.conftest import waiting_run
+from tests.approvals.conftest import approved_run
 from tests.faults import FaultRow, fault_report
 
 RUNS = 3
-
-
-def _approved(demo, bob):
-    run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
-    return run, action
-
-
-def _settle(action) -> str:
-    """What the tasks do: the resume, then reconciliations while the outcome is unknown."""
-    services.action_execute(action_id=action.pk)
-    status = services.action_reconcile(action_id=action.pk)
-    return status or action.status
 
 
 def _report(fault: str, runs: list[Run], smtp_server) -> tuple[Counter, int]:
@@ -67,7 +49,7 @@ def test_an_interrupted_delivery_is_settled_by_its_key_and_sent_exactly_once(
 ):
     runs = []
     for _ in range(RUNS):
-        run, action = _approved(demo, bob)
+        run, action = approved_run(demo, bob)
         for name, value in arrange.items():
             setattr(smtp_server, name, value)
         services.action_execute(action_id=action.pk)
@@ -95,7 +77,7 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
     smtp_server.controller.stop()
     try:
         for _ in range(RUNS):
-            run, action = _approved(demo, bob)
+            run, action = approved_run(demo, bob)
             services.action_execute(action_id=action.pk)
             action.refresh_from_db()
             assert action.status == ActionStatus.FAILED
