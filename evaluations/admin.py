@@ -15,7 +15,7 @@ from evaluations.models import (
     EvalThreshold,
     ReleaseOverride,
 )
-from registry.admin.base import RegistryAdmin
+from registry.admin.base import EvidenceAdmin, ReadOnlyAdminMixin, RegistryAdmin
 from registry.choices import Action
 
 
@@ -55,19 +55,10 @@ class EvalThresholdAdmin(RegistryAdmin):
     list_select_related = ("suite", "tenant")
 
 
-class EvidenceAdmin(RegistryAdmin):
-    """Measured results: shown to those who may see the tenant's drafts, never edited."""
+class MeasuredAdmin:
+    """Measured results are shown to those who may see the tenant's drafts."""
 
     required_action = Action.REGISTRY_VIEW_UNPUBLISHED
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class EvalCaseResultInline(admin.TabularInline):
@@ -84,7 +75,7 @@ class EvalCaseResultInline(admin.TabularInline):
 
 
 @admin.register(EvalRun)
-class EvalRunAdmin(EvidenceAdmin):
+class EvalRunAdmin(MeasuredAdmin, ReadOnlyAdminMixin, RegistryAdmin):
     list_display = (
         "id",
         "suite",
@@ -101,7 +92,7 @@ class EvalRunAdmin(EvidenceAdmin):
 
 
 @admin.register(ReleaseOverride)
-class ReleaseOverrideAdmin(EvidenceAdmin):
+class ReleaseOverrideAdmin(MeasuredAdmin, EvidenceAdmin):
     tenant_lookup = "skill_version__skill__tenant"
     list_display = ("skill_version", "actor", "reason", "created_at")
     list_select_related = ("skill_version__skill", "actor")

@@ -12,10 +12,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from registry.admin.base import RegistryAdmin
+from registry.admin.base import EvidenceAdmin, RegistryAdmin
 from registry.choices import Action
-from registry.models import AgentConfig, Tenant
-from registry.selectors import tenants_where_user_can
+from registry.models import AgentConfig
 from runs.models import ScheduledTask, TaskOccurrence
 from runs.services.schedules import (
     schedule_next_run,
@@ -173,8 +172,11 @@ class ScheduledTaskAdmin(RegistryAdmin):
 
 
 @admin.register(TaskOccurrence)
-class TaskOccurrenceAdmin(admin.ModelAdmin):
+class TaskOccurrenceAdmin(EvidenceAdmin):
     """Evidence: what each firing did, read here and changed only by the scheduler."""
+
+    tenant_lookup = "task__tenant"
+    required_action = Action.TENANT_ADMIN
 
     list_display = (
         "task",
@@ -213,34 +215,3 @@ class TaskOccurrenceAdmin(admin.ModelAdmin):
     @admin.display(description="run")
     def run_page(self, obj: TaskOccurrence) -> str:
         return run_link(obj)
-
-    def _tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
-        return tenants_where_user_can(user=request.user, action=Action.TENANT_ADMIN)
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[TaskOccurrence]:
-        queryset = super().get_queryset(request)
-        if request.user.is_superuser:
-            return queryset
-        return queryset.filter(task__tenant__in=self._tenants(request))
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user = request.user
-        if not (user.is_active and user.is_staff):
-            return False
-        if user.is_superuser:
-            return True
-        if obj is None:
-            return self._tenants(request).exists()
-        return self.get_queryset(request).filter(pk=obj.pk).exists()
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -33,9 +33,9 @@ def error_text(error: ApplicationError) -> str:
     return f"{error.message} {details}".strip()
 
 
-class RegistryAdmin(SimpleHistoryAdmin, GuardedModelAdmin):
+class TenantScopedAdmin(admin.ModelAdmin):
     """Platform admins see everything; other staff see the rows of the tenants where their
-    role allows `required_action`, and nothing platform-wide."""
+    role allows `required_action` (found through `tenant_lookup`), and nothing platform-wide."""
 
     tenant_lookup = "tenant"
     required_action: str = Action.REGISTRY_PUBLISH
@@ -59,6 +59,33 @@ class RegistryAdmin(SimpleHistoryAdmin, GuardedModelAdmin):
             return queryset
         return queryset.filter(**{f"{self.tenant_lookup}__in": self.scoped_tenants(request)})
 
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self._allowed(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+
+class ReadOnlyAdminMixin:
+    """Records of what happened: shown, never added, changed or deleted here."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class EvidenceAdmin(ReadOnlyAdminMixin, TenantScopedAdmin):
+    """Read-only records of a model without history, within the tenant scope."""
+
+
+class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
+    """A registry object's admin: tenant scope, history, object permissions."""
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
         """Offer non-superusers only their own tenants, and only definitions they own."""
         if not request.user.is_superuser:
@@ -71,12 +98,6 @@ class RegistryAdmin(SimpleHistoryAdmin, GuardedModelAdmin):
         if db_field.related_model is Tenant and not request.user.is_superuser:
             field.required = True
         return field
-
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self._allowed(request)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return self._allowed(request, obj)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)

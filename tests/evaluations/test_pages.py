@@ -3,6 +3,7 @@
 from django.test import Client
 
 from evaluations.choices import METRIC_DEFINITIONS, Metric
+from evaluations.gates import release_override_record
 from registry.choices import Role
 from registry.models import Tenant
 from registry.services.tenancy import membership_add
@@ -85,3 +86,29 @@ def test_the_admin_shows_eval_runs_only_to_their_tenant_and_never_edits_them(
     )
     assert str(eval_run.pk) in listing
     assert str(eval_run.pk) not in foreign
+
+
+def test_the_admin_shows_release_overrides_only_to_their_tenant_and_never_edits_them(
+    demo, dave, draft
+):
+    override = release_override_record(
+        skill_version=draft("3.4.0"), actor=dave, reason="Agreed with the PMO.", failures=[]
+    )
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex, "quinn")
+    outsider.is_staff = True
+    outsider.save(update_fields=["is_staff"])
+    membership_add(actor=None, user=outsider, tenant=globex, role=Role.PUBLISHER)
+    page = f"/admin/evaluations/releaseoverride/{override.pk}/change/"
+
+    own = logged_in(dave).get(page)
+    listing = logged_in(dave).get("/admin/evaluations/releaseoverride/").content.decode()
+    foreign = logged_in(outsider).get("/admin/evaluations/releaseoverride/").content.decode()
+
+    assert own.status_code == 200
+    assert "Agreed with the PMO." in own.content.decode()
+    assert logged_in(dave).get(page.replace("/change/", "/history/")).status_code == 200
+    assert logged_in(dave).post(page).status_code == 403
+    assert "Agreed with the PMO." in listing
+    assert "Agreed with the PMO." not in foreign
+    assert logged_in(outsider).get(page).status_code in (302, 403, 404)
