@@ -142,7 +142,6 @@ def _serve(port: int) -> subprocess.Popen:
 
 class Load:
     def __init__(self, base_url: str, actor_keys: list[str], noisy_key: str):
-        self.base_url = base_url
         self.actor_keys = actor_keys
         self.noisy_key = noisy_key
         self.random = random.Random(20261130)
@@ -160,7 +159,7 @@ class Load:
         with self.lock:
             if self.sent and self.random.random() < DUPLICATES:
                 return (*self.random.choice(self.sent), True)
-            token = self.actor_keys[len(self.results) % len(self.actor_keys)]
+            token = self.actor_keys[len(self.sent) % len(self.actor_keys)]
             key = f"load-{uuid.uuid4()}"
             body = {
                 "channel": "api",

@@ -26,10 +26,9 @@ class _TokenThrottle(SimpleRateThrottle):
         ident = self.get_cache_key(request, view)
         if ident is None:
             return True
-        key = limits.window_key("throttle", ident)
-        if limits.window_take(key, cap=self.num_requests, seconds=self.duration):
+        if limits.window_take(ident, cap=self.num_requests, seconds=self.duration):
             return True
-        self.retry_after = limits.window_wait(key)
+        self.retry_after = limits.window_wait(ident)
         return False
 
     def wait(self) -> float | None:

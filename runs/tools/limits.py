@@ -84,16 +84,12 @@ def _take(key: str, *, cap: int, holder: str, expires_at: float, ttl: int) -> bo
         return True
 
 
-def window_key(scope: str, ident: str) -> str:
-    return _slots_key(scope, ident)
-
-
-def window_take(key: str, *, cap: int, seconds: float) -> bool:
-    """A sliding window: at most `cap` takes in any `seconds`, one atomic step across every
-    process sharing Redis (a read-modify-write of a cached list would let concurrent
-    requests through together)."""
+def window_take(ident: str, *, cap: int, seconds: float) -> bool:
+    """A sliding window: at most `cap` takes in any `seconds` per `ident`, one atomic step
+    across every process sharing Redis (a read-modify-write of a cached list would let
+    concurrent requests through together)."""
     return _take(
-        key,
+        _slots_key("window", ident),
         cap=cap,
         holder=uuid.uuid4().hex,
         expires_at=time.time() + seconds,
@@ -101,9 +97,9 @@ def window_take(key: str, *, cap: int, seconds: float) -> bool:
     )
 
 
-def window_wait(key: str) -> float:
+def window_wait(ident: str) -> float:
     """Seconds until the oldest take in the window lapses (when a new take may succeed)."""
-    now = time.time()
+    key, now = _slots_key("window", ident), time.time()
     if settings.REDIS_URL:
         oldest = _redis(settings.REDIS_URL).zrange(key, 0, 0, withscores=True)
         lapses = oldest[0][1] if oldest else now
