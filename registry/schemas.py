@@ -6,7 +6,7 @@ from typing import Any
 import rfc8785
 import semver
 from django.core.exceptions import ValidationError
-from jsonschema import Draft202012Validator, SchemaError
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
@@ -89,6 +89,10 @@ SKILL_RULES_SCHEMA = {
         "additionalProperties": False,
     },
 }
+TRIGGERS_SCHEMA = {**_STRING_LIST, "minItems": 1}
+REQUIRED_INPUTS_SCHEMA = {**_STRING_LIST, "uniqueItems": True}
+EXAMPLES_SCHEMA = {"type": "array"}
+ACCEPTANCE_RULES_SCHEMA = _STRING_LIST
 OUTPUT_CONTRACT_SCHEMA = {
     "type": "object",
     "properties": {"sections": {**_STRING_LIST, "minItems": 1, "uniqueItems": True}},
@@ -111,10 +115,11 @@ def input_schema_errors(schema: Any) -> list[str]:
     """Why `schema` is not a usable tool input schema: valid Draft 2020-12, an object, closed."""
     if not isinstance(schema, dict):
         return ["The input schema must be a JSON object."]
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as error:
-        failure = best_match([error]) or error
+    metaschema = Draft202012Validator(
+        Draft202012Validator.META_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER
+    )
+    failure = best_match(metaschema.iter_errors(schema))
+    if failure is not None:
         location = "/".join(str(part) for part in failure.absolute_path)
         where = f" at {location}" if location else ""
         return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
@@ -185,14 +190,14 @@ def skill_version_errors(values: dict[str, Any]) -> Errors:
     """Field-by-field problems of a skill version's content, none if it may be published."""
     checks = {
         "version": semver_errors(values.get("version", "")),
-        "triggers": document_errors(values.get("triggers"), {**_STRING_LIST, "minItems": 1}),
-        "required_inputs": document_errors(
-            values.get("required_inputs"), {**_STRING_LIST, "uniqueItems": True}
-        ),
+        "triggers": document_errors(values.get("triggers"), TRIGGERS_SCHEMA),
+        "required_inputs": document_errors(values.get("required_inputs"), REQUIRED_INPUTS_SCHEMA),
         "rules": document_errors(values.get("rules"), SKILL_RULES_SCHEMA),
-        "examples": document_errors(values.get("examples"), {"type": "array"}),
+        "examples": document_errors(values.get("examples"), EXAMPLES_SCHEMA),
         "output_contract": document_errors(values.get("output_contract"), OUTPUT_CONTRACT_SCHEMA),
-        "acceptance_rules": document_errors(values.get("acceptance_rules"), _STRING_LIST),
+        "acceptance_rules": document_errors(
+            values.get("acceptance_rules"), ACCEPTANCE_RULES_SCHEMA
+        ),
     }
     if not (values.get("description") or "").strip():
         checks["description"] = ["Say which goals the skill serves and which it does not."]

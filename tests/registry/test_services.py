@@ -34,6 +34,10 @@ def test_publish_makes_the_version_current_and_records_who(make_tool_version, pu
     ("schema", "message"),
     [
         ({"type": "strin"}, "Not a valid JSON Schema (Draft 2020-12) at type"),
+        (
+            {"type": "object", "properties": {"x": "text"}, "additionalProperties": False},
+            "Not a valid JSON Schema (Draft 2020-12) at properties/x: 'text' is not of type",
+        ),
         ({"type": "object"}, '"additionalProperties": false'),
         (
             {"type": "array", "additionalProperties": False},
