@@ -1,15 +1,37 @@
+from datetime import UTC
+
 import django_filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from runs.choices import RunStatus
 from runs.models import Run
+
+
+class InstantField(IsoDateTimeField):
+    """An ISO 8601 instant, taken in UTC: Python reads offsets up to ±23:59, PostgreSQL only
+    up to ±15:59."""
+
+    def to_python(self, value):
+        instant = super().to_python(value)
+        if instant is None:
+            return None
+        try:
+            return instant.astimezone(UTC)
+        except OverflowError as error:
+            raise ValidationError("Outside the range of dates.", code="invalid") from error
+
+
+class InstantFilter(django_filters.IsoDateTimeFilter):
+    field_class = InstantField
 
 
 class RunFilter(django_filters.FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices)
     session = django_filters.UUIDFilter(field_name="session_id")
     skill = django_filters.CharFilter(method="filter_skill", help_text="name or name@version")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = InstantFilter(field_name="created_at", lookup_expr="gte")
+    created_before = InstantFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Run

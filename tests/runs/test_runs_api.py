@@ -1,6 +1,5 @@
 """The runs API: who sees which run, filters, pagination, the event log and cancel."""
 
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -188,7 +187,7 @@ def test_one_s_own_run_is_not_found_through_a_token_of_another_tenant(
     assert Run.objects.get(pk=run.pk).status == "QUEUED"
 
 
-@pytest.mark.parametrize("run_id", ["not-a-uuid", "1", str(uuid.uuid4())])
+@pytest.mark.parametrize("run_id", ["not-a-uuid", "1", "0b67ad91-a2a6-4d90-8358-a278e96dd7a9"])
 @pytest.mark.parametrize(
     ("method", "suffix"), [("get", ""), ("get", "/events"), ("post", "/cancel")]
 )
@@ -281,6 +280,25 @@ def test_runs_filter_by_creation_range(alice, member, start_run):
     assert _ids(after) == [runs[2], runs[1]]
     assert _ids(before) == [runs[0]]
     assert _ids(window) == [runs[1]]
+
+
+def test_an_offset_postgresql_cannot_hold_is_read_as_the_same_instant(alice, member, start_run):
+    # given a run created at 12:00 UTC on the 5th
+    run = start_run(member)
+    Run.objects.filter(pk=run.pk).update(created_at=datetime(2025, 1, 5, 12, tzinfo=UTC))
+
+    # 11:59 on the 6th at +23:59 is 12:00 on the 5th in UTC
+    response = alice.get(RUNS, {"created_after": "2025-01-06T11:59:00+23:59"})
+
+    assert response.status_code == 200
+    assert _ids(response) == [str(run.pk)]
+
+
+def test_an_instant_before_the_first_year_is_refused(alice):
+    response = alice.get(RUNS, {"created_after": "0001-01-01T01:00:00+23:00"})
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"created_after": ["Outside the range of dates."]}
 
 
 def test_a_malformed_date_filter_is_refused(alice):
