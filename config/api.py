@@ -1,12 +1,14 @@
-"""API plumbing shared by every app: the error body, strict JSON parsing, pagination."""
+"""API plumbing shared by every app: the error body, strict JSON parsing and serializers,
+pagination."""
 
 import math
+import re
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
@@ -119,10 +121,61 @@ class StrictJSONParser(JSONParser):
         return data
 
 
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know, so a typo is an error rather than silently ignored."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class DocumentField(serializers.JSONField):
+    """A JSON document with a contract of its own (a JSON Schema), which the API schema shows;
+    the service that stores the document enforces it."""
+
+    def __init__(self, *, document_schema: dict[str, Any], **kwargs: Any) -> None:
+        self.document_schema = document_schema
+        super().__init__(**kwargs)
+
+
+PAGE_SIZE = re.compile(r"^[0-9]+$")
+
+
 class Pagination(PageNumberPagination):
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
+
+    def get_page_size(self, request: Any) -> int:
+        """The page size asked for (at most `max_page_size`); one that is not a whole number
+        from 1 up is refused rather than silently replaced by the default."""
+        values = request.query_params.getlist(self.page_size_query_param)
+        if not values:
+            return self.page_size
+        digits = values[0].lstrip("0") if len(values) == 1 and PAGE_SIZE.match(values[0]) else ""
+        if digits:
+            # Past four digits, more than any page holds (and int() refuses the longest).
+            return self.max_page_size if len(digits) > 4 else min(int(digits), self.max_page_size)
+        raise exceptions.ValidationError(
+            {
+                self.page_size_query_param: [
+                    f"One whole number from 1 (pages hold at most {self.max_page_size})."
+                ]
+            }
+        )
+
+    def get_schema_operation_parameters(self, view: Any) -> list[dict]:
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] == self.page_size_query_param:
+                parameter["schema"]["minimum"] = 1
+                parameter["description"] = (
+                    f"Results per page ({self.page_size} by default, at most {self.max_page_size})."
+                )
+        return parameters
 
 
 ERROR_SCHEMA = {

@@ -1066,6 +1066,29 @@ def test_a_page_past_the_end_is_not_found(api, publisher, make_tool_version):
     assert _error(response)["code"] == "NOT_FOUND"
 
 
+def test_a_page_size_past_the_largest_page_gets_the_largest_page(api, publisher, make_tool_version):
+    make_tool_version()
+
+    for page_size in ("201", "9" * 5000):
+        response = api.as_user(publisher).get(TOOLS, {"page_size": page_size})
+
+        assert response.status_code == 200
+        assert response.json()["count"] == 1
+
+
+@pytest.mark.parametrize("page_size", ["ten", "0", "000", "-1", "2.5", "", ["2", "3"]])
+def test_a_page_size_that_is_not_one_whole_number_is_refused(
+    api, publisher, make_tool_version, page_size
+):
+    make_tool_version()
+
+    response = api.as_user(publisher).get(TOOLS, {"page_size": page_size})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == ["page_size"]
+
+
 # --- error body ----------------------------------------------------------------------------
 
 
