@@ -215,7 +215,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["config.api.StrictJSONParser"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "config.api.Pagination",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.schema.AutoSchema",
     "EXCEPTION_HANDLER": "config.api.exception_handler",
     "DEFAULT_THROTTLE_RATES": {
         "auth_token": env.str("AUTH_TOKEN_RATE", default="30/min"),

@@ -1,8 +1,8 @@
 from rest_framework import serializers
 
+from config.api import StrictSerializer
 from evaluations.choices import METRIC_DEFINITIONS
 from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
-from registry.api.serializers import StrictSerializer
 
 
 class EvalCaseSerializer(serializers.ModelSerializer):

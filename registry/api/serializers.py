@@ -3,22 +3,28 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from config.api import DocumentField, StrictSerializer
 from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
 from registry.models import SkillVersion, ToolVersion
+from registry.models.definitions import NAMESPACE_VALIDATOR
+from registry.models.skills import SKILL_NAME_VALIDATOR
+from registry.models.tools import TOOL_NAME_VALIDATOR
+from registry.models.versions import SEMVER_PATTERN, validate_semver
+from registry.schemas import (
+    ACCEPTANCE_RULES_SCHEMA,
+    ADAPTER_CONFIG_SCHEMAS,
+    CIRCUIT_BREAKER_SCHEMA,
+    EXAMPLES_SCHEMA,
+    OUTPUT_CONTRACT_SCHEMA,
+    RATE_LIMIT_SCHEMA,
+    REQUIRED_INPUTS_SCHEMA,
+    RETRY_POLICY_SCHEMA,
+    SKILL_RULES_SCHEMA,
+    TRIGGERS_SCHEMA,
+)
 from registry.selectors import mcp_drift
 from registry.services.skills import SKILL_CONTENT_FIELDS
 from registry.services.tools import TOOL_CONTENT_FIELDS
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses fields it does not know, so a typo is an error rather than silently ignored."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
-        return super().to_internal_value(data)
 
 
 class TokenRequestSerializer(StrictSerializer):
@@ -45,7 +51,9 @@ class DefinitionRefSerializer(serializers.Serializer):
 class VersionFieldsSerializer(serializers.ModelSerializer):
     qualified_name = serializers.CharField(read_only=True)
     is_current = serializers.BooleanField(read_only=True)
-    published_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    published_by = serializers.SlugRelatedField(
+        slug_field="username", read_only=True, allow_null=True
+    )
 
     version_fields = [
         "id",
@@ -99,21 +107,43 @@ class ToolVersionSerializer(VersionFieldsSerializer):
         return drift.get(str(tool_version.pk))
 
 
+@extend_schema_field({"type": "string", "pattern": SEMVER_PATTERN, "maxLength": 64})
+class SemverField(serializers.CharField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=64, validators=[validate_semver], **kwargs)
+
+
+def namespace_field() -> serializers.CharField:
+    return serializers.CharField(max_length=63, default="core", validators=[NAMESPACE_VALIDATOR])
+
+
 class ToolVersionCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=64)
-    namespace = serializers.CharField(max_length=63, default="core")
-    version = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=64, validators=[TOOL_NAME_VALIDATOR])
+    namespace = namespace_field()
+    version = SemverField()
     description = serializers.CharField()
     when_not_to_use = serializers.CharField(required=False, allow_blank=True)
     returns = serializers.CharField(required=False, allow_blank=True)
-    input_schema = serializers.JSONField()
+    input_schema = DocumentField(
+        document_schema={
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["object"]},
+                "additionalProperties": {"enum": [False]},
+                "properties": {"type": "object"},
+            },
+            "required": ["type", "additionalProperties"],
+        },
+        help_text='A JSON Schema (Draft 2020-12) with "type": "object" and '
+        '"additionalProperties": false.',
+    )
     result_contract = serializers.JSONField(required=False)
     risk = serializers.ChoiceField(choices=Risk.choices)
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=600)
-    retry_policy = serializers.JSONField(required=False)
-    rate_limit = serializers.JSONField(required=False)
+    retry_policy = DocumentField(document_schema=RETRY_POLICY_SCHEMA, required=False)
+    rate_limit = DocumentField(document_schema=RATE_LIMIT_SCHEMA, required=False)
     concurrency_cap = serializers.IntegerField(required=False, min_value=1, max_value=256)
-    circuit_breaker = serializers.JSONField(required=False)
+    circuit_breaker = DocumentField(document_schema=CIRCUIT_BREAKER_SCHEMA, required=False)
     is_idempotent = serializers.BooleanField(required=False)
     supports_dry_run = serializers.BooleanField(required=False)
     approval_rule = serializers.ChoiceField(choices=ApprovalRule.choices, required=False)
@@ -121,7 +151,11 @@ class ToolVersionCreateSerializer(StrictSerializer):
         choices=DataClassification.choices, required=False
     )
     adapter_kind = serializers.ChoiceField(choices=AdapterKind.choices)
-    adapter_config = serializers.JSONField()
+    adapter_config = DocumentField(
+        document_schema={"oneOf": list(ADAPTER_CONFIG_SCHEMAS.values())},
+        help_text="As the adapter kind requires: python {handler}, http {url, credential_ref?}, "
+        "mcp {server, remote_name, definition_hash, proposed_risk?}.",
+    )
 
 
 class ToolDependencySerializer(serializers.Serializer):
@@ -147,22 +181,22 @@ class SkillVersionSerializer(VersionFieldsSerializer):
 
 
 class SkillVersionCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=64)
-    namespace = serializers.CharField(max_length=63, default="core")
-    version = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=64, validators=[SKILL_NAME_VALIDATOR])
+    namespace = namespace_field()
+    version = SemverField()
     description = serializers.CharField()
     instructions = serializers.CharField(required=False, allow_blank=True)
-    triggers = serializers.JSONField(required=False)
-    required_inputs = serializers.JSONField(required=False)
+    triggers = DocumentField(document_schema=TRIGGERS_SCHEMA)
+    required_inputs = DocumentField(document_schema=REQUIRED_INPUTS_SCHEMA, required=False)
     tool_dependencies = serializers.ListField(
         child=serializers.CharField(max_length=140),
         required=False,
         help_text='Pinned tools as "name@version", e.g. "project_search@2".',
     )
-    rules = serializers.JSONField(required=False)
-    examples = serializers.JSONField(required=False)
-    output_contract = serializers.JSONField(required=False)
-    acceptance_rules = serializers.JSONField(required=False)
+    rules = DocumentField(document_schema=SKILL_RULES_SCHEMA, required=False)
+    examples = DocumentField(document_schema=EXAMPLES_SCHEMA, required=False)
+    output_contract = DocumentField(document_schema=OUTPUT_CONTRACT_SCHEMA)
+    acceptance_rules = DocumentField(document_schema=ACCEPTANCE_RULES_SCHEMA, required=False)
 
 
 class LifecycleSerializer(StrictSerializer):

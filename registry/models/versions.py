@@ -17,6 +17,15 @@ LIFECYCLE_FIELDS = frozenset(
 )
 
 
+# semver.org's pattern of a version (ASCII digits), the same rule as semver.Version.parse.
+SEMVER_PATTERN = (
+    r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(?:-((?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+    r"(?:\.(?:0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+
+
 def validate_semver(value: str) -> None:
     try:
         semver.Version.parse(value)

@@ -5,7 +5,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from registry.api.serializers import StrictSerializer
+from config.api import StrictSerializer
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors

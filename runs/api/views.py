@@ -2,10 +2,11 @@ import re
 from typing import ClassVar
 from uuid import UUID
 
+from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import MultiPartParser
@@ -41,7 +42,8 @@ from runs.services.attachments import attachment_store
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
 
-IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,200}$")
+IDEMPOTENCY_KEY_PATTERN = "^[!-~]{1,200}$"
+IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
 class MessageView(APIView):
@@ -58,7 +60,9 @@ class MessageView(APIView):
                 "Idempotency-Key",
                 location=OpenApiParameter.HEADER,
                 required=True,
-                description="The same key and body return the same run (200).",
+                pattern=IDEMPOTENCY_KEY_PATTERN,
+                description="1-200 visible ASCII characters. The same key and body return the "
+                "same run (200).",
             )
         ],
     )
@@ -107,7 +111,10 @@ class AttachmentView(APIView):
 
     @extend_schema(
         tags=["runs"],
-        request=AttachmentUploadSerializer,
+        request=OpenApiRequest(
+            AttachmentUploadSerializer,
+            encoding={"file": {"contentType": ", ".join(settings.ATTACHMENT_MEDIA_TYPES)}},
+        ),
         responses={201: AttachmentSerializer},
     )
     def post(self, request: Request) -> Response:
