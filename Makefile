@@ -8,6 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# pytest-xdist processes of `make test` (tests that start processes run on one of them).
+TEST_WORKERS ?= 2
 
 TEST_ENV := DEBUG=0 SECRET_KEY=test-only-secret-key-not-for-production-use-1234567890abcdef \
 	DATABASE_URL=postgres://postgres@127.0.0.1:5432/agentgov \
@@ -47,7 +49,7 @@ run: install
 test: install
 	./scripts/services.sh
 	./scripts/browser.sh
-	$(TEST_ENV) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Governance overhead, the raw-insert floor and end-to-end runs/s, in a scratch database
 # (agentgov_bench, dropped afterwards; BENCH_RUNS=200 by default); then the auditor pages

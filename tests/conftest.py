@@ -1,5 +1,6 @@
 import copy
 import os
+from collections import Counter
 
 import pytest
 import redis
@@ -13,7 +14,7 @@ from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.tools import threads
 from tests.celery_worker import celery_queue, start_worker  # noqa: F401 (real-worker fixtures)
-from tests.faults import FAULT_TABLE, fault_table_lines
+from tests.faults import FAULT_TABLE, FaultRow, fault_report, fault_table_lines
 from tests.registry.factories import (
     PASSWORD,
     TenantFactory,
@@ -21,6 +22,7 @@ from tests.registry.factories import (
     skill_content,
     tool_content,
 )
+from tests.security.fuzzing import FUZZ_COUNTS, fuzz_count_lines
 
 
 @pytest.fixture(scope="session")
@@ -168,9 +170,49 @@ def api():
     return client
 
 
+# Tests that start processes of their own (Celery workers, a browser, a web server, Django in
+# a subprocess) run one after another on one xdist worker, never two at once on the machine's
+# two cores; the other tests spread over both.
+PROCESS_FIXTURES = frozenset({"start_worker", "live_server", "browser"})
+PROCESS_MODULES = frozenset({"test_settings.py"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if (
+            PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or item.path.name in PROCESS_MODULES
+            or item.path.parent.name == "reliability"
+        ):
+            item.add_marker(pytest.mark.xdist_group("processes"))
+
+
+def pytest_sessionfinish(session):
+    """Under xdist, a worker hands its fault rows and fuzz counts to the controller."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["fault_table"] = [
+            {**vars(row), "statuses": dict(row.statuses)} for row in FAULT_TABLE
+        ]
+        output["fuzz_counts"] = dict(FUZZ_COUNTS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    output = getattr(node, "workeroutput", {})
+    for row in output.get("fault_table", []):
+        fault_report(FaultRow(**{**row, "statuses": Counter(row["statuses"])}))
+    FUZZ_COUNTS.update(output.get("fuzz_counts", {}))
+
+
 def pytest_terminal_summary(terminalreporter):
-    """The fault-injection table (tests/faults.py), when a scenario ran."""
+    """The fault-injection table (tests/faults.py) and the fuzzer's counts, when they ran."""
     if FAULT_TABLE:
         terminalreporter.section("fault injection")
         for line in fault_table_lines():
+            terminalreporter.write_line(line)
+    if FUZZ_COUNTS:
+        terminalreporter.section("API fuzzing")
+        for line in fuzz_count_lines():
             terminalreporter.write_line(line)
