@@ -5,6 +5,7 @@ import math
 import re
 from typing import Any
 
+import django_filters
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
@@ -139,6 +140,25 @@ class DocumentField(serializers.JSONField):
     def __init__(self, *, document_schema: dict[str, Any], **kwargs: Any) -> None:
         self.document_schema = document_schema
         super().__init__(**kwargs)
+
+
+class FilterSet(django_filters.FilterSet):
+    """Refuses a filter of choices, instants or ids given empty (`?status=`): a value none of
+    them can hold, which would otherwise filter nothing; leave the parameter out instead."""
+
+    def is_valid(self) -> bool:
+        valid = super().is_valid()
+        empty = [
+            name
+            for name, declared in self.filters.items()
+            if not isinstance(declared, django_filters.CharFilter)
+            and name in self.data
+            and name not in self.form.errors
+            and not any(self.data.getlist(name))
+        ]
+        for name in empty:
+            self.form.add_error(name, "Give a value, or leave the parameter out.")
+        return valid and not empty
 
 
 PAGE_SIZE = re.compile(r"^[0-9]+$")

@@ -2,11 +2,12 @@ import django_filters
 
 from approvals.choices import ActionStatus
 from approvals.models import BusinessAction
+from config.api import FilterSet
 
 PENDING = "pending"
 
 
-class ApprovalFilter(django_filters.FilterSet):
+class ApprovalFilter(FilterSet):
     """`status=pending` is the waiting ones; any other value is an action status."""
 
     status = django_filters.ChoiceFilter(

@@ -1,10 +1,11 @@
 import django_filters
 
+from config.api import FilterSet
 from registry.choices import Risk, VersionStatus
 from registry.models import SkillVersion, ToolVersion
 
 
-class ToolVersionFilter(django_filters.FilterSet):
+class ToolVersionFilter(FilterSet):
     name = django_filters.CharFilter(field_name="tool__name")
     namespace = django_filters.CharFilter(field_name="tool__namespace")
     status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)
@@ -15,7 +16,7 @@ class ToolVersionFilter(django_filters.FilterSet):
         fields = ["name", "namespace", "status", "risk"]
 
 
-class SkillVersionFilter(django_filters.FilterSet):
+class SkillVersionFilter(FilterSet):
     name = django_filters.CharFilter(field_name="skill__name")
     namespace = django_filters.CharFilter(field_name="skill__namespace")
     status = django_filters.MultipleChoiceFilter(choices=VersionStatus.choices)

@@ -4,6 +4,7 @@ import django_filters
 from django.core.exceptions import ValidationError
 from django_filters.fields import IsoDateTimeField
 
+from config.api import FilterSet
 from runs.choices import RunStatus
 from runs.models import Run
 
@@ -26,7 +27,7 @@ class InstantFilter(django_filters.IsoDateTimeFilter):
     field_class = InstantField
 
 
-class RunFilter(django_filters.FilterSet):
+class RunFilter(FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices)
     session = django_filters.UUIDFilter(field_name="session_id")
     skill = django_filters.CharFilter(method="filter_skill", help_text="name or name@version")

@@ -301,6 +301,14 @@ def test_an_instant_before_the_first_year_is_refused(alice):
     assert _error(response)["details"] == {"created_after": ["Outside the range of dates."]}
 
 
+@pytest.mark.parametrize("parameter", ["status", "created_after", "session"])
+def test_a_filter_given_empty_is_refused(alice, parameter):
+    response = alice.get(f"{RUNS}?{parameter}=")
+
+    assert response.status_code == 400
+    assert list(_error(response)["details"]) == [parameter]
+
+
 def test_a_malformed_date_filter_is_refused(alice):
     response = alice.get(RUNS, {"created_after": "last tuesday"})
 
