@@ -163,9 +163,17 @@ class Worker:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
+        self.terminate()
+        self.wait_stopped()
+
+    def terminate(self) -> None:
+        """SIGTERM: a warm shutdown, finishing the tasks in hand."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+
+    def wait_stopped(self) -> None:
         if self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
         try:
             self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -262,7 +270,9 @@ def start_worker(transactional_db, celery_queue, tmp_path) -> Iterator[Callable[
 
     yield start
     for worker in started:
-        worker.stop()
+        worker.terminate()
+    for worker in started:
+        worker.wait_stopped()
 
 
 def example_seed() -> None:

@@ -340,6 +340,8 @@ def test_redis_restarted_mid_run_loses_its_queue_and_the_sweeps_finish_every_run
                     server.start()
 
             driver.drive(seconds=120, between=maybe_restart, worker=lambda: worker)
+            # stopped while its broker is up: without one, a warm shutdown waits it out
+            worker.stop()
     finally:
         if server.process and server.process.poll() is None:
             server.kill()
