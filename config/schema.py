@@ -12,8 +12,10 @@ from rest_framework import serializers
 
 from config.api import DocumentField, StrictSerializer
 
-# A string the API trims and refuses when nothing is left.
-NOT_BLANK = r"\S"
+# Text the API trims (str.strip) and refuses when nothing is left must hold a character that
+# Python does not count as whitespace (ECMA's \S differs: it keeps \x1c-\x1f and \x85, drops
+# \ufeff).
+NOT_BLANK = r"[^\t-\r\x1c-\x20\x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
 
 
 class AutoSchema(openapi.AutoSchema):

@@ -1,0 +1,19 @@
+"""What the OpenAPI document says of request text matches what the API does with it."""
+
+import re
+import sys
+
+from config.schema import NOT_BLANK
+
+
+def test_text_is_blank_to_the_schema_exactly_when_the_api_strips_it_to_nothing():
+    # explicit characters only: \s, \w and \d mean other sets in a client's ECMA regex
+    assert not re.search(r"\\[sSwWdD]", NOT_BLANK)
+    not_blank = re.compile(NOT_BLANK)
+    disagree = [
+        hex(code)
+        for code in range(sys.maxunicode + 1)
+        if bool(not_blank.fullmatch(chr(code))) == chr(code).isspace()
+    ]
+
+    assert disagree == []
