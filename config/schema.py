@@ -7,7 +7,7 @@ client, and the API fuzzer, can tell a well-formed request from one the API refu
 from typing import Any
 
 from drf_spectacular import openapi
-from drf_spectacular.plumbing import force_instance
+from drf_spectacular.plumbing import append_meta, force_instance
 from rest_framework import serializers
 
 from config.api import DocumentField, StrictSerializer
@@ -44,5 +44,7 @@ class AutoSchema(openapi.AutoSchema):
     ) -> dict:
         """Documents carry their own JSON Schema."""
         if isinstance(field, DocumentField):
-            return dict(field.document_schema)
+            return append_meta(
+                dict(field.document_schema), self._get_serializer_field_meta(field, direction)
+            )
         return super()._map_serializer_field(field, direction, bypass_extensions)
