@@ -177,8 +177,11 @@ class Pagination(PageNumberPagination):
             return self.page_size
         digits = values[0].lstrip("0") if len(values) == 1 and PAGE_SIZE.match(values[0]) else ""
         if digits:
-            # Past four digits, more than any page holds (and int() refuses the longest).
-            return self.max_page_size if len(digits) > 4 else min(int(digits), self.max_page_size)
+            # More digits than the largest page has is more than it holds (and int() refuses
+            # the longest numbers).
+            if len(digits) > len(str(self.max_page_size)):
+                return self.max_page_size
+            return min(int(digits), self.max_page_size)
         raise exceptions.ValidationError(
             {
                 self.page_size_query_param: [

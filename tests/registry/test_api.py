@@ -9,6 +9,7 @@ import pytest
 from django.conf import settings
 from rest_framework.throttling import ScopedRateThrottle
 
+from config.api import Pagination
 from registry.choices import Risk, Role, VersionStatus
 from registry.models import ApiToken, Membership, Skill, SkillVersion, Tool, ToolVersion
 from registry.services import skills, tenancy, tools
@@ -1066,14 +1067,18 @@ def test_a_page_past_the_end_is_not_found(api, publisher, make_tool_version):
     assert _error(response)["code"] == "NOT_FOUND"
 
 
-def test_a_page_size_past_the_largest_page_gets_the_largest_page(api, publisher, make_tool_version):
-    make_tool_version()
+def test_a_page_size_past_the_largest_page_gets_the_largest_page(
+    api, publisher, make_tool_version, monkeypatch
+):
+    monkeypatch.setattr(Pagination, "max_page_size", 2)
+    for version in ("1.0.0", "1.1.0", "1.2.0"):
+        make_tool_version(version=version)
 
-    for page_size in ("201", "9" * 5000):
+    for page_size in ("3", "10", "9" * 5000):
         response = api.as_user(publisher).get(TOOLS, {"page_size": page_size})
 
         assert response.status_code == 200
-        assert response.json()["count"] == 1
+        assert (response.json()["count"], len(response.json()["results"])) == (3, 2)
 
 
 @pytest.mark.parametrize("page_size", ["ten", "0", "000", "-1", "2.5", "", ["2", "3"]])

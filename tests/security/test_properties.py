@@ -4,7 +4,9 @@ out of an end."""
 
 import json
 import random
+import re
 
+from django.core.exceptions import ValidationError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +14,7 @@ from approvals.choices import ACTION_TRANSITIONS, ActionStatus
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
 from registry.canonical import canonical_hash
 from registry.choices import VERSION_TRANSITIONS, VersionStatus
+from registry.models.versions import SEMVER_PATTERN, validate_semver
 from runs.choices import (
     OCCURRENCE_TERMINAL,
     OCCURRENCE_TRANSITIONS,
@@ -116,6 +119,30 @@ MAPS = {
     "version": (VERSION_TRANSITIONS, VersionStatus.DRAFT),
     "eval run": (EVAL_RUN_TRANSITIONS, EvalRunStatus.QUEUED),
 }
+
+
+def _semver_parses(text: str) -> bool:
+    try:
+        validate_semver(text)
+    except ValidationError:
+        return False
+    return True
+
+
+@settings(max_examples=300)
+@given(st.from_regex(SEMVER_PATTERN, fullmatch=True))
+def test_every_version_the_schema_shows_as_valid_is_one_the_api_accepts(version):
+    assert _semver_parses(version)
+
+
+# Strings close to versions: digits, dots, signs, letters, and a few characters beyond ASCII.
+VERSIONISH = st.text(alphabet="0123456789..-+aZ \n\u0663", max_size=14)
+
+
+@settings(max_examples=500)
+@given(VERSIONISH)
+def test_the_schema_s_version_pattern_and_the_api_s_parser_agree(text):
+    assert bool(re.fullmatch(SEMVER_PATTERN, text)) == _semver_parses(text)
 
 
 def test_declared_terminal_statuses_are_final_and_every_other_status_can_end():
