@@ -9,33 +9,17 @@ forgot to save it would collide on (run, seq) at the next write, loudly, never l
 
 from typing import Any
 
+from runs import writes
 from runs.choices import EventType, RunStatus
 from runs.models import Run, RunEvent
 
-BUFFER = "_pending_events"
-
 
 def _append(run: Run, event_type: EventType, payload: dict[str, Any]) -> RunEvent:
+    """Number the event and write it, or hold it for the step's one write (`runs.writes`)."""
     run.last_event_seq += 1
     event = RunEvent(run=run, seq=run.last_event_seq, type=event_type, payload=payload)
-    buffer = run.__dict__.get(BUFFER)
-    if buffer is None:
-        event.save()
-    else:
-        buffer.append(event)
+    writes.add(run, [event])
     return event
-
-
-def buffer_events(run: Run) -> None:
-    """Hold this run's new events in memory until `flush_events`; the loop writes a step's
-    events in one statement, in the step's transaction."""
-    run.__dict__[BUFFER] = []
-
-
-def flush_events(run: Run) -> None:
-    buffer = run.__dict__.pop(BUFFER, None)
-    if buffer:
-        RunEvent.objects.bulk_create(buffer)
 
 
 def message_received(

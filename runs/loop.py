@@ -12,14 +12,14 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
-from runs import events, quotas, tracing
+from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
@@ -350,15 +350,37 @@ def _remember(
     draft: dict | None = None,
 ) -> None:
     """Session state is the one authoritative copy: the project the actor proved access to,
-    the recipient they confirmed (with its expiry) and the latest drafts."""
-    session = Session.objects.select_for_update().get(pk=run.session_id)
-    if project_id:
-        session.state["project_id"] = project_id
-    if recipient:
-        session.state["recipient"] = recipient
+    the recipient they confirmed (with its expiry) and the latest drafts. Merged into the
+    session's current state by one UPDATE written with the step (`runs.writes`), so runs of
+    one session never lose each other's keys."""
+    values = {
+        key: value
+        for key, value in (("project_id", project_id), ("recipient", recipient))
+        if value
+    }
+    if connection.vendor != "postgresql":
+        session = Session.objects.select_for_update().get(pk=run.session_id)
+        session.state.update(values)
+        if draft:
+            session.state["drafts"] = [*session.state.get("drafts", []), draft][-DRAFTS_KEPT:]
+        session.save(update_fields=["state", "updated_at"])
+        return
+    state = "state || %s::jsonb"
+    params: list[Any] = [timezone.now(), json.dumps(values)]
     if draft:
-        session.state["drafts"] = [*session.state.get("drafts", []), draft][-DRAFTS_KEPT:]
-    session.save(update_fields=["state", "updated_at"])
+        state = (
+            f"jsonb_set({state}, '{{drafts}}', (SELECT coalesce(jsonb_agg(kept.value ORDER BY "
+            "kept.ordinality), '[]'::jsonb) FROM (SELECT value, ordinality FROM "
+            "jsonb_array_elements(CASE jsonb_typeof(state->'drafts') WHEN 'array' THEN "
+            "state->'drafts' ELSE '[]'::jsonb END || %s::jsonb) WITH ORDINALITY "
+            "ORDER BY ordinality DESC LIMIT %s) AS kept))"
+        )
+        params += [json.dumps([draft]), DRAFTS_KEPT]
+    writes.add_statement(
+        run,
+        f"UPDATE {Session._meta.db_table} SET updated_at = %s, state = {state} WHERE id = %s",
+        [*params, run.session_id],
+    )
 
 
 def _confirmed_recipient(session_state: dict, inputs: dict) -> dict | None:
@@ -738,11 +760,11 @@ def _budget_exhausted(run: Run) -> str | None:
 
 
 def _save(run: Run) -> None:
-    events.flush_events(run)
-    tracing.flush_spans(run)
+    """The step's one write: the run's row with the rows the step made (`runs.writes`)."""
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
-    run.save(
-        update_fields=[
+    written = writes.run_update(
+        run,
+        fields=[
             "status",
             "reason_code",
             "finished_at",
@@ -756,9 +778,9 @@ def _save(run: Run) -> None:
             "lease_expires_at",
             "result",
             "last_event_seq",
-            "updated_at",
-        ]
+        ],
     )
+    tracing.export_on_commit(written)
 
 
 @dataclass
@@ -807,8 +829,7 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
         if run.cancel_requested_at is not None:
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
             return False
-        events.buffer_events(run)
-        tracing.buffer_spans(run)
+        writes.hold(run)
         if run.status == RunStatus.QUEUED:
             _start(run)
         elif (reason := _budget_exhausted(run)) is not None:

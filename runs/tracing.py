@@ -1,7 +1,7 @@
 """Spans of a run's trace: the timed stages an operator reads as a waterfall.
 
 Like events, a step's spans are held in memory and written in one statement with the step
-(`buffer_spans` / `flush_spans`); outside a step a span is written at once. Every span carries
+(`runs.writes`); outside a step a span is written at once. Every span carries
 the run's trace id, run id and session id; its attributes are redacted before they are kept.
 With OTLP export configured (runs.otel), spans also leave once their transaction commits.
 """
@@ -14,11 +14,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from runs import otel
+from runs import otel, writes
 from runs.models import Run, Span
 from runs.redaction import redact
-
-BUFFER = "_pending_spans"
 
 
 def root_span_id(run: Run) -> str:
@@ -51,29 +49,19 @@ def span_add(
         status=Span.Status.ERROR if error else Span.Status.OK,
         attributes=redact(attributes),
     )
-    buffer = run.__dict__.get(BUFFER)
-    if buffer is None:
-        span.save(force_insert=True)
-        _export_on_commit([span])
+    if writes.holding(run):
+        writes.add(run, [span])
     else:
-        buffer.append(span)
+        span.save(force_insert=True)
+        export_on_commit([span])
     return span
 
 
-def _export_on_commit(spans: list[Span]) -> None:
-    if settings.OTEL_EXPORTER_OTLP_ENDPOINT:
+def export_on_commit(rows: list) -> None:
+    """Export the spans among rows once their transaction commits (OTLP configured)."""
+    spans = [row for row in rows if isinstance(row, Span)]
+    if spans and settings.OTEL_EXPORTER_OTLP_ENDPOINT:
         transaction.on_commit(lambda: otel.export(spans))
-
-
-def buffer_spans(run: Run) -> None:
-    run.__dict__[BUFFER] = []
-
-
-def flush_spans(run: Run) -> None:
-    buffer = run.__dict__.pop(BUFFER, None)
-    if buffer:
-        Span.objects.bulk_create(buffer)
-        _export_on_commit(buffer)
 
 
 def run_span(run: Run) -> Span:

@@ -13,7 +13,7 @@ from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, Tenant
 from registry.selectors import user_can, user_roles
-from runs import events, tracing
+from runs import events, tracing, writes
 from runs.capability import capability_resolve
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
@@ -216,8 +216,7 @@ def _create_run(
         ),
         trace_id=secrets.token_hex(16),
     )
-    events.buffer_events(run)
-    tracing.buffer_spans(run)
+    writes.hold(run)
     ingress = tracing.span_add(
         run, "ingress", started_at=started_at, channel=channel, parts=len(parts), new_session=is_new
     )
@@ -241,9 +240,7 @@ def _create_run(
     events.message_normalized(run, message=message)
     events.session_loaded(run, is_new=is_new, state_keys=sorted(session.state))
     if agent_config is None:
-        run.save(force_insert=True)
-        events.flush_events(run)
-        tracing.flush_spans(run)
+        tracing.export_on_commit(writes.run_insert(run))
         return run_finish(run=run, status=RunStatus.REFUSED, reason_code="NO_AGENT_CONFIGURED")
     events.capability_resolved(
         run,
@@ -251,7 +248,5 @@ def _create_run(
         skills=[f"{skill['name']}@{skill['version']}" for skill in capability["skills"]],
         tools=[f"{tool['name']}@{tool['version']}" for tool in capability["tools"]],
     )
-    run.save(force_insert=True)
-    events.flush_events(run)
-    tracing.flush_spans(run)
+    tracing.export_on_commit(writes.run_insert(run))
     return run

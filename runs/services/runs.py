@@ -4,10 +4,10 @@ from django.utils import timezone
 
 from registry.choices import Action
 from registry.selectors import user_can
-from runs import events, tracing
+from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, Channel, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
-from runs.models import Run
+from runs.models import Run, Source
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
@@ -71,7 +71,7 @@ def run_finish(
         "actions": actions or [],
         "sources": [
             {"reference": source.reference, "origin": source.origin}
-            for source in run.sources.order_by("fetched_at")
+            for source in [*run.sources.order_by("fetched_at"), *writes.pending(run, Source)]
         ],
         "output": output or {},
         "question": question,

@@ -23,7 +23,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
 from registry.selectors import version_ids_revoked, versions_frozen
-from runs import events, tracing
+from runs import events, tracing, writes
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
 from runs.tools import adapters, limits, threads
@@ -194,9 +194,13 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
     revoked = version_ids_revoked(model=ToolVersion, ids=ids) if ids else set()
+    call_ids = [call.call_id for call in calls]
     known = {
         record.call_id: record
-        for record in ToolCall.objects.filter(run=run, call_id__in=[call.call_id for call in calls])
+        for record in [
+            *ToolCall.objects.filter(run=run, call_id__in=call_ids),
+            *(record for record in writes.pending(run, ToolCall) if record.call_id in call_ids),
+        ]
     }
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}
@@ -221,8 +225,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
         outcomes[call.call_id] = outcome
         step_calls.records.append(outcome)
     _execute_admitted(run, admitted, step_calls)
-    ToolCall.objects.bulk_create(step_calls.records)
-    Source.objects.bulk_create(step_calls.sources)
+    writes.add(run, [*step_calls.records, *step_calls.sources])
     return [known.get(call.call_id) or outcomes[call.call_id] for call in calls]
 
 
@@ -268,7 +271,7 @@ def side_effect_record(
     _record(run, admitted, outcome, attempts, duration_ms, step_calls)
     record = admitted.record
     record.save(update_fields=["status", "error_category", "envelope", "attempts", "duration_ms"])
-    Source.objects.bulk_create(step_calls.sources)
+    writes.add(run, step_calls.sources)
     return record
 
 

@@ -159,3 +159,52 @@ def test_service_urls_switch_to_postgresql_and_a_redis_broker():
         "app_broker": redis_url,
         "cache": "django.core.cache.backends.redis.RedisCache",
     }
+
+
+RUNNING_EXAMPLE = """
+import json, uuid, django
+django.setup()
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from registry.models import Tenant
+from runs.models import Run, Session
+from runs.services.ingress import message_ingest
+call_command("migrate", verbosity=0)
+call_command("seed_demo", verbosity=0)
+run = message_ingest(
+    actor=get_user_model().objects.get(username="alice"),
+    tenant=Tenant.objects.get(slug="acme"),
+    idempotency_key=str(uuid.uuid4()),
+    channel="api",
+    parts=[{"type": "text", "text": "Summarise this week's project status and mail it to the R&D lead."}],
+    metadata={"project_id": "apollo"},
+).run
+run.refresh_from_db()
+state = Session.objects.get(pk=run.session_id).state
+print(json.dumps({
+    "status": run.status,
+    "seq": sorted(run.events.values_list("seq", flat=True)) == list(range(1, run.last_event_seq + 1)),
+    "action": bool(run.result.get("action", {}).get("payload_hash")),
+    "project_id": state.get("project_id"),
+    "drafts": [draft["run_id"] for draft in state.get("drafts", [])] == [str(run.pk)],
+}))
+"""
+
+
+def test_embedded_default_takes_the_running_example_to_approval(tmp_path):
+    # `make run`: SQLite, Celery eager, the demo data and the offline planner
+    result = _run(
+        "-c",
+        RUNNING_EXAMPLE,
+        DEBUG="1",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}",
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {
+        "status": "WAITING_APPROVAL",
+        "seq": True,
+        "action": True,
+        "project_id": "apollo",
+        "drafts": True,
+    }

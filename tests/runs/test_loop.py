@@ -9,6 +9,7 @@ offline planner cannot express the case.
 import json
 import re
 import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +30,7 @@ from runs import loop
 from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, RunEvent, Source, ToolCall
+from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
 from runs.tasks import MODEL_RETRIES, run_advance
 from runs.tools import executor
@@ -325,6 +327,41 @@ def test_the_approval_node_allows_no_tool(demo):
     last = events_of(finished(run), "tools.assembled")[-1]
     assert last["node"] == "approval"
     assert last["allowlist"] == []
+
+
+def test_the_session_keeps_the_latest_drafts_and_every_key_another_writer_set(demo):
+    # given a session whose state holds a key of another writer and a malformed drafts value
+    session = start(demo, project_id="apollo").session
+    session.state = {"elsewhere": {"kept": True}, "drafts": "not a list"}
+    session.save()
+    run_ids = []
+
+    # when more runs of the running example than the session keeps drafts of wait for approval
+    for _ in range(loop.DRAFTS_KEPT + 2):
+        run = message_ingest(
+            actor=demo.alice,
+            tenant=demo.acme,
+            idempotency_key=f"key-{uuid.uuid4()}",
+            channel="chat",
+            parts=[{"type": "text", "text": RUNNING_EXAMPLE_TEXT}],
+            metadata={"project_id": "apollo"},
+            session_id=session.pk,
+        ).run
+        run_execute(run_id=str(run.pk))
+        assert finished(run).status == "WAITING_APPROVAL"
+        run_ids.append(str(run.pk))
+
+    # then the latest drafts are kept, oldest first, each bound to its action's hash
+    session.refresh_from_db()
+    drafts = session.state["drafts"]
+    assert [draft["run_id"] for draft in drafts] == run_ids[-loop.DRAFTS_KEPT :]
+    assert [draft["draft_hash"] for draft in drafts] == [
+        Run.objects.get(pk=run_id).result["action"]["payload_hash"]
+        for run_id in run_ids[-loop.DRAFTS_KEPT :]
+    ]
+    # and what the runs did not write is still there, next to what they did
+    assert session.state["elsewhere"] == {"kept": True}
+    assert session.state["project_id"] == "apollo"
 
 
 # --- 2. every terminal status ----------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""A step's writes in one statement.
+
+While a run holds its rows (`hold`), the events, spans, tool calls and sources a step makes
+stay in memory; `run_update` (or `run_insert`, for a run being created) writes them with the
+run's own row in one statement, `WITH w0 AS (INSERT ...), w1 AS (INSERT ...) UPDATE runs_run
+...`, in the step's transaction: one round trip to PostgreSQL where there were one per table.
+Rows of a table keep their order; foreign keys between them are checked at commit. The SQL of
+each part is Django's own (its insert and update compilers), so fields convert as in `save`.
+A run that holds nothing writes each row at once, as `save` would.
+"""
+
+from collections.abc import Iterable, Sequence
+
+from django.db import connection, models
+from django.db.models.sql import InsertQuery, UpdateQuery
+
+from runs.models import Run
+
+PENDING = "_pending_rows"
+STATEMENTS = "_pending_statements"
+
+
+def hold(run: Run) -> None:
+    """Keep this run's new rows in memory until its row is written."""
+    run.__dict__[PENDING] = []
+    run.__dict__[STATEMENTS] = []
+
+
+def holding(run: Run) -> bool:
+    return PENDING in run.__dict__
+
+
+def add(run: Run, rows: Iterable[models.Model]) -> None:
+    """New rows of the run: held when the run holds them, inserted at once otherwise."""
+    held = run.__dict__.get(PENDING)
+    if held is not None:
+        held.extend(rows)
+        return
+    by_model: dict[type[models.Model], list[models.Model]] = {}
+    for row in rows:
+        by_model.setdefault(type(row), []).append(row)
+    for model, objects in by_model.items():
+        model.objects.bulk_create(objects)
+
+
+def add_statement(run: Run, sql: str, params: Sequence) -> None:
+    """A data-modifying statement of the step on another table (`UPDATE ...`, PostgreSQL),
+    written with the run's row; at once when the run holds nothing. A step gives each row
+    of another table one statement at most: two in one WITH would race for it."""
+    held = run.__dict__.get(STATEMENTS)
+    if held is not None:
+        held.append((sql, list(params)))
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
+def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
+    """The rows of `model` held for the run and not written yet."""
+    return [row for row in run.__dict__.get(PENDING, ()) if type(row) is model]
+
+
+def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
+    by_model: dict[type[models.Model], list[models.Model]] = {}
+    for row in rows:
+        by_model.setdefault(type(row), []).append(row)
+    statements = []
+    for model, objects in by_model.items():
+        fields = [field for field in model._meta.concrete_fields if not field.generated]
+        for row in objects:
+            row._prepare_related_fields_for_save(operation_name="write")
+        query = InsertQuery(model)
+        query.insert_values(fields, objects)
+        [(sql, params)] = query.get_compiler(connection=connection).as_sql()
+        statements.append((sql, list(params)))
+    return statements
+
+
+def _written(rows: Sequence[models.Model]) -> None:
+    for row in rows:
+        row._state.adding = False
+        row._state.db = connection.alias
+
+
+def _execute(
+    main: tuple[str, list], rows: list[models.Model], statements: list[tuple[str, list]]
+) -> int:
+    """Run the inserts, the statements and `main` as one statement; returns the rows `main`
+    touched. A database without data-modifying WITH (SQLite, the embedded default) runs them
+    in turn."""
+    parts = [*_inserts(rows), *statements]
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            for part_sql, part_params in parts:
+                cursor.execute(part_sql, part_params)
+            cursor.execute(*main)
+            count = cursor.rowcount
+        _written(rows)
+        return count
+    sql = "".join(
+        ("WITH " if index == 0 else ", ") + f"w{index} AS ({part_sql})"
+        for index, (part_sql, _) in enumerate(parts)
+    )
+    params = [param for _, part_params in parts for param in part_params]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} {main[0]}", [*params, *main[1]])
+        count = cursor.rowcount
+    _written(rows)
+    return count
+
+
+def _take(run: Run) -> tuple[list[models.Model], list[tuple[str, list]]]:
+    return run.__dict__.pop(PENDING, None) or [], run.__dict__.pop(STATEMENTS, None) or []
+
+
+def run_insert(run: Run) -> list[models.Model]:
+    """Insert the new run with the rows it holds; returns those rows."""
+    rows, statements = _take(run)
+    [main] = _inserts([run])
+    _execute(main, rows, statements)
+    _written([run])
+    return rows
+
+
+def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
+    """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
+    rows, statements = _take(run)
+    opts = Run._meta
+    query = UpdateQuery(Run)
+    query.add_update_fields(
+        [
+            (field, None, field.pre_save(run, False))
+            for field in (opts.get_field(name) for name in dict.fromkeys([*fields, "updated_at"]))
+        ]
+    )
+    query.add_q(models.Q(pk=run.pk))
+    main = query.get_compiler(connection=connection).as_sql()
+    if _execute(main, rows, statements) != 1:
+        raise Run.DoesNotExist(f"Run {run.pk} is gone.")
+    return rows
