@@ -240,7 +240,7 @@ def _session_state(run: Run) -> dict[str, Any]:
     its run reads nothing from a session, whatever was said there."""
     if _is_task(run):
         return {}
-    return Session.objects.filter(pk=run.session_id).values_list("state", flat=True)[0]
+    return run.session.state
 
 
 def _route_and_assemble(run: Run) -> None:
@@ -354,9 +354,7 @@ def _remember(
     session's current state by one UPDATE written with the step (`runs.writes`), so runs of
     one session never lose each other's keys."""
     values = {
-        key: value
-        for key, value in (("project_id", project_id), ("recipient", recipient))
-        if value
+        key: value for key, value in (("project_id", project_id), ("recipient", recipient)) if value
     }
     if connection.vendor != "postgresql":
         session = Session.objects.select_for_update().get(pk=run.session_id)
@@ -807,7 +805,7 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
             return saved
     return (
         Run.objects.select_for_update(of=("self",))
-        .select_related("tenant", "actor")
+        .select_related("tenant", "actor", "session")
         .filter(pk=run_id)
         .first()
     )

@@ -4,15 +4,16 @@ While a run holds its rows (`hold`), the events, spans, tool calls and sources a
 stay in memory; `run_update` (or `run_insert`, for a run being created) writes them with the
 run's own row in one statement, `WITH w0 AS (INSERT ...), w1 AS (INSERT ...) UPDATE runs_run
 ...`, in the step's transaction: one round trip to PostgreSQL where there were one per table.
-Rows of a table keep their order; foreign keys between them are checked at commit. The SQL of
-each part is Django's own (its insert and update compilers), so fields convert as in `save`.
+Rows of a table keep their order; foreign keys between them are checked at commit. Values are
+prepared by their fields as `save` prepares them (`pre_save`, `get_db_prep_save`).
 A run that holds nothing writes each row at once, as `save` would.
 """
 
+import functools
 from collections.abc import Iterable, Sequence
 
 from django.db import connection, models
-from django.db.models.sql import InsertQuery, UpdateQuery
+from django.db.models import Field
 
 from runs.models import Run
 
@@ -60,19 +61,31 @@ def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
     return [row for row in run.__dict__.get(PENDING, ()) if type(row) is model]
 
 
+@functools.cache
+def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str]:
+    """The fields an INSERT of `model` writes, and its `INSERT INTO table (columns)` prefix."""
+    fields = [field for field in model._meta.concrete_fields if not field.generated]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(field.column) for field in fields)
+    return fields, f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "
+
+
 def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
+    """One multi-row INSERT per model, its values prepared as `save` prepares them."""
     by_model: dict[type[models.Model], list[models.Model]] = {}
     for row in rows:
         by_model.setdefault(type(row), []).append(row)
     statements = []
     for model, objects in by_model.items():
-        fields = [field for field in model._meta.concrete_fields if not field.generated]
+        fields, prefix = _insert_fields(model)
+        placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        params = []
         for row in objects:
             row._prepare_related_fields_for_save(operation_name="write")
-        query = InsertQuery(model)
-        query.insert_values(fields, objects)
-        [(sql, params)] = query.get_compiler(connection=connection).as_sql()
-        statements.append((sql, list(params)))
+            params.extend(
+                field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields
+            )
+        statements.append((prefix + ", ".join([placeholders] * len(objects)), params))
     return statements
 
 
@@ -125,16 +138,17 @@ def run_insert(run: Run) -> list[models.Model]:
 def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
     """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
     rows, statements = _take(run)
-    opts = Run._meta
-    query = UpdateQuery(Run)
-    query.add_update_fields(
+    quote = connection.ops.quote_name
+    targets = [Run._meta.get_field(name) for name in dict.fromkeys([*fields, "updated_at"])]
+    main = (
+        f"UPDATE {quote(Run._meta.db_table)} SET "
+        + ", ".join(f"{quote(field.column)} = %s" for field in targets)
+        + f" WHERE {quote(Run._meta.pk.column)} = %s",
         [
-            (field, None, field.pre_save(run, False))
-            for field in (opts.get_field(name) for name in dict.fromkeys([*fields, "updated_at"]))
-        ]
+            *(field.get_db_prep_save(field.pre_save(run, False), connection) for field in targets),
+            Run._meta.pk.get_db_prep_value(run.pk, connection),
+        ],
     )
-    query.add_q(models.Q(pk=run.pk))
-    main = query.get_compiler(connection=connection).as_sql()
     if _execute(main, rows, statements) != 1:
         raise Run.DoesNotExist(f"Run {run.pk} is gone.")
     return rows

@@ -6,7 +6,7 @@ stripped; what does not fit stays in a Source the model can cite by reference.
 """
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.db import models
@@ -41,7 +41,9 @@ class Envelope:
     truncated: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a dict; nested values are shared, not copied (an envelope is built
+        once per call and not changed after)."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), ensure_ascii=False, sort_keys=True, default=str)

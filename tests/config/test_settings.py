@@ -176,14 +176,15 @@ run = message_ingest(
     tenant=Tenant.objects.get(slug="acme"),
     idempotency_key=str(uuid.uuid4()),
     channel="api",
-    parts=[{"type": "text", "text": "Summarise this week's project status and mail it to the R&D lead."}],
+    parts=[{"type": "text", "text": "Summarise this week's project status for the R&D lead."}],
     metadata={"project_id": "apollo"},
 ).run
 run.refresh_from_db()
 state = Session.objects.get(pk=run.session_id).state
 print(json.dumps({
     "status": run.status,
-    "seq": sorted(run.events.values_list("seq", flat=True)) == list(range(1, run.last_event_seq + 1)),
+    "seq": list(run.events.order_by("seq").values_list("seq", flat=True))
+    == list(range(1, run.last_event_seq + 1)),
     "action": bool(run.result.get("action", {}).get("payload_hash")),
     "project_id": state.get("project_id"),
     "drafts": [draft["run_id"] for draft in state.get("drafts", [])] == [str(run.pk)],
