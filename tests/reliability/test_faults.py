@@ -129,9 +129,11 @@ class Driver:
             time.sleep(0.05)
 
 
-def audited(fault: str, injected: int, run_ids: list[str], smtp_server):
-    """Audit the runs and add the scenario's row to the fault table; returns the runs' end
-    states and what is wrong."""
+def audited(
+    fault: str, injected: int, run_ids: list[str], smtp_server, *, worker_restarts: int = 0
+):
+    """Audit the runs and add the scenario's row to the fault table (with the workers that
+    exited and were replaced); returns the runs' end states and what is wrong."""
     statuses, duplicates, problems = audit(run_ids, smtp_server)
     fault_report(
         FaultRow(
@@ -140,6 +142,7 @@ def audited(fault: str, injected: int, run_ids: list[str], smtp_server):
             runs=len(run_ids),
             statuses=statuses,
             duplicates=duplicates,
+            workers_replaced=worker_restarts,
         )
     )
     return statuses, problems
@@ -244,7 +247,11 @@ def test_workers_sigkilled_at_seeded_points_across_a_hundred_runs_lose_and_repea
     driver.drive(seconds=240, between=maybe_kill, worker=lambda: workers[-1])
 
     statuses, problems = audited(
-        f"worker SIGKILL at seeded points (seed {SEED})", len(kills), driver.run_ids, smtp_server
+        f"worker SIGKILL at seeded points (seed {SEED})",
+        len(kills),
+        driver.run_ids,
+        smtp_server,
+        worker_restarts=len(kills),
     )
     assert len(kills) == KILLS
     assert problems == []
@@ -322,26 +329,33 @@ def test_redis_restarted_mid_run_loses_its_queue_and_the_sweeps_finish_every_run
     server = RedisServer(free_tcp_port_factory(), tmp_path / "redis.log")
     server.start()
     restarts = []
+    workers = []
     try:
         with broker_at(server.url):
             settings.CELERY_BROKER_URL = server.url
-            worker = start_worker(
-                pool="prefork",
-                concurrency=2,
-                environment=smtp_server.environment(REDIS_URL=server.url, **fast_recovery),
-            )
+            environment = smtp_server.environment(REDIS_URL=server.url, **fast_recovery)
+            workers.append(start_worker(pool="prefork", concurrency=2, environment=environment))
             driver = Driver(runs=RESTART_RUNS)
             restart_points = _kill_points(REDIS_RESTARTS, runs=RESTART_RUNS)
 
             def maybe_restart() -> None:
+                # As a process supervisor would: a worker that exited is replaced. Celery
+                # exits on an "Unrecoverable error" when kombu's Redis transport, closing the
+                # lost connection, tries to requeue an unacked message through it.
+                if workers[-1].process.poll() is not None:
+                    workers.append(
+                        start_worker(
+                            pool="prefork", concurrency=2, environment=environment, wait=False
+                        )
+                    )
                 if restart_points and RunEvent.objects.count() >= restart_points[0]:
                     restarts.append(restart_points.pop(0))
                     server.kill()
                     server.start()
 
-            driver.drive(seconds=120, between=maybe_restart, worker=lambda: worker)
+            driver.drive(seconds=120, between=maybe_restart, worker=lambda: workers[-1])
             # stopped while its broker is up: without one, a warm shutdown waits it out
-            worker.stop()
+            workers[-1].stop()
     finally:
         if server.process and server.process.poll() is None:
             server.kill()
@@ -351,9 +365,10 @@ def test_redis_restarted_mid_run_loses_its_queue_and_the_sweeps_finish_every_run
         len(restarts),
         driver.run_ids,
         smtp_server,
+        worker_restarts=len(workers) - 1,
     )
     assert len(restarts) == REDIS_RESTARTS
-    assert "Connection to broker lost" in worker.output()
+    assert "Connection to broker lost" in workers[0].output()
     assert problems == []
     assert statuses == {"COMPLETED SENT": RESTART_RUNS}
 
