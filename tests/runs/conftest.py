@@ -251,9 +251,12 @@ def demo(db) -> Demo:
     )
 
 
-def demo_run(demo: Demo, *, text: str = RUNNING_EXAMPLE_TEXT, actor=None, **metadata) -> Run:
-    """A message to acme as alice (or `actor`), through the ingress service; the run is
-    QUEUED (its task is enqueued only on commit, which the `db` fixture never reaches)."""
+def demo_run(
+    demo: Demo, *, text: str = RUNNING_EXAMPLE_TEXT, actor=None, session_id=None, **metadata
+) -> Run:
+    """A message to acme as alice (or `actor`), in a new session or `session_id`, through the
+    ingress service; the run is QUEUED (its task is enqueued only on commit, which the `db`
+    fixture never reaches)."""
     return message_ingest(
         actor=actor or demo.alice,
         tenant=demo.acme,
@@ -261,6 +264,7 @@ def demo_run(demo: Demo, *, text: str = RUNNING_EXAMPLE_TEXT, actor=None, **meta
         channel="chat",
         parts=[{"type": "text", "text": text}],
         metadata=metadata,
+        session_id=session_id,
     ).run
 
 

@@ -9,7 +9,6 @@ offline planner cannot express the case.
 import json
 import re
 import threading
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,7 +29,6 @@ from runs import loop
 from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, RunEvent, Source, ToolCall
-from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
 from runs.tasks import MODEL_RETRIES, run_advance
 from runs.tools import executor
@@ -338,15 +336,7 @@ def test_the_session_keeps_the_latest_drafts_and_every_key_another_writer_set(de
 
     # when more runs of the running example than the session keeps drafts of wait for approval
     for _ in range(loop.DRAFTS_KEPT + 2):
-        run = message_ingest(
-            actor=demo.alice,
-            tenant=demo.acme,
-            idempotency_key=f"key-{uuid.uuid4()}",
-            channel="chat",
-            parts=[{"type": "text", "text": RUNNING_EXAMPLE_TEXT}],
-            metadata={"project_id": "apollo"},
-            session_id=session.pk,
-        ).run
+        run = start(demo, project_id="apollo", session_id=session.pk)
         run_execute(run_id=str(run.pk))
         assert finished(run).status == "WAITING_APPROVAL"
         run_ids.append(str(run.pk))

@@ -1,27 +1,17 @@
 """The recipient comes from the directory or from the user's confirmed choice, never from the
 model; a confirmation is reused in its session until it expires (seed 000, steps 3 and 8)."""
 
-import uuid
 from datetime import timedelta
 
 from django.utils import timezone
 
 from runs.loop import run_execute
 from runs.models import Run, Session, ToolCall
-from runs.services.ingress import message_ingest
-from tests.runs.conftest import RUNNING_EXAMPLE_TEXT
+from tests.runs.conftest import demo_run
 
 
 def ask(demo, *, session_id=None, **metadata) -> Run:
-    run = message_ingest(
-        actor=demo.alice,
-        tenant=demo.acme,
-        idempotency_key=f"key-{uuid.uuid4()}",
-        channel="chat",
-        parts=[{"type": "text", "text": RUNNING_EXAMPLE_TEXT}],
-        metadata=metadata,
-        session_id=session_id,
-    ).run
+    run = demo_run(demo, session_id=session_id, **metadata)
     run_execute(run_id=str(run.pk))
     return Run.objects.get(pk=run.pk)
 
