@@ -10,7 +10,12 @@ A run that holds nothing writes each row at once, as `save` would.
 """
 
 import functools
+import json
 from collections.abc import Iterable, Sequence
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
 
 from django.db import connection, models
 from django.db.models import Field
@@ -62,30 +67,57 @@ def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
 
 
 @functools.cache
-def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str]:
-    """The fields an INSERT of `model` writes, and its `INSERT INTO table (columns)` prefix."""
+def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str, str]:
+    """The fields an INSERT of `model` writes, its `INSERT INTO table (columns)` prefix and
+    the quoted table name."""
     fields = [field for field in model._meta.concrete_fields if not field.generated]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
-    return fields, f"INSERT INTO {quote(model._meta.db_table)} ({columns}) VALUES "
+    table = quote(model._meta.db_table)
+    return fields, f"INSERT INTO {table} ({columns}) ", table
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, UUID | Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not a column value")
 
 
 def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
-    """One multi-row INSERT per model, its values prepared as `save` prepares them."""
+    """One INSERT per model, its values prepared by the fields as `save` prepares them. On
+    PostgreSQL the rows travel as one JSON array (`jsonb_populate_recordset`): the statement
+    is the same whatever the number of rows, with one parameter, where a VALUES list would
+    grow a placeholder per column and row for the driver to parse."""
     by_model: dict[type[models.Model], list[models.Model]] = {}
     for row in rows:
         by_model.setdefault(type(row), []).append(row)
     statements = []
     for model, objects in by_model.items():
-        fields, prefix = _insert_fields(model)
-        placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
-        params = []
+        fields, prefix, table = _insert_fields(model)
         for row in objects:
             row._prepare_related_fields_for_save(operation_name="write")
-            params.extend(
-                field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields
+        if connection.vendor == "postgresql":
+            values = [
+                {field.column: field.get_prep_value(field.pre_save(row, True)) for field in fields}
+                for row in objects
+            ]
+            columns = prefix[prefix.index("(") + 1 : prefix.rindex(")")]
+            statements.append(
+                (
+                    f"{prefix}SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %s)",
+                    [json.dumps(values, default=_json_default)],
+                )
             )
-        statements.append((prefix + ", ".join([placeholders] * len(objects)), params))
+            continue
+        placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
+        params = [
+            field.get_db_prep_save(field.pre_save(row, True), connection)
+            for row in objects
+            for field in fields
+        ]
+        statements.append((prefix + "VALUES " + ", ".join([placeholders] * len(objects)), params))
     return statements
 
 
