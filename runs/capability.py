@@ -10,6 +10,7 @@ available to the tenant or no longer serves the reviewed definition. The snapsho
 canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 """
 
+import functools
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +35,13 @@ SNAPSHOT_SCHEMA = 1
 USABLE_PIN_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
 
 
+@functools.lru_cache(maxsize=4096)
+def _input_schema_hash(tool_version: ToolVersion) -> str:
+    """Per version id (a model instance hashes by its pk): a version that may enter a
+    snapshot is published or deprecated, so its input schema is frozen."""
+    return canonical_hash(tool_version.input_schema)
+
+
 def _tool_entry(tool_version: ToolVersion) -> dict[str, Any]:
     return {
         "id": str(tool_version.pk),
@@ -43,7 +51,7 @@ def _tool_entry(tool_version: ToolVersion) -> dict[str, Any]:
         "approval_rule": tool_version.approval_rule,
         "data_classification": tool_version.data_classification,
         "timeout_s": tool_version.timeout_s,
-        "input_schema_sha256": canonical_hash(tool_version.input_schema),
+        "input_schema_sha256": _input_schema_hash(tool_version),
     }
 
 

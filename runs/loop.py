@@ -792,16 +792,21 @@ class Execution:
     run: Run | None = None
 
 
+# The row's version, locked: the statement every step after an execution's first starts with.
+LOCK_VERSION_SQL = f"SELECT updated_at, last_event_seq FROM {Run._meta.db_table} WHERE id = %s"
+
+
 def _locked_run(run_id: str, execution: Execution) -> Run | None:
     saved = execution.run
     if saved is not None:
-        version = (
-            Run.objects.select_for_update()
-            .filter(pk=run_id)
-            .values_list("updated_at", "last_event_seq")
-            .first()
-        )
-        if version == (saved.updated_at, saved.last_event_seq):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                LOCK_VERSION_SQL
+                + (" FOR UPDATE" if connection.features.has_select_for_update else ""),
+                [Run._meta.pk.get_db_prep_value(saved.pk, connection)],
+            )
+            version = cursor.fetchone()
+        if version is not None and tuple(version) == (saved.updated_at, saved.last_event_seq):
             return saved
     return (
         Run.objects.select_for_update(of=("self",))
