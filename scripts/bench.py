@@ -12,7 +12,8 @@ created afresh (never the development or a test database), migrated and loaded w
 3. the floor, in the same invocation: as many event rows as (1) wrote, the same rows, into a
    scratch table shaped like the event log, with raw psycopg, one INSERT and COMMIT each;
 4. end to end: BENCH_RUNS messages through the ingress service, advanced by a real Celery
-   worker (BENCH_CONCURRENCY processes), until every run waits for approval.
+   worker (BENCH_CONCURRENCY processes), until every run waits for approval;
+5. the worker alone: as many messages ingested first, then drained by a new worker.
 
 Environment: BENCH_RUNS (200), BENCH_CONCURRENCY (2), BENCH_KEEP_DB (0), BENCH_PROFILE (0: set
 to 1 to print where the in-process time goes, with cProfile).
@@ -341,28 +342,50 @@ def _worker_stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
+def _wait_for_approval(run_ids: list) -> None:
+    deadline = time.monotonic() + 60 + len(run_ids)
+    waiting = Run.objects.filter(pk__in=run_ids, status=RunStatus.WAITING_APPROVAL)
+    while waiting.count() < len(run_ids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def _statuses(run_ids: list) -> dict:
+    return dict(
+        Run.objects.filter(pk__in=run_ids).values_list("status").annotate(count=Count("pk"))
+    )
+
+
 def _end_to_end(alice, acme) -> dict:
+    """Messages ingested one after another while the worker advances them."""
     app.conf.task_default_queue = WORKER_QUEUE
     worker = _worker_start()
     try:
         started = time.perf_counter()
         run_ids = [_ingest(alice, acme, metadata={"project_id": "apollo"}).pk for _ in range(RUNS)]
         accepted = time.perf_counter()
-        deadline = time.monotonic() + 60 + RUNS
-        waiting = Run.objects.filter(pk__in=run_ids, status=RunStatus.WAITING_APPROVAL)
-        while waiting.count() < RUNS and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_for_approval(run_ids)
         finished = time.perf_counter()
     finally:
         _worker_stop(worker)
-    statuses = dict(
-        Run.objects.filter(pk__in=run_ids).values_list("status").annotate(count=Count("pk"))
-    )
     return {
         "seconds": finished - started,
         "ingest_seconds": accepted - started,
-        "statuses": statuses,
+        "statuses": _statuses(run_ids),
     }
+
+
+def _backlog(alice, acme) -> dict:
+    """The worker alone: the messages are ingested first, then a worker drains them."""
+    app.conf.task_default_queue = WORKER_QUEUE
+    run_ids = [_ingest(alice, acme, metadata={"project_id": "apollo"}).pk for _ in range(RUNS)]
+    worker = _worker_start()
+    try:
+        started = time.perf_counter()
+        _wait_for_approval(run_ids)
+        finished = time.perf_counter()
+    finally:
+        _worker_stop(worker)
+    return {"seconds": finished - started, "statuses": _statuses(run_ids)}
 
 
 def _ms(seconds: float) -> str:
@@ -477,6 +500,17 @@ def main() -> None:
     _figure("runs/s", f"{RUNS / result['seconds']:.1f}")
     if result["statuses"] != {RunStatus.WAITING_APPROVAL: RUNS}:
         sys.exit("Not every run reached WAITING_APPROVAL in time.")
+
+    _forget_broker_and_cache()
+    backlog = _backlog(alice, acme)
+    print()
+    print(f"5. The worker alone: {RUNS} messages ingested first, then drained by the same worker")
+    print("   (the part of (4) the ingress does not share the cores with)")
+    _figure("statuses", backlog["statuses"])
+    _figure("wall time, worker ready to last approval wait (s)", f"{backlog['seconds']:.2f}")
+    _figure("runs/s", f"{RUNS / backlog['seconds']:.1f}")
+    if backlog["statuses"] != {RunStatus.WAITING_APPROVAL: RUNS}:
+        sys.exit("Not every run of the backlog reached WAITING_APPROVAL in time.")
 
     if profiler:
         output = io.StringIO()
