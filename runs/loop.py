@@ -350,9 +350,10 @@ def _remember(
     draft: dict | None = None,
 ) -> None:
     """Session state is the one authoritative copy: the project the actor proved access to,
-    the recipient they confirmed (with its expiry) and the latest drafts. Merged into the
-    session's current state by one UPDATE written with the step (`runs.writes`), so runs of
-    one session never lose each other's keys."""
+    the recipient they confirmed (with its expiry) and the latest drafts. On PostgreSQL one
+    UPDATE, written with the step (`runs.writes`), merges them into the session's current
+    state (keys it does not name are kept, a malformed drafts value is replaced), where a
+    locked read and a save would cost two round trips."""
     values = {
         key: value for key, value in (("project_id", project_id), ("recipient", recipient)) if value
     }

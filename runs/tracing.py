@@ -49,10 +49,9 @@ def span_add(
         status=Span.Status.ERROR if error else Span.Status.OK,
         attributes=redact(attributes),
     )
-    if writes.holding(run):
-        writes.add(run, [span])
-    else:
-        span.save(force_insert=True)
+    held = writes.holding(run)
+    writes.add(run, [span])
+    if not held:
         export_on_commit([span])
     return span
 

@@ -5,7 +5,8 @@ stay in memory; `run_update` (or `run_insert`, for a run being created) writes t
 run's own row in one statement, `WITH w0 AS (INSERT ...), w1 AS (INSERT ...) UPDATE runs_run
 ...`, in the step's transaction: one round trip to PostgreSQL where there were one per table.
 Rows of a table keep their order; foreign keys between them are checked at commit. Values are
-prepared by their fields as `save` prepares them (`pre_save`, `get_db_prep_save`).
+prepared by their fields as `save` prepares them (`pre_save`, then `get_prep_value` for the
+JSON rows of PostgreSQL, `get_db_prep_save` elsewhere).
 A run that holds nothing writes each row at once, as `save` would.
 """
 
@@ -36,29 +37,28 @@ def holding(run: Run) -> bool:
     return PENDING in run.__dict__
 
 
+def _by_model(rows: Iterable[models.Model]) -> dict[type[models.Model], list[models.Model]]:
+    grouped: dict[type[models.Model], list[models.Model]] = {}
+    for row in rows:
+        grouped.setdefault(type(row), []).append(row)
+    return grouped
+
+
 def add(run: Run, rows: Iterable[models.Model]) -> None:
     """New rows of the run: held when the run holds them, inserted at once otherwise."""
     held = run.__dict__.get(PENDING)
     if held is not None:
         held.extend(rows)
         return
-    by_model: dict[type[models.Model], list[models.Model]] = {}
-    for row in rows:
-        by_model.setdefault(type(row), []).append(row)
-    for model, objects in by_model.items():
+    for model, objects in _by_model(rows).items():
         model.objects.bulk_create(objects)
 
 
 def add_statement(run: Run, sql: str, params: Sequence) -> None:
-    """A data-modifying statement of the step on another table (`UPDATE ...`, PostgreSQL),
-    written with the run's row; at once when the run holds nothing. A step gives each row
-    of another table one statement at most: two in one WITH would race for it."""
-    held = run.__dict__.get(STATEMENTS)
-    if held is not None:
-        held.append((sql, list(params)))
-        return
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+    """A data-modifying statement of the held step on another table (`UPDATE ...`,
+    PostgreSQL), written with the run's row. A step gives each row of another table one
+    statement at most: two in one WITH would race for it."""
+    run.__dict__[STATEMENTS].append((sql, list(params)))
 
 
 def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
@@ -68,13 +68,11 @@ def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
 
 @functools.cache
 def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str, str]:
-    """The fields an INSERT of `model` writes, its `INSERT INTO table (columns)` prefix and
-    the quoted table name."""
+    """The fields an INSERT of `model` writes, its quoted table name and its column list."""
     fields = [field for field in model._meta.concrete_fields if not field.generated]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
-    table = quote(model._meta.db_table)
-    return fields, f"INSERT INTO {table} ({columns}) ", table
+    return fields, quote(model._meta.db_table), columns
 
 
 def _json_default(value: Any) -> str:
@@ -90,12 +88,9 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
     PostgreSQL the rows travel as one JSON array (`jsonb_populate_recordset`): the statement
     is the same whatever the number of rows, with one parameter, where a VALUES list would
     grow a placeholder per column and row for the driver to parse."""
-    by_model: dict[type[models.Model], list[models.Model]] = {}
-    for row in rows:
-        by_model.setdefault(type(row), []).append(row)
     statements = []
-    for model, objects in by_model.items():
-        fields, prefix, table = _insert_fields(model)
+    for model, objects in _by_model(rows).items():
+        fields, table, columns = _insert_fields(model)
         for row in objects:
             row._prepare_related_fields_for_save(operation_name="write")
         if connection.vendor == "postgresql":
@@ -103,10 +98,10 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
                 {field.column: field.get_prep_value(field.pre_save(row, True)) for field in fields}
                 for row in objects
             ]
-            columns = prefix[prefix.index("(") + 1 : prefix.rindex(")")]
             statements.append(
                 (
-                    f"{prefix}SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %s)",
+                    f"INSERT INTO {table} ({columns}) "
+                    f"SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %s)",
                     [json.dumps(values, default=_json_default)],
                 )
             )
@@ -117,7 +112,13 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
             for row in objects
             for field in fields
         ]
-        statements.append((prefix + "VALUES " + ", ".join([placeholders] * len(objects)), params))
+        statements.append(
+            (
+                f"INSERT INTO {table} ({columns}) VALUES "
+                + ", ".join([placeholders] * len(objects)),
+                params,
+            )
+        )
     return statements
 
 

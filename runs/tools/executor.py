@@ -194,13 +194,9 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
     revoked = version_ids_revoked(model=ToolVersion, ids=ids) if ids else set()
-    call_ids = [call.call_id for call in calls]
     known = {
         record.call_id: record
-        for record in [
-            *ToolCall.objects.filter(run=run, call_id__in=call_ids),
-            *(record for record in writes.pending(run, ToolCall) if record.call_id in call_ids),
-        ]
+        for record in ToolCall.objects.filter(run=run, call_id__in=[call.call_id for call in calls])
     }
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}

@@ -368,6 +368,8 @@ def test_redis_restarted_mid_run_loses_its_queue_and_the_sweeps_finish_every_run
         worker_restarts=len(workers) - 1,
     )
     assert len(restarts) == REDIS_RESTARTS
+    # a worker exits at most once per lost broker; more would be a crash of the platform's own
+    assert len(workers) - 1 <= REDIS_RESTARTS
     assert "Connection to broker lost" in workers[0].output()
     assert problems == []
     assert statuses == {"COMPLETED SENT": RESTART_RUNS}

@@ -327,8 +327,8 @@ def test_the_approval_node_allows_no_tool(demo):
     assert last["allowlist"] == []
 
 
-def test_the_session_keeps_the_latest_drafts_and_every_key_another_writer_set(demo):
-    # given a session whose state holds a key of another writer and a malformed drafts value
+def test_the_session_keeps_the_latest_drafts_and_the_keys_the_runs_do_not_write(demo):
+    # given a session whose state holds a key the runs never write and a malformed drafts value
     session = start(demo, project_id="apollo").session
     session.state = {"elsewhere": {"kept": True}, "drafts": "not a list"}
     session.save()
