@@ -1,26 +1,44 @@
 from django.contrib.auth.models import AbstractBaseUser
 from guardian.models import GroupObjectPermission, UserObjectPermission
 
+from config.queries import PreparedQuery
 from examples.models import Project
 from registry.models import Tenant
 
 VIEW = "view_project"
+_GRANT = {
+    "permission__codename": VIEW,
+    "permission__content_type__app_label": Project._meta.app_label,
+}
+_PROJECT = PreparedQuery(
+    lambda tenant_id, key: Project.objects.filter(tenant_id=tenant_id, key=key).order_by()[:1],
+    tenant_id=int,
+    key=str,
+)
+_USER_GRANT = PreparedQuery(
+    lambda user_id, object_pk: UserObjectPermission.objects.filter(
+        user_id=user_id, object_pk=object_pk, **_GRANT
+    ).values_list("pk", flat=True)[:1],
+    user_id=int,
+    object_pk=str,
+)
+_GROUP_GRANT = PreparedQuery(
+    lambda user_id, object_pk: GroupObjectPermission.objects.filter(
+        group__user=user_id, object_pk=object_pk, **_GRANT
+    ).values_list("pk", flat=True)[:1],
+    user_id=int,
+    object_pk=str,
+)
 
 
 def project_for_actor(*, actor: AbstractBaseUser, tenant: Tenant, key: str) -> Project | None:
     """The tenant's project `key` if the actor holds the `view_project` grant on it
     (django-guardian, to the user or one of their groups; superusers see all of the tenant's),
     else None. Index lookups, cheap to plan: this runs at gate 3 of every project tool call."""
-    project = Project.objects.filter(tenant=tenant, key=key).order_by().first()
+    project = _PROJECT.first(tenant_id=tenant.pk, key=key)
     if project is None or actor.is_superuser:
         return project
-    grant = {
-        "permission__codename": VIEW,
-        "permission__content_type__app_label": Project._meta.app_label,
-        "object_pk": str(project.pk),
-    }
-    if UserObjectPermission.objects.filter(user=actor, **grant).exists():
-        return project
-    if GroupObjectPermission.objects.filter(group__user=actor, **grant).exists():
+    grant = {"user_id": actor.pk, "object_pk": str(project.pk)}
+    if _USER_GRANT(**grant) or _GROUP_GRANT(**grant):
         return project
     return None

@@ -10,6 +10,7 @@ import hashlib
 import json
 import operator
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, prefetch_related_objects
 from guardian.shortcuts import get_objects_for_group
 
+from config.queries import PreparedQuery
 from registry.choices import (
     FROZEN_STATUSES,
     LISTED_STATUSES,
@@ -52,12 +54,19 @@ ROLLOUT_BUCKETS = 10_000
 FROZEN_VERSIONS_KEPT = 1024
 
 
+_ROLES = PreparedQuery(
+    lambda user_id, tenant_id: Membership.objects.filter(
+        user_id=user_id, tenant_id=tenant_id
+    ).values_list("role", flat=True),
+    user_id=int,
+    tenant_id=int,
+)
+
+
 def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
     if not user.is_authenticated:
         return frozenset()
-    return frozenset(
-        Membership.objects.filter(user=user, tenant=tenant).values_list("role", flat=True)
-    )
+    return frozenset(_ROLES(user_id=user.pk, tenant_id=tenant.pk))
 
 
 def user_can(
@@ -177,6 +186,18 @@ def rollout_serves(*, flag: RolloutFlag, tenant: Tenant, actor_id: str) -> bool:
     )
 
 
+_ROLLOUT_FLAGS = PreparedQuery(
+    lambda skill_id: (
+        RolloutFlag.objects.filter(
+            skill_id=skill_id, is_active=True, skill_version__status=VersionStatus.PUBLISHED
+        )
+        .select_related("skill_version")
+        .order_by("key")
+    ),
+    skill_id=uuid.UUID,
+)
+
+
 def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> SkillVersion | None:
     """The version of `skill` this actor gets: a sandbox's, a rollout's if one serves them,
     else the current one."""
@@ -184,14 +205,8 @@ def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> S
         pinned = tenant.sandbox_skill_version
         if pinned.skill_id == skill.pk:
             return pinned
-    flags = (
-        RolloutFlag.objects.filter(
-            skill=skill, is_active=True, skill_version__status=VersionStatus.PUBLISHED
-        )
-        .select_related("skill_version")
-        .prefetch_related("tenants")
-        .order_by("key")
-    )
+    flags = _ROLLOUT_FLAGS(skill_id=skill.pk)
+    prefetch_related_objects(flags, "tenants")
     for flag in flags:
         if rollout_serves(flag=flag, tenant=tenant, actor_id=actor_id):
             return flag.skill_version
@@ -231,14 +246,26 @@ def versions_frozen(*, model: type[V], ids: Iterable[str]) -> dict[str, V]:
     return found
 
 
+@functools.cache
+def _version_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
+    return PreparedQuery(
+        lambda version_id: model.objects.filter(
+            pk=version_id, status=VersionStatus.REVOKED
+        ).values_list("pk", flat=True),
+        version_id=uuid.UUID,
+    )
+
+
 def version_ids_revoked(*, model: type[DefinitionVersion], ids: Iterable[str]) -> set[str]:
     """Which of these versions are revoked now (one query, never from a cache)."""
-    return {
-        str(pk)
-        for pk in model.objects.filter(pk__in=list(ids), status=VersionStatus.REVOKED).values_list(
+    ids = list(ids)
+    if len(ids) == 1:
+        found = _version_revoked(model)(version_id=ids[0])
+    else:
+        found = model.objects.filter(pk__in=ids, status=VersionStatus.REVOKED).values_list(
             "pk", flat=True
         )
-    }
+    return {str(pk) for pk in found}
 
 
 @dataclass(frozen=True)

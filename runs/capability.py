@@ -11,14 +11,23 @@ canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 """
 
 import functools
+import uuid
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
+from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, SkillAssembly, VersionStatus
-from registry.models import AgentConfig, Skill, SkillVersion, Tenant, ToolVersion
+from registry.models import (
+    AgentConfig,
+    Skill,
+    SkillToolDependency,
+    SkillVersion,
+    Tenant,
+    ToolVersion,
+)
 from registry.selectors import (
     mcp_drift,
     mcp_server_of,
@@ -40,6 +49,22 @@ def _input_schema_hash(tool_version: ToolVersion) -> str:
     """Per version id (a model instance hashes by its pk): a version that may enter a
     snapshot is published or deprecated, so its input schema is frozen."""
     return canonical_hash(tool_version.input_schema)
+
+
+_PINNED = PreparedQuery(
+    lambda skill_version_id: SkillToolDependency.objects.filter(
+        skill_version_id=skill_version_id
+    ).select_related("tool_version__tool"),
+    skill_version_id=uuid.UUID,
+)
+_BOUND_SKILLS = PreparedQuery(
+    lambda agent_config_id: (
+        Skill.objects.filter(agent_configs=agent_config_id)
+        .select_related("current_version")
+        .order_by("name")
+    ),
+    agent_config_id=int,
+)
 
 
 def _tool_entry(tool_version: ToolVersion) -> dict[str, Any]:
@@ -89,7 +114,7 @@ def _skill_entry(
     """A skill's snapshot entry, adding the pinned tools that may enter to `tools`. With
     `healthy_only` (retrieval), a skill one of whose tools cannot be used stays out whole."""
     pinned: dict[str, dict[str, Any]] = {}
-    for dependency in version.tool_dependencies.select_related("tool_version__tool"):
+    for dependency in _PINNED(skill_version_id=version.pk):
         tool_version = dependency.tool_version
         reason = _tool_exclusion(tool_version, tenant=tenant, max_level=max_level, chosen=tools)
         if reason is None and healthy_only and circuit_state(tool_version) == "open":
@@ -118,7 +143,7 @@ def _candidates(
     """The skills to consider, best first, and how they were assembled: the agent's bound
     skills, or those recalled for the request that score at least the agent's threshold."""
     if agent_config.skill_assembly == SkillAssembly.STATIC:
-        bound = agent_config.skills.select_related("current_version").order_by("name")
+        bound = _BOUND_SKILLS(agent_config_id=agent_config.pk)
         return [(skill, None) for skill in bound], {"mode": SkillAssembly.STATIC}
     recalled = skills_recall(tenant=tenant, text=request_text)
     threshold = float(agent_config.skill_min_score)

@@ -7,15 +7,17 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
+from config.queries import PreparedQuery
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
@@ -24,7 +26,7 @@ from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
-from runs.models import Run, Session
+from runs.models import Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
@@ -118,17 +120,24 @@ def _message_text(message: dict[str, Any]) -> str:
     return " ".join(part.get("text", "") for part in message["message"]["parts"])
 
 
-def _history(run: Run) -> list[dict[str, Any]]:
-    """The session's earlier messages and how their runs ended, newest last: the last
-    HISTORY_RUNS as they were, and before them a rolling summary of up to SUMMARY_RUNS older
-    ones, marked with when it was generated and which runs it covers."""
-    earlier = list(
-        Run.objects.filter(session_id=run.session_id, created_at__lt=run.created_at)
+_EARLIER_RUNS = PreparedQuery(
+    lambda session_id, before: (
+        Run.objects.filter(session_id=session_id, created_at__lt=before)
         .order_by("-created_at")
         .values("id", "created_at", "message", "status", "reason_code")[
             : HISTORY_RUNS + SUMMARY_RUNS
         ]
-    )
+    ),
+    session_id=UUID,
+    before=datetime,
+)
+
+
+def _history(run: Run) -> list[dict[str, Any]]:
+    """The session's earlier messages and how their runs ended, newest last: the last
+    HISTORY_RUNS as they were, and before them a rolling summary of up to SUMMARY_RUNS older
+    ones, marked with when it was generated and which runs it covers."""
+    earlier = _EARLIER_RUNS(session_id=run.session_id, before=run.created_at)
     recent, older = earlier[:HISTORY_RUNS], earlier[HISTORY_RUNS:]
     history: list[dict[str, Any]] = []
     if older:
@@ -504,12 +513,20 @@ def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
     ]
 
 
+_MODEL_CONFIG = PreparedQuery(
+    lambda model_id: ModelConfig.objects.filter(pk=model_id).order_by()[:1], model_id=int
+)
+
+
 def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfig:
     """The model the snapshot pinned, even if the agent has moved to another since; read
     once per execution (`run_execute`), not once per turn."""
     model_id = run.capability["model"]["id"]
     if model_id not in model_configs:
-        model_configs[model_id] = ModelConfig.objects.get(pk=model_id)
+        model_config = _MODEL_CONFIG.first(model_id=model_id)
+        if model_config is None:
+            raise ModelConfig.DoesNotExist(f"No model config {model_id}.")
+        model_configs[model_id] = model_config
     return model_configs[model_id]
 
 
@@ -619,11 +636,19 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     return problems
 
 
+_EVIDENCE_REFERENCES = PreparedQuery(
+    lambda run_id: Source.objects.filter(run_id=run_id, allowed_use=EVIDENCE_USE).values_list(
+        "reference", flat=True
+    ),
+    run_id=UUID,
+)
+
+
 def _final(run: Run, text: str) -> None:
     if _workflow(run) is AGENT:
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
-    evidence = set(run.sources.filter(allowed_use=EVIDENCE_USE).values_list("reference", flat=True))
+    evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
         unavailable = sorted(
             set(
@@ -797,6 +822,17 @@ class Execution:
 LOCK_VERSION_SQL = f"SELECT updated_at, last_event_seq FROM {Run._meta.db_table} WHERE id = %s"
 
 
+_RUN_LOCKED = PreparedQuery(
+    lambda run_id: (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("tenant", "actor", "session")
+        .filter(pk=run_id)
+        .order_by()[:1]
+    ),
+    run_id=UUID,
+)
+
+
 def _locked_run(run_id: str, execution: Execution) -> Run | None:
     saved = execution.run
     if saved is not None:
@@ -809,12 +845,7 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
             version = cursor.fetchone()
         if version is not None and tuple(version) == (saved.updated_at, saved.last_event_seq):
             return saved
-    return (
-        Run.objects.select_for_update(of=("self",))
-        .select_related("tenant", "actor", "session")
-        .filter(pk=run_id)
-        .first()
-    )
+    return _RUN_LOCKED.first(run_id=run_id)
 
 
 def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool:

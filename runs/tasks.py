@@ -3,6 +3,7 @@
 import logging
 import random
 from datetime import timedelta
+from uuid import UUID
 
 from celery import shared_task
 from django.conf import settings
@@ -10,6 +11,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from config.queries import PreparedQuery
 from runs.choices import RunStatus
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.models import Run
@@ -20,6 +22,14 @@ from runs.tools import limits
 logger = logging.getLogger(__name__)
 
 MODEL_RETRIES = 4
+_RUN_LIMITS = PreparedQuery(
+    lambda run_id: (
+        Run.objects.filter(pk=run_id)
+        .order_by()
+        .values("tenant_id", "tenant__max_concurrent_runs", "capability__budgets__max_seconds")[:1]
+    ),
+    run_id=UUID,
+)
 
 
 def _backoff(retries: int) -> float:
@@ -32,11 +42,7 @@ def run_advance(self, *, run_id: str) -> None:
     """Advance a run until it pauses or ends. Safe to deliver twice: each step locks the run
     and skips work already checkpointed. A run whose tenant has as many runs advancing as its
     `max_concurrent_runs` waits its turn: the task comes back a little later."""
-    run = (
-        Run.objects.filter(pk=run_id)
-        .values("tenant_id", "tenant__max_concurrent_runs", "capability__budgets__max_seconds")
-        .first()
-    )
+    run = _RUN_LIMITS.first(run_id=run_id)
     cap = run["tenant__max_concurrent_runs"] if run else None
     # Eager (the embedded default) runs each task inline in its request: nothing to queue.
     if cap is None or settings.CELERY_TASK_ALWAYS_EAGER:

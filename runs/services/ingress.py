@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, Tenant
@@ -46,31 +47,46 @@ def _existing(*, tenant: Tenant, actor: AbstractBaseUser, key: str, request_hash
     return Ingested(run=record.run, created=False)
 
 
+_SESSION_LOCKED = PreparedQuery(
+    lambda session_id, tenant_id, actor_id: (
+        Session.objects.select_for_update()
+        .filter(pk=session_id, tenant_id=tenant_id, actor_id=actor_id)
+        .order_by()[:1]
+    ),
+    session_id=UUID,
+    tenant_id=int,
+    actor_id=int,
+)
+_ACTIVE_AGENTS = AgentConfig.objects.filter(is_active=True).select_related("policy", "model_config")
+_AGENT_NAMED = PreparedQuery(
+    lambda tenant_id, name: _ACTIVE_AGENTS.filter(tenant_id=tenant_id, name=name).order_by()[:1],
+    tenant_id=int,
+    name=str,
+)
+_AGENT_DEFAULT = PreparedQuery(
+    lambda tenant_id: _ACTIVE_AGENTS.filter(tenant_id=tenant_id).order_by("name")[:1],
+    tenant_id=int,
+)
+
+
 def _session(
     *, tenant: Tenant, actor: AbstractBaseUser, session_id: UUID | None, channel: str
 ) -> tuple[Session, bool]:
     if session_id is None:
         return Session.objects.create(tenant=tenant, actor=actor, channel=channel), True
-    session = (
-        Session.objects.select_for_update()
-        .filter(pk=session_id, tenant=tenant, actor=actor)
-        .first()
-    )
+    session = _SESSION_LOCKED.first(session_id=session_id, tenant_id=tenant.pk, actor_id=actor.pk)
     if session is None:
         raise NotFound("No such session.", details={"session_id": str(session_id)})
     return session, False
 
 
 def _agent_config(*, tenant: Tenant, name: str | None) -> AgentConfig | None:
-    configs = AgentConfig.objects.filter(tenant=tenant, is_active=True).select_related(
-        "policy", "model_config"
-    )
     if name:
-        agent = configs.filter(name=name).first()
+        agent = _AGENT_NAMED.first(tenant_id=tenant.pk, name=name)
         if agent is None:
             raise NotFound("No such agent in this tenant.", details={"agent": name})
         return agent
-    return configs.order_by("name").first()
+    return _AGENT_DEFAULT.first(tenant_id=tenant.pk)
 
 
 def _normalized(

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from django.conf import settings
 from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 
+from config.queries import PreparedQuery
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
 from registry.selectors import version_ids_revoked, versions_frozen
@@ -183,6 +185,21 @@ def _admit(
     )
 
 
+_RUN_CALL_IDS = PreparedQuery(
+    lambda run_id: ToolCall.objects.filter(run_id=run_id).values_list("call_id", flat=True),
+    run_id=uuid.UUID,
+)
+
+
+def _known_calls(run: Run, calls: list[RequestedCall]) -> dict[str, ToolCall]:
+    """The records the run already has of these call ids: the call ids of a run are few
+    (its tool-call budget), and a record is loaded only on a redelivery."""
+    repeated = set(_RUN_CALL_IDS(run_id=run.pk)) & {call.call_id for call in calls}
+    if not repeated:
+        return {}
+    return {record.call_id: record for record in run.tool_calls.filter(call_id__in=repeated)}
+
+
 def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) -> list[ToolCall]:
     """The eight gates for the calls of one step, with the run locked; returns their records
     in call order. A call id the run already has is answered with its record and never
@@ -194,10 +211,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
     revoked = version_ids_revoked(model=ToolVersion, ids=ids) if ids else set()
-    known = {
-        record.call_id: record
-        for record in ToolCall.objects.filter(run=run, call_id__in=[call.call_id for call in calls])
-    }
+    known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}
     admitted: list[Admitted] = []

@@ -1,0 +1,113 @@
+"""Prepared queries give what their queryset gives, compiled once, with each call's values."""
+
+import uuid
+from unittest import mock
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.db.models.sql.compiler import SQLCompiler
+from django.db.transaction import TransactionManagementError
+
+from config.queries import PreparedQuery
+from registry.choices import Role
+from registry.models import Membership
+from runs.models import Session
+from tests.registry.factories import MembershipFactory, TenantFactory, UserFactory
+
+MEMBERS = PreparedQuery(
+    lambda tenant_id: Membership.objects.filter(tenant_id=tenant_id)
+    .select_related("tenant", "user")
+    .order_by("user__username"),
+    tenant_id=int,
+)
+
+
+@pytest.fixture
+def memberships(acme, globex):
+    return [
+        MembershipFactory(tenant=acme, user=UserFactory(username="zoe"), role=Role.AUDITOR),
+        MembershipFactory(tenant=acme, user=UserFactory(username="adam"), role=Role.MEMBER),
+        MembershipFactory(tenant=globex, user=UserFactory(username="gus"), role=Role.MEMBER),
+    ]
+
+
+def _described(members: list[Membership]) -> list[tuple]:
+    return [(m.pk, m.user.username, m.tenant.slug, m.role) for m in members]
+
+
+def test_instances_and_their_related_rows_come_back_as_the_queryset_gives_them(
+    acme, memberships, django_assert_num_queries
+):
+    with django_assert_num_queries(1):
+        prepared = _described(MEMBERS(tenant_id=acme.pk))
+    expected = _described(
+        Membership.objects.filter(tenant=acme)
+        .select_related("tenant", "user")
+        .order_by("user__username")
+    )
+    assert prepared == expected
+    assert [username for _, username, _, _ in prepared] == ["adam", "zoe"]
+
+
+def test_a_second_call_sends_the_compiled_sql_with_its_own_values(acme, globex, memberships):
+    empty = TenantFactory()
+    assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+    with mock.patch.object(SQLCompiler, "as_sql", side_effect=AssertionError("compiled again")):
+        assert [m.user.username for m in MEMBERS(tenant_id=globex.pk)] == ["gus"]
+        assert MEMBERS(tenant_id=empty.pk) == []
+
+
+def test_values_tuples_and_flat_values_keep_the_querysets_shape(acme, memberships):
+    queryset = Membership.objects.filter(tenant_id=acme.pk).order_by("user__username")
+    shapes = {
+        "values": lambda tenant_id: queryset.filter(tenant_id=tenant_id).values(
+            "role", "tenant__slug"
+        ),
+        "tuples": lambda tenant_id: queryset.filter(tenant_id=tenant_id).values_list(
+            "user__username", "role"
+        ),
+        "flat": lambda tenant_id: queryset.filter(tenant_id=tenant_id).values_list(
+            "user__username", flat=True
+        ),
+    }
+    for build in shapes.values():
+        assert PreparedQuery(build, tenant_id=int)(tenant_id=acme.pk) == list(build(acme.pk))
+    assert PreparedQuery(shapes["values"], tenant_id=int)(tenant_id=acme.pk) == [
+        {"role": Role.MEMBER, "tenant__slug": "acme"},
+        {"role": Role.AUDITOR, "tenant__slug": "acme"},
+    ]
+
+
+def test_a_json_key_and_a_uuid_given_as_text_reach_the_sql(acme, member):
+    session = Session.objects.create(
+        tenant=acme, actor=member, channel="api", state={"project": {"id": "apollo"}}
+    )
+    project = PreparedQuery(
+        lambda session_id: Session.objects.filter(pk=session_id).values_list(
+            "state__project__id", flat=True
+        ),
+        session_id=uuid.UUID,
+    )
+    assert project(session_id=str(session.pk)) == ["apollo"]
+    assert project(session_id=uuid.uuid4()) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locking_query_outside_a_transaction_is_refused(acme):
+    locked = PreparedQuery(
+        lambda tenant_id: Membership.objects.select_for_update().filter(tenant_id=tenant_id),
+        tenant_id=int,
+    )
+    with transaction.atomic():
+        assert locked(tenant_id=acme.pk) == []
+    with pytest.raises(TransactionManagementError):
+        locked(tenant_id=acme.pk)
+
+
+def test_a_parameter_that_does_not_reach_the_sql_unchanged_is_refused(db):
+    contains = PreparedQuery(
+        lambda name: Membership.objects.filter(user__username__contains=name), name=str
+    )
+    with pytest.raises(ImproperlyConfigured, match=r"\['name'\]"):
+        contains(name="ad")
