@@ -125,7 +125,7 @@ def _redis() -> redis.Redis:
 def _forget_broker_and_cache() -> None:
     client = _redis()
     try:
-        client.delete(INPROCESS_QUEUE, WORKER_QUEUE)
+        client.delete(INPROCESS_QUEUE, WORKER_QUEUE, f"{WORKER_QUEUE}-idle")
         keys = list(client.scan_iter(match=f"{CACHE_PREFIX}:*"))
         if keys:
             client.delete(*keys)
@@ -299,8 +299,10 @@ def _slope(points: list[tuple[float, float]]) -> float:
     )
 
 
-def _worker_start() -> subprocess.Popen:
-    name = f"bench-{os.getpid()}@localhost"
+WORKER_NAME = f"bench-{os.getpid()}@localhost"
+
+
+def _worker_start(queue: str = WORKER_QUEUE) -> subprocess.Popen:
     process = subprocess.Popen(
         [
             str(Path(sys.executable).parent / "celery"),
@@ -310,9 +312,9 @@ def _worker_start() -> subprocess.Popen:
             "--pool=prefork",
             f"--concurrency={CONCURRENCY}",
             "--queues",
-            WORKER_QUEUE,
+            queue,
             "--hostname",
-            name,
+            WORKER_NAME,
             "--without-gossip",
             "--without-mingle",
             "--without-heartbeat",
@@ -325,7 +327,7 @@ def _worker_start() -> subprocess.Popen:
         start_new_session=True,
     )
     deadline = time.monotonic() + 60
-    while not app.control.ping(destination=[name], timeout=0.5):
+    while not app.control.ping(destination=[WORKER_NAME], timeout=0.5):
         if process.poll() is not None or time.monotonic() > deadline:
             _worker_stop(process)
             sys.exit("The bench worker did not start.")
@@ -375,12 +377,15 @@ def _end_to_end(alice, acme) -> dict:
 
 
 def _backlog(alice, acme) -> dict:
-    """The worker alone: the messages are ingested first, then a worker drains them."""
+    """The worker alone: the messages are ingested first, then a worker drains them. The
+    worker starts on an empty queue and is told to consume the backlog when the clock starts,
+    so no run is advanced before it."""
     app.conf.task_default_queue = WORKER_QUEUE
     run_ids = [_ingest(alice, acme, metadata={"project_id": "apollo"}).pk for _ in range(RUNS)]
-    worker = _worker_start()
+    worker = _worker_start(queue=f"{WORKER_QUEUE}-idle")
     try:
         started = time.perf_counter()
+        app.control.add_consumer(WORKER_QUEUE, destination=[WORKER_NAME], reply=True)
         _wait_for_approval(run_ids)
         finished = time.perf_counter()
     finally:
