@@ -89,6 +89,9 @@ DATABASE_URL = env.str("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'd
 DATABASES = {"default": environ.Env.db_url_config(DATABASE_URL)}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=0)
+# A Celery worker process keeps its connection between tasks for this many seconds (checked
+# before each task), where the web serves ASGI and keeps DB_CONN_MAX_AGE (config/celery.py).
+WORKER_DB_CONN_MAX_AGE = env.int("WORKER_DB_CONN_MAX_AGE", default=300)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -156,6 +159,10 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fixup closes every database connection around each task, so each task
+# would start a PostgreSQL backend, unless it reuses them: then it closes them only every
+# this many tasks, and WORKER_DB_CONN_MAX_AGE decides (config/celery.py).
+CELERY_DB_REUSE_MAX = 10_000
 CELERY_TASK_TIME_LIMIT = env.int("CELERY_TASK_TIME_LIMIT", default=600)
 CELERY_TASK_SOFT_TIME_LIMIT = env.int("CELERY_TASK_SOFT_TIME_LIMIT", default=540)
 # Longer than the longest task, so a slow task is never redelivered while it still runs.

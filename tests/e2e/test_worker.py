@@ -120,3 +120,38 @@ def test_a_second_delivery_of_run_advance_repeats_no_tool_call(start_worker, tmp
     ]
     assert len(calls_file(gate).read_text().splitlines()) == 1
     assert run_status(run_id) == RunStatus.WAITING_APPROVAL
+
+
+def _other_backends() -> set[int]:
+    """Backends connected to this test database, other than the test's own."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        return {pid for (pid,) in cursor.fetchall()}
+
+
+def test_a_worker_keeps_its_database_connection_from_one_task_to_the_next(start_worker):
+    example_seed()
+    client = alice_client()
+    worker = start_worker()
+
+    def waits_for_approval(response) -> None:
+        assert response.status_code == 202, response.content
+        run_id = response.json()["run_id"]
+        wait_until(
+            lambda: run_status(run_id) == RunStatus.WAITING_APPROVAL,
+            seconds=FINISH_SECONDS,
+            what="the run to wait for approval",
+            worker=worker,
+        )
+
+    waits_for_approval(example_post(client))
+    after_first = _other_backends()
+    for _ in range(3):
+        waits_for_approval(example_post(client))
+
+    assert len(after_first) == 1
+    assert _other_backends() == after_first
+    wait_until(lambda: worker.tasks_succeeded() == 4, seconds=10, what="the tasks' success")
