@@ -16,9 +16,11 @@ from runs.models import Session
 from tests.registry.factories import MembershipFactory, TenantFactory, UserFactory
 
 MEMBERS = PreparedQuery(
-    lambda tenant_id: Membership.objects.filter(tenant_id=tenant_id)
-    .select_related("tenant", "user")
-    .order_by("user__username"),
+    lambda tenant_id: (
+        Membership.objects.filter(tenant_id=tenant_id)
+        .select_related("tenant", "user")
+        .order_by("user__username")
+    ),
     tenant_id=int,
 )
 
