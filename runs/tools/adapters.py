@@ -74,12 +74,16 @@ class ToolFailed(Exception):
         retryable: bool,
         may_have_side_effect: bool = False,
         raw: Any = None,
+        attempted: bool = True,
     ) -> None:
+        """`attempted` is False when a limit turned the call away before the tool was
+        called: nothing happened, whatever the tool does."""
         super().__init__(message)
         self.category = category
         self.retryable = retryable
         self.may_have_side_effect = may_have_side_effect
         self.raw = raw
+        self.attempted = attempted
 
 
 class Handler(Protocol):

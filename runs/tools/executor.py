@@ -185,6 +185,8 @@ def _admit(
     )
 
 
+# A side effect turned away by a limit asks again after this long (seconds, jittered).
+LIMIT_WAIT_SECONDS = (0.2, 1.0)
 _RUN_CALL_IDS = PreparedQuery(
     lambda run_id: ToolCall.objects.filter(run_id=run_id).values_list("call_id", flat=True),
     run_id=uuid.UUID,
@@ -269,8 +271,21 @@ def side_effect_admit(
 
 
 def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, int]:
-    """Gate 6 for a side effect: under its limits, without retrying what may have happened."""
-    return _run_with_retries(admitted)
+    """Gate 6 for a side effect: under its limits, without retrying what may have happened.
+    A limit that turned the call away (its concurrency or rate cap reached, its circuit open)
+    did nothing, so the call waits for it, with jitter, at most as long as a crashed
+    worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
+    failed because other sends held every slot for a moment."""
+    started = time.monotonic()
+    deadline = started + admitted.tool_version.timeout_s + limits.SLOT_GRACE_SECONDS
+    attempts = 0
+    while True:
+        outcome, tried, _ = _run_with_retries(admitted)
+        attempts += tried
+        turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
+        if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
+            return outcome, attempts, int((time.monotonic() - started) * 1000)
+        time.sleep(random.uniform(*LIMIT_WAIT_SECONDS))
 
 
 def side_effect_record(

@@ -43,6 +43,7 @@ def check_rate_limit(tool_version: ToolVersion, *, tenant_id: int) -> None:
             f"{limit['per_seconds']} s.",
             category=ErrorCategory.RATE_LIMITED,
             retryable=True,
+            attempted=False,
         )
 
 
@@ -134,6 +135,7 @@ def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
             f"{tool_version.qualified_name} is at its concurrency cap.",
             category=ErrorCategory.RATE_LIMITED,
             retryable=True,
+            attempted=False,
         )
     try:
         yield
@@ -189,6 +191,7 @@ def _fail_fast(tool_version: ToolVersion, why: str) -> ToolFailed:
         f"{tool_version.qualified_name} is failing; {why}.",
         category=ErrorCategory.UPSTREAM_ERROR,
         retryable=True,
+        attempted=False,
     )
 
 

@@ -1,6 +1,8 @@
 """Business Actions through the services: freeze, decide, re-validate on resume, execute once
 through a real SMTP server, settle an unknown outcome by the key."""
 
+import time
+
 import pytest
 from django.utils.html import escape
 
@@ -17,11 +19,12 @@ from approvals.models import ApprovalDecision, BusinessAction
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
 from registry.canonical import canonical_hash
 from registry.choices import Role
-from registry.models import SkillVersion, Tenant
+from registry.models import SkillVersion, Tenant, ToolVersion
 from registry.services.skills import skill_version_revoke
 from registry.services.tenancy import membership_add
 from runs.models import Run, ToolCall
 from runs.services.runs import run_cancel
+from runs.tools import limits
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import event_types, events_of, this_week
@@ -232,6 +235,34 @@ def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_with
     assert action.external_id == smtp_server.messages[0]["Message-ID"]
     assert action.reconciled_at is not None
     assert event_types(run)[-3:] == ["action.reconciled", "action.succeeded", "run.finished"]
+
+
+def test_an_approved_send_waits_for_the_slots_other_sends_hold_and_sends_once(
+    demo, bob, smtp_server
+):
+    # given every concurrency slot of mail_send held, by sends of crashed workers whose
+    # deadlines pass in a moment
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    mail_send = ToolVersion.objects.get(pk=action.tool_version_id)
+    key = limits._slots_key("tool", mail_send.pk)
+    for holder in range(mail_send.concurrency_cap):
+        assert limits._take(
+            key,
+            cap=mail_send.concurrency_cap,
+            holder=f"crashed-{holder}",
+            expires_at=time.time() + 1.5,
+            ttl=60,
+        )
+
+    services.action_execute(action_id=action.pk)
+
+    # then the send waited for a slot instead of failing the approved action
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
+    assert len(smtp_server.messages) == 1
+    assert ToolCall.objects.get(run=run, name="mail_send").status == "completed"
 
 
 class WorkerDied(Exception):
