@@ -38,6 +38,8 @@ _MARKERS: dict[type, Callable[[int], Any]] = {
     int: lambda index: 2_000_000_000 + index,
     str: lambda index: f"\x1fprepared-parameter-{index}",
     datetime: lambda index: datetime(1901, 2, 3, tzinfo=UTC) + timedelta(microseconds=index),
+    # A PostgreSQL array: for `= ANY(%s)` in a RawSQL of the queryset.
+    list: lambda index: [f"\x1fprepared-parameter-{index}"],
 }
 
 
@@ -66,7 +68,7 @@ class _Plan:
 
 class PreparedQuery:
     """A read query whose SQL is compiled once: `build(**markers)` returns the queryset,
-    `parameters` name the kind (`uuid.UUID`, `int`, `str`, `datetime`) of each argument. Each
+    `parameters` name the kind (`uuid.UUID`, `int`, `str`, `datetime`, `list`) of each. Each
     argument must reach the SQL as a parameter unchanged (an equality or a range lookup,
     not `__in` or a transform); the first use refuses a queryset where one does not."""
 

@@ -20,6 +20,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
 from django.db.models import Q, QuerySet, prefetch_related_objects
+from django.db.models.expressions import RawSQL
 from guardian.shortcuts import get_objects_for_group
 
 from config.queries import PreparedQuery
@@ -247,20 +248,22 @@ def versions_frozen(*, model: type[V], ids: Iterable[str]) -> dict[str, V]:
 
 
 @functools.cache
-def _version_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
+def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
+    """On PostgreSQL the ids travel as one array, so the SQL is the same for any number."""
     return PreparedQuery(
-        lambda version_id: model.objects.filter(
-            pk=version_id, status=VersionStatus.REVOKED
+        lambda version_ids: model.objects.filter(
+            pk__in=RawSQL("SELECT unnest(%s::uuid[])", [version_ids]),
+            status=VersionStatus.REVOKED,
         ).values_list("pk", flat=True),
-        version_id=uuid.UUID,
+        version_ids=list,
     )
 
 
 def version_ids_revoked(*, model: type[DefinitionVersion], ids: Iterable[str]) -> set[str]:
     """Which of these versions are revoked now (one query, never from a cache)."""
-    ids = list(ids)
-    if len(ids) == 1:
-        found = _version_revoked(model)(version_id=ids[0])
+    ids = [str(version_id) for version_id in ids]
+    if connection.vendor == "postgresql":
+        found = _versions_revoked(model)(version_ids=ids)
     else:
         found = model.objects.filter(pk__in=ids, status=VersionStatus.REVOKED).values_list(
             "pk", flat=True

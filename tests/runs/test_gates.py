@@ -10,11 +10,14 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
 
 from examples.models import DirectoryRecord, Project, ProjectUpdate
 from registry.choices import ModelProvider
+from registry.models import ToolVersion
+from registry.services import tools
 from runs.loop import run_execute
 from runs.models import RunEvent, Source, ToolCall
 from tests.runs.conftest import (
@@ -549,3 +552,26 @@ def test_a_model_that_obeys_an_injected_instruction_is_stopped_at_the_gate(demo,
         "PERMISSION_DENIED"
     )
     assert [offered_tools(request) for request in fake.requests] == [["project_search"]] * 3
+
+
+def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(demo):
+    # given a run whose snapshot holds project_search, which is then revoked
+    run = demo_run(demo, project_id="apollo")
+    entry = next(tool for tool in run.capability["tools"] if tool["name"] == "project_search")
+    tools.tool_version_revoke(
+        tool_version=ToolVersion.objects.get(pk=entry["id"]),
+        actor=get_user_model().objects.get(username="dave"),
+        reason="leaks data",
+    )
+
+    # when the run reaches its call
+    run_execute(run_id=str(run.pk))
+
+    # then the call is rejected unexecuted; the host's directory lookup, not revoked, ran
+    calls = dict(ToolCall.objects.filter(run=run).values_list("name", "status"))
+    assert calls == {"directory_lookup": "completed", "project_search": "rejected"}
+    rejected = ToolCall.objects.get(run=run, name="project_search")
+    assert rejected.error_category == "PERMISSION_DENIED"
+    assert rejected.envelope["error"]["message"].endswith("was revoked.")
+    assert not Source.objects.filter(tool_call=rejected).exists()
+    assert [event["name"] for event in events_of(run, "tool.rejected")] == ["project_search"]
