@@ -15,20 +15,21 @@ _PROJECT = PreparedQuery(
     tenant_id=int,
     key=str,
 )
-_USER_GRANT = PreparedQuery(
-    lambda user_id, object_pk: UserObjectPermission.objects.filter(
-        user_id=user_id, object_pk=object_pk, **_GRANT
-    ).values_list("pk", flat=True)[:1],
-    user_id=int,
-    object_pk=str,
-)
-_GROUP_GRANT = PreparedQuery(
-    lambda user_id, object_pk: GroupObjectPermission.objects.filter(
-        group__user=user_id, object_pk=object_pk, **_GRANT
-    ).values_list("pk", flat=True)[:1],
-    user_id=int,
-    object_pk=str,
-)
+
+
+def _grant(model: type, holder: str) -> PreparedQuery:
+    """Whether the user (`holder`: the user's path in `model`) holds the view grant."""
+    return PreparedQuery(
+        lambda user_id, object_pk: model.objects.filter(
+            **{holder: user_id}, object_pk=object_pk, **_GRANT
+        ).values_list("pk", flat=True)[:1],
+        user_id=int,
+        object_pk=str,
+    )
+
+
+_USER_GRANT = _grant(UserObjectPermission, "user")
+_GROUP_GRANT = _grant(GroupObjectPermission, "group__user")
 
 
 def project_for_actor(*, actor: AbstractBaseUser, tenant: Tenant, key: str) -> Project | None:
