@@ -32,7 +32,7 @@ from django.db.models.query import (
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
 
-# A marker per parameter kind: values no caller passes, told apart by position.
+# A marker per parameter kind: a value no caller passes, found among the compiled parameters.
 _MARKERS: dict[type, Callable[[int], Any]] = {
     uuid.UUID: lambda index: uuid.UUID(int=(0x5EED << 112) | index),
     int: lambda index: 2_000_000_000 + index,
