@@ -281,8 +281,8 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     attempts = 0
     while True:
         outcome, tried, _ = _run_with_retries(admitted)
-        attempts += tried
         turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
+        attempts += tried - turned_away
         if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
             return outcome, attempts, int((time.monotonic() - started) * 1000)
         time.sleep(random.uniform(*LIMIT_WAIT_SECONDS))
