@@ -252,7 +252,9 @@ def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
     """On PostgreSQL the ids travel as one array, so the SQL is the same for any number."""
     return PreparedQuery(
         lambda version_ids: model.objects.filter(
-            pk__in=RawSQL("SELECT unnest(%s::uuid[])", [version_ids]),
+            pk__in=RawSQL("SELECT unnest(%s::uuid[])", [version_ids])
+            if connection.vendor == "postgresql"
+            else version_ids,
             status=VersionStatus.REVOKED,
         ).values_list("pk", flat=True),
         version_ids=list,
@@ -261,13 +263,7 @@ def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
 
 def version_ids_revoked(*, model: type[DefinitionVersion], ids: Iterable[str]) -> set[str]:
     """Which of these versions are revoked now (one query, never from a cache)."""
-    ids = [str(version_id) for version_id in ids]
-    if connection.vendor == "postgresql":
-        found = _versions_revoked(model)(version_ids=ids)
-    else:
-        found = model.objects.filter(pk__in=ids, status=VersionStatus.REVOKED).values_list(
-            "pk", flat=True
-        )
+    found = _versions_revoked(model)(version_ids=[str(version_id) for version_id in ids])
     return {str(pk) for pk in found}
 
 

@@ -819,9 +819,15 @@ class Execution:
 
 
 # The row's version, locked: the statement every step after an execution's first starts with.
-LOCK_VERSION_SQL = f"SELECT updated_at, last_event_seq FROM {Run._meta.db_table} WHERE id = %s"
-
-
+_RUN_VERSION_LOCKED = PreparedQuery(
+    lambda run_id: (
+        Run.objects.select_for_update()
+        .filter(pk=run_id)
+        .order_by()
+        .values_list("updated_at", "last_event_seq")[:1]
+    ),
+    run_id=UUID,
+)
 _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(of=("self",))
@@ -836,14 +842,8 @@ _RUN_LOCKED = PreparedQuery(
 def _locked_run(run_id: str, execution: Execution) -> Run | None:
     saved = execution.run
     if saved is not None:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                LOCK_VERSION_SQL
-                + (" FOR UPDATE" if connection.features.has_select_for_update else ""),
-                [Run._meta.pk.get_db_prep_value(saved.pk, connection)],
-            )
-            version = cursor.fetchone()
-        if version is not None and tuple(version) == (saved.updated_at, saved.last_event_seq):
+        version = _RUN_VERSION_LOCKED.first(run_id=run_id)
+        if version == (saved.updated_at, saved.last_event_seq):
             return saved
     return _RUN_LOCKED.first(run_id=run_id)
 

@@ -135,21 +135,16 @@ def _execute(
     touched. A database without data-modifying WITH (SQLite, the embedded default) runs them
     in turn."""
     parts = [*_inserts(rows), *statements]
-    if connection.vendor != "postgresql":
-        with connection.cursor() as cursor:
-            for part_sql, part_params in parts:
-                cursor.execute(part_sql, part_params)
-            cursor.execute(*main)
-            count = cursor.rowcount
-        _written(rows)
-        return count
-    sql = "".join(
-        ("WITH " if index == 0 else ", ") + f"w{index} AS ({part_sql})"
-        for index, (part_sql, _) in enumerate(parts)
-    )
-    params = [param for _, part_params in parts for param in part_params]
+    if connection.vendor == "postgresql" and parts:
+        sql = "".join(
+            ("WITH " if index == 0 else ", ") + f"w{index} AS ({part_sql})"
+            for index, (part_sql, _) in enumerate(parts)
+        )
+        params = [param for _, part_params in parts for param in part_params]
+        parts, main = [], (f"{sql} {main[0]}", [*params, *main[1]])
     with connection.cursor() as cursor:
-        cursor.execute(f"{sql} {main[0]}", [*params, *main[1]])
+        for part_sql, part_params in [*parts, main]:
+            cursor.execute(part_sql, part_params)
         count = cursor.rowcount
     _written(rows)
     return count
