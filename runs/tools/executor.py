@@ -280,7 +280,9 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     deadline = started + admitted.tool_version.timeout_s + limits.SLOT_GRACE_SECONDS
     attempts = 0
     while True:
-        outcome, tried, _ = _run_with_retries(admitted)
+        outcome, tried, _, passage = _run_with_retries(admitted)
+        if passage is not None:
+            limits.calls_leave([(passage, False)])
         turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
         attempts += tried - turned_away
         if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
@@ -322,26 +324,39 @@ def _sandboxed(admitted: Admitted) -> ToolOutput | None:
     )
 
 
-def _attempt(admitted: Admitted) -> ToolOutput:
-    tool_version = admitted.tool_version
+def _attempt(
+    admitted: Admitted, entered: limits.Passage | ToolFailed | None
+) -> tuple[ToolOutput, limits.Passage | None]:
+    """One call of the tool under its limits (entered already, or entered now). Returns the
+    output with the limits' passage, still held (its call succeeded); a call that failed
+    has left them."""
     sandboxed = _sandboxed(admitted)
     if sandboxed is not None:
-        return sandboxed
-    limits.check_circuit(tool_version)
-    limits.check_rate_limit(tool_version, tenant_id=admitted.context.tenant.pk)
-    with limits.concurrency_slot(tool_version):
-        try:
-            output = adapters.execute(tool_version, admitted.context, admitted.arguments)
-        except ToolFailed:
-            limits.record_outcome(tool_version, failed=True)
-            raise
-    limits.record_outcome(tool_version, failed=False)
-    return output
+        return sandboxed, None
+    if entered is None:
+        [entered] = limits.calls_enter(
+            [admitted.tool_version], tenant_id=admitted.context.tenant.pk
+        )
+    if isinstance(entered, ToolFailed):
+        raise entered
+    try:
+        output = adapters.execute(admitted.tool_version, admitted.context, admitted.arguments)
+    except ToolFailed:
+        limits.calls_leave([(entered, True)])
+        raise
+    except BaseException:
+        limits.calls_leave([(entered, None)])
+        raise
+    return output, entered
 
 
-def _run_with_retries(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, int]:
-    """Gate 6. Only transient failures of tools safe to repeat are retried, with backoff and
-    jitter, within the tool's retry policy. Returns (outcome, attempts, duration_ms)."""
+def _run_with_retries(
+    admitted: Admitted, entered: limits.Passage | ToolFailed | None = None
+) -> tuple[ToolOutput | ToolFailed, int, int, limits.Passage | None]:
+    """Gate 6, from the limits `entered` for the first attempt (if they were, with the
+    other calls of its step). Only transient failures of tools safe to repeat are retried,
+    with backoff and jitter, within the tool's retry policy. Returns (outcome, attempts,
+    duration_ms, the passage of a call that succeeded, for the caller to leave)."""
     tool_version = admitted.tool_version
     policy = tool_version.retry_policy or {}
     max_attempts = policy.get("max_attempts", 1)
@@ -351,10 +366,12 @@ def _run_with_retries(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int,
     while True:
         attempt += 1
         try:
-            return _attempt(admitted), attempt, int((time.monotonic() - started) * 1000)
+            output, passage = _attempt(admitted, entered if attempt == 1 else None)
         except ToolFailed as failure:
             if not (failure.retryable and repeatable and attempt < max_attempts):
-                return failure, attempt, int((time.monotonic() - started) * 1000)
+                return failure, attempt, int((time.monotonic() - started) * 1000), None
+        else:
+            return output, attempt, int((time.monotonic() - started) * 1000), passage
         backoff = min(
             policy.get("backoff_s", 0.2) * 2 ** (attempt - 1), policy.get("max_backoff_s", 2)
         )
@@ -362,15 +379,24 @@ def _run_with_retries(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int,
 
 
 def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
-    """Gates 6 and 7 for the admitted calls of one step; independent calls run in parallel
-    under `TOOL_PARALLELISM`, results stay paired with their call ids."""
-    if len(admitted) > 1:
+    """Gates 6 and 7 for the admitted calls of one step. Their limits are entered together
+    before they run and left together after (a sandbox's calls enter their own); independent
+    calls run in parallel under `TOOL_PARALLELISM`, results stay paired with their call ids."""
+    if run.tenant.sandbox_of_id:
+        entered: list[limits.Passage | ToolFailed | None] = [None] * len(admitted)
+    else:
+        entered = limits.calls_enter(
+            [call.tool_version for call in admitted], tenant_id=run.tenant_id
+        )
+    pairs = list(zip(admitted, entered, strict=True))
+    if len(pairs) > 1:
         outcomes = threads.parallel_map(
-            _run_with_retries, admitted, workers=settings.TOOL_PARALLELISM
+            lambda pair: _run_with_retries(*pair), pairs, workers=settings.TOOL_PARALLELISM
         )
     else:
-        outcomes = [_run_with_retries(call) for call in admitted]
-    for call, (outcome, attempts, duration_ms) in zip(admitted, outcomes, strict=True):
+        outcomes = [_run_with_retries(*pair) for pair in pairs]
+    limits.calls_leave([(passage, False) for *_, passage in outcomes if passage is not None])
+    for call, (outcome, attempts, duration_ms, _) in zip(admitted, outcomes, strict=True):
         _record(run, call, outcome, attempts, duration_ms, step_calls)
 
 

@@ -1,16 +1,21 @@
 """Rate limit, concurrency cap and circuit breaker of a tool version, and the concurrency cap
-of a tenant's runs, kept in the cache (Redis in production, so every worker shares them)."""
+of a tenant's runs, kept in Redis so that every worker shares them. The embedded default has
+one process and no Redis: the same scripts then run on a Redis of its own, in memory.
+
+A tool call passes all its limits or takes nothing: `calls_enter` decides every call of a step
+in one script (one round trip), and `calls_leave` gives their slots back and tells each
+breaker how its call ended in one more.
+"""
 
 import functools
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import fakeredis
 import redis
 from django.conf import settings
-from django.core.cache import cache
 
 from registry.models import ToolVersion
 from runs.tools.adapters import ToolFailed
@@ -18,34 +23,8 @@ from runs.tools.envelope import ErrorCategory
 
 # A slot outlives its call's timeout by this much before another call may take it.
 SLOT_GRACE_SECONDS = 5
-
-
-def _incr(key: str, *, timeout: int) -> int:
-    if cache.add(key, 1, timeout=timeout):
-        return 1
-    try:
-        return cache.incr(key)
-    except ValueError:
-        cache.set(key, 1, timeout=timeout)
-        return 1
-
-
-def check_rate_limit(tool_version: ToolVersion, *, tenant_id: int) -> None:
-    """A fixed window of `requests` per `per_seconds`, per tool version and tenant."""
-    limit = tool_version.rate_limit
-    if not limit:
-        return
-    window = int(time.time() // limit["per_seconds"])
-    key = f"tool-rate:{tool_version.pk}:{tenant_id}:{window}"
-    if _incr(key, timeout=limit["per_seconds"] + 1) > limit["requests"]:
-        raise ToolFailed(
-            f"{tool_version.qualified_name} allows {limit['requests']} calls per "
-            f"{limit['per_seconds']} s.",
-            category=ErrorCategory.RATE_LIMITED,
-            retryable=True,
-            attempted=False,
-        )
-
+# A circuit that opened is remembered this many times its `reset_after_s`.
+CIRCUIT_MEMORY = 10
 
 # Take a slot if fewer than the cap are held; each holder expires on its own, so a worker
 # killed mid-call frees its slot once the call's deadline has passed.
@@ -56,33 +35,229 @@ redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
 redis.call('EXPIRE', KEYS[1], ARGV[5])
 return 1
 """
-_local_slots: dict[str, dict[str, float]] = {}
-_local_lock = threading.Lock()
 
+# For each call (4 keys: circuit, trial, rate window, slots; 8 arguments after `now`): 0 when
+# it passes, and then it takes the half-open circuit's trial, a place in the rate window and
+# a slot; otherwise what refused it (1 circuit open, 2 trial under way, 3 rate, 4 cap).
+_ENTER = """
+local now = tonumber(ARGV[1])
+local codes = {}
+for i = 0, #KEYS / 4 - 1 do
+  local k = i * 4
+  local circuit, trial, rate, slots = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local a = i * 8 + 1
+  local requests, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 5])
+  local code, half_open = 0, false
+  if ARGV[a + 1] == '1' then
+    local opened_until = tonumber(redis.call('GET', circuit))
+    if opened_until then
+      if now < opened_until then
+        code = 1
+      elseif redis.call('EXISTS', trial) == 1 then
+        code = 2
+      else
+        half_open = true
+      end
+    end
+  end
+  if code == 0 and requests > 0 and tonumber(redis.call('GET', rate) or '0') >= requests then
+    code = 3
+  end
+  if code == 0 then
+    redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+    if redis.call('ZCARD', slots) >= cap then code = 4 end
+  end
+  if code == 0 then
+    if half_open then redis.call('SET', trial, '1', 'EX', ARGV[a + 2]) end
+    if requests > 0 and redis.call('INCR', rate) == 1 then
+      redis.call('EXPIRE', rate, ARGV[a + 4])
+    end
+    redis.call('ZADD', slots, ARGV[a + 7], ARGV[a + 6])
+    redis.call('EXPIRE', slots, ARGV[a + 8])
+  end
+  codes[#codes + 1] = code
+end
+return codes
+"""
 
-def _slots_key(kind: str, owner: object) -> str:
-    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
-    return f"{prefix}:{kind}-running:{owner}"
+# For each call (4 keys: slots, failures, circuit, trial; 6 arguments after `now`): give the
+# slot back; a success closes the circuit and forgets the failures; a failure of the trial
+# call reopens it, any other failure counts, and `threshold` of them open it.
+_LEAVE = """
+local now = tonumber(ARGV[1])
+for i = 0, #KEYS / 4 - 1 do
+  local k = i * 4
+  local slots, failures, circuit, trial = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local a = i * 6 + 1
+  local outcome, opened_until, memory = ARGV[a + 2], ARGV[a + 3], ARGV[a + 6]
+  redis.call('ZREM', slots, ARGV[a + 1])
+  if outcome == 'ok' then
+    redis.call('DEL', failures, circuit, trial)
+  elseif outcome == 'failed' then
+    local open_until = tonumber(redis.call('GET', circuit))
+    if open_until and now >= open_until then
+      redis.call('SET', circuit, opened_until, 'EX', memory)
+      redis.call('DEL', trial)
+    else
+      local count = redis.call('INCR', failures)
+      if count == 1 then redis.call('EXPIRE', failures, ARGV[a + 5]) end
+      if count >= tonumber(ARGV[a + 4]) then
+        redis.call('SET', circuit, opened_until, 'EX', memory)
+        redis.call('DEL', failures)
+      end
+    end
+  end
+end
+return 0
+"""
 
 
 @functools.lru_cache(maxsize=4)
-def _redis(url: str) -> redis.Redis:
-    """One client (with its connection pool) per Redis URL for the process."""
-    return redis.Redis.from_url(url)
+def _client(url: str) -> redis.Redis:
+    """One client (with its connection pool) per Redis URL for the process; without a URL,
+    the process's own Redis in memory."""
+    if url:
+        return redis.Redis.from_url(url)
+    return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+
+def _redis() -> redis.Redis:
+    return _client(settings.REDIS_URL)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _key(kind: str, owner: object) -> str:
+    prefix = settings.CACHES["default"].get("KEY_PREFIX", "")
+    return f"{prefix}:{kind}:{owner}"
+
+
+def _slots_key(kind: str, owner: object) -> str:
+    return _key(f"{kind}-running", owner)
+
+
+def _breaker_keys(tool_version: ToolVersion) -> tuple[str, str, str]:
+    """The failures counted, the time the open circuit lets a trial through, the trial."""
+    tool = tool_version.tool_id
+    return _key("tool-failures", tool), _key("tool-circuit", tool), _key("tool-trial", tool)
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A call that passed its tool's limits and holds one of its slots until it leaves."""
+
+    tool_version: ToolVersion
+    holder: str
+
+
+def _slot_lifetime(tool_version: ToolVersion) -> int:
+    return tool_version.timeout_s + SLOT_GRACE_SECONDS
+
+
+def _refusal(tool_version: ToolVersion, code: int) -> ToolFailed:
+    name = tool_version.qualified_name
+    if code in (1, 2):
+        why = "calls are paused for a while" if code == 1 else "a trial call is under way"
+        return ToolFailed(
+            f"{name} is failing; {why}.",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=True,
+            attempted=False,
+        )
+    if code == 3:
+        limit = tool_version.rate_limit
+        message = f"{name} allows {limit['requests']} calls per {limit['per_seconds']} s."
+    else:
+        message = f"{name} is at its concurrency cap."
+    return ToolFailed(message, category=ErrorCategory.RATE_LIMITED, retryable=True, attempted=False)
+
+
+def calls_enter(
+    tool_versions: Sequence[ToolVersion], *, tenant_id: int
+) -> list[Passage | ToolFailed]:
+    """Whether each call (of these tool versions, in order, for this tenant) may run now: its
+    tool's circuit is closed (or half-open and it is the one trial), its tool has calls left in
+    this tenant's rate window (a fixed window of `requests` per `per_seconds`) and a slot under
+    its concurrency cap. A call that passes holds what it took; one refused takes nothing."""
+    if not tool_versions:
+        return []
+    now = _now()
+    keys: list[str] = []
+    arguments: list[object] = [now]
+    holders = [uuid.uuid4().hex for _ in tool_versions]
+    for tool_version, holder in zip(tool_versions, holders, strict=True):
+        _, circuit, trial = _breaker_keys(tool_version)
+        limit = tool_version.rate_limit or {}
+        per_seconds = limit.get("per_seconds", 1)
+        window = int(now // per_seconds)
+        lifetime = _slot_lifetime(tool_version)
+        keys += [
+            circuit,
+            trial,
+            _key("tool-rate", f"{tool_version.pk}:{tenant_id}:{window}"),
+            _slots_key("tool", tool_version.pk),
+        ]
+        arguments += [
+            1 if tool_version.circuit_breaker else 0,
+            lifetime,
+            limit.get("requests", 0),
+            per_seconds + 1,
+            tool_version.concurrency_cap,
+            holder,
+            now + lifetime,
+            lifetime * 2,
+        ]
+    codes = _redis().eval(_ENTER, len(keys), *keys, *arguments)
+    return [
+        Passage(tool_version, holder) if code == 0 else _refusal(tool_version, code)
+        for tool_version, holder, code in zip(tool_versions, holders, codes, strict=True)
+    ]
+
+
+def calls_leave(passages: Sequence[tuple[Passage, bool | None]]) -> None:
+    """Give back the slots of calls that ended, each with whether it failed (None: the tool
+    was not reached, so its breaker learns nothing)."""
+    if not passages:
+        return
+    now = _now()
+    keys: list[str] = []
+    arguments: list[object] = [now]
+    for passage, failed in passages:
+        tool_version = passage.tool_version
+        failures, circuit, trial = _breaker_keys(tool_version)
+        breaker = tool_version.circuit_breaker
+        outcome = "none" if failed is None or not breaker else "failed" if failed else "ok"
+        reset_after = breaker["reset_after_s"] if breaker else 1
+        keys += [_slots_key("tool", tool_version.pk), failures, circuit, trial]
+        arguments += [
+            passage.holder,
+            outcome,
+            now + reset_after,
+            breaker["failure_threshold"] if breaker else 0,
+            reset_after,
+            reset_after * CIRCUIT_MEMORY,
+        ]
+    _redis().eval(_LEAVE, len(keys), *keys, *arguments)
+
+
+def circuit_state(tool_version: ToolVersion) -> str:
+    """`closed` (calls pass), `open` (calls fail fast until `reset_after_s` has passed since
+    it opened) or `half_open` (one trial call may pass; its outcome closes or reopens it)."""
+    _, circuit, _ = _breaker_keys(tool_version)
+    opened_until = _redis().get(circuit)
+    if opened_until is None:
+        return "closed"
+    return "open" if _now() < float(opened_until) else "half_open"
 
 
 def _take(key: str, *, cap: int, holder: str, expires_at: float, ttl: int) -> bool:
-    if settings.REDIS_URL:
-        client = _redis(settings.REDIS_URL)
-        return bool(client.eval(_TAKE_SLOT, 1, key, time.time(), cap, expires_at, holder, ttl))
-    with _local_lock:
-        holders = {h: t for h, t in _local_slots.get(key, {}).items() if t > time.time()}
-        if len(holders) >= cap:
-            _local_slots[key] = holders
-            return False
-        holders[holder] = expires_at
-        _local_slots[key] = holders
-        return True
+    return bool(_redis().eval(_TAKE_SLOT, 1, key, _now(), cap, expires_at, holder, ttl))
+
+
+def _release(key: str, holder: str) -> None:
+    _redis().zrem(key, holder)
 
 
 def window_take(ident: str, *, cap: int, seconds: float) -> bool:
@@ -93,54 +268,16 @@ def window_take(ident: str, *, cap: int, seconds: float) -> bool:
         _slots_key("window", ident),
         cap=cap,
         holder=uuid.uuid4().hex,
-        expires_at=time.time() + seconds,
+        expires_at=_now() + seconds,
         ttl=int(seconds) + 1,
     )
 
 
 def window_wait(ident: str) -> float:
     """Seconds until the oldest take in the window lapses (when a new take may succeed)."""
-    key, now = _slots_key("window", ident), time.time()
-    if settings.REDIS_URL:
-        oldest = _redis(settings.REDIS_URL).zrange(key, 0, 0, withscores=True)
-        lapses = oldest[0][1] if oldest else now
-    else:
-        with _local_lock:
-            lapses = min(_local_slots.get(key, {}).values(), default=now)
-    return max(0.0, lapses - now)
-
-
-def _release(key: str, holder: str) -> None:
-    if settings.REDIS_URL:
-        _redis(settings.REDIS_URL).zrem(key, holder)
-        return
-    with _local_lock:
-        _local_slots.get(key, {}).pop(holder, None)
-
-
-@contextmanager
-def concurrency_slot(tool_version: ToolVersion) -> Iterator[None]:
-    """At most `concurrency_cap` calls of a tool version at once, across workers."""
-    key, holder = _slots_key("tool", tool_version.pk), uuid.uuid4().hex
-    lifetime = tool_version.timeout_s + SLOT_GRACE_SECONDS
-    taken = _take(
-        key,
-        cap=tool_version.concurrency_cap,
-        holder=holder,
-        expires_at=time.time() + lifetime,
-        ttl=lifetime * 2,
-    )
-    if not taken:
-        raise ToolFailed(
-            f"{tool_version.qualified_name} is at its concurrency cap.",
-            category=ErrorCategory.RATE_LIMITED,
-            retryable=True,
-            attempted=False,
-        )
-    try:
-        yield
-    finally:
-        _release(key, holder)
+    now = _now()
+    oldest = _redis().zrange(_slots_key("window", ident), 0, 0, withscores=True)
+    return max(0.0, (oldest[0][1] if oldest else now) - now)
 
 
 def tenant_run_slot_take(*, tenant_id: int, cap: int, run_id: str, seconds: int) -> bool:
@@ -149,81 +286,11 @@ def tenant_run_slot_take(*, tenant_id: int, cap: int, run_id: str, seconds: int)
     budget and a grace), so a worker killed mid-run does not keep it."""
     lifetime = seconds + SLOT_GRACE_SECONDS
     key = _slots_key("tenant", tenant_id)
-    if _holds(key, run_id):
+    expires_at = _redis().zscore(key, run_id)
+    if expires_at is not None and expires_at > _now():
         return True
-    return _take(key, cap=cap, holder=run_id, expires_at=time.time() + lifetime, ttl=lifetime * 2)
+    return _take(key, cap=cap, holder=run_id, expires_at=_now() + lifetime, ttl=lifetime * 2)
 
 
 def tenant_run_slot_release(*, tenant_id: int, run_id: str) -> None:
     _release(_slots_key("tenant", tenant_id), run_id)
-
-
-def _holds(key: str, holder: str) -> bool:
-    if settings.REDIS_URL:
-        expires_at = _redis(settings.REDIS_URL).zscore(key, holder)
-    else:
-        with _local_lock:
-            expires_at = _local_slots.get(key, {}).get(holder)
-    return expires_at is not None and expires_at > time.time()
-
-
-def _now() -> float:
-    return time.time()
-
-
-def _breaker_keys(tool_version: ToolVersion) -> tuple[str, str, str]:
-    tool = tool_version.tool_id
-    return f"tool-failures:{tool}", f"tool-circuit:{tool}", f"tool-trial:{tool}"
-
-
-def circuit_state(tool_version: ToolVersion) -> str:
-    """`closed` (calls pass), `open` (calls fail fast until `reset_after_s` has passed since
-    it opened) or `half_open` (one trial call may pass; its outcome closes or reopens it)."""
-    _, circuit_key, _ = _breaker_keys(tool_version)
-    opened_until = cache.get(circuit_key)
-    if opened_until is None:
-        return "closed"
-    return "open" if _now() < opened_until else "half_open"
-
-
-def _fail_fast(tool_version: ToolVersion, why: str) -> ToolFailed:
-    return ToolFailed(
-        f"{tool_version.qualified_name} is failing; {why}.",
-        category=ErrorCategory.UPSTREAM_ERROR,
-        retryable=True,
-        attempted=False,
-    )
-
-
-def check_circuit(tool_version: ToolVersion) -> None:
-    """Fail fast while the circuit is open; when half-open, let one trial call through."""
-    if not tool_version.circuit_breaker:
-        return
-    state = circuit_state(tool_version)
-    if state == "open":
-        raise _fail_fast(tool_version, "calls are paused for a while")
-    if state == "half_open":
-        _, _, trial_key = _breaker_keys(tool_version)
-        if not cache.add(trial_key, 1, timeout=tool_version.timeout_s + SLOT_GRACE_SECONDS):
-            raise _fail_fast(tool_version, "a trial call is under way")
-
-
-def record_outcome(tool_version: ToolVersion, *, failed: bool) -> None:
-    """`failure_threshold` failures within `reset_after_s` open the circuit; a failed trial
-    reopens it; any success closes it."""
-    breaker = tool_version.circuit_breaker
-    if not breaker:
-        return
-    failures_key, circuit_key, trial_key = _breaker_keys(tool_version)
-    reset_after = breaker["reset_after_s"]
-    if not failed:
-        cache.delete_many([failures_key, circuit_key, trial_key])
-        return
-    keep = reset_after * 10
-    if circuit_state(tool_version) == "half_open":
-        cache.set(circuit_key, _now() + reset_after, timeout=keep)
-        cache.delete(trial_key)
-        return
-    if _incr(failures_key, timeout=reset_after) >= breaker["failure_threshold"]:
-        cache.set(circuit_key, _now() + reset_after, timeout=keep)
-        cache.delete(failures_key)

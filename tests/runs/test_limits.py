@@ -1,5 +1,5 @@
 """Limits kept in Redis: concurrency caps of tools and tenants (with holders that expire), a
-tool's rate limit and circuit breaker."""
+tool's rate limit and circuit breaker, each decided in one script for all the calls of a step."""
 
 import time
 
@@ -20,79 +20,129 @@ def tool_version(make_tool_version):
     )
 
 
-def test_the_cap_refuses_a_second_call_until_the_first_ends(tool_version):
-    with limits.concurrency_slot(tool_version):
-        with pytest.raises(ToolFailed) as refused, limits.concurrency_slot(tool_version):
-            pass
-        assert refused.value.category == ErrorCategory.RATE_LIMITED
-        assert refused.value.retryable
+def enter(tool_version, tenant_id=1) -> limits.Passage | ToolFailed:
+    [entered] = limits.calls_enter([tool_version], tenant_id=tenant_id)
+    return entered
 
-    with limits.concurrency_slot(tool_version):
-        pass
+
+def call(tool_version, *, failed: bool = False, tenant_id=1) -> None:
+    """One call that passes its limits and ends as `failed` says."""
+    passage = enter(tool_version, tenant_id)
+    assert isinstance(passage, limits.Passage), passage
+    limits.calls_leave([(passage, failed)])
+
+
+def test_the_cap_refuses_a_second_call_until_the_first_ends(tool_version):
+    first = enter(tool_version)
+
+    refused = enter(tool_version)
+
+    assert isinstance(first, limits.Passage)
+    assert isinstance(refused, ToolFailed)
+    assert refused.category == ErrorCategory.RATE_LIMITED
+    assert refused.retryable and not refused.attempted
+    limits.calls_leave([(first, False)])
+    assert isinstance(enter(tool_version), limits.Passage)
+
+
+def test_the_calls_of_one_step_enter_together_and_share_the_cap(tool_version, make_tool_version):
+    other = make_tool_version(name="directory_lookup", concurrency_cap=1)
+
+    entered = limits.calls_enter([tool_version, other, tool_version], tenant_id=1)
+
+    assert [type(each) for each in entered] == [limits.Passage, limits.Passage, ToolFailed]
+    assert "concurrency cap" in str(entered[2])
+    limits.calls_leave([(entered[0], False), (entered[1], False)])
+    assert all(
+        isinstance(each, limits.Passage)
+        for each in limits.calls_enter([tool_version, other], tenant_id=1)
+    )
 
 
 def test_a_slot_left_by_a_killed_worker_frees_itself_after_its_deadline(tool_version):
     key = limits._slots_key("tool", tool_version.pk)
     assert limits._take(key, cap=1, holder="live", expires_at=time.time() + 60, ttl=120)
-    with pytest.raises(ToolFailed), limits.concurrency_slot(tool_version):
-        pass
+    assert isinstance(enter(tool_version), ToolFailed)
     limits._release(key, "live")
     assert limits._take(key, cap=1, holder="killed", expires_at=time.time() - 1, ttl=120)
 
-    with limits.concurrency_slot(tool_version):
-        pass
+    assert isinstance(enter(tool_version), limits.Passage)
 
 
 def test_the_rate_limit_counts_calls_per_tenant_in_a_window(tool_version, acme, globex):
-    limits.check_rate_limit(tool_version, tenant_id=acme.pk)
-    limits.check_rate_limit(tool_version, tenant_id=acme.pk)
+    call(tool_version, tenant_id=acme.pk)
+    call(tool_version, tenant_id=acme.pk)
 
-    with pytest.raises(ToolFailed) as refused:
-        limits.check_rate_limit(tool_version, tenant_id=acme.pk)
+    refused = enter(tool_version, acme.pk)
 
-    assert refused.value.category == ErrorCategory.RATE_LIMITED
-    limits.check_rate_limit(tool_version, tenant_id=globex.pk)
+    assert isinstance(refused, ToolFailed)
+    assert refused.category == ErrorCategory.RATE_LIMITED
+    assert "allows 2 calls per 60 s" in str(refused)
+    call(tool_version, tenant_id=globex.pk)
+
+
+def test_a_call_one_limit_refuses_takes_nothing_from_the_others(tool_version):
+    held = enter(tool_version)
+    assert isinstance(enter(tool_version), ToolFailed)  # the cap: not counted in the window
+    limits.calls_leave([(held, False)])
+
+    call(tool_version)  # the second call of the window
+
+    assert "allows 2 calls" in str(enter(tool_version))
 
 
 def test_the_circuit_opens_after_the_threshold_and_a_success_resets_the_count(tool_version):
-    limits.record_outcome(tool_version, failed=True)
-    limits.record_outcome(tool_version, failed=False)
-    limits.record_outcome(tool_version, failed=True)
-    limits.check_circuit(tool_version)
+    call(tool_version, failed=True)
+    call(tool_version, failed=False)
+    tool_version.rate_limit = {}
+    call(tool_version, failed=True)
+    passage = enter(tool_version)
+    assert isinstance(passage, limits.Passage)
 
-    limits.record_outcome(tool_version, failed=True)
+    limits.calls_leave([(passage, True)])
 
-    with pytest.raises(ToolFailed) as refused:
-        limits.check_circuit(tool_version)
-    assert refused.value.category == ErrorCategory.UPSTREAM_ERROR
+    refused = enter(tool_version)
+    assert isinstance(refused, ToolFailed)
+    assert refused.category == ErrorCategory.UPSTREAM_ERROR
+    assert limits.circuit_state(tool_version) == "open"
+
+
+def test_a_call_that_never_reached_its_tool_tells_the_breaker_nothing(tool_version):
+    tool_version.rate_limit = {}
+    for _ in range(3):
+        passage = enter(tool_version)
+        limits.calls_leave([(passage, None)])
+
+    assert limits.circuit_state(tool_version) == "closed"
+    assert isinstance(enter(tool_version), limits.Passage)
 
 
 def test_the_breaker_opens_fails_fast_half_opens_for_one_trial_and_closes(
     tool_version, monkeypatch
 ):
+    tool_version.rate_limit = {}
     clock = [1_000_000.0]
     monkeypatch.setattr(limits, "_now", lambda: clock[0])
-    limits.record_outcome(tool_version, failed=True)
-    limits.record_outcome(tool_version, failed=True)
+    call(tool_version, failed=True)
+    call(tool_version, failed=True)
 
     assert limits.circuit_state(tool_version) == "open"
-    with pytest.raises(ToolFailed, match="paused"):
-        limits.check_circuit(tool_version)
+    assert "paused" in str(enter(tool_version))
 
     clock[0] += 31  # reset_after_s has passed: one trial call, and only one
     assert limits.circuit_state(tool_version) == "half_open"
-    limits.check_circuit(tool_version)
-    with pytest.raises(ToolFailed, match="trial call is under way"):
-        limits.check_circuit(tool_version)
+    trial = enter(tool_version)
+    assert isinstance(trial, limits.Passage)
+    assert "trial call is under way" in str(enter(tool_version))
+    assert "trial call is under way" in str(enter(tool_version, tenant_id=2))
 
-    limits.record_outcome(tool_version, failed=True)  # the trial failed: open again
+    limits.calls_leave([(trial, True)])  # the trial failed: open again
     assert limits.circuit_state(tool_version) == "open"
     clock[0] += 31
-    limits.check_circuit(tool_version)
-    limits.record_outcome(tool_version, failed=False)  # the trial succeeded: closed
+    call(tool_version, failed=False)  # the trial succeeded: closed
     assert limits.circuit_state(tool_version) == "closed"
-    limits.check_circuit(tool_version)
-    limits.check_circuit(tool_version)
+    call(tool_version)
+    call(tool_version)
 
 
 def test_a_tenant_s_run_slots_admit_the_cap_and_the_holder_again(acme, globex):

@@ -181,7 +181,8 @@ def test_a_recalled_skill_whose_tool_is_failing_gives_way_to_the_next(demo, retr
     ).tool_version
     assert project_search.circuit_breaker
     for _ in range(project_search.circuit_breaker["failure_threshold"]):
-        limits.record_outcome(project_search, failed=True)
+        [passage] = limits.calls_enter([project_search], tenant_id=demo.acme.pk)
+        limits.calls_leave([(passage, True)])
     dave = get_user_model().objects.get(username="dave")
     draft = skills.skill_version_create(
         actor=dave,
