@@ -23,7 +23,10 @@ class RunEvent(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="events")
+    # Indexed by (run, seq), which leads with it.
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.PROTECT, related_name="events", db_index=False
+    )
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=32, choices=EventType.choices)
     payload = models.JSONField(default=dict)

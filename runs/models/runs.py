@@ -14,7 +14,10 @@ class Run(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    tenant = models.ForeignKey("registry.Tenant", on_delete=models.PROTECT, related_name="runs")
+    # Indexed by the history indexes below, which lead with it.
+    tenant = models.ForeignKey(
+        "registry.Tenant", on_delete=models.PROTECT, related_name="runs", db_index=False
+    )
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs"
     )

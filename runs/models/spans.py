@@ -14,7 +14,10 @@ class Span(models.Model):
         ERROR = "error", "Error"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="spans")
+    # Indexed by (run, started_at), which leads with it.
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.PROTECT, related_name="spans", db_index=False
+    )
     session_id = models.UUIDField()
     trace_id = models.CharField(max_length=32)
     span_id = models.CharField(max_length=16)

@@ -18,7 +18,10 @@ class ToolCall(models.Model):
         FAILED = "failed"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="tool_calls")
+    # Indexed by (run, call_id), which leads with it.
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.PROTECT, related_name="tool_calls", db_index=False
+    )
     call_id = models.CharField(max_length=128)
     step = models.PositiveIntegerField()
     name = models.CharField(max_length=128)
@@ -57,7 +60,10 @@ class Source(models.Model):
     `reference`; the content never enters a context whole."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    run = models.ForeignKey("runs.Run", on_delete=models.PROTECT, related_name="sources")
+    # Indexed by (run, reference), which leads with it.
+    run = models.ForeignKey(
+        "runs.Run", on_delete=models.PROTECT, related_name="sources", db_index=False
+    )
     tool_call = models.ForeignKey(
         ToolCall,
         on_delete=models.PROTECT,
