@@ -8,19 +8,24 @@ sends the same SQL text with the caller's values. Rows come back as the ORM woul
 (model instances with their `select_related` rows, tuples, flat values or dicts), through the
 compiler's own converters.
 
-Only on PostgreSQL: elsewhere (the embedded SQLite default) the queryset is built and run as
+On PostgreSQL the SQL goes through `prepared_cursor`: its parameters are bound by the
+server, so the text is the same whatever the values, and the server parses and plans it once
+per connection. Elsewhere (the embedded SQLite default) the queryset is built and run as
 usual, since values there are prepared per backend and that path is not the hot one.
 """
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import QuerySet
 from django.db.models.query import (
     FlatValuesListIterable,
@@ -41,6 +46,38 @@ _MARKERS: dict[type, Callable[[int], Any]] = {
     # A PostgreSQL array: for `= ANY(%s)` in a RawSQL of the queryset.
     list: lambda index: [f"\x1fprepared-parameter-{index}"],
 }
+
+
+@contextmanager
+def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
+    """A cursor whose statements PostgreSQL prepares: parameters bound by the server (the ORM's
+    cursors bind them into the text), so psycopg prepares a statement once it has run
+    `prepare_threshold` times on the connection (DB_PREPARE_THRESHOLD) and the server skips
+    parsing and planning it from then on. Wrapped like the ORM's cursors (query logging,
+    execute wrappers). Elsewhere, the connection's usual cursor."""
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            yield cursor
+        return
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    connection.close_if_health_check_failed()
+    connection.ensure_connection()
+    connection.validate_thread_sharing()
+    driver = connection.connection
+    factory, driver.cursor_factory = driver.cursor_factory, ServerBindingCursor
+    try:
+        with connection.wrap_database_errors:
+            cursor = connection.create_cursor()
+    finally:
+        driver.cursor_factory = factory
+    wrapped = (
+        connection.make_debug_cursor(cursor)
+        if connection.queries_logged
+        else connection.make_cursor(cursor)
+    )
+    with wrapped:
+        yield wrapped
 
 
 def _coerce(kind: type, value: Any) -> Any:
@@ -92,7 +129,7 @@ class PreparedQuery:
             )
         coerced = {name: _coerce(kind, values[name]) for name, kind in self._parameters.items()}
         params = [coerced[name] if name else constant for name, constant in plan.slots]
-        with connection.cursor() as cursor:
+        with prepared_cursor(connection) as cursor:
             cursor.execute(plan.sql, params)
             rows = cursor.fetchall()
         if plan.compiler.has_extra_select:

@@ -89,6 +89,13 @@ DATABASE_URL = env.str("DATABASE_URL", default="") or f"sqlite:///{BASE_DIR / 'd
 DATABASES = {"default": environ.Env.db_url_config(DATABASE_URL)}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=0)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # Hot statements (config.queries.prepared_cursor) are prepared on a connection once they
+    # have run this many times on it; empty turns preparing off (a pooler in transaction
+    # mode that cannot keep prepared statements).
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = (
+        int(threshold) if (threshold := env.str("DB_PREPARE_THRESHOLD", default="5")) else None
+    )
 # A Celery worker process keeps its connection between tasks for this many seconds (checked
 # before each task), where the web serves ASGI and keeps DB_CONN_MAX_AGE (config/celery.py).
 WORKER_DB_CONN_MAX_AGE = env.int("WORKER_DB_CONN_MAX_AGE", default=300)

@@ -21,6 +21,7 @@ from uuid import UUID
 from django.db import connection, models
 from django.db.models import Field
 
+from config.queries import prepared_cursor
 from runs.models import Run
 
 PENDING = "_pending_rows"
@@ -142,7 +143,7 @@ def _execute(
         )
         params = [param for _, part_params in parts for param in part_params]
         parts, main = [], (f"{sql} {main[0]}", [*params, *main[1]])
-    with connection.cursor() as cursor:
+    with prepared_cursor(connection) as cursor:
         for part_sql, part_params in [*parts, main]:
             cursor.execute(part_sql, part_params)
         count = cursor.rowcount
