@@ -12,10 +12,12 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import fakeredis
 import redis
 from django.conf import settings
+from redis.commands.core import Script
 
 from registry.models import ToolVersion
 from runs.tools.adapters import ToolFailed
@@ -125,6 +127,16 @@ def _redis() -> redis.Redis:
     return _client(settings.REDIS_URL)
 
 
+@functools.lru_cache(maxsize=16)
+def _script(url: str, text: str) -> Script:
+    return _client(url).register_script(text)
+
+
+def _eval(text: str, keys: list[str], arguments: list[object]) -> Any:
+    """Run a script by its digest (EVALSHA), loading it into Redis the first time."""
+    return _script(settings.REDIS_URL, text)(keys=keys, args=arguments)
+
+
 def _now() -> float:
     return time.time()
 
@@ -209,7 +221,7 @@ def calls_enter(
             now + lifetime,
             lifetime * 2,
         ]
-    codes = _redis().eval(_ENTER, len(keys), *keys, *arguments)
+    codes = _eval(_ENTER, keys, arguments)
     return [
         Passage(tool_version, holder) if code == 0 else _refusal(tool_version, code)
         for tool_version, holder, code in zip(tool_versions, holders, codes, strict=True)
@@ -239,7 +251,7 @@ def calls_leave(passages: Sequence[tuple[Passage, bool | None]]) -> None:
             reset_after,
             reset_after * CIRCUIT_MEMORY,
         ]
-    _redis().eval(_LEAVE, len(keys), *keys, *arguments)
+    _eval(_LEAVE, keys, arguments)
 
 
 def circuit_state(tool_version: ToolVersion) -> str:
@@ -253,7 +265,7 @@ def circuit_state(tool_version: ToolVersion) -> str:
 
 
 def _take(key: str, *, cap: int, holder: str, expires_at: float, ttl: int) -> bool:
-    return bool(_redis().eval(_TAKE_SLOT, 1, key, _now(), cap, expires_at, holder, ttl))
+    return bool(_eval(_TAKE_SLOT, [key], [_now(), cap, expires_at, holder, ttl]))
 
 
 def _release(key: str, holder: str) -> None:
