@@ -5,8 +5,9 @@ stay in memory; `run_update` (or `run_insert`, for a run being created) writes t
 run's own row in one statement, `WITH w0 AS (INSERT ...), w1 AS (INSERT ...) UPDATE runs_run
 ...`, in the step's transaction: one round trip to PostgreSQL where there were one per table.
 Rows of a table keep their order; foreign keys between them are checked at commit. Values are
-prepared by their fields as `save` prepares them (`pre_save`, then `get_prep_value` for the
-JSON rows of PostgreSQL, `get_db_prep_save` elsewhere).
+prepared by their fields as `save` prepares them: `pre_save` where saving computes the value
+(`auto_now`), then on PostgreSQL `get_prep_value` for a value JSON does not carry as it is (a
+string, number, UUID, date, decimal, list or dict needs none), `get_db_prep_save` elsewhere.
 A run that holds nothing writes each row at once, as `save` would.
 """
 
@@ -76,6 +77,31 @@ def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str, str]:
     return fields, quote(model._meta.db_table), columns
 
 
+@functools.cache
+def _json_columns(model: type[models.Model]) -> tuple[tuple[Field, str, str, bool], ...]:
+    """For each field an INSERT of `model` writes: its column, its attribute, and whether
+    saving computes its value (`pre_save` of its own)."""
+    fields, _, _ = _insert_fields(model)
+    return tuple(
+        (field, field.column, field.attname, type(field).pre_save is not Field.pre_save)
+        for field in fields
+    )
+
+
+# Values json.dumps (with _json_default) carries as they are.
+_JSON_READY = frozenset(
+    {str, int, float, bool, dict, list, type(None), UUID, datetime, date, Decimal}
+)
+
+
+def _json_row(row: models.Model, columns: tuple[tuple[Field, str, str, bool], ...]) -> dict:
+    values = {}
+    for field, column, attname, computed in columns:
+        value = field.pre_save(row, True) if computed else getattr(row, attname)
+        values[column] = value if type(value) in _JSON_READY else field.get_prep_value(value)
+    return values
+
+
 def _json_default(value: Any) -> str:
     if isinstance(value, datetime | date):
         return value.isoformat()
@@ -95,10 +121,8 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
         for row in objects:
             row._prepare_related_fields_for_save(operation_name="write")
         if connection.vendor == "postgresql":
-            values = [
-                {field.column: field.get_prep_value(field.pre_save(row, True)) for field in fields}
-                for row in objects
-            ]
+            columns_of = _json_columns(model)
+            values = [_json_row(row, columns_of) for row in objects]
             statements.append(
                 (
                     f"INSERT INTO {table} ({columns}) "

@@ -45,8 +45,9 @@ class Envelope:
         once per call and not changed after)."""
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
-    def to_json(self) -> str:
-        return json.dumps(self.as_dict(), ensure_ascii=False, sort_keys=True, default=str)
+    def size(self) -> int:
+        """Bytes of the envelope as JSON."""
+        return len(json.dumps(self.as_dict(), ensure_ascii=False, default=str).encode())
 
 
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
@@ -71,12 +72,12 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
     """Keep the envelope under `max_bytes`: the raw response is cut first (its full text stays
     in the call's sources), never the statuses, the error or the source references."""
-    if len(envelope.to_json().encode()) <= max_bytes:
+    if envelope.size() <= max_bytes:
         return envelope
     preview = json.dumps(envelope.raw, ensure_ascii=False, default=str)
     envelope.truncated = True
     while True:
         envelope.raw = {"preview": preview}
-        if not preview or len(envelope.to_json().encode()) <= max_bytes:
+        if not preview or envelope.size() <= max_bytes:
             return envelope
         preview = preview[: len(preview) // 2]

@@ -7,9 +7,8 @@ A refused call is recorded as `tool.rejected`, answered with a stable error cate
 never executed.
 """
 
-import functools
+import copy
 import hashlib
-import json
 import os
 import random
 import time
@@ -86,22 +85,32 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
     return record
 
 
-@functools.lru_cache(maxsize=256)
-def _validator(tool_version_id: str, schema: str) -> Draft202012Validator:
-    """A frozen version's schema never changes; its validator is built once per process."""
-    return Draft202012Validator(json.loads(schema), format_checker=FormatChecker())
+# A published version's schema never changes: its validator is built once per process, and
+# kept with the schema it was built from (a schema that differs builds a new one).
+_validators: dict[Any, tuple[Any, Draft202012Validator]] = {}
+
+
+def _validator(tool_version: ToolVersion) -> Draft202012Validator:
+    schema = tool_version.input_schema
+    cached = _validators.get(tool_version.pk)
+    if cached is None or cached[0] != schema:
+        if len(_validators) >= 256:
+            _validators.clear()
+        schema = copy.deepcopy(schema)
+        cached = _validators[tool_version.pk] = (
+            schema,
+            Draft202012Validator(schema, format_checker=FormatChecker()),
+        )
+    return cached[1]
 
 
 def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
     if not isinstance(arguments, dict):
         return ["The arguments are not a JSON object."]
-    validator = _validator(
-        str(tool_version.pk), json.dumps(tool_version.input_schema, sort_keys=True)
-    )
     return sorted(
         ("/".join(map(str, error.absolute_path)) + ": " if error.absolute_path else "")
         + error.message
-        for error in validator.iter_errors(arguments)
+        for error in _validator(tool_version).iter_errors(arguments)
     )
 
 
