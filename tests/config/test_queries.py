@@ -5,7 +5,7 @@ from unittest import mock
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
 
@@ -113,3 +113,29 @@ def test_a_parameter_that_does_not_reach_the_sql_unchanged_is_refused(db):
     )
     with pytest.raises(ImproperlyConfigured, match=r"\['name'\]"):
         contains(name="ad")
+
+
+def test_postgresql_prepares_a_prepared_query_once_it_has_run_a_few_times(
+    acme, memberships, settings
+):
+    threshold = settings.DATABASES["default"]["OPTIONS"]["prepare_threshold"]
+    assert threshold == 5
+
+    def prepared_on_the_server() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                ['%"registry_membership"%'],
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    for _ in range(threshold):
+        assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+    assert prepared_on_the_server() == []
+
+    assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+
+    [statement] = prepared_on_the_server()
+    assert "$1" in statement  # bound by the server: the same statement for every tenant
+    assert MEMBERS(tenant_id=acme.pk + 10_000) == []
+    assert len(prepared_on_the_server()) == 1

@@ -161,6 +161,27 @@ def test_service_urls_switch_to_postgresql_and_a_redis_broker():
     }
 
 
+SHOW_PREPARE_THRESHOLD = """
+import json, django
+django.setup()
+from django.conf import settings
+options = settings.DATABASES["default"].get("OPTIONS", {})
+print(json.dumps(options.get("prepare_threshold", "unset")))
+"""
+
+
+def test_prepared_statements_follow_db_prepare_threshold_and_an_empty_one_turns_them_off():
+    postgresql = {"DEBUG": "1", "DATABASE_URL": "postgres://agents@db.internal:5432/agentgov"}
+
+    default = _run("-c", SHOW_PREPARE_THRESHOLD, **postgresql)
+    fewer = _run("-c", SHOW_PREPARE_THRESHOLD, DB_PREPARE_THRESHOLD="2", **postgresql)
+    off = _run("-c", SHOW_PREPARE_THRESHOLD, DB_PREPARE_THRESHOLD="", **postgresql)
+    sqlite = _run("-c", SHOW_PREPARE_THRESHOLD, DEBUG="1")
+
+    outputs = [json.loads(result.stdout) for result in (default, fewer, off, sqlite)]
+    assert outputs == [5, 2, None, "unset"]
+
+
 RUNNING_EXAMPLE = """
 import json, uuid, django
 django.setup()
