@@ -90,6 +90,11 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
 _validators: dict[Any, tuple[Any, Draft202012Validator]] = {}
 
 
+def schema_validator(schema: dict[str, Any]) -> Draft202012Validator:
+    """How gate 3 checks arguments against an input schema (formats included)."""
+    return Draft202012Validator(schema, format_checker=FormatChecker())
+
+
 def _validator(tool_version: ToolVersion) -> Draft202012Validator:
     schema = tool_version.input_schema
     cached = _validators.get(tool_version.pk)
@@ -97,10 +102,7 @@ def _validator(tool_version: ToolVersion) -> Draft202012Validator:
         if len(_validators) >= 256:
             _validators.clear()
         schema = copy.deepcopy(schema)
-        cached = _validators[tool_version.pk] = (
-            schema,
-            Draft202012Validator(schema, format_checker=FormatChecker()),
-        )
+        cached = _validators[tool_version.pk] = (schema, schema_validator(schema))
     return cached[1]
 
 

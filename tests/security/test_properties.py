@@ -22,7 +22,7 @@ from runs.choices import (
     TERMINAL_STATUSES,
     RunStatus,
 )
-from runs.tools.executor import _validator
+from runs.tools.executor import schema_validator
 
 # JSON as RFC 8785 hashes it: finite numbers, any Unicode text, nested arrays and objects.
 JSON = st.recursive(
@@ -85,7 +85,7 @@ PROJECT_SEARCH = {
     "required": ["project_id", "from", "to"],
     "additionalProperties": False,
 }
-VALIDATOR = _validator("property-test-project-search", json.dumps(PROJECT_SEARCH))
+VALIDATOR = schema_validator(PROJECT_SEARCH)
 ARGUMENTS = st.fixed_dictionaries(
     {
         "project_id": st.text(min_size=1, max_size=63),
