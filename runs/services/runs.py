@@ -1,7 +1,10 @@
+from uuid import UUID
+
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from config.queries import PreparedQuery
 from registry.choices import Action
 from registry.selectors import user_can
 from runs import events, tracing, writes
@@ -11,6 +14,12 @@ from runs.models import Run, Source
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
+_RUN_SOURCES = PreparedQuery(
+    lambda run_id: (
+        Source.objects.filter(run_id=run_id).order_by("fetched_at").values("reference", "origin")
+    ),
+    run_id=UUID,
+)
 
 
 def run_transition(*, run: Run, status: RunStatus, reason_code: str = "", save: bool = True) -> Run:
@@ -70,8 +79,11 @@ def run_finish(
         "reason_code": reason_code,
         "actions": actions or [],
         "sources": [
-            {"reference": source.reference, "origin": source.origin}
-            for source in [*run.sources.order_by("fetched_at"), *writes.pending(run, Source)]
+            *_RUN_SOURCES(run_id=run.pk),
+            *(
+                {"reference": source.reference, "origin": source.origin}
+                for source in writes.pending(run, Source)
+            ),
         ],
         "output": output or {},
         "question": question,
