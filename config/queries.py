@@ -93,6 +93,8 @@ class _Plan:
     # For each SQL parameter: the caller's parameter name, or None and a constant.
     slots: tuple[tuple[str | None, Any], ...]
     compiler: SQLCompiler
+    # The compiler's converters of the selected columns, found once.
+    converters: dict
     iterable: type
     locks: bool
     # Values: the names of the columns. Instances: their fields' slice of the row, the
@@ -159,6 +161,9 @@ class PreparedQuery:
                 raise ImproperlyConfigured(f"Cannot prepare {queryset._iterable_class.__name__}.")
             compiler = queryset.query.get_compiler(using=using)
             sql, params = compiler.as_sql()
+            columns = [column[0] for column in compiler.select[: compiler.col_count]]
+            if compiler.has_composite_fields(columns):
+                raise ImproperlyConfigured("Cannot prepare a query of composite fields.")
             slots = []
             for param in params:
                 name = next(
@@ -179,6 +184,7 @@ class PreparedQuery:
                 sql=sql,
                 slots=tuple(slots),
                 compiler=compiler,
+                converters=compiler.get_converters(columns),
                 iterable=queryset._iterable_class,
                 locks=queryset.query.select_for_update,
                 **self._shape(queryset, compiler, using),
@@ -203,7 +209,11 @@ class PreparedQuery:
 
     @staticmethod
     def _objects(plan: _Plan, using: str, rows: list) -> list:
-        converted = plan.compiler.results_iter(results=[rows], tuple_expected=True)
+        converted = (
+            map(tuple, plan.compiler.apply_converters(rows, plan.converters))
+            if plan.converters
+            else rows
+        )
         if plan.iterable is FlatValuesListIterable:
             return [row[0] for row in converted]
         if plan.iterable is ValuesListIterable:
