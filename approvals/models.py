@@ -3,10 +3,10 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from simple_history.models import HistoricalRecords
 
 from approvals.choices import ActionStatus, Decision, HandoffStatus
 from approvals.errors import ActionFrozen
+from config.history import history_records
 
 # What the freeze fixed: never written again after the action is created.
 FROZEN_FIELDS = frozenset({"payload", "payload_hash", "idempotency_key", "run", "kind"})
@@ -54,7 +54,7 @@ class BusinessAction(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["-created_at"]
@@ -125,7 +125,7 @@ class Handoff(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     resolved_at = models.DateTimeField(null=True, blank=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["created_at"]

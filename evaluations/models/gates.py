@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from evaluations.choices import Comparator, Metric
 
 
@@ -25,7 +25,7 @@ class EvalThreshold(models.Model):
     comparator = models.CharField(max_length=2, choices=Comparator.choices)
     value = models.FloatField()
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["skill_name", "suite", "metric"]

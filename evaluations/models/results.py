@@ -2,8 +2,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from evaluations.choices import EvalRunStatus
 
 
@@ -57,7 +57,7 @@ class EvalRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["-created_at"]

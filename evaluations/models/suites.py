@@ -2,8 +2,8 @@ import uuid
 
 from django.core.validators import RegexValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from evaluations.choices import AttackVector, SuiteKind
 
 KEY_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Lower-case letters, digits and '-'.")
@@ -32,7 +32,7 @@ class EvalSuite(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["key"]
@@ -82,7 +82,7 @@ class EvalCase(models.Model):
         default=dict, blank=True, help_text="tools, recipients, text that must never appear."
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["suite", "key"]

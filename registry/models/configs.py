@@ -4,8 +4,8 @@ from decimal import Decimal
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
 
 CREDENTIAL_REF_VALIDATOR = RegexValidator(
@@ -46,7 +46,7 @@ class ModelConfig(models.Model):
     )
     is_active = models.BooleanField(default=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["name"]
@@ -127,7 +127,7 @@ class AgentConfig(models.Model):
     )
     is_active = models.BooleanField(default=True)
 
-    history = HistoricalRecords(m2m_fields=[skills])
+    history = history_records(m2m_fields=[skills])
 
     class Meta:
         ordering = ["tenant__slug", "name"]

@@ -12,8 +12,8 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
 from registry.models.definitions import NAMESPACE_VALIDATOR
@@ -85,7 +85,7 @@ class McpServer(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True
     )
 
-    history = HistoricalRecords(m2m_fields=[granted_tenants])
+    history = history_records(m2m_fields=[granted_tenants])
 
     class Meta:
         ordering = ["name"]

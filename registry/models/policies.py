@@ -1,7 +1,7 @@
 from django.core.validators import MinValueValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import DataClassification, Risk, Role
 from registry.schemas import validate_policy_lists
 
@@ -44,7 +44,7 @@ class Policy(models.Model):
         help_text="The most sensitive data a run under this policy may read.",
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["tenant__slug", "name"]

@@ -1,8 +1,8 @@
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import VersionStatus
 
 
@@ -30,7 +30,7 @@ class RolloutFlag(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    history = HistoricalRecords(m2m_fields=[tenants])
+    history = history_records(m2m_fields=[tenants])
 
     class Meta:
         ordering = ["key"]

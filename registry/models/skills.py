@@ -2,8 +2,8 @@ from typing import Any
 
 from django.core.validators import RegexValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import VersionStatus
 from registry.errors import VersionImmutable
 from registry.models.definitions import Definition, unique_name_constraints
@@ -42,7 +42,7 @@ class Skill(Definition):
         editable=False,
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["namespace", "name"]
@@ -81,7 +81,7 @@ class SkillVersion(DefinitionVersion):
     search_description = models.TextField(blank=True, editable=False)
     search_examples = models.TextField(blank=True, editable=False)
 
-    history = HistoricalRecords(excluded_fields=sorted(derived_fields))
+    history = history_records(excluded_fields=sorted(derived_fields))
 
     class Meta:
         ordering = ["skill__name", "-created_at"]
@@ -126,7 +126,7 @@ class SkillToolDependency(models.Model):
         "registry.ToolVersion", on_delete=models.PROTECT, related_name="dependent_skills"
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["tool_version__tool__name"]

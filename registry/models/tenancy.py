@@ -5,8 +5,8 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.validators import MinValueValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import Role
 
 
@@ -66,7 +66,7 @@ class Tenant(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["slug"]
@@ -90,7 +90,7 @@ class Membership(models.Model):
     role = models.CharField(max_length=16, choices=Role.choices)
     created_at = models.DateTimeField(auto_now_add=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["tenant__slug", "user__username", "role"]

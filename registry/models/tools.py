@@ -1,7 +1,7 @@
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from registry.choices import (
     AdapterKind,
     ApprovalRule,
@@ -31,7 +31,7 @@ class Tool(Definition):
         editable=False,
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["namespace", "name"]
@@ -85,7 +85,7 @@ class ToolVersion(DefinitionVersion):
         "mcp: {server, remote_name, definition_hash}. Secrets by reference only.",
     )
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["tool__name", "-created_at"]

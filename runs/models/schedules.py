@@ -2,8 +2,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from simple_history.models import HistoricalRecords
 
+from config.history import history_records
 from runs.choices import OccurrenceStatus
 
 
@@ -71,7 +71,7 @@ class ScheduledTask(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    history = HistoricalRecords()
+    history = history_records()
 
     class Meta:
         ordering = ["tenant", "name"]
