@@ -72,8 +72,9 @@ _AGENT_DEFAULT = PreparedQuery(
 def _session(
     *, tenant: Tenant, actor: AbstractBaseUser, session_id: UUID | None, channel: str
 ) -> tuple[Session, bool]:
+    """The session named, locked; or a new one, not saved yet (it is written with its run)."""
     if session_id is None:
-        return Session.objects.create(tenant=tenant, actor=actor, channel=channel), True
+        return Session(tenant=tenant, actor=actor, channel=channel), True
     session = _SESSION_LOCKED.first(session_id=session_id, tenant_id=tenant.pk, actor_id=actor.pk)
     if session is None:
         raise NotFound("No such session.", details={"session_id": str(session_id)})
@@ -233,6 +234,8 @@ def _create_run(
         trace_id=secrets.token_hex(16),
     )
     writes.hold(run)
+    if is_new:
+        writes.add(run, [session])
     ingress = tracing.span_add(
         run, "ingress", started_at=started_at, channel=channel, parts=len(parts), new_session=is_new
     )
