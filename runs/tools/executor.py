@@ -392,21 +392,36 @@ def _run_with_retries(
 def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
     """Gates 6 and 7 for the admitted calls of one step. Their limits are entered together
     before they run and left together after (a sandbox's calls enter their own); independent
-    calls run in parallel under `TOOL_PARALLELISM`, results stay paired with their call ids."""
+    calls run in parallel under `TOOL_PARALLELISM`, results stay paired with their call ids.
+    A call that raised gives its error back once the others' slots are given back."""
     if run.tenant.sandbox_of_id:
         entered: list[limits.Passage | ToolFailed | None] = [None] * len(admitted)
     else:
         entered = limits.calls_enter(
             [call.tool_version for call in admitted], tenant_id=run.tenant_id
         )
+
+    def attempted(pair: tuple[Admitted, limits.Passage | ToolFailed | None]) -> Any:
+        try:
+            return _run_with_retries(*pair)
+        except Exception as error:  # noqa: BLE001 (raised below, once every slot is back)
+            return error
+
     pairs = list(zip(admitted, entered, strict=True))
     if len(pairs) > 1:
-        outcomes = threads.parallel_map(
-            lambda pair: _run_with_retries(*pair), pairs, workers=settings.TOOL_PARALLELISM
-        )
+        outcomes = threads.parallel_map(attempted, pairs, workers=settings.TOOL_PARALLELISM)
     else:
-        outcomes = [_run_with_retries(*pair) for pair in pairs]
-    limits.calls_leave([(passage, False) for *_, passage in outcomes if passage is not None])
+        outcomes = [attempted(pair) for pair in pairs]
+    limits.calls_leave(
+        [
+            (outcome[3], False)
+            for outcome in outcomes
+            if not isinstance(outcome, Exception) and outcome[3] is not None
+        ]
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            raise outcome
     for call, (outcome, attempts, duration_ms, _) in zip(admitted, outcomes, strict=True):
         _record(run, call, outcome, attempts, duration_ms, step_calls)
 

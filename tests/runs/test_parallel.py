@@ -6,9 +6,10 @@ import threading
 
 import pytest
 
+from registry.models import ToolVersion
 from runs.loop import run_execute
 from runs.models import ToolCall
-from runs.tools import adapters
+from runs.tools import adapters, limits
 from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import openai_completion
 
@@ -55,3 +56,33 @@ def test_two_reads_of_one_turn_run_in_parallel_and_answer_in_order(demo, fake_mo
     assert calls["call_week"].status == calls["call_monday"].status == "completed"
     assert calls["call_week"].envelope["normalized"]["updates"] == 4
     assert calls["call_monday"].envelope["normalized"]["updates"] == 1
+
+
+def test_a_call_that_raises_leaves_no_slot_of_its_step_held(demo, fake_model, monkeypatch):
+    fake = fake_model()
+    monday, sunday = this_week()
+    both = tuple(
+        (call_id, "project_search", json.dumps({"project_id": "apollo", "from": monday, "to": day}))
+        for call_id, day in (("call_week", sunday), ("call_monday", monday))
+    )
+    fake.reply(openai_completion(tool_calls=both))
+    execute = adapters.execute
+
+    def failing_on_monday(tool_version, context, arguments):
+        if context.call_id == "call_monday":
+            raise RuntimeError("the handler has a bug")
+        return execute(tool_version, context, arguments)
+
+    monkeypatch.setattr(adapters, "execute", failing_on_monday)
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(RuntimeError, match="the handler has a bug"):
+        run_execute(run_id=str(run.pk))
+
+    project_search = ToolVersion.objects.get(
+        pk=next(tool["id"] for tool in run.capability["tools"] if tool["name"] == "project_search")
+    )
+    entered = limits.calls_enter(
+        [project_search] * project_search.concurrency_cap, tenant_id=run.tenant_id
+    )
+    assert all(isinstance(each, limits.Passage) for each in entered), entered
