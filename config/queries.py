@@ -53,31 +53,23 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     """A cursor whose statements PostgreSQL prepares: parameters bound by the server (the ORM's
     cursors bind them into the text), so psycopg prepares a statement once it has run
     `prepare_threshold` times on the connection (DB_PREPARE_THRESHOLD) and the server skips
-    parsing and planning it from then on. Wrapped like the ORM's cursors (query logging,
-    execute wrappers). Elsewhere, the connection's usual cursor."""
+    parsing and planning it from then on. The ORM makes it, with the driver's cursor class
+    switched for the one it uses under `server_side_binding`. Elsewhere, the usual cursor."""
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
             yield cursor
         return
     from django.db.backends.postgresql.base import ServerBindingCursor
 
-    connection.close_if_health_check_failed()
     connection.ensure_connection()
-    connection.validate_thread_sharing()
     driver = connection.connection
     factory, driver.cursor_factory = driver.cursor_factory, ServerBindingCursor
     try:
-        with connection.wrap_database_errors:
-            cursor = connection.create_cursor()
+        cursor = connection.cursor()
     finally:
         driver.cursor_factory = factory
-    wrapped = (
-        connection.make_debug_cursor(cursor)
-        if connection.queries_logged
-        else connection.make_cursor(cursor)
-    )
-    with wrapped:
-        yield wrapped
+    with cursor:
+        yield cursor
 
 
 def _coerce(kind: type, value: Any) -> Any:

@@ -28,27 +28,41 @@ SLOT_GRACE_SECONDS = 5
 # A circuit that opened is remembered this many times its `reset_after_s`.
 CIRCUIT_MEMORY = 10
 
-# Take a slot if fewer than the cap are held; each holder expires on its own, so a worker
-# killed mid-call frees its slot once the call's deadline has passed.
-_TAKE_SLOT = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
-redis.call('EXPIRE', KEYS[1], ARGV[5])
+# Slots are a sorted set of holders scored by when each expires: a worker killed mid-call
+# frees its slot once the call's deadline has passed.
+_SLOTS = """
+local function slots_full(slots, now, cap)
+  redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
+  return redis.call('ZCARD', slots) >= tonumber(cap)
+end
+local function slot_hold(slots, holder, expires_at, ttl)
+  redis.call('ZADD', slots, expires_at, holder)
+  redis.call('EXPIRE', slots, ttl)
+end
+"""
+# Take a slot if fewer than the cap are held.
+_TAKE_SLOT = (
+    _SLOTS
+    + """
+if slots_full(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
+slot_hold(KEYS[1], ARGV[4], ARGV[3], ARGV[5])
 return 1
 """
+)
 
 # For each call (4 keys: circuit, trial, rate window, slots; 8 arguments after `now`): 0 when
 # it passes, and then it takes the half-open circuit's trial, a place in the rate window and
 # a slot; otherwise what refused it (1 circuit open, 2 trial under way, 3 rate, 4 cap).
-_ENTER = """
+_ENTER = (
+    _SLOTS
+    + """
 local now = tonumber(ARGV[1])
 local codes = {}
 for i = 0, #KEYS / 4 - 1 do
   local k = i * 4
   local circuit, trial, rate, slots = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local a = i * 8 + 1
-  local requests, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 5])
+  local requests, cap = tonumber(ARGV[a + 3]), ARGV[a + 5]
   local code, half_open = 0, false
   if ARGV[a + 1] == '1' then
     local opened_until = tonumber(redis.call('GET', circuit))
@@ -65,22 +79,19 @@ for i = 0, #KEYS / 4 - 1 do
   if code == 0 and requests > 0 and tonumber(redis.call('GET', rate) or '0') >= requests then
     code = 3
   end
-  if code == 0 then
-    redis.call('ZREMRANGEBYSCORE', slots, '-inf', now)
-    if redis.call('ZCARD', slots) >= cap then code = 4 end
-  end
+  if code == 0 and slots_full(slots, now, cap) then code = 4 end
   if code == 0 then
     if half_open then redis.call('SET', trial, '1', 'EX', ARGV[a + 2]) end
     if requests > 0 and redis.call('INCR', rate) == 1 then
       redis.call('EXPIRE', rate, ARGV[a + 4])
     end
-    redis.call('ZADD', slots, ARGV[a + 7], ARGV[a + 6])
-    redis.call('EXPIRE', slots, ARGV[a + 8])
+    slot_hold(slots, ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
   end
   codes[#codes + 1] = code
 end
 return codes
 """
+)
 
 # For each call (4 keys: slots, failures, circuit, trial; 6 arguments after `now`): give the
 # slot back; a success closes the circuit and forgets the failures; a failure of the trial
