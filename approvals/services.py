@@ -31,7 +31,7 @@ from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
-from runs import events, tracing
+from runs import events, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, ToolCall
@@ -81,7 +81,8 @@ def action_freeze(
 ) -> BusinessAction:
     """Freeze the side effect a locked run proposes: canonical JSON (RFC 8785), its sha256,
     the key `run_id:kind:payload_hash`, the snapshot's approval policy and the expiry; the
-    action waits for a human from here."""
+    action waits for a human from here. It is written with the step that froze it, with its
+    first historical record."""
     payload_hash = canonical_hash(payload)
     policy = run.capability["approval_policy"]
     action = BusinessAction(
@@ -100,7 +101,7 @@ def action_freeze(
     )
     _transition(action, ActionStatus.FROZEN)
     _transition(action, ActionStatus.WAITING_APPROVAL)
-    action.save(force_insert=True)
+    writes.add_tracked(run, action)
     return action
 
 

@@ -3,12 +3,15 @@
 `instance.history` builds a manager class from its queryset class on every access, copying
 each queryset method onto it, and every save of a tracked model reads it once. The manager
 here builds that class once per queryset class; `history_records` gives a model its history
-with it.
+with it, and remembers it, so that `creation_record` can make the historical row of a new
+instance that is written without `save` (a run's step writes its rows in one statement).
 """
 
 import functools
 from typing import Any
 
+from django.db import models
+from django.utils import timezone
 from simple_history import manager
 from simple_history.models import HistoricalRecords
 
@@ -20,5 +23,38 @@ class HistoryManager(manager.HistoryManager):
         return super().from_queryset(queryset_class, class_name)
 
 
+class _Records(HistoricalRecords):
+    def finalize(self, sender: type[models.Model], **kwargs: Any) -> None:
+        super().finalize(sender, **kwargs)
+        if self.cls is sender:
+            _tracked[sender] = self
+
+    def creation_record(self, instance: models.Model) -> models.Model:
+        """The "+" record `save` would add after inserting `instance`, not saved: the same
+        date, user, change reason and copied fields as `create_historical_record` gives."""
+        if self.get_m2m_fields_from_model(type(instance)):
+            raise TypeError("A record with many-to-many history is made by save.")
+        history_model = getattr(type(instance), self.manager_name).model
+        return history_model(
+            history_date=getattr(instance, "_history_date", timezone.now()),
+            history_type="+",
+            history_user=self.get_history_user(instance),
+            history_change_reason=self.get_change_reason_for_object(instance, "+", None),
+            **{
+                field.attname: getattr(instance, field.attname)
+                for field in self.fields_included(instance)
+            },
+        )
+
+
+_tracked: dict[type[models.Model], _Records] = {}
+
+
 def history_records(**options: Any) -> HistoricalRecords:
-    return HistoricalRecords(history_manager=HistoryManager, **options)
+    return _Records(history_manager=HistoryManager, **options)
+
+
+def creation_record(instance: models.Model) -> models.Model:
+    """The historical row of a new instance of a tracked model, for the caller to write with
+    it, once the values saving computes (`auto_now`) are set on the instance."""
+    return _tracked[type(instance)].creation_record(instance)

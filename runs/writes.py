@@ -8,7 +8,10 @@ Rows of a table keep their order; foreign keys between them are checked at commi
 prepared by their fields as `save` prepares them: `pre_save` where saving computes the value
 (`auto_now`), then on PostgreSQL `get_prep_value` for a value JSON does not carry as it is (a
 string, number, UUID, date, decimal, list or dict needs none), `get_db_prep_save` elsewhere.
-A run that holds nothing writes each row at once, as `save` would.
+A new row of a model with change history is held with the historical row `save` would add,
+made when the step writes, from the values saving computed. An auto-incremented primary key
+is left to the database. A run that holds nothing writes each row at once, as `save` would;
+`insert` writes rows at once in the same statements.
 """
 
 import functools
@@ -22,17 +25,20 @@ from uuid import UUID
 from django.db import connection, models
 from django.db.models import Field
 
+from config.history import creation_record
 from config.queries import prepared_cursor
 from runs.models import Run
 
 PENDING = "_pending_rows"
 STATEMENTS = "_pending_statements"
+TRACKED = "_pending_tracked"
 
 
 def hold(run: Run) -> None:
     """Keep this run's new rows in memory until its row is written."""
     run.__dict__[PENDING] = []
     run.__dict__[STATEMENTS] = []
+    run.__dict__[TRACKED] = []
 
 
 def holding(run: Run) -> bool:
@@ -56,6 +62,17 @@ def add(run: Run, rows: Iterable[models.Model]) -> None:
         model.objects.bulk_create(objects)
 
 
+def add_tracked(run: Run, instance: models.Model) -> None:
+    """A new row of a model with change history: held, its historical row made when the
+    step writes it; saved at once (with its history) when the run holds nothing."""
+    held = run.__dict__.get(PENDING)
+    if held is None:
+        instance.save(force_insert=True)
+        return
+    held.append(instance)
+    run.__dict__[TRACKED].append(instance)
+
+
 def add_statement(run: Run, sql: str, params: Sequence) -> None:
     """A data-modifying statement of the held step on another table (`UPDATE ...`,
     PostgreSQL), written with the run's row. A step gives each row of another table one
@@ -71,7 +88,11 @@ def pending(run: Run, model: type[models.Model]) -> list[models.Model]:
 @functools.cache
 def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str, str]:
     """The fields an INSERT of `model` writes, its quoted table name and its column list."""
-    fields = [field for field in model._meta.concrete_fields if not field.generated]
+    fields = [
+        field
+        for field in model._meta.concrete_fields
+        if not field.generated and not (field.primary_key and field.db_returning)
+    ]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     return fields, quote(model._meta.db_table), columns
@@ -154,12 +175,18 @@ def _written(rows: Sequence[models.Model]) -> None:
 
 
 def _execute(
-    main: tuple[str, list], rows: list[models.Model], statements: list[tuple[str, list]]
+    main: tuple[str, list],
+    rows: list[models.Model],
+    statements: list[tuple[str, list]],
+    tracked: list[models.Model],
 ) -> int:
     """Run the inserts, the statements and `main` as one statement; returns the rows `main`
     touched. A database without data-modifying WITH (SQLite, the embedded default) runs them
-    in turn."""
-    parts = [*_inserts(rows), *statements]
+    in turn. The historical rows of `tracked` are made once the inserts of `rows` have set
+    what saving computes."""
+    inserts = _inserts(rows)
+    history = [creation_record(instance) for instance in tracked]
+    parts = [*inserts, *_inserts(history), *statements]
     if connection.vendor == "postgresql" and parts:
         sql = "".join(
             ("WITH " if index == 0 else ", ") + f"w{index} AS ({part_sql})"
@@ -175,22 +202,36 @@ def _execute(
     return count
 
 
-def _take(run: Run) -> tuple[list[models.Model], list[tuple[str, list]]]:
-    return run.__dict__.pop(PENDING, None) or [], run.__dict__.pop(STATEMENTS, None) or []
+def insert(rows: Sequence[models.Model]) -> None:
+    """Insert new rows now: one statement per model, with the SQL text of a step's write."""
+    with prepared_cursor(connection) as cursor:
+        for sql, params in _inserts(rows):
+            cursor.execute(sql, params)
+    _written(rows)
+
+
+def _take(
+    run: Run,
+) -> tuple[list[models.Model], list[tuple[str, list]], list[models.Model]]:
+    return (
+        run.__dict__.pop(PENDING, None) or [],
+        run.__dict__.pop(STATEMENTS, None) or [],
+        run.__dict__.pop(TRACKED, None) or [],
+    )
 
 
 def run_insert(run: Run) -> list[models.Model]:
     """Insert the new run with the rows it holds; returns those rows."""
-    rows, statements = _take(run)
+    rows, statements, tracked = _take(run)
     [main] = _inserts([run])
-    _execute(main, rows, statements)
+    _execute(main, rows, statements, tracked)
     _written([run])
     return rows
 
 
 def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
     """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
-    rows, statements = _take(run)
+    rows, statements, tracked = _take(run)
     quote = connection.ops.quote_name
     targets = [Run._meta.get_field(name) for name in dict.fromkeys([*fields, "updated_at"])]
     main = (
@@ -202,6 +243,6 @@ def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
             Run._meta.pk.get_db_prep_value(run.pk, connection),
         ],
     )
-    if _execute(main, rows, statements) != 1:
+    if _execute(main, rows, statements, tracked) != 1:
         raise Run.DoesNotExist(f"Run {run.pk} is gone.")
     return rows

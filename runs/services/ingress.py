@@ -188,8 +188,16 @@ def _create_run(
     run is created in this transaction; the foreign key is checked at commit)."""
     run_id = uuid4()
     started_at = timezone.now()
-    IngressRecord.objects.create(
-        tenant=tenant, actor=actor, idempotency_key=key, request_hash=request_hash, run_id=run_id
+    writes.insert(
+        [
+            IngressRecord(
+                tenant=tenant,
+                actor=actor,
+                idempotency_key=key,
+                request_hash=request_hash,
+                run_id=run_id,
+            )
+        ]
     )
     agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"))
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)

@@ -87,6 +87,21 @@ def test_the_running_example_sends_one_mail_to_the_directory_address(demo, bob, 
     assert len(smtp_server.messages) == 1
 
 
+def test_a_frozen_action_keeps_its_first_history_record_as_written(demo):
+    _, action = waiting_run(demo)
+
+    [record] = action.history.all()
+    tracked = [field.attname for field in BusinessAction._meta.concrete_fields]
+
+    assert record.history_type == "+"
+    assert record.history_user is None
+    assert {name: getattr(record, name) for name in tracked} == {
+        name: getattr(action, name) for name in tracked
+    }
+    assert action.created_at is not None
+    assert record.history_date >= action.created_at
+
+
 def test_a_stale_hash_is_refused_and_nothing_is_sent(demo, bob, smtp_server):
     _run, action = waiting_run(demo)
 

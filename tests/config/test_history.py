@@ -1,6 +1,9 @@
 """Tracked models keep their change history through a manager class built once."""
 
-from registry.models import Tenant
+import pytest
+
+from config.history import creation_record
+from registry.models import AgentConfig, Tenant
 
 
 def test_a_tracked_model_keeps_its_history_through_one_manager_class(acme):
@@ -15,3 +18,8 @@ def test_a_tracked_model_keeps_its_history_through_one_manager_class(acme):
         "Acme Corporation",
     ]
     assert acme.history.most_recent().name == "Acme Corporation"
+
+
+def test_a_record_with_many_to_many_history_is_left_to_save(acme):
+    with pytest.raises(TypeError):
+        creation_record(AgentConfig(tenant=acme, name="unsaved"))
