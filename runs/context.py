@@ -111,24 +111,39 @@ def context_build(
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
     used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
+    # Each entry is counted once, however often the budget is checked: a cut makes new
+    # entries, the others stay the same objects.
+    counted: dict[int, tuple[dict[str, Any], int]] = {}
+
+    def entry_tokens(entry: dict[str, Any]) -> int:
+        known = counted.get(id(entry))
+        if known is None or known[0] is not entry:
+            known = counted[id(entry)] = (
+                entry,
+                estimate_tokens(json.dumps(entry, ensure_ascii=False)),
+            )
+        return known[1]
 
     def conversation_text() -> str:
         if not conversation:
             return ""
         return "# Earlier in this session\n" + json.dumps(conversation, ensure_ascii=False)
 
+    conversation_tokens = estimate_tokens(conversation_text())
+
     def total() -> int:
         return (
             used
             + estimate_tokens(examples_text)
-            + estimate_tokens(conversation_text())
-            + sum(estimate_tokens(json.dumps(entry, ensure_ascii=False)) for entry in entries)
+            + conversation_tokens
+            + sum(entry_tokens(entry) for entry in entries)
         )
 
     if total() > budget:
         examples_text = ""
     while total() > budget and conversation:
         conversation.pop(0)
+        conversation_tokens = estimate_tokens(conversation_text())
     keep = 2
     while total() > budget and keep >= 0:
         entries = _cut_old_results(transcript, keep_last=keep)

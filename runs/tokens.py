@@ -8,7 +8,7 @@ WIDE = re.compile("[\u2e80-\U0010ffff]")
 
 
 def estimate_tokens(text: str) -> int:
-    if not text:
-        return 0
+    if text.isascii():
+        return math.ceil(len(text) / 4)
     wide = len(WIDE.findall(text))
     return wide + math.ceil((len(text) - wide) / 4)
