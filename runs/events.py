@@ -17,7 +17,9 @@ from runs.models import Run, RunEvent
 def _append(run: Run, event_type: EventType, payload: dict[str, Any]) -> RunEvent:
     """Number the event and write it, or hold it for the step's one write (`runs.writes`)."""
     run.last_event_seq += 1
-    event = RunEvent(run=run, seq=run.last_event_seq, type=event_type, payload=payload)
+    event = writes.new(
+        RunEvent, run_id=run.pk, seq=run.last_event_seq, type=event_type, payload=payload
+    )
     writes.add(run, [event])
     return event
 

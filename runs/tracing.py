@@ -36,8 +36,9 @@ def span_add(
     **attributes: Any,
 ) -> Span:
     ended_at = ended_at or timezone.now()
-    span = Span(
-        run=run,
+    span = writes.new(
+        Span,
+        run_id=run.pk,
         session_id=run.session_id,
         trace_id=run.trace_id,
         span_id=span_id or secrets.token_hex(8),

@@ -458,9 +458,10 @@ def _record(
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
         for draft in outcome.sources:
             content = strip_secrets(draft.content, secrets=secrets)
-            source = Source(
-                run=run,
-                tool_call=record,
+            source = writes.new(
+                Source,
+                run_id=run.pk,
+                tool_call_id=record.pk,
                 origin=tool_version.qualified_name,
                 reference=draft.reference[:300],
                 content_hash=hashlib.sha256(content.encode()).hexdigest(),

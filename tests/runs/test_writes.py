@@ -1,0 +1,44 @@
+"""A step's rows, made from column values and written with the run's row."""
+
+import pytest
+from django.db import transaction
+
+from runs import events, writes
+from runs.models import Run, RunEvent, Source
+
+
+def test_a_row_made_from_columns_takes_the_defaults_keywords_would_give():
+    made = writes.new(Source, run_id=None, tool_call_id=None, reference="project:apollo")
+    keywords = Source(reference="project:apollo")
+
+    assert made.pk is not None and made.pk != keywords.pk
+    assert (made.allowed_use, made.content, made.fetched_at) == (
+        keywords.allowed_use,
+        keywords.content,
+        keywords.fetched_at,
+    )
+    assert made._state.adding
+
+
+def test_a_column_the_model_lacks_is_refused():
+    with pytest.raises(TypeError, match="no column run"):
+        writes.new(RunEvent, run=None, seq=1, type="run.finished", payload={})
+
+
+def test_a_held_event_is_written_with_the_run_as_it_was_made(start_run, member, acme_agent):
+    run = start_run(member)
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        writes.hold(locked)
+        held = events.run_finished(locked, status="CANCELLED", reason_code="TEST")
+        assert not RunEvent.objects.filter(pk=held.pk).exists()
+        writes.run_update(locked, fields=["last_event_seq"])
+
+    stored = RunEvent.objects.get(pk=held.pk)
+    assert (stored.run_id, stored.seq, stored.payload) == (
+        run.pk,
+        run.last_event_seq + 1,
+        {"status": "CANCELLED", "reason_code": "TEST"},
+    )
+    assert stored.created_at == held.created_at
+    assert not held._state.adding
