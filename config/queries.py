@@ -54,22 +54,37 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     cursors bind them into the text), so psycopg prepares a statement once it has run
     `prepare_threshold` times on the connection (DB_PREPARE_THRESHOLD) and the server skips
     parsing and planning it from then on. The ORM makes it, with the driver's cursor class
-    switched for the one it uses under `server_side_binding`. Elsewhere, the usual cursor."""
+    switched for the one it uses under `server_side_binding`, and the connection keeps it
+    for its next statement (a new one after a reconnect, when query logging is switched, or
+    while it is in use). Elsewhere, the usual cursor."""
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
             yield cursor
         return
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
     connection.ensure_connection()
     driver = connection.connection
-    factory, driver.cursor_factory = driver.cursor_factory, ServerBindingCursor
+    kept = connection.__dict__.pop(_KEPT_CURSOR, None)
+    if kept is None or kept[0] is not driver or kept[1] != connection.queries_logged:
+        factory, driver.cursor_factory = driver.cursor_factory, _server_binding_cursor()
+        try:
+            kept = (driver, connection.queries_logged, connection.cursor())
+        finally:
+            driver.cursor_factory = factory
     try:
-        cursor = connection.cursor()
-    finally:
-        driver.cursor_factory = factory
-    with cursor:
-        yield cursor
+        yield kept[2]
+    except BaseException:
+        kept[2].close()
+        raise
+    connection.__dict__[_KEPT_CURSOR] = kept
+
+
+_KEPT_CURSOR = "_prepared_cursor"
+
+
+def _server_binding_cursor() -> type:
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    return ServerBindingCursor
 
 
 def _coerce(kind: type, value: Any) -> Any:

@@ -139,3 +139,25 @@ def test_postgresql_prepares_a_prepared_query_once_it_has_run_a_few_times(
     assert "$1" in statement  # bound by the server: the same statement for every tenant
     assert MEMBERS(tenant_id=acme.pk + 10_000) == []
     assert len(prepared_on_the_server()) == 1
+
+
+def test_a_kept_cursor_logs_its_queries_only_while_query_logging_is_on(
+    acme, memberships, django_assert_num_queries
+):
+    with django_assert_num_queries(1):
+        MEMBERS(tenant_id=acme.pk)
+    logged = len(connection.queries_log)
+
+    MEMBERS(tenant_id=acme.pk)
+    assert len(connection.queries_log) == logged
+
+    with django_assert_num_queries(1):
+        assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_prepared_query_after_a_reconnect_runs_on_the_new_connection(acme, memberships):
+    MEMBERS(tenant_id=acme.pk)
+    connection.close()
+
+    assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
