@@ -22,7 +22,7 @@ from decimal import Decimal
 from typing import Any
 from uuid import UUID
 
-from django.db import connection, models
+from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import Field
 
 from config.history import creation_record
@@ -111,7 +111,7 @@ def _insert_fields(model: type[models.Model]) -> tuple[list[Field], str, str]:
         for field in model._meta.concrete_fields
         if not field.generated and not (field.primary_key and field.db_returning)
     ]
-    quote = connection.ops.quote_name
+    quote = connections[DEFAULT_DB_ALIAS].ops.quote_name
     columns = ", ".join(quote(field.column) for field in fields)
     return fields, quote(model._meta.db_table), columns
 
@@ -154,13 +154,14 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
     PostgreSQL the rows travel as one JSON array (`jsonb_populate_recordset`): the statement
     is the same whatever the number of rows, with one parameter, where a VALUES list would
     grow a placeholder per column and row for the driver to parse."""
+    db = connections[DEFAULT_DB_ALIAS]
     statements = []
     for model, objects in _by_model(rows).items():
         fields, table, columns = _insert_fields(model)
         for row in objects:
             if row._state.fields_cache:
                 row._prepare_related_fields_for_save(operation_name="write")
-        if connection.vendor == "postgresql":
+        if db.vendor == "postgresql":
             columns_of = _json_columns(model)
             values = [_json_row(row, columns_of) for row in objects]
             statements.append(
@@ -173,7 +174,7 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
             continue
         placeholders = "(" + ", ".join(["%s"] * len(fields)) + ")"
         params = [
-            field.get_db_prep_save(field.pre_save(row, True), connection)
+            field.get_db_prep_save(field.pre_save(row, True), db)
             for row in objects
             for field in fields
         ]
@@ -190,7 +191,7 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
 def _written(rows: Sequence[models.Model]) -> None:
     for row in rows:
         row._state.adding = False
-        row._state.db = connection.alias
+        row._state.db = DEFAULT_DB_ALIAS
 
 
 def _execute(
@@ -206,14 +207,15 @@ def _execute(
     inserts = _inserts(rows)
     history = [creation_record(instance) for instance in tracked]
     parts = [*inserts, *_inserts(history), *statements]
-    if connection.vendor == "postgresql" and parts:
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "postgresql" and parts:
         sql = "".join(
             ("WITH " if index == 0 else ", ") + f"w{index} AS ({part_sql})"
             for index, (part_sql, _) in enumerate(parts)
         )
         params = [param for _, part_params in parts for param in part_params]
         parts, main = [], (f"{sql} {main[0]}", [*params, *main[1]])
-    with prepared_cursor(connection) as cursor:
+    with prepared_cursor(db) as cursor:
         for part_sql, part_params in [*parts, main]:
             cursor.execute(part_sql, part_params)
         count = cursor.rowcount
@@ -223,7 +225,7 @@ def _execute(
 
 def insert(rows: Sequence[models.Model]) -> None:
     """Insert new rows now: one statement per model, with the SQL text of a step's write."""
-    with prepared_cursor(connection) as cursor:
+    with prepared_cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
         for sql, params in _inserts(rows):
             cursor.execute(sql, params)
     _written(rows)
@@ -251,15 +253,16 @@ def run_insert(run: Run) -> list[models.Model]:
 def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
     """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
     rows, statements, tracked = _take(run)
-    quote = connection.ops.quote_name
+    db = connections[DEFAULT_DB_ALIAS]
+    quote = db.ops.quote_name
     targets = [Run._meta.get_field(name) for name in dict.fromkeys([*fields, "updated_at"])]
     main = (
         f"UPDATE {quote(Run._meta.db_table)} SET "
         + ", ".join(f"{quote(field.column)} = %s" for field in targets)
         + f" WHERE {quote(Run._meta.pk.column)} = %s",
         [
-            *(field.get_db_prep_save(field.pre_save(run, False), connection) for field in targets),
-            Run._meta.pk.get_db_prep_value(run.pk, connection),
+            *(field.get_db_prep_save(field.pre_save(run, False), db) for field in targets),
+            Run._meta.pk.get_db_prep_value(run.pk, db),
         ],
     )
     if _execute(main, rows, statements, tracked) != 1:
