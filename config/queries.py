@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -43,6 +43,7 @@ _MARKERS: dict[type, Callable[[int], Any]] = {
     int: lambda index: 2_000_000_000 + index,
     str: lambda index: f"\x1fprepared-parameter-{index}",
     datetime: lambda index: datetime(1901, 2, 3, tzinfo=UTC) + timedelta(microseconds=index),
+    date: lambda index: date(1901, 2, 3) + timedelta(days=index),
     # A PostgreSQL array: for `= ANY(%s)` in a RawSQL of the queryset.
     list: lambda index: [f"\x1fprepared-parameter-{index}"],
 }
@@ -114,9 +115,9 @@ class _Plan:
 
 class PreparedQuery:
     """A read query whose SQL is compiled once: `build(**markers)` returns the queryset,
-    `parameters` name the kind (`uuid.UUID`, `int`, `str`, `datetime`, `list`) of each. Each
-    argument must reach the SQL as a parameter unchanged (an equality or a range lookup,
-    not `__in` or a transform); the first use refuses a queryset where one does not."""
+    `parameters` name the kind (`uuid.UUID`, `int`, `str`, `datetime`, `date`, `list`) of
+    each. Each argument must reach the SQL as a parameter unchanged (an equality or a range
+    lookup, not `__in` or a transform); the first use refuses a queryset where one does not."""
 
     def __init__(self, build: Callable[..., QuerySet], **parameters: type) -> None:
         unsupported = {name for name, kind in parameters.items() if kind not in _MARKERS}

@@ -15,10 +15,27 @@ from django.core.mail import EmailMessage, get_connection
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from config.queries import PreparedQuery
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
 from examples.selectors import project_for_actor
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import ErrorCategory
+
+_UPDATES = PreparedQuery(
+    lambda project_id, start, end: ProjectUpdate.objects.filter(
+        project_id=project_id, occurred_on__range=(start, end)
+    ),
+    project_id=int,
+    start=date,
+    end=date,
+)
+_DIRECTORY = PreparedQuery(
+    lambda project_id, role: DirectoryRecord.objects.filter(
+        project_id=project_id, role=role, is_active=True
+    ),
+    project_id=int,
+    role=str,
+)
 
 
 def _project(context: ToolContext, arguments: dict[str, Any]) -> Project:
@@ -44,9 +61,7 @@ class ProjectSearch:
     def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
         project = _project(context, arguments)
         start, end = date.fromisoformat(arguments["from"]), date.fromisoformat(arguments["to"])
-        updates = list(
-            ProjectUpdate.objects.filter(project=project, occurred_on__range=(start, end))
-        )
+        updates = _UPDATES(project_id=project.pk, start=start, end=end)
         items: dict[str, list[dict[str, Any]]] = {"task": [], "milestone": [], "risk": []}
         sources = []
         for update in updates:
@@ -87,9 +102,7 @@ class DirectoryLookup:
 
     def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
         project = _project(context, arguments)
-        records = DirectoryRecord.objects.filter(
-            project=project, role=arguments["role"], is_active=True
-        )
+        records = _DIRECTORY(project_id=project.pk, role=arguments["role"])
         candidates = [
             {
                 "record_id": record.record_id,

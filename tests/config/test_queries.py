@@ -1,6 +1,7 @@
 """Prepared queries give what their queryset gives, compiled once, with each call's values."""
 
 import uuid
+from datetime import date
 from unittest import mock
 
 import pytest
@@ -10,6 +11,7 @@ from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
 
 from config.queries import PreparedQuery
+from examples.models import Project, ProjectUpdate
 from registry.choices import Role
 from registry.models import Membership
 from runs.models import Session
@@ -161,3 +163,26 @@ def test_a_prepared_query_after_a_reconnect_runs_on_the_new_connection(acme, mem
     connection.close()
 
     assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+
+
+def test_dates_reach_the_sql_as_a_range(acme):
+    project = Project.objects.create(tenant=acme, key="apollo", name="Apollo")
+    for day in (1, 3, 5):
+        ProjectUpdate.objects.create(
+            project=project,
+            kind=ProjectUpdate.Kind.TASK,
+            title=f"day {day}",
+            status="done",
+            occurred_on=date(2026, 11, day),
+        )
+    between = PreparedQuery(
+        lambda start, end: ProjectUpdate.objects.filter(occurred_on__range=(start, end)),
+        start=date,
+        end=date,
+    )
+
+    assert [u.title for u in between(start=date(2026, 11, 2), end=date(2026, 11, 5))] == [
+        "day 3",
+        "day 5",
+    ]
+    assert between(start=date(2026, 11, 6), end=date(2026, 11, 30)) == []
