@@ -8,7 +8,7 @@ created afresh (never the development or a test database), migrated and loaded w
    planner) through `message_ingest` and `run_execute`. The governance overhead is the wall
    time minus the tool handlers' own time, measured by wrapping the adapter call;
 2. the marginal cost of one more tool call: runs of a read-only agent whose skill pins
-   k = 1..4 read tools, in rounds that take each k in turn, overhead regressed on k;
+   k = 1..4 read tools, one run of each k in turn, overhead regressed on k;
 3. the floor, in the same invocation: as many event rows as (1) wrote, the same rows, into a
    scratch table shaped like the event log, with raw psycopg, one INSERT and COMMIT each;
 4. end to end: BENCH_RUNS messages through the ingress service, advanced by a real Celery
@@ -42,7 +42,6 @@ KEEP_DATABASE = os.environ.get("BENCH_KEEP_DB", "0") == "1"
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 WARM_UP_RUNS = 5
 MAX_TOOLS = 4
-MARGINAL_ROUNDS = 5
 INPROCESS_QUEUE = f"agentgov-bench-inprocess-{os.getpid()}"
 WORKER_QUEUE = f"agentgov-bench-{os.getpid()}"
 CACHE_PREFIX = f"agentgov-bench-{os.getpid()}"
@@ -462,7 +461,7 @@ def main() -> None:
     )
 
     agents = _read_agents_publish(acme)
-    per_round = max(5, RUNS // (4 * MARGINAL_ROUNDS))
+    rounds = max(20, RUNS // MAX_TOOLS)
     overhead = dict.fromkeys(range(1, MAX_TOOLS + 1), 0.0)
     for agent in agents:
         _timed_runs(
@@ -472,21 +471,20 @@ def main() -> None:
             count=WARM_UP_RUNS,
             metadata={"project_id": "apollo", "agent": agent},
         )
-    for _ in range(MARGINAL_ROUNDS):
+    for _ in range(rounds):
         for count, agent in enumerate(agents, start=1):
             metadata = {"project_id": "apollo", "agent": agent}
-            result = _timed_runs(alice, acme, clock, count=per_round, metadata=metadata)
+            result = _timed_runs(alice, acme, clock, count=1, metadata=metadata)
             if result["statuses"] != {RunStatus.COMPLETED}:
                 sys.exit(f"The {count}-tool agent did not complete: {result['statuses']}")
-            if result["tool_calls"] != count * per_round:
+            if result["tool_calls"] != count:
                 sys.exit(f"The {count}-tool agent made {result['tool_calls']} tool calls.")
             overhead[count] += result["ingest"] + result["execute"] - result["handler"]
-    per_count = per_round * MARGINAL_ROUNDS
-    by_count = {count: seconds / per_count for count, seconds in overhead.items()}
+    by_count = {count: seconds / rounds for count, seconds in overhead.items()}
     print()
-    print(f"3. Marginal cost of a tool call: {per_count} runs each of a read-only agent whose")
+    print(f"3. Marginal cost of a tool call: {rounds} runs each of a read-only agent whose")
     print("   skill pins k read tools (one model turn calls all k, in parallel when k > 1),")
-    print(f"   in {MARGINAL_ROUNDS} rounds of k = 1..{MAX_TOOLS} so that drift spreads evenly")
+    print(f"   one run of each k = 1..{MAX_TOOLS} in turn, so that drift spreads evenly")
     for count, per_run in by_count.items():
         _figure(f"k={count}: governance overhead per run (ms)", _ms(per_run))
     _figure("one more tool call, k=1 -> k=2 (ms)", _ms(by_count[2] - by_count[1]))
