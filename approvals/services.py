@@ -101,7 +101,7 @@ def action_freeze(
     )
     _transition(action, ActionStatus.FROZEN)
     _transition(action, ActionStatus.WAITING_APPROVAL)
-    writes.add_tracked(run, action)
+    writes.add(run, [action])
     return action
 
 

@@ -32,8 +32,11 @@ class _Records(HistoricalRecords):
     def creation_record(self, instance: models.Model) -> models.Model:
         """The "+" record `save` would add after inserting `instance`, not saved: the same
         date, user, change reason and copied fields as `create_historical_record` gives."""
-        if self.get_m2m_fields_from_model(type(instance)):
-            raise TypeError("A record with many-to-many history is made by save.")
+        if self.get_m2m_fields_from_model(type(instance)) or instance.pk is None:
+            raise TypeError(
+                "The record of a row with many-to-many history, or whose key the database "
+                "sets, is made by save."
+            )
         history_model = getattr(type(instance), self.manager_name).model
         return history_model(
             history_date=getattr(instance, "_history_date", timezone.now()),
@@ -52,6 +55,10 @@ _tracked: dict[type[models.Model], _Records] = {}
 
 def history_records(**options: Any) -> HistoricalRecords:
     return _Records(history_manager=HistoryManager, **options)
+
+
+def has_history(model: type[models.Model]) -> bool:
+    return model in _tracked
 
 
 def creation_record(instance: models.Model) -> models.Model:

@@ -49,6 +49,10 @@ _MARKERS: dict[type, Callable[[int], Any]] = {
 }
 
 
+# Where a connection keeps its server-binding cursor: (driver connection, logged, cursor).
+_KEPT_CURSOR = "_prepared_cursor"
+
+
 @contextmanager
 def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     """A cursor whose statements PostgreSQL prepares: parameters bound by the server (the ORM's
@@ -66,7 +70,9 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     driver = connection.connection
     kept = connection.__dict__.pop(_KEPT_CURSOR, None)
     if kept is None or kept[0] is not driver or kept[1] != connection.queries_logged:
-        factory, driver.cursor_factory = driver.cursor_factory, _server_binding_cursor()
+        from django.db.backends.postgresql.base import ServerBindingCursor
+
+        factory, driver.cursor_factory = driver.cursor_factory, ServerBindingCursor
         try:
             kept = (driver, connection.queries_logged, connection.cursor())
         finally:
@@ -77,15 +83,6 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
         kept[2].close()
         raise
     connection.__dict__[_KEPT_CURSOR] = kept
-
-
-_KEPT_CURSOR = "_prepared_cursor"
-
-
-def _server_binding_cursor() -> type:
-    from django.db.backends.postgresql.base import ServerBindingCursor
-
-    return ServerBindingCursor
 
 
 def _coerce(kind: type, value: Any) -> Any:

@@ -8,10 +8,9 @@ Rows of a table keep their order; foreign keys between them are checked at commi
 prepared by their fields as `save` prepares them: `pre_save` where saving computes the value
 (`auto_now`), then on PostgreSQL `get_prep_value` for a value JSON does not carry as it is (a
 string, number, UUID, date, decimal, list or dict needs none), `get_db_prep_save` elsewhere.
-A new row of a model with change history is held with the historical row `save` would add,
-made when the step writes, from the values saving computed. An auto-incremented primary key
-is left to the database. A run that holds nothing writes each row at once, as `save` would;
-`insert` writes rows at once in the same statements.
+A new row of a model with change history is written with the historical row `save` would add,
+made from the values saving computed. An auto-incremented primary key is left to the
+database. A run that holds nothing writes each row at once (`insert`), in the same statements.
 """
 
 import functools
@@ -25,20 +24,18 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import Field
 
-from config.history import creation_record
+from config.history import creation_record, has_history
 from config.queries import prepared_cursor
 from runs.models import Run
 
 PENDING = "_pending_rows"
 STATEMENTS = "_pending_statements"
-TRACKED = "_pending_tracked"
 
 
 def hold(run: Run) -> None:
     """Keep this run's new rows in memory until its row is written."""
     run.__dict__[PENDING] = []
     run.__dict__[STATEMENTS] = []
-    run.__dict__[TRACKED] = []
 
 
 def holding(run: Run) -> bool:
@@ -76,19 +73,7 @@ def add(run: Run, rows: Iterable[models.Model]) -> None:
     if held is not None:
         held.extend(rows)
         return
-    for model, objects in _by_model(rows).items():
-        model.objects.bulk_create(objects)
-
-
-def add_tracked(run: Run, instance: models.Model) -> None:
-    """A new row of a model with change history: held, its historical row made when the
-    step writes it; saved at once (with its history) when the run holds nothing."""
-    held = run.__dict__.get(PENDING)
-    if held is None:
-        instance.save(force_insert=True)
-        return
-    held.append(instance)
-    run.__dict__[TRACKED].append(instance)
+    insert(list(rows))
 
 
 def add_statement(run: Run, sql: str, params: Sequence) -> None:
@@ -188,6 +173,14 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
     return statements
 
 
+def _with_history(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
+    """The inserts of `rows`, then those of the "+" historical records of the rows with change
+    history: made once the inserts have set what saving computes (`auto_now`)."""
+    inserts = _inserts(rows)
+    history = [creation_record(row) for row in rows if has_history(type(row))]
+    return [*inserts, *_inserts(history)]
+
+
 def _written(rows: Sequence[models.Model]) -> None:
     for row in rows:
         row._state.adding = False
@@ -195,18 +188,12 @@ def _written(rows: Sequence[models.Model]) -> None:
 
 
 def _execute(
-    main: tuple[str, list],
-    rows: list[models.Model],
-    statements: list[tuple[str, list]],
-    tracked: list[models.Model],
+    main: tuple[str, list], rows: list[models.Model], statements: list[tuple[str, list]]
 ) -> int:
     """Run the inserts, the statements and `main` as one statement; returns the rows `main`
     touched. A database without data-modifying WITH (SQLite, the embedded default) runs them
-    in turn. The historical rows of `tracked` are made once the inserts of `rows` have set
-    what saving computes."""
-    inserts = _inserts(rows)
-    history = [creation_record(instance) for instance in tracked]
-    parts = [*inserts, *_inserts(history), *statements]
+    in turn."""
+    parts = [*_with_history(rows), *statements]
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "postgresql" and parts:
         sql = "".join(
@@ -226,33 +213,27 @@ def _execute(
 def insert(rows: Sequence[models.Model]) -> None:
     """Insert new rows now: one statement per model, with the SQL text of a step's write."""
     with prepared_cursor(connections[DEFAULT_DB_ALIAS]) as cursor:
-        for sql, params in _inserts(rows):
+        for sql, params in _with_history(rows):
             cursor.execute(sql, params)
     _written(rows)
 
 
-def _take(
-    run: Run,
-) -> tuple[list[models.Model], list[tuple[str, list]], list[models.Model]]:
-    return (
-        run.__dict__.pop(PENDING, None) or [],
-        run.__dict__.pop(STATEMENTS, None) or [],
-        run.__dict__.pop(TRACKED, None) or [],
-    )
+def _take(run: Run) -> tuple[list[models.Model], list[tuple[str, list]]]:
+    return run.__dict__.pop(PENDING, None) or [], run.__dict__.pop(STATEMENTS, None) or []
 
 
 def run_insert(run: Run) -> list[models.Model]:
     """Insert the new run with the rows it holds; returns those rows."""
-    rows, statements, tracked = _take(run)
+    rows, statements = _take(run)
     [main] = _inserts([run])
-    _execute(main, rows, statements, tracked)
+    _execute(main, rows, statements)
     _written([run])
     return rows
 
 
 def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
     """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
-    rows, statements, tracked = _take(run)
+    rows, statements = _take(run)
     db = connections[DEFAULT_DB_ALIAS]
     quote = db.ops.quote_name
     targets = [Run._meta.get_field(name) for name in dict.fromkeys([*fields, "updated_at"])]
@@ -265,6 +246,6 @@ def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
             Run._meta.pk.get_db_prep_value(run.pk, db),
         ],
     )
-    if _execute(main, rows, statements, tracked) != 1:
+    if _execute(main, rows, statements) != 1:
         raise Run.DoesNotExist(f"Run {run.pk} is gone.")
     return rows

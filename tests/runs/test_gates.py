@@ -20,6 +20,7 @@ from registry.models import ToolVersion
 from registry.services import tools
 from runs.loop import run_execute
 from runs.models import RunEvent, Source, ToolCall
+from runs.tools import executor
 from tests.runs.conftest import (
     apollo_draft,
     demo_run,
@@ -575,3 +576,12 @@ def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(de
     assert rejected.envelope["error"]["message"].endswith("was revoked.")
     assert not Source.objects.filter(tool_call=rejected).exists()
     assert [event["name"] for event in events_of(run, "tool.rejected")] == ["project_search"]
+
+
+def test_gate_three_checks_a_version_against_the_schema_it_has_now():
+    draft = ToolVersion(input_schema={"type": "object", "required": ["project_id"]})
+    assert executor._validation_errors(draft, {}) == ["'project_id' is a required property"]
+
+    draft.input_schema["required"] = []
+
+    assert executor._validation_errors(draft, {}) == []

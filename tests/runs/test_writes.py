@@ -3,6 +3,9 @@
 import pytest
 from django.db import transaction
 
+from evaluations.choices import SuiteKind
+from evaluations.models import EvalSuite
+from registry.models import Tenant
 from runs import events, writes
 from runs.models import Run, RunEvent, Source
 
@@ -42,3 +45,24 @@ def test_a_held_event_is_written_with_the_run_as_it_was_made(start_run, member, 
     )
     assert stored.created_at == held.created_at
     assert not held._state.adding
+
+
+def test_a_row_with_change_history_is_written_with_its_first_record(db):
+    suite = EvalSuite(key="weekly", name="Weekly", kind=SuiteKind.TASK, skill_name="weekly")
+
+    writes.insert([suite])
+
+    stored = EvalSuite.objects.get(pk=suite.pk)
+    [record] = stored.history.all()
+    tracked = [field.attname for field in EvalSuite._meta.concrete_fields]
+    assert record.history_type == "+"
+    assert {name: getattr(record, name) for name in tracked} == {
+        name: getattr(stored, name) for name in tracked
+    }
+
+
+def test_a_row_with_change_history_and_a_key_the_database_sets_is_left_to_save(db):
+    with pytest.raises(TypeError):
+        writes.insert([Tenant(slug="initech", name="Initech")])
+
+    assert not Tenant.objects.filter(slug="initech").exists()
