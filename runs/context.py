@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
+from config import jsontext
 from runs.model_clients.base import ModelRequest, ToolSpec
 from runs.rules import MergedRules
 from runs.tokens import estimate_tokens
@@ -34,7 +35,7 @@ class BuiltContext:
 def wrap_untrusted(
     *, source: str, fetched_at: str, content: str, allowed_use: str, references: list[str]
 ) -> str:
-    return json.dumps(
+    return jsontext.dumps(
         {
             "untrusted_data": {
                 "source": source,
@@ -44,8 +45,7 @@ def wrap_untrusted(
                 "references": references,
                 "content": content,
             }
-        },
-        ensure_ascii=False,
+        }
     )
 
 

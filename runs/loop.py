@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
+from config import jsontext
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS
 from registry.models import ModelConfig, SkillVersion, ToolVersion
@@ -748,7 +749,7 @@ def _tool_turn(run: Run) -> None:
     within = pending[: max(budget_left, 0)]
     records = executor.calls_run(run=run, calls=within, node=node, step=run.steps)
     for call, record in zip(within, records, strict=True):
-        content = json.dumps(record.envelope, ensure_ascii=False, sort_keys=True)
+        content = jsontext.dumps(record.envelope, sort_keys=True)
         run.transcript.append(
             result_entry(
                 call_id=call.call_id,

@@ -14,7 +14,6 @@ database. A run that holds nothing writes each row at once (`insert`), in the sa
 """
 
 import functools
-import json
 from collections.abc import Iterable, Sequence
 from datetime import date, datetime
 from decimal import Decimal
@@ -23,7 +22,9 @@ from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.models import Field
+from psycopg.types.json import Jsonb
 
+from config import jsontext
 from config.history import creation_record, has_history
 from config.queries import prepared_cursor
 from runs.models import Run
@@ -112,7 +113,7 @@ def _json_columns(model: type[models.Model]) -> tuple[tuple[Field, str, str, boo
     )
 
 
-# Values json.dumps (with _json_default) carries as they are.
+# Values JSON text (with _json_default) carries as they are.
 _JSON_READY = frozenset(
     {str, int, float, bool, dict, list, type(None), UUID, datetime, date, Decimal}
 )
@@ -153,7 +154,7 @@ def _inserts(rows: Sequence[models.Model]) -> list[tuple[str, list]]:
                 (
                     f"INSERT INTO {table} ({columns}) "
                     f"SELECT {columns} FROM jsonb_populate_recordset(NULL::{table}, %s)",
-                    [json.dumps(values, default=_json_default)],
+                    [jsontext.dumps(values, default=_json_default)],
                 )
             )
             continue
@@ -231,6 +232,15 @@ def run_insert(run: Run) -> list[models.Model]:
     return rows
 
 
+def _update_value(field: Field, row: models.Model, db: Any) -> Any:
+    """The value an UPDATE of `field` writes, prepared as `save` prepares it; a JSON value on
+    PostgreSQL is written as `runs.writes` writes JSON."""
+    value = field.pre_save(row, False)
+    if db.vendor == "postgresql" and isinstance(field, models.JSONField) and not field.encoder:
+        return Jsonb(field.get_prep_value(value), dumps=jsontext.dumps_bytes)
+    return field.get_db_prep_save(value, db)
+
+
 def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
     """Update the run's `fields` (and `updated_at`) with the rows it holds; returns them."""
     rows, statements = _take(run)
@@ -242,7 +252,7 @@ def run_update(run: Run, *, fields: Sequence[str]) -> list[models.Model]:
         + ", ".join(f"{quote(field.column)} = %s" for field in targets)
         + f" WHERE {quote(Run._meta.pk.column)} = %s",
         [
-            *(field.get_db_prep_save(field.pre_save(run, False), db) for field in targets),
+            *(_update_value(field, run, db) for field in targets),
             Run._meta.pk.get_db_prep_value(run.pk, db),
         ],
     )

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import models
 
+from config import jsontext
 from registry.models.configs import SECRET_LIKE_NAME
 from runs.redaction import REDACTED, secrets_removed
 
@@ -46,8 +47,8 @@ class Envelope:
         return {item.name: getattr(self, item.name) for item in fields(self)}
 
     def size(self) -> int:
-        """Bytes of the envelope as JSON."""
-        return len(json.dumps(self.as_dict(), ensure_ascii=False, default=str).encode())
+        """Bytes of the envelope as compact JSON (UTF-8)."""
+        return len(jsontext.dumps_bytes(self.as_dict(), default=str))
 
 
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:

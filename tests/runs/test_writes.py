@@ -66,3 +66,24 @@ def test_a_row_with_change_history_and_a_key_the_database_sets_is_left_to_save(d
         writes.insert([Tenant(slug="initech", name="Initech")])
 
     assert not Tenant.objects.filter(slug="initech").exists()
+
+
+def test_json_a_step_writes_reads_back_as_it_was(start_run, member, acme_agent):
+    """Held rows and the run's own JSON columns travel as JSON text: values orjson leaves to
+    the standard library (an integer beyond 64 bits), text beyond ASCII, decimals and dates
+    come back as they were given."""
+    run = start_run(member)
+    value = {"count": 2**70, "name": "Zoë 张", "cost": "0.10", "nested": [{"ok": True}]}
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        writes.hold(locked)
+        held = events.run_finished(locked, status="CANCELLED", reason_code="TEST")
+        held.payload = {**held.payload, "value": value}
+        locked.state = {**locked.state, "value": value}
+        locked.transcript = [*locked.transcript, {"kind": "user", "text": value["name"]}]
+        writes.run_update(locked, fields=["state", "transcript", "last_event_seq"])
+
+    stored = Run.objects.get(pk=run.pk)
+    assert RunEvent.objects.get(pk=held.pk).payload["value"] == value
+    assert stored.state["value"] == value
+    assert stored.transcript[-1] == {"kind": "user", "text": "Zoë 张"}
