@@ -159,6 +159,8 @@ else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
+# Plain Redis goes through kombu's transport with one client for what a channel sends.
+CELERY_BROKER_TRANSPORT = "config.broker:Transport" if REDIS_URL.startswith("redis://") else None
 # The queue tasks are sent to (and workers consume with `--queues`), by default "celery".
 CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_QUEUE", default="celery")
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
