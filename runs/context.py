@@ -94,20 +94,20 @@ def context_build(
         "node": f"# Workflow node: {node.name}\nFinish when: {node.terminates_when}",
         "skill": f"# Skill: {skill['name']}@{skill['version']}" if skill else "# No skill",
         "inputs": f"{INPUTS_MARKER}\n```json\n"
-        + json.dumps(run_state.get("inputs", {}), sort_keys=True, ensure_ascii=False)
+        + jsontext.dumps(run_state.get("inputs", {}), sort_keys=True)
         + "\n```",
-        "output_contract": "# Output contract\n" + json.dumps(output_contract, sort_keys=True),
+        "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
     if run_state.get("memory"):
         fixed["memory"] = (
             "# Remembered about this user (their own statements, each with its source)\n"
-            + json.dumps(run_state["memory"], sort_keys=True, ensure_ascii=False)
+            + jsontext.dumps(run_state["memory"], sort_keys=True)
         )
-    tool_text = json.dumps(
+    tool_text = jsontext.dumps(
         [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
         sort_keys=True,
     )
-    examples_text = "# Examples\n" + json.dumps(examples, ensure_ascii=False) if examples else ""
+    examples_text = "# Examples\n" + jsontext.dumps(examples) if examples else ""
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
     used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
@@ -120,14 +120,14 @@ def context_build(
         if known is None or known[0] is not entry:
             known = counted[id(entry)] = (
                 entry,
-                estimate_tokens(json.dumps(entry, ensure_ascii=False)),
+                estimate_tokens(jsontext.dumps(entry)),
             )
         return known[1]
 
     def conversation_text() -> str:
         if not conversation:
             return ""
-        return "# Earlier in this session\n" + json.dumps(conversation, ensure_ascii=False)
+        return "# Earlier in this session\n" + jsontext.dumps(conversation)
 
     conversation_tokens = estimate_tokens(conversation_text())
 
@@ -161,7 +161,7 @@ def context_build(
         entries = [user_entry(conversation_text()), *entries]
     sections["tools"] = tool_text
     sections["conversation"] = conversation_text()
-    sections["transcript"] = json.dumps(entries, ensure_ascii=False)
+    sections["transcript"] = jsontext.dumps(entries)
     return BuiltContext(
         request=ModelRequest(
             instructions=instructions, transcript=to_items(entries), tools=tuple(tools)
