@@ -109,10 +109,13 @@ def _validator(tool_version: ToolVersion) -> Draft202012Validator:
 def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
     if not isinstance(arguments, dict):
         return ["The arguments are not a JSON object."]
+    validator = _validator(tool_version)
+    if validator.is_valid(arguments):
+        return []
     return sorted(
         ("/".join(map(str, error.absolute_path)) + ": " if error.absolute_path else "")
         + error.message
-        for error in _validator(tool_version).iter_errors(arguments)
+        for error in validator.iter_errors(arguments)
     )
 
 
