@@ -162,7 +162,7 @@ def message_ingest(
             )
         if run.status == RunStatus.QUEUED:
             transaction.on_commit(lambda: run_advance.delay(run_id=str(run.pk)))
-    except IntegrityError:
+    except (IntegrityError, NotFound):
         existing = _existing(
             tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash
         )
@@ -184,21 +184,12 @@ def _create_run(
     session_id: UUID | None,
     roles: frozenset[str],
 ) -> Run:
-    """The ingress record goes first: a key already taken fails here, before any work (its
-    run is created in this transaction; the foreign key is checked at commit)."""
+    """The ingress record is written with its run, in the run's one statement: a key already
+    taken fails there, and the transaction rolls back what was done before it. The caller
+    answers a key already taken, and a session or agent not found for a request whose key is
+    taken, as the key's first request was answered (or as a reused key)."""
     run_id = uuid4()
     started_at = timezone.now()
-    writes.insert(
-        [
-            IngressRecord(
-                tenant=tenant,
-                actor=actor,
-                idempotency_key=key,
-                request_hash=request_hash,
-                run_id=run_id,
-            )
-        ]
-    )
     agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"))
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)
     message = _normalized(
@@ -242,6 +233,18 @@ def _create_run(
         trace_id=secrets.token_hex(16),
     )
     writes.hold(run)
+    writes.add(
+        run,
+        [
+            IngressRecord(
+                tenant=tenant,
+                actor=actor,
+                idempotency_key=key,
+                request_hash=request_hash,
+                run_id=run_id,
+            )
+        ],
+    )
     if is_new:
         writes.add(run, [session])
     ingress = tracing.span_add(

@@ -155,8 +155,9 @@ def test_metadata_in_another_key_order_is_the_same_body(alice, post_message):
         message_body(channel="chat"),
         message_body(metadata={"project_id": "apollo"}),
         message_body(session_id=str(uuid.uuid4())),
+        message_body(metadata={"agent": "no-such-agent"}),
     ],
-    ids=["text", "channel", "metadata", "session"],
+    ids=["text", "channel", "metadata", "unknown session", "unknown agent"],
 )
 def test_the_same_key_with_another_body_is_refused(alice, post_message, changed):
     first = post_message(alice, key="reused")
