@@ -70,7 +70,13 @@ class Run(models.Model):
             models.Index(fields=["tenant", "-created_at", "-id"], name="run_tenant_history"),
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["tenant", "actor", "-created_at"]),
-            models.Index(fields=["status", "lease_expires_at"]),
+            # The sweep's index: the active runs, whatever their lease (it changes every
+            # step, and a step that changes no indexed column updates the row in place).
+            models.Index(
+                fields=["status"],
+                condition=models.Q(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]),
+                name="run_active",
+            ),
             models.Index(fields=["tenant", "skill", "-created_at"]),
         ]
 
