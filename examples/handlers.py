@@ -24,7 +24,7 @@ from runs.tools.envelope import ErrorCategory
 _UPDATES = PreparedQuery(
     lambda project_id, start, end: ProjectUpdate.objects.filter(
         project_id=project_id, occurred_on__range=(start, end)
-    ),
+    ).order_by("occurred_on", "id"),
     project_id=int,
     start=date,
     end=date,
@@ -32,7 +32,7 @@ _UPDATES = PreparedQuery(
 _DIRECTORY = PreparedQuery(
     lambda project_id, role: DirectoryRecord.objects.filter(
         project_id=project_id, role=role, is_active=True
-    ),
+    ).order_by("record_id"),
     project_id=int,
     role=str,
 )

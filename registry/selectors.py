@@ -56,9 +56,11 @@ FROZEN_VERSIONS_KEPT = 1024
 
 
 _ROLES = PreparedQuery(
-    lambda user_id, tenant_id: Membership.objects.filter(
-        user_id=user_id, tenant_id=tenant_id
-    ).values_list("role", flat=True),
+    lambda user_id, tenant_id: (
+        Membership.objects.filter(user_id=user_id, tenant_id=tenant_id)
+        .order_by()
+        .values_list("role", flat=True)
+    ),
     user_id=int,
     tenant_id=int,
 )
@@ -251,12 +253,16 @@ def versions_frozen(*, model: type[V], ids: Iterable[str]) -> dict[str, V]:
 def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
     """On PostgreSQL the ids travel as one array, so the SQL is the same for any number."""
     return PreparedQuery(
-        lambda version_ids: model.objects.filter(
-            pk__in=RawSQL("SELECT unnest(%s::uuid[])", [version_ids])
-            if connection.vendor == "postgresql"
-            else version_ids,
-            status=VersionStatus.REVOKED,
-        ).values_list("pk", flat=True),
+        lambda version_ids: (
+            model.objects.filter(
+                pk__in=RawSQL("SELECT unnest(%s::uuid[])", [version_ids])
+                if connection.vendor == "postgresql"
+                else version_ids,
+                status=VersionStatus.REVOKED,
+            )
+            .order_by()
+            .values_list("pk", flat=True)
+        ),
         version_ids=list,
     )
 

@@ -638,8 +638,10 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
 
 
 _EVIDENCE_REFERENCES = PreparedQuery(
-    lambda run_id: Source.objects.filter(run_id=run_id, allowed_use=EVIDENCE_USE).values_list(
-        "reference", flat=True
+    lambda run_id: (
+        Source.objects.filter(run_id=run_id, allowed_use=EVIDENCE_USE)
+        .order_by()
+        .values_list("reference", flat=True)
     ),
     run_id=UUID,
 )

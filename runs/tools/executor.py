@@ -202,7 +202,9 @@ def _admit(
 # A side effect turned away by a limit asks again after this long (seconds, jittered).
 LIMIT_WAIT_SECONDS = (0.2, 1.0)
 _RUN_CALL_IDS = PreparedQuery(
-    lambda run_id: ToolCall.objects.filter(run_id=run_id).values_list("call_id", flat=True),
+    lambda run_id: (
+        ToolCall.objects.filter(run_id=run_id).order_by().values_list("call_id", flat=True)
+    ),
     run_id=uuid.UUID,
 )
 
