@@ -1,7 +1,7 @@
 """A step's rows, made from column values and written with the run's row."""
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from evaluations.choices import SuiteKind
 from evaluations.models import EvalSuite
@@ -87,3 +87,29 @@ def test_json_a_step_writes_reads_back_as_it_was(start_run, member, acme_agent):
     assert RunEvent.objects.get(pk=held.pk).payload["value"] == value
     assert stored.state["value"] == value
     assert stored.transcript[-1] == {"kind": "user", "text": "Zoë 张"}
+
+
+def test_the_foreign_keys_of_a_steps_tables_are_checked_as_each_statement_ends(db):
+    """Cheaper than checking them all at commit; Django recreates a foreign key initially
+    deferred, so a migration that recreates one of these must set it back (runs 0017)."""
+    tables = [
+        "runs_session",
+        "runs_run",
+        "runs_ingressrecord",
+        "runs_runevent",
+        "runs_span",
+        "runs_toolcall",
+        "runs_source",
+        "approvals_businessaction",
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conrelid::regclass::text, conname, condeferrable, condeferred "
+            "FROM pg_constraint WHERE contype = 'f' AND conrelid::regclass::text = ANY(%s)",
+            [tables],
+        )
+        constraints = cursor.fetchall()
+
+    assert {table for table, *_ in constraints} == set(tables)
+    assert [name for _, name, _, deferred in constraints if deferred] == []
+    assert all(deferrable for _, _, deferrable, _ in constraints)
