@@ -1,5 +1,7 @@
 """A step's rows, made from column values and written with the run's row."""
 
+import importlib
+
 import pytest
 from django.db import connection, transaction
 
@@ -92,16 +94,11 @@ def test_json_a_step_writes_reads_back_as_it_was(start_run, member, acme_agent):
 def test_the_foreign_keys_of_a_steps_tables_are_checked_as_each_statement_ends(db):
     """Cheaper than checking them all at commit; Django recreates a foreign key initially
     deferred, so a migration that recreates one of these must set it back (runs 0017)."""
-    tables = [
-        "runs_session",
-        "runs_run",
-        "runs_ingressrecord",
-        "runs_runevent",
-        "runs_span",
-        "runs_toolcall",
-        "runs_source",
-        "approvals_businessaction",
-    ]
+    tables = list(
+        importlib.import_module(
+            "runs.migrations.0017_hot_foreign_keys_checked_per_statement"
+        ).TABLES
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT conrelid::regclass::text, conname, condeferrable, condeferred "
