@@ -19,6 +19,12 @@ class Channel(redis.Channel):
             self._sending_client = super()._create_client()
         return self._sending_client
 
+    def _disconnect_pools(self) -> None:
+        """After a fork or on close the channel drops its pool: the client bound to it goes
+        with it, and the next message makes one on the channel's new pool."""
+        self._sending_client = None
+        super()._disconnect_pools()
+
 
 class Transport(redis.Transport):
     Channel = Channel

@@ -37,3 +37,16 @@ def test_tasks_are_published_to_redis_through_one_client_per_channel():
     finally:
         client.delete(queue)
         client.close()
+
+
+def test_a_channel_that_drops_its_pool_sends_through_its_new_one():
+    with app.connection_for_write() as connection:
+        channel = connection.default_channel
+        before = channel._create_client()
+        channel._disconnect_pools()
+
+        after = channel._create_client()
+
+        assert after is not before
+        assert after.connection_pool is channel.pool
+        assert after.ping()
