@@ -234,9 +234,15 @@ def run_insert(run: Run) -> list[models.Model]:
 
 def _update_value(field: Field, row: models.Model, db: Any) -> Any:
     """The value an UPDATE of `field` writes, prepared as `save` prepares it; a JSON value on
-    PostgreSQL is written as `runs.writes` writes JSON."""
+    PostgreSQL is written as `runs.writes` writes JSON (None stays SQL NULL, as with `save`)."""
     value = field.pre_save(row, False)
-    if db.vendor == "postgresql" and isinstance(field, models.JSONField) and not field.encoder:
+    if (
+        value is not None
+        and db.vendor == "postgresql"
+        and isinstance(field, models.JSONField)
+        and not field.encoder
+        and not hasattr(value, "as_sql")
+    ):
         return Jsonb(field.get_prep_value(value), dumps=jsontext.dumps_bytes)
     return field.get_db_prep_save(value, db)
 
