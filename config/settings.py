@@ -158,7 +158,8 @@ if REDIS_URL:
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+# In memory (the embedded default); the host is named so that kombu does not warn it is missing.
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
 # Plain Redis goes through kombu's transport with one client for what a channel sends.
 CELERY_BROKER_TRANSPORT = "config.broker:Transport" if REDIS_URL.startswith("redis://") else None
 # The queue tasks are sent to (and workers consume with `--queues`), by default "celery".

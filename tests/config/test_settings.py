@@ -119,9 +119,9 @@ def test_embedded_default_uses_sqlite_and_eager_celery():
     assert json.loads(result.stdout) == {
         "engine": "django.db.backends.sqlite3",
         "eager": True,
-        "broker": "memory://",
+        "broker": "memory://localhost/",
         "app_eager": True,
-        "app_broker": "memory://",
+        "app_broker": "memory://localhost/",
         "cache": "django.core.cache.backends.locmem.LocMemCache",
     }
 
@@ -135,7 +135,7 @@ def test_empty_service_urls_mean_the_embedded_default():
     assert (settings["engine"], settings["eager"], settings["broker"]) == (
         "django.db.backends.sqlite3",
         True,
-        "memory://",
+        "memory://localhost/",
     )
 
 
