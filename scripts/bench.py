@@ -11,6 +11,8 @@ created afresh (never the development or a test database), migrated and loaded w
    k = 1..4 read tools, one run of each k in turn, overhead regressed on k;
 3. the floor, in the same invocation: as many event rows as (1) wrote, the same rows, into a
    scratch table shaped like the event log, with raw psycopg, one INSERT and COMMIT each;
+   (1) runs in ten chunks and each chunk's rows are written right after it, so that
+   the machine's drift in speed falls on both sides of the ratio alike;
 4. end to end: BENCH_RUNS messages through the ingress service, advanced by a real Celery
    worker (BENCH_CONCURRENCY processes), until every run waits for approval;
 5. the worker alone: as many messages ingested first, then drained by a new worker.
@@ -41,6 +43,7 @@ CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 KEEP_DATABASE = os.environ.get("BENCH_KEEP_DB", "0") == "1"
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 WARM_UP_RUNS = 5
+FLOOR_CHUNKS = 10
 MAX_TOOLS = 4
 INPROCESS_QUEUE = f"agentgov-bench-inprocess-{os.getpid()}"
 WORKER_QUEUE = f"agentgov-bench-{os.getpid()}"
@@ -262,31 +265,41 @@ def _timed_runs(alice, acme, clock: HandlerClock, *, count: int, metadata: dict)
     }
 
 
-def _floor(run_ids: list) -> tuple[int, float]:
+class Floor:
     """The same event rows, one INSERT + COMMIT each, into a table shaped like the event log
     (same columns, primary key, unique (run, seq) and indexes; no foreign key)."""
-    rows = list(
-        RunEvent.objects.filter(run_id__in=run_ids)
-        .order_by("run_id", "seq")
-        .values_list("run_id", "seq", "type", "payload")
-    )
-    with psycopg.connect(SCRATCH.url) as raw:
-        raw.execute(
+
+    def __init__(self) -> None:
+        self._raw = psycopg.connect(SCRATCH.url)
+        self._raw.execute(
             "CREATE TABLE bench_floor_event "
             "(LIKE runs_runevent INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)"
         )
-        raw.commit()
+        self._raw.commit()
+        self.rows = 0
+        self.seconds = 0.0
+
+    def write(self, run_ids: list) -> None:
+        """The event rows of these runs, timed."""
+        rows = list(
+            RunEvent.objects.filter(run_id__in=run_ids)
+            .order_by("run_id", "seq")
+            .values_list("run_id", "seq", "type", "payload")
+        )
         payloads = [psycopg.types.json.Jsonb(payload) for *_, payload in rows]
         started = time.perf_counter()
         for (run_id, seq, event_type, _), payload in zip(rows, payloads, strict=True):
-            raw.execute(
+            self._raw.execute(
                 "INSERT INTO bench_floor_event (id, run_id, seq, type, payload, created_at) "
                 "VALUES (%s, %s, %s, %s, %s, now())",
                 (uuid.uuid4(), run_id, seq, event_type, payload),
             )
-            raw.commit()
-        elapsed = time.perf_counter() - started
-    return len(rows), elapsed
+            self._raw.commit()
+        self.seconds += time.perf_counter() - started
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self._raw.close()
 
 
 def _slope(points: list[tuple[float, float]]) -> float:
@@ -426,11 +439,24 @@ def main() -> None:
 
     _timed_runs(alice, acme, clock, count=WARM_UP_RUNS, metadata=example)
     profiler = cProfile.Profile() if PROFILE else None
-    if profiler:
-        profiler.enable()
-    measured = _timed_runs(alice, acme, clock, count=RUNS, metadata=example)
-    if profiler:
-        profiler.disable()
+    floor = Floor()
+    measured = {key: 0 for key in ("ingest", "execute", "handler", "events", "tool_calls")}
+    measured.update(run_ids=[], statuses=set())
+    for chunk in range(FLOOR_CHUNKS):
+        count = RUNS // FLOOR_CHUNKS + (chunk < RUNS % FLOOR_CHUNKS)
+        if not count:
+            continue
+        if profiler:
+            profiler.enable()
+        part = _timed_runs(alice, acme, clock, count=count, metadata=example)
+        if profiler:
+            profiler.disable()
+        floor.write(part["run_ids"])
+        for key in ("ingest", "execute", "handler", "events", "tool_calls"):
+            measured[key] += part[key]
+        measured["run_ids"] += part["run_ids"]
+        measured["statuses"] |= part["statuses"]
+    floor.close()
     if measured["statuses"] != {RunStatus.WAITING_APPROVAL}:
         sys.exit(f"The running example did not wait for approval: {measured['statuses']}")
     overhead = measured["ingest"] + measured["execute"] - measured["handler"]
@@ -448,10 +474,11 @@ def main() -> None:
     _figure("governance overhead per run (ms)", _ms(overhead / RUNS))
     _figure("governance overhead per tool call (ms)", _ms(overhead_per_tool_call))
 
-    floor_rows, floor_seconds = _floor(measured["run_ids"])
+    floor_rows, floor_seconds = floor.rows, floor.seconds
     floor_per_tool_call = floor_seconds / tool_calls
     print()
-    print(f"2. Floor: the same {floor_rows} event rows, raw psycopg, one INSERT + COMMIT each")
+    print(f"2. Floor: the same {floor_rows} event rows, raw psycopg, one INSERT + COMMIT each,")
+    print(f"   written after each of the {FLOOR_CHUNKS} chunks of (1) wrote them")
     _figure("per row (ms)", _ms(floor_seconds / floor_rows))
     _figure("per run (ms)", _ms(floor_seconds / RUNS))
     _figure("per tool call (ms)", _ms(floor_per_tool_call))
