@@ -124,10 +124,23 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
-def _forget_broker_and_cache() -> None:
+QUEUES = (INPROCESS_QUEUE, WORKER_QUEUE, f"{WORKER_QUEUE}-idle")
+
+
+def _forget_broker_and_cache(*, bindings: bool = False) -> None:
+    """Empty the bench's queues and cache keys; with `bindings` (at the end, when nothing
+    publishes any more), also the routes kombu keeps for its queues."""
     client = _redis()
     try:
-        client.delete(INPROCESS_QUEUE, WORKER_QUEUE, f"{WORKER_QUEUE}-idle")
+        client.delete(*QUEUES)
+        if bindings:
+            client.delete(
+                *(
+                    f"_kombu.{kind}.{queue}"
+                    for queue in QUEUES
+                    for kind in ("binding", "binding_permanent")
+                )
+            )
         keys = list(client.scan_iter(match=f"{CACHE_PREFIX}:*"))
         if keys:
             client.delete(*keys)
@@ -557,6 +570,6 @@ if __name__ == "__main__":
         main()
     finally:
         connection.close()
-        _forget_broker_and_cache()
+        _forget_broker_and_cache(bindings=True)
         if not KEEP_DATABASE:
             SCRATCH.drop()
