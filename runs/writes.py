@@ -4,10 +4,12 @@ While a run holds its rows (`hold`), the events, spans, tool calls and sources a
 stay in memory; `run_update` (or `run_insert`, for a run being created) writes them with the
 run's own row in one statement, `WITH w0 AS (INSERT ...), w1 AS (INSERT ...) UPDATE runs_run
 ...`, in the step's transaction: one round trip to PostgreSQL where there were one per table.
-Rows of a table keep their order; foreign keys between them are checked at commit. Values are
-prepared by their fields as `save` prepares them: `pre_save` where saving computes the value
-(`auto_now`), then on PostgreSQL `get_prep_value` for a value JSON does not carry as it is (a
-string, number, UUID, date, decimal, list or dict needs none), `get_db_prep_save` elsewhere.
+Rows of a table keep their order; foreign keys between them are checked when the statement
+ends, once all its parts have run (runs 0017). Values are prepared by their fields as `save`
+prepares them: `pre_save` where saving computes the value (`auto_now`), then on PostgreSQL
+`get_prep_value` for a value JSON does not carry as it is (a string, number, UUID, date,
+decimal, list or dict needs none), the rows and the run's JSON columns travelling as compact
+JSON text (`config.jsontext`); `get_db_prep_save` elsewhere.
 A new row of a model with change history is written with the historical row `save` would add,
 made from the values saving computed. An auto-incremented primary key is left to the
 database. A run that holds nothing writes each row at once (`insert`), in the same statements.

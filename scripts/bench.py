@@ -453,7 +453,8 @@ def main() -> None:
     _timed_runs(alice, acme, clock, count=WARM_UP_RUNS, metadata=example)
     profiler = cProfile.Profile() if PROFILE else None
     floor = Floor()
-    measured = {key: 0 for key in ("ingest", "execute", "handler", "events", "tool_calls")}
+    summed = ("ingest", "execute", "handler", "events", "tool_calls")
+    measured = {key: 0 for key in summed}
     measured.update(run_ids=[], statuses=set())
     for chunk in range(FLOOR_CHUNKS):
         count = RUNS // FLOOR_CHUNKS + (chunk < RUNS % FLOOR_CHUNKS)
@@ -465,7 +466,7 @@ def main() -> None:
         if profiler:
             profiler.disable()
         floor.write(part["run_ids"])
-        for key in ("ingest", "execute", "handler", "events", "tool_calls"):
+        for key in summed:
             measured[key] += part[key]
         measured["run_ids"] += part["run_ids"]
         measured["statuses"] |= part["statuses"]
