@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.postgres.expressions import ArraySubquery
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
 from django.db.models import Q, QuerySet, prefetch_related_objects
@@ -37,6 +38,7 @@ from registry.models import (
     McpRemoteTool,
     McpServer,
     Membership,
+    RegistryGeneration,
     RolloutFlag,
     Skill,
     SkillVersion,
@@ -70,6 +72,37 @@ def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
     if not user.is_authenticated:
         return frozenset()
     return frozenset(_ROLES(user_id=user.pk, tenant_id=tenant.pk))
+
+
+_ROLES_AT_GENERATION = PreparedQuery(
+    lambda user_id, tenant_id: (
+        RegistryGeneration.objects.filter(pk=1)
+        .annotate(
+            roles=ArraySubquery(
+                Membership.objects.filter(user_id=user_id, tenant_id=tenant_id)
+                .order_by()
+                .values("role")
+            )
+        )
+        .values_list("value", "roles")
+    ),
+    user_id=int,
+    tenant_id=int,
+)
+
+
+def user_roles_and_generation(*, user: User, tenant: Tenant) -> tuple[frozenset[str], int | None]:
+    """The user's roles and the registry's generation (`registry.generation`), in one
+    statement; the generation is None where there is none (another database than
+    PostgreSQL, or no registry change since the tables were emptied)."""
+    if not user.is_authenticated:
+        return frozenset(), None
+    if connection.vendor == "postgresql":
+        found = _ROLES_AT_GENERATION(user_id=user.pk, tenant_id=tenant.pk)
+        if found:
+            [(generation, roles)] = found
+            return frozenset(roles), generation
+    return user_roles(user=user, tenant=tenant), None
 
 
 def user_can(

@@ -14,12 +14,14 @@ import functools
 import uuid
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, SkillAssembly, VersionStatus
+from registry.generation import registry_cached
 from registry.models import (
     AgentConfig,
     Skill,
@@ -228,3 +230,35 @@ def capability_resolve(
             "max_data_classification": policy.max_data_classification,
         },
     }
+
+
+def capability_snapshot(
+    *,
+    tenant: Tenant,
+    actor: AbstractBaseUser,
+    agent_config: AgentConfig,
+    roles: frozenset[str],
+    request_text: str,
+    generation: int | None,
+) -> tuple[dict[str, Any], str]:
+    """The snapshot a run starts with and its hash. An agent with static skills gets it from
+    the process's cache when it was resolved for the same agent, actor and roles under the
+    registry's current `generation` (`registry.generation`); an agent that recalls its
+    skills resolves it each time (it depends on the request and on the tools' circuits)."""
+
+    def resolve() -> tuple[dict[str, Any], str]:
+        capability = capability_resolve(
+            tenant=tenant,
+            actor=actor,
+            agent_config=agent_config,
+            roles=roles,
+            request_text=request_text,
+        )
+        return capability, canonical_hash(capability)
+
+    if agent_config.skill_assembly != SkillAssembly.STATIC:
+        return resolve()
+    key = ("capability", tenant.pk, agent_config.pk, actor.pk, actor.get_username(), roles)
+    capability, digest = registry_cached(generation, key, resolve)
+    # A copy of its own for the run (orjson: a few microseconds); the cached one stays as it was.
+    return orjson.loads(orjson.dumps(capability)), digest

@@ -1,4 +1,5 @@
 from registry.models.configs import AgentConfig, ModelConfig
+from registry.models.generation import RegistryGeneration
 from registry.models.mcp import (
     McpPrompt,
     McpRemoteTool,
@@ -23,6 +24,7 @@ __all__ = [
     "Membership",
     "ModelConfig",
     "Policy",
+    "RegistryGeneration",
     "RolloutFlag",
     "Skill",
     "SkillToolDependency",

@@ -12,10 +12,11 @@ from django.utils import timezone
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import Action
+from registry.generation import registry_cached
 from registry.models import AgentConfig, Tenant
-from registry.selectors import user_can, user_roles
+from registry.selectors import user_can, user_roles_and_generation
 from runs import events, tracing, writes
-from runs.capability import capability_resolve
+from runs.capability import capability_snapshot
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session
@@ -81,13 +82,23 @@ def _session(
     return session, False
 
 
-def _agent_config(*, tenant: Tenant, name: str | None) -> AgentConfig | None:
-    if name:
-        agent = _AGENT_NAMED.first(tenant_id=tenant.pk, name=name)
-        if agent is None:
-            raise NotFound("No such agent in this tenant.", details={"agent": name})
-        return agent
-    return _AGENT_DEFAULT.first(tenant_id=tenant.pk)
+def _agent_config(
+    *, tenant: Tenant, name: str | None, generation: int | None
+) -> AgentConfig | None:
+    """The active agent named, or the tenant's first; kept while the registry's generation
+    stays the same (`registry.generation`), as one instance the runs share and never change."""
+    agent = registry_cached(
+        generation,
+        ("agent", tenant.pk, name or None),
+        lambda: (
+            _AGENT_NAMED.first(tenant_id=tenant.pk, name=name)
+            if name
+            else _AGENT_DEFAULT.first(tenant_id=tenant.pk)
+        ),
+    )
+    if name and agent is None:
+        raise NotFound("No such agent in this tenant.", details={"agent": name})
+    return agent
 
 
 def _normalized(
@@ -133,7 +144,7 @@ def message_ingest(
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content. Resource references must name a resource an
     MCP server available to the tenant listed."""
-    roles = user_roles(user=actor, tenant=tenant)
+    roles, generation = user_roles_and_generation(user=actor, tenant=tenant)
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
     normalized_parts = resource_parts_resolve(
@@ -159,6 +170,7 @@ def message_ingest(
                 metadata=metadata,
                 session_id=session_id,
                 roles=roles,
+                generation=generation,
             )
         if run.status == RunStatus.QUEUED:
             transaction.on_commit(lambda: run_advance.delay(run_id=str(run.pk)))
@@ -183,6 +195,7 @@ def _create_run(
     metadata: dict[str, Any],
     session_id: UUID | None,
     roles: frozenset[str],
+    generation: int | None,
 ) -> Run:
     """The ingress record is written with its run, in the run's one statement: a key already
     taken fails there, and the transaction rolls back what was done before it. The caller
@@ -190,7 +203,7 @@ def _create_run(
     taken, as the key's first request was answered (or as a reused key)."""
     run_id = uuid4()
     started_at = timezone.now()
-    agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"))
+    agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"), generation=generation)
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)
     message = _normalized(
         run_id=run_id,
@@ -204,16 +217,17 @@ def _create_run(
         received_at=timezone.now().isoformat(),
     )
     capability_started = timezone.now()
-    capability = (
-        capability_resolve(
+    capability, capability_hash = (
+        capability_snapshot(
             tenant=tenant,
             actor=actor,
             agent_config=agent_config,
             roles=roles,
             request_text=" ".join(part["text"] for part in parts if part["type"] == "text"),
+            generation=generation,
         )
         if agent_config
-        else {}
+        else ({}, "")
     )
     capability_ended = timezone.now()
     run = Run(
@@ -225,7 +239,7 @@ def _create_run(
         channel=channel,
         message=message,
         capability=capability,
-        capability_hash=canonical_hash(capability) if capability else "",
+        capability_hash=capability_hash,
         skill=next(
             (f"{skill['name']}@{skill['version']}" for skill in capability.get("skills", [])),
             "",

@@ -5,6 +5,7 @@ import copy
 
 import pytest
 from django.conf import settings
+from django.db import transaction
 
 from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Role
@@ -12,7 +13,7 @@ from registry.errors import ValidationFailed
 from registry.models import AgentConfig, RolloutFlag, ToolVersion
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
-from registry.services.tenancy import definition_grant
+from registry.services.tenancy import definition_grant, membership_add
 from runs.capability import capability_resolve
 from runs.models import Run
 from tests.registry.factories import valid_input_schema
@@ -456,6 +457,79 @@ def test_a_run_s_snapshot_does_not_change_when_the_registry_changes(
     assert later.capability["budgets"]["max_steps"] == 2
     assert _skill_versions(later.capability)[0][1] == "2.0.0"
     assert later.capability["tools"] == []
+
+
+# --- kept between runs (registry.generation) -----------------------------------------------
+
+
+def test_a_grant_withdrawn_between_two_runs_leaves_the_second_without_the_tool(
+    start_run, member, acme, acme_tools, publish_tool, publish_skill, platform_admin
+):
+    web_fetch = publish_tool("web_fetch", actor=platform_admin, tenant=None)
+    definition_grant(actor=platform_admin, definition=web_fetch.tool, tenant=acme)
+    publish_skill(version="1.1.0", tool_versions=[acme_tools["project_search"], web_fetch])
+    granted = start_run(member)
+
+    definition_grant(actor=platform_admin, definition=web_fetch.tool, tenant=acme, granted=False)
+    withdrawn = start_run(member)
+
+    assert "web_fetch" in {tool["name"] for tool in granted.capability["tools"]}
+    assert [tool["name"] for tool in withdrawn.capability["tools"]] == ["project_search"]
+    assert withdrawn.capability["excluded"] == [
+        {"tool": "web_fetch@1.0.0", "reason": "NOT_GRANTED"}
+    ]
+
+
+def test_a_role_given_between_two_runs_is_in_the_second_snapshot(start_run, member, acme):
+    first = start_run(member)
+
+    membership_add(actor=None, user=member, tenant=acme, role=Role.APPROVER)
+    second = start_run(member)
+
+    assert first.capability["roles"] == ["member"]
+    assert second.capability["roles"] == ["approver", "member"]
+    assert second.capability_hash == canonical_hash(second.capability) != first.capability_hash
+
+
+def test_a_new_username_is_in_the_next_snapshot(start_run, member):
+    start_run(member)
+
+    member.username = "alice.renamed"
+    member.save(update_fields=["username"])
+    renamed = start_run(member)
+
+    assert renamed.capability["actor"]["username"] == "alice.renamed"
+    assert renamed.capability_hash == canonical_hash(renamed.capability)
+
+
+def test_a_run_that_changes_its_snapshot_does_not_change_the_next_run_s(start_run, member):
+    first = start_run(member)
+    expected = copy.deepcopy(first.capability)
+
+    first.capability["tools"].clear()
+    first.capability["budgets"]["max_steps"] = 10_000
+    second = start_run(member)
+
+    assert second.capability == expected
+    assert second.capability_hash == canonical_hash(expected)
+
+
+def test_a_registry_change_rolled_back_is_never_served_to_a_later_run(
+    start_run, member, acme_tools, publisher
+):
+    names = {"directory_lookup", "project_search"}
+    assert {tool["name"] for tool in start_run(member).capability["tools"]} == names
+
+    # when a revocation is seen by a run in its transaction, and then rolled back
+    with pytest.raises(RuntimeError), transaction.atomic():
+        tools.tool_version_revoke(tool_version=acme_tools["directory_lookup"], actor=publisher)
+        inside = start_run(member)
+        assert [tool["name"] for tool in inside.capability["tools"]] == ["project_search"]
+        raise RuntimeError("rolled back")
+
+    # then the next change is a generation of its own: its run resolves the registry as it is
+    tools.tool_version_revoke(tool_version=acme_tools["project_search"], actor=publisher)
+    assert [tool["name"] for tool in start_run(member).capability["tools"]] == ["directory_lookup"]
 
 
 # --- robustness ----------------------------------------------------------------------------
