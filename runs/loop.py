@@ -137,7 +137,11 @@ _EARLIER_RUNS = PreparedQuery(
 def _history(run: Run) -> list[dict[str, Any]]:
     """The session's earlier messages and how their runs ended, newest last: the last
     HISTORY_RUNS as they were, and before them a rolling summary of up to SUMMARY_RUNS older
-    ones, marked with when it was generated and which runs it covers."""
+    ones, marked with when it was generated and which runs it covers. A session its run's
+    ingest created (written in the same statement, after the run's row took its time) has no
+    earlier run to read."""
+    if run.session.created_at >= run.created_at:
+        return []
     earlier = _EARLIER_RUNS(session_id=run.session_id, before=run.created_at)
     recent, older = earlier[:HISTORY_RUNS], earlier[HISTORY_RUNS:]
     history: list[dict[str, Any]] = []

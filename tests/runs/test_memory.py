@@ -5,6 +5,8 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -219,3 +221,26 @@ def test_older_turns_of_a_session_become_a_rolling_summary_with_its_source_range
     assert summary["source"]["to_run"] == str(earlier[2].pk)
     assert summary["generated_at"]
     assert [entry["message"] for entry in recent] == [f"message {i}" for i in range(3, 8)]
+
+
+def test_the_first_run_of_a_new_session_reads_no_history(demo):
+    first = message_ingest(
+        actor=demo.alice,
+        tenant=demo.acme,
+        idempotency_key="key-first",
+        channel="chat",
+        parts=[{"type": "text", "text": "message 0"}],
+        metadata={"project_id": "apollo"},
+    ).run
+    assert first.session.created_at > first.created_at
+
+    with CaptureQueriesContext(connection) as queries:
+        run_execute(run_id=str(first.pk))
+
+    earlier_runs = [
+        query["sql"]
+        for query in queries.captured_queries
+        if 'FROM "runs_run" WHERE ("runs_run"."created_at" <' in query["sql"]
+    ]
+    assert earlier_runs == []
+    assert Run.objects.get(pk=first.pk).state["history"] == []
