@@ -17,8 +17,9 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 T = TypeVar("T")
 
-# Distinct keys kept under one generation: agents and (agent, actor, roles) snapshots.
-KEPT = 4096
+# Distinct keys kept under one generation: agents, and snapshots per (agent, actor, roles) of a
+# few kilobytes each; past this many, all are dropped and resolved again.
+KEPT = 1024
 
 _lock = threading.Lock()
 _generation: tuple | None = None
