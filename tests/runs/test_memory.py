@@ -224,14 +224,7 @@ def test_older_turns_of_a_session_become_a_rolling_summary_with_its_source_range
 
 
 def test_the_first_run_of_a_new_session_reads_no_history(demo):
-    first = message_ingest(
-        actor=demo.alice,
-        tenant=demo.acme,
-        idempotency_key="key-first",
-        channel="chat",
-        parts=[{"type": "text", "text": "message 0"}],
-        metadata={"project_id": "apollo"},
-    ).run
+    first = demo_run(demo, text="message 0", project_id="apollo")
     assert first.session.created_at > first.created_at
 
     with CaptureQueriesContext(connection) as queries:
