@@ -14,13 +14,15 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Subquery
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
 from config import jsontext
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS
-from registry.models import ModelConfig, SkillVersion, ToolVersion
+from registry.generation import registry_cached
+from registry.models import ModelConfig, RegistryGeneration, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
@@ -525,10 +527,15 @@ _MODEL_CONFIG = PreparedQuery(
 
 def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfig:
     """The model the snapshot pinned, even if the agent has moved to another since; read
-    once per execution (`run_execute`), not once per turn."""
+    once per execution (`run_execute`), not once per turn, and kept in the process while
+    the registry's generation read with the run stays the same (`registry.generation`)."""
     model_id = run.capability["model"]["id"]
     if model_id not in model_configs:
-        model_config = _MODEL_CONFIG.first(model_id=model_id)
+        model_config = registry_cached(
+            getattr(run, "registry_generation", None),
+            ("model", model_id),
+            lambda: _MODEL_CONFIG.first(model_id=model_id),
+        )
         if model_config is None:
             raise ModelConfig.DoesNotExist(f"No model config {model_id}.")
         model_configs[model_id] = model_config
@@ -835,10 +842,14 @@ _RUN_VERSION_LOCKED = PreparedQuery(
     ),
     run_id=UUID,
 )
+# With the registry's generation, under which the execution's model config is kept.
 _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(of=("self",))
         .select_related("tenant", "actor", "session")
+        .annotate(
+            registry_generation=Subquery(RegistryGeneration.objects.filter(pk=1).values("value"))
+        )
         .filter(pk=run_id)
         .order_by()[:1]
     ),

@@ -7,6 +7,7 @@ from unittest import mock
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection, transaction
+from django.db.models.functions import Length
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
 
@@ -52,6 +53,22 @@ def test_instances_and_their_related_rows_come_back_as_the_queryset_gives_them(
     )
     assert prepared == expected
     assert [username for _, username, _, _ in prepared] == ["adam", "zoe"]
+
+
+def test_instances_carry_their_annotations(acme, memberships):
+    def build(tenant_id):
+        return (
+            Membership.objects.filter(tenant_id=tenant_id)
+            .annotate(name_length=Length("user__username"))
+            .order_by("user__username")
+        )
+
+    prepared = PreparedQuery(build, tenant_id=int)(tenant_id=acme.pk)
+
+    assert [(m.user_id, m.name_length) for m in prepared] == [
+        (m.user_id, m.name_length) for m in build(acme.pk)
+    ]
+    assert [m.name_length for m in prepared] == [4, 3]
 
 
 def test_a_second_call_sends_the_compiled_sql_with_its_own_values(acme, globex, memberships):

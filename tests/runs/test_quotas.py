@@ -54,3 +54,17 @@ def test_below_the_quota_runs_go_on(demo):
     run_execute(run_id=str(run.pk))
 
     assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
+
+
+def test_a_model_price_changed_between_two_runs_is_the_one_the_second_pays(demo):
+    first = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(first.pk))
+
+    ModelConfig.objects.filter(name="offline-planner").update(
+        price_per_1k_input=Decimal("0.01"), price_per_1k_output=Decimal("0.02")
+    )
+    second = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(second.pk))
+
+    assert Run.objects.get(pk=first.pk).cost == 0
+    assert Run.objects.get(pk=second.pk).cost > 0
