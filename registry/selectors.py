@@ -34,6 +34,7 @@ from registry.choices import (
     VersionStatus,
 )
 from registry.errors import NotFound
+from registry.generation import generation_sql
 from registry.models import (
     McpRemoteTool,
     McpServer,
@@ -82,9 +83,10 @@ _ROLES_AT_GENERATION = PreparedQuery(
                 Membership.objects.filter(user_id=user_id, tenant_id=tenant_id)
                 .order_by()
                 .values("role")
-            )
+            ),
+            generation=generation_sql(),
         )
-        .values_list("value", "roles")
+        .values_list("generation", "roles")
     ),
     user_id=int,
     tenant_id=int,
@@ -94,7 +96,8 @@ _ROLES_AT_GENERATION = PreparedQuery(
 def user_roles_and_generation(*, user: User, tenant: Tenant) -> tuple[frozenset[str], int | None]:
     """The user's roles and the registry's generation (`registry.generation`), in one
     statement; the generation is None where there is none (another database than
-    PostgreSQL, or no registry change since the tables were emptied)."""
+    PostgreSQL, no registry change committed since the tables were emptied, or a transaction
+    that changed the registry itself)."""
     if not user.is_authenticated:
         return frozenset(), None
     if connection.vendor == "postgresql":

@@ -14,15 +14,14 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Subquery
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
 from config import jsontext
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS
-from registry.generation import registry_cached
-from registry.models import ModelConfig, RegistryGeneration, SkillVersion, ToolVersion
+from registry.generation import generation_sql, registry_cached
+from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
@@ -847,9 +846,7 @@ _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(of=("self",))
         .select_related("tenant", "actor", "session")
-        .annotate(
-            registry_generation=Subquery(RegistryGeneration.objects.filter(pk=1).values("value"))
-        )
+        .annotate(registry_generation=generation_sql())
         .filter(pk=run_id)
         .order_by()[:1]
     ),

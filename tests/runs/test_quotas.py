@@ -56,6 +56,7 @@ def test_below_the_quota_runs_go_on(demo):
     assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_model_price_changed_between_two_runs_is_the_one_the_second_pays(demo):
     first = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(first.pk))
