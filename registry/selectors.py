@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.contrib.postgres.expressions import ArraySubquery
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
 from django.db.models import Q, QuerySet, prefetch_related_objects
@@ -39,7 +38,6 @@ from registry.models import (
     McpRemoteTool,
     McpServer,
     Membership,
-    RegistryGeneration,
     RolloutFlag,
     Skill,
     SkillVersion,
@@ -62,31 +60,8 @@ _ROLES = PreparedQuery(
     lambda user_id, tenant_id: (
         Membership.objects.filter(user_id=user_id, tenant_id=tenant_id)
         .order_by()
-        .values_list("role", flat=True)
-    ),
-    user_id=int,
-    tenant_id=int,
-)
-
-
-def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
-    if not user.is_authenticated:
-        return frozenset()
-    return frozenset(_ROLES(user_id=user.pk, tenant_id=tenant.pk))
-
-
-_ROLES_AT_GENERATION = PreparedQuery(
-    lambda user_id, tenant_id: (
-        RegistryGeneration.objects.filter(pk=1)
-        .annotate(
-            roles=ArraySubquery(
-                Membership.objects.filter(user_id=user_id, tenant_id=tenant_id)
-                .order_by()
-                .values("role")
-            ),
-            generation=generation_sql(),
-        )
-        .values_list("generation", "roles")
+        .annotate(generation=generation_sql())
+        .values_list("role", "generation")
     ),
     user_id=int,
     tenant_id=int,
@@ -96,16 +71,16 @@ _ROLES_AT_GENERATION = PreparedQuery(
 def user_roles_and_generation(*, user: User, tenant: Tenant) -> tuple[frozenset[str], int | None]:
     """The user's roles and the registry's generation (`registry.generation`), in one
     statement; the generation is None where there is none (another database than
-    PostgreSQL, no registry change committed since the tables were emptied, or a transaction
-    that changed the registry itself)."""
+    PostgreSQL, no registry change committed since the tables were emptied, a transaction
+    that changed the registry itself) and for a user with no role in the tenant."""
     if not user.is_authenticated:
         return frozenset(), None
-    if connection.vendor == "postgresql":
-        found = _ROLES_AT_GENERATION(user_id=user.pk, tenant_id=tenant.pk)
-        if found:
-            [(generation, roles)] = found
-            return frozenset(roles), generation
-    return user_roles(user=user, tenant=tenant), None
+    rows = _ROLES(user_id=user.pk, tenant_id=tenant.pk)
+    return frozenset(role for role, _ in rows), rows[0][1] if rows else None
+
+
+def user_roles(*, user: User, tenant: Tenant) -> frozenset[str]:
+    return user_roles_and_generation(user=user, tenant=tenant)[0]
 
 
 def user_can(
