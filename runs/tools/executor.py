@@ -211,7 +211,11 @@ _RUN_CALL_IDS = PreparedQuery(
 
 def _known_calls(run: Run, calls: list[RequestedCall]) -> dict[str, ToolCall]:
     """The records the run already has of these call ids: the call ids of a run are few
-    (its tool-call budget), and a record is loaded only on a redelivery."""
+    (its tool-call budget), and a record is loaded only on a redelivery. A run that has
+    counted no call has none: every record is made by `_admit`, which counts it, and is
+    written in the transaction that saves the count."""
+    if not run.tool_call_count:
+        return {}
     repeated = set(_RUN_CALL_IDS(run_id=run.pk)) & {call.call_id for call in calls}
     if not repeated:
         return {}

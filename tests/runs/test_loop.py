@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 from celery.exceptions import Retry
+from django.db import connection
 from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
 
 from examples.handlers import project_search
 from registry.choices import AdapterKind, Risk
@@ -896,6 +898,24 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
     # a step delivered after the run paused does nothing
     assert run_advance_step(run_id=run_id) is False
     assert counted_reads == ["offline-1"]
+
+
+def test_only_a_run_that_has_counted_calls_looks_for_their_records(demo):
+    run = start(demo, project_id="apollo")
+
+    with CaptureQueriesContext(connection) as queries:
+        run_execute(run_id=str(run.pk))
+
+    # the recipient's call comes first and finds nothing to look for; the model's call
+    # comes after one was counted and looks
+    lookups = [
+        query["sql"]
+        for query in queries.captured_queries
+        if query["sql"].startswith('SELECT "runs_toolcall"."call_id" AS "call_id" FROM')
+    ]
+    assert len(lookups) == 1
+    run = finished(run)
+    assert (run.status, run.tool_call_count) == ("WAITING_APPROVAL", 2)
 
 
 def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_reads):
