@@ -33,7 +33,7 @@ from registry.choices import (
     VersionStatus,
 )
 from registry.errors import NotFound
-from registry.generation import generation_sql
+from registry.generation import generation_sql, registry_cached
 from registry.models import (
     McpRemoteTool,
     McpServer,
@@ -278,10 +278,18 @@ def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
     )
 
 
-def version_ids_revoked(*, model: type[DefinitionVersion], ids: Iterable[str]) -> set[str]:
-    """Which of these versions are revoked now (one query, never from a cache)."""
-    found = _versions_revoked(model)(version_ids=[str(version_id) for version_id in ids])
-    return {str(pk) for pk in found}
+def version_ids_revoked(
+    *, model: type[DefinitionVersion], ids: Iterable[str], generation: int | None = None
+) -> frozenset[str]:
+    """Which of these versions are revoked now. Under a registry `generation` the caller
+    read in its own transaction, the answer is kept until the generation moves (a
+    revocation moves it when it commits); without one, one query."""
+    version_ids = sorted(map(str, ids))
+
+    def revoked() -> frozenset[str]:
+        return frozenset(str(pk) for pk in _versions_revoked(model)(version_ids=version_ids))
+
+    return registry_cached(generation, ("revoked", model._meta.label, *version_ids), revoked)
 
 
 @dataclass(frozen=True)

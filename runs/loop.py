@@ -825,19 +825,23 @@ class Execution:
     """What one `run_execute` carries from step to step: the model configs it has read, and
     the run as its last step saved it. The next step locks the row and reuses that copy
     when the row's version (updated_at, last_event_seq) shows nobody wrote it since (a
-    cancel, an approval); otherwise it reads the row again."""
+    cancel, an approval); otherwise it reads the row again. Either way the step reads the
+    registry's generation anew, under which it may reuse what it resolved from the registry
+    (the model config, which pinned versions are revoked)."""
 
     model_configs: dict[int, ModelConfig] = field(default_factory=dict)
     run: Run | None = None
 
 
-# The row's version, locked: the statement every step after an execution's first starts with.
+# The row's version, locked, with the registry's generation now: the statement every step
+# after an execution's first starts with.
 _RUN_VERSION_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update()
+        .annotate(registry_generation=generation_sql())
         .filter(pk=run_id)
         .order_by()
-        .values_list("updated_at", "last_event_seq")[:1]
+        .values_list("updated_at", "last_event_seq", "registry_generation")[:1]
     ),
     run_id=UUID,
 )
@@ -858,7 +862,8 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
     saved = execution.run
     if saved is not None:
         version = _RUN_VERSION_LOCKED.first(run_id=run_id)
-        if version == (saved.updated_at, saved.last_event_seq):
+        if version is not None and version[:2] == (saved.updated_at, saved.last_event_seq):
+            saved.registry_generation = version[2]
             return saved
     return _RUN_LOCKED.first(run_id=run_id)
 

@@ -232,7 +232,13 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     entries = [by_name.get(call.name) for call in calls]
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
-    revoked = version_ids_revoked(model=ToolVersion, ids=ids) if ids else set()
+    revoked = (
+        version_ids_revoked(
+            model=ToolVersion, ids=ids, generation=getattr(run, "registry_generation", None)
+        )
+        if ids
+        else frozenset()
+    )
     known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}

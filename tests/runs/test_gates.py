@@ -18,7 +18,7 @@ from examples.models import DirectoryRecord, Project, ProjectUpdate
 from registry.choices import ModelProvider
 from registry.models import ToolVersion
 from registry.services import tools
-from runs.loop import run_execute
+from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import RunEvent, Source, ToolCall
 from runs.tools import executor
 from tests.runs.conftest import (
@@ -576,6 +576,32 @@ def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(de
     assert rejected.envelope["error"]["message"].endswith("was revoked.")
     assert not Source.objects.filter(tool_call=rejected).exists()
     assert [event["name"] for event in events_of(run, "tool.rejected")] == ["project_search"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("celery_queue")
+def test_a_revocation_committed_between_two_steps_is_seen_at_the_next_call(demo):
+    # given a run that called project_search, which the process then knows as not revoked,
+    # and a second run that has come as far as its model's call of it
+    run_execute(run_id=str(demo_run(demo, project_id="apollo").pk))
+    run = demo_run(demo, project_id="apollo")
+    execution = Execution()
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+
+    # when the version is revoked, committed, before the step that runs the call
+    entry = next(tool for tool in run.capability["tools"] if tool["name"] == "project_search")
+    tools.tool_version_revoke(
+        tool_version=ToolVersion.objects.get(pk=entry["id"]),
+        actor=get_user_model().objects.get(username="dave"),
+        reason="leaks data",
+    )
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+
+    # then the same execution's next step rejects the call unexecuted
+    rejected = ToolCall.objects.get(run=run, name="project_search")
+    assert rejected.status == "rejected"
+    assert rejected.envelope["error"]["message"].endswith("was revoked.")
 
 
 def test_gate_three_checks_a_version_against_the_schema_it_has_now():
