@@ -661,7 +661,11 @@ def _final(run: Run, text: str) -> None:
     if _workflow(run) is AGENT:
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
-    evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
+    known = executor.known_rows(run)
+    if known is not None:
+        evidence = set(known.evidence)
+    else:
+        evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
         unavailable = sorted(
             set(
@@ -817,6 +821,7 @@ def _save(run: Run) -> None:
             "last_event_seq",
         ],
     )
+    executor.known_rows_add(run, written)
     tracing.export_on_commit(written)
 
 
@@ -827,7 +832,8 @@ class Execution:
     when the row's version (updated_at, last_event_seq) shows nobody wrote it since (a
     cancel, an approval); otherwise it reads the row again. Either way the step reads the
     registry's generation anew, under which it may reuse what it resolved from the registry
-    (the model config, which pinned versions are revoked)."""
+    (the model config, which pinned versions are revoked). A copy it reuses also carries
+    the call ids and evidence of the run's tool calls (`executor.KnownRows`)."""
 
     model_configs: dict[int, ModelConfig] = field(default_factory=dict)
     run: Run | None = None
@@ -865,7 +871,10 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
         if version is not None and version[:2] == (saved.updated_at, saved.last_event_seq):
             saved.registry_generation = version[2]
             return saved
-    return _RUN_LOCKED.first(run_id=run_id)
+    run = _RUN_LOCKED.first(run_id=run_id)
+    if run is not None:
+        executor.known_rows_start(run)
+    return run
 
 
 def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool:

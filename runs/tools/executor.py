@@ -27,6 +27,7 @@ from registry.selectors import version_ids_revoked, versions_frozen
 from runs import events, tracing, writes
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
+from runs.models.tools import EVIDENCE_USE
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
@@ -209,14 +210,50 @@ _RUN_CALL_IDS = PreparedQuery(
 )
 
 
+KNOWN_ROWS = "_known_rows"
+
+
+@dataclass
+class KnownRows:
+    """The call ids and evidence references of a run's tool calls, as of the run's row: kept
+    on the run by an execution that has seen every such row written. It starts from a run
+    that has counted no call (every record is made by `_admit`, which counts it, and is
+    written, with its sources, in the transaction that saves the count) and takes in what
+    each step saves, for as long as the execution reuses its copy of the run, that is while
+    nobody else writes it (`runs.loop.Execution`)."""
+
+    call_ids: set[str] = field(default_factory=set)
+    evidence: set[str] = field(default_factory=set)
+
+
+def known_rows(run: Run) -> KnownRows | None:
+    return run.__dict__.get(KNOWN_ROWS)
+
+
+def known_rows_start(run: Run) -> None:
+    """On a run just read with its lock: it has no such row if it has counted no call."""
+    if not run.tool_call_count:
+        run.__dict__[KNOWN_ROWS] = KnownRows()
+
+
+def known_rows_add(run: Run, rows: list) -> None:
+    """The rows a step wrote with the run's row."""
+    known = known_rows(run)
+    if known is None:
+        return
+    for row in rows:
+        if type(row) is ToolCall:
+            known.call_ids.add(row.call_id)
+        elif type(row) is Source and row.allowed_use == EVIDENCE_USE:
+            known.evidence.add(row.reference)
+
+
 def _known_calls(run: Run, calls: list[RequestedCall]) -> dict[str, ToolCall]:
     """The records the run already has of these call ids: the call ids of a run are few
-    (its tool-call budget), and a record is loaded only on a redelivery. A run that has
-    counted no call has none: every record is made by `_admit`, which counts it, and is
-    written in the transaction that saves the count."""
-    if not run.tool_call_count:
-        return {}
-    repeated = set(_RUN_CALL_IDS(run_id=run.pk)) & {call.call_id for call in calls}
+    (its tool-call budget), and a record is loaded only on a redelivery."""
+    known = known_rows(run)
+    call_ids = known.call_ids if known is not None else set(_RUN_CALL_IDS(run_id=run.pk))
+    repeated = call_ids & {call.call_id for call in calls}
     if not repeated:
         return {}
     return {record.call_id: record for record in run.tool_calls.filter(call_id__in=repeated)}

@@ -900,22 +900,26 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
     assert counted_reads == ["offline-1"]
 
 
-def test_only_a_run_that_has_counted_calls_looks_for_their_records(demo):
+def test_an_execution_knows_the_calls_and_evidence_it_wrote_and_asks_for_none(demo):
     run = start(demo, project_id="apollo")
 
     with CaptureQueriesContext(connection) as queries:
         run_execute(run_id=str(run.pk))
 
-    # the recipient's call comes first and finds nothing to look for; the model's call
-    # comes after one was counted and looks
-    lookups = [
+    # the run had counted no call when the execution read it, and the execution wrote every
+    # call and source since: its draft was checked against the sources without reading them
+    reads = [
         query["sql"]
         for query in queries.captured_queries
-        if query["sql"].startswith('SELECT "runs_toolcall"."call_id" AS "call_id" FROM')
+        if query["sql"].startswith("SELECT")
+        and ('FROM "runs_toolcall"' in query["sql"] or 'FROM "runs_source"' in query["sql"])
     ]
-    assert len(lookups) == 1
+    assert reads == []
     run = finished(run)
     assert (run.status, run.tool_call_count) == ("WAITING_APPROVAL", 2)
+    cited = {risk["source"] for risk in run.state["draft"]["risks"]}
+    references = Source.objects.filter(run=run).values_list("reference", flat=True)
+    assert cited and cited <= set(references)
 
 
 def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_reads):
