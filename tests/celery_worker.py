@@ -122,16 +122,27 @@ def _unacked_purge() -> None:
         client.close()
 
 
-@pytest.fixture(scope="session")
+def _routes_forget() -> None:
+    """The routes kombu keeps for the session's queue, once nothing sends to it."""
+    client = _broker()
+    try:
+        client.delete(*(f"_kombu.{kind}.{QUEUE}" for kind in ("binding", "binding_permanent")))
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
 def celery_queue() -> Iterator[str]:
     """Route the tasks this process sends to the session's own queue (the router reads
-    `task_default_queue` on every send)."""
+    `task_default_queue` on every send), from its first test on: a test that commits a run
+    never leaves its task on the default queue another session's worker consumes."""
     previous = app.conf.task_default_queue
     app.conf.task_default_queue = QUEUE
     yield QUEUE
     app.conf.task_default_queue = previous
     queue_purge()
     _unacked_purge()
+    _routes_forget()
 
 
 @dataclass

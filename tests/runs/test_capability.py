@@ -463,7 +463,6 @@ def test_a_run_s_snapshot_does_not_change_when_the_registry_changes(
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_grant_withdrawn_between_two_runs_leaves_the_second_without_the_tool(
     start_run, member, acme, acme_tools, publish_tool, publish_skill, platform_admin
 ):
@@ -483,7 +482,6 @@ def test_a_grant_withdrawn_between_two_runs_leaves_the_second_without_the_tool(
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_role_given_between_two_runs_is_in_the_second_snapshot(start_run, member, acme):
     first = start_run(member)
 
@@ -496,7 +494,6 @@ def test_a_role_given_between_two_runs_is_in_the_second_snapshot(start_run, memb
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_new_username_is_in_the_next_snapshot(start_run, member):
     start_run(member)
 
@@ -509,7 +506,6 @@ def test_a_new_username_is_in_the_next_snapshot(start_run, member):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_run_that_changes_its_snapshot_does_not_change_the_next_run_s(start_run, member):
     first = start_run(member)
     expected = copy.deepcopy(first.capability)
@@ -523,7 +519,6 @@ def test_a_run_that_changes_its_snapshot_does_not_change_the_next_run_s(start_ru
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_registry_change_rolled_back_is_never_served_to_a_later_run(
     start_run, member, acme_tools, publisher
 ):

@@ -579,7 +579,6 @@ def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(de
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_revocation_committed_between_two_steps_is_seen_at_the_next_call(demo):
     # given a run that called project_search, which the process then knows as not revoked,
     # and a second run that has come as far as its model's call of it

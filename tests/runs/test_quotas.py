@@ -57,7 +57,6 @@ def test_below_the_quota_runs_go_on(demo):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("celery_queue")
 def test_a_model_price_changed_between_two_runs_is_the_one_the_second_pays(demo):
     first = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(first.pk))
