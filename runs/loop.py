@@ -851,7 +851,8 @@ _RUN_VERSION_LOCKED = PreparedQuery(
     ),
     run_id=UUID,
 )
-# With the registry's generation, under which the execution's model config is kept.
+# With the registry's generation, under which the model config and which pinned versions are
+# revoked are kept (`registry.generation`).
 _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(of=("self",))
