@@ -8,11 +8,14 @@ created afresh (never the development or a test database), migrated and loaded w
    planner) through `message_ingest` and `run_execute`. The governance overhead is the wall
    time minus the tool handlers' own time, measured by wrapping the adapter call;
 2. the marginal cost of one more tool call: runs of a read-only agent whose skill pins
-   k = 1..4 read tools, one run of each k in turn, overhead regressed on k;
+   k = 1..4 read tools, one run of each k in turn, overhead regressed on k; and, since one
+   round that a checkpoint or the scheduler slowed moves a mean, the median of the rounds'
+   own slopes;
 3. the floor, in the same invocation: as many event rows as (1) wrote, the same rows, into a
    scratch table shaped like the event log, with raw psycopg, one INSERT and COMMIT each;
    (1) runs in ten chunks and each chunk's rows are written right after it, so that
-   the machine's drift in speed falls on both sides of the ratio alike;
+   the machine's drift in speed falls on both sides of the ratio alike; the ratio is given
+   from the totals and as the median of the ten chunks' own ratios;
 4. end to end: BENCH_RUNS messages through the ingress service, advanced by a real Celery
    worker (BENCH_CONCURRENCY processes), until every run waits for approval;
 5. the worker alone: as many messages ingested first, then drained by a new worker.
@@ -26,6 +29,7 @@ import io
 import os
 import pstats
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -292,8 +296,8 @@ class Floor:
         self.rows = 0
         self.seconds = 0.0
 
-    def write(self, run_ids: list) -> None:
-        """The event rows of these runs, timed."""
+    def write(self, run_ids: list) -> float:
+        """The event rows of these runs, timed; returns their seconds."""
         rows = list(
             RunEvent.objects.filter(run_id__in=run_ids)
             .order_by("run_id", "seq")
@@ -308,8 +312,10 @@ class Floor:
                 (uuid.uuid4(), run_id, seq, event_type, payload),
             )
             self._raw.commit()
-        self.seconds += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.seconds += seconds
         self.rows += len(rows)
+        return seconds
 
     def close(self) -> None:
         self._raw.close()
@@ -460,6 +466,7 @@ def main() -> None:
     summed = ("ingest", "execute", "handler", "events", "tool_calls")
     measured = {key: 0 for key in summed}
     measured.update(run_ids=[], statuses=set())
+    chunk_ratios = []
     for chunk in range(FLOOR_CHUNKS):
         count = RUNS // FLOOR_CHUNKS + (chunk < RUNS % FLOOR_CHUNKS)
         if not count:
@@ -469,7 +476,9 @@ def main() -> None:
         part = _timed_runs(alice, acme, clock, count=count, metadata=example)
         if profiler:
             profiler.disable()
-        floor.write(part["run_ids"])
+        # Per tool call on both sides: the chunk's overhead over the floor of its rows.
+        floor_seconds = floor.write(part["run_ids"])
+        chunk_ratios.append((part["ingest"] + part["execute"] - part["handler"]) / floor_seconds)
         for key in summed:
             measured[key] += part[key]
         measured["run_ids"] += part["run_ids"]
@@ -504,10 +513,13 @@ def main() -> None:
         "ratio overhead / floor, per tool call",
         f"{overhead_per_tool_call / floor_per_tool_call:.2f}",
     )
+    median_ratio = statistics.median(chunk_ratios)
+    _figure(f"  median of the {len(chunk_ratios)} chunks' ratios", f"{median_ratio:.2f}")
 
     agents = _read_agents_publish(acme)
-    rounds = max(20, RUNS // MAX_TOOLS)
+    rounds = max(40, RUNS // 2)
     overhead = dict.fromkeys(range(1, MAX_TOOLS + 1), 0.0)
+    round_slopes = []
     for agent in agents:
         _timed_runs(
             alice,
@@ -517,6 +529,7 @@ def main() -> None:
             metadata={"project_id": "apollo", "agent": agent},
         )
     for _ in range(rounds):
+        this_round = {}
         for count, agent in enumerate(agents, start=1):
             metadata = {"project_id": "apollo", "agent": agent}
             result = _timed_runs(alice, acme, clock, count=1, metadata=metadata)
@@ -524,7 +537,9 @@ def main() -> None:
                 sys.exit(f"The {count}-tool agent did not complete: {result['statuses']}")
             if result["tool_calls"] != count:
                 sys.exit(f"The {count}-tool agent made {result['tool_calls']} tool calls.")
-            overhead[count] += result["ingest"] + result["execute"] - result["handler"]
+            this_round[count] = result["ingest"] + result["execute"] - result["handler"]
+            overhead[count] += this_round[count]
+        round_slopes.append(_slope(list(this_round.items())))
     by_count = {count: seconds / rounds for count, seconds in overhead.items()}
     print()
     print(f"3. Marginal cost of a tool call: {rounds} runs each of a read-only agent whose")
@@ -536,6 +551,7 @@ def main() -> None:
     _figure(
         f"one more tool call, slope over k=1..{MAX_TOOLS} (ms)", _ms(_slope(list(by_count.items())))
     )
+    _figure(f"  median of the {rounds} rounds' slopes (ms)", _ms(statistics.median(round_slopes)))
 
     _forget_broker_and_cache()
     result = _end_to_end(alice, acme)
