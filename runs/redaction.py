@@ -6,9 +6,10 @@ clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked and the
 contract marks sensitive (`result_contract.sensitive_fields`) replaced.
 """
 
-import functools
 import re
 from typing import Any
+
+from config.secret_names import secret_key
 
 REDACTED = "[redacted]"
 _EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
@@ -19,21 +20,6 @@ _SECRET_VALUES = (
 )
 # Any of the above: most text has none, and one search finds that out.
 _ANY_SECRET_VALUE = re.compile("|".join(p.pattern for p in (_BEARER, *_SECRET_VALUES)))
-
-
-_SECRET_WORDS = frozenset(
-    {"token", "secret", "password", "passwd", "credential", "authorization", "cookie", "apikey"}
-)
-_SECRET_PAIRS = ("api_key", "api-key", "private_key", "client_secret")
-
-
-@functools.lru_cache(maxsize=4096)
-def secret_key(name: str) -> bool:
-    """Whether a field of this name holds a secret: access_token, api_key, password, … (not
-    input_tokens or idempotency_key)."""
-    lowered = name.lower()
-    words = set(re.split(r"[^a-z0-9]+", lowered))
-    return bool(words & _SECRET_WORDS) or any(pair in lowered for pair in _SECRET_PAIRS)
 
 
 def mask_email(text: str) -> str:

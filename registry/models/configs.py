@@ -1,4 +1,3 @@
-import re
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
@@ -6,6 +5,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models
 
 from config.history import history_records
+from config.secret_names import secret_key
 from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
 
 CREDENTIAL_REF_VALIDATOR = RegexValidator(
@@ -13,10 +13,6 @@ CREDENTIAL_REF_VALIDATOR = RegexValidator(
     "A credential reference is the NAME of an environment variable (e.g. OPENAI_API_KEY), "
     "never the secret itself.",
 )
-
-
-# Parameter names that would put a secret into the registry (and into its history).
-SECRET_LIKE_NAME = re.compile(r"key|token|secret|password|credential|authorization", re.I)
 
 
 class ModelConfig(models.Model):
@@ -73,7 +69,7 @@ class ModelConfig(models.Model):
     def clean(self) -> None:
         if not isinstance(self.parameters, dict):
             raise ValidationError({"parameters": "Parameters are a JSON object."})
-        secret_like = sorted(name for name in self.parameters if SECRET_LIKE_NAME.search(name))
+        secret_like = sorted(name for name in self.parameters if secret_key(name))
         if secret_like:
             raise ValidationError(
                 {

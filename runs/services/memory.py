@@ -22,11 +22,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from config.secret_names import secret_key
 from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.models import MemoryItem
-from runs.redaction import secret_key, secrets_removed
+from runs.redaction import secrets_removed
 
 ALLOWED_ORIGINS = {
     MemoryItem.Kind.PREFERENCE: {MemoryItem.Origin.USER_STATED, MemoryItem.Origin.USER_CONFIRMED},

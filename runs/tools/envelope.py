@@ -5,7 +5,6 @@ apart. The raw business response is kept as complete as the size limit allows, w
 stripped; what does not fit stays in a Source the model can cite by reference.
 """
 
-import functools
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 from django.db import models
 
 from config import jsontext
-from registry.models.configs import SECRET_LIKE_NAME
+from config.secret_names import secret_key
 from runs.redaction import REDACTED, secrets_removed
 
 
@@ -52,16 +51,11 @@ class Envelope:
         return len(jsontext.dumps_bytes(self.as_dict(), default=str))
 
 
-@functools.lru_cache(maxsize=4096)
-def _credential_like(key: str) -> bool:
-    return SECRET_LIKE_NAME.search(key) is not None
-
-
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     """Drop credential-like keys anywhere in a response and redact known secret values."""
     if isinstance(value, dict):
         return {
-            key: REDACTED if _credential_like(str(key)) else strip_secrets(item, secrets=secrets)
+            key: REDACTED if secret_key(str(key)) else strip_secrets(item, secrets=secrets)
             for key, item in value.items()
         }
     if isinstance(value, list):

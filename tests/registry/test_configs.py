@@ -32,6 +32,19 @@ def test_a_model_config_refuses_secrets_in_its_parameters(platform_admin):
     assert not ModelConfig.objects.exists()
 
 
+def test_a_model_config_keeps_parameters_that_only_sound_like_credentials(platform_admin):
+    config = ModelConfig(
+        name="gemini",
+        provider="openai_compatible",
+        model_name="gemini-x",
+        parameters={"max_output_tokens": 512, "top_k": 40, "thinking": {"budget_tokens": 64}},
+    )
+
+    registry_object_save(instance=config, actor=platform_admin)
+
+    assert ModelConfig.objects.get(name="gemini").parameters["max_output_tokens"] == 512
+
+
 def test_a_credential_reference_is_a_variable_name_not_a_secret(platform_admin):
     config = ModelConfig(
         name="gpt", provider="openai_compatible", model_name="gpt-x", credential_ref="sk-live-1"

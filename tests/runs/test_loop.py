@@ -954,6 +954,7 @@ def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_re
 TOOL_CREDENTIAL_REF = "STATUS_SERVICE_TOKEN"
 TOOL_SECRET = "svc-secret-6c1f0b9e27d84a35"
 UPSTREAM_API_KEY = "ak-live-93c1f0e2b7d64a58"
+UPSTREAM_SESSION_TOKEN = "c5f0a9d2e4b61873"
 
 
 @dataclass
@@ -988,6 +989,11 @@ def status_service() -> Iterator[StatusService]:
                         "echo": authorization,
                         "seen": f"called with {authorization.removeprefix('Bearer ')}",
                         "api_key": UPSTREAM_API_KEY,
+                        "sessionToken": UPSTREAM_SESSION_TOKEN,
+                        "keywords": ["latency", "uptime"],
+                        "key_results": "99.9% uptime",
+                        "tokens_used": 12,
+                        "nextPageToken": "page-2",
                     },
                     "sources": [
                         {"reference": "status:apollo", "content": f"checked with {authorization}"}
@@ -1065,7 +1071,8 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
             "call_id": "offline-1",
         },
     }
-    # and the envelope keeps the business answer with every secret redacted
+    # and the envelope keeps the business answer with every secret redacted, and every field
+    # that only sounds like one
     record = ToolCall.objects.get(run=run, call_id="offline-1")
     assert record.status == "completed"
     assert record.envelope["raw"] == {
@@ -1074,6 +1081,11 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
         "echo": "Bearer [redacted]",
         "seen": "called with [redacted]",
         "api_key": "[redacted]",
+        "sessionToken": "[redacted]",
+        "keywords": ["latency", "uptime"],
+        "key_results": "99.9% uptime",
+        "tokens_used": 12,
+        "nextPageToken": "page-2",
     }
     assert result["sources"] == [{"reference": "status:apollo", "origin": "service_status@1.0.0"}]
     # nowhere in what the run stored or the model saw is the credential or the upstream key
@@ -1093,5 +1105,6 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
     assert "[redacted]" in stored
     assert TOOL_SECRET not in stored
     assert UPSTREAM_API_KEY not in stored
+    assert UPSTREAM_SESSION_TOKEN not in stored
     assert not Source.objects.filter(Q(content__contains=TOOL_SECRET)).exists()
     assert not ToolCall.objects.filter(run=run, name="mail_send").exists()

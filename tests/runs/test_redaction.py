@@ -2,7 +2,8 @@
 
 import pytest
 
-from runs.redaction import REDACTED, mask_email, redact, secret_key
+from config.secret_names import secret_key
+from runs.redaction import REDACTED, mask_email, redact
 
 
 def test_emails_are_masked_for_viewers_without_clearance_only():

@@ -1,0 +1,79 @@
+"""Whether a field's name says it holds a secret: the one rule for a tool's result (its
+envelope), what a trace keeps or a page shows, what memory refuses and which model
+parameters the registry refuses.
+
+A name is read as words, whatever its case or separators (`apiKey`, `API_KEY`, `x-api-key`
+and `apikey` alike). Some words name a secret wherever they stand (password, secret,
+credential, authorization, cookie, token). Others only after a word that makes them one:
+an api, access, private or signing key is a secret, an idempotency, primary or public key is
+not; a refresh token is, a count of input tokens is not.
+"""
+
+import functools
+import re
+
+_WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+
+_SECRET_WORDS = frozenset(
+    {
+        "apikey",
+        "authorization",
+        "cookie",
+        "cookies",
+        "credential",
+        "credentials",
+        "passphrase",
+        "passwd",
+        "password",
+        "passwords",
+        "secret",
+        "secrets",
+    }
+)
+# A "token" counted rather than held (token_count, tokenUsage) or a place in a list
+# (nextPageToken, continuation_token).
+_COUNTING = frozenset(
+    {"budget", "count", "counts", "estimate", "limit", "limits", "total", "usage"}
+)
+_PLACE = frozenset({"continuation", "page"})
+# Words after which "key", "keys" or "tokens" name secrets.
+_QUALIFIERS = frozenset(
+    {
+        "access",
+        "api",
+        "auth",
+        "bearer",
+        "client",
+        "encryption",
+        "master",
+        "private",
+        "refresh",
+        "secret",
+        "session",
+        "signing",
+        "ssh",
+    }
+)
+_QUALIFIED = frozenset({"key", "keys", "tokens"})
+# The same, written as one lowercase word: apikey, accesstoken, x-apikey.
+_RUN_TOGETHER = re.compile(
+    r"password|passwd|(?:api|access|secret|private|signing|encryption|client|master)key"
+    r"|(?:access|refresh|auth|bearer|session)tokens?|clientsecret"
+)
+
+
+@functools.lru_cache(maxsize=4096)
+def secret_key(name: str) -> bool:
+    """Whether a field of this name holds a secret: access_token, apiKey, client_secret,
+    AWS_SECRET_ACCESS_KEY, password (not input_tokens, token_count, nextPageToken,
+    idempotency_key, public_key or keywords)."""
+    words = [word.lower() for word in _WORDS.findall(name)]
+    for index, word in enumerate(words):
+        before = words[index - 1] if index else ""
+        after = words[index + 1] if index + 1 < len(words) else ""
+        if word == "token":
+            if after not in _COUNTING and before not in _PLACE:
+                return True
+        elif word in _SECRET_WORDS or (after in _QUALIFIED and word in _QUALIFIERS):
+            return True
+    return _RUN_TOGETHER.search("".join(words)) is not None
