@@ -3,10 +3,11 @@ envelope), what a trace keeps or a page shows, what memory refuses and which mod
 parameters the registry refuses.
 
 A name is read as words, whatever its case or separators (`apiKey`, `API_KEY`, `x-api-key`
-and `apikey` alike). Some words name a secret wherever they stand (password, secret,
-credential, authorization, cookie, token). Others only after a word that makes them one:
-an api, access, private or signing key is a secret, an idempotency, primary or public key is
-not; a refresh token is, a count of input tokens is not.
+and `apikey` alike). Some words name a secret wherever they stand: password, secret,
+credential, authorization, cookie, and token unless it is counted (token_count) or marks a
+place in a list (nextPageToken). Others only after a word that makes them one: an api,
+access, private or signing key is a secret, an idempotency, primary or public key is not; a
+refresh token is, a count of input tokens is not.
 """
 
 import functools
