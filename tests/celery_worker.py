@@ -122,11 +122,16 @@ def _unacked_purge() -> None:
         client.close()
 
 
+def kombu_routes(queue: str) -> list[str]:
+    """The Redis keys in which kombu keeps the routes of a queue it has sent to."""
+    return [f"_kombu.{kind}.{queue}" for kind in ("binding", "binding_permanent")]
+
+
 def _routes_forget() -> None:
     """The routes kombu keeps for the session's queue, once nothing sends to it."""
     client = _broker()
     try:
-        client.delete(*(f"_kombu.{kind}.{QUEUE}" for kind in ("binding", "binding_permanent")))
+        client.delete(*kombu_routes(QUEUE))
     finally:
         client.close()
 

@@ -8,6 +8,7 @@ from django.conf import settings
 
 from config.broker import Channel
 from config.celery import app
+from tests.celery_worker import kombu_routes
 
 
 def test_tasks_are_published_to_redis_through_one_client_per_channel():
@@ -35,7 +36,7 @@ def test_tasks_are_published_to_redis_through_one_client_per_channel():
             "{'run_id': '2'}",
         ]
     finally:
-        client.delete(queue)
+        client.delete(queue, *kombu_routes(queue))
         client.close()
 
 
