@@ -26,6 +26,7 @@ from runs.context import wrap_untrusted
 from runs.models import Run, Source
 from runs.models.tools import EVIDENCE_USE
 from runs.tools.envelope import strip_secrets
+from runs.tools.executor import known_rows_add
 
 RESOURCE_PART = "resource_ref"
 
@@ -116,6 +117,7 @@ def resources_attach(run: Run) -> dict[str, str]:
             allowed_use=EVIDENCE_USE,
             content=content,
         )
+        known_rows_add(run, [source])
         shown[uri] = wrap_untrusted(
             source=uri,
             fetched_at=(source.fetched_at or timezone.now()).isoformat(),

@@ -25,6 +25,7 @@ from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
 from registry.selectors import version_ids_revoked, versions_frozen
 from runs import events, tracing, writes
+from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
 from runs.models.tools import EVIDENCE_USE
@@ -215,12 +216,12 @@ KNOWN_ROWS = "_known_rows"
 
 @dataclass
 class KnownRows:
-    """The call ids and evidence references of a run's tool calls, as of the run's row: kept
-    on the run by an execution that has seen every such row written. It starts from a run
-    that has counted no call (every record is made by `_admit`, which counts it, and is
-    written, with its sources, in the transaction that saves the count) and takes in what
-    each step saves, for as long as the execution reuses its copy of the run, that is while
-    nobody else writes it (`runs.loop.Execution`)."""
+    """The call ids of a run's tool calls and the references of its evidence, as of the
+    run's row: kept on the run by an execution that has seen every such row written. It
+    starts from a run that has not started (its steps make every ToolCall and Source: the
+    tool calls, and the MCP resources its start attaches) and takes in what each step
+    writes, for as long as the execution reuses its copy of the run, that is while nobody
+    else writes it (`runs.loop.Execution`)."""
 
     call_ids: set[str] = field(default_factory=set)
     evidence: set[str] = field(default_factory=set)
@@ -231,13 +232,13 @@ def known_rows(run: Run) -> KnownRows | None:
 
 
 def known_rows_start(run: Run) -> None:
-    """On a run just read with its lock: it has no such row if it has counted no call."""
-    if not run.tool_call_count:
+    """On a run just read with its lock: one that has not started has no such row."""
+    if run.status == RunStatus.QUEUED:
         run.__dict__[KNOWN_ROWS] = KnownRows()
 
 
 def known_rows_add(run: Run, rows: list) -> None:
-    """The rows a step wrote with the run's row."""
+    """Rows a step wrote for the run."""
     known = known_rows(run)
     if known is None:
         return

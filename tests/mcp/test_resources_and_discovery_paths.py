@@ -3,22 +3,25 @@ the admin action and the periodic Celery task."""
 
 import json
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from examples.models import DirectoryRecord
 from registry.demo import DEMO_PASSWORD
 from registry.models import McpServer, Skill, ToolVersion
 from registry.services.mcp import mcp_server_discover
 from registry.services.tenancy import api_token_issue
 from registry.tasks import mcp_servers_discover
-from runs.loop import run_execute
-from runs.models import Run, Source
+from runs.loop import RECIPIENT_ROLE, Execution, run_advance_step, run_execute
+from runs.models import Run, Session, Source
 from tests.mcp.conftest import assistant
 from tests.registry.test_admin import messages_of
-from tests.runs.conftest import RUNS, events_of
+from tests.runs.conftest import RUNS, apollo_draft, events_of
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import seeded_tool
 
@@ -93,6 +96,58 @@ def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
     assert "Vendor SDK delay" in wrapped["content"]
     assert {"reference": APOLLO, "origin": "mcp:projects"} in run.result["sources"]
     assert events_of(run, "run.finished")[0]["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("redelivered", [False, True], ids=["one-execution", "redelivered"])
+def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
+    demo, projects, fake_model, alice_api, redelivered
+):
+    # given a message that attaches apollo's MCP resource, and a model that drafts at once
+    # from it, citing the resource's URI for the risk, without calling project_search
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    draft = apollo_draft(
+        progress=[], next_steps=[], risks=[{"text": "Vendor SDK delay", "source": APOLLO}]
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    message = resource_message()
+    message["parts"][0]["text"] = (
+        "Summarise this week's project status and mail it to the R&D lead."
+    )
+    message["metadata"] = {"project_id": "apollo"}
+
+    response = post(alice_api, message)
+    run = Run.objects.get(pk=response.json()["run_id"])
+    # and a recipient alice confirmed earlier in the session: the start calls no tool
+    lead = DirectoryRecord.objects.get(project__key="apollo", role=RECIPIENT_ROLE)
+    Session.objects.filter(pk=run.session_id).update(
+        state={
+            "recipient": {
+                "project_id": "apollo",
+                "role": RECIPIENT_ROLE,
+                "snapshot": {
+                    "record_id": lead.record_id,
+                    "display_name": lead.display_name,
+                    "corporate_email": lead.corporate_email,
+                    "record_version": lead.version,
+                },
+                "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
+            }
+        }
+    )
+
+    # when the run is executed at once, or its start by an execution that ends there (a
+    # worker lost after the start) and the rest by another
+    if redelivered:
+        assert run_advance_step(run_id=str(run.pk), execution=Execution())
+    run_execute(run_id=str(run.pk))
+
+    # then the resource is the run's evidence: the draft waits for approval
+    run.refresh_from_db()
+    assert run.skill.startswith("weekly-summary")
+    assert run.status == "WAITING_APPROVAL", run.result
+    assert run.tool_call_count == 0
+    assert len(fake.requests) == 1
 
 
 @pytest.mark.parametrize(
