@@ -16,21 +16,10 @@ import re
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
 _SECRET_WORDS = frozenset(
-    {
-        "apikey",
-        "authorization",
-        "cookie",
-        "cookies",
-        "credential",
-        "credentials",
-        "passphrase",
-        "passwd",
-        "password",
-        "passwords",
-        "secret",
-        "secrets",
-    }
+    {"authorization", "cookie", "cookies", "credential", "credentials", "secret", "secrets"}
 )
+# Inside any word: dbpassword, passwd, passphrase.
+_SECRET_WITHIN = re.compile("passw|passphrase")
 # A "token" counted rather than held (token_count, tokenUsage) or a place in a list
 # (nextPageToken, continuation_token).
 _COUNTING = frozenset(
@@ -56,10 +45,9 @@ _QUALIFIERS = frozenset(
     }
 )
 _QUALIFIED = frozenset({"key", "keys", "tokens"})
-# The same, written as one lowercase word: apikey, accesstoken, x-apikey.
-_RUN_TOGETHER = re.compile(
-    r"password|passwd|(?:api|access|secret|private|signing|encryption|client|master)key"
-    r"|(?:access|refresh|auth|bearer|session)tokens?|clientsecret"
+# The same pairs written as one word: apikey, accesstoken, clientsecret.
+_RUN_TOGETHER = frozenset(
+    qualifier + word for qualifier in _QUALIFIERS for word in (*_QUALIFIED, "token", "secret")
 )
 
 
@@ -75,6 +63,11 @@ def secret_key(name: str) -> bool:
         if word == "token":
             if after not in _COUNTING and before not in _PLACE:
                 return True
-        elif word in _SECRET_WORDS or (after in _QUALIFIED and word in _QUALIFIERS):
+        elif (
+            word in _SECRET_WORDS
+            or word in _RUN_TOGETHER
+            or _SECRET_WITHIN.search(word)
+            or (after in _QUALIFIED and word in _QUALIFIERS)
+        ):
             return True
-    return _RUN_TOGETHER.search("".join(words)) is not None
+    return False

@@ -36,6 +36,9 @@ from config.secret_names import secret_key
         "db_password",
         "dbPassword",
         "passwd",
+        "dbpassword",
+        "passphrase",
+        "sessionkey",
         "Authorization",
         "Set-Cookie",
         "credentials",
@@ -69,6 +72,7 @@ def test_names_that_hold_secrets(name):
         "keywords",
         "monkey",
         "secretary",
+        "passenger",
         "capability_hash",
     ],
 )
