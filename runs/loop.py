@@ -6,7 +6,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -175,8 +175,9 @@ def _history(run: Run) -> list[dict[str, Any]]:
 
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
-    """Gate 1's allowlist: the snapshot's tools this node names; the generic agent's node
-    names none and gets the snapshot's read tools; any other node without tools gets none.
+    """Gate 1's allowlist: the activated skill's pinned tools that this node names; the
+    generic agent's node names none and gets all of them; any other node without tools gets
+    none. Before approval (every node but one that may have side effects) only reads.
     Versions are immutable, so one lookup per node serves the whole step."""
     cache = run.__dict__.setdefault("_node_tools", {})
     if node.name not in cache:
@@ -185,17 +186,16 @@ def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
 
 
 def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
-    entries = run.capability.get("tools", [])
+    skill = _skill(run)
+    pinned = frozenset(skill["tools"]) if skill else frozenset()
+    entries = [entry for entry in run.capability.get("tools", []) if entry["name"] in pinned]
     if node.tools:
         entries = [entry for entry in entries if entry["name"] in node.tools]
     elif _workflow(run) is not AGENT:
         return []
     versions = versions_frozen(model=ToolVersion, ids=[entry["id"] for entry in entries])
-    return [
-        versions[entry["id"]]
-        for entry in entries
-        if entry["id"] in versions and (node.tools or versions[entry["id"]].risk in READ_RISKS)
-    ]
+    found = [versions[entry["id"]] for entry in entries if entry["id"] in versions]
+    return [tool for tool in found if node.side_effects or tool.risk in READ_RISKS]
 
 
 def _effective_node(run: Run) -> Node:
@@ -203,14 +203,7 @@ def _effective_node(run: Run) -> Node:
     node = _node(run)
     if node.tools or _workflow(run) is not AGENT:
         return node
-    names = frozenset(tool.tool.name for tool in _node_tools(run, node))
-    return Node(
-        name=node.name,
-        tools=names,
-        model_driven=node.model_driven,
-        rules=node.rules,
-        terminates_when=node.terminates_when,
-    )
+    return replace(node, tools=frozenset(tool.tool.name for tool in _node_tools(run, node)))
 
 
 def _merged_rules(
@@ -350,9 +343,8 @@ def _enter_node(run: Run, name: str) -> None:
     node = _effective_node(run)
     allowed = sorted(tool.qualified_name for tool in _node_tools(run, node))
     deferred = sorted(
-        f"{entry['name']}@{entry['version']}"
-        for entry in run.capability.get("tools", [])
-        if entry["name"] not in node.tools
+        {f"{entry['name']}@{entry['version']}" for entry in run.capability.get("tools", [])}
+        - set(allowed)
     )
     events.tools_assembled(run, node=name, allowlist=allowed, deferred=deferred)
 

@@ -2,8 +2,9 @@
 bound to skill versions in the registry.
 
 A node names the tools it allows (gate 1 intersects them with the run's snapshot), an optional
-guard over a call's arguments (gate 4) and whether the model drives it. The host, not the
-model, moves between nodes.
+guard over a call's arguments (gate 4), whether the model drives it, and whether it may call a
+tool that is not a read: only a node after approval may (gate 4 refuses it anywhere else). The
+host, not the model, moves between nodes.
 """
 
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ class Node:
     guard: Guard | None = None
     rules: tuple[Rule, ...] = ()
     terminates_when: str = ""
+    side_effects: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ WEEKLY_SUMMARY_SEND = Workflow(
             terminates_when="a draft with progress, risks and next steps, every risk sourced",
         ),
         "approval": Node(name="approval", terminates_when="a human decides the frozen draft"),
-        "send": Node(name="send", tools=frozenset({"mail_send"})),
+        "send": Node(name="send", tools=frozenset({"mail_send"}), side_effects=True),
     },
     transitions={
         "resolve_recipient": ("draft",),

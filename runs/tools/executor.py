@@ -192,6 +192,13 @@ def _admit(
         adapters.authorize(tool_version, context, call.arguments)
     except ToolRefused as refused:
         return _reject(record, run, category=refused.category, message=str(refused))
+    if not node.side_effects and tool_version.risk not in READ_RISKS:
+        return _reject(
+            record,
+            run,
+            category=ErrorCategory.PERMISSION_DENIED,
+            message=f"{tool_version.qualified_name} is not a read: it runs only after approval.",
+        )
     if node.guard is not None:
         reason = node.guard(run.state, call.name, call.arguments)
         if reason:

@@ -318,6 +318,57 @@ def test_mail_send_is_deferred_before_approval_and_never_offered_or_called(demo)
     assert "mail_send" not in {payload["name"] for payload in events_of(run, "tool.requested")}
 
 
+def test_a_side_effect_version_of_a_read_tool_is_never_offered_or_run_before_approval(
+    demo, fake_model
+):
+    # given weekly-summary pinning a project_search version published as a side effect, and a
+    # model that calls it in the draft node anyway
+    content = {
+        field: getattr(seeded_tool(demo, "project_search"), field) for field in TOOL_CONTENT_FIELDS
+    }
+    side_effect = publish_tool(
+        demo,
+        "project_search",
+        "3.0.0",
+        **{**content, "risk": Risk.EXTERNAL_SIDE_EFFECT, "approval_rule": "required"},
+    )
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            side_effect,
+            seeded_tool(demo, "directory_lookup"),
+            seeded_tool(demo, "mail_send"),
+        ],
+    )
+    monday, sunday = this_week()
+    arguments = json.dumps({"project_id": "apollo", "from": monday, "to": sunday})
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(("call_write", "project_search", arguments),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the draft node offered no tool, deferred the side effect, and refused its call
+    draft = next(p for p in events_of(run, "tools.assembled") if p["node"] == "draft")
+    assert draft["allowlist"] == []
+    assert "project_search@3.0.0" in draft["deferred"]
+    assert "tools" not in fake.requests[0].body
+    refused = ToolCall.objects.get(run=run, call_id="call_write")
+    assert (refused.status, refused.error_category, refused.attempts) == (
+        "rejected",
+        "PERMISSION_DENIED",
+        0,
+    )
+    (event,) = events_of(run, "tool.rejected")
+    assert event["reason"] == "project_search@3.0.0 is not a read: it runs only after approval."
+    assert not Source.objects.filter(run=run, tool_call=refused).exists()
+    assert_nothing_sent(run)
+
+
 def test_the_approval_node_allows_no_tool(demo):
     # The run waits for a human: the event log must not claim that any tool is callable now.
     run = start(demo, project_id="apollo")
@@ -642,6 +693,32 @@ def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
     assert {source["reference"] for source in result["sources"]} == apollo_references()
     assert tool_calls(run) == [("offline-1", "project_search", "completed", "")]
     assert "approval.required" not in event_types(run)
+
+
+def test_the_generic_agent_offers_the_activated_skills_tools_not_another_bound_skills(demo):
+    # given an agent bound to a brief skill (project_search only, no workflow), activated,
+    # and to weekly-summary, which also pins directory_lookup
+    brief = publish_skill(
+        demo,
+        "a-brief",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, "project_search")],
+        workflow="",
+        required_inputs=["project_scope"],
+        rules=[],
+    )
+    add_agent(demo, "two-skills", brief).skills.add(seeded_skill(demo).skill)
+    run = start(demo, text="What happened in Apollo?", agent="two-skills", project_id="apollo")
+    assert [skill["name"] for skill in run.capability["skills"]] == ["a-brief", "weekly-summary"]
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then its node offered the brief's read tool only, and only that one was called
+    assert [(p["node"], p["allowlist"]) for p in events_of(run, "tools.assembled")] == [
+        ("answer", ["project_search@2.0.0"])
+    ]
+    assert [name for _, name, _, _ in tool_calls(run)] == ["project_search"]
 
 
 def test_a_provider_refusal_ends_the_run_final_with_a_model_error(demo, fake_model):
