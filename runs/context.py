@@ -1,12 +1,13 @@
 """The context builder: what the model sees on one turn, within a token budget per section.
 
-Sections in order of trust: platform and application rules, the workflow node, the skill's
-rules and examples, the task inputs and state, the tool schemas and the output contract as
-instructions; then the transcript: earlier messages of the session and the user's message, the
-model's calls and the wrapped tool results. When the whole
-is over budget, examples go first, then old tool results are cut to their sources, then old
-turns; rules, the task and the tool schemas are never cut. Tool results reach the model only
-inside an `untrusted_data` envelope, never among the instructions.
+Sections in order of trust: platform and application rules, the workflow node, the skill (its
+procedure, rules and examples), the task inputs and state, the tool schemas and the output
+contract as instructions; then the transcript: earlier messages of the session and the user's
+message, the model's calls and the wrapped tool results. An example given twice is given once;
+when the whole is over budget, examples go first (the last listed first), then earlier
+messages of the session, then old tool results are cut to their sources, then old turns;
+rules, the skill's procedure, the task and the tool schemas are never cut. Tool results reach
+the model only inside an `untrusted_data` envelope, never among the instructions.
 """
 
 import hashlib
@@ -84,6 +85,7 @@ def context_build(
     node: Node,
     merged_rules: MergedRules,
     skill: dict[str, Any] | None,
+    skill_instructions: str,
     tools: list[ToolSpec],
     output_contract: dict[str, Any],
     examples: list[Any],
@@ -92,7 +94,11 @@ def context_build(
     fixed = {
         "rules": "# Rules (higher layers win)\n" + _rules_text(merged_rules),
         "node": f"# Workflow node: {node.name}\nFinish when: {node.terminates_when}",
-        "skill": f"# Skill: {skill['name']}@{skill['version']}" if skill else "# No skill",
+        "skill": "\n".join(
+            filter(None, [f"# Skill: {skill['name']}@{skill['version']}", skill_instructions])
+        )
+        if skill
+        else "# No skill",
         "inputs": f"{INPUTS_MARKER}\n```json\n"
         + jsontext.dumps(run_state.get("inputs", {}), sort_keys=True)
         + "\n```",
@@ -107,7 +113,13 @@ def context_build(
         [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
         sort_keys=True,
     )
-    examples_text = "# Examples\n" + jsontext.dumps(examples) if examples else ""
+    examples = list(
+        {jsontext.dumps(example, sort_keys=True): example for example in examples}.values()
+    )
+
+    def examples_text() -> str:
+        return "# Examples\n" + jsontext.dumps(examples) if examples else ""
+
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
     used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
@@ -134,13 +146,13 @@ def context_build(
     def total() -> int:
         return (
             used
-            + estimate_tokens(examples_text)
+            + estimate_tokens(examples_text())
             + conversation_tokens
             + sum(entry_tokens(entry) for entry in entries)
         )
 
-    if total() > budget:
-        examples_text = ""
+    while total() > budget and examples:
+        examples.pop()
     while total() > budget and conversation:
         conversation.pop(0)
         conversation_tokens = estimate_tokens(conversation_text())
@@ -153,7 +165,7 @@ def context_build(
         if shorter == entries:
             break
         entries = shorter
-    sections = {**fixed, "examples": examples_text}
+    sections = {**fixed, "examples": examples_text()}
     instructions = "\n\n".join(text for text in sections.values() if text)
     if conversation:
         # Earlier messages are the user's words: they go with the user's turn, never among

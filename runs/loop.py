@@ -553,6 +553,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         node=node,
         merged_rules=merged,
         skill=skill,
+        skill_instructions=skill_version.instructions if skill_version else "",
         tools=_tool_specs(run, node),
         output_contract=skill_version.output_contract if skill_version else {},
         examples=skill_version.examples if skill_version else [],

@@ -1,0 +1,178 @@
+"""The context builder: what the model sees on one turn, and what goes first when it does not
+fit (seed 000, stage 7): an example given twice is given once; then examples (the last listed
+first), earlier messages of the session, old tool results (to their source references) and
+old turns; the rules, the skill's procedure, the task and the tool schemas are never cut."""
+
+import json
+
+from config import jsontext
+from runs.context import context_build, wrap_untrusted
+from runs.model_clients.base import ToolCall, ToolResult, ToolSpec
+from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
+from runs.tokens import estimate_tokens
+from runs.transcript import assistant_entry, result_entry, user_entry
+from runs.workflows import Node, Rule
+
+PROCEDURE = "Summarise only facts the tool results support."
+SKILL_RULE = Rule(id="evidence-only", scope="skill", priority=100, text="Cite every risk.")
+SEARCH = ToolSpec(
+    name="project_search",
+    description="Tasks, milestones and risks of a project.",
+    input_schema={"type": "object", "required": ["project_id"]},
+)
+FIRST_EXAMPLE = {"request": "Summarise Apollo", "answer": "a" * 800}
+SECOND_EXAMPLE = {"request": "Summarise Orion", "answer": "b" * 800}
+HISTORY = [{"text": f"Earlier question {index}: " + "h" * 300} for index in range(3)]
+FIXED = ("rules", "node", "skill", "inputs", "output_contract", "tools")
+
+
+def _result(index: int) -> dict:
+    content = json.dumps({"raw": {"updates": "r" * 1200, "turn": index}})
+    return result_entry(
+        call_id=f"call_{index}",
+        name="project_search",
+        content=wrap_untrusted(
+            source="project_search@2.0.0",
+            fetched_at="2026-12-02T00:00:00+00:00",
+            content=content,
+            allowed_use="evidence",
+            references=[f"project:apollo/update:{index}"],
+        ),
+        is_error=False,
+    )
+
+
+def _transcript() -> list[dict]:
+    entries = [user_entry("Summarise project Apollo's week.")]
+    for index in range(1, 4):
+        call = ToolCall(call_id=f"call_{index}", name="project_search", arguments={})
+        entries += [assistant_entry("", (call,)), _result(index)]
+    return entries
+
+
+def _build(*, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None):
+    return context_build(
+        run_state={"inputs": {"project_id": "apollo"}, "history": HISTORY},
+        transcript=_transcript() if transcript is None else transcript,
+        node=Node(name="draft", model_driven=True),
+        merged_rules=merge_rules(
+            {"platform": PLATFORM_RULES, "application": APPLICATION_RULES, "skill": (SKILL_RULE,)}
+        ),
+        skill={"name": "weekly-summary", "version": "3.2.0"},
+        skill_instructions=PROCEDURE,
+        tools=[SEARCH],
+        output_contract={"sections": ["progress", "risks", "next_steps"]},
+        examples=list(examples),
+    )
+
+
+def _tokens(built, *names: str) -> int:
+    return sum(built.sections[name]["tokens"] for name in names)
+
+
+def _full_total(built) -> int:
+    """The tokens of an uncut context as the builder counts them (each entry on its own)."""
+    entries = sum(estimate_tokens(jsontext.dumps(entry)) for entry in _transcript())
+    return _tokens(built, *FIXED, "examples", "conversation") + entries
+
+
+def _results(built) -> list[dict]:
+    """The tool results the model sees: call id and what their untrusted data holds."""
+    return [
+        {"call_id": item.call_id, **json.loads(item.content)}
+        for item in built.request.transcript
+        if isinstance(item, ToolResult)
+    ]
+
+
+def test_within_budget_the_model_sees_every_section_and_the_tool_results_as_untrusted_data(
+    settings,
+):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+
+    built = _build()
+
+    instructions = built.request.instructions
+    for text in (PROCEDURE, SKILL_RULE.text, '"project_id":"apollo"', FIRST_EXAMPLE["answer"]):
+        assert text in instructions
+    assert SECOND_EXAMPLE["answer"] in instructions
+    assert "r" * 1200 not in instructions
+    results = _results(built)
+    assert [result["call_id"] for result in results] == ["call_1", "call_2", "call_3"]
+    assert all(result["untrusted_data"]["allowed_use"] == "evidence" for result in results)
+    assert built.request.tools == (SEARCH,)
+    assert set(built.sections) == {*FIXED, "examples", "conversation", "transcript"}
+    assert all(len(section["sha256"]) == 64 for section in built.sections.values())
+
+
+def test_an_example_given_twice_is_given_once(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+
+    built = _build(examples=(FIRST_EXAMPLE, SECOND_EXAMPLE, dict(FIRST_EXAMPLE)))
+
+    assert built.request.instructions.count(FIRST_EXAMPLE["answer"]) == 1
+    assert built.request.instructions.count(SECOND_EXAMPLE["answer"]) == 1
+
+
+def test_over_budget_the_last_listed_example_goes_first_and_nothing_else(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build()
+    settings.CONTEXT_MAX_TOKENS = _full_total(full) - 10
+
+    built = _build()
+
+    assert FIRST_EXAMPLE["answer"] in built.request.instructions
+    assert SECOND_EXAMPLE["answer"] not in built.request.instructions
+    assert built.sections["conversation"] == full.sections["conversation"]
+    assert built.sections["transcript"] == full.sections["transcript"]
+
+
+def test_then_the_earlier_messages_of_the_session_go_before_any_tool_result_is_cut(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build()
+    settings.CONTEXT_MAX_TOKENS = _full_total(full) - _tokens(full, "examples", "conversation") + 5
+
+    built = _build()
+
+    assert _tokens(built, "examples", "conversation") == 0
+    assert _results(built) == _results(full)
+    assert "Earlier question" not in json.dumps([repr(item) for item in built.request.transcript])
+
+
+def test_then_old_tool_results_shrink_to_their_sources_the_newest_two_stay_whole(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build()
+    settings.CONTEXT_MAX_TOKENS = _full_total(full) - _tokens(full, "examples", "conversation") - 1
+
+    built = _build()
+
+    first, second, third = _results(built)
+    assert first == {
+        "call_id": "call_1",
+        "compressed": True,
+        "sources": ["project:apollo/update:1"],
+    }
+    assert "r" * 1200 in second["untrusted_data"]["content"]
+    assert "r" * 1200 in third["untrusted_data"]["content"]
+
+
+def test_at_any_budget_the_rules_the_procedure_the_task_and_the_tool_schemas_stay_whole(
+    settings,
+):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build()
+    settings.CONTEXT_MAX_TOKENS = 1
+
+    built = _build()
+
+    for name in FIXED:
+        assert built.sections[name] == full.sections[name], name
+    assert PROCEDURE in built.request.instructions
+    assert built.request.tools == (SEARCH,)
+    assert _tokens(built, "examples", "conversation") == 0
+    # only the last turn is left, its result cut to its sources, never without its call
+    kinds = [type(item).__name__ for item in built.request.transcript]
+    assert kinds == ["UserMessage", "AssistantTurn", "ToolResult"]
+    assert _results(built) == [
+        {"call_id": "call_3", "compressed": True, "sources": ["project:apollo/update:3"]}
+    ]
