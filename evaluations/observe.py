@@ -10,8 +10,8 @@ from approvals.models import BusinessAction
 from registry.choices import READ_RISKS
 from registry.models import SkillVersion
 from runs.models import Run, RunEvent, Source, ToolCall
+from runs.transcript import HOST_CALL_PREFIX
 
-HOST_CALL_PREFIX = "host-"
 EXECUTED_ACTION_STATUSES = frozenset(
     {ActionStatus.EXECUTING, ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
 )

@@ -37,7 +37,14 @@ from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import run_finish, run_transition
 from runs.tools import executor
-from runs.transcript import assistant_entry, pending_calls, result_entry, user_entry
+from runs.transcript import (
+    HOST_CALL_PREFIX,
+    assistant_entry,
+    calls_with_own_ids,
+    pending_calls,
+    result_entry,
+    user_entry,
+)
 from runs.workflows import AGENT, WORKFLOWS, Node, Rule, Workflow
 
 logger = logging.getLogger(__name__)
@@ -430,7 +437,7 @@ def _resolve_recipient(run: Run) -> None:
         _enter_node(run, next_node)
         return
     call = ToolCall(
-        call_id="host-recipient",
+        call_id=f"{HOST_CALL_PREFIX}recipient",
         name="directory_lookup",
         arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
     )
@@ -609,20 +616,22 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     )
     run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
     run.cost += cost
-    run.transcript.append(assistant_entry(response.text, response.tool_calls))
+    calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript, step=run.steps)
+    run.transcript.append(assistant_entry(response.text, calls))
     events.model_responded(
         run,
         step=run.steps,
         text=response.text,
         tool_calls=[
             {"call_id": call.call_id, "name": call.name, "arguments": call.arguments}
-            for call in response.tool_calls
+            | ({} if call is given else {"provider_call_id": given.call_id})
+            for call, given in zip(calls, response.tool_calls, strict=True)
         ],
         usage={"input": response.usage.input_tokens, "output": response.usage.output_tokens},
         cost=str(cost),
         stop_reason=response.stop_reason,
     )
-    if response.tool_calls:
+    if calls:
         run.state["phase"] = "tools"
         return
     _final(run, response.text)

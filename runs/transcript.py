@@ -1,6 +1,13 @@
 """The run's transcript as stored JSON and as the model clients' items: an assistant turn with
-its call ids first, then the result of each call, in order."""
+its call ids first, then the result of each call, in order.
 
+A call id names one call of the run: its record, its result, its idempotency key. The host
+makes its own calls under ids that start with `host-`; a model's call keeps the id its
+provider gave it unless that id could name another call (`calls_with_own_ids`).
+"""
+
+import re
+from dataclasses import replace
 from typing import Any
 
 from runs.model_clients.base import AssistantTurn, ToolCall, ToolResult, TranscriptItem, UserMessage
@@ -52,6 +59,42 @@ def result_entry(*, call_id: str, name: str, content: str, is_error: bool) -> di
         "content": content,
         "is_error": is_error,
     }
+
+
+HOST_CALL_PREFIX = "host-"
+# An id every provider accepts back in the calls and results it is sent.
+_PROVIDER_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def calls_with_own_ids(
+    calls: tuple[ToolCall, ...], *, transcript: list[dict[str, Any]], step: int
+) -> tuple[ToolCall, ...]:
+    """The calls of a model turn, each under an id no other call of the run has: its
+    provider's, unless that id is missing or unusable, is the host's (`host-`), or was given
+    to an earlier call of the run or of this turn (a provider may number calls per turn, or
+    repeat one); then `call_<step>_<n>`. Answered by a reused id, a call would be paired with
+    another call's result, or pass no gate as a call already made."""
+    taken = {
+        call["call_id"]
+        for entry in transcript
+        if entry["kind"] == "assistant"
+        for call in entry["tool_calls"]
+    }
+    own = []
+    for index, call in enumerate(calls, start=1):
+        call_id = call.call_id
+        if (
+            not isinstance(call_id, str)
+            or not _PROVIDER_CALL_ID.fullmatch(call_id)
+            or call_id.startswith(HOST_CALL_PREFIX)
+            or call_id in taken
+        ):
+            call_id, suffix = f"call_{step}_{index}", 1
+            while call_id in taken:
+                call_id, suffix = f"call_{step}_{index}_{suffix}", suffix + 1
+        taken.add(call_id)
+        own.append(call if call_id == call.call_id else replace(call, call_id=call_id))
+    return tuple(own)
 
 
 def pending_calls(stored: list[dict[str, Any]]) -> list[ToolCall]:
