@@ -4,6 +4,7 @@ pagination."""
 import math
 import re
 from typing import Any
+from uuid import UUID
 
 import django_filters
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -84,13 +85,25 @@ MAX_JSON_DEPTH = 32
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
+def _string_problem(value: str) -> str | None:
+    if "\x00" in value:
+        return "NUL characters are not allowed."
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        # JSON lets "\ud800" stand alone; no UTF-8 text (PostgreSQL's, RFC 8785's) holds it.
+        return "Strings must be valid Unicode (no unpaired surrogates)."
+    return None
+
+
 def _json_problem(value: Any, depth: int = 0) -> str | None:
     """Why a parsed body cannot be stored or canonically hashed: nesting too deep, a NUL
-    character, or a number outside what an IEEE 754 double holds exactly (RFC 8785)."""
+    character or an unpaired surrogate in a key or a value, or a number outside what an
+    IEEE 754 double holds exactly (RFC 8785)."""
     if depth > MAX_JSON_DEPTH:
         return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
     if isinstance(value, str):
-        return "NUL characters are not allowed." if "\x00" in value else None
+        return _string_problem(value)
     if isinstance(value, bool):
         return None
     if isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER:
@@ -107,7 +120,7 @@ def _json_problem(value: Any, depth: int = 0) -> str | None:
 
 
 class StrictJSONParser(JSONParser):
-    """JSON bodies PostgreSQL can store: no NUL characters, bounded nesting."""
+    """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
         try:
@@ -130,6 +143,24 @@ class StrictSerializer(serializers.Serializer):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictCharField(serializers.CharField):
+    """A JSON string only: DRF's CharField also takes a number and keeps its str()."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID written as a JSON string only: DRF's UUIDField also reads an integer as one."""
+
+    def to_internal_value(self, data: Any) -> UUID:
+        if not isinstance(data, str):
+            self.fail("invalid")
         return super().to_internal_value(data)
 
 

@@ -2,6 +2,7 @@
 every run; a run of any other tenant is not found. What a page shows is redacted for the
 viewer (runs.redaction)."""
 
+import re
 from uuid import UUID
 
 from django.contrib import messages
@@ -25,6 +26,9 @@ from runs.redaction import redact
 from runs.services import memory
 
 REGISTRY_HISTORY_ROWS = 200
+# An event's seq, as the stream sends it: ASCII digits only (str.isdigit() also takes "²",
+# which int() refuses), and no more of them than a stored seq has.
+LAST_EVENT_ID = re.compile(r"[0-9]{1,10}")
 
 
 def _audited_tenants(request: HttpRequest) -> dict[int, str]:
@@ -103,11 +107,11 @@ class RunStreamView(View):
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
         run, cleared = _audited_run(request, run_id)
-        after = request.headers.get("Last-Event-ID", "0")
+        after = request.headers.get("Last-Event-ID", "")
         return event_stream(
             request,
             run,
-            int(after) if after.isdigit() else 0,
+            int(after) if LAST_EVENT_ID.fullmatch(after) else 0,
             shape=lambda payload: redact(payload, cleared=cleared),
         )
 

@@ -5,7 +5,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import StrictSerializer
+from config.api import StrictCharField, StrictSerializer, StrictUUIDField
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
@@ -22,18 +22,18 @@ MEMORY_VALUE_CHARS_ACCEPTED = 4000
 
 class TextPartSerializer(StrictSerializer):
     type = serializers.ChoiceField(choices=["text"])
-    text = serializers.CharField(max_length=MAX_TEXT_CHARS, trim_whitespace=False)
+    text = StrictCharField(max_length=MAX_TEXT_CHARS, trim_whitespace=False)
 
 
 class AttachmentRefPartSerializer(StrictSerializer):
     type = serializers.ChoiceField(choices=["attachment_ref"])
-    id = serializers.UUIDField()
+    id = StrictUUIDField()
 
 
 class ResourceRefPartSerializer(StrictSerializer):
     type = serializers.ChoiceField(choices=["resource_ref"])
-    server = serializers.CharField(max_length=63)
-    uri = serializers.CharField(max_length=500)
+    server = StrictCharField(max_length=63)
+    uri = StrictCharField(max_length=500)
 
 
 @extend_schema_field(
@@ -82,11 +82,12 @@ class PartField(serializers.Field):
     }
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
-        if not isinstance(data, dict) or data.get("type") not in self.serializers_by_type:
+        kind = data.get("type") if isinstance(data, dict) else None
+        if not isinstance(kind, str) or kind not in self.serializers_by_type:
             raise serializers.ValidationError(
                 'A part is {"type": "text" | "attachment_ref" | "resource_ref", …}.'
             )
-        part = self.serializers_by_type[data["type"]](data=data)
+        part = self.serializers_by_type[kind](data=data)
         part.is_valid(raise_exception=True)
         value = dict(part.validated_data)
         if "id" in value:
@@ -98,7 +99,7 @@ class PartField(serializers.Field):
 
 
 class MessageSerializer(StrictSerializer):
-    session_id = serializers.UUIDField(required=False)
+    session_id = StrictUUIDField(required=False)
     channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
     parts = serializers.ListField(child=PartField(), min_length=1, max_length=MAX_PARTS)
     metadata = serializers.DictField(required=False, default=dict)
@@ -242,8 +243,8 @@ class MemoryCreateSerializer(StrictSerializer):
 
     kind = serializers.ChoiceField(choices=[MemoryItem.Kind.PREFERENCE, MemoryItem.Kind.FACT])
     key = serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,99}$")
-    value = serializers.CharField(max_length=MEMORY_VALUE_CHARS_ACCEPTED)
-    purpose = serializers.CharField(max_length=64, required=False, default="any")
+    value = StrictCharField(max_length=MEMORY_VALUE_CHARS_ACCEPTED)
+    purpose = StrictCharField(max_length=64, required=False, default="any")
     sensitivity = serializers.ChoiceField(
         choices=DataClassification.choices, default=DataClassification.INTERNAL
     )

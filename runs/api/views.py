@@ -1,5 +1,4 @@
 import re
-from typing import ClassVar
 from uuid import UUID
 
 from django.conf import settings
@@ -33,7 +32,7 @@ from runs.api.serializers import (
     RunSerializer,
 )
 from runs.api.stream import EventStreamRenderer, event_stream
-from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
+from runs.api.throttles import IngressThrottled
 from runs.errors import IdempotencyKeyRequired, NotFound
 from runs.models import MemoryItem, Run
 from runs.redaction import redact
@@ -46,10 +45,8 @@ IDEMPOTENCY_KEY_PATTERN = "^[!-~]{1,200}$"
 IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
-class MessageView(APIView):
+class MessageView(IngressThrottled, APIView):
     """A message in; a governed run out. The tenant and the actor come from the token."""
-
-    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
 
     @extend_schema(
         tags=["runs"],
@@ -101,13 +98,12 @@ class CanStartRuns(BasePermission):
         )
 
 
-class AttachmentView(APIView):
+class AttachmentView(IngressThrottled, APIView):
     """A file in (multipart field `file`), checked and kept in private storage; messages refer
     to it by the returned id."""
 
     parser_classes = [MultiPartParser]
     permission_classes = [IsTenantMember, CanStartRuns]
-    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
 
     @extend_schema(
         tags=["runs"],

@@ -28,11 +28,28 @@ def _tool_body(**overrides) -> dict:
             "JSON nested deeper than 32 levels.",
         ),
         ("[" * 100_000 + "]" * 100_000, "JSON nested deeper than 32 levels."),
+        # json.dumps escapes a lone surrogate as "\udfff": valid JSON, but no UTF-8 text
+        (
+            json.dumps(_tool_body(description="lone \udfff surrogate")),
+            "Strings must be valid Unicode (no unpaired surrogates).",
+        ),
+        (
+            json.dumps(_tool_body(result_contract={"k\ud800": 1})),
+            "Strings must be valid Unicode (no unpaired surrogates).",
+        ),
     ],
-    ids=["nul-in-value", "nul-in-key", "deep", "absurdly-deep"],
+    ids=[
+        "nul-in-value",
+        "nul-in-key",
+        "deep",
+        "absurdly-deep",
+        "unpaired-surrogate-in-value",
+        "unpaired-surrogate-in-key",
+    ],
 )
 def test_bodies_postgres_cannot_store_are_refused(api, publisher, acme, body, message):
     client = api.as_user(publisher, acme)
+    client.raise_request_exception = False  # a crash must show as the 500 a client gets
 
     response = client.post("/api/v1/tools", body, content_type="application/json")
 

@@ -26,6 +26,9 @@ FIRST_FOUR = [
 ]
 
 
+UNPAIRED_SURROGATE = "Strings must be valid Unicode (no unpaired surrogates)."
+
+
 def _error(response) -> dict:
     return response.json()["error"]
 
@@ -578,6 +581,11 @@ def _text(text: str) -> dict:
         ({**message_body(), "metadata": {f"k{n}": n for n in range(33)}}, "metadata"),
         ({**message_body(), "metadata": ["not", "an", "object"]}, "metadata"),
         ({**message_body(), "session_id": "not-a-uuid"}, "session_id"),
+        ({"channel": "api", "parts": [{"type": ["text"], "text": "hi"}]}, "parts"),
+        ({"channel": "api", "parts": [{"type": {"k": 1}, "text": "hi"}]}, "parts"),
+        ({"channel": "api", "parts": [{"type": "text", "text": 42}]}, "parts"),
+        ({"channel": "api", "parts": [{"type": "text", "text": 1.5}]}, "parts"),
+        ({**message_body(), "session_id": 5}, "session_id"),
     ],
     ids=[
         "parts-empty",
@@ -599,11 +607,22 @@ def _text(text: str) -> dict:
         "33-metadata-keys",
         "metadata-not-object",
         "session-id-not-uuid",
+        "part-type-is-list",
+        "part-type-is-object",
+        "text-is-integer",
+        "text-is-float",
+        "session-id-is-integer",
     ],
 )
 def test_an_invalid_message_is_refused(alice, post_message, body, field):
+    # given a body that breaks the contract (a string is only ever a JSON string: never a
+    # number read as its digits, nor a part type that is a list or an object)
+    alice.raise_request_exception = False  # a crash must show as the 500 a client gets
+
+    # when it is posted
     response = post_message(alice, body)
 
+    # then it is refused, naming the field, and nothing is stored
     assert response.status_code == 400
     error = _error(response)
     assert error["code"] == "VALIDATION_ERROR"
@@ -644,10 +663,29 @@ def test_limits_are_inclusive(alice, post_message):
             json.dumps(message_body(metadata={"deep": json.loads("[" * 40 + "]" * 40)})),
             "JSON nested deeper than 32 levels.",
         ),
+        # json.dumps writes a lone surrogate as the escape "\ud800", which JSON allows but
+        # UTF-8 (PostgreSQL, the RFC 8785 request hash) cannot hold.
+        (json.dumps(message_body(text="hi \ud800")), UNPAIRED_SURROGATE),
+        (json.dumps(message_body(metadata={"note": "\ud800"})), UNPAIRED_SURROGATE),
+        (json.dumps(message_body(metadata={"\udfff": "x"})), UNPAIRED_SURROGATE),
+        (json.dumps(message_body(metadata={"agent": "\ud800"})), UNPAIRED_SURROGATE),
     ],
-    ids=["truncated", "not-json", "nan", "nul-in-text", "nul-in-metadata-key", "too-deep"],
+    ids=[
+        "truncated",
+        "not-json",
+        "nan",
+        "nul-in-text",
+        "nul-in-metadata-key",
+        "too-deep",
+        "surrogate-in-text",
+        "surrogate-in-metadata-value",
+        "surrogate-in-metadata-key",
+        "surrogate-in-agent",
+    ],
 )
 def test_a_body_that_cannot_be_parsed_or_stored_is_refused(alice, raw, message):
+    alice.raise_request_exception = False  # a crash must show as the 500 a client gets
+
     response = alice.post(
         MESSAGES, raw, content_type="application/json", HTTP_IDEMPOTENCY_KEY="raw-body"
     )

@@ -1,16 +1,18 @@
 """Ingress rate limits per actor and per tenant (Redis under `make test`), and the skill
 filter of the runs list."""
 
+import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.throttling import SimpleRateThrottle
 
 from registry.models import ApiToken
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
-from runs.models import Run
+from runs.models import Attachment, Run
 from tests.runs.conftest import message_body
 
 
@@ -73,6 +75,58 @@ def test_the_tenant_rate_counts_every_actor_of_the_tenant(low_rates, alice, add_
 
     assert outcomes == [202, 202, 202, 429]
     assert Run.objects.count() == 3
+
+
+def test_requests_refused_by_the_actor_s_own_rate_leave_the_tenant_s_rate_alone(
+    low_rates, alice, add_member, client_for
+):
+    # given alice at her own rate (2 a minute), hammering on with requests refused 429
+    alice_statuses = [_post(alice, f"a-{n}").status_code for n in range(6)]
+    assert alice_statuses == [202, 202, 429, 429, 429, 429]
+    assert Run.objects.count() == 2
+
+    # when a colleague sends the first message of their minute
+    colleague = client_for(add_member("frank", "member"))
+    accepted = _post(colleague, "f-1")
+    refused = _post(colleague, "f-2")
+
+    # then it is served: alice's refused requests took none of the tenant's 3 a minute,
+    # and the next one, the tenant's fourth, is refused by the tenant's rate
+    assert accepted.status_code == 202, accepted.content[:300]
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "RATE_LIMITED"
+    assert 0 < int(refused["Retry-After"]) <= 60
+    assert Run.objects.count() == 3
+
+
+@pytest.fixture
+def private_root(settings, tmp_path):
+    """Attachments go to a directory of this test, never into the repository."""
+    storages = copy.deepcopy(settings.STORAGES)
+    storages["attachments"]["OPTIONS"]["location"] = str(tmp_path / "attachments")
+    settings.STORAGES = storages
+    settings.PRIVATE_STORAGE_ROOT = tmp_path / "attachments"
+
+
+def _upload(client):
+    notes = SimpleUploadedFile("notes.txt", b"Apollo ships on Friday.\n", content_type="text/plain")
+    return client.post("/api/v1/attachments", {"file": notes})
+
+
+def test_uploads_refused_by_the_actor_s_own_rate_leave_the_tenant_s_rate_alone(
+    low_rates, private_root, alice, add_member, client_for
+):
+    # given alice uploading past her own rate (2 a minute)
+    alice_statuses = [_upload(alice).status_code for _ in range(5)]
+    assert alice_statuses == [201, 201, 429, 429, 429]
+
+    # when a colleague uploads a file
+    colleague = client_for(add_member("frank", "member"))
+    response = _upload(colleague)
+
+    # then it is stored: the tenant's rate counted only alice's two stored uploads
+    assert response.status_code == 201, response.content[:300]
+    assert Attachment.objects.count() == 3
 
 
 def test_runs_filter_by_skill_name_or_exact_version(alice):

@@ -142,6 +142,19 @@ def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, cl
     assert not MemoryItem.objects.exists()
 
 
+@pytest.mark.parametrize("field", ["value", "purpose"])
+def test_the_api_takes_a_memorys_text_only_as_a_json_string(acme, member, client_for, field):
+    alice = client_for(member, acme)
+    body = {"kind": "preference", "key": "summary_language", "value": "Chinese", field: 42}
+
+    refused = alice.post(MEMORIES, body, format="json")
+
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert field in refused.json()["error"]["details"]
+    assert not MemoryItem.objects.exists()
+
+
 def test_the_page_lists_and_deletes_your_memory(acme, member, auditor, client):
     mine = prefer(acme, member)
     theirs = prefer(acme, auditor, key="tone", value="formal")

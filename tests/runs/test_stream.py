@@ -1,4 +1,5 @@
-"""GET /api/v1/runs/{id}/stream: the run's log as server-sent events."""
+"""GET /api/v1/runs/{id}/stream and the run page's /runs/{id}/stream: the run's log as
+server-sent events."""
 
 import io
 import json
@@ -76,6 +77,57 @@ def test_last_event_id_resumes_after_that_event(client, finished_run):
 
     frames = _frames(b"".join(response.streaming_content).decode())
     assert int(frames[0]["id"]) == 4
+
+
+@pytest.mark.parametrize(
+    "last_event_id",
+    ["\u00b2", "\u00b9\u00b3", "9" * 5000, "-1", "1e3", "abc", ""],
+    ids=[
+        "superscript-two",
+        "superscript-13",
+        "5000-digits",
+        "negative",
+        "exponent",
+        "letters",
+        "empty",
+    ],
+)
+def test_the_page_s_stream_serves_an_unusable_last_event_id_from_the_start(
+    client, auditor, member, start_run, acme_agent, last_event_id
+):
+    # given a finished run of acme, and an auditor of acme signed in on the run page
+    run = run_cancel(run=start_run(member), actor=member)
+    client.force_login(auditor)
+    client.raise_request_exception = False
+
+    # when its stream is resumed with a Last-Event-ID that names no event: WSGI decodes
+    # headers as latin-1, so the bytes 0xB2 and 0xB9 0xB3 arrive as "²" and "¹³", which
+    # str.isdigit() takes and int() refuses, as it refuses more than 4300 digits
+    response = client.get(f"/runs/{run.pk}/stream", HTTP_LAST_EVENT_ID=last_event_id)
+
+    # then the log is served from its first event
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    frames = _frames(b"".join(response.streaming_content).decode())
+    seqs = [int(frame["id"]) for frame in frames if "id" in frame]
+    assert seqs == list(range(1, run.last_event_seq + 1))
+    assert frames[-1]["event"] == "end"
+
+
+def test_the_page_s_stream_resumes_after_a_last_event_id(
+    client, auditor, member, start_run, acme_agent
+):
+    # given a finished run of acme, and an auditor of acme signed in on the run page
+    run = run_cancel(run=start_run(member), actor=member)
+    client.force_login(auditor)
+
+    # when its stream is resumed after event 2
+    response = client.get(f"/runs/{run.pk}/stream", HTTP_LAST_EVENT_ID="2")
+
+    # then the log is served from event 3
+    frames = _frames(b"".join(response.streaming_content).decode())
+    seqs = [int(frame["id"]) for frame in frames if "id" in frame]
+    assert seqs == list(range(3, run.last_event_seq + 1))
 
 
 def test_another_tenant_cannot_stream_the_run(client, finished_run):
