@@ -288,6 +288,14 @@ ATTACHMENT_MEDIA_TYPES = [
 # larger than this is cut (the full evidence stays in the run's sources).
 TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
 TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
+# The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
+# name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).
+TENANT_CREDENTIALS = env.json("TENANT_CREDENTIALS", default={})
+if not isinstance(TENANT_CREDENTIALS, dict) or not all(
+    isinstance(names, list) and all(isinstance(name, str) for name in names)
+    for names in TENANT_CREDENTIALS.values()
+):
+    raise ImproperlyConfigured('TENANT_CREDENTIALS is a JSON object: {"tenant-slug": ["NAME"]}.')
 # MCP servers: a worker lists a server's tools again (the drift check before a call) when its
 # copy is older than this; a resource attached to a run keeps at most this much text.
 MCP_DEFINITION_CACHE_SECONDS = env.int("MCP_DEFINITION_CACHE_SECONDS", default=30)

@@ -31,6 +31,7 @@ from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
+from config.credentials import credential_refusal, credential_value
 from registry.mcp.review import definition_of
 from registry.models import McpServer
 
@@ -83,8 +84,13 @@ class Endpoint:
         ).hexdigest()
 
 
-def _secret(reference: str, *, server: McpServer) -> str:
-    value = os.environ.get(reference)
+def _secret(reference: str, *, server: McpServer, owner: str | None) -> str:
+    """The secret `reference` names, for a server whose credentials are `owner`'s (a tenant
+    slug; None: the platform's)."""
+    refusal = credential_refusal(reference, tenant_slug=owner)
+    if refusal:
+        raise McpUnavailable(f"{server}: {refusal}")
+    value = credential_value(reference, tenant_slug=owner)
     if value is None:
         raise McpUnavailable(f"{server}: the secret reference {reference} is not set on this host.")
     return value
@@ -98,20 +104,23 @@ def endpoint_for(server: McpServer) -> Endpoint:
         "connect_timeout_s": float(server.timeout_s),
     }
     if server.transport == McpServer.Transport.STDIO:
+        # Only a platform admin registers a stdio server: its environment is the platform's.
         return Endpoint(
             **common,
             command=server.command,
             args=tuple(server.args),
             env=tuple(
                 sorted(
-                    (name, _secret(reference, server=server))
+                    (name, _secret(reference, server=server, owner=None))
                     for name, reference in server.env.items()
                 )
             ),
         )
     headers = ()
     if server.credential_ref:
-        headers = (("Authorization", f"Bearer {_secret(server.credential_ref, server=server)}"),)
+        owner = server.tenant.slug if server.tenant_id else None
+        secret = _secret(server.credential_ref, server=server, owner=owner)
+        headers = (("Authorization", f"Bearer {secret}"),)
     return Endpoint(**common, url=server.url, headers=headers)
 
 

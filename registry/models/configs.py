@@ -4,6 +4,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from config.credentials import credential_refusal
 from config.history import history_records
 from config.secret_names import secret_key
 from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
@@ -69,6 +70,13 @@ class ModelConfig(models.Model):
     def clean(self) -> None:
         if not isinstance(self.parameters, dict):
             raise ValidationError({"parameters": "Parameters are a JSON object."})
+        refusal = (
+            self.tenant_id
+            and self.credential_ref
+            and credential_refusal(self.credential_ref, tenant_slug=self.tenant.slug)
+        )
+        if refusal:
+            raise ValidationError({"credential_ref": refusal})
         secret_like = sorted(name for name in self.parameters if secret_key(name))
         if secret_like:
             raise ValidationError(

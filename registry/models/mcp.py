@@ -13,6 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from config.credentials import credential_refusal
 from config.history import history_records
 from registry.choices import Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
@@ -121,6 +122,13 @@ class McpServer(models.Model):
                 errors["env"] = "An object of VARIABLE: SECRET_REFERENCE (upper-case names)."
         elif self.transport == self.Transport.STREAMABLE_HTTP and not self.url:
             errors["url"] = "A streamable HTTP server needs its endpoint URL."
+        refusal = (
+            self.tenant_id
+            and self.credential_ref
+            and credential_refusal(self.credential_ref, tenant_slug=self.tenant.slug)
+        )
+        if refusal:
+            errors["credential_ref"] = refusal
         if errors:
             raise ValidationError(errors)
 

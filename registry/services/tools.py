@@ -3,6 +3,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
+from config.credentials import credential_refusal
 from registry.choices import AdapterKind
 from registry.errors import ToolDefinitionChanged, ValidationFailed, VersionImmutable
 from registry.models import Tenant, Tool, ToolVersion
@@ -87,10 +88,17 @@ def tool_version_update(
 def tool_version_validate(tool_version: ToolVersion) -> None:
     values = {field: getattr(tool_version, field) for field in TOOL_CONTENT_FIELDS}
     values["version"] = tool_version.version
-    raise_if_errors(
-        tool_version_errors(values),
-        f"{tool_version.qualified_name} breaks the tool contract: see details.",
+    errors = tool_version_errors(values)
+    reference = (tool_version.adapter_config or {}).get("credential_ref")
+    tenant = tool_version.tool.tenant
+    refusal = (
+        isinstance(reference, str)
+        and "adapter_config" not in errors
+        and credential_refusal(reference, tenant_slug=tenant.slug if tenant else None)
     )
+    if refusal:
+        errors["adapter_config"] = [refusal]
+    raise_if_errors(errors, f"{tool_version.qualified_name} breaks the tool contract: see details.")
 
 
 def mcp_version_publish_check(tool_version: ToolVersion) -> None:

@@ -2,10 +2,10 @@
 read from the environment at call time: a rotated key takes effect on the next turn, and no
 secret is ever stored in the registry or its history."""
 
-import os
 from collections.abc import Callable
 from typing import Any
 
+from config.credentials import credential_refusal, credential_value
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
 from runs.model_clients.adversarial import AdversarialPlanner
@@ -57,7 +57,11 @@ def _credential(model_config: ModelConfig) -> str:
             "variable that holds its API key.",
             retryable=False,
         )
-    secret = os.environ.get(variable, "")
+    owner = model_config.tenant.slug if model_config.tenant_id else None
+    refusal = credential_refusal(variable, tenant_slug=owner)
+    if refusal:
+        raise ModelError(f"Model config {model_config.name!r}: {refusal}", retryable=False)
+    secret = credential_value(variable, tenant_slug=owner)
     if not secret:
         raise ModelError(
             f"The environment variable {variable} (credential of model config "

@@ -9,7 +9,6 @@ never executed.
 
 import copy
 import hashlib
-import os
 import random
 import time
 import uuid
@@ -20,6 +19,7 @@ from django.conf import settings
 from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 
+from config.credentials import credential_refusal, credential_value
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import ToolVersion
@@ -121,11 +121,13 @@ def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
     )
 
 
-def _credential(tool_version: ToolVersion) -> str | None:
+def _credential_reference(tool_version: ToolVersion, run: Run) -> tuple[str, str | None] | None:
+    """The variable an HTTP tool names as its credential, with the slug of the tenant that
+    owns the tool (None: a platform-wide tool), or None."""
     reference = tool_version.adapter_config.get("credential_ref")
     if tool_version.adapter_kind != AdapterKind.HTTP or not reference:
         return None
-    return os.environ.get(reference)
+    return reference, None if tool_version.tool.tenant_id is None else run.tenant.slug
 
 
 def host_context(
@@ -133,13 +135,16 @@ def host_context(
 ) -> ToolContext:
     """Gate 5: what the host, never the model, gives a call: identity, tenant, the
     idempotency key `run_id:call_id` and a short-lived credential from its reference."""
+    reference = _credential_reference(tool_version, run)
     return ToolContext(
         run_id=str(run.pk),
         call_id=call_id,
         tenant=run.tenant,
         actor=run.actor,
         idempotency_key=f"{run.pk}:{call_id}",
-        credential=_credential(tool_version),
+        credential=None
+        if reference is None
+        else credential_value(reference[0], tenant_slug=reference[1]),
         resources={} if resources is None else resources,
     )
 
@@ -185,6 +190,10 @@ def _admit(
         return _reject(
             record, run, category=ErrorCategory.INVALID_ARGUMENT, message="; ".join(problems)
         )
+    reference = _credential_reference(tool_version, run)
+    refusal = reference and credential_refusal(reference[0], tenant_slug=reference[1])
+    if refusal:
+        return _reject(record, run, category=ErrorCategory.PERMISSION_DENIED, message=refusal)
     context = host_context(
         run=run, call_id=call.call_id, tool_version=tool_version, resources=authorised
     )

@@ -69,6 +69,21 @@ def test_settings_refuse_an_empty_secret_key_when_debug_is_off():
     assert "SECRET_KEY" in result.stderr
 
 
+def test_tenant_credentials_are_read_as_json_and_refused_in_any_other_shape():
+    show = "from django.conf import settings; print(settings.TENANT_CREDENTIALS)"
+    granted = _run(
+        "-c",
+        "import django; django.setup(); " + show,
+        DEBUG="1",
+        TENANT_CREDENTIALS='{"acme": ["FETCH_TOKEN"]}',
+    )
+    refused = _run("-c", "import config.settings", DEBUG="1", TENANT_CREDENTIALS='["FETCH_TOKEN"]')
+
+    assert granted.stdout.strip() == "{'acme': ['FETCH_TOKEN']}", granted.stderr
+    assert refused.returncode != 0
+    assert "TENANT_CREDENTIALS is a JSON object" in refused.stderr
+
+
 def test_debug_is_off_unless_asked_for():
     # given no DEBUG at all, a secret key is still required: DEBUG defaults to off
     result = _run("-c", "import config.settings")

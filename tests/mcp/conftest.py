@@ -112,12 +112,14 @@ def over_stdio(server: McpServer) -> McpServer:
 
 
 @pytest.fixture
-def projects(demo, transport, overrides, request) -> McpServer:
-    """acme's `projects` server (seeded by the demo) on the transport under test."""
+def projects(demo, transport, overrides, request, settings) -> McpServer:
+    """acme's `projects` server (seeded by the demo) on the transport under test; over HTTP,
+    its bearer token is a credential the operator granted to acme."""
     server = McpServer.objects.get(tenant=demo.acme, name="projects")
     if transport == "stdio":
         over_stdio(server)
     else:
+        settings.TENANT_CREDENTIALS = {"acme": [TOKEN_REF]}
         server.transport = McpServer.Transport.STREAMABLE_HTTP
         server.url = request.getfixturevalue("http_server")
         server.credential_ref = TOKEN_REF

@@ -105,8 +105,10 @@ def world(
     globex,
     make_tool_version,
     make_skill_version,
+    settings,
 ):
     """One row or more of every registry model, in two tenants."""
+    settings.TENANT_CREDENTIALS = {"acme": ["OPENAI_API_KEY"]}
     project_search_1 = tools.tool_version_publish(
         tool_version=make_tool_version(version="1.0.0"), actor=publisher
     )

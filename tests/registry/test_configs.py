@@ -56,6 +56,41 @@ def test_a_credential_reference_is_a_variable_name_not_a_secret(platform_admin):
     assert "credential_ref" in refused.value.details
 
 
+@pytest.mark.parametrize(
+    ("tenant", "granted", "refused"),
+    [(None, {}, False), ("acme", {"acme": ["ACME_OPENAI_KEY"]}, False), ("acme", {}, True)],
+)
+def test_a_tenants_model_config_names_only_a_credential_granted_to_the_tenant(
+    platform_admin, acme, settings, tenant, granted, refused
+):
+    # given the credentials the operator granted
+    settings.TENANT_CREDENTIALS = granted
+    config = ModelConfig(
+        tenant=acme if tenant else None,
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        credential_ref="ACME_OPENAI_KEY",
+    )
+
+    # when it is saved
+    try:
+        registry_object_save(instance=config, actor=platform_admin)
+    except ValidationFailed as error:
+        details = error.details
+    else:
+        details = {}
+
+    # then only a tenant's config without the grant is refused (a platform one may name any)
+    assert bool(details) is refused
+    assert ModelConfig.objects.filter(name="gpt").exists() is not refused
+    if refused:
+        assert details["credential_ref"] == [
+            "The credential ACME_OPENAI_KEY is not granted to tenant acme: the operator grants "
+            "it in TENANT_CREDENTIALS."
+        ]
+
+
 def test_a_model_config_records_who_changed_it(platform_admin):
     config = ModelConfig(
         name="gpt",

@@ -70,3 +70,39 @@ def test_a_publisher_registers_an_http_server_but_no_stdio_command(client, publi
         publisher,
     )
     assert created.history.first().history_user == publisher
+
+
+def test_a_tenants_http_server_sends_only_a_credential_granted_to_the_tenant(
+    client, publisher, acme, settings
+):
+    # given a publisher of acme in the admin, and one credential granted to acme
+    settings.TENANT_CREDENTIALS = {"acme": ["ACME_PROJECTS_TOKEN"]}
+    publisher.is_staff = True
+    publisher.save()
+    client.force_login(publisher)
+    form = {
+        "tenant": acme.pk,
+        "name": "projects",
+        "transport": "streamable_http",
+        "url": "http://127.0.0.1:8765/mcp",
+        "args": "[]",
+        "env": "{}",
+        "timeout_s": 10,
+        "is_enabled": "on",
+        **{
+            f"{prefix}-{field}": value
+            for prefix in ("remote_tools", "prompts", "resources")
+            for field, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
+        },
+    }
+    add = reverse("admin:registry_mcpserver_add")
+
+    # when they name the platform's secret key as its bearer token, then the granted one
+    refused = client.post(add, {**form, "credential_ref": "SECRET_KEY"})
+    accepted = client.post(add, {**form, "credential_ref": "ACME_PROJECTS_TOKEN"})
+
+    # then only the granted credential is accepted
+    assert refused.status_code == 200
+    assert "The credential SECRET_KEY is not granted to tenant acme" in refused.content.decode()
+    assert accepted.status_code == 302
+    assert McpServer.objects.get().credential_ref == "ACME_PROJECTS_TOKEN"

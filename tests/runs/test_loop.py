@@ -20,6 +20,7 @@ from django.db import connection
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 
+from config.errors import ValidationFailed
 from examples.handlers import project_search
 from registry.choices import AdapterKind, Risk
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, ToolVersion
@@ -1096,11 +1097,9 @@ def status_service() -> Iterator[StatusService]:
     thread.join()
 
 
-def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcript_or_model(
-    demo, status_service, monkeypatch
-):
-    # given an HTTP read tool whose credential the host takes from the environment
-    monkeypatch.setenv(TOOL_CREDENTIAL_REF, TOOL_SECRET)
+def health_checker_add(demo, url: str, *, credential_ref: str) -> None:
+    """acme's agent `health-checker`, whose skill pins an HTTP read tool at `url` that names
+    `credential_ref` as its credential."""
     status_tool = publish_tool(
         demo,
         "service_status",
@@ -1115,7 +1114,7 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
         risk=Risk.READ,
         timeout_s=5,
         adapter_kind=AdapterKind.HTTP,
-        adapter_config={"url": status_service.url, "credential_ref": TOOL_CREDENTIAL_REF},
+        adapter_config={"url": url, "credential_ref": credential_ref},
     )
     skill_version = publish_skill(
         demo,
@@ -1127,6 +1126,16 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
         rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
     )
     add_agent(demo, "health-checker", skill_version)
+
+
+def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcript_or_model(
+    demo, status_service, monkeypatch, settings
+):
+    # given an HTTP read tool whose credential, granted to acme, the host takes from the
+    # environment
+    monkeypatch.setenv(TOOL_CREDENTIAL_REF, TOOL_SECRET)
+    settings.TENANT_CREDENTIALS = {"acme": [TOOL_CREDENTIAL_REF]}
+    health_checker_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
     run = start(
         demo, text="Are Apollo's services healthy?", agent="health-checker", project_id="apollo"
     )
@@ -1185,3 +1194,45 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
     assert UPSTREAM_SESSION_TOKEN not in stored
     assert not Source.objects.filter(Q(content__contains=TOOL_SECRET)).exists()
     assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+
+
+def test_a_tenants_http_tool_may_name_only_a_credential_granted_to_the_tenant(
+    demo, status_service, settings
+):
+    # given an operator who granted acme one credential
+    settings.TENANT_CREDENTIALS = {"acme": [TOOL_CREDENTIAL_REF]}
+
+    # when acme's publisher names the platform's own secret key as a tool's credential
+    with pytest.raises(ValidationFailed) as refused:
+        health_checker_add(demo, status_service.url, credential_ref="SECRET_KEY")
+
+    # then the tool is refused, saying where a credential is granted
+    (reason,) = refused.value.details["adapter_config"]
+    assert reason == (
+        "The credential SECRET_KEY is not granted to tenant acme: the operator grants it in "
+        "TENANT_CREDENTIALS."
+    )
+    assert not ToolVersion.objects.filter(tool__name="service_status").exists()
+
+
+def test_a_credential_no_longer_granted_is_never_sent_and_the_call_is_refused(
+    demo, status_service, monkeypatch, settings
+):
+    # given a tool published while its credential was granted to acme, then the grant moved
+    monkeypatch.setenv(TOOL_CREDENTIAL_REF, TOOL_SECRET)
+    settings.TENANT_CREDENTIALS = {"acme": [TOOL_CREDENTIAL_REF]}
+    health_checker_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
+    settings.TENANT_CREDENTIALS = {"globex": [TOOL_CREDENTIAL_REF]}
+    run = start(
+        demo, text="Are Apollo's services healthy?", agent="health-checker", project_id="apollo"
+    )
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the service was never called and the call was refused at the host's gate
+    assert status_service.requests == []
+    record = ToolCall.objects.get(run=run, call_id="offline-1")
+    assert (record.status, record.error_category) == ("rejected", "PERMISSION_DENIED")
+    assert "not granted to tenant acme" in record.envelope["error"]["message"]
+    assert TOOL_SECRET not in json.dumps(list(RunEvent.objects.filter(run=run).values("payload")))
