@@ -96,10 +96,18 @@ class AnthropicClient:
 def anthropic_messages(transcript: tuple[TranscriptItem, ...]) -> list[dict[str, Any]]:
     """Content blocks per transcript item, in order, with consecutive items of one role merged
     into one message: Anthropic wants every tool_result of a turn in the single user message
-    that follows the assistant's tool_use blocks."""
+    that follows the assistant's tool_use blocks.
+
+    An assistant turn with no text and no tool call (Claude may end a turn empty, often right
+    after tool results) is left out: the API refuses a message without content, and a
+    placeholder text would put words in the model's mouth. The user items on either side of
+    it then merge into one user message, so roles still alternate. The run's own transcript
+    keeps the empty turn."""
     messages: list[dict[str, Any]] = []
     for item in transcript:
         role, blocks = _content_blocks(item)
+        if not blocks:
+            continue
         if messages and messages[-1]["role"] == role:
             messages[-1]["content"].extend(blocks)
         else:
@@ -112,7 +120,8 @@ def _content_blocks(item: TranscriptItem) -> tuple[str, list[dict[str, Any]]]:
         case UserMessage():
             return "user", [{"type": "text", "text": item.text}]
         case AssistantTurn():
-            text_blocks = [{"type": "text", "text": item.text}] if item.text else []
+            # The API also refuses a text block of whitespace only.
+            text_blocks = [{"type": "text", "text": item.text}] if item.text.strip() else []
             return "assistant", text_blocks + [
                 {
                     "type": "tool_use",

@@ -117,7 +117,12 @@ def chat_messages(
     instructions: str, transcript: tuple[TranscriptItem, ...]
 ) -> list[dict[str, Any]]:
     """Instructions as the system message, then one message per transcript item in order: an
-    assistant message carries its tool calls, and each tool message answers one call by id."""
+    assistant message carries its tool calls, and each tool message answers one call by id.
+
+    An assistant turn with no text and no tool call is left out: `content` may be null only
+    beside `tool_calls`, and an empty string becomes an empty text block, which gateways to
+    Anthropic or Bedrock refuse. A user or tool message may follow another, so nothing else
+    changes. The run's own transcript keeps the empty turn."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
@@ -125,6 +130,8 @@ def chat_messages(
         match item:
             case UserMessage():
                 messages.append({"role": "user", "content": item.text})
+            case AssistantTurn() if not item.text and not item.tool_calls:
+                continue
             case AssistantTurn():
                 message: dict[str, Any] = {"role": "assistant", "content": item.text or None}
                 if item.tool_calls:

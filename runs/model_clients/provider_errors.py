@@ -8,8 +8,11 @@ from collections.abc import Mapping
 
 from runs.model_clients.base import ModelError
 
-# The SDKs' own retry policy: request timeout, lock conflict, rate limit, and every 5xx.
-RETRYABLE_STATUS_CODES = frozenset({408, 409, 429})
+# Request timeout and rate limit; every 5xx too (see `is_retryable_status`). Not 409, which
+# the SDKs' generic policy retries: both providers document it as a conflict with a resource's
+# state, to be resolved before trying again, and a Messages or Chat Completions call sent again
+# unchanged meets it again.
+RETRYABLE_STATUS_CODES = frozenset({408, 429})
 DETAIL_MAX_CHARS = 300
 REDACTED = "[redacted]"
 
@@ -26,7 +29,7 @@ def request_parameters(
 
 
 def is_retryable_status(status_code: int) -> bool:
-    """429, 408, 409 and 5xx pass with time; any other 4xx repeats identically."""
+    """429, 408 (a timeout) and 5xx pass with time; any other 4xx repeats identically."""
     return status_code in RETRYABLE_STATUS_CODES or status_code >= 500
 
 

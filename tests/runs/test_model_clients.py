@@ -1,5 +1,6 @@
 """Both provider clients against a local fake provider over real HTTP, through the real SDKs."""
 
+import json
 import socket
 import traceback
 from typing import Any
@@ -8,6 +9,7 @@ import pytest
 
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
+from runs.loop import run_execute
 from runs.model_clients.base import (
     AssistantTurn,
     ModelError,
@@ -20,6 +22,8 @@ from runs.model_clients.base import (
     UserMessage,
 )
 from runs.model_clients.factory import model_client_for
+from runs.models import Run
+from tests.runs.conftest import apollo_draft, demo_run, read_apollo, this_week
 from tests.runs.fake_provider import (
     ANTHROPIC_PATH,
     API_KEY,
@@ -370,6 +374,148 @@ def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_t
     ]
 
 
+CORRECTION = UserMessage(text="The draft does not meet the output contract: no draft.")
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"], ids=["empty", "whitespace"])
+def test_anthropic_leaves_out_an_empty_assistant_turn_and_merges_the_user_turns_around_it(
+    model_server, api_key, text
+):
+    # given a transcript where the model once ended a turn after a tool result with no content
+    # (or only whitespace), and the host then told it what was missing
+    client = model_client_for(anthropic_config(model_server.port))
+    model_server.reply(anthropic_message(text="Done."))
+
+    # when
+    client.complete(
+        request_of(
+            UserMessage(text="Summarise apollo."),
+            AssistantTurn(text="", tool_calls=(CALL_1,)),
+            RESULT_1,
+            AssistantTurn(text=text),
+            CORRECTION,
+        )
+    )
+
+    # then no message is sent without content, and user and assistant still alternate
+    assert model_server.requests[0].body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Summarise apollo."}]},
+        {
+            "role": "assistant",
+            "content": [
+                {
+                    "type": "tool_use",
+                    "id": "call_1",
+                    "name": "project_search",
+                    "input": {"project_id": "apollo"},
+                }
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_1",
+                    "content": '{"status": "ok"}',
+                    "is_error": False,
+                },
+                {"type": "text", "text": CORRECTION.text},
+            ],
+        },
+    ]
+
+
+def test_openai_leaves_out_an_empty_assistant_turn_instead_of_sending_null_content(
+    model_server, api_key
+):
+    # given a transcript where the model once answered with neither text nor a tool call,
+    # right after a tool result and right after the user's message
+    client = model_client_for(openai_config(model_server.port))
+    model_server.reply(openai_completion(content="Done."))
+
+    # when
+    client.complete(
+        request_of(
+            UserMessage(text="Summarise apollo."),
+            AssistantTurn(text=""),
+            CORRECTION,
+            AssistantTurn(text="", tool_calls=(CALL_1,)),
+            RESULT_1,
+            AssistantTurn(text=""),
+            CORRECTION,
+        )
+    )
+
+    # then no assistant message goes out with null content and no tool call (the API refuses
+    # it), while the tool-only turn keeps its null content beside its tool calls
+    assert model_server.requests[0].body["messages"] == [
+        {"role": "system", "content": INSTRUCTIONS},
+        {"role": "user", "content": "Summarise apollo."},
+        {"role": "user", "content": CORRECTION.text},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "project_search", "arguments": '{"project_id":"apollo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"status": "ok"}'},
+        {"role": "user", "content": CORRECTION.text},
+    ]
+
+
+def _read_then_empty_then_draft(provider: str) -> list[dict[str, Any]]:
+    """A model that reads apollo, then ends a turn with no content at all, then drafts."""
+    draft = json.dumps(apollo_draft())
+    if provider == ModelProvider.OPENAI_COMPATIBLE:
+        return [read_apollo("call_read"), openai_completion(), openai_completion(content=draft)]
+    monday, sunday = this_week()
+    arguments = {"project_id": "apollo", "from": monday, "to": sunday}
+    return [
+        anthropic_message(tool_uses=(("call_read", "project_search", arguments),)),
+        anthropic_message(),
+        anthropic_message(text=draft),
+    ]
+
+
+@pytest.mark.parametrize(
+    "provider",
+    [ModelProvider.OPENAI_COMPATIBLE, ModelProvider.ANTHROPIC],
+    ids=["openai", "anthropic"],
+)
+def test_a_model_that_once_answers_empty_gets_its_correction_and_the_run_goes_on(
+    demo, fake_model, provider
+):
+    # given a model that reads apollo, ends its next turn with no content at all (Claude does,
+    # right after tool results), then drafts once told what is missing
+    fake = fake_model(provider)
+    for reply in _read_then_empty_then_draft(provider):
+        fake.reply(reply)
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the run reaches the approval of its draft instead of failing on a refused request
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("WAITING_APPROVAL", "")
+    # and the request after the empty turn carried no message without content: the empty
+    # turn was left out, the correction followed the tool result
+    assert len(fake.requests) == 3
+    messages = fake.requests[2].body["messages"]
+    assert [message["role"] for message in messages] == (
+        ["system", "user", "assistant", "tool", "user"]
+        if provider == ModelProvider.OPENAI_COMPATIBLE
+        else ["user", "assistant", "user"]
+    )
+    assert all(message["content"] or message.get("tool_calls") for message in messages)
+
+
 def test_openai_official_endpoint_limits_output_with_max_completion_tokens(api_key, monkeypatch):
     # given
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
@@ -397,7 +543,15 @@ def test_openai_official_endpoint_limits_output_with_max_completion_tokens(api_k
 )
 @pytest.mark.parametrize(
     ("status", "is_retryable"),
-    [(429, True), (500, True), (503, True), (400, False), (401, False)],
+    [
+        (429, True),
+        (408, True),
+        (500, True),
+        (503, True),
+        (400, False),
+        (401, False),
+        (409, False),
+    ],
 )
 def test_http_errors_are_classified_and_never_carry_the_key(
     model_server, api_key, make_config, error_body, status, is_retryable
