@@ -10,6 +10,7 @@ import importlib
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from django.conf import settings
@@ -114,6 +115,14 @@ _HTTP_CATEGORIES = {
 }
 
 
+def _redirect_target(response: httpx.Response) -> str:
+    """Where a redirect points, without credentials, query or fragment: a login URL may carry
+    a state or session token, and the host is what tells an operator where the call went."""
+    location = urlsplit(response.headers.get("location", ""))
+    host = location.netloc.rpartition("@")[2]
+    return urlunsplit((location.scheme, host, location.path, "", ""))
+
+
 def http_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
@@ -153,8 +162,20 @@ def http_call(
     try:
         payload = response.json()
     except ValueError:
+        # Not JSON: kept as text. From a 2xx it is still the service's answer (untrusted data,
+        # like any raw response); a service states a business failure in its JSON.
         payload = {"text": response.text[:4000]}
-    if response.status_code >= 400:
+    if 300 <= response.status_code < 400:
+        # Redirects are not followed (the POST, its credential and idempotency key go to the
+        # published URL only): a gateway that sends the call to a login page did not run it.
+        raise ToolFailed(
+            f"The service answered {response.status_code} (a redirect, not followed) "
+            "instead of a result.",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=False,
+            raw={"location": _redirect_target(response), "body": payload},
+        )
+    if not response.is_success:
         raise ToolFailed(
             f"The service answered {response.status_code}.",
             category=_HTTP_CATEGORIES.get(response.status_code, ErrorCategory.UPSTREAM_ERROR),

@@ -2,7 +2,8 @@
 
 HTTP 200 with a business refusal is not success: protocol status and business status are kept
 apart. The raw business response is kept as complete as the size limit allows, with secrets
-stripped; what does not fit stays in a Source the model can cite by reference.
+stripped; the whole response of a call cut to fit stays in a Source the model can cite by
+reference (`executor._record`).
 """
 
 import json
@@ -68,15 +69,34 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     return value
 
 
+def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
+    """Replace `part` (raw or normalized) with a preview of its JSON text, as long as the
+    envelope allows; returns whether the envelope fits now."""
+    preview = json.dumps(getattr(envelope, part), ensure_ascii=False, default=str)
+    while True:
+        setattr(envelope, part, {"preview": preview})
+        if envelope.size() <= max_bytes:
+            return True
+        if not preview:
+            return False
+        preview = preview[: len(preview) // 2]
+
+
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
-    """Keep the envelope under `max_bytes`: the raw response is cut first (its full text stays
-    in the call's sources), never the statuses, the error or the source references."""
+    """Keep the envelope under `max_bytes`: the raw response is cut first, then the normalised
+    fields (each to a preview of its JSON text; the full response stays in a Source of the
+    call), then the error's message; then, should the references alone be too many, the last
+    of them (their Sources stay). The statuses, the error category and the call are never cut."""
     if envelope.size() <= max_bytes:
         return envelope
-    preview = json.dumps(envelope.raw, ensure_ascii=False, default=str)
     envelope.truncated = True
-    while True:
-        envelope.raw = {"preview": preview}
-        if not preview or envelope.size() <= max_bytes:
-            return envelope
-        preview = preview[: len(preview) // 2]
+    if _cut(envelope, "raw", max_bytes) or _cut(envelope, "normalized", max_bytes):
+        return envelope
+    if envelope.error is not None:
+        message = envelope.error.get("message", "")
+        while envelope.size() > max_bytes and message:
+            message = message[: len(message) // 2]
+            envelope.error = {**envelope.error, "message": message}
+    while envelope.size() > max_bytes and envelope.sources:
+        envelope.sources.pop()
+    return envelope

@@ -9,6 +9,7 @@ never executed.
 
 import copy
 import hashlib
+import json
 import random
 import time
 import uuid
@@ -30,7 +31,7 @@ from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
 from runs.models.tools import EVIDENCE_USE
 from runs.tools import adapters, limits, threads
-from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, ToolRefused
+from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
 from runs.workflows import Node
 
@@ -60,13 +61,17 @@ class StepCalls:
 
 
 def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str) -> ToolCall:
-    envelope = Envelope(
-        call_id=record.call_id,
-        tool=record.name,
-        protocol_status="rejected",
-        business_status="not_executed",
-        error={"category": category, "message": message},
+    envelope = fit(
+        Envelope(
+            call_id=record.call_id,
+            tool=record.name,
+            protocol_status="rejected",
+            business_status="not_executed",
+            error={"category": category, "message": message},
+        ),
+        max_bytes=settings.TOOL_RESULT_MAX_BYTES,
     )
+    message = envelope.error["message"]
     record.status = ToolCall.Status.REJECTED
     record.error_category = category
     record.envelope = envelope.as_dict()
@@ -116,9 +121,19 @@ def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
         return []
     return sorted(
         ("/".join(map(str, error.absolute_path)) + ": " if error.absolute_path else "")
-        + error.message
+        + _shortened(error.message)
         for error in validator.iter_errors(arguments)
     )
+
+
+# A validation message quotes the value it refuses: a long one is cut to this many characters.
+VALIDATION_MESSAGE_CHARS = 200
+
+
+def _shortened(message: str) -> str:
+    if len(message) <= VALIDATION_MESSAGE_CHARS:
+        return message
+    return message[: VALIDATION_MESSAGE_CHARS - 1] + "…"
 
 
 def _credential_reference(tool_version: ToolVersion, run: Run) -> tuple[str, str | None] | None:
@@ -176,7 +191,7 @@ def _admit(
     if entry is None or tool_version is None or call.name not in node.tools:
         category = ErrorCategory.NOT_FOUND if entry is None else ErrorCategory.PERMISSION_DENIED
         return _reject(
-            record, run, category=category, message=f"{call.name} is not available in this step."
+            record, run, category=category, message=f"{record.name} is not available in this step."
         )
     if revoked:
         return _reject(
@@ -217,6 +232,8 @@ def _admit(
     )
 
 
+# The reference of the Source that keeps a whole response its envelope had to cut.
+RESULT_REFERENCE_PREFIX = "tool-result:"
 # A side effect turned away by a limit asks again after this long (seconds, jittered).
 LIMIT_WAIT_SECONDS = (0.2, 1.0)
 _RUN_CALL_IDS = PreparedQuery(
@@ -522,20 +539,36 @@ def _record(
         record.status = ToolCall.Status.FAILED
         record.error_category = outcome.category
     else:
-        envelope.business_status = outcome.business_status
+        envelope.business_status = strip_secrets(outcome.business_status, secrets=secrets)[:64]
         envelope.raw = strip_secrets(outcome.raw, secrets=secrets)
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
-        for draft in outcome.sources:
-            content = strip_secrets(draft.content, secrets=secrets)
+        drafts = [
+            SourceDraft(
+                reference=strip_secrets(draft.reference, secrets=secrets),
+                content=strip_secrets(draft.content, secrets=secrets),
+                allowed_use=draft.allowed_use,
+            )
+            for draft in outcome.sources
+        ]
+        if envelope.size() > settings.TOOL_RESULT_MAX_BYTES:
+            # The envelope will be cut: the whole response stays as evidence of its own.
+            whole = {"raw": envelope.raw, "normalized": envelope.normalized}
+            drafts.append(
+                SourceDraft(
+                    reference=f"{RESULT_REFERENCE_PREFIX}{record.call_id}",
+                    content=json.dumps(whole, ensure_ascii=False, default=str),
+                )
+            )
+        for draft in drafts:
             source = writes.new(
                 Source,
                 run_id=run.pk,
                 tool_call_id=record.pk,
                 origin=tool_version.qualified_name,
                 reference=draft.reference[:300],
-                content_hash=hashlib.sha256(content.encode()).hexdigest(),
+                content_hash=hashlib.sha256(draft.content.encode()).hexdigest(),
                 allowed_use=draft.allowed_use,
-                content=content,
+                content=draft.content,
             )
             step_calls.sources.append(source)
             envelope.sources.append(

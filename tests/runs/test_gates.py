@@ -374,6 +374,35 @@ def test_anthropic_messages_pair_a_rejected_tool_use_with_its_tool_result(demo, 
     assert [block["tool_use_id"] for block in last[4]["content"]] == ["toolu_read"]
 
 
+def test_a_rejected_calls_answer_is_size_limited_like_any_envelope(demo, fake_model, settings):
+    # given a model that sends project_search a 200 KB date
+    fake = fake_model()
+    _, sunday = this_week()
+    huge = "9" * 200_000
+    arguments = json.dumps({"project_id": "apollo", "from": huge, "to": sunday})
+    fake.reply(openai_completion(tool_calls=(("call_huge", "project_search", arguments),)))
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call is refused for its argument, and the refusal (stored, logged, answered to
+    # the model) stays under the envelope's limit
+    record = ToolCall.objects.get(run=run, call_id="call_huge")
+    assert (record.status, record.error_category) == ("rejected", "INVALID_ARGUMENT")
+    assert len(json.dumps(record.envelope).encode()) <= settings.TOOL_RESULT_MAX_BYTES
+    assert record.envelope["error"]["message"].startswith("from: '999")
+    (rejected,) = events_of(run, "tool.rejected")
+    assert rejected["reason"] == record.envelope["error"]["message"]
+    assert len(rejected["reason"]) < 1000
+    run.refresh_from_db()
+    (answer,) = [entry for entry in run.transcript if entry.get("call_id") == "call_huge"]
+    assert len(answer["content"].encode()) < 2 * settings.TOOL_RESULT_MAX_BYTES
+    assert run.status == "WAITING_APPROVAL"
+
+
 def _model_call_ids(run) -> list[dict]:
     return [
         {key: call[key] for key in ("call_id", "provider_call_id", "name") if key in call}

@@ -1097,14 +1097,22 @@ def status_service() -> Iterator[StatusService]:
     thread.join()
 
 
-def health_checker_add(demo, url: str, *, credential_ref: str) -> None:
-    """acme's agent `health-checker`, whose skill pins an HTTP read tool at `url` that names
-    `credential_ref` as its credential."""
-    status_tool = publish_tool(
+def http_reader_add(
+    demo,
+    url: str,
+    *,
+    tool: str = "service_status",
+    agent: str = "health-checker",
+    credential_ref: str | None = None,
+) -> None:
+    """acme's agent `agent`, whose skill pins one HTTP read tool `tool` at `url`, naming
+    `credential_ref` (if any) as its credential."""
+    config = {"url": url} | ({"credential_ref": credential_ref} if credential_ref else {})
+    read_tool = publish_tool(
         demo,
-        "service_status",
+        tool,
         "1.0.0",
-        description="Reads the health of a project's services. Changes nothing.",
+        description="Reads a project's status from a service. Changes nothing.",
         input_schema={
             "type": "object",
             "properties": {"project_id": {"type": "string"}},
@@ -1114,18 +1122,18 @@ def health_checker_add(demo, url: str, *, credential_ref: str) -> None:
         risk=Risk.READ,
         timeout_s=5,
         adapter_kind=AdapterKind.HTTP,
-        adapter_config={"url": url, "credential_ref": credential_ref},
+        adapter_config=config,
     )
     skill_version = publish_skill(
         demo,
-        "service-health",
+        f"{agent}-skill",
         "1.0.0",
-        tool_versions=[status_tool],
+        tool_versions=[read_tool],
         workflow="",
         required_inputs=["project_scope"],
         rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
     )
-    add_agent(demo, "health-checker", skill_version)
+    add_agent(demo, agent, skill_version)
 
 
 def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcript_or_model(
@@ -1135,7 +1143,7 @@ def test_an_http_tool_gets_the_host_credential_and_no_secret_reaches_log_transcr
     # environment
     monkeypatch.setenv(TOOL_CREDENTIAL_REF, TOOL_SECRET)
     settings.TENANT_CREDENTIALS = {"acme": [TOOL_CREDENTIAL_REF]}
-    health_checker_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
+    http_reader_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
     run = start(
         demo, text="Are Apollo's services healthy?", agent="health-checker", project_id="apollo"
     )
@@ -1204,7 +1212,7 @@ def test_a_tenants_http_tool_may_name_only_a_credential_granted_to_the_tenant(
 
     # when acme's publisher names the platform's own secret key as a tool's credential
     with pytest.raises(ValidationFailed) as refused:
-        health_checker_add(demo, status_service.url, credential_ref="SECRET_KEY")
+        http_reader_add(demo, status_service.url, credential_ref="SECRET_KEY")
 
     # then the tool is refused, saying where a credential is granted
     (reason,) = refused.value.details["adapter_config"]
@@ -1221,7 +1229,7 @@ def test_a_credential_no_longer_granted_is_never_sent_and_the_call_is_refused(
     # given a tool published while its credential was granted to acme, then the grant moved
     monkeypatch.setenv(TOOL_CREDENTIAL_REF, TOOL_SECRET)
     settings.TENANT_CREDENTIALS = {"acme": [TOOL_CREDENTIAL_REF]}
-    health_checker_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
+    http_reader_add(demo, status_service.url, credential_ref=TOOL_CREDENTIAL_REF)
     settings.TENANT_CREDENTIALS = {"globex": [TOOL_CREDENTIAL_REF]}
     run = start(
         demo, text="Are Apollo's services healthy?", agent="health-checker", project_id="apollo"

@@ -1,0 +1,76 @@
+"""The result envelope keeps under its size limit whatever part of it is large, and never cuts
+the statuses, the error category or the call it answers."""
+
+import json
+
+import pytest
+
+from runs.tools.envelope import Envelope, fit
+
+LIMIT = 2048
+
+
+def _envelope(**parts) -> Envelope:
+    return Envelope(
+        call_id="call_1",
+        tool="report_read@1.0.0",
+        protocol_status="ok",
+        business_status="ok",
+        **parts,
+    )
+
+
+def _size(envelope: Envelope) -> int:
+    return len(json.dumps(envelope.as_dict(), separators=(",", ":"), default=str).encode())
+
+
+def test_an_envelope_that_fits_is_kept_whole():
+    envelope = _envelope(raw={"rows": [1, 2, 3]}, normalized={"count": 3})
+
+    assert (
+        fit(envelope, max_bytes=LIMIT).as_dict()
+        == _envelope(raw={"rows": [1, 2, 3]}, normalized={"count": 3}).as_dict()
+    )
+
+
+def test_a_large_raw_response_is_cut_to_a_preview_first():
+    rows = [{"row": index, "text": "x" * 40} for index in range(200)]
+
+    envelope = fit(_envelope(raw={"rows": rows}, normalized={"count": 200}), max_bytes=LIMIT)
+
+    assert _size(envelope) <= LIMIT
+    assert envelope.truncated is True
+    assert json.dumps({"rows": rows}).startswith(envelope.raw["preview"])
+    assert envelope.raw["preview"]
+    assert envelope.normalized == {"count": 200}
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        {"raw": {"ok": True}, "normalized": {"summary": "y" * 60_000}},
+        {"error": {"category": "UPSTREAM_ERROR", "message": "z" * 60_000}},
+        {
+            "sources": [
+                {"id": str(index), "reference": f"project:apollo/update:{index}"}
+                for index in range(500)
+            ]
+        },
+    ],
+    ids=["normalized", "error-message", "references"],
+)
+def test_whatever_part_is_large_the_envelope_keeps_under_the_limit(parts):
+    envelope = fit(_envelope(**parts), max_bytes=LIMIT)
+
+    assert _size(envelope) <= LIMIT
+    assert envelope.truncated is True
+    assert (envelope.call_id, envelope.protocol_status, envelope.business_status) == (
+        "call_1",
+        "ok",
+        "ok",
+    )
+    if "error" in parts:
+        assert envelope.error["category"] == "UPSTREAM_ERROR"
+    if "sources" in parts:
+        assert envelope.sources == parts["sources"][: len(envelope.sources)]
+        assert envelope.sources

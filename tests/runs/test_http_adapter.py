@@ -1,0 +1,308 @@
+"""The HTTP adapter against a local service over real HTTP: which answers are a tool's result
+and which are a failed call, with the error category, retryable and may_have_side_effect of
+the envelope (DESIGN.md, gate 7)."""
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from registry.choices import AdapterKind, Risk
+from registry.models import Tenant, ToolVersion
+from runs.loop import run_execute
+from runs.models import Run, Source, ToolCall
+from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
+from runs.tools.envelope import ErrorCategory
+from tests.runs.conftest import demo_run, event_types, events_of
+from tests.runs.test_loop import http_reader_add
+
+SSO_LOGIN = "/sso/login"
+
+
+@dataclass
+class ReportService:
+    """A local service behind an HTTP tool: answers every POST with the canned status,
+    headers and body, and records every request it receives (path and body)."""
+
+    url: str = ""
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
+    body: bytes = b'{"business_status": "ok", "data": {"health": "green"}}'
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def redirect_to_login(self, status: int = 302) -> None:
+        """A gateway in front of the service that sends an unauthenticated call to its SSO
+        login page, with a state token in the query, on this same server."""
+        self.status = status
+        self.headers = {"Location": f"{self.url.rsplit('/', 1)[0]}{SSO_LOGIN}?state=st-8d41c2"}
+        self.body = b""
+
+
+@pytest.fixture
+def report_service() -> Iterator[ReportService]:
+    service = ReportService()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            service.requests.append(
+                {"method": self.command, "path": self.path, "body": json.loads(raw or b"null")}
+            )
+            self.send_response(service.status)
+            for name, value in service.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Length", str(len(service.body)))
+            self.end_headers()
+            self.wfile.write(service.body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    service.url = f"http://127.0.0.1:{server.server_address[1]}/report"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    thread.start()
+    yield service
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def report_tool(url: str) -> ToolVersion:
+    """An HTTP read tool as a publisher configures it (not saved: the adapter reads only its
+    configuration)."""
+    return ToolVersion(
+        adapter_kind=AdapterKind.HTTP, adapter_config={"url": url}, risk=Risk.READ, timeout_s=5
+    )
+
+
+def call_context() -> ToolContext:
+    return ToolContext(
+        run_id="run-1",
+        call_id="call-1",
+        tenant=Tenant(slug="acme"),
+        actor=get_user_model()(username="alice"),
+        idempotency_key="run-1:call-1",
+    )
+
+
+def test_a_redirect_answer_is_a_failed_call_not_a_successful_one(demo, report_service):
+    # given an HTTP read tool behind a gateway that redirects its call to an SSO login page
+    report_service.redirect_to_login()
+    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader")
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call failed as an upstream error that another identical try would not fix, and
+    # that did nothing (the service never ran it)
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.error_category, record.attempts) == (
+        "failed",
+        "UPSTREAM_ERROR",
+        1,
+    )
+    envelope = record.envelope
+    assert (envelope["protocol_status"], envelope["business_status"]) == ("error", "failed")
+    assert (envelope["retryable"], envelope["may_have_side_effect"]) == (False, False)
+    assert envelope["error"] == {
+        "category": "UPSTREAM_ERROR",
+        "message": "The service answered 302 (a redirect, not followed) instead of a result.",
+    }
+    # the envelope names where the gateway pointed, without the login URL's state token
+    assert envelope["raw"] == {
+        "location": f"{report_service.url.rsplit('/', 1)[0]}{SSO_LOGIN}",
+        "body": {"text": ""},
+    }
+    assert events_of(run, "tool.failed") == [
+        {
+            "call_id": record.call_id,
+            "name": "report_read@1.0.0",
+            "category": "UPSTREAM_ERROR",
+            "retryable": False,
+            "may_have_side_effect": False,
+        }
+    ]
+    assert "tool.completed" not in event_types(run)
+    # nothing from the login page became evidence, and the redirect was not followed
+    assert not Source.objects.filter(run=run).exists()
+    assert [(request["method"], request["path"]) for request in report_service.requests] == [
+        ("POST", "/report")
+    ]
+    # and the model was given the failure as an error result, with nothing to cite
+    run = Run.objects.get(pk=run.pk)
+    results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
+    assert [(entry["call_id"], entry["is_error"]) for entry in results] == [(record.call_id, True)]
+    assert run.result["sources"] == []
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_every_redirect_status_is_a_final_upstream_error_without_side_effect(
+    report_service, status
+):
+    # given a service whose gateway redirects the call
+    report_service.redirect_to_login(status)
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then
+    failure = raised.value
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        False,
+        False,
+    )
+    assert len(report_service.requests) == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "category", "is_retryable", "may_have_side_effect"),
+    [
+        (400, ErrorCategory.INVALID_ARGUMENT, False, False),
+        (403, ErrorCategory.PERMISSION_DENIED, False, False),
+        (404, ErrorCategory.NOT_FOUND, False, False),
+        (429, ErrorCategory.RATE_LIMITED, True, False),
+        (503, ErrorCategory.UPSTREAM_ERROR, True, True),
+    ],
+)
+def test_an_error_status_is_a_failed_call_keeping_the_service_s_answer(
+    report_service, status, category, is_retryable, may_have_side_effect
+):
+    # given a service that answers an error with its reason in JSON
+    report_service.status = status
+    report_service.body = b'{"error": "no such project"}'
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then
+    failure = raised.value
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        category,
+        is_retryable,
+        may_have_side_effect,
+    )
+    assert str(failure) == f"The service answered {status}."
+    assert failure.raw == {"error": "no such project"}
+
+
+def test_a_success_answer_in_plain_text_is_the_service_s_answer_kept_as_text(report_service):
+    # given a service that answers 200 with plain text, not the JSON of the contract
+    report_service.headers = {"Content-Type": "text/plain"}
+    report_service.body = b"apollo: green"
+
+    # when
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then it is the tool's result, its text kept as the raw answer
+    assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
+
+
+def report_read(demo, report_service: ReportService) -> Run:
+    """A run of the generic agent that reads the report once, finished."""
+    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader")
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    return Run.objects.get(pk=run.pk)
+
+
+def envelope_size(envelope: dict) -> int:
+    return len(json.dumps(envelope, separators=(",", ":")).encode())
+
+
+def test_an_answer_too_large_for_the_envelope_stays_whole_in_a_source_of_the_call(
+    demo, report_service, settings
+):
+    # given a service whose answer is far larger than an envelope may carry
+    rows = [{"row": index, "text": f"line {index} " + "x" * 40} for index in range(900)]
+    report_service.body = json.dumps({"business_status": "ok", "data": {"rows": rows}}).encode()
+
+    # when
+    run = report_read(demo, report_service)
+
+    # then the envelope is cut to size, and refers to a Source holding the whole answer
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.status == "completed"
+    assert record.envelope["truncated"] is True
+    assert envelope_size(record.envelope) <= settings.TOOL_RESULT_MAX_BYTES
+    (source,) = Source.objects.filter(run=run, tool_call=record)
+    assert source.reference == f"tool-result:{record.call_id}"
+    assert json.loads(source.content)["raw"]["rows"] == rows
+    assert [item["reference"] for item in record.envelope["sources"]] == [source.reference]
+    assert run.result["sources"] == [{"reference": source.reference, "origin": "report_read@1.0.0"}]
+
+
+def test_large_normalised_fields_are_cut_too(demo, report_service, settings):
+    # given a service whose normalised fields are large (its raw answer is small)
+    report_service.body = json.dumps(
+        {"business_status": "ok", "data": {"ok": True}, "normalized": {"summary": "y" * 60_000}}
+    ).encode()
+
+    # when
+    run = report_read(demo, report_service)
+
+    # then
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["truncated"] is True
+    assert envelope_size(record.envelope) <= settings.TOOL_RESULT_MAX_BYTES
+    (source,) = Source.objects.filter(run=run, tool_call=record)
+    assert json.loads(source.content)["normalized"] == {"summary": "y" * 60_000}
+
+
+def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
+    demo, report_service, monkeypatch, settings
+):
+    # given a service that names its evidence by the URL it fetched, credential included, and
+    # echoes it in its business status
+    secret = "svc-secret-4b7e19c0d2a85f36"
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
+    settings.TENANT_CREDENTIALS = {"acme": ["REPORT_SERVICE_TOKEN"]}
+    report_service.body = json.dumps(
+        {
+            "business_status": f"ok for {secret}",
+            "data": {"health": "green"},
+            "sources": [
+                {"reference": f"https://status.example/apollo?token={secret}", "content": "green"}
+            ],
+        }
+    ).encode()
+    http_reader_add(
+        demo,
+        report_service.url,
+        tool="report_read",
+        agent="report-reader",
+        credential_ref="REPORT_SERVICE_TOKEN",
+    )
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the service got the credential, and it is nowhere in what the run keeps or shows
+    run = Run.objects.get(pk=run.pk)
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["business_status"] == "ok for [redacted]"
+    (source,) = Source.objects.filter(run=run, tool_call=record)
+    assert source.reference == "https://status.example/apollo?token=[redacted]"
+    stored = json.dumps(
+        [
+            list(run.events.values_list("payload", flat=True)),
+            record.envelope,
+            source.reference,
+            run.transcript,
+            run.result,
+        ]
+    )
+    assert secret not in stored
