@@ -108,13 +108,16 @@ def _as_stored(payload: dict[str, Any]) -> dict[str, Any]:
 def event_stream(
     request: HttpRequest, run: Run, after: int, *, shape: Shape = _as_stored
 ) -> StreamingHttpResponse:
-    """`shape` turns each stored payload into what this viewer may see."""
+    """`shape` turns each stored payload into what this viewer may see. A HEAD request gets
+    the headers only: following a live run for a body nobody reads would hold a connection
+    for as long as the run."""
     run_id = str(run.pk)
-    stream = (
-        _async_stream(run_id, after, shape)
-        if isinstance(request, ASGIRequest)
-        else _sync_stream(run_id, after, shape)
-    )
+    if request.method == "HEAD":
+        stream = iter(())
+    elif isinstance(request, ASGIRequest):
+        stream = _async_stream(run_id, after, shape)
+    else:
+        stream = _sync_stream(run_id, after, shape)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

@@ -7,7 +7,8 @@ import json
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.management import call_command
-from django.test import AsyncClient
+from django.test import AsyncClient, RequestFactory
+from django.urls import resolve
 
 from registry.demo import DEMO_PASSWORD
 from registry.services.tenancy import api_token_issue
@@ -63,6 +64,20 @@ def test_the_stream_replays_the_log_in_order_and_ends_with_the_status(client, fi
     assert json.loads(frames[-1]["data"]) == {"status": "CANCELLED"}
     first = json.loads(frames[0]["data"])
     assert (first["seq"], first["type"]) == (1, "message.received")
+
+
+def test_a_head_request_gets_the_streams_headers_and_no_body(finished_run):
+    # (through the view itself: the test client drops a HEAD response's body on its own, and
+    # a server does not, however long the body takes to make)
+    run, key = finished_run
+    path = f"/api/v1/runs/{run.pk}/stream"
+    request = RequestFactory().head(path, HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS)
+
+    response = resolve(path).func(request, **resolve(path).kwargs)
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert b"".join(response.streaming_content) == b""
 
 
 def test_last_event_id_resumes_after_that_event(client, finished_run):
