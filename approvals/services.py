@@ -26,6 +26,7 @@ from approvals.errors import (
     SelfApprovalForbidden,
 )
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
+from config.celery import task_send
 from examples.models import DirectoryRecord
 from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
@@ -277,7 +278,7 @@ def _decision_record(
 
 
 def _resume_later(action_id: Any) -> None:
-    tasks.action_resume.delay(action_id=str(action_id))
+    task_send(tasks.action_resume, action_id=str(action_id))
 
 
 def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:

@@ -1,11 +1,15 @@
 """The Celery application of the data plane; configuration comes from Django settings."""
 
+import logging
 import os
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_init
+from kombu.exceptions import OperationalError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+logger = logging.getLogger(__name__)
 
 app = Celery("agentgov")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -35,3 +39,19 @@ def _close_old_database_connections(*, task, **kwargs) -> None:
 
     if not task.request.is_eager:
         close_old_connections()
+
+
+def task_send(task, **kwargs) -> bool:
+    """Send `task` with these arguments now. With the broker unreachable (kombu gave up after
+    its publish retries), log it and leave the work where it is: every task sent this way has
+    a sweep that finds work whose task was lost and sends it again. The caller's request,
+    whose work is already committed, is not failed for a broker down for a moment. Returns
+    whether the task was sent."""
+    try:
+        task.delay(**kwargs)
+    except OperationalError:
+        logger.warning(
+            "%s%s not sent: the broker is unreachable; its sweep will send it", task.name, kwargs
+        )
+        return False
+    return True

@@ -9,6 +9,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config.celery import task_send
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import Action
@@ -173,7 +174,7 @@ def message_ingest(
                 generation=generation,
             )
         if run.status == RunStatus.QUEUED:
-            transaction.on_commit(lambda: run_advance.delay(run_id=str(run.pk)))
+            transaction.on_commit(lambda: task_send(run_advance, run_id=str(run.pk)))
     except (IntegrityError, NotFound):
         existing = _existing(
             tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash

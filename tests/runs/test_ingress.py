@@ -4,6 +4,7 @@ of the log, refusal without an agent, authorization and input validation."""
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -11,10 +12,13 @@ from django.db import close_old_connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from config.celery import app
 from registry.choices import Role
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
 from runs.models import IngressRecord, Run, RunEvent, Session
+from runs.tasks import runs_sweep
+from tests.celery_worker import queue_purge, queued_run_ids
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import MESSAGES, NOTHING, event_log, message_body, row_counts
 
@@ -757,3 +761,52 @@ def test_received_at_is_timezone_aware(alice, post_message):
 
     received_at = datetime.fromisoformat(Run.objects.get().message["received_at"])
     assert received_at.utcoffset() is not None
+
+
+class Broker:
+    """Moves the Celery app's broker to a closed port on loopback (`down`) and back (`up`)."""
+
+    def __init__(self) -> None:
+        self.url = app.conf.broker_url
+
+    def _move(self, url: str) -> None:
+        app.conf.broker_url = url
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    def down(self) -> None:
+        self._move("redis://127.0.0.1:9/0")
+
+    def up(self) -> None:
+        self._move(self.url)
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    broker = Broker()
+    yield broker
+    broker.up()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_accepted_while_the_broker_is_down_is_sent_by_the_sweep(
+    alice, post_message, settings, broker, caplog
+):
+    # given a broker that cannot be reached
+    queue_purge()
+    broker.down()
+
+    # when a message arrives
+    response = post_message(alice, key="while-the-broker-is-down")
+
+    # then it is accepted: its run is queued, and the log says the sweep will send it
+    assert response.status_code == 202, response.content
+    run = Run.objects.get()
+    assert run.status == "QUEUED"
+    assert f"runs.tasks.run_advance{{'run_id': '{run.pk}'}} not sent" in caplog.text
+    # and once the broker is back, the sweep sends it when its lease lapses
+    broker.up()
+    settings.RUN_LEASE_SECONDS = 0
+    assert runs_sweep() == 1
+    assert queued_run_ids() == [str(run.pk)]
+    queue_purge()
