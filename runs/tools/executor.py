@@ -10,13 +10,16 @@ never executed.
 import copy
 import hashlib
 import json
+import logging
 import random
 import time
+import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
 
@@ -34,6 +37,8 @@ from runs.tools import adapters, limits, threads
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
 from runs.workflows import Node
+
+logger = logging.getLogger(__name__)
 
 # Faults of a sandbox that a real system could recover from; a retry policy applies to them.
 SANDBOX_TRANSIENT_FAULTS = frozenset(
@@ -441,10 +446,34 @@ def _attempt(
     except ToolFailed:
         limits.calls_leave([(entered, True)])
         raise
+    except DatabaseError:
+        limits.calls_leave([(entered, None)])
+        raise
+    except Exception as error:
+        limits.calls_leave([(entered, True)])
+        raise _handler_failure(admitted.tool_version, error) from error
     except BaseException:
         limits.calls_leave([(entered, None)])
         raise
     return output, entered
+
+
+def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
+    """A handler that raised anything but ToolFailed (or a database error, which is the
+    step's) has a bug: its call failed, category UNKNOWN, and the run goes on; a tool that is
+    not a read may have done something first (reconciliation finds out). The log names the
+    exception and where it was raised, not its message, which may quote what the handler held."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    logger.error(
+        "%s: the handler raised %s%s", tool_version.qualified_name, type(error).__name__, where
+    )
+    return ToolFailed(
+        f"The handler of {tool_version.qualified_name} failed unexpectedly.",
+        category=ErrorCategory.UNKNOWN,
+        retryable=False,
+        may_have_side_effect=tool_version.risk not in READ_RISKS,
+    )
 
 
 def _run_with_retries(
