@@ -805,9 +805,11 @@ def _budget_exhausted(run: Run) -> str | None:
 def _save(run: Run) -> None:
     """The step's one write: the run's row with the rows the step made (`runs.writes`)."""
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    run.attempts = 0
     written = writes.run_update(
         run,
         fields=[
+            "attempts",
             "status",
             "reason_code",
             "finished_at",

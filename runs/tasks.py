@@ -7,7 +7,7 @@ from uuid import UUID
 
 from celery import shared_task
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -67,6 +67,32 @@ def _turn_wait() -> float:
     return random.uniform(0.5, 2.0)
 
 
+# Steps of a run that may fail in a row (raise, rather than end the run) before it ends
+# FAILED_FINAL: a bug in a step would otherwise have every sweep send the run again.
+STEP_FAILURES_MAX = 5
+
+
+def _step_failed(run_id: str) -> None:
+    """Count a step that raised against its run; the run ends at STEP_FAILURES_MAX in a row
+    (a step that saves starts the count again, `runs.loop`)."""
+    try:
+        with transaction.atomic():
+            run = (
+                Run.objects.select_for_update()
+                .filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+                .first()
+            )
+            if run is None:
+                return
+            run.attempts += 1
+            run.save(update_fields=["attempts", "updated_at"])
+            if run.attempts >= STEP_FAILURES_MAX:
+                logger.error("run %s ends: %s steps in a row failed", run_id, run.attempts)
+                run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="STEP_FAILED")
+    except DatabaseError:
+        logger.warning("run %s: its failed step could not be counted", run_id)
+
+
 def _advance(task, run_id: str) -> None:
     try:
         run_execute(run_id=run_id)
@@ -80,6 +106,9 @@ def _advance(task, run_id: str) -> None:
                     )
             return
         raise task.retry(countdown=_backoff(task.request.retries), exc=error) from error
+    except Exception:
+        _step_failed(run_id)
+        raise
 
 
 @shared_task(acks_late=True)

@@ -52,6 +52,7 @@ class Run(models.Model):
     tokens_used = models.PositiveIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Steps that failed (raised) in a row since the last one that saved (`runs.tasks`).
     attempts = models.PositiveIntegerField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_reason = models.CharField(

@@ -33,7 +33,7 @@ from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, RunEvent, Source, ToolCall
 from runs.services.runs import run_cancel
-from runs.tasks import MODEL_RETRIES, run_advance
+from runs.tasks import MODEL_RETRIES, STEP_FAILURES_MAX, run_advance
 from runs.tools import executor
 from runs.workflows import WEEKLY_SUMMARY_SEND
 from tests.runs.conftest import (
@@ -871,6 +871,53 @@ def test_the_task_retries_a_rate_limited_provider_with_backoff_then_fails_retrya
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
     assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     assert finished(run).steps == 0
+
+
+def test_a_step_that_keeps_raising_ends_the_run_instead_of_being_sent_forever(demo, monkeypatch):
+    # given a run whose model turn has a bug
+    def broken(run, model_config):
+        raise RuntimeError("a bug in the model turn")
+
+    monkeypatch.setattr(loop, "_model_turn", broken)
+    run = start(demo, project_id="apollo")
+
+    # when its task is delivered again and again (as the sweep would send it), then each
+    # delivery fails, the run staying active until the last
+    for delivery in range(1, STEP_FAILURES_MAX + 1):
+        with pytest.raises(RuntimeError, match="a bug in the model turn"):
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+        if delivery < STEP_FAILURES_MAX:
+            assert (finished(run).status, finished(run).attempts) == ("RUNNING", delivery)
+
+    # which ends it for good
+    result = assert_terminal(run, "FAILED_FINAL", "STEP_FAILED")
+    assert result["next_step"] == "Report the reason code to a platform admin."
+
+
+def test_a_step_that_saves_starts_the_count_of_failed_steps_again(demo, monkeypatch):
+    # given a run whose model turn failed twice, then works again
+    calls = []
+    model_turn = loop._model_turn
+
+    def failing_twice(run, model_config):
+        calls.append(run.pk)
+        if len(calls) <= 2:
+            raise RuntimeError("a fault")
+        return model_turn(run, model_config)
+
+    monkeypatch.setattr(loop, "_model_turn", failing_twice)
+    run = start(demo, project_id="apollo")
+
+    # when its task is delivered three times
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="a fault"):
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+    assert finished(run).attempts == 2
+    run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+    # then the third took the run to its approval, and no failure is counted any more
+    run = finished(run)
+    assert (run.status, run.attempts) == ("WAITING_APPROVAL", 0)
 
 
 # --- 5. idempotent steps ---------------------------------------------------------------------
