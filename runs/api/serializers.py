@@ -1,3 +1,4 @@
+import re
 from typing import Any
 
 from django.http import QueryDict
@@ -98,6 +99,10 @@ class PartField(serializers.Field):
         return value
 
 
+# A project's key or an agent's name, as the registry and the example data store them.
+SLUG = re.compile(r"[-a-zA-Z0-9_]{1,63}")
+
+
 class MessageSerializer(StrictSerializer):
     session_id = StrictUUIDField(required=False)
     channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
@@ -110,6 +115,11 @@ class MessageSerializer(StrictSerializer):
         for name in ("project_id", "agent", "source_timestamp"):
             if name in value and not isinstance(value[name], str):
                 raise serializers.ValidationError({name: "Must be a string."})
+        for name in ("project_id", "agent"):
+            if name in value and not SLUG.fullmatch(value[name]):
+                raise serializers.ValidationError(
+                    {name: "A key of letters, digits, hyphens and underscores (at most 63)."}
+                )
         return value
 
     def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
