@@ -288,6 +288,8 @@ ATTACHMENT_MEDIA_TYPES = [
 # larger than this is cut (the full evidence stays in the run's sources).
 TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
 TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
+# An HTTP tool's answer larger than this fails the call (UPSTREAM_ERROR) as it arrives.
+TOOL_RESPONSE_MAX_BYTES = env.int("TOOL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
 # The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
 # name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).
 TENANT_CREDENTIALS = env.json("TENANT_CREDENTIALS", default={})

@@ -8,6 +8,7 @@ done) and fails with `ToolFailed` (it ran, and may or may not have had an effect
 
 import importlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -123,6 +124,43 @@ def _redirect_target(response: httpx.Response) -> str:
     return urlunsplit((location.scheme, host, location.path, "", ""))
 
 
+def _answer(
+    tool_version: ToolVersion, *, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[httpx.Response, bytes]:
+    """The service's response and its body, read within the tool's timeout as a whole (not
+    only between two reads: a service that sends a byte now and then would hold the call
+    for ever) and up to TOOL_RESPONSE_MAX_BYTES."""
+    deadline = time.monotonic() + tool_version.timeout_s
+    limit = settings.TOOL_RESPONSE_MAX_BYTES
+    may_have_side_effect = tool_version.risk not in READ_RISKS
+    with httpx.stream(
+        "POST",
+        tool_version.adapter_config["url"],
+        json=body,
+        headers=headers,
+        timeout=tool_version.timeout_s,
+    ) as response:
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise ToolFailed(
+                    f"The service's answer is larger than {limit} bytes.",
+                    category=ErrorCategory.UPSTREAM_ERROR,
+                    retryable=False,
+                    may_have_side_effect=may_have_side_effect,
+                )
+            if time.monotonic() > deadline:
+                raise ToolFailed(
+                    "The service did not finish its answer in time.",
+                    category=ErrorCategory.TIMEOUT,
+                    retryable=True,
+                    may_have_side_effect=True,
+                )
+            chunks.append(chunk)
+    return response, b"".join(chunks)
+
+
 def http_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
@@ -140,12 +178,7 @@ def http_call(
         },
     }
     try:
-        response = httpx.post(
-            tool_version.adapter_config["url"],
-            json=body,
-            headers=headers,
-            timeout=tool_version.timeout_s,
-        )
+        response, content = _answer(tool_version, body=body, headers=headers)
     except httpx.TimeoutException as error:
         raise ToolFailed(
             "The service did not answer in time.",
@@ -160,11 +193,11 @@ def http_call(
             retryable=True,
         ) from error
     try:
-        payload = response.json()
+        payload = json.loads(content)
     except ValueError:
         # Not JSON: kept as text. From a 2xx it is still the service's answer (untrusted data,
         # like any raw response); a service states a business failure in its JSON.
-        payload = {"text": response.text[:4000]}
+        payload = {"text": content.decode(response.encoding or "utf-8", errors="replace")[:4000]}
     if 300 <= response.status_code < 400:
         # Redirects are not followed (the POST, its credential and idempotency key go to the
         # published URL only): a gateway that sends the call to a login page did not run it.

@@ -4,6 +4,7 @@ the envelope (DESIGN.md, gate 7)."""
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,6 +35,8 @@ class ReportService:
     headers: dict[str, str] = field(default_factory=lambda: {"Content-Type": "application/json"})
     body: bytes = b'{"business_status": "ok", "data": {"health": "green"}}'
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # Seconds between two bytes of the body; none: the body at once.
+    drip: float | None = None
 
     def redirect_to_login(self, status: int = 302) -> None:
         """A gateway in front of the service that sends an unauthenticated call to its SSO
@@ -59,7 +62,16 @@ def report_service() -> Iterator[ReportService]:
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(service.body)))
             self.end_headers()
-            self.wfile.write(service.body)
+            if service.drip is None:
+                self.wfile.write(service.body)
+                return
+            try:
+                for byte in service.body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(service.drip)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the host stopped reading
 
         do_GET = do_POST = _answer
 
@@ -76,11 +88,14 @@ def report_service() -> Iterator[ReportService]:
     thread.join()
 
 
-def report_tool(url: str) -> ToolVersion:
+def report_tool(url: str, *, timeout_s: int = 5) -> ToolVersion:
     """An HTTP read tool as a publisher configures it (not saved: the adapter reads only its
     configuration)."""
     return ToolVersion(
-        adapter_kind=AdapterKind.HTTP, adapter_config={"url": url}, risk=Risk.READ, timeout_s=5
+        adapter_kind=AdapterKind.HTTP,
+        adapter_config={"url": url},
+        risk=Risk.READ,
+        timeout_s=timeout_s,
     )
 
 
@@ -306,3 +321,40 @@ def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
         ]
     )
     assert secret not in stored
+
+
+def test_an_answer_larger_than_the_response_limit_fails_the_call(report_service, settings):
+    # given a service whose answer is larger than the host reads
+    settings.TOOL_RESPONSE_MAX_BYTES = 1000
+    report_service.body = json.dumps({"data": {"rows": ["x" * 100] * 20}}).encode()
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then
+    failure = raised.value
+    assert str(failure) == "The service's answer is larger than 1000 bytes."
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        False,
+        False,
+    )
+
+
+def test_an_answer_that_trickles_in_past_the_timeout_fails_the_call_in_time(report_service):
+    # given a service that sends its answer a byte every 0.2 s, each well within the tool's
+    # timeout of 1 s, the whole answer taking 11 s
+    report_service.drip = 0.2
+
+    # when
+    started = time.monotonic()
+    with pytest.raises(ToolFailed) as raised:
+        http_call(
+            report_tool(report_service.url, timeout_s=1), call_context(), {"project_id": "apollo"}
+        )
+
+    # then the call failed as a timeout once its second had passed, not when the answer ended
+    assert time.monotonic() - started < 3
+    assert raised.value.category == ErrorCategory.TIMEOUT
+    assert str(raised.value) == "The service did not finish its answer in time."
