@@ -13,6 +13,8 @@ from runs.tools import limits
 
 class _TokenThrottle(SimpleRateThrottle):
     retry_after: float | None = None
+    # The window and the take of the request it let through.
+    taken: tuple[str, str] | None = None
 
     def ident_of(self, token: ApiToken) -> str:
         raise NotImplementedError
@@ -28,13 +30,20 @@ class _TokenThrottle(SimpleRateThrottle):
         ident = self.get_cache_key(request, view)
         if ident is None:
             return True
-        if limits.window_take(ident, cap=self.num_requests, seconds=self.duration):
+        holder = limits.window_take(ident, cap=self.num_requests, seconds=self.duration)
+        if holder is not None:
+            self.taken = (ident, holder)
             return True
         self.retry_after = limits.window_wait(ident)
         return False
 
     def wait(self) -> float | None:
         return self.retry_after
+
+    def give_back(self) -> None:
+        """The request this throttle let through was refused by another."""
+        if self.taken is not None:
+            limits.window_give_back(*self.taken)
 
 
 class ActorIngressThrottle(_TokenThrottle):
@@ -53,13 +62,17 @@ class TenantIngressThrottle(_TokenThrottle):
 
 class IngressThrottled:
     """For the ingress views: the actor's limit first, then the tenant's, stopping at the
-    first refusal. DRF's `check_throttles` asks every throttle even after one refused, and
-    asking takes a request from the window, so an actor over their own limit would keep
-    using up their colleagues' tenant limit with requests that are refused anyway."""
+    first refusal, which gives back what the limits before it took. DRF's `check_throttles`
+    asks every throttle even after one refused, and asking takes a request from the window:
+    a request refused anyway would use up a window it never used."""
 
     throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
 
     def check_throttles(self, request: Request) -> None:
+        passed = []
         for throttle in self.get_throttles():
             if not throttle.allow_request(request, self):
+                for earlier in passed:
+                    earlier.give_back()
                 self.throttled(request, throttle.wait())
+            passed.append(throttle)

@@ -283,17 +283,24 @@ def _release(key: str, holder: str) -> None:
     _redis().zrem(key, holder)
 
 
-def window_take(ident: str, *, cap: int, seconds: float) -> bool:
+def window_take(ident: str, *, cap: int, seconds: float) -> str | None:
     """A sliding window: at most `cap` takes in any `seconds` per `ident`, one atomic step
     across every process sharing Redis (a read-modify-write of a cached list would let
-    concurrent requests through together)."""
-    return _take(
+    concurrent requests through together). Returns the take (to give back), or None."""
+    holder = uuid.uuid4().hex
+    taken = _take(
         _slots_key("window", ident),
         cap=cap,
-        holder=uuid.uuid4().hex,
+        holder=holder,
         expires_at=_now() + seconds,
         ttl=int(seconds) + 1,
     )
+    return holder if taken else None
+
+
+def window_give_back(ident: str, holder: str) -> None:
+    """A take of a request that was refused after all (by another window)."""
+    _release(_slots_key("window", ident), holder)
 
 
 def window_wait(ident: str) -> float:

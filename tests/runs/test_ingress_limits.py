@@ -99,6 +99,24 @@ def test_requests_refused_by_the_actor_s_own_rate_leave_the_tenant_s_rate_alone(
     assert Run.objects.count() == 3
 
 
+def test_a_request_the_tenants_rate_refuses_takes_nothing_from_the_actors_own(
+    low_rates, alice, add_member, client_for, monkeypatch
+):
+    # given a tenant at its rate (3 a minute) after two messages of alice and one of frank
+    frank = client_for(add_member("frank", "member"))
+    assert [_post(alice, f"a-{n}").status_code for n in range(2)] == [202, 202]
+    assert _post(frank, "f-1").status_code == 202
+
+    # when frank, within his own rate (2 a minute), is refused by the tenant's three times,
+    # and the tenant's rate is then raised
+    assert [_post(frank, f"f-{n}").status_code for n in range(2, 5)] == [429, 429, 429]
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "ingress_tenant", "100/min")
+
+    # then frank still has the second message of his minute, and only that one
+    assert _post(frank, "f-5").status_code == 202
+    assert _post(frank, "f-6").status_code == 429
+
+
 @pytest.fixture
 def private_root(settings, tmp_path):
     """Attachments go to a directory of this test, never into the repository."""
