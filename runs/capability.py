@@ -3,7 +3,8 @@
 It is computed from the actor's roles, the tenant's grants, the agent's skills (bound to it
 statically, or recalled from the registry for the request and kept when they score above the
 agent's threshold and all their tools are usable; in either case the version a rollout serves
-this actor, else the current one), their pinned tool versions and the policy. What is
+this actor, else the current one), the skills the nodes of the routed skill's workflow load,
+their pinned tool versions and the policy. What is
 unpublished, revoked, not granted to the tenant or above the policy's data classification
 never enters it, whatever the message says; nor does an MCP tool whose server is not
 available to the tenant or no longer serves the reviewed definition. The snapshot is
@@ -31,6 +32,7 @@ from registry.models import (
     ToolVersion,
 )
 from registry.selectors import (
+    definitions_visible,
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
@@ -40,6 +42,7 @@ from registry.selectors import (
     user_roles,
 )
 from runs.tools.limits import circuit_state
+from runs.workflows import WORKFLOWS
 
 SNAPSHOT_SCHEMA = 1
 # A pinned tool version serves its existing pins while published or deprecated; never revoked.
@@ -139,6 +142,56 @@ def _skill_entry(
     }
 
 
+def _node_skills(
+    skills: list[dict[str, Any]],
+    *,
+    tenant: Tenant,
+    actor: AbstractBaseUser,
+    max_level: int,
+    tools: dict[str, dict[str, Any]],
+    excluded: list[dict[str, str]],
+) -> list[dict[str, Any]]:
+    """The skills the nodes of the routed skill's workflow load by name (explicit workflow
+    assembly), each once, held to what any skill is held to; those of them the run has
+    already carry no entry of their own. An entry says which node loads it."""
+    workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
+    have = {skill["name"] for skill in skills}
+    entries = []
+    for node in workflow.nodes.values() if workflow else ():
+        if not node.skill or node.skill in have:
+            continue
+        have.add(node.skill)
+        skill = (
+            definitions_visible(model=Skill, tenant=tenant)
+            .filter(name=node.skill)
+            .select_related("current_version")
+            .first()
+        )
+        version = (
+            skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
+            if skill
+            else None
+        )
+        entry = (
+            _skill_entry(
+                skill,
+                version,
+                tenant=tenant,
+                max_level=max_level,
+                tools=tools,
+                excluded=excluded,
+                healthy_only=False,
+            )
+            if version
+            else None
+        )
+        if entry is None:
+            excluded.append({"skill": node.skill, "reason": "NOT_AVAILABLE"})
+            continue
+        entries.append({**entry, "node": node.name})
+    return entries
+
+
 def _candidates(
     agent_config: AgentConfig, *, tenant: Tenant, request_text: str
 ) -> tuple[list[tuple[Skill, float | None]], dict[str, Any]]:
@@ -192,6 +245,9 @@ def capability_resolve(
         )
         if entry is not None:
             skills.append(entry if score is None else {**entry, "score": score})
+    skills += _node_skills(
+        skills, tenant=tenant, actor=actor, max_level=max_level, tools=tools, excluded=excluded
+    )
     model = agent_config.model_config
     return {
         "schema": SNAPSHOT_SCHEMA,

@@ -69,9 +69,13 @@ def route_selected(run: Run, *, decision: dict[str, Any]) -> RunEvent:
     return _append(run, EventType.ROUTE_SELECTED, decision)
 
 
-def skill_activated(run: Run, *, skill: str, skill_version_id: str) -> RunEvent:
+def skill_activated(
+    run: Run, *, skill: str, skill_version_id: str, node: str | None = None
+) -> RunEvent:
+    """`node`: the workflow node that loads the skill (explicit workflow assembly)."""
+    payload = {"skill": skill, "skill_version_id": skill_version_id}
     return _append(
-        run, EventType.SKILL_ACTIVATED, {"skill": skill, "skill_version_id": skill_version_id}
+        run, EventType.SKILL_ACTIVATED, payload if node is None else {**payload, "node": node}
     )
 
 

@@ -92,7 +92,12 @@ def _node(run: Run) -> Node:
 
 
 def _skill(run: Run) -> dict[str, Any] | None:
+    """The skill in force: the one the current node loads (explicit workflow assembly), else
+    the one the run was routed to, the first of its snapshot."""
     skills = run.capability.get("skills", [])
+    node = _workflow(run).nodes.get(run.state.get("node", ""))
+    if node is not None and node.skill:
+        return next((skill for skill in skills if skill["name"] == node.skill), None)
     return skills[0] if skills else None
 
 
@@ -293,15 +298,33 @@ def _route_and_assemble(run: Run) -> None:
         "corrections": 0,
         "history": _history(run),
     }
-    merged = _merged_rules(
-        tuple(rule for node in workflow.nodes.values() for rule in node.rules), skill_version
+    loaded = {node.skill for node in workflow.nodes.values() if node.skill}
+    snapshot = {entry["name"]: entry for entry in run.capability.get("skills", [])}
+    if loaded - set(snapshot):
+        _finish(
+            run,
+            status=RunStatus.REFUSED,
+            reason_code="WORKFLOW_SKILL_UNAVAILABLE",
+            output={"skills": sorted(loaded - set(snapshot))},
+        )
+        return
+    workflow_rules = tuple(rule for node in workflow.nodes.values() for rule in node.rules)
+    node_skill_versions = versions_frozen(
+        model=SkillVersion, ids=[snapshot[name]["id"] for name in loaded]
     )
-    if merged.conflicts:
+    versions = {None if skill_version is None else skill_version.pk: skill_version}
+    versions.update((version.pk, version) for version in node_skill_versions.values())
+    conflicts = [
+        conflict
+        for version in versions.values()
+        for conflict in _merged_rules(workflow_rules, version).conflicts
+    ]
+    if conflicts:
         _finish(
             run,
             status=RunStatus.REFUSED,
             reason_code="RULE_CONFLICT",
-            output={"conflicting_rules": list(merged.conflicts)},
+            output={"conflicting_rules": list(dict.fromkeys(conflicts))},
         )
         return
     if route["mode"] == HUMAN_QUEUE:
@@ -341,12 +364,22 @@ def _route_and_assemble(run: Run) -> None:
             max_sensitivity=run.capability["data_scope"]["max_data_classification"],
         )
     run.transcript = [user_entry(_text(run, resources_attach(run)))]
-    _enter_node(run, workflow.start)
+    _enter_node(run, workflow.start, leaving=skill)
 
 
-def _enter_node(run: Run, name: str) -> None:
+def _enter_node(run: Run, name: str, *, leaving: dict[str, Any] | None) -> None:
+    """Move to node `name` from a node whose skill in force was `leaving`: a node that loads
+    another skill activates it."""
     run.state["node"] = name
     run.state["phase"] = "model"
+    entered = _skill(run)
+    if entered is not None and (leaving is None or entered["id"] != leaving["id"]):
+        events.skill_activated(
+            run,
+            skill=f"{entered['name']}@{entered['version']}",
+            skill_version_id=entered["id"],
+            node=name,
+        )
     node = _effective_node(run)
     allowed = sorted(tool.qualified_name for tool in _node_tools(run, node))
     deferred = sorted(
@@ -434,7 +467,7 @@ def _resolve_recipient(run: Run) -> None:
     confirmed = run.state.get("confirmed_recipient")
     if confirmed is not None:
         run.state["recipient"] = {**confirmed, "confirmed": True}
-        _enter_node(run, next_node)
+        _enter_node(run, next_node, leaving=_skill(run))
         return
     call = ToolCall(
         call_id=f"{HOST_CALL_PREFIX}recipient",
@@ -499,7 +532,7 @@ def _resolve_recipient(run: Run) -> None:
             ).isoformat(),
         }
     _remember(run, project_id=inputs["project_id"], recipient=confirmation)
-    _enter_node(run, next_node)
+    _enter_node(run, next_node, leaving=_skill(run))
 
 
 def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
@@ -755,7 +788,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
         "action": {"id": str(action.pk), "payload_hash": action.payload_hash},
         "next_step": "An approver reviews the draft.",
     }
-    _enter_node(run, "approval")
+    _enter_node(run, "approval", leaving=_skill(run))
     _transition(run, status=RunStatus.WAITING_APPROVAL)
 
 

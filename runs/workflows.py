@@ -2,9 +2,9 @@
 bound to skill versions in the registry.
 
 A node names the tools it allows (gate 1 intersects them with the run's snapshot), an optional
-guard over a call's arguments (gate 4), whether the model drives it, and whether it may call a
-tool that is not a read: only a node after approval may (gate 4 refuses it anywhere else). The
-host, not the model, moves between nodes.
+guard over a call's arguments (gate 4), whether the model drives it, whether it may call a
+tool that is not a read (only a node after approval may; gate 4 refuses it anywhere else), and
+the skill it loads, if it names one. The host, not the model, moves between nodes.
 """
 
 from collections.abc import Callable, Mapping
@@ -32,6 +32,9 @@ class Node:
     rules: tuple[Rule, ...] = ()
     terminates_when: str = ""
     side_effects: bool = False
+    # The skill this node loads, by name (explicit workflow assembly): its procedure, rules,
+    # examples and pinned tools apply in this node, whichever skill the run was routed to.
+    skill: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ WEEKLY_SUMMARY_SEND = Workflow(
             name="draft",
             tools=frozenset({"project_search"}),
             model_driven=True,
+            skill="weekly-summary",
             guard=_same_project,
             rules=(
                 Rule(
