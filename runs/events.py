@@ -70,10 +70,23 @@ def route_selected(run: Run, *, decision: dict[str, Any]) -> RunEvent:
 
 
 def skill_activated(
-    run: Run, *, skill: str, skill_version_id: str, node: str | None = None
+    run: Run,
+    *,
+    skill: str,
+    skill_version_id: str,
+    rules: list[str],
+    overridden: list[str],
+    node: str | None = None,
 ) -> RunEvent:
-    """`node`: the workflow node that loads the skill (explicit workflow assembly)."""
-    payload = {"skill": skill, "skill_version_id": skill_version_id}
+    """`rules`: the rules in force with it, "layer:id" in precedence order; `overridden`:
+    restatements that yielded to a higher layer; `node`: the workflow node that loads the
+    skill (explicit workflow assembly)."""
+    payload = {
+        "skill": skill,
+        "skill_version_id": skill_version_id,
+        "rules": rules,
+        "overridden": overridden,
+    }
     return _append(
         run, EventType.SKILL_ACTIVATED, payload if node is None else {**payload, "node": node}
     )

@@ -285,9 +285,15 @@ def _route_and_assemble(run: Run) -> None:
         inputs=inputs,
     )
     events.route_selected(run, decision=route)
+    workflow_rules = tuple(rule for node in workflow.nodes.values() for rule in node.rules)
+    merged = _merged_rules(workflow_rules, skill_version)
     if skill_version is not None:
         events.skill_activated(
-            run, skill=skill_version.qualified_name, skill_version_id=str(skill_version.pk)
+            run,
+            skill=skill_version.qualified_name,
+            skill_version_id=str(skill_version.pk),
+            rules=merged.adopted(),
+            overridden=list(merged.overridden),
         )
     run.state = {
         "workflow": workflow.key,
@@ -308,16 +314,17 @@ def _route_and_assemble(run: Run) -> None:
             output={"skills": sorted(loaded - set(snapshot))},
         )
         return
-    workflow_rules = tuple(rule for node in workflow.nodes.values() for rule in node.rules)
     node_skill_versions = versions_frozen(
         model=SkillVersion, ids=[snapshot[name]["id"] for name in loaded]
     )
-    versions = {None if skill_version is None else skill_version.pk: skill_version}
-    versions.update((version.pk, version) for version in node_skill_versions.values())
     conflicts = [
-        conflict
-        for version in versions.values()
-        for conflict in _merged_rules(workflow_rules, version).conflicts
+        *merged.conflicts,
+        *(
+            conflict
+            for version in node_skill_versions.values()
+            if version != skill_version
+            for conflict in _merged_rules(workflow_rules, version).conflicts
+        ),
     ]
     if conflicts:
         _finish(
@@ -374,10 +381,13 @@ def _enter_node(run: Run, name: str, *, leaving: dict[str, Any] | None) -> None:
     run.state["phase"] = "model"
     entered = _skill(run)
     if entered is not None and (leaving is None or entered["id"] != leaving["id"]):
+        merged = _merged_rules(_node(run).rules, _skill_version(run))
         events.skill_activated(
             run,
             skill=f"{entered['name']}@{entered['version']}",
             skill_version_id=entered["id"],
+            rules=merged.adopted(),
+            overridden=list(merged.overridden),
             node=name,
         )
     node = _effective_node(run)

@@ -44,11 +44,19 @@ APPLICATION_RULES = (
 class MergedRules:
     rules: tuple[tuple[str, Rule], ...]
     conflicts: tuple[str, ...]
+    # "layer:id" of each restatement that yielded to the same id higher up.
+    overridden: tuple[str, ...] = ()
+
+    def adopted(self) -> list[str]:
+        """ "layer:id" of each rule in force, in precedence order: which layer's version of
+        each rule id the run was given (recorded with the skill's activation)."""
+        return [f"{layer}:{rule.id}" for layer, rule in self.rules]
 
 
 def merge_rules(layers: dict[str, tuple[Rule, ...]]) -> MergedRules:
     kept: dict[str, tuple[str, Rule]] = {}
     conflicts: list[str] = []
+    overridden: list[str] = []
     for layer in LAYERS:
         for rule in layers.get(layer, ()):
             if rule.id not in kept:
@@ -57,7 +65,13 @@ def merge_rules(layers: dict[str, tuple[Rule, ...]]) -> MergedRules:
             earlier = kept[rule.id][1]
             if rule.text != earlier.text and GUARDED_SCOPES & {rule.scope, earlier.scope}:
                 conflicts.append(rule.id)
+            else:
+                overridden.append(f"{layer}:{rule.id}")
     ordered = sorted(
         kept.values(), key=lambda item: (LAYERS.index(item[0]), -item[1].priority, item[1].id)
     )
-    return MergedRules(rules=tuple(ordered), conflicts=tuple(sorted(set(conflicts))))
+    return MergedRules(
+        rules=tuple(ordered),
+        conflicts=tuple(sorted(set(conflicts))),
+        overridden=tuple(overridden),
+    )

@@ -656,6 +656,19 @@ def test_a_skill_rule_that_restates_a_platform_rule_word_for_word_merges_safely(
     run_execute(run_id=str(run.pk))
 
     assert finished(run).status == "WAITING_APPROVAL"
+    # and the log records which layer's version of each rule the run was given
+    (activated,) = events_of(run, "skill.activated")
+    assert activated["rules"] == [
+        "platform:no-secrets",
+        "platform:tenant-isolation",
+        "platform:untrusted-data",
+        "application:sourced-facts",
+        "workflow:draft-read-only",
+        "skill:approval-before-send",
+        "skill:evidence-only",
+        "skill:single-recipient",
+    ]
+    assert activated["overridden"] == ["skill:untrusted-data"]
 
 
 @pytest.mark.parametrize(
