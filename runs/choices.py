@@ -21,7 +21,10 @@ ACTIVE_STATUSES = frozenset({RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAIT
 TERMINAL_STATUSES = frozenset(set(RunStatus) - ACTIVE_STATUSES)
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.REFUSED, RunStatus.CANCELLED}),
+    # FAILED_FINAL: a run whose first step keeps failing (runs.tasks.STEP_FAILURES_MAX).
+    RunStatus.QUEUED: frozenset(
+        {RunStatus.RUNNING, RunStatus.REFUSED, RunStatus.CANCELLED, RunStatus.FAILED_FINAL}
+    ),
     RunStatus.RUNNING: frozenset({RunStatus.WAITING_APPROVAL, *TERMINAL_STATUSES}),
     RunStatus.WAITING_APPROVAL: frozenset(
         {RunStatus.RUNNING, RunStatus.CANCELLED, RunStatus.REFUSED, RunStatus.FAILED_FINAL}

@@ -469,13 +469,15 @@ def _recipient_choice(run: Run, candidates: list[dict]) -> dict | None:
 
 def _resolve_recipient(run: Run) -> None:
     """The workflow, not the model, finds the recipient: a confirmation still valid in the
-    session, else the directory (exactly one active record with a corporate email, or the
-    one the user chose among several), else the user is asked."""
+    session (unless the message chooses another), else the directory (exactly one active
+    record with a corporate email, or the one the user chose among several), else the user
+    is asked."""
     node = _node(run)
     inputs = run.state["inputs"]
     next_node = _workflow(run).transitions[node.name][0]
     confirmed = run.state.get("confirmed_recipient")
-    if confirmed is not None:
+    chosen = run.message.get("metadata", {}).get("recipient_record_id")
+    if confirmed is not None and chosen in (None, confirmed.get("record_id")):
         run.state["recipient"] = {**confirmed, "confirmed": True}
         _enter_node(run, next_node, leaving=_skill(run))
         return
@@ -683,12 +685,22 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
 def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     if not isinstance(draft, dict):
         return ["The draft is not a JSON object."]
-    problems = [f"Missing section {name}." for name in DRAFT_SECTIONS if name not in draft]
-    for risk in draft.get("risks") or []:
+    problems = [
+        f"Missing section {name}." if name not in draft else f"Section {name} is not a list."
+        for name in DRAFT_SECTIONS
+        if not isinstance(draft.get(name), list)
+    ]
+    risks = draft["risks"] if isinstance(draft.get("risks"), list) else []
+    for risk in risks:
         if not isinstance(risk, dict) or risk.get("source") not in known:
             problems.append(f"Risk without a source returned by a tool: {risk}.")
-    if not draft.get("subject"):
-        problems.append("Missing subject.")
+    subject = draft.get("subject")
+    if not isinstance(subject, str) or not subject.strip():
+        problems.append("Missing subject: one line of text.")
+    elif "\n" in subject or "\r" in subject:
+        problems.append("The subject is one line of text.")
+    if not isinstance(draft.get("body", ""), str):
+        problems.append("The body is text.")
     return problems
 
 
@@ -826,7 +838,12 @@ def _tool_turn(run: Run) -> None:
             )
         )
     if len(within) < len(pending):
-        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOOL_CALL_BUDGET")
+        _finish(
+            run,
+            status=RunStatus.BUDGET_EXHAUSTED,
+            reason_code="TOOL_CALL_BUDGET",
+            output={"calls_not_made": [call.call_id for call in pending[len(within) :]]},
+        )
         return
     run.state["phase"] = "model"
 

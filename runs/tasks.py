@@ -67,6 +67,15 @@ def _turn_wait() -> float:
     return random.uniform(0.5, 2.0)
 
 
+def _end(run: Run, *, status: RunStatus, reason_code: str) -> None:
+    """End a locked active run whose step could not go on; a cancel requested meanwhile (it
+    waited for the step's lock) ends it as the user asked instead."""
+    if run.cancel_requested_at is not None:
+        run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
+    else:
+        run_finish(run=run, status=status, reason_code=reason_code)
+
+
 # Steps of a run that may fail in a row (raise, rather than end the run) before it ends
 # FAILED_FINAL: a bug in a step would otherwise have every sweep send the run again.
 STEP_FAILURES_MAX = 5
@@ -88,7 +97,7 @@ def _step_failed(run_id: str) -> None:
             run.save(update_fields=["attempts", "updated_at"])
             if run.attempts >= STEP_FAILURES_MAX:
                 logger.error("run %s ends: %s steps in a row failed", run_id, run.attempts)
-                run_finish(run=run, status=RunStatus.FAILED_FINAL, reason_code="STEP_FAILED")
+                _end(run, status=RunStatus.FAILED_FINAL, reason_code="STEP_FAILED")
     except DatabaseError:
         logger.warning("run %s: its failed step could not be counted", run_id)
 
@@ -101,9 +110,7 @@ def _advance(task, run_id: str) -> None:
             with transaction.atomic():
                 run = Run.objects.select_for_update().get(pk=run_id)
                 if run.status == RunStatus.RUNNING:
-                    run_finish(
-                        run=run, status=RunStatus.FAILED_RETRYABLE, reason_code="MODEL_UNAVAILABLE"
-                    )
+                    _end(run, status=RunStatus.FAILED_RETRYABLE, reason_code="MODEL_UNAVAILABLE")
             return
         raise task.retry(countdown=_backoff(task.request.retries), exc=error) from error
     except Exception:

@@ -19,6 +19,7 @@ from celery.exceptions import Retry
 from django.db import connection
 from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from config.errors import ValidationFailed
 from examples.handlers import project_search
@@ -672,7 +673,7 @@ def test_a_skill_rule_that_restates_a_platform_rule_word_for_word_merges_safely(
 
 
 @pytest.mark.parametrize(
-    ("budget", "reason_code", "tail", "calls"),
+    ("budget", "reason_code", "tail", "calls", "output"),
     [
         (
             {"max_steps": 1},
@@ -682,6 +683,7 @@ def test_a_skill_rule_that_restates_a_platform_rule_word_for_word_merges_safely(
                 ("host-recipient", "directory_lookup", "completed", ""),
                 ("offline-1", "project_search", "completed", ""),
             ],
+            {},
         ),
         (
             # the workflow's own directory lookup is the run's first tool call
@@ -689,17 +691,22 @@ def test_a_skill_rule_that_restates_a_platform_rule_word_for_word_merges_safely(
             "TOOL_CALL_BUDGET",
             [*MODEL_TURN, "run.finished"],
             [("host-recipient", "directory_lookup", "completed", "")],
+            # the call the model made is named, never made
+            {"calls_not_made": ["offline-1"]},
         ),
         (
             {"max_tokens": 100},
             "TOKEN_BUDGET",
             [*MODEL_TURN, "run.finished"],
             [("host-recipient", "directory_lookup", "completed", "")],
+            {},
         ),
     ],
     ids=["steps", "tool-calls", "tokens"],
 )
-def test_a_spent_budget_ends_the_run_before_any_draft(demo, budget, reason_code, tail, calls):
+def test_a_spent_budget_ends_the_run_before_any_draft(
+    demo, budget, reason_code, tail, calls, output
+):
     budgets(demo, **budget)
     run = start(demo, project_id="apollo")
 
@@ -708,7 +715,7 @@ def test_a_spent_budget_ends_the_run_before_any_draft(demo, budget, reason_code,
     result = assert_terminal(run, "BUDGET_EXHAUSTED", reason_code)
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *tail]
     assert tool_calls(run) == calls
-    assert result["output"] == {}
+    assert result["output"] == output
     assert_nothing_sent(run)
     run = finished(run)
     assert run.steps == 1
@@ -892,6 +899,50 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
     assert not ToolCall.objects.filter(run=run, name="project_search").exists()
 
 
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"subject": ["Weekly", "status"]}, "Missing subject: one line of text."),
+        ({"subject": 42}, "Missing subject: one line of text."),
+        ({"subject": "  "}, "Missing subject: one line of text."),
+        (
+            {"subject": "Weekly status\nBcc: attacker@evil.example"},
+            "The subject is one line of text.",
+        ),
+        ({"body": None}, "The body is text."),
+        ({"body": {"progress": "done"}}, "The body is text."),
+        ({"risks": "none"}, "Section risks is not a list."),
+    ],
+    ids=[
+        "subject-list",
+        "subject-number",
+        "subject-blank",
+        "subject-two-lines",
+        "body-null",
+        "body-object",
+        "risks-not-list",
+    ],
+)
+def test_a_draft_that_could_never_be_sent_is_never_put_before_an_approver(
+    demo, fake_model, change, problem
+):
+    # given a model that reads apollo, then twice drafts something mail_send could not send
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(**change)
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the output contract refused it, once corrected, and no approval was asked
+    result = assert_terminal(run, "PARTIAL", "DRAFT_CONTRACT_NOT_MET")
+    assert result["output"] == {"problems": [problem]}
+    assert "approval.required" not in event_types(run)
+
+
 def test_a_draft_that_misses_the_contract_twice_with_evidence_is_partial(demo, fake_model):
     # given a model that reads apollo, then twice drafts without the risks section
     fake = fake_model()
@@ -1012,6 +1063,23 @@ def test_a_step_that_keeps_raising_ends_the_run_instead_of_being_sent_forever(de
     assert result["next_step"] == "Report the reason code to a platform admin."
 
 
+def test_a_first_step_that_keeps_raising_ends_the_queued_run(demo, monkeypatch):
+    # given a run whose start has a bug: it never leaves QUEUED
+    def broken(run):
+        raise RuntimeError("a bug in the start")
+
+    monkeypatch.setattr(loop, "_route_and_assemble", broken)
+    run = start(demo, project_id="apollo")
+
+    # when its task is delivered as often as a run's steps may fail in a row
+    for _ in range(STEP_FAILURES_MAX):
+        with pytest.raises(RuntimeError, match="a bug in the start"):
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+    # then it ended for good
+    assert_terminal(run, "FAILED_FINAL", "STEP_FAILED")
+
+
 def test_a_step_that_saves_starts_the_count_of_failed_steps_again(demo, monkeypatch):
     # given a run whose model turn failed twice, then works again
     calls = []
@@ -1036,6 +1104,27 @@ def test_a_step_that_saves_starts_the_count_of_failed_steps_again(demo, monkeypa
     # then the third took the run to its approval, and no failure is counted any more
     run = finished(run)
     assert (run.status, run.attempts) == ("WAITING_APPROVAL", 0)
+
+
+def test_a_cancel_that_lands_as_the_last_model_retry_fails_ends_the_run_cancelled(demo, fake_model):
+    # given a provider that keeps answering 429, and alice's cancel arriving as the task
+    # gives up (it waited for the step's lock)
+    fake = fake_model()
+    for _ in range(MODEL_RETRIES + 1):
+        fake.reply({"error": {"message": "slow down"}}, status=429)
+    run = start(demo, project_id="apollo")
+    for retries in range(MODEL_RETRIES):
+        with pytest.raises(Retry):
+            run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=retries)
+    Run.objects.filter(pk=run.pk).update(
+        cancel_requested_at=timezone.now(), cancel_reason="CANCELLED_BY_USER"
+    )
+
+    # when the last retry fails too
+    run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=MODEL_RETRIES)
+
+    # then the run ends as the user asked, not as a failure to send again
+    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
 
 
 # --- 5. idempotent steps ---------------------------------------------------------------------

@@ -80,3 +80,21 @@ def test_a_unique_lead_is_not_a_confirmation(demo):
     assert run.state["recipient"]["confirmed"] is False
     assert "recipient" not in Session.objects.get(pk=run.session_id).state
     assert looked_up(ask(demo, session_id=run.session_id))
+
+
+def test_a_new_choice_in_the_session_replaces_the_confirmed_recipient(demo):
+    # given alice confirmed dir-2002 for hermes in this session
+    first = ask(demo, project_id="hermes")
+    assert ask(demo, session_id=first.session_id, recipient_record_id="dir-2002").status == (
+        "WAITING_APPROVAL"
+    )
+
+    # when she now picks the other lead in the same session
+    third = ask(demo, session_id=first.session_id, recipient_record_id="dir-2001")
+
+    # then her new choice is looked up, used and confirmed in place of the old one
+    assert third.status == "WAITING_APPROVAL", third.result
+    assert looked_up(third)
+    assert third.state["recipient"]["record_id"] == "dir-2001"
+    confirmation = Session.objects.get(pk=first.session_id).state["recipient"]
+    assert confirmation["snapshot"]["record_id"] == "dir-2001"
