@@ -110,6 +110,11 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
             raise InvalidRunTransition(
                 f"The run already finished {run.status}.", details={"status": run.status}
             )
+        if run.status == RunStatus.WAITING_APPROVAL:
+            # approvals builds on runs: imported here, where a run leaves the approval queue.
+            from approvals.services import action_withdraw
+
+            action_withdraw(run=run, reason=CANCELLED_BY_USER)
         run_stop(run=run, reason_code=CANCELLED_BY_USER)
     return run
 

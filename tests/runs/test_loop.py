@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from approvals.models import BusinessAction
 from config.errors import ValidationFailed
 from examples.handlers import project_search
 from registry.choices import AdapterKind, Risk
@@ -746,6 +747,25 @@ def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
     # and a late redelivery changes nothing
     run_execute(run_id=str(run.pk))
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+
+
+def test_cancelling_a_run_that_waits_for_approval_withdraws_its_action(demo):
+    # given the running example waiting for approval
+    run = start(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    action = BusinessAction.objects.get(run=run)
+
+    # when alice cancels it
+    run_cancel(run=finished(run), actor=demo.alice)
+
+    # then its action leaves the approval queue with the run, and the log says why
+    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
+    action.refresh_from_db()
+    assert action.status == "invalidated"
+    assert events_of(run, "approval.invalidated") == [
+        {"action_id": str(action.pk), "reasons": ["CANCELLED_BY_USER"]}
+    ]
+    assert event_types(run)[-2:] == ["approval.invalidated", "run.finished"]
 
 
 def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypatch):
