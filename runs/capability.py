@@ -142,6 +142,33 @@ def _skill_entry(
     }
 
 
+def _skill_resolved(
+    skill: Skill,
+    *,
+    tenant: Tenant,
+    actor: AbstractBaseUser,
+    max_level: int,
+    tools: dict[str, dict[str, Any]],
+    excluded: list[dict[str, str]],
+    healthy_only: bool,
+) -> dict[str, Any] | None:
+    """The snapshot entry of the version of `skill` this actor gets (`_skill_entry`), or None
+    when it may not enter, its reason added to `excluded`."""
+    version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
+    if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
+        excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
+        return None
+    return _skill_entry(
+        skill,
+        version,
+        tenant=tenant,
+        max_level=max_level,
+        tools=tools,
+        excluded=excluded,
+        healthy_only=healthy_only,
+    )
+
+
 def _node_skills(
     skills: list[dict[str, Any]],
     *,
@@ -167,28 +194,20 @@ def _node_skills(
             .select_related("current_version")
             .first()
         )
-        version = (
-            skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
-            if skill
-            else None
-        )
-        entry = (
-            _skill_entry(
-                skill,
-                version,
-                tenant=tenant,
-                max_level=max_level,
-                tools=tools,
-                excluded=excluded,
-                healthy_only=False,
-            )
-            if version
-            else None
-        )
-        if entry is None:
+        if skill is None:
             excluded.append({"skill": node.skill, "reason": "NOT_AVAILABLE"})
             continue
-        entries.append({**entry, "node": node.name})
+        entry = _skill_resolved(
+            skill,
+            tenant=tenant,
+            actor=actor,
+            max_level=max_level,
+            tools=tools,
+            excluded=excluded,
+            healthy_only=False,
+        )
+        if entry is not None:
+            entries.append({**entry, "node": node.name})
     return entries
 
 
@@ -230,14 +249,10 @@ def capability_resolve(
     excluded: list[dict[str, str]] = []
     candidates, assembly = _candidates(agent_config, tenant=tenant, request_text=request_text)
     for skill, score in candidates:
-        version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
-        if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
-            excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
-            continue
-        entry = _skill_entry(
+        entry = _skill_resolved(
             skill,
-            version,
             tenant=tenant,
+            actor=actor,
             max_level=max_level,
             tools=tools,
             excluded=excluded,

@@ -36,12 +36,14 @@ def test_a_tenants_own_server_serves_only_that_tenant(acme, globex):
     assert not mcp_server_usable(server=None, tenant=acme)
 
 
-def test_a_publisher_registers_an_http_server_but_no_stdio_command(client, publisher, acme):
+def server_form_as(client, publisher, tenant) -> dict:
+    """Log `publisher` into the admin (as staff); the add form of a server of `tenant`, with
+    no inline rows."""
     publisher.is_staff = True
     publisher.save()
     client.force_login(publisher)
-    form = {
-        "tenant": acme.pk,
+    return {
+        "tenant": tenant.pk,
         "name": "projects",
         "args": "[]",
         "env": "{}",
@@ -53,6 +55,10 @@ def test_a_publisher_registers_an_http_server_but_no_stdio_command(client, publi
             for field, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
         },
     }
+
+
+def test_a_publisher_registers_an_http_server_but_no_stdio_command(client, publisher, acme):
+    form = server_form_as(client, publisher, acme)
     add = reverse("admin:registry_mcpserver_add")
 
     refused = client.post(add, {**form, "transport": "stdio", "command": "/bin/sh"})
@@ -77,23 +83,9 @@ def test_a_tenants_http_server_sends_only_a_credential_granted_to_the_tenant(
 ):
     # given a publisher of acme in the admin, and one credential granted to acme
     settings.TENANT_CREDENTIALS = {"acme": ["ACME_PROJECTS_TOKEN"]}
-    publisher.is_staff = True
-    publisher.save()
-    client.force_login(publisher)
-    form = {
-        "tenant": acme.pk,
-        "name": "projects",
+    form = server_form_as(client, publisher, acme) | {
         "transport": "streamable_http",
         "url": "http://127.0.0.1:8765/mcp",
-        "args": "[]",
-        "env": "{}",
-        "timeout_s": 10,
-        "is_enabled": "on",
-        **{
-            f"{prefix}-{field}": value
-            for prefix in ("remote_tools", "prompts", "resources")
-            for field, value in (("TOTAL_FORMS", 0), ("INITIAL_FORMS", 0))
-        },
     }
     add = reverse("admin:registry_mcpserver_add")
 

@@ -3,11 +3,10 @@ and which are a failed call, with the error category, retryable and may_have_sid
 the envelope (DESIGN.md, gate 7)."""
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -19,6 +18,7 @@ from runs.loop import run_execute
 from runs.models import Run, Source, ToolCall
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory
+from tests.loopback import loopback_server
 from tests.runs.conftest import demo_run, event_types, events_of
 from tests.runs.test_loop import http_reader_add
 
@@ -78,14 +78,9 @@ def report_service() -> Iterator[ReportService]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    service.url = f"http://127.0.0.1:{server.server_address[1]}/report"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
-    thread.start()
-    yield service
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with loopback_server(Handler) as port:
+        service.url = f"http://127.0.0.1:{port}/report"
+        yield service
 
 
 def report_tool(url: str, *, timeout_s: int = 5) -> ToolVersion:

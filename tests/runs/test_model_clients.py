@@ -329,6 +329,36 @@ def test_openai_accepts_tool_calls_without_a_type_and_with_empty_arguments(model
     assert response.usage == Usage(input_tokens=0, output_tokens=0)
 
 
+# Call 1 and its result as the Messages API is sent them.
+ANTHROPIC_CALL_1 = {
+    "role": "assistant",
+    "content": [
+        {
+            "type": "tool_use",
+            "id": "call_1",
+            "name": "project_search",
+            "input": {"project_id": "apollo"},
+        }
+    ],
+}
+
+
+def anthropic_result_1_then(text: str) -> dict:
+    """The user turn that carries call 1's result, then `text`."""
+    return {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": "call_1",
+                "content": '{"status": "ok"}',
+                "is_error": False,
+            },
+            {"type": "text", "text": text},
+        ],
+    }
+
+
 def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_turn(
     model_server, api_key
 ):
@@ -348,29 +378,8 @@ def test_anthropic_merges_a_user_message_after_tool_results_into_the_same_user_t
 
     # then
     assert model_server.requests[0].body["messages"][1:] == [
-        {
-            "role": "assistant",
-            "content": [
-                {
-                    "type": "tool_use",
-                    "id": "call_1",
-                    "name": "project_search",
-                    "input": {"project_id": "apollo"},
-                }
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "call_1",
-                    "content": '{"status": "ok"}',
-                    "is_error": False,
-                },
-                {"type": "text", "text": "Only this week, please."},
-            ],
-        },
+        ANTHROPIC_CALL_1,
+        anthropic_result_1_then("Only this week, please."),
     ]
 
 
@@ -400,29 +409,8 @@ def test_anthropic_leaves_out_an_empty_assistant_turn_and_merges_the_user_turns_
     # then no message is sent without content, and user and assistant still alternate
     assert model_server.requests[0].body["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": "Summarise apollo."}]},
-        {
-            "role": "assistant",
-            "content": [
-                {
-                    "type": "tool_use",
-                    "id": "call_1",
-                    "name": "project_search",
-                    "input": {"project_id": "apollo"},
-                }
-            ],
-        },
-        {
-            "role": "user",
-            "content": [
-                {
-                    "type": "tool_result",
-                    "tool_use_id": "call_1",
-                    "content": '{"status": "ok"}',
-                    "is_error": False,
-                },
-                {"type": "text", "text": CORRECTION.text},
-            ],
-        },
+        ANTHROPIC_CALL_1,
+        anthropic_result_1_then(CORRECTION.text),
     ]
 
 
