@@ -13,6 +13,7 @@ canonical JSON (RFC 8785) and its sha256 is the run's `capability_hash`.
 
 import functools
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -106,32 +107,43 @@ def _tool_exclusion(
     return None
 
 
+@dataclass
+class _Resolution:
+    """One snapshot being resolved: for whom, under which data classification ceiling, and
+    what has entered it (tools, by name) or been kept out (with the reason)."""
+
+    tenant: Tenant
+    actor: AbstractBaseUser
+    max_level: int
+    tools: dict[str, dict[str, Any]] = field(default_factory=dict)
+    excluded: list[dict[str, str]] = field(default_factory=list)
+
+
 def _skill_entry(
-    skill: Skill,
-    version: SkillVersion,
-    *,
-    tenant: Tenant,
-    max_level: int,
-    tools: dict[str, dict[str, Any]],
-    excluded: list[dict[str, str]],
-    healthy_only: bool,
+    skill: Skill, version: SkillVersion, resolution: _Resolution, *, healthy_only: bool
 ) -> dict[str, Any] | None:
     """A skill's snapshot entry, adding the pinned tools that may enter to `tools`. With
     `healthy_only` (retrieval), a skill one of whose tools cannot be used stays out whole."""
     pinned: dict[str, dict[str, Any]] = {}
     for dependency in _PINNED(skill_version_id=version.pk):
         tool_version = dependency.tool_version
-        reason = _tool_exclusion(tool_version, tenant=tenant, max_level=max_level, chosen=tools)
+        reason = _tool_exclusion(
+            tool_version,
+            tenant=resolution.tenant,
+            max_level=resolution.max_level,
+            chosen=resolution.tools,
+        )
         if reason is None and healthy_only and circuit_state(tool_version) == "open":
             reason = "CIRCUIT_OPEN"
         if reason:
+            excluded = resolution.excluded
             excluded.append({"tool": tool_version.qualified_name, "reason": reason})
             if healthy_only:
                 excluded.append({"skill": skill.name, "reason": "DEPENDENCY_UNAVAILABLE"})
                 return None
             continue
         pinned[tool_version.tool.name] = _tool_entry(tool_version)
-    tools.update(pinned)
+    resolution.tools.update(pinned)
     return {
         "id": str(version.pk),
         "name": skill.name,
@@ -143,41 +155,19 @@ def _skill_entry(
 
 
 def _skill_resolved(
-    skill: Skill,
-    *,
-    tenant: Tenant,
-    actor: AbstractBaseUser,
-    max_level: int,
-    tools: dict[str, dict[str, Any]],
-    excluded: list[dict[str, str]],
-    healthy_only: bool,
+    skill: Skill, resolution: _Resolution, *, healthy_only: bool
 ) -> dict[str, Any] | None:
-    """The snapshot entry of the version of `skill` this actor gets (`_skill_entry`), or None
+    """The snapshot entry of the version of `skill` the actor gets (`_skill_entry`), or None
     when it may not enter, its reason added to `excluded`."""
-    version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(actor.pk))
+    tenant = resolution.tenant
+    version = skill_version_for_actor(skill=skill, tenant=tenant, actor_id=str(resolution.actor.pk))
     if not tenant_has_grant(tenant=tenant, definition=skill) or version is None:
-        excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
+        resolution.excluded.append({"skill": skill.name, "reason": "NOT_AVAILABLE"})
         return None
-    return _skill_entry(
-        skill,
-        version,
-        tenant=tenant,
-        max_level=max_level,
-        tools=tools,
-        excluded=excluded,
-        healthy_only=healthy_only,
-    )
+    return _skill_entry(skill, version, resolution, healthy_only=healthy_only)
 
 
-def _node_skills(
-    skills: list[dict[str, Any]],
-    *,
-    tenant: Tenant,
-    actor: AbstractBaseUser,
-    max_level: int,
-    tools: dict[str, dict[str, Any]],
-    excluded: list[dict[str, str]],
-) -> list[dict[str, Any]]:
+def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[dict[str, Any]]:
     """The skills the nodes of the routed skill's workflow load by name (explicit workflow
     assembly), each once, held to what any skill is held to; those of them the run has
     already carry no entry of their own. An entry says which node loads it."""
@@ -189,23 +179,15 @@ def _node_skills(
             continue
         have.add(node.skill)
         skill = (
-            definitions_visible(model=Skill, tenant=tenant)
+            definitions_visible(model=Skill, tenant=resolution.tenant)
             .filter(name=node.skill)
             .select_related("current_version")
             .first()
         )
         if skill is None:
-            excluded.append({"skill": node.skill, "reason": "NOT_AVAILABLE"})
+            resolution.excluded.append({"skill": node.skill, "reason": "NOT_AVAILABLE"})
             continue
-        entry = _skill_resolved(
-            skill,
-            tenant=tenant,
-            actor=actor,
-            max_level=max_level,
-            tools=tools,
-            excluded=excluded,
-            healthy_only=False,
-        )
+        entry = _skill_resolved(skill, resolution, healthy_only=False)
         if entry is not None:
             entries.append({**entry, "node": node.name})
     return entries
@@ -243,26 +225,18 @@ def capability_resolve(
     if roles is None:
         roles = user_roles(user=actor, tenant=tenant)
     policy = agent_config.policy
-    max_level = DATA_CLASSIFICATION_LEVELS.index(policy.max_data_classification)
+    resolution = _Resolution(
+        tenant=tenant,
+        actor=actor,
+        max_level=DATA_CLASSIFICATION_LEVELS.index(policy.max_data_classification),
+    )
     skills: list[dict[str, Any]] = []
-    tools: dict[str, dict[str, Any]] = {}
-    excluded: list[dict[str, str]] = []
     candidates, assembly = _candidates(agent_config, tenant=tenant, request_text=request_text)
     for skill, score in candidates:
-        entry = _skill_resolved(
-            skill,
-            tenant=tenant,
-            actor=actor,
-            max_level=max_level,
-            tools=tools,
-            excluded=excluded,
-            healthy_only=score is not None,
-        )
+        entry = _skill_resolved(skill, resolution, healthy_only=score is not None)
         if entry is not None:
             skills.append(entry if score is None else {**entry, "score": score})
-    skills += _node_skills(
-        skills, tenant=tenant, actor=actor, max_level=max_level, tools=tools, excluded=excluded
-    )
+    skills += _node_skills(skills, resolution)
     model = agent_config.model_config
     return {
         "schema": SNAPSHOT_SCHEMA,
@@ -286,8 +260,8 @@ def capability_resolve(
         },
         "assembly": assembly,
         "skills": skills,
-        "tools": [tools[name] for name in sorted(tools)],
-        "excluded": excluded,
+        "tools": [resolution.tools[name] for name in sorted(resolution.tools)],
+        "excluded": resolution.excluded,
         "approval_policy": {
             "name": policy.name,
             "approval_required_risks": sorted(policy.approval_required_risks),
