@@ -1,28 +1,21 @@
 """Reads of Business Actions with the approver's scope applied in one place."""
 
+from collections import defaultdict
+
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Case, IntegerField, QuerySet, Value, When
+from django.db import connection
+from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 
 from approvals.choices import ActionStatus, HandoffStatus
 from approvals.models import BusinessAction, Handoff
-from registry.choices import Action
-from registry.models import Tenant
+from registry.choices import ROLE_ACTIONS, Action
+from registry.models import Membership, Tenant
 from registry.selectors import tenants_where_user_can
 from runs.choices import RunStatus
 
 
-def actions_for_approver(
-    *, user: AbstractBaseUser, tenant: Tenant | None = None
-) -> QuerySet[BusinessAction]:
-    """The actions in the tenants where `user` may decide approvals (one tenant if given),
-    waiting ones first, oldest first among them; anything else is "not found"."""
-    actions = BusinessAction.objects.all()
-    if not user.is_superuser:
-        actions = actions.filter(
-            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
-        )
-    if tenant is not None:
-        actions = actions.filter(tenant=tenant)
+def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
+    """Waiting ones first, oldest first among them, with what a page or the API shows."""
     return (
         actions.select_related("tenant", "requester", "run", "skill_version__skill", "decision")
         .annotate(
@@ -34,6 +27,62 @@ def actions_for_approver(
         )
         .order_by("waiting", "created_at")
     )
+
+
+def actions_visible(
+    *, user: AbstractBaseUser, tenant: Tenant | None = None
+) -> QuerySet[BusinessAction]:
+    """The actions in the tenants where `user` may decide approvals (one tenant if given),
+    whichever roles their policies name; anything else is "not found"."""
+    actions = BusinessAction.objects.all()
+    if not user.is_superuser:
+        actions = actions.filter(
+            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
+        )
+    if tenant is not None:
+        actions = actions.filter(tenant=tenant)
+    return _queue(actions)
+
+
+def _names_approver_role(role: str) -> Q:
+    """Actions whose frozen policy names `role` among its approver roles. PostgreSQL asks the
+    JSON array itself; SQLite (the embedded default) has no JSON containment, so the quoted
+    role is looked for in the array's text (role names are plain lower-case words)."""
+    if connection.vendor == "postgresql":
+        return Q(policy__approver_roles__contains=[role])
+    return Q(policy__approver_roles__icontains=f'"{role}"')
+
+
+def actions_for_approver(
+    *, user: AbstractBaseUser, tenant: Tenant | None = None
+) -> QuerySet[BusinessAction]:
+    """The actions `user` may decide (one tenant's if given), as `services.approval_decide`
+    checks it: in a tenant where they may decide approvals, under a policy that names one of
+    their roles there as an approver role. The queue lists these."""
+    actions = actions_visible(user=user, tenant=tenant)
+    if user.is_superuser:
+        return actions
+    roles_by_tenant: dict[int, set[str]] = defaultdict(set)
+    memberships = Membership.objects.filter(user_id=user.pk, tenant__is_active=True)
+    if tenant is not None:
+        memberships = memberships.filter(tenant=tenant)
+    for tenant_id, role in memberships.order_by().values_list("tenant_id", "role"):
+        roles_by_tenant[tenant_id].add(role)
+    decidable = Q(pk__in=[])
+    for tenant_id, roles in roles_by_tenant.items():
+        if not any(Action.APPROVAL_DECIDE in ROLE_ACTIONS[role] for role in roles):
+            continue
+        named = Q(pk__in=[])
+        for role in sorted(roles):
+            named |= _names_approver_role(role)
+        decidable |= Q(tenant_id=tenant_id) & named
+    return actions.filter(decidable)
+
+
+def actions_of_tenant(*, tenant: Tenant) -> QuerySet[BusinessAction]:
+    """Every action of `tenant`, for a command whose service tells who may run it: a person
+    of the tenant without the right is refused, never told the action does not exist."""
+    return _queue(BusinessAction.objects.filter(tenant=tenant))
 
 
 def pending(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:

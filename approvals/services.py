@@ -23,6 +23,7 @@ from approvals.errors import (
     InvalidActionTransition,
     NotFound,
     PayloadHashMismatch,
+    PermissionDenied,
     SelfApprovalForbidden,
 )
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
@@ -167,13 +168,30 @@ def action_withdraw(*, run: Run, reason: str) -> BusinessAction | None:
 
 
 def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
-    if not user_can(user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant):
+    """The approval queue (`selectors.actions_for_approver`) lists the same actions."""
+    roles = user_roles(user=approver, tenant=action.tenant)
+    if not user_can(
+        user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant, roles=roles
+    ):
         return False
     if approver.is_superuser:
         return True
-    return bool(
-        set(user_roles(user=approver, tenant=action.tenant)) & set(action.policy["approver_roles"])
-    )
+    return bool(set(roles) & set(action.policy["approver_roles"]))
+
+
+def approval_decider_check(*, action: BusinessAction, approver: AbstractBaseUser) -> None:
+    """Refuse someone who may not decide `action`: a person of its tenant learns that they
+    lack the role (permission denied); anyone else does not learn that it exists (not
+    found). The API asks before it reads the decision; `approval_decide` asks again, with
+    the action locked."""
+    if _may_decide(action, approver):
+        return
+    if action.tenant.is_active and user_roles(user=approver, tenant=action.tenant):
+        raise PermissionDenied(
+            "Only a person with an approver role of this action's policy may decide it.",
+            details={"approver_roles": action.policy["approver_roles"]},
+        )
+    raise NotFound("No such approval.", details={"id": str(action.pk)})
 
 
 def approval_decide(
@@ -185,18 +203,26 @@ def approval_decide(
     comment: str = "",
 ) -> ApprovalDecision:
     """Decide a waiting action. The approver holds an approver role of the policy in the
-    action's tenant (anyone else: not found); the requester may not decide their own unless
-    the policy allows it; the decision binds the run, the payload hash the approver saw and
-    the approver. One decision per action: the rows are locked, and the decision's one-to-one
-    key refuses a second writer. An approval starts the resume task after commit."""
+    action's tenant (another person of the tenant: permission denied; anyone else: not
+    found); the requester may not decide their own unless the policy allows it; the decision
+    binds the run, the payload hash the approver saw and the approver. One decision per
+    action: the rows are locked, and the decision's one-to-one key refuses a second writer.
+    An approval starts the resume task after commit."""
     refusal = None
     with transaction.atomic():
         locked = _locked(action_id)
-        if locked is None or not _may_decide(locked[1], approver):
+        if locked is None:
             raise NotFound("No such approval.", details={"id": str(action_id)})
         run, action = locked
+        approval_decider_check(action=action, approver=approver)
         if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
             raise SelfApprovalForbidden("You may not decide an action you requested.")
+        if action.status == ActionStatus.EXPIRED:
+            # The sweep got there first; the answer is the same as when it had not.
+            raise ApprovalExpired(
+                "This approval expired; the run ended without sending.",
+                details={"expires_at": action.expires_at.isoformat()},
+            )
         if action.status != ActionStatus.WAITING_APPROVAL:
             raise AlreadyDecided(
                 "This action was already decided.", details={"status": action.status}
@@ -281,6 +307,26 @@ def _resume_later(action_id: Any) -> None:
     task_send(tasks.action_resume, action_id=str(action_id))
 
 
+def _policy_changed(run: Run, policy: Policy) -> bool:
+    """Whether the policy's terms differ from those in the run's snapshot, built as
+    `runs.capability.capability_resolve` builds them: an approval given under other rules
+    (which risks wait for whom, who may approve, for how long, how sensitive the data may
+    be) does not hold under these."""
+    current = {
+        "approval_required_risks": sorted(policy.approval_required_risks),
+        "human_queue_risks": sorted(policy.human_queue_risks),
+        "approver_roles": sorted(policy.approver_roles),
+        "allow_self_approval": policy.allow_self_approval,
+        "approval_ttl_seconds": policy.approval_ttl_seconds,
+    }
+    approved_under = run.capability.get("approval_policy", {})
+    data_scope = run.capability.get("data_scope", {})
+    return (
+        any(approved_under.get(name) != value for name, value in current.items())
+        or data_scope.get("max_data_classification") != policy.max_data_classification
+    )
+
+
 def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
     """What changed since the approval (seed 000, step 14); empty when nothing did."""
     problems = []
@@ -290,6 +336,8 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
     if policy is None:
         problems.append("POLICY_REMOVED")
     else:
+        if _policy_changed(run, policy):
+            problems.append("POLICY_CHANGED")
         if approver.pk == action.requester_id and not policy.allow_self_approval:
             problems.append("SELF_APPROVAL_NOT_ALLOWED")
         roles = set(user_roles(user=approver, tenant=action.tenant))
@@ -370,10 +418,24 @@ def _action_summary(action: BusinessAction) -> dict[str, Any]:
     }
 
 
+# What the user of a run whose approved action is under way is told to expect.
+SENDING = "The approved message is being sent."
+SETTLING = (
+    "Whether the approved message was delivered is being checked with the mail system; "
+    "it is never sent twice."
+)
+
+
+def _result_progress(run: Run, next_step: str) -> None:
+    """A running run's result says so: no longer waiting for an approver."""
+    run.result = {**run.result, "status": str(run.status), "next_step": next_step}
+
+
 def _mark_unknown(run: Run, action: BusinessAction, failure: ToolFailed) -> None:
     _transition(action, ActionStatus.UNKNOWN, reason=failure.category)
     events.action_unknown(run, action_id=str(action.pk), category=failure.category)
-    run.save(update_fields=["last_event_seq", "updated_at"])
+    _result_progress(run, SETTLING)
+    run.save(update_fields=["result", "last_event_seq", "updated_at"])
 
 
 def _mark_reconciled(run: Run, action: BusinessAction) -> None:
@@ -460,6 +522,7 @@ def action_execute(*, action_id: Any) -> None:
         )
         run.state = {**run.state, "node": SEND_NODE, "phase": "action"}
         run_transition(run=run, status=RunStatus.RUNNING)
+        _result_progress(run, SENDING)
         call = _send_call(action)
         admitted = executor.side_effect_admit(
             run=run, call=call, node=_send_node(run), step=run.steps
@@ -478,23 +541,31 @@ def action_execute(*, action_id: Any) -> None:
         events.action_executing(
             run, action_id=str(action.pk), idempotency_key=action.idempotency_key
         )
-        run.save(update_fields=["state", "tool_call_count", "last_event_seq", "updated_at"])
+        run.save(
+            update_fields=["state", "result", "tool_call_count", "last_event_seq", "updated_at"]
+        )
     _run_and_record(action_id, admitted)
 
 
 def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
-    """Execute an action's call outside any transaction, then record what came back."""
+    """Execute an action's call outside any transaction, then record what came back. An
+    action another delivery marked unknown meanwhile (its reconciliation could not tell
+    while this call was in flight) is settled with the outcome in hand."""
     outcome, attempts, duration_ms = executor.side_effect_run(admitted)
     with transaction.atomic():
         run, action = _locked(action_id)
-        if action.status != ActionStatus.EXECUTING:
+        if action.status not in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
             return
         admitted.record = ToolCall.objects.get(pk=admitted.record.pk)
         executor.side_effect_record(run, admitted, outcome, attempts, duration_ms)
         if isinstance(outcome, ToolOutput):
             _succeed(run, action, outcome, reconciled=False)
         elif outcome.may_have_side_effect:
-            _mark_unknown(run, action, outcome)
+            if action.status == ActionStatus.EXECUTING:
+                _mark_unknown(run, action, outcome)
+            else:
+                # Unknown already: the reconciliation settles it; keep the event's number.
+                run.save(update_fields=["last_event_seq", "updated_at"])
             transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
         else:
             _fail(run, action, outcome, reconciled=False)
@@ -546,9 +617,11 @@ def action_reconcile(*, action_id: Any) -> str:
                     _mark_unknown(run, action, failure)
                 return action.status
             else:
+                _record_settled(run, call, tool_version, context, failure)
                 _fail(run, action, failure, reconciled=True)
                 return action.status
         else:
+            _record_settled(run, call, tool_version, context, output)
             _succeed(run, action, output, reconciled=True)
             return action.status
     _run_and_record(
@@ -558,6 +631,26 @@ def action_reconcile(*, action_id: Any) -> str:
         ),
     )
     return BusinessAction.objects.get(pk=action_id).status
+
+
+def _record_settled(
+    run: Run,
+    call: RequestedCall,
+    tool_version: ToolVersion,
+    context: adapters.ToolContext,
+    outcome: ToolOutput | ToolFailed,
+) -> None:
+    """The call's record, when the worker that made the call died before writing it: the
+    outcome settled by the key is its result. A call recorded already keeps its record."""
+    record = ToolCall.objects.get(run=run, call_id=call.call_id)
+    if record.status != ToolCall.Status.REQUESTED:
+        return
+    admitted = executor.Admitted(
+        record=record, tool_version=tool_version, context=context, arguments=call.arguments
+    )
+    executor.side_effect_record(
+        run, admitted, outcome, max(record.attempts, 1), record.duration_ms or 0
+    )
 
 
 def actions_expire() -> int:

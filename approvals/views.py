@@ -19,7 +19,7 @@ PAGE_SIZE = 50
 
 
 def _action_or_404(request: HttpRequest, action_id) -> BusinessAction:
-    action = selectors.actions_for_approver(user=request.user).filter(pk=action_id).first()
+    action = selectors.actions_visible(user=request.user).filter(pk=action_id).first()
     if action is None:
         raise Http404("No such approval.")
     return action

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage, get_connection
+from django.core.mail.message import sanitize_address
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -165,6 +166,27 @@ def _delivery_fail(delivery: MailDelivery, status: str, error: Exception) -> Non
     delivery.save(update_fields=["status", "error", "updated_at"])
 
 
+def _message(arguments: dict[str, Any], *, message_id: str) -> EmailMessage:
+    """The mail, built in full as the SMTP backend will write it. Django builds it only inside
+    `send_messages`, on an open connection, where a header with a line break (BadHeaderError)
+    or an address it cannot encode raises ValueError; built here first, such a mail fails
+    before the server is contacted, with nothing sent."""
+    message = EmailMessage(
+        subject=arguments["subject"],
+        body=arguments["body"],
+        to=arguments["to"],
+        headers={
+            "Message-ID": message_id,
+            "X-Approved-Draft-Hash": arguments["approved_draft_hash"],
+        },
+    )
+    encoding = message.encoding or settings.DEFAULT_CHARSET
+    for address in [message.from_email, *message.recipients()]:
+        sanitize_address(address, encoding)
+    message.message().as_bytes(linesep="\r\n")
+    return message
+
+
 class MailSend:
     """mail_send@1: delivers an approved mail through Django's email backend (SMTP under
     `EMAIL_*`), exactly once per idempotency key. The delivery record is written before the
@@ -185,15 +207,16 @@ class MailSend:
         )
         if not created:
             return _settled(delivery)
-        message = EmailMessage(
-            subject=arguments["subject"],
-            body=arguments["body"],
-            to=arguments["to"],
-            headers={
-                "Message-ID": delivery.message_id,
-                "X-Approved-Draft-Hash": arguments["approved_draft_hash"],
-            },
-        )
+        try:
+            message = _message(arguments, message_id=delivery.message_id)
+        except ValueError as error:
+            _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
+            raise ToolFailed(
+                "The mail cannot be written as it stands (a header with a line break, or an "
+                "address that cannot be encoded); nothing was sent.",
+                category=ErrorCategory.INVALID_ARGUMENT,
+                retryable=False,
+            ) from error
         connection = get_connection(fail_silently=False)
         try:
             connection.open()

@@ -21,7 +21,9 @@ from approvals.models import BusinessAction, Handoff
 
 @extend_schema(tags=["approvals"])
 class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Business Actions of the token's tenant that the caller may decide."""
+    """Business Actions of the token's tenant: the list holds those the caller may decide;
+    an approver of the tenant may read any; a person of the tenant who may not decide one is
+    refused the decision (403), an action of another tenant is not found (404)."""
 
     serializer_class = ApprovalSerializer
     filterset_class = ApprovalFilter
@@ -30,9 +32,12 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     def get_queryset(self) -> QuerySet[BusinessAction]:
         if getattr(self, "swagger_fake_view", False):
             return BusinessAction.objects.none()
-        return selectors.actions_for_approver(
-            user=self.request.user, tenant=self.request.auth.tenant
-        )
+        user, tenant = self.request.user, self.request.auth.tenant
+        if self.action == "list":
+            return selectors.actions_for_approver(user=user, tenant=tenant)
+        if self.action == "decision":
+            return selectors.actions_of_tenant(tenant=tenant)
+        return selectors.actions_visible(user=user, tenant=tenant)
 
     def get_object(self) -> BusinessAction:
         try:
@@ -49,6 +54,8 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     @action(detail=True, methods=["post"])
     def decision(self, request: Request, pk: str) -> Response:
         action = self.get_object()
+        # Who may decide is answered before the body is read: 403, not a 400 on the input.
+        services.approval_decider_check(action=action, approver=request.user)
         data = DecisionRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.approval_decide(action_id=action.pk, approver=request.user, **data.validated_data)

@@ -1,9 +1,11 @@
 """The approvals API of DESIGN.md and the server-rendered queue, over the same service."""
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
+from approvals import services
 from approvals.choices import ActionStatus
 from approvals.models import ApprovalDecision, BusinessAction
 from registry.choices import Role
@@ -108,6 +110,79 @@ def test_self_approval_is_403_and_other_tenants_see_404(demo):
     assert foreign_decision.status_code == 404
     assert member_view.status_code == 404
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+
+
+def test_a_person_of_the_tenant_without_an_approver_role_is_403_and_sees_no_queue(demo, bob):
+    # given an admin of acme whose role the policy does not name, and a member of acme
+    _run, action = waiting_run(demo)
+    tom = get_user_model().objects.create_user(username="tom", password=DEMO_PASSWORD)
+    membership_add(actor=None, user=tom, tenant=demo.acme, role=Role.ADMIN)
+    admin, member = api(tom, demo.acme), api(demo.alice, demo.acme)
+
+    # when they read the queue and the action, and decide it
+    listed = admin.get("/api/v1/approvals")
+    detail = admin.get(f"/api/v1/approvals/{action.pk}")
+    decisions = [
+        decide(admin, action),
+        decide(member, action),
+        admin.post(f"/api/v1/approvals/{action.pk}/decision", {}, format="json"),
+    ]
+    approver_listed = api(bob, demo.acme).get("/api/v1/approvals")
+
+    # then the queue holds only what they may decide; the decision is refused for the role,
+    # whatever its body
+    assert listed.status_code == 200
+    assert listed.json()["results"] == []
+    assert detail.status_code == 200
+    for response in decisions:
+        assert response.status_code == 403
+        assert response.json()["error"]["code"] == "PERMISSION_DENIED"
+    assert [item["id"] for item in approver_listed.json()["results"]] == [str(action.pk)]
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+    assert not ApprovalDecision.objects.exists()
+
+
+def test_the_queue_page_lists_only_what_the_approver_may_decide(demo, bob):
+    # given an admin of acme whose role the policy does not name
+    _run, action = waiting_run(demo)
+    tom = get_user_model().objects.create_user(username="tom", password=DEMO_PASSWORD)
+    membership_add(actor=None, user=tom, tenant=demo.acme, role=Role.ADMIN)
+    client = logged_in(tom)
+
+    # when they open the queue, the action, and decide it on its page
+    queue = client.get("/approvals/")
+    page = client.get(f"/approvals/{action.pk}/")
+    decided = client.post(
+        f"/approvals/{action.pk}/",
+        {
+            "decision": "approve",
+            "payload_hash": action.payload_hash,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # then the queue does not offer it, and the decision is refused
+    assert queue.status_code == 200
+    assert f"/approvals/{action.pk}/" not in queue.content.decode()
+    assert page.status_code == 200
+    assert decided.status_code == 403
+    assert not ApprovalDecision.objects.exists()
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["before_the_sweep", "after_the_sweep"])
+def test_a_late_decision_is_409_approval_expired_whether_or_not_the_sweep_ran(demo, bob, swept):
+    # given an approval past its expiry, which the sweep may or may not have ended yet
+    _run, action = waiting_run(demo)
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+    if swept:
+        assert services.actions_expire() == 1
+
+    response = decide(api(bob, demo.acme), action)
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "APPROVAL_EXPIRED"
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.EXPIRED
+    assert not ApprovalDecision.objects.exists()
 
 
 def logged_in(user) -> Client:

@@ -8,10 +8,12 @@ from collections import Counter
 import pytest
 
 from approvals import services
-from approvals.choices import ActionStatus
+from approvals.choices import ActionStatus, Decision
+from approvals.models import BusinessAction
 from examples.models import MailDelivery
-from runs.models import Run
-from tests.approvals.conftest import approved_run
+from registry.canonical import canonical_hash
+from runs.models import Run, ToolCall
+from tests.approvals.conftest import approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
 
 RUNS = 3
@@ -91,4 +93,39 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
     statuses, _ = _report("SMTP down (connection refused)", runs, smtp_server)
 
     assert statuses == {"FAILED_FINAL ACTION_FAILED": RUNS}
+    assert smtp_server.messages == []
+
+
+def test_a_subject_with_a_line_break_fails_before_the_mail_server_is_asked(demo, bob, smtp_server):
+    # given an approved mail whose subject carries a line break, frozen before the loop
+    # refused such drafts: as a header, it would smuggle in a recipient
+    run, action = waiting_run(demo)
+    payload = {**action.payload, "subject": "Weekly status\nBcc: attacker@evil.example"}
+    payload_hash = canonical_hash(payload)
+    BusinessAction.objects.filter(pk=action.pk).update(
+        payload=payload,
+        payload_hash=payload_hash,
+        idempotency_key=f"{run.pk}:{action.kind}:{payload_hash}",
+    )
+    services.approval_decide(
+        action_id=action.pk, approver=bob, decision=Decision.APPROVE, payload_hash=payload_hash
+    )
+
+    # when it is sent, and a redelivered resume and the reconciliation come after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.FAILED
+
+    # then it failed for its argument, for certain, and nothing reached the mail server
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "INVALID_ARGUMENT",
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
+    assert smtp_server.envelope_recipients == []
     assert smtp_server.messages == []

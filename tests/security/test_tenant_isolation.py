@@ -71,7 +71,7 @@ ENTRIES = {
     "memory-detail": Entry("/api/v1/memories/{memory}", "delete"),
     "approval-list": Entry("/api/v1/approvals", other_tenant=200, wrong_role=200),
     "approval-detail": Entry("/api/v1/approvals/{action}"),
-    "approval-decision": Entry("/api/v1/approvals/{action}/decision", "post"),
+    "approval-decision": Entry("/api/v1/approvals/{action}/decision", "post", wrong_role=403),
     "handoff-list": Entry("/api/v1/handoffs", other_tenant=200, wrong_role=200),
     "handoff-detail": Entry("/api/v1/handoffs/{handoff}"),
     "handoff-resolve": Entry("/api/v1/handoffs/{handoff}/resolve", "post"),
