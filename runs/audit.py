@@ -152,6 +152,29 @@ def _seen(entry: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _result_redacted(entry: dict[str, Any], sensitive: frozenset[str]) -> dict[str, Any]:
+    """A tool result of the transcript with the envelope inside its untrusted-data wrapper
+    redacted with the tool contract's sensitive fields."""
+    try:
+        wrapped = json.loads(entry["content"])
+        envelope = json.loads(wrapped["untrusted_data"]["content"])
+    except (KeyError, TypeError, ValueError):
+        return entry
+    wrapped["untrusted_data"]["content"] = json.dumps(
+        redact(envelope, sensitive=sensitive), ensure_ascii=False
+    )
+    return {**entry, "content": json.dumps(wrapped, ensure_ascii=False)}
+
+
+def _json_redacted(text: str, sensitive: frozenset[str]) -> str:
+    """A source's text, redacted with its tool contract's sensitive fields if it is JSON."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return json.dumps(redact(value, sensitive=sensitive), ensure_ascii=False)
+
+
 def _turns(events: list[RunEvent], transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per model turn: the context sections' sizes, the transcript entries it had (the
     builder may have cut old results to their sources within its budget), what it answered."""
@@ -230,6 +253,13 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         ).select_related("tool")
     }
     sensitive = _sensitive_fields(versions)
+    # What a viewer without clearance may not see of each call's results (by call id, and
+    # by the call's row for its sources).
+    hidden_in: dict[Any, frozenset[str]] = {}
+    for call in calls if not cleared else ():
+        fields = sensitive.get(call.tool_version_id, frozenset())
+        if fields:
+            hidden_in[call.call_id] = hidden_in[call.pk] = fields
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {
         "run": {
@@ -261,7 +291,17 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             }
             for event in events
         ],
-        "turns": _turns(events, run.transcript),
+        "turns": _turns(
+            events,
+            run.transcript
+            if cleared
+            else [
+                _result_redacted(entry, hidden_in[entry["call_id"]])
+                if entry.get("call_id") in hidden_in
+                else entry
+                for entry in run.transcript
+            ],
+        ),
         "tool_calls": [
             {
                 "call_id": call.call_id,
@@ -294,7 +334,9 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
                 "content_hash": source.content_hash,
                 "allowed_use": source.allowed_use,
                 "fetched_at": source.fetched_at.isoformat(),
-                "content": source.content,
+                "content": _json_redacted(source.content, hidden_in[source.tool_call_id])
+                if source.tool_call_id in hidden_in
+                else source.content,
             }
             for source in Source.objects.filter(run=run).order_by("fetched_at")
         ],

@@ -31,6 +31,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
+from runs.redaction import secrets_removed
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
@@ -336,7 +337,9 @@ def _route_and_assemble(run: Run) -> None:
         return
     if route["mode"] == HUMAN_QUEUE:
         handoff = handoff_open(
-            run=run, risks=route["for_people"], request=_message_text(run.message)
+            run=run,
+            risks=route["for_people"],
+            request=secrets_removed(_message_text(run.message)),
         )
         run.result = {
             "status": RunStatus.WAITING_APPROVAL,

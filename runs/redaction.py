@@ -13,9 +13,10 @@ from config.secret_names import secret_key
 
 REDACTED = "[redacted]"
 _EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
-_BEARER = re.compile(r"Bearer\s+[A-Za-z0-9._~+/=-]{8,}")
+_BEARER = re.compile(r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
 _SECRET_VALUES = (
-    re.compile(r"\b(sk|pk|rk|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
+    # agt_: this platform's own API tokens (registry.models.ApiToken).
+    re.compile(r"\b(sk|pk|rk|ghp|gho|agt|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"),
 )
 # Any of the above: most text has none, and one search finds that out.
@@ -43,15 +44,17 @@ def _text(value: str, *, cleared: bool) -> str:
 
 
 def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = frozenset()) -> Any:
-    """`value` with secrets removed everywhere and, unless `cleared`, emails masked and the
-    `sensitive` keys replaced."""
+    """`value` with secrets removed everywhere (keys too) and, unless `cleared`, emails masked
+    and the `sensitive` keys replaced."""
     if isinstance(value, dict):
-        return {
-            key: REDACTED
-            if secret_key(str(key)) or (not cleared and key in sensitive)
-            else redact(item, cleared=cleared, sensitive=sensitive)
-            for key, item in value.items()
-        }
+        redacted = {}
+        for key, item in value.items():
+            name = _text(key, cleared=cleared) if isinstance(key, str) else key
+            hidden = secret_key(str(key)) or (not cleared and key in sensitive)
+            redacted[name] = (
+                REDACTED if hidden else redact(item, cleared=cleared, sensitive=sensitive)
+            )
+        return redacted
     if isinstance(value, list | tuple):
         return [redact(item, cleared=cleared, sensitive=sensitive) for item in value]
     if isinstance(value, str):

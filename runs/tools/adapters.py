@@ -291,7 +291,7 @@ def _mcp_output(
         normalized=raw["structuredContent"] if isinstance(structured, dict) else {},
         sources=[
             SourceDraft(
-                reference=draft.reference,
+                reference=strip_secrets(draft.reference, secrets=secrets),
                 content=strip_secrets(draft.content, secrets=secrets),
                 allowed_use=draft.allowed_use,
             )
@@ -310,8 +310,10 @@ def mcp_call(
     config = tool_version.adapter_config
     remote_name = config["remote_name"]
     writes = tool_version.risk not in READ_RISKS
+    secrets: tuple[str, ...] = ()
     try:
         endpoint = endpoint_for(server)
+        secrets = endpoint.secrets
         listing = connections.tools_cached(
             endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS
         )
@@ -339,25 +341,27 @@ def mcp_call(
         )
     except McpTimeout as error:
         raise ToolFailed(
-            str(error), category=ErrorCategory.TIMEOUT, retryable=True, may_have_side_effect=writes
+            strip_secrets(str(error), secrets=secrets),
+            category=ErrorCategory.TIMEOUT,
+            retryable=True,
+            may_have_side_effect=writes,
         ) from error
     except McpUnavailable as error:
         raise ToolFailed(
-            str(error),
+            strip_secrets(str(error), secrets=secrets),
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
             may_have_side_effect=writes,
         ) from error
     except McpRemoteError as error:
+        # The server's own message: it may echo what it was sent, credential included.
         raise ToolFailed(
-            str(error), category=ErrorCategory.UPSTREAM_ERROR, retryable=False
+            strip_secrets(str(error), secrets=secrets),
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=False,
         ) from error
     return _mcp_output(
-        server=server,
-        remote_name=remote_name,
-        context=context,
-        result=result,
-        secrets=endpoint.secrets,
+        server=server, remote_name=remote_name, context=context, result=result, secrets=secrets
     )
 
 

@@ -53,12 +53,15 @@ class Envelope:
 
 
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
-    """Drop credential-like keys anywhere in a response and redact known secret values."""
+    """Drop credential-like keys anywhere in a response and redact known secret values, in
+    keys as in values."""
     if isinstance(value, dict):
-        return {
-            key: REDACTED if secret_key(str(key)) else strip_secrets(item, secrets=secrets)
-            for key, item in value.items()
-        }
+        stripped = {}
+        for key, item in value.items():
+            name = strip_secrets(key, secrets=secrets) if isinstance(key, str) else key
+            hidden = secret_key(str(key))
+            stripped[name] = REDACTED if hidden else strip_secrets(item, secrets=secrets)
+        return stripped
     if isinstance(value, list):
         return [strip_secrets(item, secrets=secrets) for item in value]
     if isinstance(value, str):

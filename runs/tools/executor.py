@@ -562,7 +562,10 @@ def _record(
         envelope.protocol_status = "error"
         envelope.business_status = "unknown" if outcome.may_have_side_effect else "failed"
         envelope.raw = strip_secrets(outcome.raw, secrets=secrets)
-        envelope.error = {"category": outcome.category, "message": str(outcome)}
+        envelope.error = {
+            "category": outcome.category,
+            "message": strip_secrets(str(outcome), secrets=secrets),
+        }
         envelope.retryable = outcome.retryable
         envelope.may_have_side_effect = outcome.may_have_side_effect
         record.status = ToolCall.Status.FAILED

@@ -148,3 +148,24 @@ def test_a_cancelled_run_s_request_can_no_longer_be_handled(demo, bob, handed_of
         RunStatus.CANCELLED,
     )
     assert Handoff.objects.get(pk=handoff.pk).status == "open"
+
+
+def test_a_secret_pasted_into_a_request_is_shown_to_no_one(demo, bob, client):
+    # given a request, pasted key and all, that the policy leaves to people
+    key = "sk-proj-Q7f3Kd9Lm2Xv8Rt4Wz6Yb1Nc"
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    run = demo_run(demo, text=f"{REQUEST} Use key {key}.", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    handoff = Handoff.objects.get(run=run)
+
+    # when the person who handles it reads it on the page and in the API
+    page = logged_in(bob).get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+    listed = api(bob, demo.acme).get(f"/api/v1/handoffs/{handoff.pk}").content.decode()
+
+    # then they read the request without the key
+    assert "Summarise project Apollo" in page
+    assert key not in page
+    assert key not in listed
+    assert handoff.request == f"{REQUEST} Use key [redacted]."

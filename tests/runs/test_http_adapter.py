@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.urls import reverse
 
 from registry.choices import AdapterKind, Risk
+from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant, ToolVersion
 from runs.loop import run_execute
 from runs.models import Run, Source, ToolCall
@@ -220,9 +222,10 @@ def test_a_success_answer_in_plain_text_is_the_service_s_answer_kept_as_text(rep
     assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
 
 
-def report_read(demo, report_service: ReportService) -> Run:
-    """A run of the generic agent that reads the report once, finished."""
-    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader")
+def report_read(demo, report_service: ReportService, **reader: Any) -> Run:
+    """A run of the generic agent that reads the report once (the tool as `reader` says,
+    `http_reader_add`), finished."""
+    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader", **reader)
     run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
     run_execute(run_id=str(run.pk))
     return Run.objects.get(pk=run.pk)
@@ -288,20 +291,11 @@ def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
             ],
         }
     ).encode()
-    http_reader_add(
-        demo,
-        report_service.url,
-        tool="report_read",
-        agent="report-reader",
-        credential_ref="REPORT_SERVICE_TOKEN",
-    )
-    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
 
     # when
-    run_execute(run_id=str(run.pk))
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
 
     # then the service got the credential, and it is nowhere in what the run keeps or shows
-    run = Run.objects.get(pk=run.pk)
     record = ToolCall.objects.get(run=run, name="report_read")
     assert record.envelope["business_status"] == "ok for [redacted]"
     (source,) = Source.objects.filter(run=run, tool_call=record)
@@ -353,3 +347,58 @@ def test_an_answer_that_trickles_in_past_the_timeout_fails_the_call_in_time(repo
     assert time.monotonic() - started < 3
     assert raised.value.category == ErrorCategory.TIMEOUT
     assert str(raised.value) == "The service did not finish its answer in time."
+
+
+def auditor_page_and_export(client, run: Run) -> tuple[str, str]:
+    """What carol, acme's auditor without clearance, reads of the run."""
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    page = client.get(reverse("runs:detail", args=[run.pk]))
+    export = client.get(reverse("runs:export", args=[run.pk]))
+    assert page.status_code == export.status_code == 200
+    return page.content.decode(), export.content.decode()
+
+
+def test_a_credential_the_service_uses_as_a_key_is_stripped(
+    demo, report_service, monkeypatch, settings
+):
+    # given a service that keys its answer by the credential it was called with
+    secret = "svc-77d0c1e9a4b25f68"
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
+    settings.TENANT_CREDENTIALS = {"acme": ["REPORT_SERVICE_TOKEN"]}
+    report_service.body = json.dumps(
+        {"business_status": "ok", "data": {"health": "green", "sessions": {secret: "active"}}}
+    ).encode()
+
+    # when
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    # then the key is redacted like any value
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["raw"]["sessions"] == {"[redacted]": "active"}
+    assert secret not in json.dumps([record.envelope, run.transcript])
+
+
+def test_an_auditor_without_clearance_sees_no_sensitive_field_nor_email_anywhere(
+    demo, report_service, client
+):
+    # given a tool whose contract marks salary_band sensitive, answering with it and with a
+    # record keyed by an email address
+    report_service.body = json.dumps(
+        {
+            "business_status": "ok",
+            "data": {"salary_band": "L7-EUR-183500", "leads": {"li.wei@acme.example": "lead"}},
+        }
+    ).encode()
+    run = report_read(demo, report_service, result_contract={"sensitive_fields": ["salary_band"]})
+    assert ToolCall.objects.get(run=run, name="report_read").status == "completed"
+
+    # when carol reads the run and exports it
+    page, export = auditor_page_and_export(client, run)
+
+    # then neither is in the call's envelope, the turns the model saw or the sources
+    record = json.loads(export)
+    assert record["tool_calls"][0]["envelope"]["raw"]["salary_band"] == "[redacted]"
+    for text in (page, export):
+        assert "L7-EUR-183500" not in text
+        assert "li.wei@acme.example" not in text
+    assert "l***@acme.example" in export

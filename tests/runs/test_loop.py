@@ -1354,9 +1354,10 @@ def http_reader_add(
     tool: str = "service_status",
     agent: str = "health-checker",
     credential_ref: str | None = None,
+    **content: Any,
 ) -> None:
     """acme's agent `agent`, whose skill pins one HTTP read tool `tool` at `url`, naming
-    `credential_ref` (if any) as its credential."""
+    `credential_ref` (if any) as its credential, with any other `content` of the tool."""
     config = {"url": url} | ({"credential_ref": credential_ref} if credential_ref else {})
     read_tool = publish_tool(
         demo,
@@ -1373,6 +1374,7 @@ def http_reader_add(
         timeout_s=5,
         adapter_kind=AdapterKind.HTTP,
         adapter_config=config,
+        **content,
     )
     skill_version = publish_skill(
         demo,

@@ -29,10 +29,32 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "key sk-abcdefghijklmnopqrstu",
         "ghp_abcdefghijklmnopqrstuvwx",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        # this platform's own API tokens (agt_ and 43 URL-safe characters), with or without
+        # their scheme
+        "Authorization: Token agt_Zk3v9QwXr7Tn2LpB8sYd5Hc1Mf6Ja4Ue0Gi-Ko_Wq2E",
+        "my key is agt_Zk3v9QwXr7Tn2LpB8sYd5Hc1Mf6Ja4Ue0Gi-Ko_Wq2E",
+        # an auth scheme is case-insensitive (RFC 9110, 11.1)
+        "authorization: bearer 4f9c2a7e1b8d6c3a5e0f",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
-    assert REDACTED in redact({"text": value}, cleared=True)["text"]
+    text = redact({"text": value}, cleared=True)["text"]
+
+    assert REDACTED in text
+    assert value.split()[-1] not in text
+
+
+def test_a_secret_or_an_email_used_as_a_key_is_redacted_like_a_value():
+    record = {"sessions": {"sk-abcdefghijklmnopqrstu": "active"}, "li.wei@acme.example": "lead"}
+
+    assert redact(record) == {
+        "sessions": {REDACTED: "active"},
+        "l***@acme.example": "lead",
+    }
+    assert redact(record, cleared=True) == {
+        "sessions": {REDACTED: "active"},
+        "li.wei@acme.example": "lead",
+    }
 
 
 @pytest.mark.parametrize(
