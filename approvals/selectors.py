@@ -14,6 +14,17 @@ from registry.selectors import tenants_where_user_can
 from runs.choices import RunStatus
 
 
+def _where_user_decides(
+    rows: QuerySet, *, user: AbstractBaseUser, tenant: Tenant | None
+) -> QuerySet:
+    """`rows` of the tenants where `user` may decide approvals (of `tenant` only, if given)."""
+    if not user.is_superuser:
+        rows = rows.filter(
+            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
+        )
+    return rows if tenant is None else rows.filter(tenant=tenant)
+
+
 def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
     """Waiting ones first, oldest first among them, with what a page or the API shows."""
     return (
@@ -34,14 +45,7 @@ def actions_visible(
 ) -> QuerySet[BusinessAction]:
     """The actions in the tenants where `user` may decide approvals (one tenant if given),
     whichever roles their policies name; anything else is "not found"."""
-    actions = BusinessAction.objects.all()
-    if not user.is_superuser:
-        actions = actions.filter(
-            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
-        )
-    if tenant is not None:
-        actions = actions.filter(tenant=tenant)
-    return _queue(actions)
+    return _queue(_where_user_decides(BusinessAction.objects.all(), user=user, tenant=tenant))
 
 
 def _names_approver_role(role: str) -> Q:
@@ -97,13 +101,7 @@ def handoffs_for_person(
 ) -> QuerySet[Handoff]:
     """The handoffs in the tenants where `user` may decide approvals (one tenant if given),
     open ones of waiting runs first, oldest first among them."""
-    handoffs = Handoff.objects.all()
-    if not user.is_superuser:
-        handoffs = handoffs.filter(
-            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
-        )
-    if tenant is not None:
-        handoffs = handoffs.filter(tenant=tenant)
+    handoffs = _where_user_decides(Handoff.objects.all(), user=user, tenant=tenant)
     return (
         handoffs.select_related("tenant", "requester", "run", "resolved_by")
         .annotate(
