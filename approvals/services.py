@@ -726,17 +726,32 @@ def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
     return bool(set(user_roles(user=person, tenant=handoff.tenant)) & set(approver_roles))
 
 
+def handoff_handler_check(*, handoff: Handoff, person: AbstractBaseUser) -> None:
+    """Refuse someone who may not handle `handoff`: a person of its tenant learns that they
+    lack the role (permission denied); anyone else does not learn that it exists."""
+    if may_handle(handoff, person):
+        return
+    if handoff.tenant.is_active and user_roles(user=person, tenant=handoff.tenant):
+        approver_roles = handoff.run.capability.get("approval_policy", {}).get("approver_roles")
+        raise PermissionDenied(
+            "Only a person with an approver role of the run's policy may handle it.",
+            details={"approver_roles": approver_roles or []},
+        )
+    raise NotFound("No such handoff.", details={"id": str(handoff.pk)})
+
+
 def handoff_resolve(
     *, handoff_id: Any, person: AbstractBaseUser, outcome: HandoffStatus | str, note: str
 ) -> Handoff:
-    """Handle or decline an open handoff, once. Anyone who may not handle it gets "not found";
-    the requester may not handle their own request. The run ends with the note: COMPLETED
-    (HANDLED_BY_PERSON) or REFUSED (DECLINED_BY_PERSON)."""
+    """Handle or decline an open handoff, once. Who may not handle it is refused as
+    `handoff_handler_check` says; the requester may not handle their own request. The run
+    ends with the note: COMPLETED (HANDLED_BY_PERSON) or REFUSED (DECLINED_BY_PERSON)."""
     status, reason_code = HANDOFF_OUTCOMES[HandoffStatus(outcome)]
     with transaction.atomic():
         found = Handoff.objects.select_related("tenant", "run").filter(pk=handoff_id).first()
-        if found is None or not may_handle(found, person):
+        if found is None:
             raise NotFound("No such handoff.", details={"id": str(handoff_id)})
+        handoff_handler_check(handoff=found, person=person)
         run = Run.objects.select_for_update().get(pk=found.run_id)
         handoff = Handoff.objects.select_for_update().get(pk=found.pk)
         if person.pk == handoff.requester_id:

@@ -73,6 +73,11 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def get_queryset(self) -> QuerySet[Handoff]:
         if getattr(self, "swagger_fake_view", False):
             return Handoff.objects.none()
+        if self.action == "resolve":
+            # Who may handle it is the service's answer: 403 in the tenant, 404 elsewhere.
+            return Handoff.objects.filter(tenant=self.request.auth.tenant).select_related(
+                "tenant", "run"
+            )
         return selectors.handoffs_for_person(
             user=self.request.user, tenant=self.request.auth.tenant
         )
@@ -92,7 +97,10 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["post"])
     def resolve(self, request: Request, pk: str) -> Response:
         handoff = self.get_object()
+        # Who may handle it is answered before the body is read: 403, not a 400 on the input.
+        services.handoff_handler_check(handoff=handoff, person=request.user)
         data = HandoffResolveSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         services.handoff_resolve(handoff_id=handoff.pk, person=request.user, **data.validated_data)
-        return Response(HandoffSerializer(self.get_queryset().get(pk=handoff.pk)).data)
+        resolved = selectors.handoffs_for_person(user=request.user, tenant=request.auth.tenant)
+        return Response(HandoffSerializer(resolved.get(pk=handoff.pk)).data)

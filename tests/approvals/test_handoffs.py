@@ -129,7 +129,8 @@ def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(dem
     assert (own.status_code, own.json()["error"]["code"]) == (403, "SELF_APPROVAL_FORBIDDEN")
     assert foreign.status_code == 404
     assert api(outsider, globex).get("/api/v1/handoffs").json()["results"] == []
-    assert auditor.status_code == 404
+    # a person of the tenant without an approver role is told so, not that it does not exist
+    assert (auditor.status_code, auditor.json()["error"]["code"]) == (403, "PERMISSION_DENIED")
     assert bad_outcome.status_code == 400
     assert no_uuid.status_code == 404
     assert logged_in(carol).get(f"/approvals/handoffs/{handoff.pk}/").status_code == 404

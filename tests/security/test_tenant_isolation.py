@@ -74,7 +74,7 @@ ENTRIES = {
     "approval-decision": Entry("/api/v1/approvals/{action}/decision", "post", wrong_role=403),
     "handoff-list": Entry("/api/v1/handoffs", other_tenant=200, wrong_role=200),
     "handoff-detail": Entry("/api/v1/handoffs/{handoff}"),
-    "handoff-resolve": Entry("/api/v1/handoffs/{handoff}/resolve", "post"),
+    "handoff-resolve": Entry("/api/v1/handoffs/{handoff}/resolve", "post", wrong_role=403),
     "eval-suite-list": Entry("/api/v1/evaluations/suites", other_tenant=200, wrong_role=200),
     "eval-suite-detail": Entry("/api/v1/evaluations/suites/{suite}", other_tenant=200),
     "eval-run-list": Entry("/api/v1/evaluations/runs", other_tenant=200, wrong_role=200),
