@@ -21,6 +21,7 @@ from runs.capability import capability_snapshot
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session
+from runs.redaction import secrets_removed
 from runs.services.attachments import attachment_parts_resolve
 from runs.services.resources import resource_parts_resolve
 from runs.services.runs import run_finish
@@ -141,17 +142,22 @@ def message_ingest(
     session_id: UUID | None = None,
 ) -> Ingested:
     """Accept a message: the same key and body give the same run; the same key with another
-    body is refused; concurrent duplicates make one run (the ingress unique constraint).
+    body is refused; concurrent duplicates make one run (the ingress unique constraint). A
+    secret pasted into the text (a key, a token, a bearer header) is removed before the run
+    stores, logs or shows it to a model; the key's request hash is of the body as sent.
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content. Resource references must name a resource an
     MCP server available to the tenant listed."""
     roles, generation = user_roles_and_generation(user=actor, tenant=tenant)
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
-    normalized_parts = resource_parts_resolve(
-        tenant=tenant,
-        parts=attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts),
-    )
+    normalized_parts = [
+        {**part, "text": secrets_removed(part["text"])} if part["type"] == "text" else part
+        for part in resource_parts_resolve(
+            tenant=tenant,
+            parts=attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts),
+        )
+    ]
     request = {
         "channel": channel,
         "parts": parts,

@@ -819,3 +819,24 @@ def test_a_message_accepted_while_the_broker_is_down_is_sent_by_the_sweep(
     assert runs_sweep() == 1
     assert queued_run_ids() == [str(run.pk)]
     queue_purge()
+
+
+def test_a_secret_pasted_into_a_message_is_never_stored_nor_shown_to_a_model(alice, post_message):
+    # given a message whose text carries an API key and a bearer token
+    key, token = "sk-live-4f9c2a7e1b8d6c3a5e0f", "Bearer eyJ0eXAiOiJKV1Qi.abc.def-1234567890"
+    body = message_body(f"Summarise Apollo. My key is {key}; the service wants {token} today.")
+
+    # when it is posted, and posted again
+    first = post_message(alice, body, key="with-a-secret")
+    again = post_message(alice, body, key="with-a-secret")
+
+    # then the run keeps the text without them, and the same body is the same request
+    assert (first.status_code, again.status_code) == (202, 200)
+    run = Run.objects.get()
+    (part,) = run.message["message"]["parts"]
+    assert part["text"] == (
+        "Summarise Apollo. My key is [redacted]; the service wants Bearer [redacted] today."
+    )
+    stored = json.dumps([run.message, list(RunEvent.objects.values_list("payload", flat=True))])
+    assert key not in stored
+    assert "eyJ0eXAiOiJKV1Qi" not in stored
