@@ -679,6 +679,9 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         cost=str(cost),
         stop_reason=response.stop_reason,
     )
+    if (reason := _budget_overrun(run)) is not None:
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+        return
     if calls:
         run.state["phase"] = "tools"
         return
@@ -851,7 +854,21 @@ def _tool_turn(run: Run) -> None:
     run.state["phase"] = "model"
 
 
+def _budget_overrun(run: Run) -> str | None:
+    """Whether the turn just taken went past the run's time, token or cost budget: what it
+    answered is recorded, and neither drafted from nor acted on."""
+    budgets = run.capability["budgets"]
+    if (timezone.now() - run.started_at).total_seconds() > budgets["max_seconds"]:
+        return "TIME_BUDGET"
+    if run.tokens_used > budgets["max_tokens"]:
+        return "TOKEN_BUDGET"
+    if run.cost > Decimal(budgets["max_cost"]):
+        return "COST_BUDGET"
+    return None
+
+
 def _budget_exhausted(run: Run) -> str | None:
+    """Whether the run has no budget left for its next step."""
     budgets = run.capability["budgets"]
     elapsed = (timezone.now() - run.started_at).total_seconds()
     if elapsed > budgets["max_seconds"]:

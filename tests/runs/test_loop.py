@@ -704,6 +704,25 @@ def test_a_spent_budget_ends_the_run_before_any_draft(
     assert "draft" not in run.state
 
 
+def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_nothing(demo):
+    # given a token budget one token larger than the running example's first turn
+    probe = start(demo, project_id="apollo")
+    run_execute(run_id=str(probe.pk))
+    first = events_of(probe, "model.responded")[0]["usage"]
+    budgets(demo, max_tokens=first["input"] + first["output"] + 1)
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the second turn's draft is in the log, and nothing was drafted from it
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TOKEN_BUDGET")
+    (_, last) = events_of(run, "model.responded")
+    assert json.loads(last["text"])["subject"].startswith("Weekly status")
+    assert "draft.created" not in event_types(run)
+    assert_nothing_sent(run)
+
+
 def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
     # given a run whose first transaction started it and resolved the recipient
     run = start(demo, project_id="apollo")
