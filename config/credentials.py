@@ -11,23 +11,30 @@ their choosing. The grant is checked when the object is saved and again at every
 """
 
 import os
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+if TYPE_CHECKING:
+    from registry.models import Tenant
 
-def credential_refusal(reference: str, *, tenant_slug: str | None) -> str | None:
-    """Why an object of this tenant (None: the platform) may not use `reference`."""
-    if tenant_slug is None or reference in settings.TENANT_CREDENTIALS.get(tenant_slug, ()):
+
+def credential_refusal(reference: str | None, *, owner: "Tenant | None") -> str | None:
+    """Why an object that `owner` owns (None: the platform) may not name `reference` (no
+    reason when it names none)."""
+    if not reference or owner is None:
+        return None
+    if reference in settings.TENANT_CREDENTIALS.get(owner.slug, ()):
         return None
     return (
-        f"The credential {reference} is not granted to tenant {tenant_slug}: the operator "
+        f"The credential {reference} is not granted to tenant {owner.slug}: the operator "
         "grants it in TENANT_CREDENTIALS."
     )
 
 
-def credential_value(reference: str, *, tenant_slug: str | None) -> str | None:
-    """The secret `reference` names for an object of this tenant (None: the platform), or
-    None when the variable is unset or not granted to the tenant."""
-    if credential_refusal(reference, tenant_slug=tenant_slug) is not None:
+def credential_value(reference: str, *, owner: "Tenant | None") -> str | None:
+    """The secret `reference` names for an object that `owner` owns (None: the platform),
+    or None when the variable is unset or not granted to the tenant."""
+    if credential_refusal(reference, owner=owner) is not None:
         return None
     return os.environ.get(reference)

@@ -33,7 +33,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from config.credentials import credential_refusal, credential_value
 from registry.mcp.review import definition_of
-from registry.models import McpServer
+from registry.models import McpServer, Tenant
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -84,13 +84,13 @@ class Endpoint:
         ).hexdigest()
 
 
-def _secret(reference: str, *, server: McpServer, owner: str | None) -> str:
-    """The secret `reference` names, for a server whose credentials are `owner`'s (a tenant
-    slug; None: the platform's)."""
-    refusal = credential_refusal(reference, tenant_slug=owner)
+def _secret(reference: str, *, server: McpServer, owner: Tenant | None) -> str:
+    """The secret `reference` names, for a server whose credentials are `owner`'s (None: the
+    platform's)."""
+    refusal = credential_refusal(reference, owner=owner)
     if refusal:
         raise McpUnavailable(f"{server}: {refusal}")
-    value = credential_value(reference, tenant_slug=owner)
+    value = credential_value(reference, owner=owner)
     if value is None:
         raise McpUnavailable(f"{server}: the secret reference {reference} is not set on this host.")
     return value
@@ -118,8 +118,7 @@ def endpoint_for(server: McpServer) -> Endpoint:
         )
     headers = ()
     if server.credential_ref:
-        owner = server.tenant.slug if server.tenant_id else None
-        secret = _secret(server.credential_ref, server=server, owner=owner)
+        secret = _secret(server.credential_ref, server=server, owner=server.tenant)
         headers = (("Authorization", f"Bearer {secret}"),)
     return Endpoint(**common, url=server.url, headers=headers)
 

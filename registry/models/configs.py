@@ -70,11 +70,7 @@ class ModelConfig(models.Model):
     def clean(self) -> None:
         if not isinstance(self.parameters, dict):
             raise ValidationError({"parameters": "Parameters are a JSON object."})
-        refusal = (
-            self.tenant_id
-            and self.credential_ref
-            and credential_refusal(self.credential_ref, tenant_slug=self.tenant.slug)
-        )
+        refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             raise ValidationError({"credential_ref": refusal})
         secret_like = sorted(name for name in self.parameters if secret_key(name))

@@ -122,11 +122,7 @@ class McpServer(models.Model):
                 errors["env"] = "An object of VARIABLE: SECRET_REFERENCE (upper-case names)."
         elif self.transport == self.Transport.STREAMABLE_HTTP and not self.url:
             errors["url"] = "A streamable HTTP server needs its endpoint URL."
-        refusal = (
-            self.tenant_id
-            and self.credential_ref
-            and credential_refusal(self.credential_ref, tenant_slug=self.tenant.slug)
-        )
+        refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             errors["credential_ref"] = refusal
         if errors:

@@ -90,11 +90,10 @@ def tool_version_validate(tool_version: ToolVersion) -> None:
     values["version"] = tool_version.version
     errors = tool_version_errors(values)
     reference = (tool_version.adapter_config or {}).get("credential_ref")
-    tenant = tool_version.tool.tenant
     refusal = (
         isinstance(reference, str)
         and "adapter_config" not in errors
-        and credential_refusal(reference, tenant_slug=tenant.slug if tenant else None)
+        and credential_refusal(reference, owner=tool_version.tool.tenant)
     )
     if refusal:
         errors["adapter_config"] = [refusal]

@@ -57,11 +57,10 @@ def _credential(model_config: ModelConfig) -> str:
             "variable that holds its API key.",
             retryable=False,
         )
-    owner = model_config.tenant.slug if model_config.tenant_id else None
-    refusal = credential_refusal(variable, tenant_slug=owner)
+    refusal = credential_refusal(variable, owner=model_config.tenant)
     if refusal:
         raise ModelError(f"Model config {model_config.name!r}: {refusal}", retryable=False)
-    secret = credential_value(variable, tenant_slug=owner)
+    secret = credential_value(variable, owner=model_config.tenant)
     if not secret:
         raise ModelError(
             f"The environment variable {variable} (credential of model config "

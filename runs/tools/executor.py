@@ -26,7 +26,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 from config.credentials import credential_refusal, credential_value
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS, AdapterKind
-from registry.models import ToolVersion
+from registry.models import Tenant, ToolVersion
 from registry.selectors import version_ids_revoked, versions_frozen
 from runs import events, tracing, writes
 from runs.choices import RunStatus
@@ -141,13 +141,13 @@ def _shortened(message: str) -> str:
     return message[: VALIDATION_MESSAGE_CHARS - 1] + "…"
 
 
-def _credential_reference(tool_version: ToolVersion, run: Run) -> tuple[str, str | None] | None:
-    """The variable an HTTP tool names as its credential, with the slug of the tenant that
-    owns the tool (None: a platform-wide tool), or None."""
+def _credential_reference(tool_version: ToolVersion, run: Run) -> tuple[str, Tenant | None] | None:
+    """The variable an HTTP tool names as its credential, with the tenant that owns the tool
+    (the run's; None: a platform-wide tool), or None."""
     reference = tool_version.adapter_config.get("credential_ref")
     if tool_version.adapter_kind != AdapterKind.HTTP or not reference:
         return None
-    return reference, None if tool_version.tool.tenant_id is None else run.tenant.slug
+    return reference, None if tool_version.tool.tenant_id is None else run.tenant
 
 
 def host_context(
@@ -164,7 +164,7 @@ def host_context(
         idempotency_key=f"{run.pk}:{call_id}",
         credential=None
         if reference is None
-        else credential_value(reference[0], tenant_slug=reference[1]),
+        else credential_value(reference[0], owner=reference[1]),
         resources={} if resources is None else resources,
     )
 
@@ -211,7 +211,7 @@ def _admit(
             record, run, category=ErrorCategory.INVALID_ARGUMENT, message="; ".join(problems)
         )
     reference = _credential_reference(tool_version, run)
-    refusal = reference and credential_refusal(reference[0], tenant_slug=reference[1])
+    refusal = reference and credential_refusal(reference[0], owner=reference[1])
     if refusal:
         return _reject(record, run, category=ErrorCategory.PERMISSION_DENIED, message=refusal)
     context = host_context(
