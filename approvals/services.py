@@ -8,7 +8,7 @@ twice.
 """
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
@@ -31,7 +31,7 @@ from config.celery import task_send
 from examples.models import DirectoryRecord
 from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
-from registry.models import Policy, SkillVersion, ToolVersion
+from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
 from runs import events, tracing, writes
 from runs.choices import RunStatus
@@ -179,19 +179,34 @@ def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
     return bool(set(roles) & set(action.policy["approver_roles"]))
 
 
+def _refuse(
+    person: AbstractBaseUser,
+    *,
+    tenant: Tenant,
+    approver_roles: list[str],
+    denied: str,
+    not_found: NotFound,
+) -> NoReturn:
+    """Refuse a person who may not decide or handle something of `tenant`: one of the tenant
+    learns that they lack an approver role; anyone else, that it does not exist."""
+    if tenant.is_active and user_roles(user=person, tenant=tenant):
+        raise PermissionDenied(denied, details={"approver_roles": approver_roles})
+    raise not_found
+
+
 def approval_decider_check(*, action: BusinessAction, approver: AbstractBaseUser) -> None:
     """Refuse someone who may not decide `action`: a person of its tenant learns that they
     lack the role (permission denied); anyone else does not learn that it exists (not
     found). The API asks before it reads the decision; `approval_decide` asks again, with
     the action locked."""
-    if _may_decide(action, approver):
-        return
-    if action.tenant.is_active and user_roles(user=approver, tenant=action.tenant):
-        raise PermissionDenied(
-            "Only a person with an approver role of this action's policy may decide it.",
-            details={"approver_roles": action.policy["approver_roles"]},
+    if not _may_decide(action, approver):
+        _refuse(
+            approver,
+            tenant=action.tenant,
+            approver_roles=action.policy["approver_roles"],
+            denied="Only a person with an approver role of this action's policy may decide it.",
+            not_found=NotFound("No such approval.", details={"id": str(action.pk)}),
         )
-    raise NotFound("No such approval.", details={"id": str(action.pk)})
 
 
 def approval_decide(
@@ -729,15 +744,16 @@ def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
 def handoff_handler_check(*, handoff: Handoff, person: AbstractBaseUser) -> None:
     """Refuse someone who may not handle `handoff`: a person of its tenant learns that they
     lack the role (permission denied); anyone else does not learn that it exists."""
-    if may_handle(handoff, person):
-        return
-    if handoff.tenant.is_active and user_roles(user=person, tenant=handoff.tenant):
-        approver_roles = handoff.run.capability.get("approval_policy", {}).get("approver_roles")
-        raise PermissionDenied(
-            "Only a person with an approver role of the run's policy may handle it.",
-            details={"approver_roles": approver_roles or []},
+    if not may_handle(handoff, person):
+        _refuse(
+            person,
+            tenant=handoff.tenant,
+            approver_roles=handoff.run.capability.get("approval_policy", {}).get(
+                "approver_roles", []
+            ),
+            denied="Only a person with an approver role of the run's policy may handle it.",
+            not_found=NotFound("No such handoff.", details={"id": str(handoff.pk)}),
         )
-    raise NotFound("No such handoff.", details={"id": str(handoff.pk)})
 
 
 def handoff_resolve(
