@@ -173,23 +173,26 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
     already carry no entry of their own. An entry says which node loads it."""
     workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
     have = {skill["name"] for skill in skills}
-    entries = []
+    loading: dict[str, str] = {}
     for node in workflow.nodes.values() if workflow else ():
-        if not node.skill or node.skill in have:
+        if node.skill and node.skill not in have:
+            loading.setdefault(node.skill, node.name)
+    if not loading:
+        return []
+    found = {
+        skill.name: skill
+        for skill in definitions_visible(model=Skill, tenant=resolution.tenant)
+        .filter(name__in=loading)
+        .select_related("current_version")
+    }
+    entries = []
+    for name, node in loading.items():
+        if name not in found:
+            resolution.excluded.append({"skill": name, "reason": "NOT_AVAILABLE"})
             continue
-        have.add(node.skill)
-        skill = (
-            definitions_visible(model=Skill, tenant=resolution.tenant)
-            .filter(name=node.skill)
-            .select_related("current_version")
-            .first()
-        )
-        if skill is None:
-            resolution.excluded.append({"skill": node.skill, "reason": "NOT_AVAILABLE"})
-            continue
-        entry = _skill_resolved(skill, resolution, healthy_only=False)
+        entry = _skill_resolved(found[name], resolution, healthy_only=False)
         if entry is not None:
-            entries.append({**entry, "node": node.name})
+            entries.append({**entry, "node": node})
     return entries
 
 
