@@ -6,6 +6,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 
 import json
 import logging
+import operator
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -31,7 +32,6 @@ from runs.model_clients.factory import model_client_for
 from runs.models import Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
-from runs.redaction import secrets_removed
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
@@ -337,9 +337,7 @@ def _route_and_assemble(run: Run) -> None:
         return
     if route["mode"] == HUMAN_QUEUE:
         handoff = handoff_open(
-            run=run,
-            risks=route["for_people"],
-            request=secrets_removed(_message_text(run.message)),
+            run=run, risks=route["for_people"], request=_message_text(run.message)
         )
         run.result = {
             "status": RunStatus.WAITING_APPROVAL,
@@ -854,30 +852,26 @@ def _tool_turn(run: Run) -> None:
     run.state["phase"] = "model"
 
 
-def _budget_overrun(run: Run) -> str | None:
-    """Whether the turn just taken went past the run's time, token or cost budget: what it
-    answered is recorded, and neither drafted from nor acted on."""
+def _budget_overrun(run: Run, *, reached: bool = False) -> str | None:
+    """Whether the run went past its time, token or cost budget (or, `reached`, used it all):
+    past it after a turn, what the turn answered is recorded, and neither drafted from nor
+    acted on."""
     budgets = run.capability["budgets"]
+    over = operator.ge if reached else operator.gt
     if (timezone.now() - run.started_at).total_seconds() > budgets["max_seconds"]:
         return "TIME_BUDGET"
-    if run.tokens_used > budgets["max_tokens"]:
+    if over(run.tokens_used, budgets["max_tokens"]):
         return "TOKEN_BUDGET"
-    if run.cost > Decimal(budgets["max_cost"]):
+    if run.cost > 0 and over(run.cost, Decimal(budgets["max_cost"])):
         return "COST_BUDGET"
     return None
 
 
 def _budget_exhausted(run: Run) -> str | None:
     """Whether the run has no budget left for its next step."""
-    budgets = run.capability["budgets"]
-    elapsed = (timezone.now() - run.started_at).total_seconds()
-    if elapsed > budgets["max_seconds"]:
-        return "TIME_BUDGET"
-    if run.tokens_used >= budgets["max_tokens"]:
-        return "TOKEN_BUDGET"
-    if run.cost >= Decimal(budgets["max_cost"]) and run.cost > 0:
-        return "COST_BUDGET"
-    if run.state.get("phase") == "model" and run.steps >= budgets["max_steps"]:
+    if (reason := _budget_overrun(run, reached=True)) is not None:
+        return reason
+    if run.state.get("phase") == "model" and run.steps >= run.capability["budgets"]["max_steps"]:
         return "STEP_BUDGET"
     return None
 

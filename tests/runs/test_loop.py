@@ -10,6 +10,8 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -702,6 +704,43 @@ def test_a_spent_budget_ends_the_run_before_any_draft(
     run = finished(run)
     assert run.steps == 1
     assert "draft" not in run.state
+
+
+def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_run(demo, fake_model):
+    # given a model at 1.00 per 1k input tokens (its turn: 321 of them) and a budget of 0.10
+    fake = fake_model()
+    priced = demo.agent.model_config
+    priced.price_per_1k_input = Decimal("1.00")
+    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    budgets(demo, max_cost=Decimal("0.10"))
+    fake.reply(read_apollo("call_read"))
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the turn is recorded with its cost, and the read it asked for never ran
+    assert_terminal(run, "BUDGET_EXHAUSTED", "COST_BUDGET")
+    (responded,) = events_of(run, "model.responded")
+    assert Decimal(responded["cost"]) > Decimal("0.10")
+    assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
+    assert len(fake.requests) == 1
+
+
+def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
+    # given a run of 1 s wall time, started (the host's own steps) 2 s ago
+    budgets(demo, max_seconds=1)
+    run = start(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=2))
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then its start ran (the host's own steps), and no model turn did
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert finished(run).steps == 0
 
 
 def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_nothing(demo):
