@@ -274,14 +274,20 @@ def test_large_normalised_fields_are_cut_too(demo, report_service, settings):
     assert json.loads(source.content)["normalized"] == {"summary": "y" * 60_000}
 
 
+@pytest.fixture
+def report_token(monkeypatch, settings) -> str:
+    """The credential the report tool may name, REPORT_SERVICE_TOKEN, granted to acme."""
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", "svc-77d0c1e9a4b25f68")
+    settings.TENANT_CREDENTIALS = {"acme": ["REPORT_SERVICE_TOKEN"]}
+    return "svc-77d0c1e9a4b25f68"
+
+
 def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
-    demo, report_service, monkeypatch, settings
+    demo, report_service, report_token
 ):
     # given a service that names its evidence by the URL it fetched, credential included, and
     # echoes it in its business status
-    secret = "svc-secret-4b7e19c0d2a85f36"
-    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
-    settings.TENANT_CREDENTIALS = {"acme": ["REPORT_SERVICE_TOKEN"]}
+    secret = report_token
     report_service.body = json.dumps(
         {
             "business_status": f"ok for {secret}",
@@ -358,13 +364,9 @@ def auditor_page_and_export(client, run: Run) -> tuple[str, str]:
     return page.content.decode(), export.content.decode()
 
 
-def test_a_credential_the_service_uses_as_a_key_is_stripped(
-    demo, report_service, monkeypatch, settings
-):
+def test_a_credential_the_service_uses_as_a_key_is_stripped(demo, report_service, report_token):
     # given a service that keys its answer by the credential it was called with
-    secret = "svc-77d0c1e9a4b25f68"
-    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
-    settings.TENANT_CREDENTIALS = {"acme": ["REPORT_SERVICE_TOKEN"]}
+    secret = report_token
     report_service.body = json.dumps(
         {"business_status": "ok", "data": {"health": "green", "sessions": {secret: "active"}}}
     ).encode()
