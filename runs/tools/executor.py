@@ -522,11 +522,9 @@ def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls)
         except Exception as error:  # noqa: BLE001 (raised below, once every slot is back)
             return error
 
-    pairs = list(zip(admitted, entered, strict=True))
-    if len(pairs) > 1:
-        outcomes = threads.parallel_map(attempted, pairs, workers=settings.TOOL_PARALLELISM)
-    else:
-        outcomes = [attempted(pair) for pair in pairs]
+    outcomes = threads.parallel_map(
+        attempted, zip(admitted, entered, strict=True), workers=settings.TOOL_PARALLELISM
+    )
     limits.calls_leave(
         [
             (outcome[3], False)

@@ -1,17 +1,19 @@
 """The threads that run the independent calls of one step in parallel.
 
-They live as long as the process (a Celery worker child creates them on first use, after the
-fork) and each keeps its own database connection between calls: opening a connection per
-call would cost more than most read calls. A connection left broken by an error is closed
-after its call; `stop` closes every thread's connection and ends the threads (the test
-suite calls it before dropping its database).
+The calling thread takes part: it runs calls of the step too, and the pool's threads take
+the others as they come free, so a step's calls never wait behind each other more than the
+cap requires, and a step whose calls do not block hands little over between threads.
+The pool's threads live as long as the process (a Celery worker child creates them on
+first use, after the fork) and each keeps its own database connection between calls:
+opening a connection per call would cost more than most read calls. A connection left
+broken by an error is closed after its call; `stop` closes every thread's connection and
+ends the threads (the test suite calls it before dropping its database).
 """
 
 import queue
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from django.db import connections
 
@@ -32,19 +34,58 @@ def _close_broken_connections() -> None:
             connection.close()
 
 
+class _Batch(Generic[T, R]):
+    """The items of one `parallel_map`, taken one at a time by whichever thread is free."""
+
+    def __init__(self, function: Callable[[T], R], items: list[T]) -> None:
+        self._function = function
+        self._items = items
+        self._outcomes: list[Any] = [None] * len(items)
+        self._failed: list[bool] = [False] * len(items)
+        self._next = 0
+        self._left = len(items)
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        if not items:
+            self._done.set()
+
+    def _take(self) -> int | None:
+        with self._lock:
+            if self._next == len(self._items):
+                return None
+            self._next += 1
+            return self._next - 1
+
+    def work(self) -> None:
+        """Run items until none is left to take."""
+        while (index := self._take()) is not None:
+            try:
+                self._outcomes[index] = self._function(self._items[index])
+            except BaseException as error:  # noqa: BLE001 (the caller raises it)
+                self._outcomes[index], self._failed[index] = error, True
+            with self._lock:
+                self._left -= 1
+                if not self._left:
+                    self._done.set()
+
+    def results(self) -> list[R]:
+        """Once every item has run: the results in the order of the items, or the first
+        item's error."""
+        self._done.wait()
+        for outcome, failed in zip(self._outcomes, self._failed, strict=True):
+            if failed:
+                raise outcome
+        return self._outcomes
+
+
 def _serve() -> None:
     try:
         while True:
-            task = _tasks.get()
-            if task is _STOP:
+            batch = _tasks.get()
+            if batch is _STOP:
                 return
-            future, function, argument = task
-            if not future.set_running_or_notify_cancel():
-                continue
             try:
-                future.set_result(function(argument))
-            except Exception as error:  # noqa: BLE001 (the caller gets it from the future)
-                future.set_exception(error)
+                batch.work()
             finally:
                 _close_broken_connections()
     finally:
@@ -63,15 +104,17 @@ def _ensure(count: int) -> None:
 
 
 def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int) -> list[R]:
-    """`function` over `items` on at most `workers` threads; results in the order of `items`."""
-    items = list(items)
-    _ensure(min(workers, len(items)))
-    futures: list[Future[Any]] = []
-    for item in items:
-        future: Future[Any] = Future()
-        _tasks.put((future, function, item))
-        futures.append(future)
-    return [future.result() for future in futures]
+    """`function` over `items`, at most `workers` at a time (the calling thread and up to
+    `workers - 1` of the pool's); results in the order of `items`. An item that raised
+    raises once every item has run."""
+    batch = _Batch(function, list(items))
+    helpers = min(workers, len(batch._items)) - 1
+    if helpers > 0:
+        _ensure(helpers)
+        for _ in range(helpers):
+            _tasks.put(batch)
+    batch.work()
+    return batch.results()
 
 
 def stop() -> None:

@@ -1,15 +1,17 @@
-"""Independent read calls of one model turn run in parallel on the executor's thread pool,
-each on its own database connection, and their results stay paired with their call ids."""
+"""Independent read calls of one model turn run in parallel, on the calling thread and the
+executor's thread pool (each pool thread on its own database connection), and their results
+stay paired with their call ids."""
 
 import json
 import threading
+import time
 
 import pytest
 
 from registry.models import ToolVersion
 from runs.loop import run_execute
 from runs.models import ToolCall
-from runs.tools import adapters, limits
+from runs.tools import adapters, limits, threads
 from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import openai_completion
 
@@ -33,11 +35,15 @@ def test_two_reads_of_one_turn_run_in_parallel_and_answer_in_order(demo, fake_mo
     )
     fake.reply(openai_completion(tool_calls=both))
     fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    threads = {}
+    ran = {}
     execute = adapters.execute
+    # Each read waits until the other has started: the step ends only if they overlap.
+    both_started = threading.Barrier(2, timeout=10)
 
     def recording(tool_version, context, arguments):
-        threads[context.call_id] = threading.current_thread().name
+        ran[context.call_id] = threading.current_thread().name
+        if context.call_id in {"call_week", "call_monday"}:
+            both_started.wait()
         return execute(tool_version, context, arguments)
 
     monkeypatch.setattr(adapters, "execute", recording)
@@ -47,9 +53,11 @@ def test_two_reads_of_one_turn_run_in_parallel_and_answer_in_order(demo, fake_mo
 
     run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
-    assert threads["host-recipient"] == threading.main_thread().name
-    assert threads["call_week"].startswith("tool-call")
-    assert threads["call_monday"].startswith("tool-call")
+    assert ran["host-recipient"] == threading.main_thread().name
+    # the calling thread took one read and a thread of the pool the other
+    ran_on = sorted([ran["call_week"], ran["call_monday"]])
+    assert ran_on[0] == threading.main_thread().name
+    assert ran_on[1].startswith("tool-call")
     results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
     assert [entry["call_id"] for entry in results] == ["call_week", "call_monday"]
     calls = {call.call_id: call for call in ToolCall.objects.filter(run=run, step=1)}
@@ -107,3 +115,40 @@ def test_a_handler_that_raises_fails_its_call_the_run_goes_on_and_no_slot_stays_
         [project_search] * project_search.concurrency_cap, tenant_id=run.tenant_id
     )
     assert all(isinstance(each, limits.Passage) for each in entered), entered
+
+
+def test_no_more_items_run_at_once_than_the_cap_and_results_keep_their_order():
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def slow_square(number):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return number * number
+
+    assert threads.parallel_map(slow_square, range(7), workers=3) == [0, 1, 4, 9, 16, 25, 36]
+    assert most == 3
+
+
+def test_no_items_no_results():
+    assert threads.parallel_map(str, [], workers=4) == []
+
+
+def test_an_item_that_raised_raises_once_every_item_has_run():
+    finished = []
+
+    def fails_on_one(number):
+        if number == 1:
+            raise ValueError("one")
+        time.sleep(0.05)
+        finished.append(number)
+        return number
+
+    with pytest.raises(ValueError, match="one"):
+        threads.parallel_map(fails_on_one, range(4), workers=4)
+    assert sorted(finished) == [0, 2, 3]
