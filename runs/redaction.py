@@ -6,6 +6,7 @@ clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked and the
 contract marks sensitive (`result_contract.sensitive_fields`) replaced.
 """
 
+import functools
 import re
 from typing import Any
 
@@ -25,12 +26,20 @@ _ANY_SECRET_VALUE = re.compile("|".join(p.pattern for p in (_BEARER, *_SECRET_VA
 
 def mask_email(text: str) -> str:
     """li.wei@acme.example → l***@acme.example"""
+    if "@" not in text:
+        return text
     return _EMAIL.sub(lambda match: f"{match.group(1)}***@{match.group(2)}", text)
+
+
+def _may_hold_secret(text: str) -> bool:
+    """What every match of a secret value needs: a - or _, "eyJ" or the word bearer. Most
+    text has none, and these are found faster than the patterns can say so."""
+    return "-" in text or "_" in text or "eyJ" in text or "bearer" in text.lower()
 
 
 def secrets_removed(text: str) -> str:
     """`text` with bearer tokens and values that look like API keys or JWTs replaced."""
-    if not _ANY_SECRET_VALUE.search(text):
+    if not (_may_hold_secret(text) and _ANY_SECRET_VALUE.search(text)):
         return text
     text = _BEARER.sub("Bearer " + REDACTED, text)
     for pattern in _SECRET_VALUES:
@@ -43,20 +52,30 @@ def _text(value: str, *, cleared: bool) -> str:
     return value if cleared else mask_email(value)
 
 
+@functools.lru_cache(maxsize=4096)
+def _key(key: str, cleared: bool) -> tuple[str, bool]:
+    """A key as shown, and whether it names a secret (keys repeat: the same few names in
+    every item)."""
+    return _text(key, cleared=cleared), secret_key(key)
+
+
 def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = frozenset()) -> Any:
     """`value` with secrets removed everywhere (keys too) and, unless `cleared`, emails masked
     and the `sensitive` keys replaced."""
+    if isinstance(value, str):
+        return _text(value, cleared=cleared)
     if isinstance(value, dict):
         redacted = {}
         for key, item in value.items():
-            name = _text(key, cleared=cleared) if isinstance(key, str) else key
-            hidden = secret_key(str(key)) or (not cleared and key in sensitive)
+            if isinstance(key, str):
+                name, hidden = _key(key, cleared)
+            else:
+                name, hidden = key, secret_key(str(key))
+            hidden = hidden or (not cleared and key in sensitive)
             redacted[name] = (
                 REDACTED if hidden else redact(item, cleared=cleared, sensitive=sensitive)
             )
         return redacted
     if isinstance(value, list | tuple):
         return [redact(item, cleared=cleared, sensitive=sensitive) for item in value]
-    if isinstance(value, str):
-        return _text(value, cleared=cleared)
     return value

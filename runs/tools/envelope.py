@@ -6,6 +6,7 @@ stripped; the whole response of a call cut to fit stays in a Source the model ca
 reference (`executor._record`).
 """
 
+import functools
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -55,20 +56,38 @@ class Envelope:
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     """Drop credential-like keys anywhere in a response and redact known secret values, in
     keys as in values."""
+    return _stripped(value, tuple(filter(None, secrets)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _key_stripped(key: str) -> tuple[str, bool]:
+    """A key without secret values, and whether it names a secret (keys repeat: the same
+    few names in every item of a response)."""
+    return secrets_removed(key), secret_key(key)
+
+
+def _text_stripped(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return secrets_removed(text)
+
+
+def _stripped(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return _text_stripped(value, secrets)
     if isinstance(value, dict):
         stripped = {}
         for key, item in value.items():
-            name = strip_secrets(key, secrets=secrets) if isinstance(key, str) else key
-            hidden = secret_key(str(key))
-            stripped[name] = REDACTED if hidden else strip_secrets(item, secrets=secrets)
+            if not isinstance(key, str):
+                name, hidden = key, secret_key(str(key))
+            elif secrets and any(secret in key for secret in secrets):
+                name, hidden = _text_stripped(key, secrets), secret_key(key)
+            else:
+                name, hidden = _key_stripped(key)
+            stripped[name] = REDACTED if hidden else _stripped(item, secrets)
         return stripped
     if isinstance(value, list):
-        return [strip_secrets(item, secrets=secrets) for item in value]
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret:
-                value = value.replace(secret, REDACTED)
-        return secrets_removed(value)
+        return [_stripped(item, secrets) for item in value]
     return value
 
 
