@@ -8,6 +8,7 @@ It never follows text found inside tool results. Everything it does is labelled 
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 from runs.context import INPUTS_MARKER
@@ -43,8 +44,8 @@ def _arguments(tool: ToolSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
     return arguments
 
 
-def _evidence(results: list[ToolResult]) -> list[dict[str, Any]]:
-    contents = []
+def _evidence(results: list[ToolResult]) -> Iterator[dict[str, Any]]:
+    """What the tools that succeeded returned, in order, read as the draft asks for it."""
     for result in results:
         wrapped = json.loads(result.content).get("untrusted_data", {})
         try:
@@ -52,15 +53,14 @@ def _evidence(results: list[ToolResult]) -> list[dict[str, Any]]:
         except ValueError:
             continue
         if envelope.get("protocol_status") == "ok" and isinstance(envelope.get("raw"), dict):
-            contents.append(envelope["raw"])
-    return contents
+            yield envelope["raw"]
 
 
 def _line(item: dict[str, Any]) -> str:
     return f"{item['title']} ({item['status']}, {item['date']})"
 
 
-def _draft(evidence: list[dict[str, Any]]) -> dict[str, Any]:
+def _draft(evidence: Iterator[dict[str, Any]]) -> dict[str, Any]:
     report = next((raw for raw in evidence if "tasks" in raw), None)
     if report is None:
         return {"answer": "The tools returned nothing to report on."}
