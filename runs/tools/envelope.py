@@ -46,11 +46,14 @@ class Envelope:
     def as_dict(self) -> dict[str, Any]:
         """The fields as a dict; nested values are shared, not copied (an envelope is built
         once per call and not changed after)."""
-        return {item.name: getattr(self, item.name) for item in fields(self)}
+        return {name: getattr(self, name) for name in _ENVELOPE_FIELDS}
 
     def size(self) -> int:
         """Bytes of the envelope as compact JSON (UTF-8)."""
         return len(jsontext.dumps_bytes(self.as_dict(), default=str))
+
+
+_ENVELOPE_FIELDS = tuple(item.name for item in fields(Envelope))
 
 
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:

@@ -182,13 +182,14 @@ def _admit(
 ) -> ToolCall | Admitted:
     """Gates 1-5 for one call the run has not seen. Returns the rejected ToolCall (not yet
     saved) or the admitted call."""
-    record = ToolCall(
-        run=run,
+    record = writes.new(
+        ToolCall,
+        run_id=run.pk,
         call_id=call.call_id,
         step=step,
         name=call.name[:128],
         arguments=call.arguments,
-        tool_version=tool_version,
+        tool_version_id=None if tool_version is None else tool_version.pk,
         started_at=timezone.now(),
     )
     run.tool_call_count += 1
