@@ -15,6 +15,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
@@ -29,14 +30,14 @@ from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec
 from runs.model_clients.factory import model_client_for
-from runs.models import Run, Session, Source
+from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
-from runs.services.runs import run_finish, run_transition
+from runs.services.runs import cancel_request_take_in, run_finish, run_transition
 from runs.tools import executor
 from runs.transcript import (
     HOST_CALL_PREFIX,
@@ -917,15 +918,22 @@ class Execution:
     run: Run | None = None
 
 
-# The row's version, locked, with the registry's generation now: the statement every step
-# after an execution's first starts with.
+def _cancel_asked() -> Exists:
+    """Whether a cancel request waits beside the run (`runs.models.CancelRequest`)."""
+    return Exists(CancelRequest.objects.filter(run_id=OuterRef("pk")))
+
+
+# A step locks the run's row FOR NO KEY UPDATE: it changes no key, and a cancel request,
+# whose foreign key check shares the key, need not wait for the step to end.
+# The row's version, locked, with the registry's generation now and whether a cancel
+# request waits: the statement every step after an execution's first starts with.
 _RUN_VERSION_LOCKED = PreparedQuery(
     lambda run_id: (
-        Run.objects.select_for_update()
-        .annotate(registry_generation=generation_sql())
+        Run.objects.select_for_update(no_key=True)
+        .annotate(registry_generation=generation_sql(), cancel_asked=_cancel_asked())
         .filter(pk=run_id)
         .order_by()
-        .values_list("updated_at", "last_event_seq", "registry_generation")[:1]
+        .values_list("updated_at", "last_event_seq", "registry_generation", "cancel_asked")[:1]
     ),
     run_id=UUID,
 )
@@ -933,9 +941,9 @@ _RUN_VERSION_LOCKED = PreparedQuery(
 # revoked are kept (`registry.generation`).
 _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
-        Run.objects.select_for_update(of=("self",))
+        Run.objects.select_for_update(no_key=True, of=("self",))
         .select_related("tenant", "actor", "session")
-        .annotate(registry_generation=generation_sql())
+        .annotate(registry_generation=generation_sql(), cancel_asked=_cancel_asked())
         .filter(pk=run_id)
         .order_by()[:1]
     ),
@@ -948,7 +956,7 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
     if saved is not None:
         version = _RUN_VERSION_LOCKED.first(run_id=run_id)
         if version is not None and version[:2] == (saved.updated_at, saved.last_event_seq):
-            saved.registry_generation = version[2]
+            saved.registry_generation, saved.cancel_asked = version[2:]
             return saved
     run = _RUN_LOCKED.first(run_id=run_id)
     if run is not None:
@@ -969,6 +977,8 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             return False
         if run.state.get("node") in HOST_NODES:
             return False
+        if run.cancel_asked:
+            cancel_request_take_in(run)
         if run.cancel_requested_at is not None:
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
             return False

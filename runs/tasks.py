@@ -16,7 +16,7 @@ from runs.choices import RunStatus
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.models import Run
 from runs.services import memory
-from runs.services.runs import run_finish
+from runs.services.runs import cancel_request_take_in, cancel_requests_take_in, run_finish
 from runs.tools import limits
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ def _turn_wait() -> float:
 
 def _end(run: Run, *, status: RunStatus, reason_code: str) -> None:
     """End a locked active run whose step could not go on; a cancel requested meanwhile (it
-    waited for the step's lock) ends it as the user asked instead."""
+    waits beside the run while a step holds it) ends it as the user asked instead."""
+    cancel_request_take_in(run)
     if run.cancel_requested_at is not None:
         run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
     else:
@@ -123,7 +124,8 @@ def runs_sweep() -> int:
     """Re-enqueue active runs whose lease lapsed: their worker died or their task was lost.
     A run whose row is locked has a step in flight on a live worker (PostgreSQL ends a dead
     client's transaction and its locks), however long that step takes: it is skipped, not
-    sent a duplicate that would only wait for the lock. Returns how many were re-enqueued."""
+    sent a duplicate that would only wait for the lock. Then the cancel requests no step took
+    in are (`cancel_requests_take_in`). Returns how many runs were re-enqueued."""
     now = timezone.now()
     with transaction.atomic():
         stale = (
@@ -140,6 +142,7 @@ def runs_sweep() -> int:
         run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
     for run_id in run_ids:
         run_advance.delay(run_id=run_id)
+    cancel_requests_take_in()
     return len(run_ids)
 
 

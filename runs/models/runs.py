@@ -2,6 +2,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from runs.choices import Channel, RunStatus
 
@@ -106,3 +107,19 @@ class IngressRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.idempotency_key} → {self.run_id}"
+
+
+class CancelRequest(models.Model):
+    """A cancel asked for while a step held the run's row: a step keeps it locked until it
+    commits, which may be a long model call, so the request waits here, beside the run, and
+    the request returns at once. The next step boundary, or the sweep for a run that paused,
+    takes it in (`runs.services.runs.cancel_requests_take_in`)."""
+
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="cancel_request"
+    )
+    reason = models.CharField(max_length=64)
+    requested_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"cancel {self.run_id} ({self.reason})"

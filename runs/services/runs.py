@@ -1,7 +1,7 @@
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 
 from config.queries import PreparedQuery
@@ -10,10 +10,12 @@ from registry.selectors import user_can
 from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, Channel, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
-from runs.models import Run, Source
+from runs.models import CancelRequest, Run, Source
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
+# PostgreSQL's SQLSTATE for a row lock NOWAIT could not take.
+LOCK_NOT_AVAILABLE = "55P03"
 _RUN_SOURCES = PreparedQuery(
     lambda run_id: (
         Source.objects.filter(run_id=run_id).order_by("fetched_at").values("reference", "origin")
@@ -97,26 +99,79 @@ def run_finish(
 
 def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     """Cancel a run that has not finished. A queued or waiting run ends at once; a running one
-    is marked and stops at its next step boundary."""
+    is marked and stops at its next step boundary. While a step holds the run (a model call
+    may take long), the request is kept beside it and the call returns without waiting: the
+    step's boundary takes it in (`cancel_request_take_in`)."""
     if run.actor_id != actor.pk and not user_can(
         user=actor, action=Action.TENANT_ADMIN, tenant=run.tenant
     ):
         raise PermissionDenied("Only the requester or a tenant admin may cancel this run.")
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run.pk)
-        if run.status not in ACTIVE_STATUSES:
-            if run.status == RunStatus.CANCELLED:
-                return run
-            raise InvalidRunTransition(
-                f"The run already finished {run.status}.", details={"status": run.status}
+        locked = _run_unless_stepping(run.pk)
+        if locked is None:
+            request, _ = CancelRequest.objects.get_or_create(
+                run_id=run.pk, defaults={"reason": CANCELLED_BY_USER}
             )
-        if run.status == RunStatus.WAITING_APPROVAL:
-            # approvals builds on runs: imported here, where a run leaves the approval queue.
-            from approvals.services import action_withdraw
+            if run.cancel_requested_at is None:
+                run.cancel_requested_at, run.cancel_reason = request.requested_at, request.reason
+            return run
+        if locked.status == RunStatus.CANCELLED:
+            return locked
+        return _cancel(locked, reason=CANCELLED_BY_USER)
 
-            action_withdraw(run=run, reason=CANCELLED_BY_USER)
-        run_stop(run=run, reason_code=CANCELLED_BY_USER)
-    return run
+
+def _run_unless_stepping(run_id: UUID) -> Run | None:
+    """The run, locked, or None while another transaction holds it (a step in flight)."""
+    try:
+        with transaction.atomic():
+            return Run.objects.select_for_update(nowait=True).get(pk=run_id)
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            return None
+        raise
+
+
+def _cancel(run: Run, *, reason: str) -> Run:
+    """Cancel a locked run for `reason`; a finished one cannot be."""
+    if run.status not in ACTIVE_STATUSES:
+        raise InvalidRunTransition(
+            f"The run already finished {run.status}.", details={"status": run.status}
+        )
+    if run.status == RunStatus.WAITING_APPROVAL:
+        # approvals builds on runs: imported here, where a run leaves the approval queue.
+        from approvals.services import action_withdraw
+
+        action_withdraw(run=run, reason=reason)
+    return run_stop(run=run, reason_code=reason)
+
+
+def cancel_request_take_in(run: Run) -> None:
+    """Move the cancel request kept beside a locked run onto it, as `run_stop` records one."""
+    request = CancelRequest.objects.filter(run_id=run.pk).first()
+    if request is None:
+        return
+    request.delete()
+    if run.cancel_requested_at is None:
+        run.cancel_requested_at, run.cancel_reason = request.requested_at, request.reason
+        run.save(update_fields=["cancel_requested_at", "cancel_reason", "updated_at"])
+
+
+def cancel_requests_take_in() -> int:
+    """The sweep's part: cancel the runs whose cancel request no step took in, because they
+    paused (waiting for approval) or no step came; runs a step holds now are left to it.
+    Returns how many requests were taken in."""
+    with transaction.atomic():
+        runs = list(
+            Run.objects.select_for_update(skip_locked=True, of=("self",))
+            .filter(cancel_request__isnull=False)
+            .select_related("cancel_request")[:500]
+        )
+        for run in runs:
+            request = run.cancel_request
+            request.delete()
+            if run.status in ACTIVE_STATUSES:
+                _cancel(run, reason=request.reason)
+    return len(runs)
 
 
 def run_stop(*, run: Run, reason_code: str) -> Run:

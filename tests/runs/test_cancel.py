@@ -1,0 +1,102 @@
+"""A cancel never waits for a step: while a step holds the run (a model call may take long),
+the request is kept beside the run and the call returns; the step's boundary ends the run,
+or the sweep does for a run that paused meanwhile."""
+
+import threading
+
+import pytest
+from django.db import connection
+
+from approvals.models import BusinessAction
+from runs.loop import run_advance_step, run_execute
+from runs.model_clients.offline import OfflinePlanner
+from runs.models import CancelRequest, Run
+from runs.services.runs import run_cancel
+from runs.tasks import runs_sweep
+from tests.runs.conftest import demo_run, event_types, events_of
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_cancel_during_a_model_call_returns_at_once_and_the_step_boundary_ends_the_run(
+    demo, monkeypatch
+):
+    # given a run between its steps, whose next model call waits until it is let go
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    asked, let_go = threading.Event(), threading.Event()
+    complete = OfflinePlanner.complete
+    model_calls = []
+
+    def slow_model(self, request):
+        model_calls.append(request)
+        asked.set()
+        model_calls.append(let_go.wait(timeout=20))
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
+
+    def step() -> None:
+        try:
+            run_advance_step(run_id=str(run.pk))
+        finally:
+            connection.close()
+
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    assert asked.wait(timeout=20)
+
+    # when alice cancels it while the model is being asked
+    cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+    let_go.set()
+    stepping.join(timeout=30)
+
+    # then the cancel returned before the step let go of the run: it says it was asked for
+    assert model_calls[1] is True, "the cancel waited for the step"
+    assert cancelled.status == "RUNNING"
+    assert cancelled.cancel_requested_at is not None
+    # the step ended as it would have; the next boundary ends the run, asking no model again
+    assert run_advance_step(run_id=str(run.pk)) is False
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert run.cancel_requested_at is not None
+    assert len(model_calls) == 2
+    assert event_types(run)[-2:] == ["model.responded", "run.finished"]
+    assert not CancelRequest.objects.filter(run=run).exists()
+
+
+def test_a_cancel_kept_beside_a_run_that_paused_for_approval_is_taken_in_by_the_sweep(demo):
+    # given the running example waiting for approval, and a cancel kept beside it while its
+    # last step held it
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    CancelRequest.objects.create(run=run, reason="CANCELLED_BY_USER")
+
+    # when the sweep runs
+    runs_sweep()
+
+    # then the run ends cancelled and its action leaves the approval queue
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    action = BusinessAction.objects.get(run=run)
+    assert action.status == "invalidated"
+    assert events_of(run, "approval.invalidated") == [
+        {"action_id": str(action.pk), "reasons": ["CANCELLED_BY_USER"]}
+    ]
+    assert not CancelRequest.objects.exists()
+
+
+def test_a_cancel_kept_beside_a_run_that_finished_meanwhile_changes_nothing(demo):
+    # given a run that was refused while a cancel waited beside it
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+    CancelRequest.objects.create(run=run, reason="CANCELLED_BY_USER")
+    events = event_types(run)
+
+    # when the sweep runs
+    runs_sweep()
+
+    # then the request is gone and the run is as it was
+    assert not CancelRequest.objects.exists()
+    assert event_types(run) == events
