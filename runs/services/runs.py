@@ -158,19 +158,21 @@ def cancel_request_take_in(run: Run) -> None:
 
 def cancel_requests_take_in() -> int:
     """The sweep's part: cancel the runs whose cancel request no step took in, because they
-    paused (waiting for approval) or no step came; runs a step holds now are left to it.
-    Returns how many requests were taken in."""
+    paused (waiting for approval) or no step came; runs a step holds now are left to it, and
+    a request beside a run that finished meanwhile is dropped. Returns how many requests
+    were taken in."""
     with transaction.atomic():
         runs = list(
-            Run.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(cancel_request__isnull=False)
-            .select_related("cancel_request")[:500]
+            Run.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+                cancel_request__isnull=False
+            )[:500]
         )
         for run in runs:
-            request = run.cancel_request
-            request.delete()
-            if run.status in ACTIVE_STATUSES:
-                _cancel(run, reason=request.reason)
+            if run.status not in ACTIVE_STATUSES:
+                CancelRequest.objects.filter(run_id=run.pk).delete()
+                continue
+            cancel_request_take_in(run)
+            _cancel(run, reason=run.cancel_reason)
     return len(runs)
 
 

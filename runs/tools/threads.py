@@ -107,8 +107,9 @@ def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int
     """`function` over `items`, at most `workers` at a time (the calling thread and up to
     `workers - 1` of the pool's); results in the order of `items`. An item that raised
     raises once every item has run."""
-    batch = _Batch(function, list(items))
-    helpers = min(workers, len(batch._items)) - 1
+    items = list(items)
+    batch = _Batch(function, items)
+    helpers = min(workers, len(items)) - 1
     if helpers > 0:
         _ensure(helpers)
         for _ in range(helpers):

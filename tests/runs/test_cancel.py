@@ -72,12 +72,15 @@ def test_a_cancel_kept_beside_a_run_that_paused_for_approval_is_taken_in_by_the_
     run_execute(run_id=str(run.pk))
     CancelRequest.objects.create(run=run, reason="CANCELLED_BY_USER")
 
+    asked_at = CancelRequest.objects.get(run=run).requested_at
+
     # when the sweep runs
     runs_sweep()
 
-    # then the run ends cancelled and its action leaves the approval queue
+    # then the run ends cancelled, as of when it was asked, and its action leaves the queue
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert run.cancel_requested_at == asked_at
     action = BusinessAction.objects.get(run=run)
     assert action.status == "invalidated"
     assert events_of(run, "approval.invalidated") == [
@@ -87,7 +90,7 @@ def test_a_cancel_kept_beside_a_run_that_paused_for_approval_is_taken_in_by_the_
 
 
 def test_a_cancel_kept_beside_a_run_that_finished_meanwhile_changes_nothing(demo):
-    # given a run that was refused while a cancel waited beside it
+    # given a run cancelled while a second request waited beside it
     run = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(run.pk))
     run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)

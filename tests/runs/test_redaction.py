@@ -29,6 +29,8 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "key sk-abcdefghijklmnopqrstu",
         "ghp_abcdefghijklmnopqrstuvwx",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+        # a JWT with neither - nor _ (only its "eyJ" says it may be one)
+        "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5NXgL0n3I9PlFUP0THsR8U",
         # this platform's own API tokens (agt_ and 43 URL-safe characters), with or without
         # their scheme
         "Authorization: Token agt_Zk3v9QwXr7Tn2LpB8sYd5Hc1Mf6Ja4Ue0Gi-Ko_Wq2E",
