@@ -6,6 +6,7 @@ clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked and the
 contract marks sensitive (`result_contract.sensitive_fields`) replaced.
 """
 
+import binascii
 import functools
 import re
 from typing import Any
@@ -15,13 +16,26 @@ from config.secret_names import secret_key
 REDACTED = "[redacted]"
 _EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
 _BEARER = re.compile(r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
+# A pasted Authorization header, with a scheme or without: "Authorization: Token 4f9c2a7e...".
+# Its credential has a digit (prose after "authorization:" has none).
+_AUTHORIZATION = re.compile(
+    r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z][A-Za-z0-9-]*\s+)?)"
+    r"(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{8,}=*"
+)
+# "Token 9944b091...": a token scheme with a long hex credential (32 characters or more).
+_HEX_TOKEN = re.compile(r"\b((?i:token)\s+)[0-9A-Fa-f]{32,}\b")
+# "Basic dXNlcjpzM2NyZXQ=": removed only when it decodes to "user:password" (the word basic
+# is followed by ordinary words far more often).
+_BASIC = re.compile(r"\b((?i:basic)\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
 _SECRET_VALUES = (
     # agt_: this platform's own API tokens (registry.models.ApiToken).
     re.compile(r"\b(sk|pk|rk|ghp|gho|agt|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
     re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"),
 )
 # Any of the above: most text has none, and one search finds that out.
-_ANY_SECRET_VALUE = re.compile("|".join(p.pattern for p in (_BEARER, *_SECRET_VALUES)))
+_ANY_SECRET_VALUE = re.compile(
+    "|".join(p.pattern for p in (_BEARER, _AUTHORIZATION, _HEX_TOKEN, _BASIC, *_SECRET_VALUES))
+)
 
 
 def mask_email(text: str) -> str:
@@ -32,16 +46,34 @@ def mask_email(text: str) -> str:
 
 
 def _may_hold_secret(text: str) -> bool:
-    """What every match of a secret value needs: a - or _, "eyJ" or the word bearer. Most
-    text has none, and these are found faster than the patterns can say so."""
-    return "-" in text or "_" in text or "eyJ" in text or "bearer" in text.lower()
+    """What every match of a secret value needs: a - or _, "eyJ", or one of the words
+    bearer, authorization, token and basic. Most text has none, and these are found faster
+    than the patterns can say so."""
+    if "-" in text or "_" in text or "eyJ" in text:
+        return True
+    lowered = text.lower()
+    return any(word in lowered for word in ("bearer", "authorization", "token", "basic"))
+
+
+def _basic_credential(match: re.Match) -> str:
+    try:
+        decoded = binascii.a2b_base64(match.group(2), strict_mode=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return match.group(0)
+    if ":" in decoded and decoded.isprintable():
+        return match.group(1) + REDACTED
+    return match.group(0)
 
 
 def secrets_removed(text: str) -> str:
-    """`text` with bearer tokens and values that look like API keys or JWTs replaced."""
+    """`text` with credentials replaced: bearer tokens, pasted Authorization headers, hex
+    tokens, Basic credentials, and values that look like API keys or JWTs."""
     if not (_may_hold_secret(text) and _ANY_SECRET_VALUE.search(text)):
         return text
     text = _BEARER.sub("Bearer " + REDACTED, text)
+    text = _AUTHORIZATION.sub(lambda match: match.group(1) + REDACTED, text)
+    text = _HEX_TOKEN.sub(lambda match: match.group(1) + REDACTED, text)
+    text = _BASIC.sub(_basic_credential, text)
     for pattern in _SECRET_VALUES:
         text = pattern.sub(REDACTED, text)
     return text

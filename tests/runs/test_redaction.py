@@ -37,6 +37,13 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "my key is agt_Zk3v9QwXr7Tn2LpB8sYd5Hc1Mf6Ja4Ue0Gi-Ko_Wq2E",
         # an auth scheme is case-insensitive (RFC 9110, 11.1)
         "authorization: bearer 4f9c2a7e1b8d6c3a5e0f",
+        # other services' credentials: Basic (user:s3cret in base64), a hex token, a header
+        # with any scheme or none
+        "Basic dXNlcjpzM2NyZXQ=",
+        "the proxy wants basic YWxpY2U6aHVudGVyMg==",
+        "Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
+        "Authorization: Splunk 5e9f1c3a-2b4d",
+        "authorization: 4f9c2a7e1b8d6c3a5e0f",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
@@ -44,6 +51,22 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
 
     assert REDACTED in text
     assert value.split()[-1] not in text
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "a basic understanding of the project",
+        "Basic abcdefgh",
+        "the token budget is 60000 tokens",
+        "Token limits apply",
+        "token 12345",
+        "Authorization: required for every send",
+        "authorization = pending approval",
+    ],
+)
+def test_ordinary_words_after_a_scheme_name_are_kept(value):
+    assert redact({"text": value}, cleared=True)["text"] == value
 
 
 def test_a_secret_or_an_email_used_as_a_key_is_redacted_like_a_value():
