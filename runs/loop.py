@@ -719,9 +719,47 @@ _EVIDENCE_REFERENCES = PreparedQuery(
 )
 
 
+def _unavailable_tools(run: Run) -> list[str]:
+    """The tools whose calls in this run failed in a way that may pass (a retry may reach them)."""
+    return sorted(
+        set(
+            run.tool_calls.filter(
+                status=ToolCallRecord.Status.FAILED, error_category__in=TRANSIENT_CATEGORIES
+            ).values_list("name", flat=True)
+        )
+    )
+
+
+def _agent_answer(run: Run, text: str) -> None:
+    """The generic agent's last word. It is the run's answer when the agent needed no tool or
+    one of its calls returned a result. After calls that all failed or were refused, the
+    answer rests on nothing its node asks for ("grounded in tool results"): the run fails,
+    retryably when a tool was only unavailable for a while, and is PARTIAL otherwise; the
+    answer stays in the result either way."""
+    results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
+    if not results or not all(entry["is_error"] for entry in results):
+        _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
+        return
+    unavailable = _unavailable_tools(run)
+    if unavailable:
+        _finish(
+            run,
+            status=RunStatus.FAILED_RETRYABLE,
+            reason_code="EVIDENCE_UNAVAILABLE",
+            output={"answer": text, "unavailable_tools": unavailable},
+        )
+        return
+    _finish(
+        run,
+        status=RunStatus.PARTIAL,
+        reason_code="NO_TOOL_RESULT",
+        output={"answer": text, "failed_tools": sorted({entry["name"] for entry in results})},
+    )
+
+
 def _final(run: Run, text: str) -> None:
     if _workflow(run) is AGENT:
-        _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
+        _agent_answer(run, text)
         return
     known = executor.known_rows(run)
     if known is not None:
@@ -729,13 +767,7 @@ def _final(run: Run, text: str) -> None:
     else:
         evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
-        unavailable = sorted(
-            set(
-                run.tool_calls.filter(
-                    status=ToolCallRecord.Status.FAILED, error_category__in=TRANSIENT_CATEGORIES
-                ).values_list("name", flat=True)
-            )
-        )
+        unavailable = _unavailable_tools(run)
         if unavailable:
             _finish(
                 run,

@@ -155,6 +155,11 @@ def test_a_redirect_answer_is_a_failed_call_not_a_successful_one(demo, report_se
     results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
     assert [(entry["call_id"], entry["is_error"]) for entry in results] == [(record.call_id, True)]
     assert run.result["sources"] == []
+    # so the agent's answer rests on no result: the run does not claim it completed, and
+    # says which tool may answer another time (an upstream error may pass)
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")
+    assert run.result["output"]["unavailable_tools"] == ["report_read"]
+    assert run.result["output"]["answer"]
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])

@@ -880,6 +880,52 @@ def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
     assert "approval.required" not in event_types(run)
 
 
+def test_the_generic_agent_completes_when_one_of_its_calls_returned_a_result(demo, fake_model):
+    # given the generic agent on a model that calls project_search twice in one turn, once
+    # with arguments its schema refuses, then answers
+    fake = fake_model()
+    skill_version = publish_skill(
+        demo,
+        "project-brief",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, "project_search")],
+        workflow="",
+        required_inputs=["project_scope"],
+        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
+    )
+    agent = add_agent(demo, "project-assistant", skill_version)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    monday, sunday = this_week()
+    fake.reply(
+        openai_completion(
+            tool_calls=(
+                ("call_bad", "project_search", json.dumps({"project_id": "apollo"})),
+                (
+                    "call_good",
+                    "project_search",
+                    json.dumps({"project_id": "apollo", "from": monday, "to": sunday}),
+                ),
+            )
+        )
+    )
+    fake.reply(openai_completion(content="Apollo's SDK slips by a week."))
+    run = start(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then one result is enough to ground the answer
+    result = assert_terminal(run, "COMPLETED", "ANSWERED")
+    assert result["output"] == {"answer": "Apollo's SDK slips by a week."}
+    assert tool_calls(run) == [
+        ("call_bad", "project_search", "rejected", "INVALID_ARGUMENT"),
+        ("call_good", "project_search", "completed", ""),
+    ]
+
+
 def test_the_generic_agent_offers_the_activated_skills_tools_not_another_bound_skills(demo):
     # given an agent bound to a brief skill (project_search only, no workflow), activated,
     # and to weekly-summary, which also pins directory_lookup
@@ -1554,3 +1600,9 @@ def test_a_credential_no_longer_granted_is_never_sent_and_the_call_is_refused(
     assert (record.status, record.error_category) == ("rejected", "PERMISSION_DENIED")
     assert "not granted to tenant acme" in record.envelope["error"]["message"]
     assert TOOL_SECRET not in json.dumps(list(RunEvent.objects.filter(run=run).values("payload")))
+    # and the agent's answer, resting on no result, is kept but not taken as the run's
+    # completion: a refusal does not pass by trying again
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["output"]["failed_tools"] == ["service_status"]
+    assert run.result["output"]["answer"]
