@@ -1,7 +1,8 @@
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import OperationalError, transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from config.queries import PreparedQuery
@@ -14,7 +15,7 @@ from runs.models import CancelRequest, Run, Source
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
-# PostgreSQL's SQLSTATE for a row lock NOWAIT could not take.
+# PostgreSQL's SQLSTATE for a row lock not taken within lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 _RUN_SOURCES = PreparedQuery(
     lambda run_id: (
@@ -100,8 +101,8 @@ def run_finish(
 def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     """Cancel a run that has not finished. A queued or waiting run ends at once; a running one
     is marked and stops at its next step boundary. While a step holds the run (a model call
-    may take long), the request is kept beside it and the call returns without waiting: the
-    step's boundary takes it in (`cancel_request_take_in`)."""
+    may take long), the request is kept beside it and the call returns after a short wait
+    (RUN_CANCEL_LOCK_WAIT_MS): the step's boundary takes it in (`cancel_request_take_in`)."""
     if run.actor_id != actor.pk and not user_can(
         user=actor, action=Action.TENANT_ADMIN, tenant=run.tenant
     ):
@@ -121,10 +122,19 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
 
 
 def _run_unless_stepping(run_id: UUID) -> Run | None:
-    """The run, locked, or None while another transaction holds it (a step in flight)."""
+    """The run, locked, or None while another transaction holds it for longer than
+    RUN_CANCEL_LOCK_WAIT_MS (a step in flight). The wait bounds this lock only."""
+    if connection.vendor != "postgresql":
+        return Run.objects.select_for_update().get(pk=run_id)
     try:
-        with transaction.atomic():
-            return Run.objects.select_for_update(nowait=True).get(pk=run_id)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, true)",
+                [f"{settings.RUN_CANCEL_LOCK_WAIT_MS}ms"],
+            )
+            run = Run.objects.select_for_update().get(pk=run_id)
+            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+            return run
     except OperationalError as error:
         if getattr(error.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
             return None

@@ -3,9 +3,10 @@ the request is kept beside the run and the call returns; the step's boundary end
 or the sweep does for a run that paused meanwhile."""
 
 import threading
+import time
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.models import BusinessAction
 from runs.loop import run_advance_step, run_execute
@@ -18,7 +19,7 @@ from tests.runs.conftest import demo_run, event_types, events_of
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_cancel_during_a_model_call_returns_at_once_and_the_step_boundary_ends_the_run(
+def test_a_cancel_during_a_model_call_returns_before_it_and_the_step_boundary_ends_the_run(
     demo, monkeypatch
 ):
     # given a run between its steps, whose next model call waits until it is let go
@@ -103,3 +104,99 @@ def test_a_cancel_kept_beside_a_run_that_finished_meanwhile_changes_nothing(demo
     # then the request is gone and the run is as it was
     assert not CancelRequest.objects.exists()
     assert event_types(run) == events
+
+
+def test_a_cancel_waits_for_a_short_writer_and_ends_the_waiting_run_at_once(demo, settings):
+    # given the running example waiting for approval, and another transaction (an approval
+    # being decided, say) holding its row for a moment when alice cancels
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 10_000
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    held, cancel_waits = threading.Event(), threading.Event()
+
+    def short_writer() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk=run.pk)
+                held.set()
+                cancel_waits.wait(timeout=20)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=short_writer)
+    writer.start()
+    assert held.wait(timeout=20)
+
+    def let_go_once_the_cancel_waits() -> None:
+        try:
+            with connection.cursor() as cursor:
+                for _ in range(2000):
+                    cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                    if cursor.fetchone()[0]:
+                        break
+                    time.sleep(0.005)
+        finally:
+            cancel_waits.set()
+            connection.close()
+
+    watcher = threading.Thread(target=let_go_once_the_cancel_waits)
+    watcher.start()
+
+    # when alice cancels, in a transaction that goes on afterwards
+    with transaction.atomic():
+        cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+        lock_timeout = _lock_timeout()
+    watcher.join(timeout=30)
+    writer.join(timeout=30)
+
+    # then the cancel waited for the writer rather than leaving a request for the sweep
+    assert (cancelled.status, cancelled.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert BusinessAction.objects.get(run=run).status == "invalidated"
+    assert not CancelRequest.objects.exists()
+    # and only that lock was bounded: the rest of the transaction waits as usual
+    assert lock_timeout == "0"
+
+
+def _lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return cursor.fetchone()[0]
+
+
+def test_a_cancel_gives_up_waiting_after_the_lock_wait_and_the_lock_timeout_is_restored(
+    demo, settings
+):
+    # given a run between its steps that another transaction holds, as a step does, for
+    # longer than the wait
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 50
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    held, done = threading.Event(), threading.Event()
+
+    def long_writer() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+                held.set()
+                done.wait(timeout=20)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=long_writer)
+    writer.start()
+    assert held.wait(timeout=20)
+
+    # when alice cancels, in a transaction that goes on afterwards
+    try:
+        with transaction.atomic():
+            cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+            lock_timeout = _lock_timeout()
+    finally:
+        done.set()
+        writer.join(timeout=30)
+
+    # then the request waits beside the run, and the rest of the transaction waits as usual
+    assert cancelled.status == "RUNNING"
+    assert cancelled.cancel_requested_at is not None
+    assert CancelRequest.objects.filter(run=run).exists()
+    assert lock_timeout == "0"
