@@ -14,23 +14,31 @@ from typing import Any
 from config.secret_names import secret_key
 
 REDACTED = "[redacted]"
-_EMAIL = re.compile(r"\b([A-Za-z0-9])[A-Za-z0-9._%+-]*@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
+# An email address: the local part is taken whole, from where its run of characters starts
+# (a match tried inside a run would scan it again: quadratic on long text), and masked from
+# its first letter or digit.
+_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])([A-Za-z0-9._%+-]+)@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
+_EMAIL_FIRST = re.compile(r"[A-Za-z0-9]")
 _BEARER = re.compile(r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
-# A pasted Authorization header, with a scheme or without: "Authorization: Token 4f9c2a7e...".
-# Its credential has a digit (prose after "authorization:" has none).
+# A pasted Authorization header (or its JSON or Python form), with a scheme or without:
+# "Authorization: Token 4f9c2a7e...". Its credential is long, with a digit: what follows
+# "authorization:" in prose (a ticket, a version, "see RFC 7235") is shorter or has none.
 _AUTHORIZATION = re.compile(
-    r"((?i:authorization)\s*[:=]\s*(?:[A-Za-z][A-Za-z0-9-]*\s+)?)"
-    r"(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{8,}=*"
+    r"((?i:authorization)[\"']?\s*[:=]\s*[\"']?(?:[A-Za-z][A-Za-z0-9-]*\s+)?)"
+    r"(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{16,}=*"
 )
-# "Token 9944b091...": a token scheme with a long hex credential (32 characters or more).
-_HEX_TOKEN = re.compile(r"\b((?i:token)\s+)[0-9A-Fa-f]{32,}\b")
+# "Token 9944b091...", "token: 9944b091...": a long hex credential (32 characters or more).
+_HEX_TOKEN = re.compile(r"\b((?i:token)(?:[\"']?\s*[:=]\s*[\"']?|\s+))[0-9A-Fa-f]{32,}\b")
 # "Basic dXNlcjpzM2NyZXQ=": removed only when it decodes to "user:password" (the word basic
 # is followed by ordinary words far more often).
 _BASIC = re.compile(r"\b((?i:basic)\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
 _SECRET_VALUES = (
     # agt_: this platform's own API tokens (registry.models.ApiToken).
     re.compile(r"\b(sk|pk|rk|ghp|gho|agt|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
-    re.compile(r"\beyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"),
+    # A JWT starts where its run of characters starts (not at every "eyJ" inside one).
+    re.compile(
+        r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"
+    ),
 )
 # Any of the above: most text has none, and one search finds that out.
 _ANY_SECRET_VALUE = re.compile(
@@ -42,7 +50,15 @@ def mask_email(text: str) -> str:
     """li.wei@acme.example → l***@acme.example"""
     if "@" not in text:
         return text
-    return _EMAIL.sub(lambda match: f"{match.group(1)}***@{match.group(2)}", text)
+    return _EMAIL.sub(_masked_email, text)
+
+
+def _masked_email(match: re.Match) -> str:
+    local, domain = match.groups()
+    first = _EMAIL_FIRST.search(local)
+    if first is None:
+        return match.group(0)
+    return f"{local[: first.end()]}***@{domain}"
 
 
 def _may_hold_secret(text: str) -> bool:
@@ -56,8 +72,11 @@ def _may_hold_secret(text: str) -> bool:
 
 
 def _basic_credential(match: re.Match) -> str:
+    encoded = match.group(2)
     try:
-        decoded = binascii.a2b_base64(match.group(2), strict_mode=True).decode()
+        decoded = binascii.a2b_base64(
+            encoded + "=" * (-len(encoded) % 4), strict_mode=True
+        ).decode()
     except (binascii.Error, UnicodeDecodeError):
         return match.group(0)
     if ":" in decoded and decoded.isprintable():

@@ -42,8 +42,13 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "Basic dXNlcjpzM2NyZXQ=",
         "the proxy wants basic YWxpY2U6aHVudGVyMg==",
         "Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
-        "Authorization: Splunk 5e9f1c3a-2b4d",
+        "Authorization: Splunk 5e9f1c3a-2b4d-4c1e-9f0a-7b3c2d1e0f9a",
         "authorization: 4f9c2a7e1b8d6c3a5e0f",
+        # the same pasted as JSON or Python, unpadded, or as a field
+        '{"Authorization": "Splunk 5e9f1c3a-2b4d-4c1e-9f0a-7b3c2d1e0f9a"}',
+        "'Authorization': 'Token 4f9c2a7e1b8d6c3a5e0f4f9c'",
+        "Basic dXNlcjpzM2NyZXQ",
+        "token: 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
@@ -63,6 +68,10 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "token 12345",
         "Authorization: required for every send",
         "authorization = pending approval",
+        "Authorization: see RFC-7235 for details",
+        "Authorization: ticket INC-20240511 approved",
+        "prior authorization: PA-2024-0012 pending",
+        "authorization = v1.2.3-rc1",
     ],
 )
 def test_ordinary_words_after_a_scheme_name_are_kept(value):
@@ -100,5 +109,13 @@ def test_secret_fields_are_named_by_their_words(name, secret):
     assert (redact({name: "value"}, cleared=True)[name] == REDACTED) is secret
 
 
-def test_masking_keeps_the_first_letter_and_the_domain():
-    assert mask_email("write to Li <li.wei@acme.example>.") == "write to Li <l***@acme.example>."
+@pytest.mark.parametrize(
+    "text, masked",
+    [
+        ("write to Li <li.wei@acme.example>.", "write to Li <l***@acme.example>."),
+        ("-li.wei@acme.example", "-l***@acme.example"),
+        ("a.b@c.de and z@y.org", "a***@c.de and z***@y.org"),
+    ],
+)
+def test_masking_keeps_the_first_letter_and_the_domain(text, masked):
+    assert mask_email(text) == masked
