@@ -309,9 +309,9 @@ CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
 RECIPIENT_CONFIRMATION_SECONDS = env.int("RECIPIENT_CONFIRMATION_SECONDS", default=7 * 24 * 3600)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
-# A cancel waits this long for a run another transaction holds: a short writer (an approval
-# decision, a session's next message) lets go within it; a step asking a model does not, and
-# the cancel is kept beside the run for the step's boundary.
+# A cancel waits this long for a run another transaction holds (PostgreSQL; 0: not at all):
+# a short writer (an approval decision, a session's next message) lets go within it; a step
+# asking a model does not, and the cancel is kept beside the run for the step's boundary.
 RUN_CANCEL_LOCK_WAIT_MS = env.int("RUN_CANCEL_LOCK_WAIT_MS", default=250)
 # A scheduled task's occurrence holds a lease this long while its run is started; a start
 # whose lease lapsed is taken over by the sweep (runs.services.scheduler).

@@ -112,8 +112,8 @@ class IngressRecord(models.Model):
 class CancelRequest(models.Model):
     """A cancel asked for while a step held the run's row: a step keeps it locked until it
     commits, which may be a long model call, so the request waits here, beside the run, and
-    the request returns after a short wait (RUN_CANCEL_LOCK_WAIT_MS). The next step boundary,
-    or the sweep for a run that paused, takes it in
+    the request returns after a short wait (RUN_CANCEL_LOCK_WAIT_MS, PostgreSQL). The next
+    step boundary, or the sweep for a run that paused, takes it in
     (`runs.services.runs.cancel_requests_take_in`)."""
 
     run = models.OneToOneField(

@@ -102,7 +102,8 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     """Cancel a run that has not finished. A queued or waiting run ends at once; a running one
     is marked and stops at its next step boundary. While a step holds the run (a model call
     may take long), the request is kept beside it and the call returns after a short wait
-    (RUN_CANCEL_LOCK_WAIT_MS): the step's boundary takes it in (`cancel_request_take_in`)."""
+    (RUN_CANCEL_LOCK_WAIT_MS, PostgreSQL): the step's boundary takes it in
+    (`cancel_request_take_in`)."""
     if run.actor_id != actor.pk and not user_can(
         user=actor, action=Action.TENANT_ADMIN, tenant=run.tenant
     ):
@@ -123,17 +124,21 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
 
 def _run_unless_stepping(run_id: UUID) -> Run | None:
     """The run, locked, or None while another transaction holds it for longer than
-    RUN_CANCEL_LOCK_WAIT_MS (a step in flight). The wait bounds this lock only."""
+    RUN_CANCEL_LOCK_WAIT_MS (a step in flight; 0 or less: not at all). On PostgreSQL; the
+    embedded SQLite default has one writer at a time and waits for it."""
     if connection.vendor != "postgresql":
         return Run.objects.select_for_update().get(pk=run_id)
+    wait_ms = settings.RUN_CANCEL_LOCK_WAIT_MS
     try:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('lock_timeout', %s, true)",
-                [f"{settings.RUN_CANCEL_LOCK_WAIT_MS}ms"],
-            )
-            run = Run.objects.select_for_update().get(pk=run_id)
-            cursor.execute("SET LOCAL lock_timeout TO DEFAULT")
+        with transaction.atomic():
+            if wait_ms <= 0:
+                return Run.objects.select_for_update(nowait=True).get(pk=run_id)
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT current_setting('lock_timeout')")
+                (previous,) = cursor.fetchone()
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{wait_ms}ms"])
+                run = Run.objects.select_for_update().get(pk=run_id)
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
             return run
     except OperationalError as error:
         if getattr(error.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:

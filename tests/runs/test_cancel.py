@@ -106,55 +106,35 @@ def test_a_cancel_kept_beside_a_run_that_finished_meanwhile_changes_nothing(demo
     assert event_types(run) == events
 
 
-def test_a_cancel_waits_for_a_short_writer_and_ends_the_waiting_run_at_once(demo, settings):
-    # given the running example waiting for approval, and another transaction (an approval
-    # being decided, say) holding its row for a moment when alice cancels
-    settings.RUN_CANCEL_LOCK_WAIT_MS = 10_000
-    run = demo_run(demo, project_id="apollo")
-    run_execute(run_id=str(run.pk))
-    held, cancel_waits = threading.Event(), threading.Event()
+class Holder:
+    """Another transaction holding a run's row (FOR UPDATE, as an approval decision does, or
+    FOR NO KEY UPDATE, as a step does) until it is let go."""
 
-    def short_writer() -> None:
+    def __init__(self, run: Run, *, no_key: bool = False) -> None:
+        self.held, self.let_go = threading.Event(), threading.Event()
+        self.backend_pid: int | None = None
+        self._thread = threading.Thread(target=self._hold, args=(run, no_key))
+
+    def _hold(self, run: Run, no_key: bool) -> None:
         try:
             with transaction.atomic():
-                Run.objects.select_for_update().get(pk=run.pk)
-                held.set()
-                cancel_waits.wait(timeout=20)
+                Run.objects.select_for_update(no_key=no_key).get(pk=run.pk)
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT pg_backend_pid()")
+                    (self.backend_pid,) = cursor.fetchone()
+                self.held.set()
+                self.let_go.wait(timeout=20)
         finally:
             connection.close()
 
-    writer = threading.Thread(target=short_writer)
-    writer.start()
-    assert held.wait(timeout=20)
+    def __enter__(self) -> "Holder":
+        self._thread.start()
+        assert self.held.wait(timeout=20)
+        return self
 
-    def let_go_once_the_cancel_waits() -> None:
-        try:
-            with connection.cursor() as cursor:
-                for _ in range(2000):
-                    cursor.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
-                    if cursor.fetchone()[0]:
-                        break
-                    time.sleep(0.005)
-        finally:
-            cancel_waits.set()
-            connection.close()
-
-    watcher = threading.Thread(target=let_go_once_the_cancel_waits)
-    watcher.start()
-
-    # when alice cancels, in a transaction that goes on afterwards
-    with transaction.atomic():
-        cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
-        lock_timeout = _lock_timeout()
-    watcher.join(timeout=30)
-    writer.join(timeout=30)
-
-    # then the cancel waited for the writer rather than leaving a request for the sweep
-    assert (cancelled.status, cancelled.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
-    assert BusinessAction.objects.get(run=run).status == "invalidated"
-    assert not CancelRequest.objects.exists()
-    # and only that lock was bounded: the rest of the transaction waits as usual
-    assert lock_timeout == "0"
+    def __exit__(self, *exc_info: object) -> None:
+        self.let_go.set()
+        self._thread.join(timeout=30)
 
 
 def _lock_timeout() -> str:
@@ -163,40 +143,75 @@ def _lock_timeout() -> str:
         return cursor.fetchone()[0]
 
 
-def test_a_cancel_gives_up_waiting_after_the_lock_wait_and_the_lock_timeout_is_restored(
-    demo, settings
-):
-    # given a run between its steps that another transaction holds, as a step does, for
-    # longer than the wait
-    settings.RUN_CANCEL_LOCK_WAIT_MS = 50
+def _set_lock_timeout(value: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [value])
+
+
+def test_a_cancel_waits_for_a_short_writer_and_ends_the_waiting_run_at_once(demo, settings):
+    # given the running example waiting for approval, and another transaction (an approval
+    # being decided, say) holding its row when alice cancels, letting go once she waits
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 10_000
     run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
-    held, done = threading.Event(), threading.Event()
+    run_execute(run_id=str(run.pk))
+    waited = []
 
-    def long_writer() -> None:
-        try:
-            with transaction.atomic():
-                Run.objects.select_for_update(no_key=True).get(pk=run.pk)
-                held.set()
-                done.wait(timeout=20)
-        finally:
-            connection.close()
+    with Holder(run) as holder:
 
-    writer = threading.Thread(target=long_writer)
-    writer.start()
-    assert held.wait(timeout=20)
+        def let_go_once_the_cancel_waits() -> None:
+            try:
+                with connection.cursor() as cursor:
+                    for _ in range(2000):
+                        cursor.execute(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE %s = ANY(pg_blocking_pids(pid))",
+                            [holder.backend_pid],
+                        )
+                        if cursor.fetchone()[0]:
+                            waited.append(True)
+                            break
+                        time.sleep(0.005)
+            finally:
+                holder.let_go.set()
+                connection.close()
 
-    # when alice cancels, in a transaction that goes on afterwards
-    try:
+        watcher = threading.Thread(target=let_go_once_the_cancel_waits)
+        watcher.start()
+
+        # when alice cancels, in a transaction with a lock timeout of its own
         with transaction.atomic():
+            _set_lock_timeout("7s")
             cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
             lock_timeout = _lock_timeout()
-    finally:
-        done.set()
-        writer.join(timeout=30)
+        watcher.join(timeout=30)
 
-    # then the request waits beside the run, and the rest of the transaction waits as usual
+    # then the cancel waited for the writer rather than leaving a request for the sweep
+    assert waited == [True], "the cancel never waited for the writer"
+    assert (cancelled.status, cancelled.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
+    assert BusinessAction.objects.get(run=run).status == "invalidated"
+    assert not CancelRequest.objects.exists()
+    # and only that lock was bounded: the transaction's own timeout is back
+    assert lock_timeout == "7s"
+
+
+@pytest.mark.parametrize("wait_ms", [50, 0])
+def test_a_cancel_gives_up_after_the_lock_wait_and_keeps_the_request_beside_the_run(
+    demo, settings, wait_ms
+):
+    # given a run between its steps that another transaction holds, as a step does, for
+    # longer than the wait (0: no wait at all)
+    settings.RUN_CANCEL_LOCK_WAIT_MS = wait_ms
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # when alice cancels, in a transaction with a lock timeout of its own
+    with Holder(run, no_key=True), transaction.atomic():
+        _set_lock_timeout("7s")
+        cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+        lock_timeout = _lock_timeout()
+
+    # then the request waits beside the run, and the transaction's own timeout is kept
     assert cancelled.status == "RUNNING"
     assert cancelled.cancel_requested_at is not None
     assert CancelRequest.objects.filter(run=run).exists()
-    assert lock_timeout == "0"
+    assert lock_timeout == "7s"
