@@ -719,15 +719,25 @@ _EVIDENCE_REFERENCES = PreparedQuery(
 )
 
 
-def _unavailable_tools(run: Run) -> list[str]:
-    """The tools whose calls in this run failed in a way that may pass (a retry may reach them)."""
-    return sorted(
+def _ended_unavailable(run: Run, **output: Any) -> bool:
+    """End the run FAILED_RETRYABLE (EVIDENCE_UNAVAILABLE) if a tool call of it failed in a
+    way that may pass (a retry may reach the tool), with `output` and those tools; returns
+    whether it did."""
+    unavailable = sorted(
         set(
             run.tool_calls.filter(
                 status=ToolCallRecord.Status.FAILED, error_category__in=TRANSIENT_CATEGORIES
             ).values_list("name", flat=True)
         )
     )
+    if unavailable:
+        _finish(
+            run,
+            status=RunStatus.FAILED_RETRYABLE,
+            reason_code="EVIDENCE_UNAVAILABLE",
+            output={**output, "unavailable_tools": unavailable},
+        )
+    return bool(unavailable)
 
 
 def _agent_answer(run: Run, text: str) -> None:
@@ -740,14 +750,7 @@ def _agent_answer(run: Run, text: str) -> None:
     if not results or not all(entry["is_error"] for entry in results):
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
-    unavailable = _unavailable_tools(run)
-    if unavailable:
-        _finish(
-            run,
-            status=RunStatus.FAILED_RETRYABLE,
-            reason_code="EVIDENCE_UNAVAILABLE",
-            output={"answer": text, "unavailable_tools": unavailable},
-        )
+    if _ended_unavailable(run, answer=text):
         return
     _finish(
         run,
@@ -767,15 +770,7 @@ def _final(run: Run, text: str) -> None:
     else:
         evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
-        unavailable = _unavailable_tools(run)
-        if unavailable:
-            _finish(
-                run,
-                status=RunStatus.FAILED_RETRYABLE,
-                reason_code="EVIDENCE_UNAVAILABLE",
-                output={"unavailable_tools": unavailable},
-            )
-        else:
+        if not _ended_unavailable(run):
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:

@@ -831,8 +831,9 @@ def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypa
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
 
 
-def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
-    # given an agent whose skill binds no workflow and pins the read tool only
+def project_assistant_add(demo) -> AgentConfig:
+    """acme's project-assistant: a skill that binds no workflow and pins project_search only
+    (so the generic agent answers it), on the offline planner."""
     skill_version = publish_skill(
         demo,
         "project-brief",
@@ -842,7 +843,12 @@ def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
         required_inputs=["project_scope"],
         rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
     )
-    add_agent(demo, "project-assistant", skill_version)
+    return add_agent(demo, "project-assistant", skill_version)
+
+
+def test_a_skill_without_workflow_is_answered_by_the_generic_agent(demo):
+    # given an agent whose skill binds no workflow and pins the read tool only
+    project_assistant_add(demo)
     run = start(
         demo,
         text="What happened in Apollo this week?",
@@ -884,16 +890,7 @@ def test_the_generic_agent_completes_when_one_of_its_calls_returned_a_result(dem
     # given the generic agent on a model that calls project_search twice in one turn, once
     # with arguments its schema refuses, then answers
     fake = fake_model()
-    skill_version = publish_skill(
-        demo,
-        "project-brief",
-        "1.0.0",
-        tool_versions=[seeded_tool(demo, "project_search")],
-        workflow="",
-        required_inputs=["project_scope"],
-        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
-    )
-    agent = add_agent(demo, "project-assistant", skill_version)
+    agent = project_assistant_add(demo)
     agent.model_config = demo.agent.model_config
     registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
     monday, sunday = this_week()
