@@ -104,9 +104,9 @@ def _text(value: str, *, cleared: bool) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _key(key: str, cleared: bool) -> tuple[str, bool]:
-    """A key as shown, and whether it names a secret (keys repeat: the same few names in
-    every item)."""
+def key_shown(key: str, cleared: bool) -> tuple[str, bool]:
+    """A key as shown (`cleared`: with secrets removed only), and whether it names a secret.
+    Kept per process: keys repeat, the same few names in every item."""
     return _text(key, cleared=cleared), secret_key(key)
 
 
@@ -119,7 +119,7 @@ def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = fro
         redacted = {}
         for key, item in value.items():
             if isinstance(key, str):
-                name, hidden = _key(key, cleared)
+                name, hidden = key_shown(key, cleared)
             else:
                 name, hidden = key, secret_key(str(key))
             hidden = hidden or (not cleared and key in sensitive)

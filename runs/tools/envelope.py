@@ -6,7 +6,6 @@ stripped; the whole response of a call cut to fit stays in a Source the model ca
 reference (`executor._record`).
 """
 
-import functools
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -15,7 +14,7 @@ from django.db import models
 
 from config import jsontext
 from config.secret_names import secret_key
-from runs.redaction import REDACTED, secrets_removed
+from runs.redaction import REDACTED, key_shown, secrets_removed
 
 
 class ErrorCategory(models.TextChoices):
@@ -62,13 +61,6 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     return _stripped(value, tuple(filter(None, secrets)))
 
 
-@functools.lru_cache(maxsize=4096)
-def _key_stripped(key: str) -> tuple[str, bool]:
-    """A key without secret values, and whether it names a secret (keys repeat: the same
-    few names in every item of a response)."""
-    return secrets_removed(key), secret_key(key)
-
-
 def _text_stripped(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
@@ -86,7 +78,7 @@ def _stripped(value: Any, secrets: tuple[str, ...]) -> Any:
             elif secrets and any(secret in key for secret in secrets):
                 name, hidden = _text_stripped(key, secrets), secret_key(key)
             else:
-                name, hidden = _key_stripped(key)
+                name, hidden = key_shown(key, cleared=True)
             stripped[name] = REDACTED if hidden else _stripped(item, secrets)
         return stripped
     if isinstance(value, list):

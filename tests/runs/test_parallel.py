@@ -120,13 +120,17 @@ def test_a_handler_that_raises_fails_its_call_the_run_goes_on_and_no_slot_stays_
 def test_no_more_items_run_at_once_than_the_cap_and_results_keep_their_order():
     running, most = 0, 0
     lock = threading.Lock()
+    # The first three items pass only together: the cap of 3 is reached, not just allowed.
+    first_three = threading.Barrier(3, timeout=10)
 
     def slow_square(number):
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
-        time.sleep(0.05)
+        if number < 3:
+            first_three.wait()
+        time.sleep(0.02)
         with lock:
             running -= 1
         return number * number
