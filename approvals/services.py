@@ -343,10 +343,16 @@ def _policy_changed(run: Run, policy: Policy) -> bool:
 
 
 def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
-    """What changed since the approval (seed 000, step 14); empty when nothing did."""
+    """What changed since the approval (seed 000, step 14); empty when nothing did. An
+    approval holds for the policy's TTL from the decision: a resume that comes later (a
+    worker down for hours, a task lost until the sweep) asks again."""
     problems = []
     decision = action.decision
     approver = decision.approver
+    if timezone.now() >= decision.created_at + timedelta(
+        seconds=action.policy["approval_ttl_seconds"]
+    ):
+        problems.append("APPROVAL_EXPIRED")
     policy = Policy.objects.filter(agent_configs__runs=run).first()
     if policy is None:
         problems.append("POLICY_REMOVED")
@@ -533,7 +539,15 @@ def action_execute(*, action_id: Any) -> None:
         events.run_resumed(
             run,
             action_id=str(action.pk),
-            checks=["approver", "requester", "policy", "directory_record", "versions", "hash"],
+            checks=[
+                "approval_age",
+                "approver",
+                "requester",
+                "policy",
+                "directory_record",
+                "versions",
+                "hash",
+            ],
         )
         run.state = {**run.state, "node": SEND_NODE, "phase": "action"}
         run_transition(run=run, status=RunStatus.RUNNING)

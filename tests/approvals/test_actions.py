@@ -3,10 +3,12 @@ through a real SMTP server, settle an unknown outcome by the key."""
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 from django.utils.html import escape
 
 from approvals import services
@@ -237,6 +239,41 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
     assert run.reason_code == "APPROVAL_INVALIDATED"
     assert events_of(run, "approval.invalidated")[0]["reasons"] == ["DIRECTORY_RECORD_CHANGED"]
     assert smtp_server.messages == []
+
+
+def test_an_approval_older_than_its_ttl_at_the_resume_invalidates_it(demo, bob, smtp_server):
+    # given an approval whose resume comes later than the policy's TTL after the decision
+    run, action = waiting_run(demo)
+    decision = approve(action, bob)
+    ttl = timedelta(seconds=action.policy["approval_ttl_seconds"])
+    ApprovalDecision.objects.filter(pk=decision.pk).update(
+        created_at=decision.created_at - ttl - timedelta(seconds=1)
+    )
+
+    services.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["APPROVAL_EXPIRED"]
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert smtp_server.messages == []
+
+
+def test_an_approval_given_just_before_the_action_expired_still_sends(demo, bob, smtp_server):
+    # given an approval decided in time, and a resume after the action's own expiry
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    BusinessAction.objects.filter(pk=action.pk).update(
+        expires_at=timezone.now() - timedelta(seconds=1)
+    )
+
+    services.action_execute(action_id=action.pk)
+
+    # then the TTL counts from the decision, and the mail goes out once
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "COMPLETED"
+    assert "approval_age" in events_of(run, "run.resumed")[0]["checks"]
+    assert len(smtp_server.messages) == 1
 
 
 def _policy(demo) -> Policy:
