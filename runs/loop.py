@@ -745,18 +745,26 @@ def _agent_answer(run: Run, text: str) -> None:
     one of its calls returned a result. After calls that all failed or were refused, the
     answer rests on nothing its node asks for ("grounded in tool results"): the run fails,
     retryably when a tool was only unavailable for a while, and is PARTIAL otherwise; the
-    answer stays in the result either way."""
+    answer stays in the result either way. The result names the failed tools of the run's
+    snapshot and only counts calls of names it does not have: a name the model wrote is
+    not repeated as if it were a tool."""
     results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
     if not results or not all(entry["is_error"] for entry in results):
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
     if _ended_unavailable(run, answer=text):
         return
+    granted = {entry["name"] for entry in run.capability.get("tools", [])}
+    called = [entry["name"] for entry in results]
     _finish(
         run,
         status=RunStatus.PARTIAL,
         reason_code="NO_TOOL_RESULT",
-        output={"answer": text, "failed_tools": sorted({entry["name"] for entry in results})},
+        output={
+            "answer": text,
+            "failed_tools": sorted(granted.intersection(called)),
+            "unknown_tool_calls": sum(name not in granted for name in called),
+        },
     )
 
 
