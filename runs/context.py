@@ -104,8 +104,9 @@ def context_build(
         + "\n```",
         "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
+    memory_text = ""
     if run_state.get("memory"):
-        fixed["memory"] = (
+        memory_text = (
             "# Remembered about this user (their own statements, each with its source)\n"
             + jsontext.dumps(run_state["memory"], sort_keys=True)
         )
@@ -122,7 +123,7 @@ def context_build(
 
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
-    used = sum(estimate_tokens(text) for text in fixed.values()) + estimate_tokens(tool_text)
+    used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text, memory_text))
     # Each entry is counted once, however often the budget is checked: a cut makes new
     # entries, the others stay the same objects.
     counted: dict[int, tuple[dict[str, Any], int]] = {}
@@ -167,10 +168,12 @@ def context_build(
         entries = shorter
     sections = {**fixed, "examples": examples_text()}
     instructions = "\n\n".join(text for text in sections.values() if text)
-    if conversation:
-        # Earlier messages are the user's words: they go with the user's turn, never among
-        # the instructions.
-        entries = [user_entry(conversation_text()), *entries]
+    # What the user said before (remembered statements, earlier messages) is the user's
+    # word: it goes with the user's turn, never among the instructions.
+    if users_before := "\n\n".join(filter(None, [memory_text, conversation_text()])):
+        entries = [user_entry(users_before), *entries]
+    if memory_text:
+        sections["memory"] = memory_text
     sections["tools"] = tool_text
     sections["conversation"] = conversation_text()
     sections["transcript"] = jsontext.dumps(entries)

@@ -202,10 +202,14 @@ def test_a_run_gets_the_users_memory_only_when_its_skill_asks(demo, fake_model, 
     run = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(run.pk))
 
-    instructions = json.dumps(fake.requests[0].body["messages"][0])
-    assert ("Remembered about this user" in instructions) is asks_for_memory
-    assert ("summary_language" in instructions) is asks_for_memory
-    assert "formal" not in instructions
+    # the user's remembered statements go with the user's turn, never among the instructions
+    instructions, *turns = fake.requests[0].body["messages"]
+    assert instructions["role"] == "system"
+    assert "summary_language" not in json.dumps(instructions)
+    users_turns = json.dumps([turn for turn in turns if turn["role"] == "user"])
+    assert ("Remembered about this user" in users_turns) is asks_for_memory
+    assert ("summary_language" in users_turns) is asks_for_memory
+    assert "formal" not in json.dumps(fake.requests[0].body)
 
 
 def test_older_turns_of_a_session_become_a_rolling_summary_with_its_source_range(demo):
