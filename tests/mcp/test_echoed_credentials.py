@@ -1,6 +1,8 @@
 """An MCP server's credential echoed back where the adapter reads it, in an error message or
 in the URI of a resource it returns, is in nothing the run keeps, shows or gives the model.
-(The server's answers are set on the client session: the example server sends neither.)"""
+The example server, really running, sends the failed call and the resource (`overrides`);
+a JSON-RPC error quoting the credential, which a FastMCP tool cannot send (it answers any
+exception as a failed call), is set on the client session."""
 
 import json
 
@@ -32,29 +34,41 @@ def kept(run: Run) -> str:
     )
 
 
-@pytest.fixture
-def server_answers(monkeypatch):
-    """Make the server's answer to tools/call the one given."""
-
-    def answer(reply) -> None:
-        async def call_tool(self, name, arguments=None, *args, **kwargs):
-            if isinstance(reply, Exception):
-                raise reply
-            return reply
-
-        monkeypatch.setattr(mcp.client.session.ClientSession, "call_tool", call_tool)
-
-    return answer
-
-
-def test_an_error_message_quoting_the_credential_is_stripped(
-    demo, projects, published_status, server_answers
+def test_a_failed_call_quoting_the_credential_is_stripped(
+    demo, projects, published_status, overrides
 ):
-    # given a server that refuses the call, quoting the authorization it received
+    # given a server that fails the call, quoting the authorization it received
     published_status()
-    server_answers(
-        McpError(mcp_types.ErrorData(code=-32602, message=f"invalid params; auth was {TOKEN}"))
-    )
+    overrides(echo_credential="error")
+    run = ask(demo)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call came back failed, with the server's message, and the credential is nowhere
+    (call,) = ToolCall.objects.filter(run=run)
+    assert call.envelope["business_status"] == "failed", call.envelope
+    assert call.envelope["raw"]["content"] == [
+        {
+            "type": "text",
+            "text": "Error executing tool project_status: invalid params; auth was [redacted]",
+        }
+    ]
+    assert TOKEN not in kept(run)
+
+
+def test_a_protocol_error_quoting_the_credential_is_stripped(
+    demo, projects, published_status, monkeypatch
+):
+    # given a server that answers tools/call with a JSON-RPC error quoting the authorization
+    published_status()
+
+    async def call_tool(self, name, arguments=None, *args, **kwargs):
+        raise McpError(
+            mcp_types.ErrorData(code=-32602, message=f"invalid params; auth was {TOKEN}")
+        )
+
+    monkeypatch.setattr(mcp.client.session.ClientSession, "call_tool", call_tool)
     run = ask(demo)
 
     # when
@@ -68,26 +82,11 @@ def test_an_error_message_quoting_the_credential_is_stripped(
 
 
 def test_a_resource_uri_carrying_the_credential_is_stripped_and_not_shown(
-    demo, projects, published_status, server_answers, client
+    demo, projects, published_status, overrides, client
 ):
     # given a server whose result embeds a resource named by a URI carrying its credential
     published_status()
-    server_answers(
-        mcp_types.CallToolResult(
-            content=[
-                mcp_types.EmbeddedResource(
-                    type="resource",
-                    resource=mcp_types.TextResourceContents(
-                        uri=f"https://files.example/apollo.json?access_token={TOKEN}",
-                        mimeType="application/json",
-                        text='{"health": "green"}',
-                    ),
-                )
-            ],
-            structuredContent=None,
-            isError=False,
-        )
-    )
+    overrides(echo_credential="resource_uri")
     run = ask(demo)
 
     # when
