@@ -111,7 +111,8 @@ def test_an_auditor_reads_the_run_with_the_email_masked(demo, sent_run, carol, c
     assert "approve by <strong>bob</strong>" in html
     assert "the frozen payload" in html and "NOT the frozen payload" not in html
     assert sent_run.action.payload_hash in html
-    assert "Re-validated on resume: approval_age, approver, requester, policy, directory_record" in html
+    checks = "approval_age, approver, requester, policy, directory_record"
+    assert f"Re-validated on resume: {checks}" in html
     for span in ("ingress", "model.turn", "approval.wait", "action"):
         assert f"<td>{span}</td>" in html
     assert "project_search" in html and "mail_send" in html
