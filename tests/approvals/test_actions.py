@@ -205,6 +205,14 @@ def test_an_expired_approval_can_no_longer_be_approved(demo, bob, smtp_server, s
     assert smtp_server.messages == []
 
 
+def assert_invalidated(run: Run, reason: str) -> None:
+    """The run ended without sending: on resume, the approval no longer held for `reason`."""
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == [reason]
+    assert BusinessAction.objects.get(run=run).status == ActionStatus.INVALIDATED
+
+
 def test_a_skill_version_revoked_before_the_resume_invalidates_the_approval(demo, bob, smtp_server):
     run, action = waiting_run(demo)
     approve(action, bob)
@@ -216,10 +224,7 @@ def test_a_skill_version_revoked_before_the_resume_invalidates_the_approval(demo
 
     services.action_execute(action_id=action.pk)
 
-    run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
-    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["SKILL_VERSION_NOT_AVAILABLE"]
-    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert_invalidated(run, "SKILL_VERSION_NOT_AVAILABLE")
     assert smtp_server.messages == []
     assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
 
@@ -235,9 +240,7 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
 
     services.action_execute(action_id=action.pk)
 
-    run = Run.objects.get(pk=run.pk)
-    assert run.reason_code == "APPROVAL_INVALIDATED"
-    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["DIRECTORY_RECORD_CHANGED"]
+    assert_invalidated(run, "DIRECTORY_RECORD_CHANGED")
     assert smtp_server.messages == []
 
 
@@ -252,10 +255,7 @@ def test_an_approval_older_than_its_ttl_at_the_resume_invalidates_it(demo, bob, 
 
     services.action_execute(action_id=action.pk)
 
-    run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
-    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["APPROVAL_EXPIRED"]
-    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert_invalidated(run, "APPROVAL_EXPIRED")
     assert smtp_server.messages == []
 
 
