@@ -20,6 +20,10 @@ created afresh (never the development or a test database), migrated and loaded w
    worker (BENCH_CONCURRENCY processes), until every run waits for approval;
 5. the worker alone: as many messages ingested first, then drained by a new worker.
 
+Before (1) and after (5) it times a fixed pure-Python loop: the same code measures
+differently on a machine whose CPU is slower for a while (a shared host), and the check tells
+such a drift from a change in the code.
+
 Environment: BENCH_RUNS (200), BENCH_CONCURRENCY (2), BENCH_KEEP_DB (0), BENCH_PROFILE (0: set
 to 1 to print where the in-process time goes, with cProfile).
 """
@@ -451,8 +455,21 @@ def _statements_per_run(alice, acme, *, count: int = 5) -> float:
     return statements / count
 
 
+def _cpu_check() -> float:
+    """Seconds this machine takes for a fixed pure-Python loop: printed at the start and at
+    the end, so that figures of two invocations (or a drift within one) can be told apart
+    from a change in the code."""
+    started = time.perf_counter()
+    total = 0
+    for number in range(5_000_000):
+        total += number
+    return time.perf_counter() - started
+
+
 def main() -> None:
     print(f"bench: scratch database {BENCH_DATABASE}, PostgreSQL {connection.pg_version}")
+    cpu_at_start = _cpu_check()
+    _figure("CPU check at the start: a fixed Python loop (ms)", _ms(cpu_at_start))
     _forget_broker_and_cache()
     app.conf.task_default_queue = INPROCESS_QUEUE
     alice, acme = _prepare()
@@ -575,6 +592,9 @@ def main() -> None:
     _figure("runs/s", f"{RUNS / backlog['seconds']:.1f}")
     if backlog["statuses"] != {RunStatus.WAITING_APPROVAL: RUNS}:
         sys.exit("Not every run of the backlog reached WAITING_APPROVAL in time.")
+
+    print()
+    _figure("CPU check at the end (ms)", f"{_ms(_cpu_check())} (start: {_ms(cpu_at_start)})")
 
     if profiler:
         output = io.StringIO()
