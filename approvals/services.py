@@ -10,6 +10,7 @@ twice.
 from datetime import timedelta
 from typing import Any, NoReturn
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -342,17 +343,25 @@ def _policy_changed(run: Run, policy: Policy) -> bool:
     )
 
 
+def send_deadline(action: BusinessAction) -> Any:
+    """When an approved action's send must have started: the action's expiry, or, for an
+    approval given in its last minutes, `APPROVAL_RESUME_GRACE_SECONDS` after the decision.
+    A resume later than that (workers down for hours) does not send what was approved then."""
+    grace = timedelta(seconds=settings.APPROVAL_RESUME_GRACE_SECONDS)
+    return max(action.expires_at, action.decision.created_at + grace)
+
+
+def _approval_stale(action: BusinessAction) -> bool:
+    return timezone.now() >= send_deadline(action)
+
+
 def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
-    """What changed since the approval (seed 000, step 14); empty when nothing did. An
-    approval holds for the policy's TTL from the decision: a resume that comes later (a
-    worker down for hours, a task lost until the sweep) asks again."""
+    """What changed since the approval (seed 000, step 14); empty when nothing did."""
     problems = []
     decision = action.decision
     approver = decision.approver
-    if timezone.now() >= decision.created_at + timedelta(
-        seconds=action.policy["approval_ttl_seconds"]
-    ):
-        problems.append("APPROVAL_EXPIRED")
+    if _approval_stale(action):
+        problems.append("APPROVAL_STALE")
     policy = Policy.objects.filter(agent_configs__runs=run).first()
     if policy is None:
         problems.append("POLICY_REMOVED")
@@ -637,6 +646,17 @@ def action_reconcile(*, action_id: Any) -> str:
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:
+            if failure.category == ErrorCategory.NOT_FOUND and _approval_stale(action):
+                # Nothing was done, and the approval no longer holds for doing it now.
+                stale = ToolFailed(
+                    "The send never started, and its approval no longer holds.",
+                    category=ErrorCategory.PERMISSION_DENIED,
+                    retryable=False,
+                    attempted=False,
+                )
+                _record_settled(run, call, tool_version, context, stale)
+                _fail(run, action, stale, reconciled=True)
+                return action.status
             if failure.category == ErrorCategory.NOT_FOUND:
                 if action.status == ActionStatus.UNKNOWN:
                     _transition(action, ActionStatus.EXECUTING)

@@ -1,6 +1,7 @@
 """The approval queue and the human queue: server-rendered pages for approvers, through the
 same services as the API."""
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -46,14 +47,25 @@ class QueueView(View):
         )
 
 
+def _action_page(
+    request: HttpRequest, action: BusinessAction, *, status: int = 200
+) -> HttpResponse:
+    """The action, with when an approval of it must have started its send."""
+    context = {
+        "action": action,
+        "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
+        "send_deadline": services.send_deadline(action) if hasattr(action, "decision") else None,
+    }
+    return render(request, "approvals/action.html", context, status=status)
+
+
 @method_decorator(login_required, name="dispatch")
 class ActionView(View):
     """Exactly what will be done: recipient, subject, body, versions and hash; the form
     posts the hash it showed."""
 
     def get(self, request: HttpRequest, action_id) -> HttpResponse:
-        action = _action_or_404(request, action_id)
-        return render(request, "approvals/action.html", {"action": action})
+        return _action_page(request, _action_or_404(request, action_id))
 
     def post(self, request: HttpRequest, action_id) -> HttpResponse:
         action = _action_or_404(request, action_id)
@@ -69,9 +81,7 @@ class ActionView(View):
             raise Http404(str(error)) from error
         except ApplicationError as error:
             messages.error(request, error.message)
-            return render(
-                request, "approvals/action.html", {"action": action}, status=error.http_status
-            )
+            return _action_page(request, action, status=error.http_status)
         messages.success(request, f"Recorded: {form.cleaned_data['decision']}.")
         return redirect("approvals:action", action_id=action.pk)
 

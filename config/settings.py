@@ -313,6 +313,10 @@ RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
 # a short writer (an approval decision, a session's next message) lets go within it; a step
 # asking a model does not, and the cancel is kept beside the run for the step's boundary.
 RUN_CANCEL_LOCK_WAIT_MS = env.int("RUN_CANCEL_LOCK_WAIT_MS", default=250)
+# An approved action's send starts before the action expires; one approved in its last
+# minutes has this long after the decision (the actions sweep resends a lost resume within
+# about six minutes). A send that could not start by then is not made (APPROVAL_STALE).
+APPROVAL_RESUME_GRACE_SECONDS = env.int("APPROVAL_RESUME_GRACE_SECONDS", default=15 * 60)
 # A scheduled task's occurrence holds a lease this long while its run is started; a start
 # whose lease lapsed is taken over by the sweep (runs.services.scheduler).
 SCHEDULED_TASK_LEASE_SECONDS = env.int("SCHEDULED_TASK_LEASE_SECONDS", default=60)

@@ -244,36 +244,72 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
     assert smtp_server.messages == []
 
 
-def test_an_approval_older_than_its_ttl_at_the_resume_invalidates_it(demo, bob, smtp_server):
-    # given an approval whose resume comes later than the policy's TTL after the decision
-    run, action = waiting_run(demo)
-    decision = approve(action, bob)
-    ttl = timedelta(seconds=action.policy["approval_ttl_seconds"])
-    ApprovalDecision.objects.filter(pk=decision.pk).update(
-        created_at=decision.created_at - ttl - timedelta(seconds=1)
+def _resume_comes(action, *, after_expiry_s: float, after_decision_s: float) -> None:
+    """Move the action's expiry and its decision into the past, as a resume this late sees."""
+    now = timezone.now()
+    BusinessAction.objects.filter(pk=action.pk).update(
+        expires_at=now - timedelta(seconds=after_expiry_s)
     )
+    ApprovalDecision.objects.filter(action=action).update(
+        created_at=now - timedelta(seconds=after_decision_s)
+    )
+
+
+def test_a_resume_after_the_action_expired_does_not_send(demo, bob, smtp_server, settings):
+    # given an approval given in time, and a resume an hour after the action expired
+    settings.APPROVAL_RESUME_GRACE_SECONDS = 900
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    _resume_comes(action, after_expiry_s=3600, after_decision_s=7200)
 
     services.action_execute(action_id=action.pk)
 
-    assert_invalidated(run, "APPROVAL_EXPIRED")
+    assert_invalidated(run, "APPROVAL_STALE")
     assert smtp_server.messages == []
 
 
-def test_an_approval_given_just_before_the_action_expired_still_sends(demo, bob, smtp_server):
-    # given an approval decided in time, and a resume after the action's own expiry
+def test_an_approval_given_in_the_last_minutes_has_its_grace_to_send(
+    demo, bob, smtp_server, settings
+):
+    # given an approval given a minute before the action expired, resumed just after
+    settings.APPROVAL_RESUME_GRACE_SECONDS = 900
     run, action = waiting_run(demo)
     approve(action, bob)
-    BusinessAction.objects.filter(pk=action.pk).update(
-        expires_at=timezone.now() - timedelta(seconds=1)
-    )
+    _resume_comes(action, after_expiry_s=60, after_decision_s=120)
 
     services.action_execute(action_id=action.pk)
 
-    # then the TTL counts from the decision, and the mail goes out once
+    # then the send starts within the grace, once
     run = Run.objects.get(pk=run.pk)
     assert run.status == "COMPLETED"
     assert "approval_age" in events_of(run, "run.resumed")[0]["checks"]
     assert len(smtp_server.messages) == 1
+
+
+def test_a_send_that_never_started_is_not_made_once_its_approval_is_stale(
+    demo, bob, smtp_server, monkeypatch, settings
+):
+    # given an action recorded as executing whose worker died before the tool was called,
+    # and workers back only after the action expired and the grace passed
+    settings.APPROVAL_RESUME_GRACE_SECONDS = 900
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    with monkeypatch.context() as patched:
+        patched.setattr(services, "_run_and_record", die)
+        with pytest.raises(WorkerDied):
+            services.action_execute(action_id=action.pk)
+    _resume_comes(action, after_expiry_s=3600, after_decision_s=7200)
+
+    # when the reconciliation finds that nothing was sent
+    status = services.action_reconcile(action_id=action.pk)
+
+    # then it sends nothing now, and the action and the run end failed
+    assert status == ActionStatus.FAILED
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert "approval no longer holds" in run.result["output"]["error"]["message"]
 
 
 def _policy(demo) -> Policy:

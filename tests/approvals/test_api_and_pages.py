@@ -3,6 +3,7 @@
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.utils import dateformat, timezone
 from rest_framework.test import APIClient
 
 from approvals import services
@@ -245,6 +246,11 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     decision = ApprovalDecision.objects.get(action=action)
     assert (decision.approver, decision.comment) == (bob, "Send it.")
     assert Run.objects.get(pk=action.run_id).status == "WAITING_APPROVAL"
+    # and the page says by when the approved send must start: the action's expiry
+    expiry = dateformat.format(timezone.localtime(action.expires_at), "c")
+    assert f"this approval's send must start by {expiry}" in client.get(
+        f"/approvals/{action.pk}/"
+    ).content.decode().replace("&#x27;", "'")
 
 
 def test_the_queue_and_the_list_cost_the_same_queries_for_one_action_or_three(
