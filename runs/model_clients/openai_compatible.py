@@ -121,13 +121,16 @@ def chat_messages(
 
     An assistant turn with no text and no tool call is left out: `content` may be null only
     beside `tool_calls`, and an empty string becomes an empty text block, which gateways to
-    Anthropic or Bedrock refuse. A user or tool message may follow another, so nothing else
-    changes. The run's own transcript keeps the empty turn."""
+    Anthropic or Bedrock refuse. The run's own transcript keeps the empty turn. User items in
+    a row (what the user said before, then their message) become one user message: the chat
+    templates of some local servers (vLLM, Ollama) refuse roles that do not alternate."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     for item in transcript:
         match item:
+            case UserMessage() if messages and messages[-1]["role"] == "user":
+                messages[-1]["content"] += "\n\n" + item.text
             case UserMessage():
                 messages.append({"role": "user", "content": item.text})
             case AssistantTurn() if not item.text and not item.tool_calls:

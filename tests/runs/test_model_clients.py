@@ -436,11 +436,11 @@ def test_openai_leaves_out_an_empty_assistant_turn_instead_of_sending_null_conte
     )
 
     # then no assistant message goes out with null content and no tool call (the API refuses
-    # it), while the tool-only turn keeps its null content beside its tool calls
+    # it), while the tool-only turn keeps its null content beside its tool calls; the user
+    # turns the left-out turn separated are one message, so roles still alternate
     assert model_server.requests[0].body["messages"] == [
         {"role": "system", "content": INSTRUCTIONS},
-        {"role": "user", "content": "Summarise apollo."},
-        {"role": "user", "content": CORRECTION.text},
+        {"role": "user", "content": f"Summarise apollo.\n\n{CORRECTION.text}"},
         {
             "role": "assistant",
             "content": None,
