@@ -20,9 +20,10 @@ created afresh (never the development or a test database), migrated and loaded w
    worker (BENCH_CONCURRENCY processes), until every run waits for approval;
 5. the worker alone: as many messages ingested first, then drained by a new worker.
 
-Before (1) and after (5) it times a fixed pure-Python loop: the same code measures
-differently on a machine whose CPU is slower for a while (a shared host), and the check tells
-such a drift from a change in the code.
+Before (1) and after (5) it times a fixed pure-Python loop (median of three): the same code
+measures differently on a machine whose CPU is slower for a while (a shared host); comparing
+the check across invocations, and its start with its end, shows such a drift apart from a
+change in the code. A slow spell between the two checks shows only in the medians above.
 
 Environment: BENCH_RUNS (200), BENCH_CONCURRENCY (2), BENCH_KEEP_DB (0), BENCH_PROFILE (0: set
 to 1 to print where the in-process time goes, with cProfile).
@@ -456,14 +457,18 @@ def _statements_per_run(alice, acme, *, count: int = 5) -> float:
 
 
 def _cpu_check() -> float:
-    """Seconds this machine takes for a fixed pure-Python loop: printed at the start and at
-    the end, so that figures of two invocations (or a drift within one) can be told apart
-    from a change in the code."""
-    started = time.perf_counter()
-    total = 0
-    for number in range(5_000_000):
-        total += number
-    return time.perf_counter() - started
+    """Seconds this machine takes for a fixed pure-Python loop, the median of three: printed
+    at the start and at the end, to compare the machine's speed between two invocations, and
+    between the start and the end of one (not a slow spell in between)."""
+
+    def once() -> float:
+        started = time.perf_counter()
+        total = 0
+        for number in range(2_000_000):
+            total += number
+        return time.perf_counter() - started
+
+    return statistics.median(once() for _ in range(3))
 
 
 def main() -> None:
