@@ -292,12 +292,7 @@ def test_a_send_that_never_started_is_not_made_once_its_approval_is_stale(
     # given an action recorded as executing whose worker died before the tool was called,
     # and workers back only after the action expired and the grace passed
     settings.APPROVAL_RESUME_GRACE_SECONDS = 900
-    run, action = waiting_run(demo)
-    approve(action, bob)
-    with monkeypatch.context() as patched:
-        patched.setattr(services, "_run_and_record", die)
-        with pytest.raises(WorkerDied):
-            services.action_execute(action_id=action.pk)
+    run, action = executing_after_a_crash(demo, bob, monkeypatch)
     _resume_comes(action, after_expiry_s=3600, after_decision_s=7200)
 
     # when the reconciliation finds that nothing was sent
@@ -446,14 +441,21 @@ def die(*args):
     raise WorkerDied
 
 
-def test_a_crash_after_the_action_started_executing_sends_once(demo, bob, smtp_server, monkeypatch):
-    # given an action recorded as executing whose worker died before the tool was called
+def executing_after_a_crash(demo, bob, monkeypatch):
+    """An approved action recorded as executing whose worker died before the tool was
+    called."""
     run, action = waiting_run(demo)
     approve(action, bob)
     with monkeypatch.context() as patched:
         patched.setattr(services, "_run_and_record", die)
         with pytest.raises(WorkerDied):
             services.action_execute(action_id=action.pk)
+    return run, action
+
+
+def test_a_crash_after_the_action_started_executing_sends_once(demo, bob, smtp_server, monkeypatch):
+    # given an action recorded as executing whose worker died before the tool was called
+    run, action = executing_after_a_crash(demo, bob, monkeypatch)
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.EXECUTING
     assert not MailDelivery.objects.exists()
 
