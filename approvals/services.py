@@ -351,6 +351,14 @@ def send_deadline(action: BusinessAction) -> Any:
     return max(action.expires_at, action.decision.created_at + grace)
 
 
+def approved_send_deadline(action: BusinessAction) -> Any:
+    """`send_deadline` of an approved action; None before an approval or after a rejection."""
+    decision = getattr(action, "decision", None)
+    if decision is None or decision.decision != Decision.APPROVE:
+        return None
+    return send_deadline(action)
+
+
 def _approval_stale(action: BusinessAction) -> bool:
     return timezone.now() >= send_deadline(action)
 

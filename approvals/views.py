@@ -54,7 +54,7 @@ def _action_page(
     context = {
         "action": action,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
-        "send_deadline": services.send_deadline(action) if hasattr(action, "decision") else None,
+        "send_deadline": services.approved_send_deadline(action),
     }
     return render(request, "approvals/action.html", context, status=status)
 

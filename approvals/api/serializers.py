@@ -1,5 +1,8 @@
+from datetime import datetime
+
 from rest_framework import serializers
 
+from approvals import services
 from approvals.choices import Decision, HandoffStatus
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
 
@@ -20,6 +23,11 @@ class ApprovalSerializer(serializers.ModelSerializer):
     requester = serializers.CharField(source="requester.get_username", read_only=True)
     skill = serializers.SerializerMethodField()
     decision = serializers.SerializerMethodField()
+    send_deadline = serializers.SerializerMethodField(
+        help_text="Once approved: when the send must have started (the action's expiry, or "
+        "APPROVAL_RESUME_GRACE_SECONDS after an approval given in its last minutes); "
+        "null before an approval or after a rejection."
+    )
 
     class Meta:
         model = BusinessAction
@@ -42,8 +50,13 @@ class ApprovalSerializer(serializers.ModelSerializer):
             "decided_at",
             "finished_at",
             "decision",
+            "send_deadline",
         ]
         read_only_fields = fields
+
+    def get_send_deadline(self, action: BusinessAction) -> datetime | None:
+        deadline = services.approved_send_deadline(action)
+        return serializers.DateTimeField().to_representation(deadline) if deadline else None
 
     def get_skill(self, action: BusinessAction) -> str | None:
         version = action.skill_version

@@ -50,6 +50,7 @@ def test_an_approver_lists_pending_actions_and_sees_the_frozen_payload(demo, bob
     assert body["skill"] == "weekly-summary@3.2.0"
     assert body["run"] == str(run.pk)
     assert body["decision"] is None
+    assert body["send_deadline"] is None
 
 
 def test_approving_through_the_api_binds_the_hash_and_the_approver(demo, bob):
@@ -60,6 +61,8 @@ def test_approving_through_the_api_binds_the_hash_and_the_approver(demo, bob):
     assert response.status_code == 200, response.json()
     assert response.json()["status"] == ActionStatus.APPROVED
     assert response.json()["decision"]["approver"] == "bob"
+    # approved well before its expiry: the send must start by then
+    assert response.json()["send_deadline"] == response.json()["expires_at"]
     decision = ApprovalDecision.objects.get(action=action)
     assert (decision.payload_hash, decision.approver.username) == (action.payload_hash, "bob")
 
