@@ -7,7 +7,7 @@ called, so a crash leaves a record that says "this may have happened" and nothin
 twice.
 """
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 from django.conf import settings
@@ -343,7 +343,7 @@ def _policy_changed(run: Run, policy: Policy) -> bool:
     )
 
 
-def send_deadline(action: BusinessAction) -> Any:
+def _send_deadline(action: BusinessAction) -> datetime:
     """When an approved action's send must have started: the action's expiry, or, for an
     approval given in its last minutes, `APPROVAL_RESUME_GRACE_SECONDS` after the decision.
     A resume later than that (workers down for hours) does not send what was approved then."""
@@ -351,16 +351,16 @@ def send_deadline(action: BusinessAction) -> Any:
     return max(action.expires_at, action.decision.created_at + grace)
 
 
-def approved_send_deadline(action: BusinessAction) -> Any:
-    """`send_deadline` of an approved action; None before an approval or after a rejection."""
+def approved_send_deadline(action: BusinessAction) -> datetime | None:
+    """`_send_deadline` of an approved action; None before an approval or after a rejection."""
     decision = getattr(action, "decision", None)
     if decision is None or decision.decision != Decision.APPROVE:
         return None
-    return send_deadline(action)
+    return _send_deadline(action)
 
 
 def _approval_stale(action: BusinessAction) -> bool:
-    return timezone.now() >= send_deadline(action)
+    return timezone.now() >= _send_deadline(action)
 
 
 def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:

@@ -1,5 +1,4 @@
-from datetime import datetime
-
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from approvals import services
@@ -54,7 +53,8 @@ class ApprovalSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    def get_send_deadline(self, action: BusinessAction) -> datetime | None:
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    def get_send_deadline(self, action: BusinessAction) -> str | None:
         deadline = services.approved_send_deadline(action)
         return serializers.DateTimeField().to_representation(deadline) if deadline else None
 
