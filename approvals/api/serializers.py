@@ -22,11 +22,7 @@ class ApprovalSerializer(serializers.ModelSerializer):
     requester = serializers.CharField(source="requester.get_username", read_only=True)
     skill = serializers.SerializerMethodField()
     decision = serializers.SerializerMethodField()
-    send_deadline = serializers.SerializerMethodField(
-        help_text="Once approved: when the send must have started (the action's expiry, or "
-        "APPROVAL_RESUME_GRACE_SECONDS after an approval given in its last minutes); "
-        "null before an approval or after a rejection."
-    )
+    send_deadline = serializers.SerializerMethodField()
 
     class Meta:
         model = BusinessAction
@@ -53,7 +49,14 @@ class ApprovalSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    @extend_schema_field(serializers.DateTimeField(allow_null=True))
+    @extend_schema_field(
+        serializers.DateTimeField(
+            allow_null=True,
+            help_text="Once approved: when the send must have started (the action's expiry, "
+            "or APPROVAL_RESUME_GRACE_SECONDS after an approval given in its last minutes); "
+            "null before an approval or after a rejection.",
+        )
+    )
     def get_send_deadline(self, action: BusinessAction) -> str | None:
         deadline = services.approved_send_deadline(action)
         return serializers.DateTimeField().to_representation(deadline) if deadline else None
