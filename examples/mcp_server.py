@@ -17,8 +17,9 @@ Environment:
   or misbehaving server looks like: `descriptions` (tool → new description), `removed` (tool
   names no longer listed), `delay_s` (each call sleeps this long), `echo_credential` (the
   credential comes back as a leaking server would send it: `true` in the result's note,
-  `"error"` quoted in the message of a failed call, `"resource_uri"` in the URI of a resource
-  the result embeds), `crash` (the process exits mid-call).
+  `"error"` quoted in the message of a failed call, `"protocol_error"` in the message of a
+  JSON-RPC error answering `tools/call`, `"resource_uri"` in the URI of a resource the result
+  embeds), `crash` (the process exits mid-call).
 """
 
 import argparse
@@ -31,7 +32,17 @@ from typing import Any
 
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.exceptions import ToolError
-from mcp.types import CallToolResult, EmbeddedResource, TextResourceContents, ToolAnnotations
+from mcp.shared.exceptions import McpError
+from mcp.types import (
+    INVALID_PARAMS,
+    CallToolRequest,
+    CallToolResult,
+    EmbeddedResource,
+    ErrorData,
+    ServerResult,
+    TextResourceContents,
+    ToolAnnotations,
+)
 from mcp.types import Tool as McpTool
 from pydantic import BaseModel
 
@@ -53,7 +64,26 @@ def _overrides() -> dict[str, Any]:
 
 
 class ProjectsServer(FastMCP):
-    """FastMCP whose tool listing follows the overrides file."""
+    """FastMCP whose tool listing follows the overrides file, and whose `tools/call` may be
+    answered with a JSON-RPC error (`echo_credential: "protocol_error"`): a FastMCP tool
+    cannot send one, since any exception it raises is answered as a failed call, so the
+    request handler of the low-level server under FastMCP is wrapped."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        handlers = self._mcp_server.request_handlers
+        call = handlers[CallToolRequest]
+
+        async def answered(request: CallToolRequest) -> ServerResult:
+            if _overrides().get("echo_credential") == "protocol_error":
+                raise McpError(
+                    ErrorData(
+                        code=INVALID_PARAMS, message=f"invalid params; auth was {_credential()}"
+                    )
+                )
+            return await call(request)
+
+        handlers[CallToolRequest] = answered
 
     async def list_tools(self) -> list[McpTool]:
         overrides = _overrides()

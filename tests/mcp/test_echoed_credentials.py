@@ -1,15 +1,11 @@
 """An MCP server's credential echoed back where the adapter reads it, in an error message or
 in the URI of a resource it returns, is in nothing the run keeps, shows or gives the model.
-The example server, really running, sends the failed call and the resource (`overrides`);
-a JSON-RPC error quoting the credential, which a FastMCP tool cannot send (it answers any
-exception as a failed call), is set on the client session."""
+The example server, really running over stdio and over HTTP, sends the failed call, the
+JSON-RPC error and the resource (`overrides`)."""
 
 import json
 
-import mcp.client.session
 import pytest
-from mcp import types as mcp_types
-from mcp.shared.exceptions import McpError
 
 from registry.demo import DEMO_PASSWORD
 from runs.loop import run_execute
@@ -58,26 +54,22 @@ def test_a_failed_call_quoting_the_credential_is_stripped(
 
 
 def test_a_protocol_error_quoting_the_credential_is_stripped(
-    demo, projects, published_status, monkeypatch
+    demo, projects, published_status, overrides
 ):
     # given a server that answers tools/call with a JSON-RPC error quoting the authorization
     published_status()
-
-    async def call_tool(self, name, arguments=None, *args, **kwargs):
-        raise McpError(
-            mcp_types.ErrorData(code=-32602, message=f"invalid params; auth was {TOKEN}")
-        )
-
-    monkeypatch.setattr(mcp.client.session.ClientSession, "call_tool", call_tool)
+    overrides(echo_credential="protocol_error")
     run = ask(demo)
 
     # when
     run_execute(run_id=str(run.pk))
 
-    # then the call failed, with the server's message, and the credential is nowhere
+    # then the call failed at the protocol, with the server's message, and the credential is
+    # nowhere
     (call,) = ToolCall.objects.filter(run=run)
     assert call.status == "failed"
-    assert "invalid params; auth was [redacted]" in call.envelope["error"]["message"]
+    assert call.envelope["protocol_status"] == "error", call.envelope
+    assert call.envelope["error"]["message"] == "acme/projects: invalid params; auth was [redacted]"
     assert TOKEN not in kept(run)
 
 
