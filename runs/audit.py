@@ -10,7 +10,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -43,12 +43,16 @@ def encode_cursor(run: Run) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
-    """The (created_at, id) a cursor names, or None for a cursor that is not one of ours."""
+    """The (created_at, id) a cursor names, or None for a cursor that is not one of ours:
+    ours name an aware time that PostgreSQL can hold (in UTC, within Python's years)."""
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         created_at, run_id = raw.split("|")
-        return datetime.fromisoformat(created_at), UUID(run_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        moment = datetime.fromisoformat(created_at)
+        if moment.tzinfo is None:
+            return None
+        return moment.astimezone(UTC), UUID(run_id)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         return None
 
 
@@ -70,7 +74,7 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
         runs = runs.filter(actor__username=filters.user)
     if filters.date_from:
         runs = runs.filter(created_at__gte=_day_start(filters.date_from))
-    if filters.date_to:
+    if filters.date_to and filters.date_to < date.max:
         runs = runs.filter(created_at__lt=_day_start(filters.date_to + timedelta(days=1)))
     side_effect = BusinessAction.objects.filter(run=OuterRef("pk"))
     rejected = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCall.Status.REJECTED)

@@ -2,8 +2,10 @@
 spans, the run history with its filters and pages, one run in full, redacted for the viewer,
 and the export."""
 
+import base64
 import json
 import logging
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -191,6 +193,32 @@ def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
     tomorrow = (timezone.localdate() + timedelta(days=1)).isoformat()
     assert listed(date_from=tomorrow) == []
     assert set(listed(date_to=tomorrow, status="nonsense")) == {str(sent_run.pk), str(queued.pk)}
+    # the last and the first day a date can name bound nothing
+    assert set(listed(date_to="9999-12-31", date_from="0001-01-01")) == {
+        str(sent_run.pk),
+        str(queued.pk),
+    }
+
+
+@pytest.mark.parametrize(
+    "position",
+    [
+        "9999-12-31T23:59:59.999999-23:59",
+        "0001-01-01T00:00:00+23:59",
+        "2026-01-01T00:00:00",
+    ],
+)
+def test_a_cursor_naming_a_time_no_run_can_have_is_ignored(demo, sent_run, carol, client, position):
+    # given a hand-made cursor: a time zone PostgreSQL refuses, or no time zone at all
+    before = base64.urlsafe_b64encode(f"{position}|{uuid.UUID(int=0)}".encode()).decode()
+    logged_in(client, carol)
+
+    # when
+    response = client.get(reverse("runs:history"), {"before": before})
+
+    # then it is read as no cursor: the first page
+    assert response.status_code == 200
+    assert str(sent_run.pk) in response.content.decode()
 
 
 def test_a_deep_page_is_one_query_like_the_first(demo, carol, client):
