@@ -80,8 +80,12 @@ class ActionView(View):
         except NotFound as error:
             raise Http404(str(error)) from error
         except ApplicationError as error:
+            # The refusal may have moved the action on (an expiry is recorded as it is
+            # found): the page shows it as it is now.
             messages.error(request, error.message)
-            return _action_page(request, action, status=error.http_status)
+            return _action_page(
+                request, _action_or_404(request, action_id), status=error.http_status
+            )
         messages.success(request, f"Recorded: {form.cleaned_data['decision']}.")
         return redirect("approvals:action", action_id=action.pk)
 
@@ -126,7 +130,10 @@ class HandoffView(View):
         except ApplicationError as error:
             messages.error(request, error.message)
             return render(
-                request, "approvals/handoff.html", {"handoff": handoff}, status=error.http_status
+                request,
+                "approvals/handoff.html",
+                {"handoff": _handoff_or_404(request, handoff_id)},
+                status=error.http_status,
             )
         messages.success(request, f"Recorded: {form.cleaned_data['outcome']}.")
         return redirect("approvals:handoff", handoff_id=handoff.pk)

@@ -255,6 +255,31 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     assert f"this approval's send must start by {expiry}" in page
 
 
+def test_a_late_decision_on_the_page_shows_the_action_expired_without_its_form(demo, bob):
+    # given an approval past its expiry, its page open with the form
+    _run, action = waiting_run(demo)
+    client = logged_in(bob)
+    client.get(f"/approvals/{action.pk}/")
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+
+    # when the approver posts the decision
+    refused = client.post(
+        f"/approvals/{action.pk}/",
+        {
+            "decision": "approve",
+            "payload_hash": action.payload_hash,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # then the answer is the page as the action now is: expired, with nothing to decide
+    html = refused.content.decode()
+    assert refused.status_code == 409
+    assert "Expired (APPROVAL_EXPIRED)" in html
+    assert 'name="payload_hash"' not in html
+    assert not ApprovalDecision.objects.exists()
+
+
 def test_the_queue_and_the_list_cost_the_same_queries_for_one_action_or_three(
     demo, bob, django_assert_max_num_queries
 ):
