@@ -329,6 +329,9 @@ API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)
 
 # History is evidence: it is browsed, never used to revert a row (a published version is frozen).
 SIMPLE_HISTORY_REVERT_DISABLED = True
+# Why a row changed is kept whole (a revoke or deprecate reason, a publish override), not cut
+# to a column of 100 characters.
+SIMPLE_HISTORY_HISTORY_CHANGE_REASON_USE_TEXT_FIELD = True
 
 GUARDIAN_RAISE_403 = False
 ANONYMOUS_USER_NAME = None

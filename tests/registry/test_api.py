@@ -691,6 +691,26 @@ def test_revoke_moves_current_to_the_highest_remaining_published_version(
     assert client.get(f"{TOOLS}/{v100.pk}").json()["is_current"] is False
 
 
+@pytest.mark.parametrize("transition", ["deprecate", "revoke"])
+def test_a_long_reason_is_kept_whole_in_the_version_and_its_history(
+    api, publisher, make_tool_version, transition
+):
+    # given a published version and a reason of the longest length the API takes
+    version = _publish_tool(make_tool_version, publisher, version="1.0.0")
+    reason = "r" * 2000
+
+    # when
+    response = api.as_user(publisher).post(
+        f"{TOOLS}/{version.pk}/{transition}", {"reason": reason}, format="json"
+    )
+
+    # then the version and the history row of the change both say why, in full
+    assert response.status_code == 200, response.content
+    assert response.json()["status_reason"] == reason
+    latest = version.history.latest("history_date")
+    assert latest.history_change_reason == f"{response.json()['status']}: {reason}"
+
+
 def test_revoke_skips_deprecated_versions_when_choosing_the_new_current(
     api, publisher, make_tool_version
 ):
