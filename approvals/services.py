@@ -38,6 +38,7 @@ from runs import events, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, ToolCall
+from runs.redaction import secrets_removed
 from runs.services.runs import run_finish, run_transition
 from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
@@ -223,7 +224,9 @@ def approval_decide(
     found); the requester may not decide their own unless the policy allows it; the decision
     binds the run, the payload hash the approver saw and the approver. One decision per
     action: the rows are locked, and the decision's one-to-one key refuses a second writer.
-    An approval starts the resume task after commit."""
+    An approval starts the resume task after commit. A credential pasted into the comment is
+    removed before it is kept."""
+    comment = secrets_removed(comment)
     refusal = None
     with transaction.atomic():
         locked = _locked(action_id)
@@ -803,8 +806,10 @@ def handoff_resolve(
 ) -> Handoff:
     """Handle or decline an open handoff, once. Who may not handle it is refused as
     `handoff_handler_check` says; the requester may not handle their own request. The run
-    ends with the note: COMPLETED (HANDLED_BY_PERSON) or REFUSED (DECLINED_BY_PERSON)."""
+    ends with the note (a credential pasted into it removed): COMPLETED (HANDLED_BY_PERSON) or
+    REFUSED (DECLINED_BY_PERSON)."""
     status, reason_code = HANDOFF_OUTCOMES[HandoffStatus(outcome)]
+    note = secrets_removed(note)
     with transaction.atomic():
         found = Handoff.objects.select_related("tenant", "run").filter(pk=handoff_id).first()
         if found is None:

@@ -1,6 +1,7 @@
 """Business Actions through the services: freeze, decide, re-validate on resume, execute once
 through a real SMTP server, settle an unknown outcome by the key."""
 
+import json
 import threading
 import time
 from datetime import timedelta
@@ -30,12 +31,14 @@ from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.services.common import registry_object_save
 from registry.services.skills import skill_version_revoke
 from registry.services.tenancy import membership_add
-from runs.models import Run, ToolCall
+from runs.models import Run, RunEvent, ToolCall
 from runs.services.runs import run_cancel
 from runs.tools import executor, limits
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import event_types, events_of, this_week
+
+PASTED_KEY = "sk-live-4f9c2a7e1b3d5f6a8c9e"
 
 
 def approve(action, approver, **overrides):
@@ -185,6 +188,18 @@ def test_a_rejection_cancels_the_run_with_the_comment(demo, bob, smtp_server):
     assert event_types(run)[-2:] == ["approval.rejected", "run.finished"]
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.REJECTED
     assert smtp_server.messages == []
+
+
+def test_a_credential_pasted_into_a_comment_is_not_kept(demo, bob):
+    run, action = waiting_run(demo)
+
+    approve(action, bob, decision=Decision.REJECT, comment=f"Wrong week. Key: {PASTED_KEY}")
+
+    assert ApprovalDecision.objects.get(action=action).comment == "Wrong week. Key: [redacted]"
+    assert PASTED_KEY not in json.dumps(Run.objects.get(pk=run.pk).result)
+    assert PASTED_KEY not in json.dumps(
+        list(RunEvent.objects.filter(run=run).values_list("payload", flat=True))
+    )
 
 
 @pytest.mark.parametrize("swept", [False, True], ids=["before_the_sweep", "after_the_sweep"])

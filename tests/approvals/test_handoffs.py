@@ -1,6 +1,8 @@
 """The human queue: a request whose skill uses tools of a risk the policy leaves to people is
 routed to them instead of the agent; the run waits until a person handles or declines it."""
 
+import json
+
 import pytest
 from django.test import Client
 from django.utils.html import escape
@@ -111,6 +113,21 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert (run.status, run.reason_code) == (RunStatus.REFUSED, "DECLINED_BY_PERSON")
     assert run.result["output"]["note"] == "Ask the PMO instead."
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
+
+
+def test_a_credential_pasted_into_the_note_is_not_kept(demo, bob, handed_off):
+    handoff = Handoff.objects.get(run=handed_off)
+    key = "sk-live-4f9c2a7e1b3d5f6a8c9e"
+
+    handled = resolve(api(bob, demo.acme), handoff, note=f"Sent it with key {key}.")
+
+    assert handled.status_code == 200
+    assert key not in handled.content.decode()
+    assert Handoff.objects.get(pk=handoff.pk).note == "Sent it with key [redacted]."
+    assert Run.objects.get(pk=handed_off.pk).result["output"]["note"] == (
+        "Sent it with key [redacted]."
+    )
+    assert key not in json.dumps(events_of(handed_off, "handoff.resolved"))
 
 
 def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(demo, handed_off):
