@@ -33,16 +33,54 @@ _HEX_TOKEN = re.compile(r"\b((?i:token)(?:[\"']?\s*[:=]\s*[\"']?|\s+))[0-9A-Fa-f
 # is followed by ordinary words far more often).
 _BASIC = re.compile(r"\b((?i:basic)\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
 _SECRET_VALUES = (
-    # agt_: this platform's own API tokens (registry.models.ApiToken).
-    re.compile(r"\b(sk|pk|rk|ghp|gho|agt|xox[abp])[-_][A-Za-z0-9_-]{12,}\b"),
+    # agt_: this platform's own API tokens (registry.models.ApiToken); GitHub's, Slack's,
+    # Stripe's and the like by their prefixes.
+    re.compile(r"\b(sk|pk|rk|ghp|gho|ghu|ghs|ghr|agt|xox[abprs])[-_][A-Za-z0-9_-]{12,}\b"),
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"),
+    # AWS access key ids, Google API keys.
+    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
+    re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
     # A JWT starts where its run of characters starts (not at every "eyJ" inside one).
     re.compile(
         r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"
     ),
 )
+# A PEM private key, from its BEGIN line to its END line, or to where its base64 stops when
+# the END line was not pasted.
+_PRIVATE_KEY_BODY = r"[A-Za-z0-9+/=\s\\:,.-]"
+_PRIVATE_KEY = re.compile(
+    rf"-----BEGIN [A-Z0-9 ]{{0,40}}PRIVATE KEY-----{_PRIVATE_KEY_BODY}*?"
+    rf"(?:-----END [A-Z0-9 ]{{0,40}}PRIVATE KEY-----|(?!{_PRIVATE_KEY_BODY}))"
+)
+# The password of a URL: postgres://app:s3cret@db.internal/prod. The scheme is read from
+# where its run of characters starts.
+_URL_PASSWORD = re.compile(
+    r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@\[\]]*:)([^\s/?#@]+)@"
+)
+# A value given to a name that says it holds a secret (`config.secret_names`): password=…,
+# "api_key": "…", AWS_SECRET_ACCESS_KEY=…, as in a config file, JSON or a query string. The
+# value must look like one: six characters or more, with a digit or a sign ("password: see
+# the vault" is kept). An Authorization header has its own rule above.
+_ASSIGNED = re.compile(
+    r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]{0,63}[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?)"
+    r"([^\s\"',;&<>]{6,})"
+)
+_NOT_A_LETTER = re.compile(r"[^A-Za-z]")
 # Any of the above: most text has none, and one search finds that out.
 _ANY_SECRET_VALUE = re.compile(
-    "|".join(p.pattern for p in (_BEARER, _AUTHORIZATION, _HEX_TOKEN, _BASIC, *_SECRET_VALUES))
+    "|".join(
+        p.pattern
+        for p in (
+            _BEARER,
+            _AUTHORIZATION,
+            _HEX_TOKEN,
+            _BASIC,
+            *_SECRET_VALUES,
+            _PRIVATE_KEY,
+            _URL_PASSWORD,
+            _ASSIGNED,
+        )
+    )
 )
 
 
@@ -61,14 +99,30 @@ def _masked_email(match: re.Match) -> str:
     return f"{local[: first.end()]}***@{domain}"
 
 
+_SECRET_WORDS = (
+    "bearer",
+    "token",
+    "basic",
+    "auth",
+    "pass",
+    "secret",
+    "key",
+    "cookie",
+    "credential",
+)
+
+
 def _may_hold_secret(text: str) -> bool:
-    """What every match of a secret value needs: a - or _, "eyJ", or one of the words
-    bearer, token, basic and authorization ("auth" is enough to look further). Most text has
-    none, and these are found faster than the patterns can say so."""
-    if "-" in text or "_" in text or "eyJ" in text:
+    """What every match of a secret value needs: a - or _, "eyJ", "://", a key id's prefix,
+    or one of the words bearer, token, basic, authorization ("auth" is enough to look
+    further), pass, secret, key, cookie and credential. Most text has none, and these are
+    found faster than the patterns can say so."""
+    if "-" in text or "_" in text or "eyJ" in text or "://" in text:
+        return True
+    if "AKIA" in text or "ASIA" in text or "AIza" in text:
         return True
     lowered = text.lower()
-    return "bearer" in lowered or "token" in lowered or "basic" in lowered or "auth" in lowered
+    return any(word in lowered for word in _SECRET_WORDS)
 
 
 def _basic_credential(match: re.Match) -> str:
@@ -84,18 +138,29 @@ def _basic_credential(match: re.Match) -> str:
     return match.group(0)
 
 
+def _assigned_secret(match: re.Match) -> str:
+    assignment, value = match.groups()
+    name = assignment.rstrip("\"' \t:=")
+    if secret_key(name) and "authorization" not in name.lower() and _NOT_A_LETTER.search(value):
+        return assignment + REDACTED
+    return match.group(0)
+
+
 def secrets_removed(text: str) -> str:
     """`text` with credentials replaced: bearer tokens, pasted Authorization headers, hex
-    tokens, Basic credentials, and values that look like API keys or JWTs."""
+    tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
+    passwords of URLs, and values given to names that say they hold secrets."""
     if not (_may_hold_secret(text) and _ANY_SECRET_VALUE.search(text)):
         return text
+    text = _PRIVATE_KEY.sub(REDACTED, text)
     text = _BEARER.sub("Bearer " + REDACTED, text)
     text = _AUTHORIZATION.sub(lambda match: match.group(1) + REDACTED, text)
     text = _HEX_TOKEN.sub(lambda match: match.group(1) + REDACTED, text)
     text = _BASIC.sub(_basic_credential, text)
     for pattern in _SECRET_VALUES:
         text = pattern.sub(REDACTED, text)
-    return text
+    text = _URL_PASSWORD.sub(lambda match: match.group(1) + REDACTED + "@", text)
+    return _ASSIGNED.sub(_assigned_secret, text)
 
 
 def _text(value: str, *, cleared: bool) -> str:

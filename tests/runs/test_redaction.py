@@ -49,6 +49,18 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "'Authorization': 'Token 4f9c2a7e1b8d6c3a5e0f4f9c'",
         "Basic dXNlcjpzM2NyZXQ",
         "token: 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
+        # keys known by their prefixes: AWS, GitHub, Google
+        "use AKIAIOSFODNN7EXAMPLE",
+        "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+        "ghs_16C7e42F292c6912E7710c838347Ae178B4a",
+        "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
+        # a value given to a name that says it holds a secret, as config, JSON or a query
+        "password=hunter2secret",
+        "password: hunter2secret",
+        "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "api_key=9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+        '{"client_secret": "Zx9-Qw7-Er5-Ty3"}',
+        "https://api.example/v1?user=li&apiKey=Zx9Qw7Er5Ty3",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
@@ -72,10 +84,42 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "Authorization: ticket INC-20240511 approved",
         "prior authorization: PA-2024-0012 pending",
         "authorization = v1.2.3-rc1",
+        # a name that does not say secret, or a value that does not look like one
+        "password: see the vault",
+        "api_key: required",
+        "idempotency_key=send-2024-0012",
+        "public_key=ssh-ed25519",
+        "the key risks: 3 open",
+        "passport: X1234567",
+        "session_id=8f14e45f",
+        # a URL with a port or a user, and no password
+        "https://acme.example:8443/status?page=2",
+        "ssh://git@git.acme.example/platform.git",
     ],
 )
 def test_ordinary_words_after_a_scheme_name_are_kept(value):
     assert redact({"text": value}, cleared=True)["text"] == value
+
+
+def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
+    key = (
+        "-----BEGIN RSA PRIVATE KEY-----\n"
+        "MIIEowIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi+b7cH8W0Y0cXz\n"
+        "QZ1v+Yk3bM0c7XcdK9Ffq2x8P4Jw6Ls9Gm5Rt2Bn8Vy1Hk7Ud3W==\n"
+        "-----END RSA PRIVATE KEY-----"
+    )
+    unterminated = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
+
+    assert redact(f"the key:\n{key}\nthanks", cleared=True) == "the key:\n[redacted]\nthanks"
+    assert redact(f"pasted {unterminated}", cleared=True) == "pasted [redacted]"
+
+
+def test_the_password_of_a_url_is_removed_and_the_rest_kept():
+    text = "connect to postgres://app:s3cretpass@db.internal:5432/prod then"
+
+    assert redact(text, cleared=True) == (
+        "connect to postgres://app:[redacted]@db.internal:5432/prod then"
+    )
 
 
 def test_a_secret_or_an_email_used_as_a_key_is_redacted_like_a_value():
