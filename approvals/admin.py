@@ -1,26 +1,20 @@
 from django.contrib import admin
-from django.http import HttpRequest
 from simple_history.admin import SimpleHistoryAdmin
 
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
+from registry.admin.base import EvidenceAdmin
+from registry.choices import Action
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ApprovalsEvidenceAdmin(EvidenceAdmin):
     """Evidence: shown, never edited here (decisions go through the approval queue and the
-    human queue)."""
+    human queue), to platform admins and to the tenant's own administrators."""
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
-        return False
+    required_action = Action.TENANT_ADMIN
 
 
 @admin.register(BusinessAction)
-class BusinessActionAdmin(ReadOnlyAdmin, SimpleHistoryAdmin):
+class BusinessActionAdmin(ApprovalsEvidenceAdmin, SimpleHistoryAdmin):
     list_display = ["kind", "status", "tenant", "requester", "created_at", "expires_at"]
     list_filter = ["status", "kind", "tenant"]
     search_fields = ["idempotency_key", "payload_hash", "external_id", "run__id"]
@@ -28,14 +22,15 @@ class BusinessActionAdmin(ReadOnlyAdmin, SimpleHistoryAdmin):
 
 
 @admin.register(ApprovalDecision)
-class ApprovalDecisionAdmin(ReadOnlyAdmin):
+class ApprovalDecisionAdmin(ApprovalsEvidenceAdmin):
+    tenant_lookup = "action__tenant"
     list_display = ["action", "decision", "approver", "created_at"]
     list_filter = ["decision"]
     search_fields = ["action__id", "approver__username", "payload_hash"]
 
 
 @admin.register(Handoff)
-class HandoffAdmin(ReadOnlyAdmin, SimpleHistoryAdmin):
+class HandoffAdmin(ApprovalsEvidenceAdmin, SimpleHistoryAdmin):
     list_display = ["skill", "status", "tenant", "requester", "resolved_by", "created_at"]
     list_filter = ["status", "tenant"]
     search_fields = ["run__id", "requester__username", "request"]

@@ -1,0 +1,58 @@
+"""The approvals' evidence in the Django admin: read-only, and within the tenants where the
+staff user administers."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from approvals import services
+from approvals.choices import Decision
+from approvals.models import ApprovalDecision
+from registry.choices import Role
+from registry.models import Tenant
+from registry.services.tenancy import membership_add
+from tests.approvals.conftest import waiting_run
+
+pytestmark = pytest.mark.django_db
+
+PATHS = {
+    "action": "/admin/approvals/businessaction/",
+    "decision": "/admin/approvals/approvaldecision/",
+}
+
+
+def staff_admin_of(tenant: Tenant, username: str) -> Client:
+    """A staff user who administers `tenant`, holding Django's view permissions of the
+    approvals' models (which must not widen what the tenant scope allows)."""
+    user = get_user_model().objects.create_user(username=username, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="approvals"))
+    membership_add(actor=None, user=user, tenant=tenant, role=Role.ADMIN)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_a_tenant_administrator_sees_only_the_approvals_of_their_tenant(demo, bob):
+    # given an acme action, decided, and an administrator of acme and one of globex
+    _run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.REJECT,
+        payload_hash=action.payload_hash,
+    )
+    decision = ApprovalDecision.objects.get(action=action)
+    ours = staff_admin_of(demo.acme, "acme-admin")
+    theirs = staff_admin_of(Tenant.objects.get(slug="globex"), "globex-admin")
+
+    # then acme's administrator reads both, and may not change them
+    assert str(action.pk) in ours.get(PATHS["action"]).content.decode()
+    assert ours.get(f"{PATHS['action']}{action.pk}/change/").status_code == 200
+    assert ours.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 200
+    assert ours.post(f"{PATHS['action']}{action.pk}/delete/").status_code == 403
+    # and globex's finds neither
+    assert str(action.pk) not in theirs.get(PATHS["action"]).content.decode()
+    assert theirs.get(f"{PATHS['action']}{action.pk}/change/").status_code == 302
+    assert theirs.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 302
+    assert theirs.get(f"{PATHS['action']}{action.pk}/history/").status_code == 403
