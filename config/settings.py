@@ -240,6 +240,10 @@ REST_FRAMEWORK = {
         "ingress_tenant": env.str("INGRESS_TENANT_RATE", default="1200/min"),
     },
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    # The client a throttle counts is the peer's address, unless this many proxies of ours
+    # stand in front and append to X-Forwarded-For: a header the client sends itself would
+    # otherwise give it a new identity, and new tries, with each request.
+    "NUM_PROXIES": env.int("NUM_PROXIES", default=0),
 }
 
 SPECTACULAR_SETTINGS = {

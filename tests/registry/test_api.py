@@ -227,6 +227,25 @@ def test_token_endpoint_is_throttled_with_retry_after(api, member, monkeypatch):
     assert 1 <= int(third["Retry-After"]) <= 60
 
 
+def test_a_forwarded_for_header_of_the_client_s_own_does_not_reset_the_throttle(
+    api, member, monkeypatch
+):
+    # given a client that used up its two token requests of the minute
+    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"auth_token": "2/min"})
+    wrong = {"username": "alice", "password": "guess"}
+    for _ in range(2):
+        assert api.post(TOKEN_URL, wrong, format="json").status_code == 400
+
+    # when it claims to be someone else with each further guess
+    guesses = [
+        api.post(TOKEN_URL, wrong, format="json", HTTP_X_FORWARDED_FOR=f"10.0.0.{n}")
+        for n in range(3)
+    ]
+
+    # then every guess is throttled: the client is its peer address
+    assert [guess.status_code for guess in guesses] == [429] * 3
+
+
 def test_token_endpoint_default_rate_is_thirty_a_minute(api, db):
     # given the configured rate (AUTH_TOKEN_RATE, 30/min by default)
     assert settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]["auth_token"] == "30/min"
