@@ -150,19 +150,23 @@ def semver_errors(version: str) -> list[str]:
     return []
 
 
+def _limit_errors(limit: Any, schema: dict[str, Any]) -> list[str]:
+    """A retry policy, rate limit or circuit breaker: none (null or {}) or an object its
+    schema accepts; "" or [] is neither."""
+    if limit is None or limit == {}:
+        return []
+    return document_errors(limit, schema)
+
+
 def tool_version_errors(values: dict[str, Any]) -> Errors:
     """Field-by-field problems of a tool version's content, none if it may be published."""
     errors: Errors = {}
     checks = {
         "version": semver_errors(values.get("version", "")),
         "input_schema": input_schema_errors(values.get("input_schema")),
-        "retry_policy": document_errors(values.get("retry_policy") or {}, RETRY_POLICY_SCHEMA),
-        "rate_limit": document_errors(values["rate_limit"], RATE_LIMIT_SCHEMA)
-        if values.get("rate_limit")
-        else [],
-        "circuit_breaker": document_errors(values["circuit_breaker"], CIRCUIT_BREAKER_SCHEMA)
-        if values.get("circuit_breaker")
-        else [],
+        "retry_policy": _limit_errors(values.get("retry_policy"), RETRY_POLICY_SCHEMA),
+        "rate_limit": _limit_errors(values.get("rate_limit"), RATE_LIMIT_SCHEMA),
+        "circuit_breaker": _limit_errors(values.get("circuit_breaker"), CIRCUIT_BREAKER_SCHEMA),
     }
     adapter_schema = ADAPTER_CONFIG_SCHEMAS.get(values.get("adapter_kind", ""))
     if adapter_schema is None:
@@ -206,7 +210,12 @@ def skill_version_errors(values: dict[str, Any]) -> Errors:
         checks["workflow"] = [
             f"Unknown workflow '{workflow}'; defined: {', '.join(sorted(WORKFLOWS))}."
         ]
-    rule_ids = [rule.get("id") for rule in values.get("rules") or [] if isinstance(rule, dict)]
+    rules = values.get("rules")
+    rule_ids = [
+        rule.get("id")
+        for rule in (rules if isinstance(rules, list) else [])
+        if isinstance(rule, dict)
+    ]
     duplicates = sorted({rule_id for rule_id in rule_ids if rule_ids.count(rule_id) > 1})
     if duplicates:
         checks["rules"].append(f"Rule ids must be unique: {', '.join(map(str, duplicates))}.")

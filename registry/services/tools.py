@@ -89,7 +89,8 @@ def tool_version_validate(tool_version: ToolVersion) -> None:
     values = {field: getattr(tool_version, field) for field in TOOL_CONTENT_FIELDS}
     values["version"] = tool_version.version
     errors = tool_version_errors(values)
-    reference = (tool_version.adapter_config or {}).get("credential_ref")
+    config = tool_version.adapter_config
+    reference = config.get("credential_ref") if isinstance(config, dict) else None
     refusal = (
         isinstance(reference, str)
         and "adapter_config" not in errors

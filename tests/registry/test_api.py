@@ -812,6 +812,31 @@ def test_create_with_an_open_input_schema_is_refused(api, publisher):
     assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
 
 
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        ("tools", "adapter_config", "x"),
+        ("tools", "adapter_config", 1),
+        ("tools", "adapter_config", True),
+        ("tools", "adapter_config", ["handler"]),
+        ("tools", "retry_policy", ""),
+        ("tools", "rate_limit", []),
+        ("tools", "circuit_breaker", ""),
+        ("skills", "rules", 1),
+        ("skills", "rules", True),
+    ],
+)
+def test_create_with_a_field_of_the_wrong_type_is_refused(api, publisher, kind, field, value):
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}", _create_body(kind, **{field: value}), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == [field]
+    assert (ToolVersion.objects.count(), SkillVersion.objects.count()) == (0, 0)
+
+
 def test_create_with_an_unknown_field_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", colour="blue"), format="json"
