@@ -4,7 +4,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
-from django.db import models
+from django.db import IntegrityError, models, transaction
 
 from evaluations.gates import model_change_check
 from registry.errors import ValidationFailed
@@ -28,6 +28,24 @@ def audited_save(
     instance._history_user = actor
     instance._change_reason = reason
     instance.save(**kwargs)
+
+
+def audited_create(
+    instance: models.Model,
+    *,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    exclude: list[str] | None = None,
+) -> None:
+    """Save a new row that `full_clean_or_raise` found unique. A concurrent request may have
+    saved the same one since: the unique constraint refuses this one, and the check, run
+    again, says why, as it would have had this request come second."""
+    try:
+        with transaction.atomic():
+            audited_save(instance, actor=actor, reason=reason)
+    except IntegrityError:
+        full_clean_or_raise(instance, exclude=exclude)
+        raise
 
 
 def registry_object_save(

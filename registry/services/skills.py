@@ -12,18 +12,25 @@ from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.schemas import raise_if_errors, skill_version_errors
 from registry.selectors import tenant_has_grant
 from registry.services import lifecycle
-from registry.services.common import audited_save, full_clean_or_raise
+from registry.services.common import audited_create, audited_save, full_clean_or_raise
 
 
 def skill_get_or_create(
     *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
 ) -> Skill:
-    skill = Skill.objects.filter(tenant=tenant, namespace=namespace, name=name).first()
+    found = Skill.objects.filter(tenant=tenant, namespace=namespace, name=name)
+    skill = found.first()
     if skill is None:
         skill = Skill(tenant=tenant, namespace=namespace, name=name, created_by=actor)
         lifecycle.require_publisher(actor=actor, definition=skill)
         full_clean_or_raise(skill, exclude=["current_version"])
-        audited_save(skill, actor=actor, reason="created")
+        try:
+            audited_create(skill, actor=actor, reason="created", exclude=["current_version"])
+        except ValidationFailed:
+            # A concurrent request created it first: this one adds its version to it.
+            skill = found.first()
+            if skill is None:
+                raise
     return skill
 
 
@@ -62,7 +69,7 @@ def skill_version_create(
         skill_version = SkillVersion(skill=skill, version=version, created_by=actor, **content)
         full_clean_or_raise(skill_version)
         _validate_content(skill_version)
-        audited_save(skill_version, actor=actor, reason="draft created")
+        audited_create(skill_version, actor=actor, reason="draft created")
         _pin_tools(skill_version=skill_version, tool_versions=tool_versions, actor=actor)
     return skill_version
 

@@ -10,7 +10,7 @@ from registry.models import Tenant, Tool, ToolVersion
 from registry.schemas import raise_if_errors, tool_version_errors
 from registry.selectors import mcp_drift, mcp_server_of
 from registry.services import lifecycle
-from registry.services.common import audited_save, full_clean_or_raise
+from registry.services.common import audited_create, audited_save, full_clean_or_raise
 
 TOOL_CONTENT_FIELDS = (
     "description",
@@ -36,12 +36,19 @@ TOOL_CONTENT_FIELDS = (
 def tool_get_or_create(
     *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
 ) -> Tool:
-    tool = Tool.objects.filter(tenant=tenant, namespace=namespace, name=name).first()
+    found = Tool.objects.filter(tenant=tenant, namespace=namespace, name=name)
+    tool = found.first()
     if tool is None:
         tool = Tool(tenant=tenant, namespace=namespace, name=name, created_by=actor)
         lifecycle.require_publisher(actor=actor, definition=tool)
         full_clean_or_raise(tool, exclude=["current_version"])
-        audited_save(tool, actor=actor, reason="created")
+        try:
+            audited_create(tool, actor=actor, reason="created", exclude=["current_version"])
+        except ValidationFailed:
+            # A concurrent request created it first: this one adds its version to it.
+            tool = found.first()
+            if tool is None:
+                raise
     return tool
 
 
@@ -64,7 +71,7 @@ def tool_version_create(
         tool_version = ToolVersion(tool=tool, version=version, created_by=actor, **content)
         full_clean_or_raise(tool_version)
         tool_version_validate(tool_version)
-        audited_save(tool_version, actor=actor, reason="draft created")
+        audited_create(tool_version, actor=actor, reason="draft created")
     return tool_version
 
 

@@ -1,4 +1,8 @@
+import json
+import threading
+
 import pytest
+from django.db import connection
 
 from registry.choices import VersionStatus
 from registry.errors import (
@@ -329,3 +333,58 @@ def test_skill_publish_pins_survive_and_skill_becomes_current(
     skill_version.refresh_from_db()
     assert skill_version.skill.current_version_id == skill_version.pk
     assert [d.tool_version_id for d in skill_version.tool_dependencies.all()] == [pinned.pk]
+
+
+def _another_request_first(monkeypatch, model, create) -> None:
+    """Between this request's uniqueness check of a new `model` row and its insert, `create`
+    runs in another thread (another connection) and commits, as a concurrent request would."""
+    check = tools.full_clean_or_raise
+    raced = []
+
+    def check_then_race(instance, **kwargs):
+        check(instance, **kwargs)
+        if isinstance(instance, model) and not raced:
+            raced.append(True)
+            thread = threading.Thread(target=_in_own_connection, args=(create,))
+            thread.start()
+            thread.join()
+
+    monkeypatch.setattr(tools, "full_clean_or_raise", check_then_race)
+
+
+def _in_own_connection(create) -> None:
+    try:
+        create()
+    finally:
+        connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_version_a_concurrent_request_created_first_is_refused_as_a_duplicate(
+    make_tool_version, monkeypatch
+):
+    # given a tool, and another request creating its 2.0.0 while this one does
+    make_tool_version(version="1.0.0")
+    _another_request_first(monkeypatch, ToolVersion, lambda: make_tool_version(version="2.0.0"))
+
+    # when this request creates 2.0.0 too, then it is told the version exists
+    with pytest.raises(ValidationFailed) as refused:
+        make_tool_version(version="2.0.0")
+    assert "version" in json.dumps(refused.value.details).lower()
+    assert sorted(ToolVersion.objects.values_list("version", flat=True)) == ["1.0.0", "2.0.0"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_a_concurrent_request_created_first_gets_this_request_s_version(
+    make_tool_version, monkeypatch
+):
+    # given another request creating the tool (with 1.0.0) while this one does (with 2.0.0)
+    _another_request_first(monkeypatch, Tool, lambda: make_tool_version(version="1.0.0"))
+
+    # when
+    created = make_tool_version(version="2.0.0")
+
+    # then there is one tool, with both versions
+    assert Tool.objects.count() == 1
+    assert created.tool_id == Tool.objects.get().pk
+    assert sorted(ToolVersion.objects.values_list("version", flat=True)) == ["1.0.0", "2.0.0"]
