@@ -52,6 +52,12 @@ class TokenView(APIView):
         return Response(TokenSerializer(output).data)
 
 
+@extend_schema_view(post=extend_schema(exclude=True))
+class TokenWithoutSlashView(TokenView):
+    """The same exchange at `auth/token`, the spelling of every other API path: a POST there
+    would otherwise be redirected (a client following it sends a GET) or, with DEBUG, fail."""
+
+
 class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Versions of one kind of definition, scoped to the token's tenant; commands are POSTs
     that call one lifecycle service each."""

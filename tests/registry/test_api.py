@@ -122,6 +122,18 @@ def test_token_is_issued_for_the_only_tenant_of_a_user(api, member):
     assert api.get(TOOLS).status_code == 200
 
 
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_token_is_issued_at_the_path_without_its_slash_too(api, member, settings, debug):
+    settings.DEBUG = debug
+
+    response = api.post(
+        TOKEN_URL.rstrip("/"), {"username": "alice", "password": PASSWORD}, format="json"
+    )
+
+    assert response.status_code == 200, response.content
+    assert response.json()["tenant"] == "acme"
+
+
 def test_token_with_a_wrong_password_is_refused(api, member):
     response = api.post(TOKEN_URL, {"username": "alice", "password": "wrong"}, format="json")
 
