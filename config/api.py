@@ -155,6 +155,15 @@ class StrictCharField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON true or false only: DRF's BooleanField also takes 1, "yes" or "on"."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class StrictUUIDField(serializers.UUIDField):
     """A UUID written as a JSON string only: DRF's UUIDField also reads an integer as one."""
 

@@ -4,6 +4,7 @@ from rest_framework import serializers
 from approvals import services
 from approvals.choices import Decision, HandoffStatus
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
+from config.api import StrictCharField, StrictSerializer
 
 
 class DecisionSerializer(serializers.ModelSerializer):
@@ -70,10 +71,10 @@ class ApprovalSerializer(serializers.ModelSerializer):
         return DecisionSerializer(decision).data if decision else None
 
 
-class DecisionRequestSerializer(serializers.Serializer):
+class DecisionRequestSerializer(StrictSerializer):
     decision = serializers.ChoiceField(choices=Decision.choices)
     payload_hash = serializers.RegexField(r"^[0-9a-f]{64}$")
-    comment = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    comment = StrictCharField(required=False, allow_blank=True, max_length=2000, default="")
 
 
 class HandoffSerializer(serializers.ModelSerializer):
@@ -107,6 +108,6 @@ class HandoffSerializer(serializers.ModelSerializer):
         return handoff.resolved_by.get_username() if handoff.resolved_by else None
 
 
-class HandoffResolveSerializer(serializers.Serializer):
+class HandoffResolveSerializer(StrictSerializer):
     outcome = serializers.ChoiceField(choices=[HandoffStatus.HANDLED, HandoffStatus.DECLINED])
-    note = serializers.CharField(max_length=4000)
+    note = StrictCharField(max_length=4000)

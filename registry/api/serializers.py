@@ -3,7 +3,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import DocumentField, StrictSerializer
+from config.api import DocumentField, StrictBooleanField, StrictCharField, StrictSerializer
 from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
 from registry.models import SkillVersion, ToolVersion
 from registry.models.definitions import NAMESPACE_VALIDATOR
@@ -28,8 +28,8 @@ from registry.services.tools import TOOL_CONTENT_FIELDS
 
 
 class TokenRequestSerializer(StrictSerializer):
-    username = serializers.CharField(max_length=150)
-    password = serializers.CharField(max_length=256, trim_whitespace=False)
+    username = StrictCharField(max_length=150)
+    password = StrictCharField(max_length=256, trim_whitespace=False)
     tenant = serializers.SlugField(required=False, help_text="Needed if you are in several.")
 
 
@@ -108,22 +108,22 @@ class ToolVersionSerializer(VersionFieldsSerializer):
 
 
 @extend_schema_field({"type": "string", "pattern": SEMVER_PATTERN, "maxLength": 64})
-class SemverField(serializers.CharField):
+class SemverField(StrictCharField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_length=64, validators=[validate_semver], **kwargs)
 
 
-def namespace_field() -> serializers.CharField:
-    return serializers.CharField(max_length=63, default="core", validators=[NAMESPACE_VALIDATOR])
+def namespace_field() -> StrictCharField:
+    return StrictCharField(max_length=63, default="core", validators=[NAMESPACE_VALIDATOR])
 
 
 class ToolVersionCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=64, validators=[TOOL_NAME_VALIDATOR])
+    name = StrictCharField(max_length=64, validators=[TOOL_NAME_VALIDATOR])
     namespace = namespace_field()
     version = SemverField()
-    description = serializers.CharField()
-    when_not_to_use = serializers.CharField(required=False, allow_blank=True)
-    returns = serializers.CharField(required=False, allow_blank=True)
+    description = StrictCharField()
+    when_not_to_use = StrictCharField(required=False, allow_blank=True)
+    returns = StrictCharField(required=False, allow_blank=True)
     input_schema = DocumentField(
         document_schema={
             "type": "object",
@@ -144,8 +144,8 @@ class ToolVersionCreateSerializer(StrictSerializer):
     rate_limit = DocumentField(document_schema=RATE_LIMIT_SCHEMA, required=False)
     concurrency_cap = serializers.IntegerField(required=False, min_value=1, max_value=256)
     circuit_breaker = DocumentField(document_schema=CIRCUIT_BREAKER_SCHEMA, required=False)
-    is_idempotent = serializers.BooleanField(required=False)
-    supports_dry_run = serializers.BooleanField(required=False)
+    is_idempotent = StrictBooleanField(required=False)
+    supports_dry_run = StrictBooleanField(required=False)
     approval_rule = serializers.ChoiceField(choices=ApprovalRule.choices, required=False)
     data_classification = serializers.ChoiceField(
         choices=DataClassification.choices, required=False
@@ -181,15 +181,15 @@ class SkillVersionSerializer(VersionFieldsSerializer):
 
 
 class SkillVersionCreateSerializer(StrictSerializer):
-    name = serializers.CharField(max_length=64, validators=[SKILL_NAME_VALIDATOR])
+    name = StrictCharField(max_length=64, validators=[SKILL_NAME_VALIDATOR])
     namespace = namespace_field()
     version = SemverField()
-    description = serializers.CharField()
-    instructions = serializers.CharField(required=False, allow_blank=True)
+    description = StrictCharField()
+    instructions = StrictCharField(required=False, allow_blank=True)
     triggers = DocumentField(document_schema=TRIGGERS_SCHEMA)
     required_inputs = DocumentField(document_schema=REQUIRED_INPUTS_SCHEMA, required=False)
     tool_dependencies = serializers.ListField(
-        child=serializers.CharField(max_length=140),
+        child=StrictCharField(max_length=140),
         required=False,
         help_text='Pinned tools as "name@version", e.g. "project_search@2".',
     )
@@ -200,11 +200,15 @@ class SkillVersionCreateSerializer(StrictSerializer):
 
 
 class LifecycleSerializer(StrictSerializer):
-    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000)
+    reason = StrictCharField(required=False, allow_blank=True, max_length=2000)
+
+
+class CommandSerializer(StrictSerializer):
+    """The body of a command that takes no fields: empty, or {}."""
 
 
 class SkillPublishSerializer(StrictSerializer):
-    override_reason = serializers.CharField(
+    override_reason = StrictCharField(
         required=False,
         allow_blank=True,
         max_length=2000,

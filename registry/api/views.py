@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
+    CommandSerializer,
     LifecycleSerializer,
     SkillPublishSerializer,
     SkillVersionCreateSerializer,
@@ -114,12 +115,9 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @action(detail=True, methods=["post"])
     def publish(self, request: Request, pk: str) -> Response:
-        extra = {}
-        if self.publish_serializer is not None:
-            data = self.publish_serializer(data=request.data)
-            data.is_valid(raise_exception=True)
-            extra = dict(data.validated_data)
-        return self._command(type(self).publish_service, **extra)
+        data = (self.publish_serializer or CommandSerializer)(data=request.data)
+        data.is_valid(raise_exception=True)
+        return self._command(type(self).publish_service, **data.validated_data)
 
     @action(detail=True, methods=["post"])
     def deprecate(self, request: Request, pk: str) -> Response:
@@ -132,6 +130,7 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str) -> Response:
         """Make this (earlier, published) version current again."""
+        CommandSerializer(data=request.data).is_valid(raise_exception=True)
         return self._command(type(self).rollback_service)
 
 
@@ -150,9 +149,7 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
             summary=summary,
             request=LifecycleSerializer
             if name in {"deprecate", "revoke"}
-            else viewset.publish_serializer
-            if name == "publish"
-            else None,
+            else (viewset.publish_serializer if name == "publish" else None) or CommandSerializer,
             responses={200: output},
         )
         for name, summary in commands.items()

@@ -6,7 +6,7 @@ from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import StrictCharField, StrictSerializer, StrictUUIDField
+from config.api import StrictBooleanField, StrictCharField, StrictSerializer, StrictUUIDField
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
@@ -258,4 +258,4 @@ class MemoryCreateSerializer(StrictSerializer):
     sensitivity = serializers.ChoiceField(
         choices=DataClassification.choices, default=DataClassification.INTERNAL
     )
-    consent = serializers.BooleanField(default=False)
+    consent = StrictBooleanField(default=False)

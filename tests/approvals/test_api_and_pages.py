@@ -73,6 +73,8 @@ def test_approving_through_the_api_binds_the_hash_and_the_approver(demo, bob):
         ({"payload_hash": "0" * 64}, 409, "PAYLOAD_HASH_MISMATCH"),
         ({"payload_hash": "not-a-hash"}, 400, "VALIDATION_ERROR"),
         ({"decision": "maybe"}, 400, "VALIDATION_ERROR"),
+        ({"comment": 1}, 400, "VALIDATION_ERROR"),
+        ({"coment": "a typo"}, 400, "VALIDATION_ERROR"),
     ],
 )
 def test_a_bad_decision_is_refused_with_its_code_and_nothing_recorded(

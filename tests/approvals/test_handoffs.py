@@ -115,6 +115,23 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
 
 
+@pytest.mark.parametrize(
+    ("body", "field"), [({"note": 1}, "note"), ({"note": "Done.", "notes": "Done."}, "notes")]
+)
+def test_a_resolution_with_a_note_that_is_no_text_or_an_unknown_field_is_refused(
+    demo, bob, handed_off, body, field
+):
+    handoff = Handoff.objects.get(run=handed_off)
+
+    refused = api(bob, demo.acme).post(
+        f"/api/v1/handoffs/{handoff.pk}/resolve", {"outcome": "handled", **body}, format="json"
+    )
+
+    assert refused.status_code == 400
+    assert list(refused.json()["error"]["details"]) == [field]
+    assert Handoff.objects.get(pk=handoff.pk).status == "open"
+
+
 def test_a_credential_pasted_into_the_note_is_not_kept(demo, bob, handed_off):
     handoff = Handoff.objects.get(run=handed_off)
     key = "sk-live-4f9c2a7e1b3d5f6a8c9e"

@@ -1031,6 +1031,51 @@ def test_lifecycle_command_with_an_unknown_field_is_refused(api, catalog, publis
     assert _registry_state() == before
 
 
+@pytest.mark.parametrize(
+    ("kind", "command", "version", "body", "field"),
+    [
+        ("tools", "publish", "draft", {"reason": "ready"}, "reason"),
+        ("skills", "publish", "draft", {"override_reason": 1}, "override_reason"),
+        ("tools", "rollback", "published", {"to": "1.0.0"}, "to"),
+        ("tools", "deprecate", "published", {"reason": 1}, "reason"),
+    ],
+)
+def test_a_command_body_with_a_field_it_does_not_take_or_of_the_wrong_type_is_refused(
+    api, catalog, publisher, kind, command, version, body, field
+):
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}/{catalog[kind][version].pk}/{command}", body, format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert list(_error(response)["details"]) == [field]
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        ("tools", "description", 1),
+        ("tools", "is_idempotent", 1),
+        ("tools", "namespace", 7),
+        ("skills", "instructions", 1),
+        ("skills", "tool_dependencies", [2]),
+    ],
+)
+def test_a_create_with_a_number_where_a_string_or_boolean_belongs_is_refused(
+    api, publisher, kind, field, value
+):
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}", _create_body(kind, **{field: value}), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert list(_error(response)["details"]) == [field]
+    assert (ToolVersion.objects.count(), SkillVersion.objects.count()) == (0, 0)
+
+
 # --- filters and pagination ----------------------------------------------------------------
 
 

@@ -142,10 +142,12 @@ def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, cl
     assert not MemoryItem.objects.exists()
 
 
-@pytest.mark.parametrize("field", ["value", "purpose"])
-def test_the_api_takes_a_memorys_text_only_as_a_json_string(acme, member, client_for, field):
+@pytest.mark.parametrize(("field", "value"), [("value", 42), ("purpose", 42), ("consent", 1)])
+def test_the_api_takes_a_memorys_text_only_as_a_json_string_and_consent_as_a_boolean(
+    acme, member, client_for, field, value
+):
     alice = client_for(member, acme)
-    body = {"kind": "preference", "key": "summary_language", "value": "Chinese", field: 42}
+    body = {"kind": "preference", "key": "summary_language", "value": "Chinese", field: value}
 
     refused = alice.post(MEMORIES, body, format="json")
 
