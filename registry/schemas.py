@@ -28,6 +28,15 @@ RETRY_POLICY_SCHEMA = {
     },
     "additionalProperties": False,
 }
+# What a tool's result holds: the fields no viewer without clearance sees, and, for an MCP
+# tool, the output schema its server declared.
+RESULT_CONTRACT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "sensitive_fields": {"type": "array", "items": {"type": "string"}},
+        "output_schema": {"type": "object"},
+    },
+}
 RATE_LIMIT_SCHEMA = {
     "type": "object",
     "properties": {"requests": _POSITIVE_INT, "per_seconds": _POSITIVE_INT},
@@ -151,8 +160,8 @@ def semver_errors(version: str) -> list[str]:
 
 
 def _limit_errors(limit: Any, schema: dict[str, Any]) -> list[str]:
-    """A retry policy, rate limit or circuit breaker: none (null or {}) or an object its
-    schema accepts; "" or [] is neither."""
+    """A result contract, retry policy, rate limit or circuit breaker: none (null or {}) or an
+    object its schema accepts; "" or [] is neither."""
     if limit is None or limit == {}:
         return []
     return document_errors(limit, schema)
@@ -164,6 +173,7 @@ def tool_version_errors(values: dict[str, Any]) -> Errors:
     checks = {
         "version": semver_errors(values.get("version", "")),
         "input_schema": input_schema_errors(values.get("input_schema")),
+        "result_contract": _limit_errors(values.get("result_contract"), RESULT_CONTRACT_SCHEMA),
         "retry_policy": _limit_errors(values.get("retry_policy"), RETRY_POLICY_SCHEMA),
         "rate_limit": _limit_errors(values.get("rate_limit"), RATE_LIMIT_SCHEMA),
         "circuit_breaker": _limit_errors(values.get("circuit_breaker"), CIRCUIT_BREAKER_SCHEMA),

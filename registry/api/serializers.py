@@ -18,6 +18,7 @@ from registry.schemas import (
     OUTPUT_CONTRACT_SCHEMA,
     RATE_LIMIT_SCHEMA,
     REQUIRED_INPUTS_SCHEMA,
+    RESULT_CONTRACT_SCHEMA,
     RETRY_POLICY_SCHEMA,
     SKILL_RULES_SCHEMA,
     TRIGGERS_SCHEMA,
@@ -137,7 +138,7 @@ class ToolVersionCreateSerializer(StrictSerializer):
         help_text='A JSON Schema (Draft 2020-12) with "type": "object" and '
         '"additionalProperties": false.',
     )
-    result_contract = serializers.JSONField(required=False)
+    result_contract = DocumentField(document_schema=RESULT_CONTRACT_SCHEMA, required=False)
     risk = serializers.ChoiceField(choices=Risk.choices)
     timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=600)
     retry_policy = DocumentField(document_schema=RETRY_POLICY_SCHEMA, required=False)

@@ -834,6 +834,8 @@ def test_create_with_an_open_input_schema_is_refused(api, publisher):
         ("tools", "retry_policy", ""),
         ("tools", "rate_limit", []),
         ("tools", "circuit_breaker", ""),
+        ("tools", "result_contract", ["display_name"]),
+        ("tools", "result_contract", {"sensitive_fields": "display_name"}),
         ("skills", "rules", 1),
         ("skills", "rules", True),
     ],
