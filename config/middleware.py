@@ -3,6 +3,7 @@ from collections.abc import Callable
 from typing import IO
 
 from django.conf import settings
+from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 
@@ -46,6 +47,14 @@ def _read_at_most(source: IO[bytes], limit: int) -> tuple[IO[bytes], int] | None
         return None
     body.seek(0)
     return body, size
+
+
+def _unreadable_undeclared_body(request: HttpRequest) -> bool:
+    """Whether the server cut the input at the absent Content-Length without decoding the
+    chunked body: Django's development server (`runserver`, which `make run` serves with) hands
+    over a stream limited to 0 bytes, so the body it was sent cannot be read at all."""
+    source = request.META.get("wsgi.input")
+    return isinstance(source, LimitedStream) and source.limit == 0
 
 
 def _bound_undeclared_body(request: HttpRequest, limit: int) -> bool:
@@ -95,8 +104,15 @@ class ApiBodySizeLimitMiddleware:
                 )
             if declared_bytes > limit:
                 return _too_large(limit, declared_bytes=declared_bytes)
-        elif "HTTP_TRANSFER_ENCODING" in request.META and not _bound_undeclared_body(
-            request, limit
-        ):
-            return _too_large(limit)
+        elif "HTTP_TRANSFER_ENCODING" in request.META:
+            if _unreadable_undeclared_body(request):
+                return JsonResponse(
+                    error_body(
+                        "LENGTH_REQUIRED",
+                        "This server cannot read a body without Content-Length; send one.",
+                    ),
+                    status=411,
+                )
+            if not _bound_undeclared_body(request, limit):
+                return _too_large(limit)
         return self.get_response(request)

@@ -1,4 +1,6 @@
+import http.client
 import json
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -115,3 +117,24 @@ def test_pages_keep_html_errors(client, db):
 
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
+
+
+def test_a_chunked_body_the_development_server_cannot_read_is_411(live_server):
+    # given Django's own server (what `make run` serves with), which does not decode chunks
+    address = urlsplit(live_server.url)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
+
+    # when a client sends a message without Content-Length
+    connection.request(
+        "POST",
+        "/api/v1/messages",
+        body=iter([b'{"channel": "api", ', b'"parts": [{"type": "text", "text": "hi"}]}']),
+        headers={"Content-Type": "application/json", "Idempotency-Key": "chunked-1"},
+        encode_chunked=True,
+    )
+    response = connection.getresponse()
+
+    # then it is told to send one, rather than that its fields are missing
+    assert response.status == 411
+    assert json.loads(response.read())["error"]["code"] == "LENGTH_REQUIRED"
+    connection.close()
