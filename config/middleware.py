@@ -4,7 +4,7 @@ from typing import IO
 
 from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.urls import reverse
 
 from config.api import error_body
@@ -115,4 +115,23 @@ class ApiBodySizeLimitMiddleware:
                 )
             if not _bound_undeclared_body(request, limit):
                 return _too_large(limit)
+        return self.get_response(request)
+
+
+class NulQueryRefusalMiddleware:
+    """Refuse a page whose query string carries a NUL character with 400: PostgreSQL text
+    cannot hold one, and a filter passed on to the database (the admin's list filters) would
+    fail with a 500. The API refuses one itself, naming the parameter."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not request.path.startswith("/api/") and any(
+            "\x00" in name or any("\x00" in value for value in values)
+            for name, values in request.GET.lists()
+        ):
+            return HttpResponseBadRequest(
+                "A NUL character is not allowed in the address.", content_type="text/plain"
+            )
         return self.get_response(request)

@@ -138,3 +138,15 @@ def test_a_chunked_body_the_development_server_cannot_read_is_411(live_server):
     assert response.status == 411
     assert json.loads(response.read())["error"]["code"] == "LENGTH_REQUIRED"
     connection.close()
+
+
+@pytest.mark.parametrize(
+    "path", ["/admin/registry/toolversion/?status__exact=%00", "/runs/?status=%00", "/?a%00=1"]
+)
+def test_a_page_address_with_a_nul_character_is_400(client, platform_admin, path):
+    client.force_login(platform_admin)
+
+    response = client.get(path)
+
+    assert response.status_code == 400
+    assert b"Traceback" not in response.content
