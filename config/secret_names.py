@@ -51,12 +51,17 @@ _RUN_TOGETHER = frozenset(
 )
 
 
+def name_words(name: str) -> list[str]:
+    """The words of a name, lower-cased: apiKey, API_KEY and x-api-key give api, key."""
+    return [word.lower() for word in _WORDS.findall(name)]
+
+
 @functools.lru_cache(maxsize=4096)
 def secret_key(name: str) -> bool:
     """Whether a field of this name holds a secret: access_token, apiKey, client_secret,
     AWS_SECRET_ACCESS_KEY, password (not input_tokens, token_count, nextPageToken,
     idempotency_key, public_key or keywords)."""
-    words = [word.lower() for word in _WORDS.findall(name)]
+    words = name_words(name)
     for index, word in enumerate(words):
         before = words[index - 1] if index else ""
         after = words[index + 1] if index + 1 < len(words) else ""

@@ -11,7 +11,7 @@ import functools
 import re
 from typing import Any
 
-from config.secret_names import secret_key
+from config.secret_names import name_words, secret_key
 
 REDACTED = "[redacted]"
 # An email address: the local part is taken whole, from where its run of characters starts
@@ -45,27 +45,41 @@ _SECRET_VALUES = (
         r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"
     ),
 )
-# A PEM private key, from its BEGIN line to its END line, or to where its base64 stops when
-# the END line was not pasted.
-_PRIVATE_KEY_BODY = r"[A-Za-z0-9+/=\s\\:,.-]"
+# A PEM (or PGP) private key: its BEGIN line, the headers of an encrypted key, its base64
+# lines and its END line; without an END line, the base64 lines only (never the text after).
+# Lines are separated by whitespace or, in JSON text, by "\n".
+_LINE = r"(?:\s|\\[nr])+"
 _PRIVATE_KEY = re.compile(
-    rf"-----BEGIN [A-Z0-9 ]{{0,40}}PRIVATE KEY-----{_PRIVATE_KEY_BODY}*?"
-    rf"(?:-----END [A-Z0-9 ]{{0,40}}PRIVATE KEY-----|(?!{_PRIVATE_KEY_BODY}))"
+    rf"-----BEGIN [A-Z0-9 ]{{0,40}}PRIVATE KEY(?: BLOCK)?-----"
+    rf"(?:{_LINE}[A-Za-z-]{{1,40}}: [^\n\\]{{0,200}})*"
+    rf"(?:{_LINE}[A-Za-z0-9+/=]{{16,}})*"
+    rf"(?:(?:{_LINE}[A-Za-z0-9+/=]{{1,15}})?{_LINE}"
+    rf"-----END [A-Z0-9 ]{{0,40}}PRIVATE KEY(?: BLOCK)?-----)?"
 )
 # The password of a URL: postgres://app:s3cret@db.internal/prod. The scheme is read from
 # where its run of characters starts.
 _URL_PASSWORD = re.compile(
     r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@\[\]]*:)([^\s/?#@]+)@"
 )
-# A value given to a name that says it holds a secret (`config.secret_names`): password=…,
-# "api_key": "…", AWS_SECRET_ACCESS_KEY=…, as in a config file, JSON or a query string. The
-# value must look like one: six characters or more, with a digit or a sign ("password: see
-# the vault" is kept). An Authorization header has its own rule above.
+# A value given to a name that ends in a word naming a secret, and that `config.secret_names`
+# reads as one: password=…, "api_key": "…", AWS_SECRET_ACCESS_KEY=…, ?token=…, as in a config
+# file, JSON or a query string. A quoted value of six characters or more is taken whole; an
+# unquoted one must look like a credential: eight characters or more, letters and digits,
+# none of the brackets code and JSON close with (`password = request.POST["password"]`,
+# "has_secret": false, token_expiry=2024-05-11 are kept). A password of letters only, or one
+# on the next line (YAML), is not found. An Authorization header has its own rule above.
 _ASSIGNED = re.compile(
-    r"(?<![A-Za-z0-9_.-])([A-Za-z][A-Za-z0-9_.-]{0,63}[\"']?[ \t]{0,4}[:=][ \t]{0,4}[\"']?)"
-    r"([^\s\"',;&<>]{6,})"
+    r"(?<![A-Za-z0-9_.-])(?P<name>(?:[A-Za-z][A-Za-z0-9_.-]{0,63}?)?"
+    r"(?i:password|passwd|passphrase|secret|key|token|credentials?))"
+    r"(?P<separator>[\"']?[ \t]{0,16}[:=](?!//)[ \t]{0,16})"
+    r"(?:(?P<quote>[\"'])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n]){6,256})(?P=quote)"
+    r"|(?P<bare>[^\s\"',;&<>(){}\[\]]{8,}))"
 )
-_NOT_A_LETTER = re.compile(r"[^A-Za-z]")
+_LETTER = re.compile(r"[A-Za-z]")
+_DIGIT = re.compile(r"[0-9]")
+_SECRET_LAST_WORDS = frozenset(
+    {"credential", "credentials", "key", "passphrase", "passwd", "password", "secret", "token"}
+)
 # Any of the above: most text has none, and one search finds that out.
 _ANY_SECRET_VALUE = re.compile(
     "|".join(
@@ -139,10 +153,18 @@ def _basic_credential(match: re.Match) -> str:
 
 
 def _assigned_secret(match: re.Match) -> str:
-    assignment, value = match.groups()
-    name = assignment.rstrip("\"' \t:=")
-    if secret_key(name) and "authorization" not in name.lower() and _NOT_A_LETTER.search(value):
-        return assignment + REDACTED
+    name, quoted, bare = match.group("name", "quoted", "bare")
+    words = name_words(name)
+    if (
+        words
+        and words[-1] in _SECRET_LAST_WORDS
+        and secret_key(name)
+        and (quoted is not None or (_LETTER.search(bare) and _DIGIT.search(bare)))
+    ):
+        if quoted is None:
+            return name + match.group("separator") + REDACTED
+        quote = match.group("quote")
+        return name + match.group("separator") + quote + REDACTED + quote
     return match.group(0)
 
 

@@ -54,13 +54,6 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
         "ghs_16C7e42F292c6912E7710c838347Ae178B4a",
         "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
-        # a value given to a name that says it holds a secret, as config, JSON or a query
-        "password=hunter2secret",
-        "password: hunter2secret",
-        "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
-        "api_key=9f8e7d6c5b4a39281706f5e4d3c2b1a0",
-        '{"client_secret": "Zx9-Qw7-Er5-Ty3"}',
-        "https://api.example/v1?user=li&apiKey=Zx9Qw7Er5Ty3",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
@@ -84,7 +77,8 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "Authorization: ticket INC-20240511 approved",
         "prior authorization: PA-2024-0012 pending",
         "authorization = v1.2.3-rc1",
-        # a name that does not say secret, or a value that does not look like one
+        # a name that does not end in a secret, or a value that does not look like one: prose,
+        # JSON, code, dates, ids, paths
         "password: see the vault",
         "api_key: required",
         "idempotency_key=send-2024-0012",
@@ -92,6 +86,20 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "the key risks: 3 open",
         "passport: X1234567",
         "session_id=8f14e45f",
+        '{"has_secret": false}',
+        '{"id": 7, "password_set": false}',
+        '{"items": [{"token_expires": 1715420000}]}',
+        'password = request.POST["password"]',
+        "api_key = settings.OPENAI_API_KEY",
+        "def check(password=None, token=DEFAULT_TOKEN):",
+        "token_expiry=2024-05-11T10:00:00Z",
+        '{"password_changed_at": "2024-05-11"}',
+        "SESSION_COOKIE_AGE=1209600",
+        "eos_token_id: 128001",
+        "Token: ERC-20",
+        "private_key_file=/etc/ssl/private/server.key",
+        "secret_name=prod/db-password",
+        "upstream token-service:8080/v1/issue",
         # a URL with a port or a user, and no password
         "https://acme.example:8443/status?page=2",
         "ssh://git@git.acme.example/platform.git",
@@ -99,6 +107,44 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
 )
 def test_ordinary_words_after_a_scheme_name_are_kept(value):
     assert redact({"text": value}, cleared=True)["text"] == value
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("password=hunter2secret", "password=[redacted]"),
+        ("password:      hunter2secret", "password:      [redacted]"),
+        ("DB_PASSWORD=Xy7!pq2Lm next", "DB_PASSWORD=[redacted] next"),
+        (
+            "aws_secret_access_key=wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+            "aws_secret_access_key=[redacted]",
+        ),
+        ("api_key=9f8e7d6c5b4a39281706f5e4d3c2b1a0", "api_key=[redacted]"),
+        # a quoted value is taken whole, escapes and all, and the JSON stays JSON
+        ('{"client_secret": "Zx9-Qw7-Er5-Ty3"}', '{"client_secret": "[redacted]"}'),
+        ('{"password": "correct horse battery"}', '{"password": "[redacted]"}'),
+        ('{"password": "abcdef\\"gh1", "user": "li"}', '{"password": "[redacted]", "user": "li"}'),
+        # in a query string, first or later, behind a scheme or not
+        (
+            "https://api.example/v1?api_key=Zx9Qw7Er5Ty3&x=1",
+            "https://api.example/v1?api_key=[redacted]&x=1",
+        ),
+        (
+            "url: https://api.example/v1?user=li&apiKey=Zx9Qw7Er5Ty3",
+            "url: https://api.example/v1?user=li&apiKey=[redacted]",
+        ),
+        (
+            "redirect=https://acme.example/login?password=hunter2x",
+            "redirect=https://acme.example/login?password=[redacted]",
+        ),
+        (
+            "see [docs](https://x.example/?access_token=abc123def456)",
+            "see [docs](https://x.example/?access_token=[redacted])",
+        ),
+    ],
+)
+def test_a_value_given_to_a_name_ending_in_a_secret_is_removed_and_the_rest_kept(text, kept):
+    assert redact(text, cleared=True) == kept
 
 
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
@@ -110,8 +156,24 @@ def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     )
     unterminated = "-----BEGIN PRIVATE KEY-----\nMIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
 
+    encrypted = (
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n"
+        "DEK-Info: AES-128-CBC,3F17F5316E2BAC89\n\nMIIEowIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi\n"
+        "-----END RSA PRIVATE KEY-----"
+    )
+    in_json = (
+        '{"key": "-----BEGIN PRIVATE KEY-----\\nMIIEvQIBADANBgkqhkiG9w0B\\n'
+        '-----END PRIVATE KEY-----"}'
+    )
+
     assert redact(f"the key:\n{key}\nthanks", cleared=True) == "the key:\n[redacted]\nthanks"
     assert redact(f"pasted {unterminated}", cleared=True) == "pasted [redacted]"
+    assert redact(f"{encrypted}\nafter", cleared=True) == "[redacted]\nafter"
+    assert redact(in_json, cleared=True) == '{"key": "[redacted]"}'
+    # a header named in prose takes nothing after it
+    assert redact("Never paste -----BEGIN PRIVATE KEY----- into chat. Thanks", cleared=True) == (
+        "Never paste [redacted] into chat. Thanks"
+    )
 
 
 def test_the_password_of_a_url_is_removed_and_the_rest_kept():
