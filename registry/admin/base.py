@@ -1,8 +1,10 @@
 """What every registry admin shares: history, object permissions, tenant scope by role."""
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import get_fields_from_path
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -61,6 +63,19 @@ class TenantScopedAdmin(admin.ModelAdmin):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)
+
+    def get_list_filter(self, request: HttpRequest) -> Sequence[Any]:
+        """For staff within a scope, a filter by a related object (the tenant, a suite) offers
+        only the objects of the rows they may see, never every tenant's."""
+        filters = super().get_list_filter(request)
+        if request.user.is_superuser:
+            return filters
+        return [
+            (entry, admin.RelatedOnlyFieldListFilter)
+            if isinstance(entry, str) and get_fields_from_path(self.model, entry)[-1].is_relation
+            else entry
+            for entry in filters
+        ]
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return self._allowed(request, obj)

@@ -51,8 +51,10 @@ def test_a_tenant_administrator_sees_only_the_approvals_of_their_tenant(demo, bo
     assert ours.get(f"{PATHS['action']}{action.pk}/change/").status_code == 200
     assert ours.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 200
     assert ours.post(f"{PATHS['action']}{action.pk}/delete/").status_code == 403
-    # and globex's finds neither
-    assert str(action.pk) not in theirs.get(PATHS["action"]).content.decode()
+    # and globex's finds neither, nor acme among the tenants to filter by
+    listed = theirs.get(PATHS["action"]).content.decode()
+    assert str(action.pk) not in listed
+    assert f"tenant__id__exact={demo.acme.pk}" not in listed
     assert theirs.get(f"{PATHS['action']}{action.pk}/change/").status_code == 302
     assert theirs.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 302
     assert theirs.get(f"{PATHS['action']}{action.pk}/history/").status_code == 403
