@@ -114,10 +114,16 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
 
 
 def _sensitive_fields(tool_versions: dict[Any, ToolVersion]) -> dict[Any, frozenset[str]]:
-    return {
-        pk: frozenset(version.result_contract.get("sensitive_fields", []))
-        for pk, version in tool_versions.items()
-    }
+    """The fields each version's result contract marks sensitive. A contract stored before
+    contracts were checked may be no object, or name them otherwise: it marks none."""
+    sensitive = {}
+    for pk, version in tool_versions.items():
+        contract = version.result_contract
+        names = contract.get("sensitive_fields") if isinstance(contract, dict) else None
+        sensitive[pk] = frozenset(
+            name for name in (names if isinstance(names, list) else []) if isinstance(name, str)
+        )
+    return sensitive
 
 
 def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
