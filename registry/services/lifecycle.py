@@ -5,7 +5,7 @@ moves `current_version` in the same transaction as the status.
 """
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -15,19 +15,41 @@ from registry.choices import VERSION_TRANSITIONS, VersionStatus
 from registry.errors import (
     InvalidStatusTransition,
     PermissionDenied,
+    ValidationFailed,
     VersionNotGreater,
 )
 from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
 from registry.selectors import user_may_publish
-from registry.services.common import audited_save
+from registry.services.common import audited_create, audited_save, full_clean_or_raise
 
 V = TypeVar("V", bound=DefinitionVersion)
+D = TypeVar("D", bound=Definition)
 
 
 def require_publisher(*, actor: AbstractBaseUser, definition: Definition) -> None:
     if not user_may_publish(user=actor, definition=definition):
         raise PermissionDenied(f"You may not manage versions of {definition}.")
+
+
+def definition_get_or_create(
+    model: type[D], *, actor: AbstractBaseUser, tenant: Any, name: str, namespace: str
+) -> D:
+    """The tool or skill of this name, created (by a publisher) on first use of the name.
+    When a concurrent request created it first, this one uses theirs."""
+    found = model.objects.filter(tenant=tenant, namespace=namespace, name=name)
+    definition = found.first()
+    if definition is None:
+        definition = model(tenant=tenant, namespace=namespace, name=name, created_by=actor)
+        require_publisher(actor=actor, definition=definition)
+        full_clean_or_raise(definition, exclude=["current_version"])
+        try:
+            audited_create(definition, actor=actor, reason="created", exclude=["current_version"])
+        except ValidationFailed:
+            definition = found.first()
+            if definition is None:
+                raise
+    return definition
 
 
 def lock_version(version: V) -> tuple[Definition, V]:

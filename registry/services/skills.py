@@ -15,25 +15,6 @@ from registry.services import lifecycle
 from registry.services.common import audited_create, audited_save, full_clean_or_raise
 
 
-def skill_get_or_create(
-    *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
-) -> Skill:
-    found = Skill.objects.filter(tenant=tenant, namespace=namespace, name=name)
-    skill = found.first()
-    if skill is None:
-        skill = Skill(tenant=tenant, namespace=namespace, name=name, created_by=actor)
-        lifecycle.require_publisher(actor=actor, definition=skill)
-        full_clean_or_raise(skill, exclude=["current_version"])
-        try:
-            audited_create(skill, actor=actor, reason="created", exclude=["current_version"])
-        except ValidationFailed:
-            # A concurrent request created it first: this one adds its version to it.
-            skill = found.first()
-            if skill is None:
-                raise
-    return skill
-
-
 def _pin_tools(
     *, skill_version: SkillVersion, tool_versions: Sequence[ToolVersion], actor: AbstractBaseUser
 ) -> None:
@@ -64,7 +45,9 @@ def skill_version_create(
 ) -> SkillVersion:
     """A new draft version of a skill, pinning exact tool versions."""
     with transaction.atomic():
-        skill = skill_get_or_create(actor=actor, tenant=tenant, name=name, namespace=namespace)
+        skill = lifecycle.definition_get_or_create(
+            Skill, actor=actor, tenant=tenant, name=name, namespace=namespace
+        )
         lifecycle.require_publisher(actor=actor, definition=skill)
         skill_version = SkillVersion(skill=skill, version=version, created_by=actor, **content)
         full_clean_or_raise(skill_version)

@@ -33,25 +33,6 @@ TOOL_CONTENT_FIELDS = (
 )
 
 
-def tool_get_or_create(
-    *, actor: AbstractBaseUser, tenant: Tenant | None, name: str, namespace: str = "core"
-) -> Tool:
-    found = Tool.objects.filter(tenant=tenant, namespace=namespace, name=name)
-    tool = found.first()
-    if tool is None:
-        tool = Tool(tenant=tenant, namespace=namespace, name=name, created_by=actor)
-        lifecycle.require_publisher(actor=actor, definition=tool)
-        full_clean_or_raise(tool, exclude=["current_version"])
-        try:
-            audited_create(tool, actor=actor, reason="created", exclude=["current_version"])
-        except ValidationFailed:
-            # A concurrent request created it first: this one adds its version to it.
-            tool = found.first()
-            if tool is None:
-                raise
-    return tool
-
-
 def tool_version_create(
     *,
     actor: AbstractBaseUser,
@@ -66,7 +47,9 @@ def tool_version_create(
     Drafts are held to the same content contract as published versions, so a bad input
     schema is refused when it is written, not when someone tries to publish it."""
     with transaction.atomic():
-        tool = tool_get_or_create(actor=actor, tenant=tenant, name=name, namespace=namespace)
+        tool = lifecycle.definition_get_or_create(
+            Tool, actor=actor, tenant=tenant, name=name, namespace=namespace
+        )
         lifecycle.require_publisher(actor=actor, definition=tool)
         tool_version = ToolVersion(tool=tool, version=version, created_by=actor, **content)
         full_clean_or_raise(tool_version)

@@ -6,13 +6,11 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from approvals import services
-from approvals.choices import Decision
 from approvals.models import ApprovalDecision
 from registry.choices import Role
 from registry.models import Tenant
 from registry.services.tenancy import membership_add
-from tests.approvals.conftest import waiting_run
+from tests.approvals.conftest import approved_run
 
 pytestmark = pytest.mark.django_db
 
@@ -35,13 +33,7 @@ def staff_admin_of(tenant: Tenant, username: str) -> Client:
 
 def test_a_tenant_administrator_sees_only_the_approvals_of_their_tenant(demo, bob):
     # given an acme action, decided, and an administrator of acme and one of globex
-    _run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.REJECT,
-        payload_hash=action.payload_hash,
-    )
+    _run, action = approved_run(demo, bob)
     decision = ApprovalDecision.objects.get(action=action)
     ours = staff_admin_of(demo.acme, "acme-admin")
     theirs = staff_admin_of(Tenant.objects.get(slug="globex"), "globex-admin")

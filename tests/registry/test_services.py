@@ -13,7 +13,7 @@ from registry.errors import (
     VersionNotGreater,
 )
 from registry.models import SkillVersion, Tool, ToolVersion
-from registry.services import skills, tools
+from registry.services import lifecycle, skills, tools
 from registry.services.tenancy import definition_grant
 
 
@@ -349,6 +349,7 @@ def _another_request_first(monkeypatch, model, create) -> None:
             thread.join()
 
     monkeypatch.setattr(tools, "full_clean_or_raise", check_then_race)
+    monkeypatch.setattr(lifecycle, "full_clean_or_raise", check_then_race)
 
 
 def _in_own_connection(create) -> None:
