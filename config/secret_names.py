@@ -30,6 +30,7 @@ _PLACE = frozenset({"continuation", "page"})
 _QUALIFIERS = frozenset(
     {
         "access",
+        "account",
         "api",
         "auth",
         "bearer",

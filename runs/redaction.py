@@ -33,10 +33,17 @@ _HEX_TOKEN = re.compile(r"\b((?i:token)(?:[\"']?\s*[:=]\s*[\"']?|\s+))[0-9A-Fa-f
 # is followed by ordinary words far more often).
 _BASIC = re.compile(r"\b((?i:basic)\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
 _SECRET_VALUES = (
-    # agt_: this platform's own API tokens (registry.models.ApiToken); GitHub's, Slack's,
-    # Stripe's and the like by their prefixes.
-    re.compile(r"\b(sk|pk|rk|ghp|gho|ghu|ghs|ghr|agt|xox[abprs])[-_][A-Za-z0-9_-]{12,}\b"),
+    # agt_: this platform's own API tokens (registry.models.ApiToken); OpenAI's, Stripe's
+    # secret and restricted keys, GitHub's, GitLab's, Slack's and the like by their prefixes
+    # (a publishable pk_ key is public; a bare sk_ or pk_ names SQL constraints too).
+    re.compile(
+        r"\b(?:sk-|(?:sk|rk)_(?:live|test)_|(?:ghp|gho|ghu|ghs|ghr|agt|xox[abeprs]|xapp)[-_]"
+        r"|glpat-)[A-Za-z0-9_-]{12,}\b"
+    ),
     re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"),
+    # Hugging Face, npm, PyPI tokens; webhook signing secrets.
+    re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{50,})\b"),
+    re.compile(r"\bwhsec_[A-Za-z0-9+/=]{24,}(?![A-Za-z0-9+/=])"),
     # AWS access key ids, Google API keys.
     re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
@@ -46,34 +53,45 @@ _SECRET_VALUES = (
     ),
 )
 # A PEM (or PGP) private key: its BEGIN line, the headers of an encrypted key, its base64
-# lines and its END line; without an END line, the base64 lines only (never the text after).
-# Lines are separated by whitespace or, in JSON text, by "\n".
-_LINE = r"(?:\s|\\[nr])+"
+# lines (with a digit or a sign: a long word of prose is none) and its END line; without an
+# END line, the base64 lines only, never the text after. Lines are separated by whitespace
+# or, in JSON text, by an escaped newline (escaped once or twice).
+_LINE = r"(?:\s|\\{1,3}[nr])+"
 _PRIVATE_KEY = re.compile(
     rf"-----BEGIN [A-Z0-9 ]{{0,40}}PRIVATE KEY(?: BLOCK)?-----"
-    rf"(?:{_LINE}[A-Za-z-]{{1,40}}: [^\n\\]{{0,200}})*"
-    rf"(?:{_LINE}[A-Za-z0-9+/=]{{16,}})*"
+    rf"(?:{_LINE}(?:Proc-Type|DEK-Info|Version|Comment|Hash|Charset): [^\n\\]{{0,200}})*"
+    rf"(?:{_LINE}(?=[A-Za-z0-9+/=]*[0-9+/=])[A-Za-z0-9+/=]{{16,}})*"
     rf"(?:(?:{_LINE}[A-Za-z0-9+/=]{{1,15}})?{_LINE}"
     rf"-----END [A-Z0-9 ]{{0,40}}PRIVATE KEY(?: BLOCK)?-----)?"
 )
-# The password of a URL: postgres://app:s3cret@db.internal/prod. The scheme is read from
-# where its run of characters starts.
+# The password of a URL: postgres://app:s3cret@db.internal/prod (the user may hold an @, as
+# Azure's user@server does). The scheme is read from where its run of characters starts; a
+# port followed by a list of addresses (http://host:8080,bob@example.com) is none.
 _URL_PASSWORD = re.compile(
-    r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@\[\]]*:)([^\s/?#@]+)@"
+    r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#\[\]]*:)([^\s/?#@,;]+)@"
 )
 # A value given to a name that ends in a word naming a secret, and that `config.secret_names`
-# reads as one: password=…, "api_key": "…", AWS_SECRET_ACCESS_KEY=…, ?token=…, as in a config
-# file, JSON or a query string. A quoted value of six characters or more is taken whole; an
-# unquoted one must look like a credential: eight characters or more, letters and digits,
-# none of the brackets code and JSON close with (`password = request.POST["password"]`,
-# "has_secret": false, token_expiry=2024-05-11 are kept). A password of letters only, or one
-# on the next line (YAML), is not found. An Authorization header has its own rule above.
+# reads as one: password=…, "api_key": "…", AWS_SECRET_ACCESS_KEY=…, ?token=…, --password=…,
+# **Password:** …, password := "…", as in a config file, JSON (nested JSON text too), a
+# command line, Markdown, code or a query string. A quoted value of six characters or more
+# is taken whole; an unquoted one must look like a credential: eight characters or more,
+# letters and digits, not a URL, a call, a dotted name, a date or a version, and it stops at
+# brackets and separators (`password = request.POST["password"]`, "has_secret": false,
+# token_expiry=2024-05-11, apiKey: process.env.KEY_V2 are kept). A password of letters only,
+# or one on the next line (YAML), is not found; one holding & or ; loses only what precedes
+# it. An Authorization header has its own rule above.
 _ASSIGNED = re.compile(
-    r"(?<![A-Za-z0-9_.-])(?P<name>(?:[A-Za-z][A-Za-z0-9_.-]{0,63}?)?"
+    r"(?:(?<![A-Za-z0-9_.-])|(?<=\s-)|(?<=\s--))(?P<name>(?:[A-Za-z][A-Za-z0-9_.-]{0,63}?)?"
     r"(?i:password|passwd|passphrase|secret|key|token|credentials?))"
-    r"(?P<separator>[\"']?[ \t]{0,16}[:=](?!//)[ \t]{0,16})"
-    r"(?:(?P<quote>[\"'])(?P<quoted>(?:\\.|(?!(?P=quote))[^\\\n]){6,256})(?P=quote)"
-    r"|(?P<bare>[^\s\"',;&<>(){}\[\]]{8,}))"
+    r"(?P<separator>(?:\\?[\"'])?\*{0,2}[ \t]{0,16}(?::=|==|[:=])(?!//)\*{0,2}[ \t]{0,16})"
+    r"(?:(?P<quote>\\?[\"'])(?P<quoted>(?:(?!(?P=quote))(?:\\.|[^\\\n])){6,})(?P=quote)"
+    r"|(?![A-Za-z][A-Za-z0-9+.-]{0,31}://)(?P<bare>[^\s\"',;&<>(){}\[\]]{8,}+)(?![(\[]))"
+)
+# Unquoted values that are code or data, not credentials.
+_NOT_A_CREDENTIAL = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+"  # a dotted name
+    r"|\d{4}-\d{2}-\d{2}.*"  # a date
+    r"|v?\d+(?:\.\d+)+(?:[-+][A-Za-z0-9.]*)?"  # a version
 )
 _LETTER = re.compile(r"[A-Za-z]")
 _DIGIT = re.compile(r"[0-9]")
@@ -159,7 +177,14 @@ def _assigned_secret(match: re.Match) -> str:
         words
         and words[-1] in _SECRET_LAST_WORDS
         and secret_key(name)
-        and (quoted is not None or (_LETTER.search(bare) and _DIGIT.search(bare)))
+        and (
+            quoted is not None
+            or (
+                _LETTER.search(bare)
+                and _DIGIT.search(bare)
+                and not _NOT_A_CREDENTIAL.fullmatch(bare)
+            )
+        )
     ):
         if quoted is None:
             return name + match.group("separator") + REDACTED

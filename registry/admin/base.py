@@ -65,8 +65,9 @@ class TenantScopedAdmin(admin.ModelAdmin):
         return self._allowed(request)
 
     def get_list_filter(self, request: HttpRequest) -> Sequence[Any]:
-        """For staff within a scope, a filter by a related object (the tenant, a suite) offers
-        only the objects of the rows they may see, never every tenant's."""
+        """For staff within a scope, a filter named by a related field (the tenant, a suite)
+        offers only the objects of the rows they may see, never every tenant's. A filter given
+        with its own class, or one through a relation to a plain field, must scope itself."""
         filters = super().get_list_filter(request)
         if request.user.is_superuser:
             return filters

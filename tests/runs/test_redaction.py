@@ -54,6 +54,14 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
         "ghs_16C7e42F292c6912E7710c838347Ae178B4a",
         "AIzaSyD-9tSrke72PouQMnMX-a7eZSW0jkFMBWY",
+        # Slack, GitLab, Hugging Face, npm, Stripe webhook and restricted keys
+        "xapp-1-A0123456789-0123456789-abcdef0123456789",
+        "xoxe-1-abcdef0123456789abcdef",
+        "glpat-abcdefghij0123456789",
+        "hf_abcdefghijklmnopqrstuvwxyzABCDEFGH",
+        "npm_abcdefghijklmnopqrstuvwxyz0123456789",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "rk_live_51H8abcdefghijklmnop",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
@@ -100,6 +108,19 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "private_key_file=/etc/ssl/private/server.key",
         "secret_name=prod/db-password",
         "upstream token-service:8080/v1/issue",
+        "secret = base64.b64encode(data)",
+        "access_token = oauth2_client.fetch_token(url)",
+        "apiKey: process.env.OPENAI_API_KEY_V2,",
+        "session_key: 2024-05-11T10:00:00Z",
+        "my_secret: v1.2.3-rc1",
+        "Reset your password: https://accounts.example.com/reset/v2",
+        # SQL names and identifiers that share a key's prefix
+        'duplicate key value violates unique constraint "pk_customer_orders"',
+        "sk_orders_customer_idx",
+        "hf_model_name_base_large_v2_checkpoint",
+        # a port before a list of addresses is no URL's password
+        "http://example.com:8080,bob@example.com",
+        "http://localhost:8000;alice@example.com",
         # a URL with a port or a user, and no password
         "https://acme.example:8443/status?page=2",
         "ssh://git@git.acme.example/platform.git",
@@ -141,6 +162,29 @@ def test_ordinary_words_after_a_scheme_name_are_kept(value):
             "see [docs](https://x.example/?access_token=abc123def456)",
             "see [docs](https://x.example/?access_token=[redacted])",
         ),
+        # a command line, Markdown, code
+        ("mysql -u root --password=S3cretPass1 app", "mysql -u root --password=[redacted] app"),
+        ("**Password:** S3cretPass1", "**Password:** [redacted]"),
+        ('if password == "S3cretPass1":', 'if password == "[redacted]":'),
+        ('password := "S3cretPass1"', 'password := "[redacted]"'),
+        # a long quoted value, and JSON text inside JSON text
+        (
+            '{"SessionToken": "IQoJb3JpZ2luX2VjEOr//' + "A" * 400 + '"}',
+            '{"SessionToken": "[redacted]"}',
+        ),
+        (
+            '"SecretString": "{\\"password\\":\\"S3cretPass1\\",\\"user\\":\\"app\\"}"',
+            '"SecretString": "{\\"password\\":\\"[redacted]\\",\\"user\\":\\"app\\"}"',
+        ),
+        # Azure: a storage account key, a user@server in a URL
+        (
+            "AccountName=x;AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq==;",
+            "AccountName=x;AccountKey=[redacted];",
+        ),
+        (
+            "postgresql://admin@server:Passw0rd1@server.postgres.database.azure.com/db",
+            "postgresql://admin@server:[redacted]@server.postgres.database.azure.com/db",
+        ),
     ],
 )
 def test_a_value_given_to_a_name_ending_in_a_secret_is_removed_and_the_rest_kept(text, kept):
@@ -170,9 +214,15 @@ def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     assert redact(f"pasted {unterminated}", cleared=True) == "pasted [redacted]"
     assert redact(f"{encrypted}\nafter", cleared=True) == "[redacted]\nafter"
     assert redact(in_json, cleared=True) == '{"key": "[redacted]"}'
-    # a header named in prose takes nothing after it
+    # a header named in prose takes nothing after it: no words, no "Note:" line
     assert redact("Never paste -----BEGIN PRIVATE KEY----- into chat. Thanks", cleared=True) == (
         "Never paste [redacted] into chat. Thanks"
+    )
+    assert redact("-----BEGIN PRIVATE KEY----- internationalization", cleared=True) == (
+        "[redacted] internationalization"
+    )
+    assert redact("-----BEGIN PRIVATE KEY-----\nNote: see RFC 5208.", cleared=True) == (
+        "[redacted]\nNote: see RFC 5208."
     )
 
 
