@@ -1,5 +1,6 @@
 import http.client
 import json
+import socket
 from urllib.parse import urlsplit
 
 import pytest
@@ -122,22 +123,27 @@ def test_pages_keep_html_errors(client, db):
 def test_a_chunked_body_the_development_server_cannot_read_is_411(live_server):
     # given Django's own server (what `make run` serves with), which does not decode chunks
     address = urlsplit(live_server.url)
-    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=10)
-
-    # when a client sends a message without Content-Length
-    connection.request(
-        "POST",
-        "/api/v1/messages",
-        body=iter([b'{"channel": "api", ', b'"parts": [{"type": "text", "text": "hi"}]}']),
-        headers={"Content-Type": "application/json", "Idempotency-Key": "chunked-1"},
-        encode_chunked=True,
+    body = b'{"channel": "api", "parts": [{"type": "text", "text": "hi"}]}'
+    request = (
+        b"POST /api/v1/messages HTTP/1.1\r\n"
+        + f"Host: {address.netloc}\r\n".encode()
+        + b"Content-Type: application/json\r\nIdempotency-Key: chunked-1\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
     )
-    response = connection.getresponse()
 
-    # then it is told to send one, rather than that its fields are missing
-    assert response.status == 411
-    assert json.loads(response.read())["error"]["code"] == "LENGTH_REQUIRED"
-    connection.close()
+    # when a client sends a message without Content-Length (all of it at once: the server
+    # answers before it reads a body)
+    with socket.create_connection((address.hostname, address.port), timeout=10) as connection:
+        connection.sendall(request)
+        response = http.client.HTTPResponse(connection)
+        response.begin()
+
+        # then it is told to send one, rather than that its fields are missing
+        assert response.status == 411
+        assert json.loads(response.read())["error"]["code"] == "LENGTH_REQUIRED"
 
 
 @pytest.mark.parametrize(
