@@ -80,9 +80,12 @@ _URL_PASSWORD = re.compile(
 # token_expiry=2024-05-11, apiKey: process.env.KEY_V2 are kept). A password of letters only,
 # or one on the next line (YAML), is not found; one holding & or ; loses only what precedes
 # it. An Authorization header has its own rule above.
+_SECRET_LAST_WORDS = frozenset(
+    {"credential", "credentials", "key", "passphrase", "passwd", "password", "secret", "token"}
+)
 _ASSIGNED = re.compile(
     r"(?:(?<![A-Za-z0-9_.-])|(?<=\s-)|(?<=\s--))(?P<name>(?:[A-Za-z][A-Za-z0-9_.-]{0,63}?)?"
-    r"(?i:password|passwd|passphrase|secret|key|token|credentials?))"
+    rf"(?i:{'|'.join(sorted(_SECRET_LAST_WORDS))}))"
     r"(?P<separator>(?:\\?[\"'])?\*{0,2}[ \t]{0,16}(?::=|==|[:=])(?!//)\*{0,2}[ \t]{0,16})"
     r"(?:(?P<quote>\\?[\"'])(?P<quoted>(?:(?!(?P=quote))(?:\\.|[^\\\n])){6,})(?P=quote)"
     r"|(?![A-Za-z][A-Za-z0-9+.-]{0,31}://)(?P<bare>[^\s\"',;&<>(){}\[\]]{8,}+)(?![(\[]))"
@@ -95,9 +98,6 @@ _NOT_A_CREDENTIAL = re.compile(
 )
 _LETTER = re.compile(r"[A-Za-z]")
 _DIGIT = re.compile(r"[0-9]")
-_SECRET_LAST_WORDS = frozenset(
-    {"credential", "credentials", "key", "passphrase", "passwd", "password", "secret", "token"}
-)
 # Any of the above: most text has none, and one search finds that out.
 _ANY_SECRET_VALUE = re.compile(
     "|".join(
@@ -172,10 +172,10 @@ def _basic_credential(match: re.Match) -> str:
 
 def _assigned_secret(match: re.Match) -> str:
     name, quoted, bare = match.group("name", "quoted", "bare")
-    words = name_words(name)
+    # The pattern found the word at the name's end; it must be a word of its own there
+    # (api_key, apiKey; not monkey) in a name that holds a secret (not public_key).
     if (
-        words
-        and words[-1] in _SECRET_LAST_WORDS
+        name_words(name)[-1] in _SECRET_LAST_WORDS
         and secret_key(name)
         and (
             quoted is not None
@@ -186,10 +186,8 @@ def _assigned_secret(match: re.Match) -> str:
             )
         )
     ):
-        if quoted is None:
-            return name + match.group("separator") + REDACTED
-        quote = match.group("quote")
-        return name + match.group("separator") + quote + REDACTED + quote
+        quote = match.group("quote") or ""
+        return f"{name}{match.group('separator')}{quote}{REDACTED}{quote}"
     return match.group(0)
 
 

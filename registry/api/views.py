@@ -74,7 +74,7 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     rollback_service: ClassVar[Callable[..., DefinitionVersion]]
     version_argument: ClassVar[str]
     # What publishing takes besides the version (a skill's release-gate override).
-    publish_serializer: ClassVar[type[serializers.Serializer] | None] = None
+    publish_serializer: ClassVar[type[serializers.Serializer]] = CommandSerializer
 
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
@@ -115,7 +115,7 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @action(detail=True, methods=["post"])
     def publish(self, request: Request, pk: str) -> Response:
-        data = (self.publish_serializer or CommandSerializer)(data=request.data)
+        data = self.publish_serializer(data=request.data)
         data.is_valid(raise_exception=True)
         return self._command(type(self).publish_service, **data.validated_data)
 
@@ -144,12 +144,15 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
         "revoke": f"Revoke a {kind} version: it is never used again.",
         "rollback": f"Make an earlier published {kind} version current again.",
     }
+    requests = {
+        "publish": viewset.publish_serializer,
+        "deprecate": LifecycleSerializer,
+        "revoke": LifecycleSerializer,
+    }
     schemas = {
         name: extend_schema(
             summary=summary,
-            request=LifecycleSerializer
-            if name in {"deprecate", "revoke"}
-            else (viewset.publish_serializer if name == "publish" else None) or CommandSerializer,
+            request=requests.get(name, CommandSerializer),
             responses={200: output},
         )
         for name, summary in commands.items()
