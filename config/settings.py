@@ -368,7 +368,14 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "filters": {"suspicious_request": {"()": "config.log_filters.SuspiciousRequestAsWarning"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["suspicious_request"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     # The MCP SDK logs whole protocol messages (tool results included) at DEBUG: never kept.
     "loggers": {"mcp": {"level": "INFO"}},
