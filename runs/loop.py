@@ -28,7 +28,7 @@ from registry.selectors import versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
-from runs.model_clients.base import ModelError, ToolCall, ToolSpec
+from runs.model_clients.base import ModelError, ToolCall, ToolSpec, response_kept
 from runs.model_clients.factory import model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
@@ -634,7 +634,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)
     model = {"model": model_config.model_name, "provider": model_config.provider, "step": run.steps}
     try:
-        response = client.complete(built.request)
+        response = response_kept(client.complete(built.request))
     except ModelError as error:
         if error.retryable:
             raise ModelTemporarilyUnavailable(str(error)) from error
@@ -782,7 +782,7 @@ def _final(run: Run, text: str) -> None:
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:
-        draft = json.loads(text)
+        draft = jsontext.loads_bounded(text)
     except ValueError:
         draft = text
     problems = _draft_problems(draft, evidence)

@@ -6,8 +6,10 @@ turn keeps its tool calls with their ids, and each tool result names the call it
 Clients rebuild the provider's format from it on every turn.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
+
+from config.jsontext import TOO_DEEP, deeper_than, storable, storable_text
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,35 @@ class ModelResponse:
     usage: Usage
     stop_reason: str
     model: str
+
+
+def response_kept(response: ModelResponse) -> ModelResponse:
+    """The response as the run keeps it: a model, or a server speaking for one, may send NUL
+    characters or unpaired surrogates, which PostgreSQL does not store, or call arguments
+    nested deeper than a run keeps (`config.jsontext.storable`); such arguments become
+    `TOO_DEEP`, text the schema gate refuses as not an object."""
+    return replace(
+        response,
+        text=storable_text(response.text),
+        stop_reason=storable_text(response.stop_reason),
+        model=storable_text(response.model),
+        tool_calls=tuple(
+            ToolCall(
+                call_id=(
+                    storable_text(call.call_id) if isinstance(call.call_id, str) else call.call_id
+                ),
+                name=storable_text(call.name),
+                arguments=(
+                    storable_text(call.arguments)
+                    if isinstance(call.arguments, str)
+                    else TOO_DEEP
+                    if deeper_than(call.arguments)
+                    else storable(call.arguments)
+                ),
+            )
+            for call in response.tool_calls
+        ),
+    )
 
 
 class ModelError(Exception):

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 import openai
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
+from config.jsontext import loads_bounded
 from registry.models import ModelConfig
 from runs.model_clients.base import (
     AssistantTurn,
@@ -178,7 +179,7 @@ def parsed_arguments(arguments: str) -> dict[str, Any] | str:
     if not arguments.strip():
         return {}
     try:
-        parsed = json.loads(arguments)
-    except json.JSONDecodeError:
+        parsed = loads_bounded(arguments)
+    except ValueError:
         return arguments
     return parsed if isinstance(parsed, dict) else arguments

@@ -6,6 +6,7 @@ stripped; the whole response of a call cut to fit stays in a Source the model ca
 reference (`executor._record`).
 """
 
+import functools
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -56,34 +57,30 @@ _ENVELOPE_FIELDS = tuple(item.name for item in fields(Envelope))
 
 
 def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
-    """Drop credential-like keys anywhere in a response and redact known secret values, in
-    keys as in values."""
-    return _stripped(value, tuple(filter(None, secrets)))
+    """A tool's output as the run keeps it: credential-like keys dropped anywhere and known
+    secret values redacted, in keys as in values; JSON PostgreSQL stores, whatever the tool
+    returned (`jsontext.storable`)."""
+    secrets = tuple(filter(None, secrets))
+    return jsontext.storable(
+        value,
+        text=functools.partial(_text_stripped, secrets=secrets),
+        key=functools.partial(_key_stripped, secrets=secrets),
+        hidden=REDACTED,
+    )
 
 
-def _text_stripped(text: str, secrets: tuple[str, ...]) -> str:
+def _text_stripped(text: str, *, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
-    return secrets_removed(text)
+    return jsontext.storable_text(secrets_removed(text))
 
 
-def _stripped(value: Any, secrets: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        return _text_stripped(value, secrets)
-    if isinstance(value, dict):
-        stripped = {}
-        for key, item in value.items():
-            if not isinstance(key, str):
-                name, hidden = key, secret_key(str(key))
-            elif secrets and any(secret in key for secret in secrets):
-                name, hidden = _text_stripped(key, secrets), secret_key(key)
-            else:
-                name, hidden = key_shown(key, cleared=True)
-            stripped[name] = REDACTED if hidden else _stripped(item, secrets)
-        return stripped
-    if isinstance(value, list):
-        return [_stripped(item, secrets) for item in value]
-    return value
+def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:
+    """The key as kept, and whether it names a secret (its value is then dropped)."""
+    if secrets and any(secret in key for secret in secrets):
+        return _text_stripped(key, secrets=secrets), secret_key(key)
+    shown, hidden = key_shown(key, cleared=True)
+    return jsontext.storable_text(shown), hidden
 
 
 def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:

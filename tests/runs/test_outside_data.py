@@ -1,0 +1,177 @@
+"""What a tool or a model sends is kept in a form PostgreSQL stores, whatever it is: NUL
+characters, unpaired surrogates, numbers JSON has no spelling for, objects JSON has no type
+for, and nesting deeper than a run keeps. Before, each of these broke the step's write (or
+its walk over the data) with an exception, so the step was retried and its tool calls made
+again."""
+
+import dataclasses
+import datetime
+import decimal
+import json
+
+import pytest
+
+from config.jsontext import MAX_DEPTH, TOO_DEEP
+from registry.choices import ModelProvider
+from runs.loop import run_execute
+from runs.models import RunEvent, ToolCall
+from runs.tools import adapters
+from tests.runs.conftest import apollo_draft, demo_run, this_week
+from tests.runs.fake_provider import anthropic_message, openai_completion
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _nested(levels: int) -> dict:
+    value: dict = {"leaf": 1}
+    for _ in range(levels - 1):
+        value = {"next": [value]}
+    return value
+
+
+def _read_call(call_id: str = "call_week") -> tuple[str, str, str]:
+    monday, sunday = this_week()
+    return (
+        call_id,
+        "project_search",
+        json.dumps({"project_id": "apollo", "from": monday, "to": sunday}),
+    )
+
+
+@pytest.mark.parametrize(
+    ("returned", "kept"),
+    [
+        ({"text": "a\x00b", "k\x00": 1}, {"text": "a\ufffdb", "k\ufffd": 1}),
+        ({"text": "a\ud800b"}, {"text": "a\ufffdb"}),
+        ({"x": float("nan"), "y": float("-inf")}, {"x": None, "y": None}),
+        (
+            {"at": datetime.datetime(2026, 12, 2, 9, 30), "cost": decimal.Decimal("1.50")},
+            {"at": "2026-12-02T09:30:00", "cost": "1.50"},
+        ),
+        (
+            {"ids": {7}, "pair": (1, "two"), (1, 2): "tuple key"},
+            {"ids": [7], "pair": [1, "two"], "(1, 2)": "tuple key"},
+        ),
+        ({"blob": b"\x00\xff"}, {"blob": "b'\\x00\\xff'"}),
+    ],
+    ids=["nul", "surrogate", "not-finite", "time-and-decimal", "set-tuple-and-tuple-key", "bytes"],
+)
+def test_a_tool_output_postgresql_would_refuse_is_kept_storable_and_the_run_goes_on(
+    demo, fake_model, monkeypatch, returned, kept
+):
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(_read_call(),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    execute = adapters.execute
+
+    def with_odd_data(tool_version, context, arguments):
+        output = execute(tool_version, context, arguments)
+        if context.call_id != "call_week":
+            return output
+        return dataclasses.replace(output, raw={"odd": returned})
+
+    monkeypatch.setattr(adapters, "execute", with_odd_data)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    call = ToolCall.objects.get(run=run, call_id="call_week")
+    assert call.status == "completed"
+    assert call.envelope["raw"] == {"odd": kept}
+
+
+def test_a_tool_output_nested_deeper_than_a_run_keeps_is_cut_at_that_depth(
+    demo, fake_model, monkeypatch
+):
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(_read_call(),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    execute = adapters.execute
+
+    def nesting_deep(tool_version, context, arguments):
+        output = execute(tool_version, context, arguments)
+        if context.call_id != "call_week":
+            return output
+        return dataclasses.replace(output, raw=_nested(600))
+
+    monkeypatch.setattr(adapters, "execute", nesting_deep)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    raw = ToolCall.objects.get(run=run, call_id="call_week").envelope["raw"]
+    # each step down is an object and an array: the value at depth MAX_DEPTH stands for the rest
+    for _ in range(MAX_DEPTH // 2 - 1):
+        raw = raw["next"][0]
+    assert raw == {"next": [TOO_DEEP]}
+
+
+def test_openai_output_with_nul_and_arguments_nested_too_deep_for_json_is_kept(demo, fake_model):
+    fake = fake_model()
+    deep_arguments = "[" * 3000 + "]" * 3000
+    fake.reply(
+        openai_completion(
+            content="Looking\x00 it up.",
+            tool_calls=(("call\x00deep", "project_search", deep_arguments), _read_call()),
+        )
+    )
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    responded = RunEvent.objects.filter(run=run, type="model.responded").order_by("seq").first()
+    assert responded.payload["text"] == "Looking\ufffd it up."
+    deep = next(call for call in responded.payload["tool_calls"] if call.get("provider_call_id"))
+    assert deep["provider_call_id"] == "call\ufffddeep"
+    rejected = ToolCall.objects.get(run=run, call_id=deep["call_id"])
+    assert (rejected.status, rejected.error_category) == ("rejected", "INVALID_ARGUMENT")
+    assert rejected.arguments == deep_arguments
+    assert ToolCall.objects.get(run=run, call_id="call_week").status == "completed"
+
+
+def test_anthropic_arguments_nested_deeper_than_a_run_keeps_are_refused(demo, fake_model):
+    fake = fake_model(ModelProvider.ANTHROPIC)
+    monday, sunday = this_week()
+    fake.reply(
+        anthropic_message(
+            tool_uses=(
+                ("toolu_deep", "project_search", {"project_id": "apollo", "more": _nested(100)}),
+                (
+                    "toolu_read",
+                    "project_search",
+                    {"project_id": "apollo", "from": monday, "to": sunday},
+                ),
+            )
+        )
+    )
+    fake.reply(anthropic_message(text=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    rejected = ToolCall.objects.get(run=run, call_id="toolu_deep")
+    assert (rejected.status, rejected.error_category) == ("rejected", "INVALID_ARGUMENT")
+    assert rejected.arguments == TOO_DEEP
+
+
+def test_a_draft_nested_too_deep_is_sent_back_for_a_correction(demo, fake_model):
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(_read_call(),)))
+    fake.reply(openai_completion(content="[" * 3000 + "]" * 3000))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    assert run.state["corrections"] == 1
