@@ -444,6 +444,8 @@ def _attempt(
         raise entered
     try:
         output = adapters.execute(admitted.tool_version, admitted.context, admitted.arguments)
+        if (problem := _output_problem(output)) is not None:
+            raise TypeError(problem)
     except ToolFailed:
         limits.calls_leave([(entered, True)])
         raise
@@ -457,6 +459,24 @@ def _attempt(
         limits.calls_leave([(entered, None)])
         raise
     return output, entered
+
+
+def _output_problem(output: Any) -> str | None:
+    """Why a handler's answer is not a ToolOutput the envelope is made from, if it is not."""
+    if not isinstance(output, ToolOutput):
+        return f"The handler answered {type(output).__name__}, not a ToolOutput."
+    if not isinstance(output.business_status, str):
+        return "The handler's business_status is not text."
+    if not isinstance(output.normalized, dict):
+        return "The handler's normalized result is not a dict."
+    if not isinstance(output.sources, list | tuple) or not all(
+        isinstance(source, SourceDraft)
+        and isinstance(source.reference, str)
+        and isinstance(source.content, str)
+        for source in output.sources
+    ):
+        return "The handler's sources are not SourceDrafts of text."
+    return None
 
 
 def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:

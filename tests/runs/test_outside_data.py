@@ -175,3 +175,38 @@ def test_a_draft_nested_too_deep_is_sent_back_for_a_correction(demo, fake_model)
     run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
     assert run.state["corrections"] == 1
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        None,
+        {"business_status": "ok"},
+        adapters.ToolOutput(business_status=None, raw={}),
+        adapters.ToolOutput(business_status="ok", raw={}, sources=[{"reference": "r"}]),
+    ],
+    ids=["none", "dict", "status-not-text", "sources-not-drafts"],
+)
+def test_a_handler_answer_that_is_not_a_tool_output_fails_its_call_and_the_run_goes_on(
+    demo, fake_model, monkeypatch, answer
+):
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(_read_call("call_odd"), _read_call())))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    execute = adapters.execute
+
+    def answering_oddly(tool_version, context, arguments):
+        if context.call_id == "call_odd":
+            return answer
+        return execute(tool_version, context, arguments)
+
+    monkeypatch.setattr(adapters, "execute", answering_oddly)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    odd = ToolCall.objects.get(run=run, call_id="call_odd")
+    assert (odd.status, odd.error_category) == ("failed", "UNKNOWN")
+    assert ToolCall.objects.get(run=run, call_id="call_week").status == "completed"
