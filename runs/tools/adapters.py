@@ -186,17 +186,26 @@ def http_call(
             retryable=True,
             may_have_side_effect=True,
         ) from error
-    except httpx.HTTPError as error:
+    except (httpx.ConnectError, httpx.UnsupportedProtocol) as error:
         raise ToolFailed(
             "The service could not be reached.",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
         ) from error
+    except httpx.HTTPError as error:
+        # The request went out: a tool that changes something may have done it.
+        raise ToolFailed(
+            "The service's answer broke off.",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=True,
+            may_have_side_effect=tool_version.risk not in READ_RISKS,
+        ) from error
     try:
         payload = json.loads(content)
-    except ValueError:
-        # Not JSON: kept as text. From a 2xx it is still the service's answer (untrusted data,
-        # like any raw response); a service states a business failure in its JSON.
+    except (ValueError, RecursionError):
+        # Not JSON, or nested too deep to parse: kept as text. From a 2xx it is still the
+        # service's answer (untrusted data, like any raw response); a service states a business
+        # failure in its JSON.
         payload = {"text": content.decode(response.encoding or "utf-8", errors="replace")[:4000]}
     if 300 <= response.status_code < 400:
         # Redirects are not followed (the POST, its credential and idempotency key go to the

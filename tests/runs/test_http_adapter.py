@@ -227,6 +227,66 @@ def test_a_success_answer_in_plain_text_is_the_service_s_answer_kept_as_text(rep
     assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
 
 
+def test_an_answer_nested_too_deep_to_parse_is_kept_as_text(report_service):
+    report_service.body = b"[" * 5000 + b"]" * 5000
+
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    assert output.raw == {"text": ("[" * 5000)[:4000]}
+
+
+class BreakingOff(BaseHTTPRequestHandler):
+    """Reads the call, starts a 200 answer of 100 bytes and hangs up after 5."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "100")
+        self.end_headers()
+        self.wfile.write(b'{"ok"')
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("risk", "may_have_side_effect"), [(Risk.EXTERNAL_SIDE_EFFECT, True), (Risk.READ, False)]
+)
+def test_an_answer_that_breaks_off_after_the_call_went_out_may_have_had_its_effect(
+    risk, may_have_side_effect
+):
+    # given a service that received the call and hung up in the middle of its answer
+    with loopback_server(BreakingOff) as port:
+        tool = report_tool(f"http://127.0.0.1:{port}/")
+        tool.risk = risk
+
+        # when
+        with pytest.raises(ToolFailed) as raised:
+            http_call(tool, call_context(), {"project_id": "apollo"})
+
+    # then a tool that changes something may have done so: reconciliation finds out
+    failure = raised.value
+    assert str(failure) == "The service's answer broke off."
+    assert (failure.category, failure.may_have_side_effect) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        may_have_side_effect,
+    )
+
+
+def test_a_service_that_cannot_be_reached_had_no_effect():
+    # given a write tool whose service is not listening
+    with loopback_server(BreakingOff) as port:
+        url = f"http://127.0.0.1:{port}/"
+    tool = report_tool(url)
+    tool.risk = Risk.EXTERNAL_SIDE_EFFECT
+
+    with pytest.raises(ToolFailed) as raised:
+        http_call(tool, call_context(), {"project_id": "apollo"})
+
+    assert str(raised.value) == "The service could not be reached."
+    assert raised.value.may_have_side_effect is False
+
+
 def report_read(demo, report_service: ReportService, **reader: Any) -> Run:
     """A run of the generic agent that reads the report once (the tool as `reader` says,
     `http_reader_add`), finished."""
