@@ -293,7 +293,10 @@ ATTACHMENT_MEDIA_TYPES = [
 # larger than this is cut (the full evidence stays in the run's sources).
 TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
 TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
-# An HTTP tool's answer larger than this fails the call (UPSTREAM_ERROR) as it arrives.
+# A call keeps this many of the sources its tool returned (the envelope says it was cut).
+TOOL_RESULT_MAX_SOURCES = env.int("TOOL_RESULT_MAX_SOURCES", default=100)
+# An HTTP tool's answer larger than this fails the call (UPSTREAM_ERROR) as it arrives, as
+# does an MCP tool's (its texts and structured content) once received.
 TOOL_RESPONSE_MAX_BYTES = env.int("TOOL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
 # The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
 # name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).

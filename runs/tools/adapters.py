@@ -17,6 +17,7 @@ import httpx
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
+from config import jsontext
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     McpRemoteError,
@@ -227,10 +228,11 @@ def http_call(
         )
     if not isinstance(payload, dict):
         payload = {"data": payload}
+    normalized = payload.get("normalized") or {}
     return ToolOutput(
         business_status=str(payload.get("business_status", "ok")),
         raw=payload.get("data", payload),
-        normalized=payload.get("normalized") or {},
+        normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[
             SourceDraft(reference=str(item.get("reference")), content=str(item.get("content", "")))
             for item in payload.get("sources") or []
@@ -369,9 +371,32 @@ def mcp_call(
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=False,
         ) from error
+    limit = settings.TOOL_RESPONSE_MAX_BYTES
+    if _mcp_answer_size(result) > limit:
+        raise ToolFailed(
+            f"The server's answer is larger than {limit} bytes.",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=False,
+            may_have_side_effect=writes,
+        )
     return _mcp_output(
         server=server, remote_name=remote_name, context=context, result=result, secrets=secrets
     )
+
+
+def _mcp_answer_size(result: Any) -> int:
+    """Bytes of the texts and structured content of an MCP answer, as the run would keep them."""
+    size = 0
+    for block in result.content:
+        if block.type == "text":
+            text = block.text
+        else:
+            text = getattr(getattr(block, "resource", None), "text", None)
+        if isinstance(text, str):
+            size += len(text.encode(errors="replace"))
+    if result.structuredContent is not None:
+        size += len(jsontext.dumps_bytes(result.structuredContent, default=str))
+    return size
 
 
 def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]) -> None:

@@ -593,13 +593,15 @@ def _record(
         envelope.business_status = strip_secrets(outcome.business_status, secrets=secrets)[:64]
         envelope.raw = strip_secrets(outcome.raw, secrets=secrets)
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
+        kept = outcome.sources[: settings.TOOL_RESULT_MAX_SOURCES]
+        envelope.truncated = len(kept) < len(outcome.sources)
         drafts = [
             SourceDraft(
                 reference=strip_secrets(draft.reference, secrets=secrets),
                 content=strip_secrets(draft.content, secrets=secrets),
                 allowed_use=draft.allowed_use,
             )
-            for draft in outcome.sources
+            for draft in kept
         ]
         if envelope.size() > settings.TOOL_RESULT_MAX_BYTES:
             # The envelope will be cut: the whole response stays as evidence of its own.

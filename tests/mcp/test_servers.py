@@ -202,6 +202,21 @@ def test_is_error_is_a_business_failure_not_a_protocol_failure(demo, projects, p
     assert finished(run).status == "COMPLETED"
 
 
+def test_an_answer_larger_than_the_response_limit_fails_the_call(
+    demo, projects, published_status, settings
+):
+    published_status()
+    settings.TOOL_RESPONSE_MAX_BYTES = 100
+    run = ask(demo)
+
+    run_execute(run_id=str(run.pk))
+
+    call = only_call(finished(run))
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert call.envelope["error"]["message"] == "The server's answer is larger than 100 bytes."
+    assert not Source.objects.filter(run=run).exists()
+
+
 def test_a_hanging_server_hits_the_timeout(demo, projects, published_status, overrides):
     published_status(timeout_s=1)
     overrides(delay_s=8)

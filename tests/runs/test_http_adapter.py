@@ -322,6 +322,30 @@ def test_an_answer_too_large_for_the_envelope_stays_whole_in_a_source_of_the_cal
     assert run.result["sources"] == [{"reference": source.reference, "origin": "report_read@1.0.0"}]
 
 
+def test_a_call_keeps_at_most_its_share_of_the_sources_a_service_returns(
+    demo, report_service, settings
+):
+    # given a service that answers with thousands of sources
+    settings.TOOL_RESULT_MAX_SOURCES = 5
+    sources = [
+        {"reference": f"report:{index}", "content": f"line {index}"} for index in range(8000)
+    ]
+    report_service.body = json.dumps({"data": {}, "sources": sources}).encode()
+
+    # when
+    run = report_read(demo, report_service)
+
+    # then the call kept the first five, and says it was cut
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.status == "completed"
+    assert record.envelope["truncated"] is True
+    kept = [f"report:{index}" for index in range(5)]
+    assert [item["reference"] for item in record.envelope["sources"]] == kept
+    assert (
+        sorted(Source.objects.filter(tool_call=record).values_list("reference", flat=True)) == kept
+    )
+
+
 def test_large_normalised_fields_are_cut_too(demo, report_service, settings):
     # given a service whose normalised fields are large (its raw answer is small)
     report_service.body = json.dumps(
