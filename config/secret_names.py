@@ -57,11 +57,23 @@ def name_words(name: str) -> list[str]:
     return [word.lower() for word in _WORDS.findall(name)]
 
 
-@functools.lru_cache(maxsize=4096)
+# Names are answered from a cache of the process: the same few repeat in every item. A name
+# longer than this is answered without it: a tool's answer may use any text as a key, and a
+# cached one would hold its memory for the life of the process.
+CACHED_NAME_CHARS = 256
+
+
 def secret_key(name: str) -> bool:
     """Whether a field of this name holds a secret: access_token, apiKey, client_secret,
     AWS_SECRET_ACCESS_KEY, password (not input_tokens, token_count, nextPageToken,
     idempotency_key, public_key or keywords)."""
+    if len(name) > CACHED_NAME_CHARS:
+        return _secret_key.__wrapped__(name)
+    return _secret_key(name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _secret_key(name: str) -> bool:
     words = name_words(name)
     for index, word in enumerate(words):
         before = words[index - 1] if index else ""

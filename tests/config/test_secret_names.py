@@ -3,6 +3,7 @@ pages, memory and model parameters."""
 
 import pytest
 
+from config import secret_names
 from config.secret_names import secret_key
 
 
@@ -78,3 +79,14 @@ def test_names_that_hold_secrets(name):
 )
 def test_names_that_only_sound_like_secrets(name):
     assert secret_key(name) is False
+
+
+def test_a_long_name_is_answered_without_being_kept():
+    long_name = "api_key_" + "x" * 1_000_000
+    short_name = "x_api_key_7f3a"
+    before = secret_names._secret_key.cache_info().currsize
+
+    assert secret_key(long_name) is True
+    assert secret_key(short_name) is True
+
+    assert secret_names._secret_key.cache_info().currsize == before + 1

@@ -3,6 +3,7 @@
 import pytest
 
 from config.secret_names import secret_key
+from runs import redaction
 from runs.redaction import REDACTED, mask_email, redact
 
 
@@ -275,3 +276,13 @@ def test_secret_fields_are_named_by_their_words(name, secret):
 )
 def test_masking_keeps_the_first_letter_and_the_domain(text, masked):
     assert mask_email(text) == masked
+
+
+def test_a_long_key_is_shown_without_being_kept():
+    long_key = "password" + "x" * 1_000_000 + " Bearer abcdef0123456789abcdef"
+    before = redaction._key_shown.cache_info().currsize
+
+    shown, _ = redaction.key_shown(long_key, cleared=True)
+
+    assert "abcdef0123456789abcdef" not in shown
+    assert redaction._key_shown.cache_info().currsize == before
