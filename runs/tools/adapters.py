@@ -141,8 +141,17 @@ def _answer(
         headers=headers,
         timeout=tool_version.timeout_s,
     ) as response:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Asked for none: a compressed answer would be inflated before its size is known.
+            raise ToolFailed(
+                f"The service answered in {encoding[:40]} encoding, which was not asked for.",
+                category=ErrorCategory.UPSTREAM_ERROR,
+                retryable=False,
+                may_have_side_effect=may_have_side_effect,
+            )
         chunks, size = [], 0
-        for chunk in response.iter_bytes():
+        for chunk in response.iter_raw():
             size += len(chunk)
             if size > limit:
                 raise ToolFailed(
@@ -166,7 +175,7 @@ def http_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
     """POST the arguments as JSON; the host adds identity, idempotency key and credential."""
-    headers = {"Idempotency-Key": context.idempotency_key}
+    headers = {"Idempotency-Key": context.idempotency_key, "Accept-Encoding": "identity"}
     if context.credential:
         headers["Authorization"] = f"Bearer {context.credential}"
     body = {

@@ -2,6 +2,7 @@
 and which are a failed call, with the error category, retryable and may_have_side_effect of
 the envelope (DESIGN.md, gate 7)."""
 
+import gzip
 import json
 import time
 from collections.abc import Iterator
@@ -285,6 +286,23 @@ def test_a_service_that_cannot_be_reached_had_no_effect():
 
     assert str(raised.value) == "The service could not be reached."
     assert raised.value.may_have_side_effect is False
+
+
+def test_a_compressed_answer_nobody_asked_for_fails_the_call_before_it_is_inflated(
+    report_service,
+):
+    # given a service that gzips its answer although the host asked for none: 4 KB that
+    # inflate to 4 MB of zeros
+    report_service.headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    report_service.body = gzip.compress(b'{"data": "' + b"0" * 4_000_000 + b'"}')
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then
+    assert str(raised.value) == "The service answered in gzip encoding, which was not asked for."
+    assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
 
 
 def report_read(demo, report_service: ReportService, **reader: Any) -> Run:
