@@ -8,6 +8,7 @@ done) and fails with `ToolFailed` (it ran, and may or may not have had an effect
 
 import importlib
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -125,49 +126,62 @@ def _redirect_target(response: httpx.Response) -> str:
     return urlunsplit((location.scheme, host, location.path, "", ""))
 
 
+def _late() -> ToolFailed:
+    return ToolFailed(
+        "The service did not finish its answer in time.",
+        category=ErrorCategory.TIMEOUT,
+        retryable=True,
+        may_have_side_effect=True,
+    )
+
+
 def _answer(
     tool_version: ToolVersion, *, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[httpx.Response, bytes]:
-    """The service's response and its body, read within the tool's timeout as a whole (not
-    only between two reads: a service that sends a byte now and then would hold the call
-    for ever) and up to TOOL_RESPONSE_MAX_BYTES."""
+    """The service's response and its body, read within the tool's timeout as a whole and up
+    to TOOL_RESPONSE_MAX_BYTES. httpx times each read, not the whole: a service that sends a
+    byte now and then, of its headers or its body, would hold the call for ever. So the body
+    is read against the deadline, and at the deadline the client is closed under a read of
+    the headers, which then fails within one more read's timeout."""
     deadline = time.monotonic() + tool_version.timeout_s
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     may_have_side_effect = tool_version.risk not in READ_RISKS
-    with httpx.stream(
-        "POST",
-        tool_version.adapter_config["url"],
-        json=body,
-        headers=headers,
-        timeout=tool_version.timeout_s,
-    ) as response:
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            # Asked for none: a compressed answer would be inflated before its size is known.
-            raise ToolFailed(
-                f"The service answered in {encoding[:40]} encoding, which was not asked for.",
-                category=ErrorCategory.UPSTREAM_ERROR,
-                retryable=False,
-                may_have_side_effect=may_have_side_effect,
-            )
-        chunks, size = [], 0
-        for chunk in response.iter_raw():
-            size += len(chunk)
-            if size > limit:
-                raise ToolFailed(
-                    f"The service's answer is larger than {limit} bytes.",
-                    category=ErrorCategory.UPSTREAM_ERROR,
-                    retryable=False,
-                    may_have_side_effect=may_have_side_effect,
-                )
-            if time.monotonic() > deadline:
-                raise ToolFailed(
-                    "The service did not finish its answer in time.",
-                    category=ErrorCategory.TIMEOUT,
-                    retryable=True,
-                    may_have_side_effect=True,
-                )
-            chunks.append(chunk)
+    with httpx.Client(timeout=tool_version.timeout_s) as client:
+        watchdog = threading.Timer(tool_version.timeout_s, client.close)
+        watchdog.start()
+        try:
+            with client.stream(
+                "POST", tool_version.adapter_config["url"], json=body, headers=headers
+            ) as response:
+                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                if encoding not in ("", "identity"):
+                    # Asked for none: a compressed answer is inflated before its size is known.
+                    raise ToolFailed(
+                        f"The service answered in {encoding[:40]} encoding, "
+                        "which was not asked for.",
+                        category=ErrorCategory.UPSTREAM_ERROR,
+                        retryable=False,
+                        may_have_side_effect=may_have_side_effect,
+                    )
+                chunks, size = [], 0
+                for chunk in response.iter_raw():
+                    size += len(chunk)
+                    if size > limit:
+                        raise ToolFailed(
+                            f"The service's answer is larger than {limit} bytes.",
+                            category=ErrorCategory.UPSTREAM_ERROR,
+                            retryable=False,
+                            may_have_side_effect=may_have_side_effect,
+                        )
+                    if time.monotonic() > deadline:
+                        raise _late()
+                    chunks.append(chunk)
+        except httpx.HTTPError as error:
+            if time.monotonic() < deadline:
+                raise
+            raise _late() from error
+        finally:
+            watchdog.cancel()
     return response, b"".join(chunks)
 
 

@@ -305,6 +305,42 @@ def test_a_compressed_answer_nobody_asked_for_fails_the_call_before_it_is_inflat
     assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
 
 
+class TricklingHeaders(BaseHTTPRequestHandler):
+    """Reads the call and sends its answer's status line and headers a byte every 0.2 s."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        try:
+            for byte in answer:
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass  # the host stopped reading
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def test_headers_that_trickle_in_past_the_timeout_fail_the_call_in_time():
+    # given a service whose headers alone take 16 s, each byte well within the tool's 1 s
+    with loopback_server(TricklingHeaders) as port:
+        # when
+        started = time.monotonic()
+        with pytest.raises(ToolFailed) as raised:
+            http_call(
+                report_tool(f"http://127.0.0.1:{port}/", timeout_s=1),
+                call_context(),
+                {"project_id": "apollo"},
+            )
+
+        # then the call failed as a timeout within a read's timeout of its deadline
+        assert time.monotonic() - started < 3
+    assert raised.value.category == ErrorCategory.TIMEOUT
+    assert str(raised.value) == "The service did not finish its answer in time."
+
+
 def report_read(demo, report_service: ReportService, **reader: Any) -> Run:
     """A run of the generic agent that reads the report once (the tool as `reader` says,
     `http_reader_add`), finished."""
