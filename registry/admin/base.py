@@ -4,10 +4,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
 
@@ -35,12 +37,90 @@ def error_text(error: ApplicationError) -> str:
     return f"{error.message} {details}".strip()
 
 
-class TenantScopedAdmin(admin.ModelAdmin):
+class ScopedChoicesMixin:
+    """The objects a non-superuser may choose in a form, for a foreign key or a many-to-many
+    field, are those of the tenants in scope, found through the tenant lookup of the chosen
+    model's own admin, and platform-wide ones (no tenant), except for the field the row's own
+    tenant is found through (`tenant_lookup`'s first step: the suite of a case, the tool of a
+    version), which names an object of a tenant in scope. Models without a scoped admin
+    (users, content types) are left as they are."""
+
+    tenant_lookup = "tenant"
+
+    def scoped_tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
+        raise NotImplementedError
+
+    def _choices(self, request: HttpRequest, db_field: Any) -> QuerySet | None:
+        related = db_field.related_model
+        if related is Tenant:
+            return self.scoped_tenants(request)
+        try:
+            lookup = getattr(self.admin_site.get_model_admin(related), "tenant_lookup", None)
+        except admin.sites.NotRegistered:
+            return None
+        if lookup is None:
+            return None
+        scoped = Q(**{f"{lookup}__in": self.scoped_tenants(request)})
+        if self.tenant_lookup.split("__")[0] != db_field.name:
+            scoped |= Q(**{f"{lookup}__isnull": True})
+        return related._default_manager.filter(scoped)
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if not request.user.is_superuser:
+            choices = self._choices(request, db_field)
+            if choices is not None:
+                kwargs["queryset"] = choices
+        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
+        if field is not None and db_field.related_model is Tenant and not request.user.is_superuser:
+            field.required = True
+        return field
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if not request.user.is_superuser:
+            choices = self._choices(request, db_field)
+            if choices is not None:
+                kwargs["queryset"] = choices
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+
+class ScopedInline(ScopedChoicesMixin):
+    """An inline offers what its parent's admin offers."""
+
+    def scoped_tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
+        return self.admin_site.get_model_admin(self.parent_model).scoped_tenants(request)
+
+
+class TolerantChangeList(ChangeList):
+    """A filter value no date can hold (`?created_at__year=99999`) is a wrong filter, shown as
+    the admin shows one (the list, unfiltered, with a note), not a server error."""
+
+    def get_filters(self, request: HttpRequest) -> Any:
+        try:
+            return super().get_filters(request)
+        except (ValueError, OverflowError) as error:
+            raise IncorrectLookupParameters(error) from error
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        try:
+            return super().get_queryset(request, exclude_parameters)
+        except (ValueError, OverflowError) as error:
+            raise IncorrectLookupParameters(error) from error
+
+    def get_results(self, request: HttpRequest) -> None:
+        try:
+            super().get_results(request)
+        except (ValueError, OverflowError) as error:
+            raise IncorrectLookupParameters(error) from error
+
+
+class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
     """Platform admins see everything; other staff see the rows of the tenants where their
     role allows `required_action` (found through `tenant_lookup`), and nothing platform-wide."""
 
-    tenant_lookup = "tenant"
     required_action: str = Action.REGISTRY_PUBLISH
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TolerantChangeList
 
     def scoped_tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
         return tenants_where_user_can(user=request.user, action=self.required_action)
@@ -102,19 +182,6 @@ class EvidenceAdmin(ReadOnlyAdminMixin, TenantScopedAdmin):
 class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
     """A registry object's admin: tenant scope, history, object permissions."""
 
-    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
-        """Offer non-superusers only their own tenants, and only definitions they own."""
-        if not request.user.is_superuser:
-            related = db_field.related_model
-            if related is Tenant:
-                kwargs["queryset"] = self.scoped_tenants(request)
-            elif hasattr(related, "current_version"):
-                kwargs["queryset"] = related.objects.filter(tenant__in=self.scoped_tenants(request))
-        field = super().formfield_for_foreignkey(db_field, request, **kwargs)
-        if db_field.related_model is Tenant and not request.user.is_superuser:
-            field.required = True
-        return field
-
     def has_add_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)
 
@@ -131,6 +198,21 @@ class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
         if request.method == "POST":
             raise DjangoPermissionDenied("History records cannot be reverted.")
         return super().history_form_view(request, object_id, version_id, extra_context)
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        """A save the services refuse (a release gate, a version that exists already) is
+        undone and told as a message on the form it came from, not a server error."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
 
     def run_service(self, request: HttpRequest, call: Any, success: str) -> bool:
         """Run one service call; a domain refusal becomes a readable admin message."""

@@ -1,6 +1,6 @@
 """Tools, skills and their versions: lifecycle actions, frozen published rows, version diffs."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from django import forms
@@ -11,9 +11,9 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from registry.admin.base import RegistryAdmin
+from registry.admin.base import RegistryAdmin, ScopedInline
 from registry.admin.mcp import mcp_review_html
-from registry.choices import AdapterKind
+from registry.choices import FROZEN_STATUSES, AdapterKind
 from registry.models import (
     McpToolDefinition,
     Skill,
@@ -39,6 +39,12 @@ class DefinitionAdmin(RegistryAdmin):
     list_filter = ("tenant", "namespace")
     search_fields = ("name", "namespace")
     readonly_fields = ("current_version", "created_at", "created_by")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
+        fields = super().get_readonly_fields(request, obj)
+        if obj is not None and obj.versions.filter(status__in=FROZEN_STATUSES).exists():
+            return (*fields, "tenant", "namespace", "name")
+        return fields
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not change:
@@ -281,7 +287,7 @@ class ToolVersionAdmin(VersionAdmin):
         return (*fields, "mcp_review") if obj is not None else fields
 
 
-class SkillToolDependencyInline(admin.TabularInline):
+class SkillToolDependencyInline(ScopedInline, admin.TabularInline):
     model = SkillToolDependency
     extra = 0
     autocomplete_fields = ("tool_version",)

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from registry.admin.base import RegistryAdmin
+from registry.admin.base import RegistryAdmin, TenantScopedAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
 from registry.services.common import registry_object_save
@@ -46,8 +46,10 @@ class MembershipAdmin(RegistryAdmin):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are issued by the API only; here they are listed and revoked."""
+class ApiTokenAdmin(TenantScopedAdmin):
+    """Tokens are issued by the API only; here a tenant's admins list and revoke its tokens."""
+
+    required_action = Action.TENANT_ADMIN
 
     list_display = ("prefix", "user", "tenant", "created_at", "expires_at", "revoked_at")
     list_filter = ("tenant",)
@@ -59,7 +61,13 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description="Revoke selected tokens")
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_active and request.user.is_superuser
+
+    @admin.action(description="Revoke selected tokens", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet) -> None:
         revoked = api_tokens_revoke(tokens=queryset)
         self.message_user(request, f"{revoked} token(s) revoked.")

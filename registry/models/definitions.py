@@ -3,8 +3,11 @@
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
+
+from registry.choices import FROZEN_STATUSES
 
 NAMESPACE_VALIDATOR = RegexValidator(
     r"^[a-z][a-z0-9_.-]{0,62}$", "Lower-case letters, digits, '_', '.', '-'; starts with a letter."
@@ -40,6 +43,26 @@ class Definition(models.Model):
     @property
     def is_platform_wide(self) -> bool:
         return self.tenant_id is None
+
+    # What names the definition in every qualified name, capability snapshot and pin.
+    IDENTITY_FIELDS = ("tenant_id", "namespace", "name")
+
+    def clean(self) -> None:
+        """Once a version left draft, the definition's name, namespace and owner are what its
+        published versions are known by: they no longer change."""
+        super().clean()
+        if self._state.adding:
+            return
+        stored = (
+            type(self)._default_manager.filter(pk=self.pk).values(*self.IDENTITY_FIELDS).first()
+        )
+        if stored is None or all(stored[name] == getattr(self, name) for name in stored):
+            return
+        if self.versions.filter(status__in=FROZEN_STATUSES).exists():
+            raise ValidationError(
+                "A definition with a published, deprecated or revoked version keeps its "
+                "name, namespace and owner."
+            )
 
 
 def unique_name_constraints(prefix: str) -> list[models.UniqueConstraint]:

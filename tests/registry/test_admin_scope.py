@@ -1,0 +1,142 @@
+"""What staff of one tenant may choose, change and revoke in the admin: only their tenant's
+objects (and platform-wide ones where a row may use them), never another tenant's; what a
+published definition is known by never changes; a refusal or a filter no date can hold is an
+answer, not a server error."""
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from config.errors import ValidationFailed
+from evaluations.models import EvalSuite
+from registry.choices import Role
+from registry.models import ApiToken, ToolVersion
+from registry.services.common import registry_object_save
+from tests.conftest import _member
+from tests.registry.test_admin import TOOL_VERSIONS, messages_of, tool_version_form
+
+
+@pytest.fixture
+def tenant_admin(acme):
+    """tina: acme's tenant admin, staff, not a platform admin."""
+    return _member("tina", acme, Role.ADMIN, is_staff=True)
+
+
+def offered(response, field: str) -> set:
+    return set(response.context["adminform"].form.fields[field].queryset)
+
+
+def test_an_agent_config_offers_only_its_tenant_s_objects_and_platform_wide_ones(
+    client, tenant_admin, world
+):
+    client.force_login(tenant_admin)
+
+    response = client.get(f"/admin/registry/agentconfig/{world.weekly_reporter.pk}/change/")
+
+    assert response.status_code == 200
+    assert offered(response, "policy") == {world.strict}
+    assert offered(response, "model_config") == {world.acme_gpt, world.offline_planner}
+    assert offered(response, "skills") == {world.weekly_summary}
+
+
+def test_an_eval_case_names_a_suite_of_its_own_tenant_only(client, publisher, world):
+    ours = EvalSuite.objects.create(tenant=world.acme, key="ours", name="Ours", kind="task")
+    EvalSuite.objects.create(tenant=world.globex, key="theirs", name="Theirs", kind="task")
+    EvalSuite.objects.create(tenant=None, key="platform", name="Platform", kind="task")
+    client.force_login(publisher)
+
+    response = client.get("/admin/evaluations/evalcase/add/")
+
+    assert offered(response, "suite") == {ours}
+
+
+def test_a_skill_version_pins_only_tool_versions_its_publisher_may_see(client, publisher, world):
+    client.force_login(publisher)
+
+    response = client.get(f"/admin/registry/skillversion/{world.weekly_summary_1_1.pk}/change/")
+
+    [pins] = response.context["inline_admin_formsets"]
+    offered_versions = set(pins.formset.empty_form.fields["tool_version"].queryset)
+    assert world.mail_send_1 not in offered_versions
+    assert world.project_search_1 in offered_versions
+
+
+def test_a_tenant_admin_lists_and_revokes_only_its_tenant_s_tokens(client, tenant_admin, world):
+    client.force_login(tenant_admin)
+
+    listed = client.get("/admin/registry/apitoken/")
+    client.post(
+        "/admin/registry/apitoken/",
+        {"action": "revoke", "_selected_action": [world.erin_token.pk, world.dave_token.pk]},
+    )
+
+    assert set(listed.context["cl"].result_list) == {world.dave_token}
+    assert ApiToken.objects.get(pk=world.erin_token.pk).revoked_at is None
+    assert ApiToken.objects.get(pk=world.dave_token.pk).revoked_at is not None
+
+
+def test_a_permission_to_view_tokens_reaches_no_other_tenant_s_token(client, publisher, world):
+    publisher.user_permissions.add(Permission.objects.get(codename="view_apitoken"))
+    client.force_login(publisher)
+
+    response = client.post(
+        "/admin/registry/apitoken/",
+        {"action": "revoke", "_selected_action": [world.erin_token.pk]},
+    )
+
+    assert response.status_code == 403
+    assert ApiToken.objects.get(pk=world.erin_token.pk).revoked_at is None
+
+
+def test_a_tool_with_a_published_version_keeps_its_name(client, publisher, world):
+    tool = world.project_search
+    client.force_login(publisher)
+
+    page = client.get(f"/admin/registry/tool/{tool.pk}/change/")
+    client.post(
+        f"/admin/registry/tool/{tool.pk}/change/",
+        {"name": "renamed_search", "namespace": "core", "tenant": world.acme.pk},
+    )
+
+    assert "name" not in page.context["adminform"].form.fields
+    tool.refresh_from_db()
+    assert tool.name == "project_search"
+    assert ToolVersion.objects.get(pk=world.project_search_1.pk).qualified_name == (
+        "project_search@1.0.0"
+    )
+    tool.name = "renamed_search"
+    with pytest.raises(ValidationFailed):
+        registry_object_save(instance=tool, actor=publisher)
+
+
+def test_a_draft_given_the_number_of_a_released_version_is_refused_with_a_message(
+    client, publisher, world
+):
+    client.force_login(publisher)
+    draft = world.project_search_2
+
+    response = client.post(
+        f"{TOOL_VERSIONS}{draft.pk}/change/", tool_version_form(version="1.0.0"), follow=True
+    )
+
+    assert response.status_code == 200
+    [text] = [text for level, text in messages_of(response) if level == "error"]
+    assert "already exists" in text
+    draft.refresh_from_db()
+    assert draft.version == "2.0.0"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/registry/tool/?created_at__year=99999",
+        "/admin/registry/tool/?created_at__year=-5",
+        "/admin/registry/toolversion/?created_at__year=9999&created_at__month=12",
+    ],
+)
+def test_a_date_filter_no_date_can_hold_is_a_wrong_filter(client, platform_admin, world, path):
+    client.force_login(platform_admin)
+
+    response = client.get(path)
+
+    assert response.status_code == 302
+    assert response.url.endswith("?e=1")
