@@ -8,13 +8,14 @@ import dataclasses
 import datetime
 import decimal
 import json
+from collections.abc import Callable
 
 import pytest
 
 from config.jsontext import MAX_DEPTH, TOO_DEEP
 from registry.choices import ModelProvider
 from runs.loop import run_execute
-from runs.models import RunEvent, ToolCall
+from runs.models import Run, RunEvent, ToolCall
 from runs.tools import adapters
 from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import anthropic_message, openai_completion
@@ -38,6 +39,25 @@ def _read_call(call_id: str = "call_week") -> tuple[str, str, str]:
     )
 
 
+def _run_answering(demo, fake_model, monkeypatch, answers: dict[str, Callable]) -> Run:
+    """A run whose model reads apollo's week once per call id of `answers`, then drafts; what
+    the tool answers each of those calls goes through its function first."""
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=tuple(_read_call(call_id) for call_id in answers)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    execute = adapters.execute
+
+    def answering(tool_version, context, arguments):
+        output = execute(tool_version, context, arguments)
+        return answers[context.call_id](output) if context.call_id in answers else output
+
+    monkeypatch.setattr(adapters, "execute", answering)
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    run.refresh_from_db()
+    return run
+
+
 @pytest.mark.parametrize(
     ("returned", "kept"),
     [
@@ -59,23 +79,13 @@ def _read_call(call_id: str = "call_week") -> tuple[str, str, str]:
 def test_a_tool_output_postgresql_would_refuse_is_kept_storable_and_the_run_goes_on(
     demo, fake_model, monkeypatch, returned, kept
 ):
-    fake = fake_model()
-    fake.reply(openai_completion(tool_calls=(_read_call(),)))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    execute = adapters.execute
+    run = _run_answering(
+        demo,
+        fake_model,
+        monkeypatch,
+        {"call_week": lambda output: dataclasses.replace(output, raw={"odd": returned})},
+    )
 
-    def with_odd_data(tool_version, context, arguments):
-        output = execute(tool_version, context, arguments)
-        if context.call_id != "call_week":
-            return output
-        return dataclasses.replace(output, raw={"odd": returned})
-
-    monkeypatch.setattr(adapters, "execute", with_odd_data)
-    run = demo_run(demo, project_id="apollo")
-
-    run_execute(run_id=str(run.pk))
-
-    run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
     call = ToolCall.objects.get(run=run, call_id="call_week")
     assert call.status == "completed"
@@ -85,23 +95,13 @@ def test_a_tool_output_postgresql_would_refuse_is_kept_storable_and_the_run_goes
 def test_a_tool_output_nested_deeper_than_a_run_keeps_is_cut_at_that_depth(
     demo, fake_model, monkeypatch
 ):
-    fake = fake_model()
-    fake.reply(openai_completion(tool_calls=(_read_call(),)))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    execute = adapters.execute
+    run = _run_answering(
+        demo,
+        fake_model,
+        monkeypatch,
+        {"call_week": lambda output: dataclasses.replace(output, raw=_nested(600))},
+    )
 
-    def nesting_deep(tool_version, context, arguments):
-        output = execute(tool_version, context, arguments)
-        if context.call_id != "call_week":
-            return output
-        return dataclasses.replace(output, raw=_nested(600))
-
-    monkeypatch.setattr(adapters, "execute", nesting_deep)
-    run = demo_run(demo, project_id="apollo")
-
-    run_execute(run_id=str(run.pk))
-
-    run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
     raw = ToolCall.objects.get(run=run, call_id="call_week").envelope["raw"]
     # each step down is an object and an array: the value at depth MAX_DEPTH stands for the rest
@@ -190,22 +190,13 @@ def test_a_draft_nested_too_deep_is_sent_back_for_a_correction(demo, fake_model)
 def test_a_handler_answer_that_is_not_a_tool_output_fails_its_call_and_the_run_goes_on(
     demo, fake_model, monkeypatch, answer
 ):
-    fake = fake_model()
-    fake.reply(openai_completion(tool_calls=(_read_call("call_odd"), _read_call())))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    execute = adapters.execute
+    run = _run_answering(
+        demo,
+        fake_model,
+        monkeypatch,
+        {"call_odd": lambda output: answer, "call_week": lambda output: output},
+    )
 
-    def answering_oddly(tool_version, context, arguments):
-        if context.call_id == "call_odd":
-            return answer
-        return execute(tool_version, context, arguments)
-
-    monkeypatch.setattr(adapters, "execute", answering_oddly)
-    run = demo_run(demo, project_id="apollo")
-
-    run_execute(run_id=str(run.pk))
-
-    run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
     odd = ToolCall.objects.get(run=run, call_id="call_odd")
     assert (odd.status, odd.error_category) == ("failed", "UNKNOWN")
