@@ -85,7 +85,7 @@ MAX_JSON_DEPTH = 32
 MAX_SAFE_INTEGER = 2**53 - 1
 
 
-def _string_problem(value: str) -> str | None:
+def string_problem(value: str) -> str | None:
     if "\x00" in value:
         return "NUL characters are not allowed."
     try:
@@ -96,14 +96,14 @@ def _string_problem(value: str) -> str | None:
     return None
 
 
-def _json_problem(value: Any, depth: int = 0) -> str | None:
+def json_problem(value: Any, depth: int = 0) -> str | None:
     """Why a parsed body cannot be stored or canonically hashed: nesting too deep, a NUL
     character or an unpaired surrogate in a key or a value, or a number outside what an
     IEEE 754 double holds exactly (RFC 8785)."""
     if depth > MAX_JSON_DEPTH:
         return f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
     if isinstance(value, str):
-        return _string_problem(value)
+        return string_problem(value)
     if isinstance(value, bool):
         return None
     if isinstance(value, int) and abs(value) > MAX_SAFE_INTEGER:
@@ -116,7 +116,7 @@ def _json_problem(value: Any, depth: int = 0) -> str | None:
         items = value
     else:
         return None
-    return next((p for item in items if (p := _json_problem(item, depth + 1))), None)
+    return next((p for item in items if (p := json_problem(item, depth + 1))), None)
 
 
 class StrictJSONParser(JSONParser):
@@ -129,7 +129,7 @@ class StrictJSONParser(JSONParser):
             raise exceptions.ParseError(
                 f"JSON nested deeper than {MAX_JSON_DEPTH} levels."
             ) from error
-        problem = _json_problem(data)
+        problem = json_problem(data)
         if problem:
             raise exceptions.ParseError(problem)
         return data

@@ -8,12 +8,13 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.db.models import Q, QuerySet
+from django.db.models import JSONField, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
 
 from config.errors import ApplicationError
+from config.forms import StrictJSONFormField
 from registry.choices import Action
 from registry.models import Tenant
 from registry.selectors import tenants_where_user_can
@@ -64,6 +65,13 @@ class ScopedChoicesMixin:
         if self.tenant_lookup.split("__")[0] != db_field.name:
             scoped |= Q(**{f"{lookup}__isnull": True})
         return related._default_manager.filter(scoped)
+
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if isinstance(db_field, JSONField):
+            kwargs.setdefault("form_class", StrictJSONFormField)
+            if kwargs["form_class"] is StrictJSONFormField and not db_field.null:
+                kwargs.setdefault("empty", db_field.get_default())
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
         if not request.user.is_superuser:
