@@ -73,7 +73,7 @@ class ModelConfig(models.Model):
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             raise ValidationError({"credential_ref": refusal})
-        secret_like = sorted(name for name in self.parameters if secret_key(name))
+        secret_like = sorted(_secret_paths(self.parameters))
         if secret_like:
             raise ValidationError(
                 {
@@ -81,6 +81,19 @@ class ModelConfig(models.Model):
                     "environment variable that holds the secret in credential_ref instead."
                 }
             )
+
+
+def _secret_paths(value: object, prefix: str = "") -> list[str]:
+    """Where in `value` a key names a credential, at any depth (`extra_headers.Authorization`)."""
+    if isinstance(value, list):
+        return [path for item in value for path in _secret_paths(item, prefix)]
+    if not isinstance(value, dict):
+        return []
+    paths = []
+    for name, item in value.items():
+        path = f"{prefix}{name}"
+        paths += [path] if secret_key(str(name)) else _secret_paths(item, f"{path}.")
+    return paths
 
 
 class AgentConfig(models.Model):

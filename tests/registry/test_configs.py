@@ -32,6 +32,26 @@ def test_a_model_config_refuses_secrets_in_its_parameters(platform_admin):
     assert not ModelConfig.objects.exists()
 
 
+def test_a_model_config_refuses_secrets_nested_in_its_parameters(platform_admin):
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        parameters={
+            "extra_headers": {"Authorization": "Bearer sk-proj-0123456789"},
+            "extra_body": {"routes": [{"client_secret": "s3cr3t-value"}]},
+        },
+    )
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+
+    assert refused.value.details["parameters"][0].startswith(
+        "extra_body.routes.client_secret, extra_headers.Authorization look like credentials"
+    )
+    assert not ModelConfig.objects.exists()
+
+
 def test_a_model_config_keeps_parameters_that_only_sound_like_credentials(platform_admin):
     config = ModelConfig(
         name="gemini",
