@@ -7,7 +7,9 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError
 from django.db.models import JSONField, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
@@ -36,6 +38,22 @@ def error_text(error: ApplicationError) -> str:
         if field not in {"from", "to"}
     )
     return f"{error.message} {details}".strip()
+
+
+class TolerantAutocompleteSelect(AutocompleteSelect):
+    """Redraws a form whose posted choice is not even an id of the model (`user=abc`) as a
+    form with that error; Django's widget looked the value up and failed with a 500."""
+
+    def optgroups(self, name: str, value: Any, attr: Any = None) -> Any:
+        target = self.field.target_field
+        readable = []
+        for item in value:
+            try:
+                target.to_python(item)
+            except ValidationError:
+                continue
+            readable.append(item)
+        return super().optgroups(name, readable, attr)
 
 
 class ScopedChoicesMixin:
@@ -74,6 +92,10 @@ class ScopedChoicesMixin:
         return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = TolerantAutocompleteSelect(
+                db_field, self.admin_site, using=kwargs.get("using")
+            )
         if not request.user.is_superuser:
             choices = self._choices(request, db_field)
             if choices is not None:

@@ -60,3 +60,16 @@ def test_an_empty_json_field_takes_its_default(client, platform_admin, suite, em
     assert response.status_code == 302, response.context["adminform"].form.errors
     case = EvalCase.objects.get()
     assert (case.metadata, case.forbidden) == ({}, {})
+
+
+def test_a_choice_that_is_not_even_an_id_is_a_form_error(client, platform_admin, world):
+    client.force_login(platform_admin)
+    membership = world.alice_membership
+
+    response = client.post(
+        f"/admin/registry/membership/{membership.pk}/change/",
+        {"user": "abc", "tenant": world.acme.pk, "role": membership.role},
+    )
+
+    assert response.status_code == 200
+    assert "user" in response.context["adminform"].form.errors
