@@ -1,6 +1,9 @@
+from collections.abc import Sequence
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -9,6 +12,20 @@ from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_tokens_revoke, tenant_create
+
+
+class UsernameField(forms.ModelChoiceField):
+    """A user named by username, in a text box: nothing is listed to choose from."""
+
+    widget = forms.TextInput
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(to_field_name="username", **kwargs)
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, int):
+            value = self.queryset.filter(pk=value).values_list("username", flat=True).first()
+        return super().prepare_value(value)
 
 
 @admin.register(Tenant)
@@ -34,12 +51,27 @@ class TenantAdmin(RegistryAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(RegistryAdmin):
+    """Platform admins search every user; a tenant's admins, who may not list other tenants'
+    people, name the person by exact username."""
+
     required_action = Action.TENANT_ADMIN
     list_display = ("user", "tenant", "role", "created_at")
     list_filter = ("role", "tenant")
     search_fields = ("user__username", "user__email", "tenant__slug")
     list_select_related = ("user", "tenant")
     autocomplete_fields = ("user",)
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> Sequence[str]:
+        return self.autocomplete_fields if request.user.is_superuser else ()
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
+        if db_field.name == "user" and not request.user.is_superuser:
+            return UsernameField(
+                queryset=get_user_model()._default_manager.filter(is_active=True),
+                label="Username",
+                help_text="The exact username of the person.",
+            )
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         registry_object_save(instance=obj, actor=request.user, reason="saved in admin")

@@ -9,9 +9,10 @@ from django.contrib.auth.models import Permission
 from config.errors import ValidationFailed
 from evaluations.models import EvalSuite
 from registry.choices import Role
-from registry.models import ApiToken, ToolVersion
+from registry.models import ApiToken, Membership, ToolVersion
 from registry.services.common import registry_object_save
 from tests.conftest import _member
+from tests.registry.factories import UserFactory
 from tests.registry.test_admin import TOOL_VERSIONS, messages_of, tool_version_form
 
 
@@ -140,3 +141,23 @@ def test_a_date_filter_no_date_can_hold_is_a_wrong_filter(client, platform_admin
 
     assert response.status_code == 302
     assert response.url.endswith("?e=1")
+
+
+def test_a_tenant_admin_adds_a_member_by_username_without_any_list_of_users(
+    client, tenant_admin, world
+):
+    newcomer = UserFactory(username="zoe")
+    client.force_login(tenant_admin)
+
+    page = client.get("/admin/registry/membership/add/")
+    response = client.post(
+        "/admin/registry/membership/add/",
+        {"user": "zoe", "tenant": world.acme.pk, "role": Role.MEMBER},
+    )
+    shown = client.get(f"/admin/registry/membership/{world.alice_membership.pk}/change/")
+
+    assert page.status_code == 200
+    assert "/admin/autocomplete/" not in page.content.decode()
+    assert response.status_code == 302
+    assert Membership.objects.filter(user=newcomer, tenant=world.acme, role=Role.MEMBER).exists()
+    assert 'value="alice"' in shown.content.decode()
