@@ -139,26 +139,16 @@ def test_openai_output_with_nul_and_arguments_nested_too_deep_for_json_is_kept(d
 def test_anthropic_arguments_nested_deeper_than_a_run_keeps_are_refused(demo, fake_model):
     fake = fake_model(ModelProvider.ANTHROPIC)
     monday, sunday = this_week()
-    fake.reply(
-        anthropic_message(
-            tool_uses=(
-                ("toolu_deep", "project_search", {"project_id": "apollo", "more": _nested(100)}),
-                (
-                    "toolu_read",
-                    "project_search",
-                    {"project_id": "apollo", "from": monday, "to": sunday},
-                ),
-            )
-        )
-    )
+    deep = {"project_id": "apollo", "more": _nested(100)}
+    week = {"project_id": "apollo", "from": monday, "to": sunday}
+    calls = (("toolu_deep", "project_search", deep), ("toolu_read", "project_search", week))
+    fake.reply(anthropic_message(tool_uses=calls))
     fake.reply(anthropic_message(text=json.dumps(apollo_draft())))
-    run = demo_run(demo, project_id="apollo")
 
-    run_execute(run_id=str(run.pk))
+    run_execute(run_id=str(demo_run(demo, project_id="apollo").pk))
 
-    run.refresh_from_db()
-    assert run.status == "WAITING_APPROVAL"
-    rejected = ToolCall.objects.get(run=run, call_id="toolu_deep")
+    rejected = ToolCall.objects.get(call_id="toolu_deep")
+    assert rejected.run.status == "WAITING_APPROVAL"
     assert (rejected.status, rejected.error_category) == ("rejected", "INVALID_ARGUMENT")
     assert rejected.arguments == TOO_DEEP
 
