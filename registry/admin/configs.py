@@ -1,9 +1,12 @@
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db import models
 from django.http import HttpRequest
 
+from evaluations.errors import ReleaseGateFailed
+from evaluations.gates import model_change_check
 from registry.admin.base import RegistryAdmin
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag
@@ -34,8 +37,23 @@ class ModelConfigAdmin(ConfigAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
 
 
+class AgentConfigForm(forms.ModelForm):
+    """A move to another model that the release gates of the agent's skills refuse is an error
+    of the model field, shown with what was typed."""
+
+    def _post_clean(self) -> None:
+        super()._post_clean()
+        if self.errors:
+            return
+        try:
+            model_change_check(agent_config=self.instance)
+        except ReleaseGateFailed as refused:
+            self.add_error("model_config", refused.message)
+
+
 @admin.register(AgentConfig)
 class AgentConfigAdmin(ConfigAdmin):
+    form = AgentConfigForm
     list_display = (
         "name",
         "tenant",

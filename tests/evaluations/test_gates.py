@@ -2,6 +2,7 @@
 finished eval run of exactly that version (and model) meeting every threshold of the skill."""
 
 import pytest
+from django import forms
 from django.test import Client
 
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
@@ -101,3 +102,33 @@ def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
     assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
     demo.agent.refresh_from_db()
     assert demo.agent.model_config == adversary
+
+
+def test_the_admin_shows_a_refused_model_move_on_the_form_with_what_was_typed(
+    demo, tiny, adversary
+):
+    page = Client()
+    page.force_login(demo.admin)
+    agent = demo.agent
+    form = page.get(f"/admin/registry/agentconfig/{agent.pk}/change/").context["adminform"].form
+    data = {}
+    for name, field in form.fields.items():
+        value = form.initial.get(name)
+        if isinstance(field, forms.BooleanField):
+            data |= {name: "on"} if value else {}
+        elif value is not None:
+            data[name] = field.widget.format_value(field.prepare_value(value))
+    data |= {
+        "skills": [skill.pk for skill in agent.skills.all()],
+        "model_config": adversary.pk,
+        "description": "Moved to the adversary, on purpose.",
+    }
+
+    response = page.post(f"/admin/registry/agentconfig/{agent.pk}/change/", data)
+
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert "cannot move to adversary" in form.errors["model_config"][0]
+    assert form["description"].value() == "Moved to the adversary, on purpose."
+    agent.refresh_from_db()
+    assert agent.model_config != adversary
