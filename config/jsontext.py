@@ -121,12 +121,13 @@ def deeper_than(value: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 def loads_bounded(text: str | bytes) -> Any:
-    """JSON text from outside, parsed; ValueError when it is not JSON or nests deeper than
-    MAX_DEPTH (also when it nests too deep for the standard library's parser)."""
+    """JSON text from outside, parsed and `storable` (its escapes may spell a NUL, a lone
+    surrogate or NaN); ValueError when it is not JSON or nests deeper than MAX_DEPTH (also
+    when it nests too deep for the standard library's parser)."""
     try:
         value = json.loads(text)
     except RecursionError as error:
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels.") from error
     if deeper_than(value):
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels.")
-    return value
+    return storable(value)

@@ -68,9 +68,10 @@ def test_json_from_outside_that_is_not_json_or_nests_too_deep_is_a_value_error(t
         jsontext.loads_bounded(text)
 
 
-def test_json_from_outside_within_the_depth_reads_as_json():
+def test_json_from_outside_within_the_depth_reads_as_json_postgresql_stores():
     text = "[" * jsontext.MAX_DEPTH + "]" * jsontext.MAX_DEPTH
     assert jsontext.loads_bounded(text) == json.loads(text)
+    assert jsontext.loads_bounded('{"a\\u0000": ["\\ud800", NaN]}') == {"a\ufffd": ["\ufffd", None]}
 
 
 def test_storable_json_keeps_what_postgresql_stores_and_cuts_what_nests_deeper():

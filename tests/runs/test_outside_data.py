@@ -191,3 +191,16 @@ def test_a_handler_answer_that_is_not_a_tool_output_fails_its_call_and_the_run_g
     odd = ToolCall.objects.get(run=run, call_id="call_odd")
     assert (odd.status, odd.error_category) == ("failed", "UNKNOWN")
     assert ToolCall.objects.get(run=run, call_id="call_week").status == "completed"
+
+
+def test_a_draft_whose_json_escapes_a_nul_is_kept_storable(demo, fake_model):
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(_read_call(),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft(subject="Weekly\x00 status"))))
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    assert run.state["draft"]["subject"] == "Weekly\ufffd status"
