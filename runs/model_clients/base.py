@@ -90,17 +90,17 @@ def response_kept(response: ModelResponse) -> ModelResponse:
                     storable_text(call.call_id) if isinstance(call.call_id, str) else call.call_id
                 ),
                 name=storable_text(call.name),
-                arguments=(
-                    storable_text(call.arguments)
-                    if isinstance(call.arguments, str)
-                    else TOO_DEEP
-                    if deeper_than(call.arguments)
-                    else storable(call.arguments)
-                ),
+                arguments=_arguments_kept(call.arguments),
             )
             for call in response.tool_calls
         ),
     )
+
+
+def _arguments_kept(arguments: dict[str, Any] | str) -> dict[str, Any] | str:
+    if isinstance(arguments, str):
+        return storable_text(arguments)
+    return TOO_DEEP if deeper_than(arguments) else storable(arguments)
 
 
 class ModelError(Exception):
