@@ -12,6 +12,8 @@ refresh token is, a count of input tokens is not.
 
 import functools
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
@@ -57,23 +59,34 @@ def name_words(name: str) -> list[str]:
     return [word.lower() for word in _WORDS.findall(name)]
 
 
-# Names are answered from a cache of the process: the same few repeat in every item. A name
-# longer than this is answered without it: a tool's answer may use any text as a key, and a
-# cached one would hold its memory for the life of the process.
+T = TypeVar("T")
+
+# A name longer than this is answered without the cache of `cached_by_name`.
 CACHED_NAME_CHARS = 256
 
 
+def cached_by_name(function: Callable[..., T]) -> Callable[..., T]:
+    """`function` of a name (and more) answered from a cache of the process: the same few
+    names repeat in every item. A name longer than CACHED_NAME_CHARS is answered without it:
+    a tool's answer may use any text as a key, and a cached one would hold its memory for the
+    life of the process."""
+    cached = functools.lru_cache(maxsize=4096)(function)
+
+    @functools.wraps(function)
+    def answer(name: str, *args: Any, **kwargs: Any) -> T:
+        if len(name) > CACHED_NAME_CHARS:
+            return function(name, *args, **kwargs)
+        return cached(name, *args, **kwargs)
+
+    answer.cache_info = cached.cache_info  # type: ignore[attr-defined]
+    return answer
+
+
+@cached_by_name
 def secret_key(name: str) -> bool:
     """Whether a field of this name holds a secret: access_token, apiKey, client_secret,
     AWS_SECRET_ACCESS_KEY, password (not input_tokens, token_count, nextPageToken,
     idempotency_key, public_key or keywords)."""
-    if len(name) > CACHED_NAME_CHARS:
-        return _secret_key.__wrapped__(name)
-    return _secret_key(name)
-
-
-@functools.lru_cache(maxsize=4096)
-def _secret_key(name: str) -> bool:
     words = name_words(name)
     for index, word in enumerate(words):
         before = words[index - 1] if index else ""

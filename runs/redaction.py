@@ -7,11 +7,10 @@ contract marks sensitive (`result_contract.sensitive_fields`) replaced.
 """
 
 import binascii
-import functools
 import re
 from typing import Any
 
-from config.secret_names import CACHED_NAME_CHARS, name_words, secret_key
+from config.secret_names import cached_by_name, name_words, secret_key
 
 REDACTED = "[redacted]"
 # An email address: the local part is taken whole, from where its run of characters starts
@@ -213,17 +212,9 @@ def _text(value: str, *, cleared: bool) -> str:
     return value if cleared else mask_email(value)
 
 
+@cached_by_name
 def key_shown(key: str, cleared: bool) -> tuple[str, bool]:
-    """A key as shown (`cleared`: with secrets removed only), and whether it names a secret.
-    Kept per process, as `secret_key` keeps its answers: keys repeat, the same few names in
-    every item."""
-    if len(key) > CACHED_NAME_CHARS:
-        return _key_shown.__wrapped__(key, cleared)
-    return _key_shown(key, cleared)
-
-
-@functools.lru_cache(maxsize=4096)
-def _key_shown(key: str, cleared: bool) -> tuple[str, bool]:
+    """A key as shown (`cleared`: with secrets removed only), and whether it names a secret."""
     return _text(key, cleared=cleared), secret_key(key)
 
 

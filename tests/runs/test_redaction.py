@@ -280,9 +280,9 @@ def test_masking_keeps_the_first_letter_and_the_domain(text, masked):
 
 def test_a_long_key_is_shown_without_being_kept():
     long_key = "password" + "x" * 1_000_000 + " Bearer abcdef0123456789abcdef"
-    before = redaction._key_shown.cache_info().currsize
+    before = redaction.key_shown.cache_info().currsize
 
     shown, _ = redaction.key_shown(long_key, cleared=True)
 
     assert "abcdef0123456789abcdef" not in shown
-    assert redaction._key_shown.cache_info().currsize == before
+    assert redaction.key_shown.cache_info().currsize == before
