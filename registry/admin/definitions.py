@@ -13,7 +13,7 @@ from django.urls import path, reverse
 
 from registry.admin.base import RegistryAdmin, ScopedInline
 from registry.admin.mcp import mcp_review_html
-from registry.choices import FROZEN_STATUSES, AdapterKind
+from registry.choices import AdapterKind
 from registry.models import (
     McpToolDefinition,
     Skill,
@@ -42,7 +42,7 @@ class DefinitionAdmin(RegistryAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Sequence[str]:
         fields = super().get_readonly_fields(request, obj)
-        if obj is not None and obj.versions.filter(status__in=FROZEN_STATUSES).exists():
+        if obj is not None and obj.versions.any_frozen():
             return (*fields, "tenant", "namespace", "name")
         return fields
 

@@ -7,8 +7,6 @@ from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
-from registry.choices import FROZEN_STATUSES
-
 NAMESPACE_VALIDATOR = RegexValidator(
     r"^[a-z][a-z0-9_.-]{0,62}$", "Lower-case letters, digits, '_', '.', '-'; starts with a letter."
 )
@@ -58,7 +56,7 @@ class Definition(models.Model):
         )
         if stored is None or all(stored[name] == getattr(self, name) for name in stored):
             return
-        if self.versions.filter(status__in=FROZEN_STATUSES).exists():
+        if self.versions.any_frozen():
             raise ValidationError(
                 "A definition with a published, deprecated or revoked version keeps its "
                 "name, namespace and owner."

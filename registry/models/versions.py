@@ -36,6 +36,10 @@ def validate_semver(value: str) -> None:
 class VersionQuerySet(models.QuerySet):
     """Refuses bulk writes that would change or remove a frozen version's content."""
 
+    def any_frozen(self) -> bool:
+        """Whether one of these versions left draft (published, deprecated or revoked)."""
+        return self.filter(status__in=FROZEN_STATUSES).exists()
+
     def update(self, **kwargs: Any) -> int:
         content = (
             set(kwargs)
@@ -43,7 +47,7 @@ class VersionQuerySet(models.QuerySet):
             - {f + "_id" for f in LIFECYCLE_FIELDS}
             - self.model.derived_fields
         )
-        if content and self.filter(status__in=FROZEN_STATUSES).exists():
+        if content and self.any_frozen():
             raise VersionImmutable(
                 "Published versions cannot be changed; create a new version.",
                 details={"fields": sorted(content)},
@@ -53,7 +57,7 @@ class VersionQuerySet(models.QuerySet):
         return super().update(**kwargs)
 
     def delete(self) -> tuple[int, dict[str, int]]:
-        if self.filter(status__in=FROZEN_STATUSES).exists():
+        if self.any_frozen():
             raise VersionImmutable("Published versions cannot be deleted; revoke them instead.")
         return super().delete()
 
