@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path
@@ -38,6 +39,29 @@ def error_text(error: ApplicationError) -> str:
         if field not in {"from", "to"}
     )
     return f"{error.message} {details}".strip()
+
+
+# Where a POST the services refused keeps the refusal while its form is drawn again.
+_REFUSAL = "_service_refusal"
+
+
+def _refused(form: type[forms.ModelForm], error: ApplicationError) -> type[forms.ModelForm]:
+    """`form`, invalid with the services' refusal: on the fields it names that the form
+    shows, and as a whole otherwise."""
+
+    class Refused(form):
+        def clean(self) -> dict[str, Any]:
+            cleaned = super().clean()
+            rest = {}
+            for field, value in error.details.items():
+                if field in self.fields:
+                    self.add_error(field, _detail_text(value))
+                else:
+                    rest[field] = value
+            self.add_error(None, error_text(ApplicationError(error.message, details=rest)))
+            return cleaned
+
+    return Refused
 
 
 class TolerantAutocompleteSelect(AutocompleteSelect):
@@ -232,12 +256,23 @@ class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
         extra_context: Any = None,
     ) -> HttpResponse:
         """A save the services refuse (a release gate, a version that exists already) is
-        undone and told as a message on the form it came from, not a server error."""
+        undone, and the form is drawn again with what was typed and the refusal as its error
+        (`get_form`), not a server error."""
         try:
             return super().changeform_view(request, object_id, form_url, extra_context)
         except ApplicationError as error:
-            self.message_user(request, error_text(error), level=messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
+            if request.method != "POST" or hasattr(request, _REFUSAL):
+                self.message_user(request, error_text(error), level=messages.ERROR)
+                return HttpResponseRedirect(request.get_full_path())
+            setattr(request, _REFUSAL, error)
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm]:
+        form = super().get_form(request, obj, change, **kwargs)
+        refusal = getattr(request, _REFUSAL, None)
+        return form if refusal is None else _refused(form, refusal)
 
     def run_service(self, request: HttpRequest, call: Any, success: str) -> bool:
         """Run one service call; a domain refusal becomes a readable admin message."""

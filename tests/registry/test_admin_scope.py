@@ -13,7 +13,7 @@ from registry.models import ApiToken, Membership, ToolVersion
 from registry.services.common import registry_object_save
 from tests.conftest import _member
 from tests.registry.factories import UserFactory
-from tests.registry.test_admin import TOOL_VERSIONS, messages_of, tool_version_form
+from tests.registry.test_admin import TOOL_VERSIONS, tool_version_form
 
 
 @pytest.fixture
@@ -109,21 +109,24 @@ def test_a_tool_with_a_published_version_keeps_its_name(client, publisher, world
         registry_object_save(instance=tool, actor=publisher)
 
 
-def test_a_draft_given_the_number_of_a_released_version_is_refused_with_a_message(
+def test_a_draft_given_the_number_of_a_released_version_is_refused_on_the_typed_form(
     client, publisher, world
 ):
     client.force_login(publisher)
     draft = world.project_search_2
+    saved = (draft.version, draft.description)
+    typed = tool_version_form(version="1.0.0", description="Typed before the refusal.")
 
-    response = client.post(
-        f"{TOOL_VERSIONS}{draft.pk}/change/", tool_version_form(version="1.0.0"), follow=True
-    )
+    response = client.post(f"{TOOL_VERSIONS}{draft.pk}/change/", typed)
 
     assert response.status_code == 200
-    [text] = [text for level, text in messages_of(response) if level == "error"]
+    form = response.context["adminform"].form
+    assert form.data["version"] == "1.0.0"
+    assert form.data["description"] == "Typed before the refusal."
+    [text] = form.non_field_errors()
     assert "already exists" in text
     draft.refresh_from_db()
-    assert draft.version == "2.0.0"
+    assert (draft.version, draft.description) == saved
 
 
 @pytest.mark.parametrize(
