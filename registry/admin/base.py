@@ -12,7 +12,7 @@ from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError
 from django.db.models import JSONField, Q, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
 
@@ -239,6 +239,43 @@ class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return request.user.is_active and request.user.is_superuser
+
+    # Object grants (django-guardian) carry meaning only on platform-wide definitions, which
+    # platform admins manage: their pages would let other staff look up any user or group
+    # of the platform by name, so to those staff the pages do not exist, nor the link to them.
+    def obj_perms_manage_view(self, request: HttpRequest, object_pk: str) -> HttpResponse:
+        self._platform_admin_only(request)
+        return super().obj_perms_manage_view(request, object_pk)
+
+    def obj_perms_manage_user_view(
+        self, request: HttpRequest, object_pk: str, user_id: str
+    ) -> HttpResponse:
+        self._platform_admin_only(request)
+        return super().obj_perms_manage_user_view(request, object_pk, user_id)
+
+    def obj_perms_manage_group_view(
+        self, request: HttpRequest, object_pk: str, group_id: str
+    ) -> HttpResponse:
+        self._platform_admin_only(request)
+        return super().obj_perms_manage_group_view(request, object_pk, group_id)
+
+    @staticmethod
+    def _platform_admin_only(request: HttpRequest) -> None:
+        if not (request.user.is_active and request.user.is_superuser):
+            raise Http404("Object permissions are managed by platform admins.")
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse:
+        response = super().render_change_form(request, context, *args, **kwargs)
+        if not request.user.is_superuser:
+            opts = self.model._meta
+            response.template_name = [
+                f"admin/{opts.app_label}/{opts.model_name}/change_form.html",
+                f"admin/{opts.app_label}/change_form.html",
+                "admin/change_form.html",
+            ]
+        return response
 
     def history_form_view(
         self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None

@@ -164,3 +164,23 @@ def test_a_tenant_admin_adds_a_member_by_username_without_any_list_of_users(
     assert response.status_code == 302
     assert Membership.objects.filter(user=newcomer, tenant=world.acme, role=Role.MEMBER).exists()
     assert 'value="alice"' in shown.content.decode()
+
+
+def test_object_permission_pages_exist_only_for_platform_admins(client, publisher, world):
+    """A tenant's publisher could look up any user or group of the platform by name there,
+    and grant rights on a tenant's tool that mean nothing."""
+    tool = world.project_search_1.tool
+    base = f"/admin/registry/tool/{tool.pk}"
+    client.force_login(publisher)
+
+    change_page = client.get(f"{base}/change/")
+    pages = [
+        client.get(f"{base}/permissions/"),
+        client.post(f"{base}/permissions/", {"user": "root", "submit_manage_user": "1"}),
+        client.get(f"{base}/permissions/user-manage/{publisher.pk}/"),
+        client.get(f"{base}/permissions/group-manage/{world.acme.grant_group.pk}/"),
+    ]
+
+    assert change_page.status_code == 200
+    assert "permissions/" not in change_page.content.decode()
+    assert [page.status_code for page in pages] == [404, 404, 404, 404]
