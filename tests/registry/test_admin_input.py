@@ -1,9 +1,12 @@
 """Odd input in the admin's JSON fields is a form error, and an empty one the field's default:
 never a value PostgreSQL refuses (a server error) or a page that cannot be drawn."""
 
+import json
+
 import pytest
 
 from evaluations.models import EvalCase, EvalSuite
+from tests.registry.factories import skill_content
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
 
@@ -73,3 +76,34 @@ def test_a_choice_that_is_not_even_an_id_is_a_form_error(client, platform_admin,
 
     assert response.status_code == 200
     assert "user" in response.context["adminform"].form.errors
+
+
+@pytest.mark.parametrize("pin", ["abc", "99999999", "00000000-0000-0000-0000-000000000000"])
+def test_a_skill_pin_that_is_not_a_tool_version_is_a_form_error(client, publisher, world, pin):
+    draft = world.weekly_summary_1_1
+    dependency = draft.tool_dependencies.get()
+    client.force_login(publisher)
+    data = {
+        "version": draft.version,
+        **{
+            field: json.dumps(value) if not isinstance(value, str) else value
+            for field, value in skill_content().items()
+        },
+        "tool_dependencies-TOTAL_FORMS": "1",
+        "tool_dependencies-INITIAL_FORMS": "1",
+        "tool_dependencies-MIN_NUM_FORMS": "0",
+        "tool_dependencies-MAX_NUM_FORMS": "1000",
+        "tool_dependencies-0-id": str(dependency.pk),
+        "tool_dependencies-0-skill_version": str(draft.pk),
+        "tool_dependencies-0-tool_version": pin,
+    }
+
+    response = client.post(f"/admin/registry/skillversion/{draft.pk}/change/", data)
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {}
+    [pins] = response.context["inline_admin_formsets"]
+    assert list(pins.formset.errors[0]) == ["tool_version"]
+    assert list(draft.tool_dependencies.values_list("tool_version", flat=True)) == [
+        world.project_search_1.pk
+    ]
