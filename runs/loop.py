@@ -61,6 +61,10 @@ DRAFTS_KEPT = 5
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
 HOST_NODES = frozenset({"approval", "send"})
+# The largest totals a run's columns hold (`Run.tokens_used`: integer; `Run.cost`: 12 digits,
+# 6 of them decimals).
+TOKENS_USED_MAX = 2**31 - 1
+COST_MAX = Decimal("999999.999999")
 # Failures of a read tool that may pass: a run without evidence because of them may be retried.
 TRANSIENT_CATEGORIES = ("TIMEOUT", "UPSTREAM_ERROR", "RATE_LIMITED")
 # A skill that lists this among its required inputs gets the user's memory in its context.
@@ -69,6 +73,16 @@ MEMORY_INPUT = "memory"
 
 class ModelTemporarilyUnavailable(Exception):
     """A retryable provider failure; the task retries the step with backoff."""
+
+    def __init__(self, error: ModelError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def model_error_output(error: ModelError) -> dict[str, Any]:
+    """What a run that a provider failure ended keeps of it: the provider's reason (its
+    message has no credential, `provider_errors`) and the HTTP status, if there was one."""
+    return {"model_error": str(error), "status_code": error.status_code}
 
 
 def _finish(run: Run, **result: Any) -> None:
@@ -637,7 +651,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         response = response_kept(client.complete(built.request))
     except ModelError as error:
         if error.retryable:
-            raise ModelTemporarilyUnavailable(str(error)) from error
+            raise ModelTemporarilyUnavailable(error) from error
         tracing.span_add(
             run,
             "model.turn",
@@ -646,7 +660,12 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             **model,
             error_category="MODEL_ERROR",
         )
-        _finish(run, status=RunStatus.FAILED_FINAL, reason_code="MODEL_ERROR")
+        _finish(
+            run,
+            status=RunStatus.FAILED_FINAL,
+            reason_code="MODEL_ERROR",
+            output=model_error_output(error),
+        )
         return
     cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
     quotas.tenant_cost_add(run.tenant_id, cost)
@@ -661,8 +680,13 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         tool_calls=len(response.tool_calls),
         stop_reason=response.stop_reason,
     )
-    run.tokens_used += response.usage.input_tokens + response.usage.output_tokens
-    run.cost += cost
+    # However much a provider claims, the totals stay within their columns; the budgets
+    # end the run long before.
+    run.tokens_used = min(
+        run.tokens_used + response.usage.input_tokens + response.usage.output_tokens,
+        TOKENS_USED_MAX,
+    )
+    run.cost = min(run.cost + cost, COST_MAX)
     calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript, step=run.steps)
     run.transcript.append(assistant_entry(response.text, calls))
     events.model_responded(

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from config.queries import PreparedQuery
 from runs.choices import RunStatus
-from runs.loop import ModelTemporarilyUnavailable, run_execute
+from runs.loop import ModelTemporarilyUnavailable, model_error_output, run_execute
 from runs.models import Run
 from runs.services import memory
 from runs.services.runs import cancel_request_take_in, cancel_requests_take_in, run_finish
@@ -22,6 +22,7 @@ from runs.tools import limits
 logger = logging.getLogger(__name__)
 
 MODEL_RETRIES = 4
+MODEL_RETRY_AFTER_MAX_S = 300
 _RUN_LIMITS = PreparedQuery(
     lambda run_id: (
         Run.objects.filter(pk=run_id)
@@ -35,6 +36,15 @@ _RUN_LIMITS = PreparedQuery(
 def _backoff(retries: int) -> float:
     """Exponential backoff with full jitter, at most a minute."""
     return random.uniform(0, min(60, 2 ** (retries + 1)))
+
+
+def _model_wait(retries: int, retry_after: float | None) -> float:
+    """The backoff, or longer when the provider asked for a longer wait (at most
+    MODEL_RETRY_AFTER_MAX_S: a longer one would hold the run for nothing)."""
+    backoff = _backoff(retries)
+    if retry_after is None:
+        return backoff
+    return max(backoff, min(retry_after, MODEL_RETRY_AFTER_MAX_S))
 
 
 @shared_task(bind=True, acks_late=True, reject_on_worker_lost=True, max_retries=MODEL_RETRIES)
@@ -67,14 +77,14 @@ def _turn_wait() -> float:
     return random.uniform(0.5, 2.0)
 
 
-def _end(run: Run, *, status: RunStatus, reason_code: str) -> None:
+def _end(run: Run, *, status: RunStatus, reason_code: str, output: dict | None = None) -> None:
     """End a locked active run whose step could not go on; a cancel requested meanwhile (it
     waits beside the run while a step holds it) ends it as the user asked instead."""
     cancel_request_take_in(run)
     if run.cancel_requested_at is not None:
         run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
     else:
-        run_finish(run=run, status=status, reason_code=reason_code)
+        run_finish(run=run, status=status, reason_code=reason_code, output=output)
 
 
 # Steps of a run that may fail in a row (raise, rather than end the run) before it ends
@@ -111,9 +121,16 @@ def _advance(task, run_id: str) -> None:
             with transaction.atomic():
                 run = Run.objects.select_for_update().get(pk=run_id)
                 if run.status == RunStatus.RUNNING:
-                    _end(run, status=RunStatus.FAILED_RETRYABLE, reason_code="MODEL_UNAVAILABLE")
+                    _end(
+                        run,
+                        status=RunStatus.FAILED_RETRYABLE,
+                        reason_code="MODEL_UNAVAILABLE",
+                        output=model_error_output(error.error),
+                    )
             return
-        raise task.retry(countdown=_backoff(task.request.retries), exc=error) from error
+        raise task.retry(
+            countdown=_model_wait(task.request.retries, error.error.retry_after), exc=error
+        ) from error
     except Exception:
         _step_failed(run_id)
         raise

@@ -1,10 +1,12 @@
 """Anthropic Messages through the official `anthropic` SDK."""
 
+from collections.abc import Mapping
 from typing import Any
 
 import anthropic
 
 from registry.models import ModelConfig
+from runs.model_clients import answers
 from runs.model_clients.base import (
     AssistantTurn,
     ModelRequest,
@@ -55,7 +57,7 @@ class AnthropicClient:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
         try:
-            message = self.sdk.messages.create(
+            answer = self.sdk.messages.with_raw_response.create(
                 model=self.model_name,
                 system=request.instructions or anthropic.omit,
                 messages=anthropic_messages(request.transcript),
@@ -66,7 +68,11 @@ class AnthropicClient:
         # `from None`: the SDK's exception text may echo what the server received.
         except anthropic.APIStatusError as error:
             raise status_error(
-                PROVIDER, error.status_code, error.body, secret=self.api_key
+                PROVIDER,
+                error.status_code,
+                error.body,
+                secret=self.api_key,
+                headers=error.response.headers,
             ) from None
         except anthropic.APIConnectionError as error:
             raise unreachable_error(
@@ -74,23 +80,40 @@ class AnthropicClient:
                 is_timeout=isinstance(error, anthropic.APITimeoutError),
                 timeout_s=self.timeout_s,
             ) from None
-        usage = message.usage
-        return ModelResponse(
-            text="".join(block.text for block in message.content if block.type == "text"),
-            tool_calls=tuple(
-                ToolCall(call_id=block.id, name=block.name, arguments=block.input)
-                for block in message.content
-                if block.type == "tool_use"
-            ),
-            usage=Usage(
-                input_tokens=usage.input_tokens
-                + (usage.cache_creation_input_tokens or 0)
-                + (usage.cache_read_input_tokens or 0),
-                output_tokens=usage.output_tokens,
-            ),
-            stop_reason=message.stop_reason or "",
-            model=message.model,
+        return model_response(
+            answers.body(PROVIDER, answer.http_response, answer_key="content", secret=self.api_key)
         )
+
+
+def model_response(message: Mapping[str, Any]) -> ModelResponse:
+    """The turn a Messages answer holds (`runs.model_clients.answers`): its text blocks and
+    tool_use blocks in order; cached input tokens count as input."""
+    blocks = [answers.mapping(block) for block in answers.items(message.get("content"))]
+    usage = answers.mapping(message.get("usage"))
+    return ModelResponse(
+        text="".join(
+            answers.text(block.get("text")) for block in blocks if block.get("type") == "text"
+        ),
+        tool_calls=tuple(
+            ToolCall(
+                call_id=answers.text(block.get("id")),
+                name=answers.text(block.get("name")),
+                arguments=answers.arguments(block.get("input")),
+            )
+            for block in blocks
+            if block.get("type") == "tool_use"
+        ),
+        usage=Usage(
+            input_tokens=answers.tokens(
+                usage.get("input_tokens"),
+                usage.get("cache_creation_input_tokens"),
+                usage.get("cache_read_input_tokens"),
+            ),
+            output_tokens=answers.tokens(usage.get("output_tokens")),
+        ),
+        stop_reason=answers.text(message.get("stop_reason")),
+        model=answers.text(message.get("model")),
+    )
 
 
 def anthropic_messages(transcript: tuple[TranscriptItem, ...]) -> list[dict[str, Any]]:

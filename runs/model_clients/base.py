@@ -9,7 +9,7 @@ Clients rebuild the provider's format from it on every turn.
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from config.jsontext import TOO_DEEP, deeper_than, storable, storable_text
+from config.jsontext import TOO_DEEP, deeper_than, dumps, storable, storable_text
 
 
 @dataclass(frozen=True)
@@ -97,20 +97,32 @@ def response_kept(response: ModelResponse) -> ModelResponse:
     )
 
 
-def _arguments_kept(arguments: dict[str, Any] | str) -> dict[str, Any] | str:
+def _arguments_kept(arguments: Any) -> dict[str, Any] | str:
+    """An object, or text the schema gate refuses (what is neither, as its JSON text)."""
     if isinstance(arguments, str):
         return storable_text(arguments)
-    return TOO_DEEP if deeper_than(arguments) else storable(arguments)
+    if deeper_than(arguments):
+        return TOO_DEEP
+    return storable(arguments) if isinstance(arguments, dict) else dumps(storable(arguments))
 
 
 class ModelError(Exception):
     """A provider failure. `retryable` (429, 5xx, timeouts, connection errors) decides between
     FAILED_RETRYABLE and FAILED_FINAL; the message never carries a credential."""
 
-    def __init__(self, message: str, *, retryable: bool, status_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        status_code: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
+        self.retry_after = retry_after
+        """Seconds the provider asked the caller to wait before trying again (Retry-After)."""
 
 
 class ModelClient(Protocol):

@@ -2,14 +2,15 @@
 server, so OpenAI, vLLM, Ollama and LiteLLM are all reached by this one client."""
 
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 import openai
-from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from config.jsontext import loads_bounded
 from registry.models import ModelConfig
+from runs.model_clients import answers
 from runs.model_clients.base import (
     AssistantTurn,
     ModelError,
@@ -71,7 +72,7 @@ class OpenAICompatibleClient:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
         try:
-            completion = self.sdk.chat.completions.create(
+            answer = self.sdk.chat.completions.with_raw_response.create(
                 model=self.model_name,
                 messages=chat_messages(request.instructions, request.transcript),
                 tools=[function_tool(tool) for tool in request.tools] or openai.omit,
@@ -81,7 +82,11 @@ class OpenAICompatibleClient:
         # `from None`: the SDK's exception text may echo what the server received.
         except openai.APIStatusError as error:
             raise status_error(
-                PROVIDER, error.status_code, error.body, secret=self.api_key
+                PROVIDER,
+                error.status_code,
+                error.body,
+                secret=self.api_key,
+                headers=error.response.headers,
             ) from None
         except openai.APIConnectionError as error:
             raise unreachable_error(
@@ -89,29 +94,47 @@ class OpenAICompatibleClient:
                 is_timeout=isinstance(error, openai.APITimeoutError),
                 timeout_s=self.timeout_s,
             ) from None
-        if not completion.choices:
-            raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False)
-        choice = completion.choices[0]
-        usage = completion.usage
-        return ModelResponse(
-            text=choice.message.content or "",
-            tool_calls=tuple(
-                ToolCall(
-                    call_id=call.id,
-                    name=call.function.name,
-                    arguments=parsed_arguments(call.function.arguments),
-                )
-                for call in choice.message.tool_calls or ()
-                # Also the calls of servers that leave out `"type": "function"`.
-                if isinstance(call, ChatCompletionMessageFunctionToolCall)
-            ),
-            usage=Usage(
-                input_tokens=usage.prompt_tokens if usage else 0,
-                output_tokens=usage.completion_tokens if usage else 0,
-            ),
-            stop_reason=choice.finish_reason or "",
-            model=completion.model,
+        return model_response(
+            answers.body(PROVIDER, answer.http_response, answer_key="choices", secret=self.api_key)
         )
+
+
+def model_response(completion: Mapping[str, Any]) -> ModelResponse:
+    """The turn a Chat Completions answer holds (`runs.model_clients.answers`): the first
+    choice's text, given as a string or as a list of parts, and its function calls, also
+    those of servers that leave out `"type": "function"`."""
+    choices = answers.items(completion.get("choices"))
+    if not choices or not isinstance(choices[0], Mapping):
+        raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False)
+    choice = choices[0]
+    message = answers.mapping(choice.get("message"))
+    content = message.get("content")
+    usage = answers.mapping(completion.get("usage"))
+    return ModelResponse(
+        text=(
+            content
+            if isinstance(content, str)
+            else "".join(
+                answers.text(answers.mapping(part).get("text")) for part in answers.items(content)
+            )
+        ),
+        tool_calls=tuple(
+            ToolCall(
+                call_id=answers.text(call.get("id")),
+                name=answers.text(function.get("name")),
+                arguments=parsed_arguments(function.get("arguments")),
+            )
+            for call in map(answers.mapping, answers.items(message.get("tool_calls")))
+            if call.get("type") in (None, "function")
+            for function in [answers.mapping(call.get("function"))]
+        ),
+        usage=Usage(
+            input_tokens=answers.tokens(usage.get("prompt_tokens")),
+            output_tokens=answers.tokens(usage.get("completion_tokens")),
+        ),
+        stop_reason=answers.text(choice.get("finish_reason")),
+        model=answers.text(completion.get("model")),
+    )
 
 
 def chat_messages(
@@ -173,9 +196,11 @@ def raw_arguments(call: ToolCall) -> str:
     return json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
 
 
-def parsed_arguments(arguments: str) -> dict[str, Any] | str:
+def parsed_arguments(arguments: Any) -> dict[str, Any] | str:
     """A JSON object, or the raw text so the schema gate can reject it and the model see why.
-    Some servers send an empty string for a call without arguments."""
+    Some servers send an empty string for a call without arguments, or the object itself."""
+    if not isinstance(arguments, str):
+        return answers.arguments(arguments)
     if not arguments.strip():
         return {}
     try:

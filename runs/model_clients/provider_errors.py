@@ -4,7 +4,10 @@ The message is built here from the status code and the provider's own error text
 the SDK's exception text: a proxy or a provider may echo what it received, credential included.
 """
 
+import math
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 
 from runs.model_clients.base import ModelError
 
@@ -33,17 +36,59 @@ def is_retryable_status(status_code: int) -> bool:
     return status_code in RETRYABLE_STATUS_CODES or status_code >= 500
 
 
-def status_error(provider: str, status_code: int, body: object, *, secret: str) -> ModelError:
-    """An HTTP error answer, classified by status, with the provider's reason kept short."""
+def status_error(
+    provider: str,
+    status_code: int,
+    body: object,
+    *,
+    secret: str,
+    within: int | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ModelError:
+    """An HTTP error answer, classified by status, with the provider's reason kept short and
+    the wait its headers ask for; `within`: the error came as an object in an answer of that
+    status (a gateway's 200)."""
     detail = " ".join(_redact(_error_detail(body), secret).split())[:DETAIL_MAX_CHARS]
     message = f"{provider} answered HTTP {status_code}"
+    if within is not None:
+        message = f"{provider} answered HTTP {within} with an error ({status_code})"
     if detail:
         message = f"{message}: {detail}"
     return ModelError(
         message,
         retryable=is_retryable_status(status_code),
         status_code=status_code,
+        retry_after=retry_after(headers or {}),
     )
+
+
+def retry_after(headers: Mapping[str, str]) -> float | None:
+    """The seconds `Retry-After` asks for (a number of seconds or an HTTP date), or
+    `retry-after-ms` (OpenAI's and Anthropic's own); None when neither says."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        try:
+            return _seconds(float(milliseconds) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return _seconds(float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return _seconds((when - datetime.now(UTC)).total_seconds())
+
+
+def _seconds(value: float) -> float | None:
+    return max(value, 0.0) if math.isfinite(value) else None
 
 
 def unreachable_error(provider: str, *, is_timeout: bool, timeout_s: float) -> ModelError:

@@ -27,8 +27,11 @@ class RecordedRequest:
 @dataclass
 class CannedResponse:
     status: int
-    body: dict[str, Any]
+    body: dict[str, Any] | bytes
+    """JSON, or the bytes of a body that is not (a proxy's page, nothing)."""
     delay_s: float = 0.0
+    content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -40,8 +43,24 @@ class FakeProvider:
     requests: list[RecordedRequest] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
-    def reply(self, body: dict[str, Any], *, status: int = 200, delay_s: float = 0.0) -> None:
-        self.responses.append(CannedResponse(status=status, body=body, delay_s=delay_s))
+    def reply(
+        self,
+        body: dict[str, Any] | bytes,
+        *,
+        status: int = 200,
+        delay_s: float = 0.0,
+        content_type: str = "application/json",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.responses.append(
+            CannedResponse(
+                status=status,
+                body=body,
+                delay_s=delay_s,
+                content_type=content_type,
+                headers=headers or {},
+            )
+        )
 
 
 def handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
@@ -61,14 +80,22 @@ def handler_for(provider: FakeProvider) -> type[BaseHTTPRequestHandler]:
             canned = provider.responses.popleft()
             if canned.delay_s and provider.stopping.wait(canned.delay_s):
                 return
-            self._send(canned.status, canned.body)
+            self._send(canned.status, canned.body, canned.content_type, canned.headers)
 
-        def _send(self, status: int, body: dict[str, Any]) -> None:
-            payload = json.dumps(body).encode()
+        def _send(
+            self,
+            status: int,
+            body: dict[str, Any] | bytes,
+            content_type: str = "application/json",
+            headers: dict[str, str] | None = None,
+        ) -> None:
+            payload = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(payload)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):

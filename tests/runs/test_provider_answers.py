@@ -1,0 +1,204 @@
+"""Answers a real provider, a compatible server or a gateway may give, each through a governed
+run against the fake provider over HTTP: every one ends the step as DESIGN.md says (a retry, a
+correction, a final status with the provider's reason), never as an exception the step cannot
+place, which the task would deliver again, the provider billed each time, until STEP_FAILED."""
+
+import json
+
+import pytest
+from celery.exceptions import Retry
+
+from registry.choices import ModelProvider
+from runs.loop import ModelTemporarilyUnavailable, run_execute
+from runs.model_clients.answers import TURN_TOKENS_MAX
+from runs.models import Run, ToolCall
+from runs.tasks import run_advance
+from tests.runs.conftest import apollo_draft, demo_run, this_week
+from tests.runs.fake_provider import API_KEY, anthropic_message, openai_completion
+
+OPENAI, ANTHROPIC = ModelProvider.OPENAI_COMPATIBLE, ModelProvider.ANTHROPIC
+PROXY_PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
+
+
+def advanced(run: Run) -> Run:
+    run_execute(run_id=str(run.pk))
+    return Run.objects.get(pk=run.pk)
+
+
+def openai_with(**message) -> dict:
+    completion = openai_completion(content="hi")
+    completion["choices"][0]["message"].update(message)
+    return completion
+
+
+def search_call(**function) -> list[dict]:
+    return [{"id": "c1", "type": "function", "function": {"name": "project_search", **function}}]
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+@pytest.mark.parametrize(
+    ("content_type", "body"), [("text/html", PROXY_PAGE), ("application/json", b"")]
+)
+def test_a_200_that_is_not_a_json_object_is_a_retryable_model_error(
+    demo, fake_model, provider, content_type, body
+):
+    fake_model(provider).reply(body, content_type=content_type)
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(ModelTemporarilyUnavailable, match="other than a JSON object"):
+        run_execute(run_id=str(run.pk))
+
+    assert Run.objects.get(pk=run.pk).tokens_used == 0
+
+
+@pytest.mark.parametrize(
+    ("reply", "arguments"),
+    [
+        (openai_with(content=None, tool_calls=search_call(arguments={"project_id": "x"})), None),
+        (openai_with(content=None, tool_calls=search_call(arguments=None)), {}),
+        (openai_with(content=None, tool_calls=search_call(arguments=[1])), "[1]"),
+        (openai_with(content=None, tool_calls=search_call(name=None, arguments="{}")), {}),
+    ],
+    ids=["an-object", "null", "a-list", "no-name"],
+)
+def test_openai_call_arguments_of_any_shape_reach_the_gates(demo, fake_model, reply, arguments):
+    fake = fake_model()
+    fake.reply(reply)
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    [call] = ToolCall.objects.filter(run=run).exclude(call_id__startswith="host-")
+    expected = {"project_id": "x"} if arguments is None else arguments
+    assert call.arguments == expected
+    assert call.status == "rejected"
+    assert run.status != "RUNNING"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        openai_with(content=[{"type": "text", "text": "Not sure."}, {"type": "image"}]),
+        {**openai_completion(content="Not sure."), "model": None},
+        {**openai_completion(content="Not sure."), "usage": {"prompt_tokens": None}},
+    ],
+    ids=["content-parts", "no-model", "null-usage"],
+)
+def test_openai_odd_fields_are_read_as_absent(demo, fake_model, reply):
+    fake = fake_model()
+    fake.reply(reply)
+    fake.reply(openai_completion(content="Not sure."))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    responded = run.events.filter(type="model.responded").first().payload
+    assert responded["text"] == "Not sure."
+    assert run.status != "RUNNING"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {**anthropic_message(text="Not sure."), "usage": None},
+        {**anthropic_message(text="Not sure."), "content": None},
+        {**anthropic_message(text="Not sure."), "content": [{"type": "text", "text": None}]},
+    ],
+    ids=["no-usage", "null-content", "null-text"],
+)
+def test_anthropic_odd_fields_are_read_as_absent(demo, fake_model, reply):
+    fake = fake_model(ANTHROPIC)
+    fake.reply(reply)
+    fake.reply(anthropic_message(text="Not sure."))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert run.status != "RUNNING"
+    assert run.reason_code != "STEP_FAILED"
+
+
+def test_an_anthropic_tool_use_without_input_is_refused_and_the_run_goes_on(demo, fake_model):
+    """Before, its null input was kept, and every try of the tool step failed to store it."""
+    fake = fake_model(ANTHROPIC)
+    monday, sunday = this_week()
+    empty = anthropic_message(tool_uses=(("toolu_1", "project_search", {}),))
+    empty["content"][0]["input"] = None
+    fake.reply(empty)
+    search = {"project_id": "apollo", "from": monday, "to": sunday}
+    fake.reply(anthropic_message(tool_uses=(("toolu_2", "project_search", search),)))
+    fake.reply(anthropic_message(text=json.dumps(apollo_draft())))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert (run.status, run.reason_code) == ("WAITING_APPROVAL", "")
+    first = ToolCall.objects.get(run=run, call_id="toolu_1")
+    assert (first.arguments, first.status) == ({}, "rejected")
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
+        {"error": {"message": "Rate limit reached for requests", "code": 429}},
+    ],
+    ids=["anthropic", "openai"],
+)
+def test_an_error_object_in_a_200_is_the_error_it_describes(demo, fake_model, reply):
+    fake_model(ANTHROPIC if reply.get("type") else OPENAI).reply(reply)
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(ModelTemporarilyUnavailable) as raised:
+        run_execute(run_id=str(run.pk))
+
+    assert raised.value.error.retryable
+    assert "answered HTTP 200 with an error" in str(raised.value)
+    assert reply["error"]["message"] in str(raised.value)
+
+
+def test_a_final_provider_error_keeps_the_provider_s_reason_and_never_the_key(demo, fake_model):
+    reason = "This model's maximum context length is 8192 tokens."
+    fake_model().reply(
+        {"error": {"message": f"{reason} Key {API_KEY}.", "code": "context_length_exceeded"}},
+        status=400,
+    )
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_ERROR")
+    assert run.result["output"]["status_code"] == 400
+    assert reason in run.result["output"]["model_error"]
+    assert API_KEY not in json.dumps(run.result)
+
+
+@pytest.mark.parametrize(
+    ("prompt_tokens", "counted"),
+    [(3_000_000_000, TURN_TOKENS_MAX), (2**32 + 99, TURN_TOKENS_MAX), (-5, 0)],
+    ids=["past-the-column", "wrapping-int32", "negative"],
+)
+def test_impossible_token_counts_are_bounded(demo, fake_model, prompt_tokens, counted):
+    """2**32 + 99 was stored as 100 (a 32-bit parameter wraps), 3e9 broke the step's write."""
+    fake = fake_model()
+    reply = openai_completion(content="Not sure.")
+    reply["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": 1}
+    fake.reply(reply)
+    for _ in range(3):
+        fake.reply(openai_completion(content="Not sure."))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    first = run.events.filter(type="model.responded").first().payload
+    assert first["usage"] == {"input": counted, "output": 1}
+    assert run.tokens_used >= counted + 1
+    if counted:
+        assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOKEN_BUDGET")
+
+
+def test_a_429_s_retry_after_is_waited_for(demo, fake_model):
+    fake_model().reply(
+        {"error": {"message": "Slow down."}}, status=429, headers={"Retry-After": "30"}
+    )
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(Retry) as retry:
+        run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=0, throw=True)
+
+    assert retry.value.when >= 30
