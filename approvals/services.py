@@ -35,11 +35,16 @@ from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
 from runs import events, tracing, writes
-from runs.choices import RunStatus
+from runs.choices import ACTIVE_STATUSES, RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, ToolCall
 from runs.redaction import secrets_removed
-from runs.services.runs import run_finish, run_transition
+from runs.services.runs import (
+    cancel_request_take_in,
+    run_cancel_locked,
+    run_finish,
+    run_transition,
+)
 from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
@@ -142,6 +147,19 @@ def _expire(run: Run, action: BusinessAction) -> None:
         reason_code="APPROVAL_EXPIRED",
         output={"action_id": str(action.pk)},
     )
+
+
+def _cancel_taken_in(run: Run) -> bool:
+    """A cancel accepted while something else held the locked run (a step, a decision) waits
+    beside it (`CancelRequest`); it is honoured before the run's action may go on: the run
+    ends CANCELLED and a waiting or approved action is withdrawn (one executing is left to
+    finish, and the run ends as the user asked once it settles). Returns whether the run
+    was cancelled."""
+    cancel_request_take_in(run)
+    if run.cancel_requested_at is None or run.status not in ACTIVE_STATUSES:
+        return False
+    run_cancel_locked(run, reason=run.cancel_reason)
+    return run.status == RunStatus.CANCELLED
 
 
 def _run_ended(run: Run, action: BusinessAction) -> bool:
@@ -251,8 +269,13 @@ def approval_decide(
                 "The payload changed since you saw it; review it again.",
                 details={"payload_hash": action.payload_hash},
             )
-        # These two refusals are raised after commit: the action's end is kept.
-        if _run_ended(run, action):
+        # These refusals are raised after commit: the action's end is kept.
+        if _cancel_taken_in(run):
+            refusal = AlreadyDecided(
+                "The run was cancelled; its action will not run.",
+                details={"run_status": run.status},
+            )
+        elif _run_ended(run, action):
             refusal = AlreadyDecided(
                 "The run stopped waiting for this approval.", details={"run_status": run.status}
             )
@@ -512,7 +535,16 @@ def _succeed(run: Run, action: BusinessAction, output: ToolOutput, *, reconciled
     )
 
 
-def _fail(run: Run, action: BusinessAction, failure: ToolFailed, *, reconciled: bool) -> None:
+def _fail(
+    run: Run,
+    action: BusinessAction,
+    failure: ToolFailed,
+    *,
+    reconciled: bool,
+    run_status: RunStatus = RunStatus.FAILED_FINAL,
+) -> None:
+    """The action failed; the run ends FAILED_FINAL (ACTION_FAILED), or CANCELLED for the
+    reason it was cancelled while its action had not been done."""
     action.outcome = {"error": {"category": failure.category, "message": str(failure)}}
     action.save(update_fields=["outcome", "updated_at"])
     _transition(action, ActionStatus.FAILED, reason=failure.category)
@@ -521,8 +553,8 @@ def _fail(run: Run, action: BusinessAction, failure: ToolFailed, *, reconciled: 
     events.action_failed(run, action_id=str(action.pk), category=failure.category)
     run_finish(
         run=run,
-        status=RunStatus.FAILED_FINAL,
-        reason_code="ACTION_FAILED",
+        status=run_status,
+        reason_code=run.cancel_reason if run_status == RunStatus.CANCELLED else "ACTION_FAILED",
         output={"error": action.outcome["error"]},
         actions=[_action_summary(action)],
     )
@@ -537,6 +569,8 @@ def action_execute(*, action_id: Any) -> None:
         if locked is None:
             return
         run, action = locked
+        if _cancel_taken_in(run):
+            return
         if action.status in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
             transaction.on_commit(lambda: _reconcile_later(action.pk))
             return
@@ -647,6 +681,7 @@ def action_reconcile(*, action_id: Any) -> str:
         if locked is None:
             return ""
         run, action = locked
+        _cancel_taken_in(run)
         if action.status not in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
             return action.status
         call = _send_call(action)
@@ -657,6 +692,17 @@ def action_reconcile(*, action_id: Any) -> str:
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:
+            if failure.category == ErrorCategory.NOT_FOUND and run.cancel_requested_at:
+                # Nothing was done, and the user has cancelled since: nothing is done now.
+                cancelled = ToolFailed(
+                    "The send never started, and the run was cancelled.",
+                    category=ErrorCategory.PERMISSION_DENIED,
+                    retryable=False,
+                    attempted=False,
+                )
+                _record_settled(run, call, tool_version, context, cancelled)
+                _fail(run, action, cancelled, reconciled=True, run_status=RunStatus.CANCELLED)
+                return action.status
             if failure.category == ErrorCategory.NOT_FOUND and _approval_stale(action):
                 # Nothing was done, and the approval no longer holds for doing it now.
                 stale = ToolFailed(
@@ -819,29 +865,48 @@ def handoff_resolve(
         handoff = Handoff.objects.select_for_update().get(pk=found.pk)
         if person.pk == handoff.requester_id:
             raise SelfApprovalForbidden("You may not handle a request you made.")
-        if handoff.status != HandoffStatus.OPEN or run.status != RunStatus.WAITING_APPROVAL:
-            raise AlreadyDecided(
-                "This request was already handled, or its run ended.",
-                details={"status": handoff.status, "run_status": run.status},
-            )
-        handoff.status = outcome
-        handoff.resolved_by = person
-        handoff.note = note
-        handoff.resolved_at = timezone.now()
-        handoff.save(update_fields=["status", "resolved_by", "note", "resolved_at"])
-        events.handoff_resolved(
-            run,
-            handoff_id=str(handoff.pk),
-            outcome=str(outcome),
-            resolved_by=person.get_username(),
-            note=note,
-        )
-        if status == RunStatus.COMPLETED:
-            run_transition(run=run, status=RunStatus.RUNNING, save=False)
-        run_finish(
-            run=run,
-            status=status,
-            reason_code=reason_code,
-            output={"handoff_id": str(handoff.pk), "note": note},
+        # Raised after commit: the cancel is kept.
+        cancelled = _cancel_taken_in(run)
+        if not cancelled:
+            _handoff_resolve_locked(run, handoff, person, outcome, note, status, reason_code)
+    if cancelled:
+        raise AlreadyDecided(
+            "The run was cancelled; this request is closed.", details={"run_status": run.status}
         )
     return handoff
+
+
+def _handoff_resolve_locked(
+    run: Run,
+    handoff: Handoff,
+    person: AbstractBaseUser,
+    outcome: HandoffStatus | str,
+    note: str,
+    status: RunStatus,
+    reason_code: str,
+) -> None:
+    if handoff.status != HandoffStatus.OPEN or run.status != RunStatus.WAITING_APPROVAL:
+        raise AlreadyDecided(
+            "This request was already handled, or its run ended.",
+            details={"status": handoff.status, "run_status": run.status},
+        )
+    handoff.status = outcome
+    handoff.resolved_by = person
+    handoff.note = note
+    handoff.resolved_at = timezone.now()
+    handoff.save(update_fields=["status", "resolved_by", "note", "resolved_at"])
+    events.handoff_resolved(
+        run,
+        handoff_id=str(handoff.pk),
+        outcome=str(outcome),
+        resolved_by=person.get_username(),
+        note=note,
+    )
+    if status == RunStatus.COMPLETED:
+        run_transition(run=run, status=RunStatus.RUNNING, save=False)
+    run_finish(
+        run=run,
+        status=status,
+        reason_code=reason_code,
+        output={"handoff_id": str(handoff.pk), "note": note},
+    )

@@ -119,7 +119,7 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
             return run
         if locked.status == RunStatus.CANCELLED:
             return locked
-        return _cancel(locked, reason=CANCELLED_BY_USER)
+        return run_cancel_locked(locked, reason=CANCELLED_BY_USER)
 
 
 def _run_unless_stepping(run_id: UUID) -> Run | None:
@@ -146,7 +146,7 @@ def _run_unless_stepping(run_id: UUID) -> Run | None:
         raise
 
 
-def _cancel(run: Run, *, reason: str) -> Run:
+def run_cancel_locked(run: Run, *, reason: str) -> Run:
     """Cancel a locked run for `reason`; a finished one cannot be."""
     if run.status not in ACTIVE_STATUSES:
         raise InvalidRunTransition(
@@ -187,7 +187,7 @@ def cancel_requests_take_in() -> int:
                 CancelRequest.objects.filter(run_id=run.pk).delete()
                 continue
             cancel_request_take_in(run)
-            _cancel(run, reason=run.cancel_reason)
+            run_cancel_locked(run, reason=run.cancel_reason)
     return len(runs)
 
 
