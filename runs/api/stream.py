@@ -45,7 +45,14 @@ class Poll:
 Shape = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def _status(run_id: str) -> str | None:
+    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+
+
 def _poll(run_id: str, after: int, shape: Shape) -> Poll:
+    # The status is read before the events: a step commits its events with the status they
+    # lead to, so the events of a run that had ended when its status was read are all found.
+    status = _status(run_id)
     events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:200])
     frames = [
         f"id: {event.seq}\nevent: {event.type}\ndata: "
@@ -55,7 +62,6 @@ def _poll(run_id: str, after: int, shape: Shape) -> Poll:
     ]
     if events:
         return Poll(frames=frames, after=events[-1].seq, finished=False)
-    status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
     if status in TERMINAL_STATUSES or status is None:
         return Poll(
             frames=[f"event: end\ndata: {json.dumps({'status': status})}\n\n"],

@@ -12,7 +12,8 @@ from django.urls import resolve
 
 from registry.demo import DEMO_PASSWORD
 from registry.services.tenancy import api_token_issue
-from runs.loop import run_execute
+from runs.api import stream
+from runs.loop import run_advance_step, run_execute
 from runs.models import Run
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
@@ -183,3 +184,45 @@ def test_under_asgi_the_stream_is_asynchronous(finished_run):
 
     assert (status, is_async) == (200, True)
     assert _frames(body)[-1]["event"] == "end"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_that_ends_while_the_stream_polls_sends_its_last_events_before_the_end(
+    client, monkeypatch
+):
+    """The step that ends the run commits between the poll's reads of the events and of the
+    status: the stream must not say `end` before the events that step wrote."""
+    call_command("seed_demo", stdout=io.StringIO())
+    token, key = api_token_issue(username="alice", password=DEMO_PASSWORD)
+    run = message_ingest(
+        actor=token.user,
+        tenant=token.tenant,
+        idempotency_key="stream-race",
+        channel="api",
+        parts=[{"type": "text", "text": "Summarise Apollo's week for the R&D lead."}],
+        metadata={"project_id": "apollo"},
+    ).run
+    assert run_advance_step(run_id=str(run.pk))
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=token.user)
+    seen = Run.objects.get(pk=run.pk).last_event_seq
+    status_read = stream._status
+    stepped = []
+
+    def the_step_lands_now(run_id):
+        if not stepped:
+            stepped.append(run_advance_step(run_id=run_id))
+        return status_read(run_id)
+
+    monkeypatch.setattr(stream, "_status", the_step_lands_now)
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        HTTP_LAST_EVENT_ID=str(seen),
+        **STREAM_HEADERS,
+    )
+
+    frames = _frames(b"".join(response.streaming_content).decode())
+    run.refresh_from_db()
+    assert (run.status, run.last_event_seq) == ("CANCELLED", seen + 1)
+    assert [frame.get("event") for frame in frames] == ["run.finished", "end"]
