@@ -21,7 +21,7 @@ from runs.capability import capability_snapshot
 from runs.choices import RunStatus
 from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
 from runs.models import IngressRecord, Run, Session
-from runs.redaction import secrets_removed
+from runs.redaction import redact, secrets_removed
 from runs.services.attachments import attachment_parts_resolve
 from runs.services.resources import resource_parts_resolve
 from runs.services.runs import run_finish
@@ -143,8 +143,9 @@ def message_ingest(
 ) -> Ingested:
     """Accept a message: the same key and body give the same run; the same key with another
     body is refused; concurrent duplicates make one run (the ingress unique constraint). A
-    secret pasted into the text (a key, a token, a bearer header) is removed before the run
-    stores, logs or shows it to a model; the key's request hash is of the body as sent.
+    secret pasted into the text or the metadata (a key, a token, a bearer header, a value
+    under a name that says it is a secret) is removed before the run stores, logs or shows it
+    to a model; the key's request hash is of the body as sent.
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content. Resource references must name a resource an
     MCP server available to the tenant listed."""
@@ -174,7 +175,7 @@ def message_ingest(
                 request_hash=request_hash,
                 channel=channel,
                 parts=normalized_parts,
-                metadata=metadata,
+                metadata=redact(metadata, cleared=True),
                 session_id=session_id,
                 roles=roles,
                 generation=generation,

@@ -840,3 +840,25 @@ def test_a_secret_pasted_into_a_message_is_never_stored_nor_shown_to_a_model(ali
     stored = json.dumps([run.message, list(RunEvent.objects.values_list("payload", flat=True))])
     assert key not in stored
     assert "eyJ0eXAiOiJKV1Qi" not in stored
+
+
+def test_a_secret_in_the_metadata_is_never_stored(alice, post_message):
+    key = "sk-live-4f9c2a7e1b8d6c3a5e0f"
+    body = message_body(
+        "Summarise Apollo.",
+        metadata={"project_id": "apollo", "note": f"my key is {key}", "api_token": "hunter22"},
+    )
+
+    first = post_message(alice, body, key="metadata-secret")
+    again = post_message(alice, body, key="metadata-secret")
+
+    assert (first.status_code, again.status_code) == (202, 200)
+    run = Run.objects.get()
+    assert run.message["metadata"] == {
+        "project_id": "apollo",
+        "note": "my key is [redacted]",
+        "api_token": "[redacted]",
+    }
+    stored = json.dumps([run.message, list(RunEvent.objects.values_list("payload", flat=True))])
+    assert key not in stored
+    assert "hunter22" not in stored
