@@ -1,4 +1,5 @@
 import re
+import unicodedata
 from typing import Any
 
 from django.http import QueryDict
@@ -103,6 +104,20 @@ class PartField(serializers.Field):
 SLUG = re.compile(r"[-a-zA-Z0-9_]{1,63}")
 
 
+# Characters that show nothing though they are not whitespace to `str.strip`: the Braille
+# blank and the Hangul fillers.
+_BLANKS = frozenset("\u2800\u115f\u1160\u3164\uffa0")
+
+
+def _visible(text: str) -> bool:
+    """Whether `text` shows anything: a character that is not a space, a control or format
+    character (zero-width ones included) or a blank."""
+    return any(
+        unicodedata.category(character)[0] not in "CZ" and character not in _BLANKS
+        for character in text
+    )
+
+
 class MessageSerializer(StrictSerializer):
     session_id = StrictUUIDField(required=False)
     channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
@@ -123,7 +138,7 @@ class MessageSerializer(StrictSerializer):
         return value
 
     def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not any(part["type"] == "text" and part["text"].strip() for part in value):
+        if not any(part["type"] == "text" and _visible(part["text"]) for part in value):
             raise serializers.ValidationError("A message needs at least one non-empty text part.")
         return value
 

@@ -563,6 +563,7 @@ def _text(text: str) -> dict:
         ({"channel": "api", "parts": []}, "parts"),
         ({"channel": "api", "parts": [_text(f"part {n}") for n in range(21)]}, "parts"),
         ({"channel": "api", "parts": [_text("   \n\t ")]}, "parts"),
+        ({"channel": "api", "parts": [_text("\u200b\u200d\ufeff \u2800\u3164")]}, "parts"),
         (
             {
                 "channel": "api",
@@ -601,6 +602,7 @@ def _text(text: str) -> dict:
         "parts-empty",
         "21-parts",
         "only-whitespace",
+        "only-invisible-characters",
         "whitespace-and-attachment",
         "text-over-20000",
         "unknown-part-type",
