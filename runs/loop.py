@@ -483,6 +483,27 @@ def _recipient_choice(run: Run, candidates: list[dict]) -> dict | None:
     )
 
 
+def _recipient_question(inputs: dict[str, Any], *, frozen: Any, reachable: bool) -> str:
+    """What the user is asked when the directory gives no one recipient: whom to choose, or,
+    when no candidate has an email, that no choice can help."""
+    role, project = inputs["recipient_role"], inputs["project_id"]
+    if not reachable:
+        return (
+            f"No {role} of project {project} has a corporate email in the directory, so the "
+            "summary cannot be sent to them. Ask the directory's owners to add one, then send "
+            "the message again."
+        )
+    named = (
+        f"Directory record {frozen} is not a {role} of project {project} with an email. "
+        if frozen
+        else ""
+    )
+    return (
+        f"{named}Who should receive the summary? Send the message again in this session with "
+        "metadata.recipient_record_id set to one of the candidates that has an email."
+    )
+
+
 def _resolve_recipient(run: Run) -> None:
     """The workflow, not the model, finds the recipient: a confirmation still valid in the
     session (unless the message chooses another), else the directory (exactly one active
@@ -515,6 +536,7 @@ def _resolve_recipient(run: Run) -> None:
     now = timezone.now()
     chosen = _recipient_choice(run, candidates)
     frozen = run.message.get("metadata", {}).get("recipient_record_id")
+    reachable = [candidate for candidate in candidates if candidate.get("corporate_email")]
     if chosen is None and frozen and _is_task(run):
         _remember(run, project_id=inputs["project_id"])
         _finish(
@@ -526,7 +548,9 @@ def _resolve_recipient(run: Run) -> None:
             "email. Which record should receive it? Change the task's recipient.",
         )
         return
-    if chosen is None and (len(candidates) != 1 or not candidates[0].get("corporate_email")):
+    # A choice the user named that is no candidate with an email is asked again, even where
+    # the directory has one lead: the user meant someone, and it was not that lead.
+    if chosen is None and (frozen or len(candidates) != 1 or not reachable):
         _remember(run, project_id=inputs["project_id"])
         _finish(
             run,
@@ -542,8 +566,7 @@ def _resolve_recipient(run: Run) -> None:
                     for candidate in candidates
                 ]
             },
-            question="Who should receive the summary? Send the message again in this session "
-            "with metadata.recipient_record_id set to one of the candidates.",
+            question=_recipient_question(inputs, frozen=frozen, reachable=bool(reachable)),
         )
         return
     snapshot = {**(chosen or candidates[0]), "looked_up_at": now.isoformat()}
@@ -802,7 +825,13 @@ def _final(run: Run, text: str) -> None:
     else:
         evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
-        if not _ended_unavailable(run):
+        if _ended_unavailable(run):
+            return
+        if run.tool_calls.filter(error_category="PERMISSION_DENIED").exists():
+            # The project is out of the actor's reach (access withdrawn since the session
+            # confirmed its recipient, say): refused, as when the host's lookup is denied.
+            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+        else:
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:

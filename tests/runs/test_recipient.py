@@ -4,7 +4,9 @@ model; a confirmation is reused in its session until it expires (seed 000, steps
 from datetime import timedelta
 
 from django.utils import timezone
+from guardian.shortcuts import remove_perm
 
+from examples.models import Project
 from runs.loop import run_execute
 from runs.models import Run, Session, ToolCall
 from tests.runs.conftest import demo_run
@@ -98,3 +100,35 @@ def test_a_new_choice_in_the_session_replaces_the_confirmed_recipient(demo):
     assert third.state["recipient"]["record_id"] == "dir-2001"
     confirmation = Session.objects.get(pk=first.session_id).state["recipient"]
     assert confirmation["snapshot"]["record_id"] == "dir-2001"
+
+
+def test_a_named_recipient_who_is_not_the_projects_one_lead_is_asked_about(demo):
+    """Before, the one lead was used, and the user's choice dropped without a word."""
+    run = ask(demo, project_id="apollo", recipient_record_id="dir-2001")
+
+    assert (run.status, run.reason_code) == (
+        "NEEDS_CLARIFICATION",
+        "RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
+    )
+    assert run.result["question"].startswith("Directory record dir-2001 is not a")
+    assert [c["record_id"] for c in run.result["output"]["candidates"]] == ["dir-1001"]
+
+
+def test_when_no_lead_has_an_email_the_question_does_not_ask_to_pick_one(demo):
+    run = ask(demo, project_id="zephyr")
+
+    assert run.status == "NEEDS_CLARIFICATION"
+    assert not any(c["has_email"] for c in run.result["output"]["candidates"])
+    assert "has a corporate email in the directory" in run.result["question"]
+    assert "recipient_record_id" not in run.result["question"]
+
+
+def test_a_project_withdrawn_after_its_recipient_was_confirmed_is_refused(demo):
+    first = ask(demo, project_id="hermes")
+    confirmed = ask(demo, session_id=first.session_id, recipient_record_id="dir-2002")
+    assert confirmed.status == "WAITING_APPROVAL"
+    remove_perm("examples.view_project", demo.alice, Project.objects.get(key="hermes"))
+
+    again = ask(demo, session_id=first.session_id)
+
+    assert (again.status, again.reason_code) == ("REFUSED", "PROJECT_ACCESS_DENIED")
