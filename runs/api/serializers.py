@@ -127,10 +127,10 @@ class MessageSerializer(StrictSerializer):
     def validate_metadata(self, value: dict[str, Any]) -> dict[str, Any]:
         if len(value) > MAX_METADATA_KEYS:
             raise serializers.ValidationError(f"At most {MAX_METADATA_KEYS} keys.")
-        for name in ("project_id", "agent", "source_timestamp"):
+        for name in ("project_id", "agent", "recipient_record_id", "source_timestamp"):
             if name in value and not isinstance(value[name], str):
                 raise serializers.ValidationError({name: "Must be a string."})
-        for name in ("project_id", "agent"):
+        for name in ("project_id", "agent", "recipient_record_id"):
             if name in value and not SLUG.fullmatch(value[name]):
                 raise serializers.ValidationError(
                     {name: "A key of letters, digits, hyphens and underscores (at most 63)."}

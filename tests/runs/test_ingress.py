@@ -597,6 +597,8 @@ def _text(text: str) -> dict:
         ),
         ({**message_body(), "metadata": {"project_id": "p" * 64}}, "metadata"),
         ({**message_body(), "metadata": {"agent": "weekly reporter"}}, "metadata"),
+        ({**message_body(), "metadata": {"recipient_record_id": ["dir-1001"]}}, "metadata"),
+        ({**message_body(), "metadata": {"recipient_record_id": "dir 1001"}}, "metadata"),
     ],
     ids=[
         "parts-empty",
@@ -627,6 +629,8 @@ def _text(text: str) -> dict:
         "project-id-not-a-key",
         "project-id-over-63",
         "agent-not-a-name",
+        "recipient-not-string",
+        "recipient-not-a-key",
     ],
 )
 def test_an_invalid_message_is_refused(alice, post_message, body, field):
