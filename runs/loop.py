@@ -376,7 +376,8 @@ def _route_and_assemble(run: Run) -> None:
             run,
             status=RunStatus.NEEDS_CLARIFICATION,
             reason_code="MISSING_PROJECT_SCOPE",
-            question="Which project should the summary cover?",
+            question="Which project should the summary cover? Send the message again in "
+            "this session with metadata.project_id set to the project's key.",
         )
         return
     if MEMORY_INPUT in required:

@@ -421,7 +421,10 @@ def test_without_a_project_the_run_asks_which_one_before_any_tool_or_model(demo)
     run_execute(run_id=str(run.pk))
 
     result = assert_terminal(run, "NEEDS_CLARIFICATION", "MISSING_PROJECT_SCOPE")
-    assert result["question"] == "Which project should the summary cover?"
+    assert result["question"] == (
+        "Which project should the summary cover? Send the message again in this session with "
+        "metadata.project_id set to the project's key."
+    )
     assert result["sources"] == []
     assert event_types(run) == [*INGRESS, "route.selected", "skill.activated", "run.finished"]
     (route,) = events_of(run, "route.selected")
