@@ -68,6 +68,18 @@ def _cut_old_results(transcript: list[dict[str, Any]], keep_last: int) -> list[d
     return cut
 
 
+def _last_turn_results(transcript: list[dict[str, Any]]) -> int:
+    """How many tool results answer the last assistant turn that called tools (a draft sent
+    back for a correction rests on them too)."""
+    count = 0
+    for entry in reversed(transcript):
+        if entry["kind"] == "tool_result":
+            count += 1
+        elif entry["kind"] == "assistant" and count:
+            break
+    return count
+
+
 def _drop_oldest_exchange(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Remove the oldest assistant turn together with its tool results, so no result is ever
     left without the call it answers; the first user message and the last turn stay."""
@@ -157,8 +169,10 @@ def context_build(
     while total() > budget and conversation:
         conversation.pop(0)
         conversation_tokens = estimate_tokens(conversation_text())
-    keep = 2
-    while total() > budget and keep >= 0:
+    # The results of the last turn are what the model is to work from now: never compressed.
+    last_turn = _last_turn_results(transcript)
+    keep = max(2, last_turn)
+    while total() > budget and keep >= last_turn:
         entries = _cut_old_results(transcript, keep_last=keep)
         keep -= 1
     while total() > budget:

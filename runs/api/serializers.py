@@ -2,6 +2,7 @@ import re
 import unicodedata
 from typing import Any
 
+from django.conf import settings
 from django.http import QueryDict
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
@@ -14,6 +15,7 @@ from runs import selectors
 from runs.choices import CLIENT_CHANNELS
 from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
+from runs.tokens import estimate_tokens
 
 MAX_PARTS = 20
 MAX_TEXT_CHARS = 20_000
@@ -138,8 +140,18 @@ class MessageSerializer(StrictSerializer):
         return value
 
     def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if not any(part["type"] == "text" and _visible(part["text"]) for part in value):
+        texts = [part["text"] for part in value if part["type"] == "text"]
+        if not any(map(_visible, texts)):
             raise serializers.ValidationError("A message needs at least one non-empty text part.")
+        # The message is the task, which the context never cuts: it must leave room for the
+        # rules, the tools and the evidence (a character of Chinese is a token, of English
+        # a quarter of one).
+        limit = settings.CONTEXT_MAX_TOKENS * 3 // 4
+        if (tokens := sum(map(estimate_tokens, texts))) > limit:
+            raise serializers.ValidationError(
+                f"The text is too long for the model's context: about {tokens} tokens, at most "
+                f"{limit}. Send long material as an attachment."
+            )
         return value
 
 

@@ -5,13 +5,17 @@ old turns; the rules, the skill's procedure, the task and the tool schemas are n
 
 import json
 
+from django.conf import settings
+
 from config import jsontext
 from runs.context import context_build, wrap_untrusted
+from runs.loop import run_execute
 from runs.model_clients.base import ToolCall, ToolResult, ToolSpec
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
 from runs.tokens import estimate_tokens
 from runs.transcript import assistant_entry, result_entry, user_entry
 from runs.workflows import Node, Rule
+from tests.runs.conftest import demo_run
 
 PROCEDURE = "Summarise only facts the tool results support."
 SKILL_RULE = Rule(id="evidence-only", scope="skill", priority=100, text="Cite every risk.")
@@ -170,9 +174,23 @@ def test_at_any_budget_the_rules_the_procedure_the_task_and_the_tool_schemas_sta
     assert PROCEDURE in built.request.instructions
     assert built.request.tools == (SEARCH,)
     assert _tokens(built, "examples", "conversation") == 0
-    # only the last turn is left, its result cut to its sources, never without its call
+    # only the last turn is left with its result whole, the evidence the model works from
+    # now (compressed, the model would only fetch it again), never without its call
     kinds = [type(item).__name__ for item in built.request.transcript]
     assert kinds == ["UserMessage", "AssistantTurn", "ToolResult"]
-    assert _results(built) == [
-        {"call_id": "call_3", "compressed": True, "sources": ["project:apollo/update:3"]}
-    ]
+    [last] = _results(built)
+    assert last["call_id"] == "call_3"
+    assert "r" * 1200 in last["untrusted_data"]["content"]
+
+
+def test_a_chinese_message_as_long_as_the_ingress_takes_still_gets_its_draft(demo):
+    """A character of Chinese is a token: a message past the ingress's limit left no room, and
+    the planner never saw the evidence it fetched; up to the limit, it does."""
+    text = "汇总本周项目状态并发给研发负责人" * 370
+    assert estimate_tokens(text) <= settings.CONTEXT_MAX_TOKENS * 3 // 4
+
+    run = demo_run(demo, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("WAITING_APPROVAL", ""), run.result
