@@ -712,7 +712,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     )
     run.cost = min(run.cost + cost, COST_MAX)
     calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript, step=run.steps)
-    run.transcript.append(assistant_entry(response.text, calls))
+    run.transcript.append(assistant_entry(response.text, calls, response.reasoning))
     events.model_responded(
         run,
         step=run.steps,

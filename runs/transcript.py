@@ -23,7 +23,13 @@ def to_items(stored: list[dict[str, Any]]) -> tuple[TranscriptItem, ...]:
                 ToolCall(call_id=call["call_id"], name=call["name"], arguments=call["arguments"])
                 for call in entry["tool_calls"]
             )
-            items.append(AssistantTurn(text=entry["text"], tool_calls=calls))
+            items.append(
+                AssistantTurn(
+                    text=entry["text"],
+                    tool_calls=calls,
+                    reasoning=tuple(entry.get("reasoning", ())),
+                )
+            )
         else:
             items.append(
                 ToolResult(
@@ -40,8 +46,10 @@ def user_entry(text: str) -> dict[str, Any]:
     return {"kind": "user", "text": text}
 
 
-def assistant_entry(text: str, calls: tuple[ToolCall, ...]) -> dict[str, Any]:
-    return {
+def assistant_entry(
+    text: str, calls: tuple[ToolCall, ...], reasoning: tuple[dict[str, Any], ...] = ()
+) -> dict[str, Any]:
+    entry = {
         "kind": "assistant",
         "text": text,
         "tool_calls": [
@@ -49,6 +57,9 @@ def assistant_entry(text: str, calls: tuple[ToolCall, ...]) -> dict[str, Any]:
             for call in calls
         ],
     }
+    if reasoning:
+        entry["reasoning"] = list(reasoning)
+    return entry
 
 
 def result_entry(*, call_id: str, name: str, content: str, is_error: bool) -> dict[str, Any]:

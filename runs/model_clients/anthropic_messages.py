@@ -27,6 +27,8 @@ from runs.model_clients.provider_errors import (
 PROVIDER = "Anthropic"
 # Set by the client from the request; parameters may not replace them.
 CLIENT_FIELDS = frozenset({"model", "system", "messages", "tools", "max_tokens", "stream"})
+# Blocks of extended thinking, sent back verbatim with their turn (their signature is checked).
+REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
 
 class AnthropicClient:
@@ -113,6 +115,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         ),
         stop_reason=answers.text(message.get("stop_reason")),
         model=answers.text(message.get("model")),
+        reasoning=tuple(dict(block) for block in blocks if block.get("type") in REASONING_BLOCKS),
     )
 
 
@@ -143,9 +146,12 @@ def _content_blocks(item: TranscriptItem) -> tuple[str, list[dict[str, Any]]]:
         case UserMessage():
             return "user", [{"type": "text", "text": item.text}]
         case AssistantTurn():
-            # The API also refuses a text block of whitespace only.
+            # The API also refuses a text block of whitespace only. A turn of tool calls
+            # starts with its thinking blocks, as they came: with extended thinking on, the
+            # API refuses the turn sent back without them (it ignores those of other turns).
             text_blocks = [{"type": "text", "text": item.text}] if item.text.strip() else []
-            return "assistant", text_blocks + [
+            thinking = list(item.reasoning) if item.tool_calls else []
+            return "assistant", [*thinking, *text_blocks] + [
                 {
                     "type": "tool_use",
                     "id": call.call_id,

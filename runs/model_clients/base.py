@@ -36,6 +36,8 @@ class UserMessage:
 class AssistantTurn:
     text: str
     tool_calls: tuple[ToolCall, ...] = ()
+    reasoning: tuple[dict[str, Any], ...] = ()
+    """Blocks the provider wants back with the turn, as it sent them (`ModelResponse`)."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,9 @@ class ModelResponse:
     usage: Usage
     stop_reason: str
     model: str
+    reasoning: tuple[dict[str, Any], ...] = ()
+    """The provider's own record of its reasoning, which it wants back, unchanged, with the
+    turn it belongs to: Anthropic's thinking blocks (signed) when extended thinking is on."""
 
 
 def response_kept(response: ModelResponse) -> ModelResponse:
@@ -84,6 +89,7 @@ def response_kept(response: ModelResponse) -> ModelResponse:
         text=storable_text(response.text),
         stop_reason=storable_text(response.stop_reason),
         model=storable_text(response.model),
+        reasoning=tuple(storable(block) for block in response.reasoning),
         tool_calls=tuple(
             ToolCall(
                 call_id=(

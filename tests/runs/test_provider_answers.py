@@ -202,3 +202,29 @@ def test_a_429_s_retry_after_is_waited_for(demo, fake_model):
         run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=0, throw=True)
 
     assert retry.value.when >= 30
+
+
+def test_anthropic_thinking_blocks_go_back_with_their_tool_calls(demo, fake_model):
+    """With extended thinking on, the Messages API refuses a turn of tool calls sent back
+    without its thinking blocks, unchanged (their signature is checked)."""
+    fake = fake_model(ANTHROPIC)
+    monday, sunday = this_week()
+    search = {"project_id": "apollo", "from": monday, "to": sunday}
+    first = anthropic_message(tool_uses=(("toolu_1", "project_search", search),))
+    thinking = {"type": "thinking", "thinking": "Read apollo first.", "signature": "c2lnbmVk"}
+    redacted = {"type": "redacted_thinking", "data": "ZW5jcnlwdGVk"}
+    first["content"][:0] = [thinking, redacted]
+    fake.reply(first)
+    fake.reply(anthropic_message(text=json.dumps(apollo_draft())))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert run.status == "WAITING_APPROVAL"
+    assistant = fake.requests[1].body["messages"][1]
+    assert assistant["role"] == "assistant"
+    assert [block["type"] for block in assistant["content"]] == [
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+    ]
+    assert assistant["content"][:2] == [thinking, redacted]
