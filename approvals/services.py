@@ -692,27 +692,17 @@ def action_reconcile(*, action_id: Any) -> str:
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:
-            if failure.category == ErrorCategory.NOT_FOUND and run.cancel_requested_at:
-                # Nothing was done, and the user has cancelled since: nothing is done now.
-                cancelled = ToolFailed(
-                    "The send never started, and the run was cancelled.",
+            held_back = _not_started_now(run, action)
+            if failure.category == ErrorCategory.NOT_FOUND and held_back is not None:
+                message, run_status = held_back
+                settled = ToolFailed(
+                    message,
                     category=ErrorCategory.PERMISSION_DENIED,
                     retryable=False,
                     attempted=False,
                 )
-                _record_settled(run, call, tool_version, context, cancelled)
-                _fail(run, action, cancelled, reconciled=True, run_status=RunStatus.CANCELLED)
-                return action.status
-            if failure.category == ErrorCategory.NOT_FOUND and _approval_stale(action):
-                # Nothing was done, and the approval no longer holds for doing it now.
-                stale = ToolFailed(
-                    "The send never started, and its approval no longer holds.",
-                    category=ErrorCategory.PERMISSION_DENIED,
-                    retryable=False,
-                    attempted=False,
-                )
-                _record_settled(run, call, tool_version, context, stale)
-                _fail(run, action, stale, reconciled=True)
+                _record_settled(run, call, tool_version, context, settled)
+                _fail(run, action, settled, reconciled=True, run_status=run_status)
                 return action.status
             if failure.category == ErrorCategory.NOT_FOUND:
                 if action.status == ActionStatus.UNKNOWN:
@@ -737,6 +727,16 @@ def action_reconcile(*, action_id: Any) -> str:
         ),
     )
     return BusinessAction.objects.get(pk=action_id).status
+
+
+def _not_started_now(run: Run, action: BusinessAction) -> tuple[str, RunStatus] | None:
+    """Why a send that never started is not started now, if it is not, and how its run then
+    ends: the user cancelled since, or the approval no longer holds for doing it now."""
+    if run.cancel_requested_at:
+        return "The send never started, and the run was cancelled.", RunStatus.CANCELLED
+    if _approval_stale(action):
+        return "The send never started, and its approval no longer holds.", RunStatus.FAILED_FINAL
+    return None
 
 
 def _record_settled(

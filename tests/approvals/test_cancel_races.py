@@ -27,6 +27,15 @@ def cancelled_while_held(run: Run) -> None:
     CancelRequest.objects.create(run_id=run.pk, reason="CANCELLED_BY_USER")
 
 
+def decide(action: BusinessAction, approver, decision: Decision) -> None:
+    services.approval_decide(
+        action_id=action.pk,
+        approver=approver,
+        decision=decision,
+        payload_hash=action.payload_hash,
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_cancel_made_while_the_drafting_step_holds_the_run_wins_over_the_approval(
     demo, bob, smtp_server, monkeypatch
@@ -58,12 +67,7 @@ def test_a_cancel_made_while_the_drafting_step_holds_the_run_wins_over_the_appro
     action = BusinessAction.objects.get(run=run)
 
     with pytest.raises(AlreadyDecided, match="cancelled"):
-        services.approval_decide(
-            action_id=action.pk,
-            approver=bob,
-            decision=Decision.APPROVE,
-            payload_hash=action.payload_hash,
-        )
+        decide(action, bob, Decision.APPROVE)
     services.action_execute(action_id=action.pk)
 
     assert accepted.cancel_requested_at is not None
@@ -130,12 +134,7 @@ def test_a_waiting_run_cancelled_meanwhile_refuses_a_rejection_too(demo, bob):
     cancelled_while_held(run)
 
     with pytest.raises(AlreadyDecided):
-        services.approval_decide(
-            action_id=action.pk,
-            approver=bob,
-            decision=Decision.REJECT,
-            payload_hash=action.payload_hash,
-        )
+        decide(action, bob, Decision.REJECT)
 
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")

@@ -21,9 +21,8 @@ from runs.services.runs import run_cancel
 STREAM_HEADERS = {"HTTP_ACCEPT": "text/event-stream"}
 
 
-@pytest.fixture
-def finished_run(db):
-    """The running example, driven to its pause at WAITING_APPROVAL, then cancelled."""
+def example_run() -> tuple[Run, str]:
+    """The running example as alice, queued, with her API key."""
     call_command("seed_demo", stdout=io.StringIO())
     token, key = api_token_issue(username="alice", password=DEMO_PASSWORD)
     run = message_ingest(
@@ -34,8 +33,15 @@ def finished_run(db):
         parts=[{"type": "text", "text": "Summarise Apollo's week for the R&D lead."}],
         metadata={"project_id": "apollo"},
     ).run
+    return run, key
+
+
+@pytest.fixture
+def finished_run(db):
+    """The running example, driven to its pause at WAITING_APPROVAL, then cancelled."""
+    run, key = example_run()
     run_execute(run_id=str(run.pk))
-    run_cancel(run=Run.objects.get(pk=run.pk), actor=token.user)
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=run.actor)
     return Run.objects.get(pk=run.pk), key
 
 
@@ -192,18 +198,9 @@ def test_a_run_that_ends_while_the_stream_polls_sends_its_last_events_before_the
 ):
     """The step that ends the run commits between the poll's reads of the events and of the
     status: the stream must not say `end` before the events that step wrote."""
-    call_command("seed_demo", stdout=io.StringIO())
-    token, key = api_token_issue(username="alice", password=DEMO_PASSWORD)
-    run = message_ingest(
-        actor=token.user,
-        tenant=token.tenant,
-        idempotency_key="stream-race",
-        channel="api",
-        parts=[{"type": "text", "text": "Summarise Apollo's week for the R&D lead."}],
-        metadata={"project_id": "apollo"},
-    ).run
+    run, key = example_run()
     assert run_advance_step(run_id=str(run.pk))
-    run_cancel(run=Run.objects.get(pk=run.pk), actor=token.user)
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=run.actor)
     seen = Run.objects.get(pk=run.pk).last_event_seq
     status_read = stream._status
     stepped = []
