@@ -515,15 +515,20 @@ def _resolve_recipient(run: Run) -> None:
     next_node = _workflow(run).transitions[node.name][0]
     confirmed = run.state.get("confirmed_recipient")
     chosen = run.message.get("metadata", {}).get("recipient_record_id")
-    if confirmed is not None and chosen in (None, confirmed.get("record_id")):
-        run.state["recipient"] = {**confirmed, "confirmed": True}
-        _enter_node(run, next_node, leaving=_skill(run))
-        return
     call = ToolCall(
         call_id=f"{HOST_CALL_PREFIX}recipient",
         name="directory_lookup",
         arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
     )
+    if confirmed is not None and chosen in (None, confirmed.get("record_id")):
+        # The directory is not asked again, but the project must still be within the
+        # actor's reach, as the lookup's own gate would find.
+        if executor.host_refusal(run=run, call=call) == "PERMISSION_DENIED":
+            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+            return
+        run.state["recipient"] = {**confirmed, "confirmed": True}
+        _enter_node(run, next_node, leaving=_skill(run))
+        return
     outcome = executor.calls_run(run=run, calls=[call], node=node, step=run.steps)[0]
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
@@ -826,13 +831,7 @@ def _final(run: Run, text: str) -> None:
     else:
         evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
     if not evidence:
-        if _ended_unavailable(run):
-            return
-        if run.tool_calls.filter(error_category="PERMISSION_DENIED").exists():
-            # The project is out of the actor's reach (access withdrawn since the session
-            # confirmed its recipient, say): refused, as when the host's lookup is denied.
-            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
-        else:
+        if not _ended_unavailable(run):
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:

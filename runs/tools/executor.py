@@ -169,6 +169,22 @@ def host_context(
     )
 
 
+def host_refusal(*, run: Run, call: RequestedCall) -> ErrorCategory | None:
+    """Gate 3 alone, for a call the host would make but answers from what it holds (a
+    recipient confirmed in the session): the category its tool refuses it with, if it does,
+    so a project out of the actor's reach is refused the same with or without the call."""
+    entry = next((e for e in run.capability.get("tools", []) if e["name"] == call.name), None)
+    if entry is None:
+        return ErrorCategory.NOT_FOUND
+    tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
+    context = host_context(run=run, call_id=call.call_id, tool_version=tool_version)
+    try:
+        adapters.authorize(tool_version, context, call.arguments)
+    except ToolRefused as refused:
+        return refused.category
+    return None
+
+
 def _admit(
     *,
     run: Run,
