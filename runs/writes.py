@@ -236,8 +236,14 @@ def run_insert(run: Run) -> list[models.Model]:
 
 def _update_value(field: Field, row: models.Model, db: Any) -> Any:
     """The value an UPDATE of `field` writes, prepared as `save` prepares it; a JSON value on
-    PostgreSQL is written as `runs.writes` writes JSON (None stays SQL NULL, as with `save`)."""
+    PostgreSQL is written as `runs.writes` writes JSON (None stays SQL NULL, as with `save`).
+    An integer outside its column's range is refused: bound by the server as a binary
+    parameter of the column's width, it would be stored wrapped around, without an error."""
     value = field.pre_save(row, False)
+    if isinstance(field, models.IntegerField) and type(value) is int:
+        low, high = db.ops.integer_field_range(field.get_internal_type())
+        if not (low is None or low <= value) or not (high is None or value <= high):
+            raise ValueError(f"{field.name} = {value} is outside its column's range.")
     if (
         value is not None
         and db.vendor == "postgresql"

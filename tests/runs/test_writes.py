@@ -110,3 +110,17 @@ def test_the_foreign_keys_of_a_steps_tables_are_checked_as_each_statement_ends(d
     assert {table for table, *_ in constraints} == set(tables)
     assert [name for _, name, _, deferred in constraints if deferred] == []
     assert all(deferrable for _, _, deferrable, _ in constraints)
+
+
+@pytest.mark.parametrize("tokens", [2**32 + 5, -1])
+def test_an_integer_outside_its_column_is_refused_not_stored_wrapped(
+    start_run, member, acme_agent, tokens
+):
+    run = start_run(member)
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked.tokens_used = tokens
+        with pytest.raises(ValueError, match="tokens_used"):
+            writes.run_update(locked, fields=["tokens_used"])
+
+    assert Run.objects.get(pk=run.pk).tokens_used == 0
