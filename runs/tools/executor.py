@@ -45,6 +45,19 @@ SANDBOX_TRANSIENT_FAULTS = frozenset(
     {ErrorCategory.TIMEOUT, ErrorCategory.UPSTREAM_ERROR, ErrorCategory.RATE_LIMITED}
 )
 
+# Failures that tell of the tool's own health, which its circuit breaker counts. A caller's
+# mistake (NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED) is an answer: the tool is up.
+# Counted as a failure, a few bad arguments of one tenant opened a platform-wide tool's
+# circuit for every tenant.
+TOOL_FAULTS = frozenset(
+    {
+        ErrorCategory.TIMEOUT,
+        ErrorCategory.UPSTREAM_ERROR,
+        ErrorCategory.RATE_LIMITED,
+        ErrorCategory.UNKNOWN,
+    }
+)
+
 
 @dataclass
 class Admitted:
@@ -178,10 +191,24 @@ def host_refusal(*, run: Run, call: RequestedCall) -> ErrorCategory | None:
         return ErrorCategory.NOT_FOUND
     tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
     context = host_context(run=run, call_id=call.call_id, tool_version=tool_version)
+    refusal = _authorization_refusal(tool_version, context, call.arguments)
+    return None if refusal is None else refusal.category
+
+
+def _authorization_refusal(
+    tool_version: ToolVersion, context: ToolContext, arguments: Any
+) -> ToolRefused | ToolFailed | None:
+    """Gate 3: why the tool does not authorise the call, if it does not. A handler that is
+    not installed, or whose check raised (a bug; a database error is the step's), refuses it
+    as it would fail a call it ran: the model is answered, the step goes on."""
     try:
-        adapters.authorize(tool_version, context, call.arguments)
-    except ToolRefused as refused:
-        return refused.category
+        adapters.authorize(tool_version, context, arguments)
+    except (ToolRefused, ToolFailed) as refusal:
+        return refusal
+    except DatabaseError:
+        raise
+    except Exception as error:  # noqa: BLE001 (a handler's bug fails its call only)
+        return _handler_failure(tool_version, error)
     return None
 
 
@@ -234,10 +261,8 @@ def _admit(
     context = host_context(
         run=run, call_id=call.call_id, tool_version=tool_version, resources=authorised
     )
-    try:
-        adapters.authorize(tool_version, context, call.arguments)
-    except ToolRefused as refused:
-        return _reject(record, run, category=refused.category, message=str(refused))
+    if (refusal := _authorization_refusal(tool_version, context, call.arguments)) is not None:
+        return _reject(record, run, category=refusal.category, message=str(refusal))
     if not node.side_effects and tool_version.risk not in READ_RISKS:
         return _reject(
             record,
@@ -462,8 +487,8 @@ def _attempt(
         output = adapters.execute(admitted.tool_version, admitted.context, admitted.arguments)
         if (problem := _output_problem(output)) is not None:
             raise TypeError(problem)
-    except ToolFailed:
-        limits.calls_leave([(entered, True)])
+    except ToolFailed as failure:
+        limits.calls_leave([(entered, failure.category in TOOL_FAULTS)])
         raise
     except DatabaseError:
         limits.calls_leave([(entered, None)])
@@ -542,38 +567,63 @@ def _run_with_retries(
 
 
 def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
-    """Gates 6 and 7 for the admitted calls of one step. Their limits are entered together
-    before they run and left together after (a sandbox's calls enter their own); independent
-    calls run in parallel under `TOOL_PARALLELISM`, results stay paired with their call ids.
-    A call that raised gives its error back once the others' slots are given back."""
-    if run.tenant.sandbox_of_id:
-        entered: list[limits.Passage | ToolFailed | None] = [None] * len(admitted)
-    else:
-        entered = limits.calls_enter(
-            [call.tool_version for call in admitted], tenant_id=run.tenant_id
-        )
-
-    def attempted(pair: tuple[Admitted, limits.Passage | ToolFailed | None]) -> Any:
-        try:
-            return _run_with_retries(*pair)
-        except Exception as error:  # noqa: BLE001 (raised below, once every slot is back)
-            return error
-
-    outcomes = threads.parallel_map(
-        attempted, zip(admitted, entered, strict=True), workers=settings.TOOL_PARALLELISM
-    )
-    limits.calls_leave(
-        [
-            (outcome[3], False)
-            for outcome in outcomes
-            if not isinstance(outcome, Exception) and outcome[3] is not None
+    """Gates 6 and 7 for the admitted calls of one step, in rounds of at most
+    `TOOL_PARALLELISM` calls run in parallel. A round's calls enter their limits together
+    just before they start, so a slot lapses counted from its call's start, and leave them
+    together when the round ends (a sandbox's calls enter their own). A call kept out while
+    others of its round got in (its own step's calls filling its tool's cap) waits for the
+    next round; one that a round lets nothing in with (a rate window, an open circuit, other
+    runs' calls) goes to its retry policy. Results stay paired with their call ids; a call
+    that raised gives its error back once every slot is back."""
+    outcomes: list[Any] = [None] * len(admitted)
+    waiting = list(range(len(admitted)))
+    while waiting:
+        round_calls = waiting[: settings.TOOL_PARALLELISM]
+        entered = _round_enter(run, [admitted[index] for index in round_calls])
+        kept_out = [
+            index
+            for index, passage in zip(round_calls, entered, strict=True)
+            if isinstance(passage, ToolFailed)
         ]
-    )
-    for outcome in outcomes:
-        if isinstance(outcome, Exception):
-            raise outcome
+        if len(kept_out) == len(round_calls):
+            kept_out = []
+        started = [
+            (index, passage)
+            for index, passage in zip(round_calls, entered, strict=True)
+            if index not in kept_out
+        ]
+        finished = threads.parallel_map(
+            _attempted,
+            [(admitted[index], passage) for index, passage in started],
+            workers=settings.TOOL_PARALLELISM,
+        )
+        limits.calls_leave(
+            [
+                (outcome[3], False)
+                for outcome in finished
+                if not isinstance(outcome, Exception) and outcome[3] is not None
+            ]
+        )
+        for (index, _), outcome in zip(started, finished, strict=True):
+            if isinstance(outcome, Exception):
+                raise outcome
+            outcomes[index] = outcome
+        waiting = kept_out + waiting[len(round_calls) :]
     for call, (outcome, attempts, duration_ms, _) in zip(admitted, outcomes, strict=True):
         _record(run, call, outcome, attempts, duration_ms, step_calls)
+
+
+def _round_enter(run: Run, calls: list[Admitted]) -> list[limits.Passage | ToolFailed | None]:
+    if run.tenant.sandbox_of_id:
+        return [None] * len(calls)
+    return limits.calls_enter([call.tool_version for call in calls], tenant_id=run.tenant_id)
+
+
+def _attempted(pair: tuple[Admitted, limits.Passage | ToolFailed | None]) -> Any:
+    try:
+        return _run_with_retries(*pair)
+    except Exception as error:  # noqa: BLE001 (raised by the caller, once every slot is back)
+        return error
 
 
 def _record(

@@ -19,6 +19,7 @@ from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant, ToolVersion
 from runs.loop import run_execute
 from runs.models import Run, Source, ToolCall
+from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory
 from tests.loopback import loopback_server
@@ -547,3 +548,25 @@ def test_an_auditor_without_clearance_sees_no_sensitive_field_nor_email_anywhere
         assert "L7-EUR-183500" not in text
         assert "li.wei@acme.example" not in text
     assert "l***@acme.example" in export
+
+
+@pytest.mark.parametrize(("status", "opens"), [(404, False), (422, False), (503, True)])
+def test_only_the_tool_s_own_faults_open_its_circuit(demo, report_service, status, opens):
+    """A caller's mistake is an answer: counted as a fault, a few bad arguments of one tenant
+    opened a platform-wide tool's circuit, and every tenant's calls of it failed fast."""
+    report_service.status = status
+    report_service.body = b'{"error": "no such report"}'
+    breaker = {"failure_threshold": 3, "reset_after_s": 30}
+    http_reader_add(
+        demo, report_service.url, tool="report_read", agent="report-reader", circuit_breaker=breaker
+    )
+
+    for _ in range(3):
+        run = demo_run(
+            demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo"
+        )
+        run_execute(run_id=str(run.pk))
+
+    assert len(report_service.requests) == 3
+    tool_version = ToolVersion.objects.get(tool__name="report_read")
+    assert limits.circuit_state(tool_version) == ("open" if opens else "closed")

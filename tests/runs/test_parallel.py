@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from examples import handlers
 from registry.models import ToolVersion
 from runs.loop import run_execute
 from runs.models import ToolCall
@@ -156,3 +157,93 @@ def test_an_item_that_raised_raises_once_every_item_has_run():
     with pytest.raises(ValueError, match="one"):
         threads.parallel_map(fails_on_one, range(4), workers=4)
     assert sorted(finished) == [0, 2, 3]
+
+
+def search_calls(count: int) -> tuple:
+    monday, sunday = this_week()
+    arguments = json.dumps({"project_id": "apollo", "from": monday, "to": sunday})
+    return tuple((f"call_{n}", "project_search", arguments) for n in range(count))
+
+
+def test_more_reads_in_one_turn_than_the_tool_s_cap_all_run_in_turn(
+    demo, fake_model, monkeypatch, settings
+):
+    """The fifth call of a turn under a cap of 4 was refused, and so were its retries, since
+    its siblings gave their slots back only once the whole turn had run."""
+    settings.TOOL_PARALLELISM = 8
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=search_calls(6)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    running, most = set(), []
+    execute, lock = adapters.execute, threading.Lock()
+
+    def counted(tool_version, context, arguments):
+        with lock:
+            running.add(context.call_id)
+            most.append(len(running))
+        try:
+            time.sleep(0.05)
+            return execute(tool_version, context, arguments)
+        finally:
+            with lock:
+                running.discard(context.call_id)
+
+    monkeypatch.setattr(adapters, "execute", counted)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    calls = ToolCall.objects.filter(run=run, call_id__startswith="call_")
+    assert sorted(calls.values_list("status", "attempts")) == [("completed", 1)] * 6
+    cap = ToolVersion.objects.get(pk=calls.first().tool_version_id).concurrency_cap
+    assert max(most) == cap == 4
+
+
+def test_a_call_waiting_for_a_thread_enters_its_limits_when_it_starts(
+    demo, fake_model, monkeypatch, settings
+):
+    """A round enters its calls' slots just before they start: a call queued behind the
+    threads no longer runs on a slot counted from the step's start, which could lapse."""
+    settings.TOOL_PARALLELISM = 1
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=search_calls(3)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    entered, calls_enter = [], limits.calls_enter
+
+    def counted(tool_versions, *, tenant_id):
+        entered.append((len(tool_versions), time.monotonic()))
+        return calls_enter(tool_versions, tenant_id=tenant_id)
+
+    monkeypatch.setattr(limits, "calls_enter", counted)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    assert [count for count, _ in entered][-3:] == [1, 1, 1]
+    assert ToolCall.objects.filter(run=run, status="completed").count() == 4
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        lambda monkeypatch: monkeypatch.delattr(handlers, "project_search"),
+        lambda monkeypatch: monkeypatch.setattr(
+            handlers.ProjectSearch, "authorize", lambda *args: {}["bug"]
+        ),
+    ],
+    ids=["handler-not-installed", "authorize-raises"],
+)
+def test_a_handler_whose_check_fails_refuses_its_call_and_the_run_goes_on(
+    demo, monkeypatch, broken
+):
+    """Before, the error left the step, which was retried until STEP_FAILED."""
+    broken(monkeypatch)
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    call = ToolCall.objects.get(run=run, name="project_search")
+    assert (call.status, call.error_category) == ("rejected", "UNKNOWN")
+    run.refresh_from_db()
+    assert run.status not in ("RUNNING", "QUEUED")
+    assert run.reason_code != "STEP_FAILED"
