@@ -16,7 +16,12 @@ REDACTED = "[redacted]"
 # An email address: the local part is taken whole, from where its run of characters starts
 # (a match tried inside a run would scan it again: quadratic on long text), and masked from
 # its first letter or digit.
-_EMAIL = re.compile(r"(?<![A-Za-z0-9._%+-])([A-Za-z0-9._%+-]+)@([A-Za-z0-9.-]+\.[A-Za-z]{2,})\b")
+# An address's local part may hold any of RFC 5322's atext (o'brien, first#last), but the
+# characters that also join a URL's parts (/ ? = &); its @ may be written %40, as in a URL.
+_EMAIL_LOCAL = r"[A-Za-z0-9.!#$%'*+^_`{|}~-]"
+_EMAIL = re.compile(
+    rf"(?<!{_EMAIL_LOCAL})({_EMAIL_LOCAL}+)(@|%40)([A-Za-z0-9.-]+\.[A-Za-z]{{2,}})\b"
+)
 _EMAIL_FIRST = re.compile(r"[A-Za-z0-9]")
 _BEARER = re.compile(r"(?i:bearer)\s+[A-Za-z0-9._~+/=-]{8,}")
 # A pasted Authorization header (or its JSON or Python form), with a scheme or without:
@@ -117,17 +122,17 @@ _ANY_SECRET_VALUE = re.compile(
 
 def mask_email(text: str) -> str:
     """li.wei@acme.example → l***@acme.example"""
-    if "@" not in text:
+    if "@" not in text and "%40" not in text:
         return text
     return _EMAIL.sub(_masked_email, text)
 
 
 def _masked_email(match: re.Match) -> str:
-    local, domain = match.groups()
+    local, at, domain = match.groups()
     first = _EMAIL_FIRST.search(local)
     if first is None:
         return match.group(0)
-    return f"{local[: first.end()]}***@{domain}"
+    return f"{local[: first.end()]}***{at}{domain}"
 
 
 _SECRET_WORDS = (

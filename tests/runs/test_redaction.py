@@ -272,6 +272,12 @@ def test_secret_fields_are_named_by_their_words(name, secret):
         ("write to Li <li.wei@acme.example>.", "write to Li <l***@acme.example>."),
         ("-li.wei@acme.example", "-l***@acme.example"),
         ("a.b@c.de and z@y.org", "a***@c.de and z***@y.org"),
+        ("ask first#last@acme.example", "ask f***@acme.example"),
+        ("o'brien@acme.example", "o***@acme.example"),
+        (
+            "https://crm.example/people?email=li.wei%40acme.example&x=1",
+            "https://crm.example/people?email=l***%40acme.example&x=1",
+        ),
     ],
 )
 def test_masking_keeps_the_first_letter_and_the_domain(text, masked):
