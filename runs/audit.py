@@ -20,7 +20,8 @@ from django.utils import timezone
 from approvals.models import BusinessAction
 from registry.models import ToolVersion
 from runs.models import Run, RunEvent, Source, Span, ToolCall
-from runs.redaction import redact
+from runs.redaction import REDACTED, redact
+from runs.selectors import contract_sensitive_fields, hidden_fields
 
 PAGE_SIZE = 50
 
@@ -114,16 +115,11 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
 
 
 def _sensitive_fields(tool_versions: dict[Any, ToolVersion]) -> dict[Any, frozenset[str]]:
-    """The fields each version's result contract marks sensitive. A contract stored before
-    contracts were checked may be no object, or name them otherwise: it marks none."""
-    sensitive = {}
-    for pk, version in tool_versions.items():
-        contract = version.result_contract
-        names = contract.get("sensitive_fields") if isinstance(contract, dict) else None
-        sensitive[pk] = frozenset(
-            name for name in (names if isinstance(names, list) else []) if isinstance(name, str)
-        )
-    return sensitive
+    """The fields each version's result contract marks sensitive."""
+    return {
+        pk: contract_sensitive_fields(version.result_contract)
+        for pk, version in tool_versions.items()
+    }
 
 
 def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
@@ -177,11 +173,12 @@ def _result_redacted(entry: dict[str, Any], sensitive: frozenset[str]) -> dict[s
 
 
 def _json_redacted(text: str, sensitive: frozenset[str]) -> str:
-    """A source's text, redacted with its tool contract's sensitive fields if it is JSON."""
+    """A source's text, redacted with its tool contract's sensitive fields if it is JSON;
+    other text of a tool with sensitive fields may be one of them (a name): not shown."""
     try:
         value = json.loads(text)
     except ValueError:
-        return text
+        return REDACTED
     return json.dumps(redact(value, sensitive=sensitive), ensure_ascii=False)
 
 
@@ -256,10 +253,13 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
     sensitive fields; redacting again changes nothing already masked."""
     events = list(RunEvent.objects.filter(run=run).order_by("seq"))
     calls = list(ToolCall.objects.filter(run=run).order_by("step", "started_at"))
+    # The versions the run called, and those its snapshot allows, whose contracts hide
+    # fields (`selectors.hidden_fields`), in one read.
+    allowed = {entry["id"] for entry in run.capability.get("tools", []) if "id" in entry}
     versions = {
         version.pk: version
         for version in ToolVersion.objects.filter(
-            pk__in={call.tool_version_id for call in calls if call.tool_version_id}
+            pk__in={call.tool_version_id for call in calls if call.tool_version_id} | allowed
         ).select_related("tool")
     }
     sensitive = _sensitive_fields(versions)
@@ -354,6 +354,13 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         "spans": _waterfall(spans, run),
         "result": run.result,
     }
+    # What the host copied from a tool's answer (a recipient into the result, the action,
+    # the events) is hidden as the answer is.
+    hidden = hidden_fields(
+        run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
+    )
+    for part in ("events", "actions", "result"):
+        record[part] = redact(record[part], cleared=cleared, sensitive=hidden)
     return redact(record, cleared=cleared)
 
 

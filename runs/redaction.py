@@ -15,9 +15,9 @@ from config.secret_names import cached_by_name, name_words, secret_key
 REDACTED = "[redacted]"
 # An email address: the local part is taken whole, from where its run of characters starts
 # (a match tried inside a run would scan it again: quadratic on long text), and masked from
-# its first letter or digit.
-# An address's local part may hold any of RFC 5322's atext (o'brien, first#last), but the
-# characters that also join a URL's parts (/ ? = &); its @ may be written %40, as in a URL.
+# its first letter or digit. It may hold any of RFC 5322's atext (o'brien, first#last) but
+# the characters that also join a URL's parts (/ ? = &); its @ may be written %40, as in a
+# URL.
 _EMAIL_LOCAL = r"[A-Za-z0-9.!#$%'*+^_`{|}~-]"
 _EMAIL = re.compile(
     rf"(?<!{_EMAIL_LOCAL})({_EMAIL_LOCAL}+)(@|%40)([A-Za-z0-9.-]+\.[A-Za-z]{{2,}})\b"

@@ -4,7 +4,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from registry.choices import Action
-from registry.models import Tenant
+from registry.models import Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
 from runs.models import Attachment, Run, RunEvent
 
@@ -48,3 +48,32 @@ def viewer_cleared(
     return run.actor_id == user.pk or user_can(
         user=user, action=Action.RUN_VIEW_SENSITIVE, tenant=run.tenant, roles=roles
     )
+
+
+def contract_sensitive_fields(contract: object) -> frozenset[str]:
+    """The fields a result contract marks sensitive. A contract stored before contracts were
+    checked may be no object, or name them otherwise: it marks none."""
+    names = contract.get("sensitive_fields") if isinstance(contract, dict) else None
+    return frozenset(
+        name for name in (names if isinstance(names, list) else []) if isinstance(name, str)
+    )
+
+
+def hidden_fields(
+    *, run: Run, cleared: bool, contracts: dict[str, frozenset[str]] | None = None
+) -> frozenset[str]:
+    """What a viewer without clearance does not see wherever it shows in a run (its result,
+    its events, its actions): every field the contracts of the tools its snapshot allows
+    mark sensitive, as the host copies what a tool returned (a recipient's name) elsewhere;
+    the snapshot's, so a stream that began before a call hides its fields too. `contracts`
+    keeps what was read by tool version id, for a list of runs to read each version once."""
+    if cleared:
+        return frozenset()
+    contracts = {} if contracts is None else contracts
+    ids = [str(entry["id"]) for entry in run.capability.get("tools", []) if "id" in entry]
+    if missing := [pk for pk in ids if pk not in contracts]:
+        for pk, contract in ToolVersion.objects.filter(pk__in=missing).values_list(
+            "pk", "result_contract"
+        ):
+            contracts[str(pk)] = contract_sensitive_fields(contract)
+    return frozenset().union(*(contracts.get(pk, frozenset()) for pk in ids))

@@ -107,12 +107,13 @@ class RunStreamView(View):
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
         run, cleared = _audited_run(request, run_id)
+        hidden = selectors.hidden_fields(run=run, cleared=cleared)
         after = request.headers.get("Last-Event-ID", "")
         return event_stream(
             request,
             run,
             int(after) if LAST_EVENT_ID.fullmatch(after) else 0,
-            shape=lambda payload: redact(payload, cleared=cleared),
+            shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
         )
 
 

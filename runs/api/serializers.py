@@ -185,6 +185,15 @@ def viewer_cleared(serializer: serializers.Serializer, run: Run) -> bool:
     return selectors.viewer_cleared(user=request.user, run=run, roles=roles.get(run.tenant_id))
 
 
+def viewer_redaction(serializer: serializers.Serializer, run: Run) -> dict[str, Any]:
+    """How `redact` shows the run to the requesting user: cleared or not, and the fields
+    hidden from them (`selectors.hidden_fields`, each tool version read once a request)."""
+    cleared = viewer_cleared(serializer, run)
+    contracts = serializer.context.setdefault("_contracts", {})
+    sensitive = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
+    return {"cleared": cleared, "sensitive": sensitive}
+
+
 class RunSerializer(serializers.ModelSerializer):
     """The result is redacted (runs.redaction) for viewers without clearance."""
 
@@ -218,7 +227,7 @@ class RunSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance: Run) -> dict[str, Any]:
         data = super().to_representation(instance)
-        data["result"] = redact(data["result"], cleared=viewer_cleared(self, instance))
+        data["result"] = redact(data["result"], **viewer_redaction(self, instance))
         return data
 
 
@@ -232,7 +241,7 @@ class RunEventSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance: RunEvent) -> dict[str, Any]:
         data = super().to_representation(instance)
-        data["payload"] = redact(data["payload"], cleared=viewer_cleared(self, self.context["run"]))
+        data["payload"] = redact(data["payload"], **viewer_redaction(self, self.context["run"]))
         return data
 
 

@@ -187,11 +187,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         )
         query.is_valid(raise_exception=True)
         cleared = selectors.viewer_cleared(user=request.user, run=run)
+        hidden = selectors.hidden_fields(run=run, cleared=cleared)
         return event_stream(
             request._request,
             run,
             query.validated_data["after"],
-            shape=lambda payload: redact(payload, cleared=cleared),
+            shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
         )
 
     @extend_schema(summary="Cancel a run that has not finished.", request=None)

@@ -12,10 +12,11 @@ from runs.models import Run, RunEvent
 from runs.services.runs import run_cancel, run_transition
 from tests.runs.conftest import RUNS, event_log
 
-# Queries of one list request, whatever the number of runs (measured: 6): the token, the
-# tenant-member check, the view-all check, the count, the page with its actors, and the
-# viewer's clearance to see results unmasked (read once per tenant).
-RUNS_LIST_QUERIES = 6
+# Queries of one list request, whatever the number of runs (measured: 7): the token, the
+# tenant-member check, the view-all check, the count, the page with its actors, the
+# viewer's clearance to see results unmasked (read once per tenant), and the result
+# contracts of the runs' tools, for the fields they hide (each version read once).
+RUNS_LIST_QUERIES = 7
 
 
 def _error(response) -> dict:
