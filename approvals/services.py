@@ -35,10 +35,11 @@ from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import user_can, user_roles, versions_frozen
 from runs import events, tracing, writes
-from runs.choices import ACTIVE_STATUSES, RunStatus
+from runs.choices import ACTIVE_STATUSES, Channel, RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
-from runs.models import Run, ToolCall
+from runs.models import Run, TaskOccurrence, ToolCall
 from runs.redaction import secrets_removed
+from runs.services.occurrences import DEADLINE_PASSED
 from runs.services.runs import (
     cancel_request_take_in,
     run_cancel_locked,
@@ -150,16 +151,30 @@ def _expire(run: Run, action: BusinessAction) -> None:
 
 
 def _cancel_taken_in(run: Run) -> bool:
-    """A cancel accepted while something else held the locked run (a step, a decision) waits
-    beside it (`CancelRequest`); it is honoured before the run's action may go on: the run
-    ends CANCELLED and a waiting or approved action is withdrawn (one executing is left to
-    finish, and the run ends as the user asked once it settles). Returns whether the run
-    was cancelled."""
+    """Whatever stopped the locked run while something else held it is honoured before its
+    action may go on: a cancel accepted meanwhile (it waits beside the run, `CancelRequest`),
+    or a scheduled task's deadline that passed before its sweep came round. The run ends
+    CANCELLED and a waiting or approved action is withdrawn (one executing is left to finish,
+    and the run ends as asked once it settles). Returns whether the run was cancelled."""
     cancel_request_take_in(run)
-    if run.cancel_requested_at is None or run.status not in ACTIVE_STATUSES:
+    if run.status not in ACTIVE_STATUSES:
         return False
-    run_cancel_locked(run, reason=run.cancel_reason)
+    if run.cancel_requested_at is not None:
+        reason = run.cancel_reason
+    elif _deadline_passed(run):
+        reason = DEADLINE_PASSED
+    else:
+        return False
+    run_cancel_locked(run, reason=reason)
     return run.status == RunStatus.CANCELLED
+
+
+def _deadline_passed(run: Run) -> bool:
+    """Whether the run is a scheduled task's whose occurrence's deadline has passed."""
+    return (
+        run.channel == Channel.TASK
+        and TaskOccurrence.objects.filter(run_id=run.pk, deadline_at__lte=timezone.now()).exists()
+    )
 
 
 def _run_ended(run: Run, action: BusinessAction) -> bool:
@@ -273,7 +288,7 @@ def approval_decide(
         if _cancel_taken_in(run):
             refusal = AlreadyDecided(
                 "The run was cancelled; its action will not run.",
-                details={"run_status": run.status},
+                details={"run_status": run.status, "reason_code": run.reason_code},
             )
         elif _run_ended(run, action):
             refusal = AlreadyDecided(

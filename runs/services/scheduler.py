@@ -189,14 +189,18 @@ def occurrence_deadline_end(*, occurrence_id: Any, now: datetime | None = None) 
         return False
     run_id = linked["run_id"]
     with transaction.atomic():
+        # A run a step holds now is left to the next sweep (the approval and the resume
+        # check the deadline too): waiting for the step would stall the whole sweep.
         run = (
-            Run.objects.select_for_update(of=("self",))
+            Run.objects.select_for_update(of=("self",), skip_locked=True)
             .select_related("tenant", "actor")
             .filter(pk=run_id)
             .first()
             if run_id
             else None
         )
+        if run_id and run is None:
+            return False
         occurrence = TaskOccurrence.objects.select_for_update().get(pk=occurrence_id)
         if (
             occurrence.status not in OCCURRENCE_ACTIVE
@@ -224,9 +228,14 @@ def occurrences_sweep(*, now: datetime | None = None) -> dict[str, int]:
     a failed mail server left unsent. Returns how many of each it handled."""
     now = now or timezone.now()
     counts = {"deadline_passed": 0, "restarted": 0, "notified": 0}
-    overdue = TaskOccurrence.objects.filter(
-        status__in=OCCURRENCE_ACTIVE, deadline_at__lte=now
-    ).values_list("pk", flat=True)[:SWEEP_BATCH]
+    # Not those whose run is stopping already (it ends at its next step, the occurrence with
+    # it): they would fill every batch and starve the occurrences behind them.
+    overdue = (
+        TaskOccurrence.objects.filter(status__in=OCCURRENCE_ACTIVE, deadline_at__lte=now)
+        .exclude(run__cancel_requested_at__isnull=False)
+        .order_by("deadline_at")
+        .values_list("pk", flat=True)[:SWEEP_BATCH]
+    )
     for occurrence_id in list(overdue):
         counts["deadline_passed"] += occurrence_deadline_end(occurrence_id=occurrence_id, now=now)
     lapsed = TaskOccurrence.objects.filter(

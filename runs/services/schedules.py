@@ -12,6 +12,7 @@ or window, however many beats fire for it.
 import json
 from datetime import UTC, date, datetime, timedelta
 
+from celery.schedules import ParseException
 from celery.schedules import crontab as Crontab
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
@@ -52,8 +53,12 @@ def _schedule_errors(task: ScheduledTask) -> dict[str, list[str]]:
         return {}
     try:
         _crontab_slot(task.crontab, timezone.now())
-    except ValueError as error:
+    except (ValueError, ParseException) as error:
         return {"crontab": [f"Not a valid crontab: {error}"]}
+    for name, value in zip(CRONTAB_FIELDS, task.crontab.split(), strict=True):
+        longest = CrontabSchedule._meta.get_field(name).max_length
+        if len(value) > longest:
+            return {"crontab": [f"Not a valid crontab: its {name} is longer than {longest}."]}
     return {}
 
 

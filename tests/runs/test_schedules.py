@@ -462,6 +462,52 @@ def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_witho
     assert not Run.objects.exists()
 
 
+def test_a_deadline_that_passed_before_its_sweep_came_still_sends_nothing(demo, bob, smtp_server):
+    """The sweep comes every 30 s: an approval given and executed before it, after the
+    deadline, sent the mail."""
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+    TaskOccurrence.objects.filter(pk=occurrence.pk).update(
+        deadline_at=timezone.now() - timedelta(seconds=5)
+    )
+
+    with pytest.raises(AlreadyDecided, match="cancelled"):
+        approvals.approval_decide(
+            action_id=action.pk,
+            approver=bob,
+            decision=Decision.APPROVE,
+            payload_hash=action.payload_hash,
+        )
+    approvals.action_execute(action_id=action.pk)
+
+    run = Run.objects.get(pk=occurrence.run_id)
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "DEADLINE_PASSED")
+    assert refreshed(occurrence).status == "deadline_passed"
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+
+
+def test_overdue_runs_already_stopping_do_not_starve_the_deadline_sweep(demo, monkeypatch):
+    monkeypatch.setattr(scheduler, "SWEEP_BATCH", 2)
+    task = task_of(demo, crontab="", interval_seconds=60)
+    now = timezone.now()
+    waiting = scheduler.scheduled_task_fire(task_id=task.pk, now=now - timedelta(hours=5))
+    run_execute(run_id=str(waiting.run_id))
+    stopping = [
+        scheduler.scheduled_task_fire(task_id=task.pk, now=now - timedelta(hours=4, minutes=n))
+        for n in range(2)
+    ]
+    Run.objects.filter(pk__in=[o.run_id for o in stopping]).update(
+        status=RunStatus.RUNNING, cancel_requested_at=now, cancel_reason="DEADLINE_PASSED"
+    )
+    TaskOccurrence.objects.update(deadline_at=now - timedelta(minutes=1))
+
+    occurrences_sweep(now=now)
+
+    assert refreshed(waiting).status == "deadline_passed"
+
+
 # --- no waiting on a user ----------------------------------------------------------------
 
 

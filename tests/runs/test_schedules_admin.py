@@ -5,6 +5,7 @@ occurrences are read-only."""
 import json
 from datetime import datetime, timedelta
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from django_celery_beat.models import PeriodicTask
@@ -176,3 +177,18 @@ def test_a_task_page_shows_its_next_run_and_its_occurrences_read_only(client, de
     assert edit.status_code == 403
     assert TaskOccurrence.objects.get(pk=occurrence.pk).status == "running"
     assert client.get(f"{OCCURRENCES}add/").status_code == 403
+
+
+@pytest.mark.parametrize(
+    "crontab",
+    ["0,,1 9 * * 1", "- 9 * * 1", "0 9 * * " + ",".join(["1", "2", "3", "4", "5"] * 7)],
+    ids=["empty-part", "negative", "day-of-week-too-long"],
+)
+def test_a_crontab_celery_cannot_parse_or_beat_cannot_store_is_a_form_error(client, demo, crontab):
+    client.force_login(demo.admin)
+
+    response = client.post(f"{TASKS}add/", task_form(demo, crontab=crontab))
+
+    assert response.status_code == 200
+    assert "crontab" in response.context["adminform"].form.errors
+    assert not ScheduledTask.objects.exists()
