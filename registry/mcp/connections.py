@@ -355,9 +355,14 @@ class McpConnections:
         timeout_s: float,
     ) -> mcp_types.CallToolResult:
         async def call(session: ClientSession) -> mcp_types.CallToolResult:
-            return await session.call_tool(
-                name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s), meta=meta
-            )
+            try:
+                return await session.call_tool(
+                    name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s), meta=meta
+                )
+            except RuntimeError as error:
+                # The SDK's check of the answer against the tool's output schema: the
+                # server answered what it said it would not.
+                raise McpRemoteError(f"{endpoint.label}: {error}") from error
 
         return self._run(endpoint, call, timeout_s=timeout_s)
 

@@ -6,10 +6,14 @@ them: annotations only propose a risk the publisher can raise, and flagged text 
 reviewer, escaped, with hidden characters made visible.
 """
 
+import hashlib
+import json
 import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Any
+
+import rfc8785
 
 from registry.canonical import canonical_hash
 from registry.choices import Risk
@@ -35,6 +39,17 @@ def definition_of(tool: Any) -> dict[str, Any]:
         "outputSchema": tool.outputSchema,
         "annotations": tool.annotations.model_dump(exclude_none=True) if tool.annotations else {},
     }
+
+
+def served_hash(definition: dict[str, Any]) -> tuple[str, bool]:
+    """The definition's hash, and whether it is the canonical one (`definition_hash`). A
+    definition RFC 8785 cannot hash (a number past what a double holds) gets the sha256 of
+    its sorted JSON instead: it never equals a reviewed hash, so it shows as a change."""
+    try:
+        return definition_hash(definition), True
+    except rfc8785.CanonicalizationError:
+        text = json.dumps(definition, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), False
 
 
 def definition_hash(definition: dict[str, Any]) -> str:

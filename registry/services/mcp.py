@@ -7,14 +7,16 @@ published version keeps serving only while the server serves exactly the definit
 reviewed against.
 """
 
+import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import rfc8785
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.utils import timezone
 
+from config import jsontext
 from registry.choices import READ_RISKS, AdapterKind, ApprovalRule, VersionStatus
 from registry.errors import (
     McpServerUnavailable,
@@ -29,10 +31,10 @@ from registry.mcp.connections import (
     endpoint_for,
 )
 from registry.mcp.review import (
-    definition_hash,
     local_tool_name,
     poisoning_flags,
     proposed_risk,
+    served_hash,
 )
 from registry.models import (
     McpPrompt,
@@ -46,6 +48,8 @@ from registry.models import (
 from registry.selectors import mcp_drift
 from registry.services.common import audited_save, full_clean_or_raise, registry_object_save
 from registry.services.tools import tool_version_validate
+
+logger = logging.getLogger(__name__)
 
 UNREACHABLE = (McpUnavailable, McpTimeout, McpRemoteError)
 
@@ -97,29 +101,62 @@ def _health(server: McpServer, health: str, detail: str = "", **extra: Any) -> N
     )
 
 
+REMOTE_NAME_MAX = McpRemoteTool._meta.get_field("remote_name").max_length
+ECHOED_CREDENTIAL_FLAG = {
+    "code": "ECHOES_CREDENTIAL",
+    "field": "definition",
+    "excerpt": "The server's listing quoted a credential it was given; it is kept redacted.",
+}
+
+
+def _without_secrets(value: Any, secrets: tuple[str, ...]) -> Any:
+    """What a server lists, as kept and shown: its own credentials, should it quote them,
+    replaced, and text PostgreSQL stores (no NUL) at a depth a run keeps."""
+    secrets = tuple(filter(None, secrets))
+
+    def text(found: str) -> str:
+        for secret in secrets:
+            found = found.replace(secret, "[redacted]")
+        return jsontext.storable_text(found)
+
+    return jsontext.storable(value, text=text)
+
+
 def mcp_definitions_sync(
-    *, server: McpServer, listing: dict[str, dict[str, Any]], skipped: dict[str, str] | None = None
+    *,
+    server: McpServer,
+    listing: dict[str, dict[str, Any]],
+    skipped: dict[str, str] | None = None,
+    secrets: tuple[str, ...] = (),
 ) -> dict[str, McpToolDefinition]:
     """Record what the server serves now (each new definition kept by its hash, with its
     proposed risk and review flags) and mark the tools it stopped serving as removed.
     Safe to run concurrently: rows are created under savepoints."""
     now = timezone.now()
+    skipped = {} if skipped is None else skipped
     current: dict[str, McpToolDefinition] = {}
     for remote_name, definition in listing.items():
-        try:
-            hashed = definition_hash(definition)
-        except rfc8785.CanonicalizationError:
-            if skipped is not None:
-                skipped[remote_name] = "holds numbers that cannot be hashed canonically"
+        if len(remote_name) > REMOTE_NAME_MAX:
+            skipped[remote_name[:REMOTE_NAME_MAX]] = (
+                f"its name is longer than {REMOTE_NAME_MAX} characters"
+            )
             continue
+        # Hashed as served, so that drift shows; kept and shown without the credentials
+        # the server echoes and in text PostgreSQL stores.
+        hashed, canonical = served_hash(definition)
+        shown = _without_secrets(definition, secrets)
+        flags = poisoning_flags(shown)
+        served_text = json.dumps(definition, ensure_ascii=False, default=str)
+        if any(secret and secret in served_text for secret in secrets):
+            flags.append(ECHOED_CREDENTIAL_FLAG)
         row, _ = McpToolDefinition.objects.get_or_create(
             server=server,
             definition_hash=hashed,
             defaults={
                 "remote_name": remote_name,
-                "definition": definition,
+                "definition": shown,
                 "proposed_risk": proposed_risk(definition.get("annotations") or {}),
-                "review_flags": poisoning_flags(definition),
+                "review_flags": flags,
             },
         )
         McpRemoteTool.objects.update_or_create(
@@ -127,6 +164,9 @@ def mcp_definitions_sync(
             remote_name=remote_name,
             defaults={"current": row, "last_seen_at": now, "removed_at": None},
         )
+        if not canonical:
+            skipped[remote_name] = "holds numbers that cannot be hashed canonically"
+            continue
         current[remote_name] = row
     McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).exclude(
         remote_name__in=list(listing)
@@ -220,7 +260,9 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
                 "remote_name", flat=True
             )
         )
-        current = mcp_definitions_sync(server=server, listing=listing, skipped=report.skipped)
+        current = mcp_definitions_sync(
+            server=server, listing=listing, skipped=report.skipped, secrets=endpoint.secrets
+        )
         report.removed = sorted(previous - set(listing))
         for remote_name, row in sorted(current.items()):
             outcome = _draft(server=server, row=row, actor=actor)
@@ -233,47 +275,88 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
             if row.review_flags:
                 report.flagged.append(remote_name)
         report.drifted = sorted(mcp_drift_of_server(server))
-        report.prompts = _prompts_record(server, prompts, now)
-        report.resources = _resources_record(server, resources, now)
+        report.prompts = _prompts_record(server, prompts, now, endpoint.secrets, report.skipped)
+        report.resources = _resources_record(
+            server, resources, now, endpoint.secrets, report.skipped
+        )
         _health(server, McpServer.Health.HEALTHY, report.summary(), last_discovered_at=now)
     return report
 
 
-def _prompts_record(server: McpServer, prompts: list[Any], now: Any) -> int:
+def _fits(model: type, fields: dict[str, str]) -> str | None:
+    """Why these values do not fit the model's columns, if they do not."""
+    for name, value in fields.items():
+        longest = model._meta.get_field(name).max_length
+        if longest is not None and len(value) > longest:
+            return f"its {name} is longer than {longest} characters"
+    return None
+
+
+def _prompts_record(
+    server: McpServer, prompts: list[Any], now: Any, secrets: tuple[str, ...], skipped: dict
+) -> int:
+    kept = []
     for prompt in prompts:
-        definition = {"name": prompt.name, "description": prompt.description or ""}
-        McpPrompt.objects.update_or_create(
-            server=server,
-            name=prompt.name,
-            defaults={
+        shown = _without_secrets(
+            {
+                "name": prompt.name,
                 "title": prompt.title or "",
                 "description": prompt.description or "",
                 "arguments": [a.model_dump(exclude_none=True) for a in prompt.arguments or []],
-                "review_flags": poisoning_flags(definition),
+            },
+            secrets,
+        )
+        if (
+            problem := _fits(McpPrompt, {"name": shown["name"], "title": shown["title"]})
+        ) is not None:
+            skipped[f"prompt {shown['name'][:REMOTE_NAME_MAX]}"] = problem
+            continue
+        McpPrompt.objects.update_or_create(
+            server=server,
+            name=shown["name"],
+            defaults={
+                "title": shown["title"],
+                "description": shown["description"],
+                "arguments": shown["arguments"],
+                "review_flags": poisoning_flags(
+                    {"name": shown["name"], "description": shown["description"]}
+                ),
                 "last_seen_at": now,
             },
         )
-    McpPrompt.objects.filter(server=server).exclude(name__in=[p.name for p in prompts]).delete()
-    return len(prompts)
+        kept.append(shown["name"])
+    McpPrompt.objects.filter(server=server).exclude(name__in=kept).delete()
+    return len(kept)
 
 
-def _resources_record(server: McpServer, resources: list[Any], now: Any) -> int:
+def _resources_record(
+    server: McpServer, resources: list[Any], now: Any, secrets: tuple[str, ...], skipped: dict
+) -> int:
+    kept = []
     for resource in resources:
-        McpResource.objects.update_or_create(
-            server=server,
-            uri=str(resource.uri),
-            defaults={
+        shown = _without_secrets(
+            {
+                "uri": str(resource.uri),
                 "name": resource.name or "",
                 "title": resource.title or "",
                 "description": resource.description or "",
                 "mime_type": resource.mimeType or "",
-                "last_seen_at": now,
             },
+            secrets,
         )
-    McpResource.objects.filter(server=server).exclude(
-        uri__in=[str(r.uri) for r in resources]
-    ).delete()
-    return len(resources)
+        fields = {name: shown[name] for name in ("uri", "name", "title", "mime_type")}
+        if (problem := _fits(McpResource, fields)) is not None:
+            skipped[f"resource {shown['uri'][:REMOTE_NAME_MAX]}"] = problem
+            continue
+        McpResource.objects.update_or_create(
+            server=server,
+            uri=shown["uri"],
+            defaults={key: value for key, value in shown.items() if key != "uri"}
+            | {"last_seen_at": now},
+        )
+        kept.append(shown["uri"])
+    McpResource.objects.filter(server=server).exclude(uri__in=kept).delete()
+    return len(kept)
 
 
 def mcp_drift_of_server(server: McpServer) -> dict[str, str]:
@@ -302,4 +385,9 @@ def mcp_servers_discover_all(*, actor: AbstractBaseUser | None = None) -> list[s
             summaries.append(mcp_server_discover(server=server, actor=actor).summary())
         except McpServerUnavailable as error:
             summaries.append(f"{server}: unavailable ({error.message})")
+        except Exception as error:  # noqa: BLE001 (one server's fault stops no other)
+            # Its type only: the message of a database error quotes what the server sent.
+            logger.error("Discovery of MCP server %s failed: %s", server, type(error).__name__)
+            _health(server, McpServer.Health.UNHEALTHY, f"discovery failed: {type(error).__name__}")
+            summaries.append(f"{server}: discovery failed ({type(error).__name__})")
     return summaries

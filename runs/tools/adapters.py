@@ -27,7 +27,7 @@ from registry.mcp.connections import (
     connections,
     endpoint_for,
 )
-from registry.mcp.review import definition_hash
+from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
@@ -352,8 +352,8 @@ def mcp_call(
             endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS
         )
         served = listing.get(remote_name)
-        if served is None or definition_hash(served) != config["definition_hash"]:
-            mcp_definitions_sync(server=server, listing=listing)
+        if served is None or served_hash(served)[0] != config["definition_hash"]:
+            mcp_definitions_sync(server=server, listing=listing, secrets=secrets)
             raise ToolFailed(
                 f"{server} changed or removed {remote_name} since {tool_version.qualified_name} "
                 "was reviewed; a new reviewed version is needed.",

@@ -1,0 +1,50 @@
+"""An MCP server (stdio) that serves exactly what a JSON spec file says, re-read on every
+request, past the checks the SDK's higher-level server makes: tool and resource listings,
+and one answer to every call. The file's path is in HOSTILE_SPEC."""
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from mcp import types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+
+def spec() -> dict:
+    return json.loads(Path(os.environ["HOSTILE_SPEC"]).read_text() or "{}")
+
+
+server = Server("hostile")
+
+
+async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
+    tools = [types.Tool.model_validate(tool) for tool in spec().get("tools", [])]
+    return types.ServerResult(types.ListToolsResult(tools=tools))
+
+
+async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+    return types.ServerResult(types.CallToolResult.model_validate(spec()["result"]))
+
+
+async def list_resources(request: types.ListResourcesRequest) -> types.ServerResult:
+    resources = [types.Resource.model_validate(item) for item in spec().get("resources", [])]
+    return types.ServerResult(types.ListResourcesResult(resources=resources))
+
+
+server.request_handlers[types.ListToolsRequest] = list_tools
+server.request_handlers[types.CallToolRequest] = call_tool
+server.request_handlers[types.ListResourcesRequest] = list_resources
+
+
+async def main() -> None:
+    async with stdio_server() as (read, write):
+        options = server.create_initialization_options(
+            notification_options=None, experimental_capabilities={}
+        )
+        await server.run(read, write, options)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
