@@ -355,13 +355,18 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         "result": run.result,
     }
     # What the host copied from a tool's answer (a recipient into the result, the action,
-    # the events) is hidden as the answer is.
+    # the events) is hidden as the answer is; each part is redacted once.
     hidden = hidden_fields(
         run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
     )
-    for part in ("events", "actions", "result"):
-        record[part] = redact(record[part], cleared=cleared, sensitive=hidden)
-    return redact(record, cleared=cleared)
+    return {
+        part: redact(
+            value,
+            cleared=cleared,
+            sensitive=hidden if part in ("events", "actions", "result") else frozenset(),
+        )
+        for part, value in record.items()
+    }
 
 
 def run_export(record: dict[str, Any]) -> str:

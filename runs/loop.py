@@ -61,10 +61,12 @@ DRAFTS_KEPT = 5
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
 HOST_NODES = frozenset({"approval", "send"})
-# The largest totals a run's columns hold (`Run.tokens_used`: integer; `Run.cost`: 12 digits,
-# 6 of them decimals).
+# The largest totals a run's columns hold (`Run.tokens_used`: a PostgreSQL integer).
 TOKENS_USED_MAX = 2**31 - 1
-COST_MAX = Decimal("999999.999999")
+_COST = Run._meta.get_field("cost")
+COST_MAX = Decimal(10) ** (_COST.max_digits - _COST.decimal_places) - Decimal(10) ** -(
+    _COST.decimal_places
+)
 # Failures of a read tool that may pass: a run without evidence because of them may be retried.
 TRANSIENT_CATEGORIES = ("TIMEOUT", "UPSTREAM_ERROR", "RATE_LIMITED")
 # A skill that lists this among its required inputs gets the user's memory in its context.

@@ -136,10 +136,8 @@ def mcp_definitions_sync(
     skipped = {} if skipped is None else skipped
     current: dict[str, McpToolDefinition] = {}
     for remote_name, definition in listing.items():
-        if len(remote_name) > REMOTE_NAME_MAX:
-            skipped[remote_name[:REMOTE_NAME_MAX]] = (
-                f"its name is longer than {REMOTE_NAME_MAX} characters"
-            )
+        if (problem := _fits(McpRemoteTool, {"remote_name": remote_name})) is not None:
+            skipped[remote_name[:REMOTE_NAME_MAX]] = problem
             continue
         # Hashed as served, so that drift shows; kept and shown without the credentials
         # the server echoes and in text PostgreSQL stores.

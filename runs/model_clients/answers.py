@@ -14,7 +14,6 @@ from typing import Any
 
 import httpx
 
-from config import jsontext
 from runs.model_clients.base import ModelError
 from runs.model_clients.provider_errors import status_error
 
@@ -100,11 +99,8 @@ def _error_status(error: Mapping[str, Any]) -> int:
     return _UNKNOWN_ERROR_STATUS
 
 
-def arguments(value: Any) -> dict[str, Any] | str:
-    """Call arguments sent as an object (some servers do) or absent (none); any other value as
-    its JSON text, which the schema gate refuses as not an object, telling the model why."""
-    if isinstance(value, dict):
-        return value
-    if value is None:
-        return {}
-    return jsontext.dumps(jsontext.storable(value))
+def arguments(value: Any) -> Any:
+    """Call arguments as sent: an object (some servers send one where text belongs), or
+    none, which is no arguments. Any other value is left as it is, for `base.response_kept`
+    to keep as its JSON text, which the schema gate refuses as not an object."""
+    return {} if value is None else value

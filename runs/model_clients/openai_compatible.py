@@ -196,7 +196,7 @@ def raw_arguments(call: ToolCall) -> str:
     return json.dumps(call.arguments, ensure_ascii=False, separators=(",", ":"))
 
 
-def parsed_arguments(arguments: Any) -> dict[str, Any] | str:
+def parsed_arguments(arguments: Any) -> Any:
     """A JSON object, or the raw text so the schema gate can reject it and the model see why.
     Some servers send an empty string for a call without arguments, or the object itself."""
     if not isinstance(arguments, str):

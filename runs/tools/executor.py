@@ -49,14 +49,7 @@ SANDBOX_TRANSIENT_FAULTS = frozenset(
 # mistake (NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED) is an answer: the tool is up.
 # Counted as a failure, a few bad arguments of one tenant opened a platform-wide tool's
 # circuit for every tenant.
-TOOL_FAULTS = frozenset(
-    {
-        ErrorCategory.TIMEOUT,
-        ErrorCategory.UPSTREAM_ERROR,
-        ErrorCategory.RATE_LIMITED,
-        ErrorCategory.UNKNOWN,
-    }
-)
+TOOL_FAULTS = SANDBOX_TRANSIENT_FAULTS | {ErrorCategory.UNKNOWN}
 
 
 @dataclass

@@ -93,7 +93,6 @@ def test_a_definition_that_cannot_be_hashed_shows_as_drift_and_leaves_new_runs(
 
     report = mcp_server_discover(server=hostile, actor=demo.admin)
     run = ask(demo)
-    run_execute(run_id=str(run.pk))
 
     assert report.drifted == ["project_status"]
     assert mcp_drift([version]) == {str(version.pk): "DEFINITION_CHANGED"}
