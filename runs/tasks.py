@@ -2,10 +2,11 @@
 
 import logging
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from uuid import UUID
 
 from celery import shared_task
+from celery.signals import before_task_publish
 from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.db.models import Q
@@ -17,6 +18,7 @@ from runs.loop import ModelTemporarilyUnavailable, model_error_output, run_execu
 from runs.models import Run
 from runs.services import memory
 from runs.services.runs import cancel_request_take_in, cancel_requests_take_in, run_finish
+from runs.services.schedules import FIRE_TASK
 from runs.tools import limits
 
 logger = logging.getLogger(__name__)
@@ -169,15 +171,35 @@ def memories_expire() -> int:
     return memory.memories_expire()
 
 
+@before_task_publish.connect(sender=FIRE_TASK)
+def _fire_sent_at(*, body, **kwargs) -> None:
+    """Stamp a firing with the moment it is sent (in the beat): its slot is the one it was
+    sent in, however late a backlog or a redelivery brings it to a worker."""
+    _args, task_kwargs, _embed = body
+    task_kwargs.setdefault("sent_at", timezone.now().isoformat())
+
+
+def _moment(value: str | None) -> datetime | None:
+    try:
+        moment = datetime.fromisoformat(value) if value else None
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        if value:
+            logger.warning("scheduled_task_fire: sent_at %r is not a time; firing for now", value)
+        return None
+    return moment
+
+
 @shared_task(acks_late=True, reject_on_worker_lost=True)
-def scheduled_task_fire(*, task_id: str) -> str | None:
-    """Fire a scheduled task for the current slot (the beat sends this). Safe to deliver twice
-    and to send from two beats: the slot's occurrence is created once. Returns the
-    occurrence's id when this delivery created it."""
+def scheduled_task_fire(*, task_id: str, sent_at: str | None = None) -> str | None:
+    """Fire a scheduled task for the slot it was sent in (the beat sends this; `sent_at`, set
+    as it is published). Safe to deliver twice, late, and to send from two beats: the slot's
+    occurrence is created once. Returns the occurrence's id when this delivery created it."""
     # The scheduler starts runs through the ingress, which enqueues run_advance from here.
     from runs.services.scheduler import scheduled_task_fire as fire
 
-    occurrence = fire(task_id=task_id)
+    occurrence = fire(task_id=task_id, sent_at=_moment(sent_at))
     return str(occurrence.pk) if occurrence else None
 
 

@@ -83,21 +83,28 @@ def _broker() -> redis.Redis:
     return redis.Redis.from_url(settings.CELERY_BROKER_URL)
 
 
-def queued_run_ids() -> list[str]:
-    """The run ids of the run_advance messages waiting in this session's queue, in order."""
+def queued_tasks() -> list[tuple[str, dict]]:
+    """The task name and keyword arguments of each message waiting in this session's queue,
+    oldest first."""
     client = _broker()
     try:
         raw_messages = client.lrange(QUEUE, 0, -1)
     finally:
         client.close()
-    run_ids = []
+    tasks = []
     # Kombu pushes on the left and pops on the right: the oldest message is last.
     for raw in reversed(raw_messages):
         message = json.loads(raw)
-        assert message["headers"]["task"] == "runs.tasks.run_advance"
         _args, kwargs, _embed = json.loads(base64.b64decode(message["body"]))
-        run_ids.append(kwargs["run_id"])
-    return run_ids
+        tasks.append((message["headers"]["task"], kwargs))
+    return tasks
+
+
+def queued_run_ids() -> list[str]:
+    """The run ids of the run_advance messages waiting in this session's queue, in order."""
+    tasks = queued_tasks()
+    assert {name for name, _ in tasks} <= {"runs.tasks.run_advance"}
+    return [kwargs["run_id"] for _, kwargs in tasks]
 
 
 def queue_purge() -> None:

@@ -73,10 +73,13 @@ def _message(task: ScheduledTask, *, occurrence_id: Any, slot: datetime) -> dict
     return {"parts": [{"type": "text", "text": task.goal}], "metadata": metadata}
 
 
-def scheduled_task_fire(*, task_id: Any, now: datetime | None = None) -> TaskOccurrence | None:
-    """Fire an enabled task for the slot of `now`: create its occurrence with the first
-    attempt's lease, then start it. Returns None when the task is paused or gone, or when
-    another beat or worker already created this slot's occurrence."""
+def scheduled_task_fire(
+    *, task_id: Any, now: datetime | None = None, sent_at: datetime | None = None
+) -> TaskOccurrence | None:
+    """Fire an enabled task for the slot of `sent_at` (when the beat sent the firing), or of
+    `now`: create its occurrence with the first attempt's lease, then start it. Returns None
+    when the task is paused or gone, or when another beat or delivery already created this
+    slot's occurrence."""
     now = now or timezone.now()
     task = (
         ScheduledTask.objects.select_related("agent_config")
@@ -85,7 +88,7 @@ def scheduled_task_fire(*, task_id: Any, now: datetime | None = None) -> TaskOcc
     )
     if task is None:
         return None
-    slot = schedule_slot(task, now)
+    slot = schedule_slot(task, sent_at or now)
     lease_owner = _lease_owner()
     occurrence_id = uuid4()
     try:

@@ -4,25 +4,28 @@ it runs through a real worker to its approval."""
 
 import json
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.utils import timezone
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from config.celery import app
 from registry.models import AgentConfig, Tenant
+from runs import tasks
 from runs.choices import OccurrenceStatus, RunStatus
 from runs.models import IngressRecord, Run, ScheduledTask, TaskOccurrence
 from runs.services.scheduler import scheduled_task_fire
-from runs.services.schedules import scheduled_task_pause, scheduled_task_save
+from runs.services.schedules import schedule_slot, scheduled_task_pause, scheduled_task_save
 from tests.celery_worker import (
     EXAMPLE_EVENTS,
     event_types,
     example_seed,
     queue_purge,
     queued_run_ids,
+    queued_tasks,
     wait_until,
 )
 
@@ -101,6 +104,39 @@ def test_beats_firing_one_slot_at_once_make_one_occurrence_and_one_run(celery_qu
         assert IngressRecord.objects.count() == 1
         assert occurrence.run.status == RunStatus.QUEUED
         assert queued_run_ids() == [str(occurrence.run_id)]
+    finally:
+        queue_purge()
+
+
+def test_a_firing_is_for_the_slot_the_beat_sent_it_in_however_late_it_is_delivered(celery_queue):
+    # given an hourly task, and what the beat sends for it an hour ago and now
+    example_seed()
+    task = weekly_task(crontab="", interval_seconds=3600)
+    queue_purge()
+    periodic = task.periodic_task
+    before = timezone.now()
+    app.send_task(periodic.task, kwargs=json.loads(periodic.kwargs))
+    after = timezone.now()
+    [(name, sent)] = queued_tasks()
+    queue_purge()
+    assert name == "runs.tasks.scheduled_task_fire"
+    assert before <= datetime.fromisoformat(sent["sent_at"]) <= after
+    an_hour_ago = {**sent, "sent_at": (before - timedelta(hours=1)).isoformat()}
+
+    # when the firing sent an hour ago is delivered now, twice (a redelivery), then today's
+    try:
+        late = tasks.scheduled_task_fire(**an_hour_ago)
+        redelivered = tasks.scheduled_task_fire(**an_hour_ago)
+        on_time = tasks.scheduled_task_fire(**sent)
+
+        # then the late one fires the slot it was sent in, once, and today's its own
+        assert late is not None and on_time is not None and redelivered is None
+        slots = {str(pk): slot for pk, slot in TaskOccurrence.objects.values_list("pk", "slot")}
+        assert slots == {
+            late: schedule_slot(task, before - timedelta(hours=1)),
+            on_time: schedule_slot(task, before),
+        }
+        assert Run.objects.count() == 2
     finally:
         queue_purge()
 
