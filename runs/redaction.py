@@ -94,6 +94,26 @@ _ASSIGNED = re.compile(
     r"(?:(?P<quote>\\?[\"'])(?P<quoted>(?:(?!(?P=quote))(?:\\.|[^\\\n])){6,})(?P=quote)"
     r"|(?![A-Za-z][A-Za-z0-9+.-]{0,31}://)(?P<bare>[^\s\"',;&<>(){}\[\]]{8,}+)(?![(\[]))"
 )
+# A secret given in Chinese: 密码是 Tr0ub4dor&3, 验证码=482913, 访问令牌 abcdefghijklmnop. The
+# value is the run of ASCII that follows the word (and 是, 为, a colon, full-width too, or =):
+# four characters or more with a digit, or eight or more; a question about one (密码是什么) or
+# a word that goes on in Chinese (密码策略) has none.
+_SECRET_WORDS_ZH = (
+    "密码",
+    "口令",
+    "密钥",
+    "私钥",
+    "令牌",
+    "验证码",
+    "校验码",
+    "动态码",
+    "凭证",
+    "凭据",
+)
+_ASSIGNED_ZH = re.compile(
+    rf"((?:{'|'.join(_SECRET_WORDS_ZH)})[ \t\u3000]*(?:是|为|[:\uff1a=])?[ \t\u3000]*)"
+    r"(?=[!-~]*[0-9]|[!-~]{8})([!-~]{4,})"
+)
 # Unquoted values that are code or data, not credentials.
 _NOT_A_CREDENTIAL = re.compile(
     r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+"  # a dotted name
@@ -115,6 +135,7 @@ _ANY_SECRET_VALUE = re.compile(
             _PRIVATE_KEY,
             _URL_PASSWORD,
             _ASSIGNED,
+            _ASSIGNED_ZH,
         )
     )
 )
@@ -145,14 +166,15 @@ _SECRET_WORDS = (
     "key",
     "cookie",
     "credential",
+    *_SECRET_WORDS_ZH,
 )
 
 
 def _may_hold_secret(text: str) -> bool:
     """What every match of a secret value needs: a - or _, "eyJ", "://", a key id's prefix,
     or one of the words bearer, token, basic, authorization ("auth" is enough to look
-    further), pass, secret, key, cookie and credential. Most text has none, and these are
-    found faster than the patterns can say so."""
+    further), pass, secret, key, cookie and credential, or their Chinese. Most text has none,
+    and these are found faster than the patterns can say so."""
     if "-" in text or "_" in text or "eyJ" in text or "://" in text:
         return True
     if "AKIA" in text or "ASIA" in text or "AIza" in text:
@@ -198,7 +220,7 @@ def _assigned_secret(match: re.Match) -> str:
 def secrets_removed(text: str) -> str:
     """`text` with credentials replaced: bearer tokens, pasted Authorization headers, hex
     tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
-    passwords of URLs, and values given to names that say they hold secrets."""
+    passwords of URLs, and values given to names that say they hold secrets (in Chinese too)."""
     if not (_may_hold_secret(text) and _ANY_SECRET_VALUE.search(text)):
         return text
     text = _PRIVATE_KEY.sub(REDACTED, text)
@@ -209,6 +231,7 @@ def secrets_removed(text: str) -> str:
     for pattern in _SECRET_VALUES:
         text = pattern.sub(REDACTED, text)
     text = _URL_PASSWORD.sub(lambda match: match.group(1) + REDACTED + "@", text)
+    text = _ASSIGNED_ZH.sub(lambda match: match.group(1) + REDACTED, text)
     return _ASSIGNED.sub(_assigned_secret, text)
 
 

@@ -35,23 +35,35 @@ ALLOWED_ORIGINS = {
     MemoryItem.Kind.TASK_STATE: {MemoryItem.Origin.TASK},
 }
 _SECRET_TEXT = re.compile(
-    r"\b(pass(word|wd|phrase)?|pwd|secret|token|api[ _-]?key|private[ _-]?key|credential"
+    r"\b(pass(word|wd|phrase|code)?|pwd|secret|token|api[ _-]?key|private[ _-]?key|credential"
     r"|one[ -]?time|otp|2fa|mfa|verification code|security code)\b"
-    r"|\b\d{6}\b.{0,20}\bcode\b|\bcode\b.{0,20}\b\d{4,8}\b",
+    r"|\b\d{6}\b.{0,20}\bcode\b|\b(code|pin)\b.{0,20}\b\d{4,8}\b|\bpw\s*[:=]",
     re.I | re.S,
 )
+# The same in Chinese: a password, a passphrase, a one-time or verification code, a token, a
+# key, a credential (seed 000 names 一次性口令 and 访问令牌 among what is never kept).
+_SECRET_TEXT_ZH = re.compile(r"密码|口令|密钥|私钥|令牌|验证码|校验码|动态码|凭证|凭据")
 
 
 def _refuse(reason: str, message: str) -> ValidationFailed:
     return ValidationFailed(message, details={"reason": reason})
 
 
-def _policy_check(*, kind: str, key: str, value: str, origin: str, sensitivity: str, consent: bool):
+def _looks_secret(text: str) -> bool:
+    return bool(
+        _SECRET_TEXT.search(text) or _SECRET_TEXT_ZH.search(text) or secrets_removed(text) != text
+    )
+
+
+def _policy_check(
+    *, kind: str, key: str, value: str, purpose: str, origin: str, sensitivity: str, consent: bool
+):
     if origin == MemoryItem.Origin.MODEL_INFERRED:
         raise _refuse("UNCONFIRMED", "A model's guess is kept only after the user confirms it.")
     if origin not in ALLOWED_ORIGINS.get(kind, set()):
         raise _refuse("ORIGIN_NOT_ALLOWED", f"A {kind} cannot come from {origin}.")
-    if secret_key(key) or _SECRET_TEXT.search(f"{key} {value}") or secrets_removed(value) != value:
+    # The key and the purpose are shown and sent with the value: none of them may hold one.
+    if secret_key(key) or any(map(_looks_secret, (f"{key} {value}", key, value, purpose))):
         raise _refuse(
             "SECRET", "Secrets, tokens, passwords and one-time codes are never kept in memory."
         )
@@ -86,7 +98,13 @@ def memory_write(
     """Keep one item under the write policy, or raise ValidationFailed with the reason."""
     key, value = key.strip(), value.strip()
     _policy_check(
-        kind=kind, key=key, value=value, origin=origin, sensitivity=sensitivity, consent=consent
+        kind=kind,
+        key=key,
+        value=value,
+        purpose=purpose,
+        origin=origin,
+        sensitivity=sensitivity,
+        consent=consent,
     )
     now = timezone.now()
     fields = {

@@ -55,10 +55,31 @@ def refusal(**arguments) -> str:
         ("note", "one-time code 4821"),
         ("access_token", "abc"),
         ("note", "use Bearer abcdefghijklmnop for the API"),
+        # a token as the key, which is sent to the model with the value
+        ("ghp_abcdefghijklmnopqrstuvwx", "use it"),
+        ("sk-proj-abcdefghijklmnopqrstuvwxyz123456", "use it"),
+        # in Chinese: the password is, verification code, one-time password, access token
+        ("wifi", "密码是 Tr0ub4dor&3"),
+        ("note", "验证码 482913"),
+        ("note", "一次性口令 482913"),
+        ("note", "访问令牌 abcdefghijklmnop"),
+        ("note", "my PIN is 4821"),
+        ("note", "the door passcode is 4829"),
+        ("router", "pw: Tr0ub4dor"),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
     assert refusal(tenant=acme, user=member, key=key, value=value) == "SECRET"
+    assert not MemoryItem.objects.exists()
+
+
+def test_a_secret_as_the_purpose_is_refused_by_the_api(acme, member, client_for):
+    body = {"kind": "preference", "key": "tone", "value": "brief", "purpose": "password=hunter22xx"}
+
+    response = client_for(member, acme).post(MEMORIES, body, format="json")
+
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["details"] == {"reason": "SECRET"}
     assert not MemoryItem.objects.exists()
 
 

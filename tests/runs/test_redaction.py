@@ -192,6 +192,25 @@ def test_a_value_given_to_a_name_ending_in_a_secret_is_removed_and_the_rest_kept
     assert redact(text, cleared=True) == kept
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("我的密码是 Tr0ub4dor&3\uff0c请记住", "我的密码是 [redacted]\uff0c请记住"),
+        ("验证码\uff1a482913", "验证码\uff1a[redacted]"),
+        ("一次性口令 482913", "一次性口令 [redacted]"),
+        ("访问令牌 abcdefghijklmnop", "访问令牌 [redacted]"),
+        ("私钥=Zx9Qw7Er5Ty3", "私钥=[redacted]"),
+        # a question about one, a word that goes on in Chinese, a short word: nothing to remove
+        ("密码是什么\uff1f", "密码是什么\uff1f"),
+        ("密码策略 v2 已发布", "密码策略 v2 已发布"),
+        ("密码 reset 流程", "密码 reset 流程"),
+        ("项目代码 123456", "项目代码 123456"),
+    ],
+)
+def test_a_secret_given_in_chinese_is_removed_and_the_rest_kept(text, kept):
+    assert redact(text, cleared=True) == kept
+
+
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     key = (
         "-----BEGIN RSA PRIVATE KEY-----\n"
