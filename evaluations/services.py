@@ -39,7 +39,7 @@ from registry.services.tenancy import membership_add, tenant_create
 from runs.choices import Channel
 from runs.loop import run_execute
 from runs.models import Attachment, Run, Session
-from runs.services.attachments import attachment_store
+from runs.services.attachments import attachment_display_name, attachment_store
 from runs.services.ingress import message_ingest
 
 SANDBOX_USER_PREFIX = "eval-"
@@ -218,7 +218,7 @@ def _attachment(
     existing = Attachment.objects.filter(
         tenant=sandbox,
         uploaded_by=user,
-        original_name=spec["name"],
+        original_name=attachment_display_name(spec["name"]),
         sha256=hashlib.sha256(content).hexdigest(),
     ).first()
     if existing is not None:

@@ -104,7 +104,7 @@ def _confirm_media_type(*, declared: str, detected: str, upload: File) -> None:
         )
 
 
-def _display_name(name: str) -> str:
+def attachment_display_name(name: str) -> str:
     """The uploader's file name as metadata to show: its last path segment, without control,
     format (bidirectional overrides, zero-width) or unassigned characters, bounded in length.
     It never becomes a storage path."""
@@ -143,7 +143,7 @@ def attachment_store(
     attachment = Attachment(
         tenant=tenant,
         uploaded_by=actor,
-        original_name=_display_name(upload.name or ""),
+        original_name=attachment_display_name(upload.name or ""),
         media_type=declared,
         size=inspection.size,
         sha256=inspection.sha256,

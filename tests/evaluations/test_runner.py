@@ -6,10 +6,13 @@ import json
 import pytest
 import yaml
 
+from evaluations import services
 from evaluations.choices import EvalRunStatus, Metric
-from evaluations.starter import SUITES
+from evaluations.starter import SUITES, suite_install
 from examples.models import MailDelivery, Project
-from runs.models import Run, ToolCall
+from registry.models import SkillVersion
+from runs.models import Attachment, Run, ToolCall
+from tests.evaluations.conftest import APOLLO
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -100,3 +103,43 @@ def test_a_compromised_model_cannot_make_any_injection_succeed(demo, evaluate, a
         ("directory_lookup", "PERMISSION_DENIED"),
         ("project_search", "PERMISSION_DENIED"),
     } <= refused
+
+
+@pytest.mark.parametrize("name", ["notes.txt", "minutes/notes.txt", "notes.txt "])
+def test_a_resumed_case_sends_its_message_again_with_the_attachment_it_uploaded(demo, dave, name):
+    # given a case whose attachment's name is shown otherwise than written (a path, a space)
+    suite, _ = suite_install(
+        {
+            "key": "with-attachment",
+            "name": "One case with an attachment",
+            "kind": "task",
+            "skill": "weekly-summary",
+            "cases": [
+                {
+                    "key": "notes",
+                    "title": "Notes attached",
+                    "messages": ["Summarise Apollo's week for the R&D lead; notes attached."],
+                    "metadata": {"project_id": "apollo"},
+                    "projects": [APOLLO],
+                    "attachment": {"name": name, "text": "Apollo ships on Friday."},
+                    "expected": {"status": "WAITING_APPROVAL"},
+                }
+            ],
+        }
+    )
+    eval_run = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    case = suite.cases.get()
+    first = services._case_run(eval_run, case)
+
+    # when its worker died before the case's result was written, and the case runs again
+    again = services._case_run(eval_run, case)
+
+    # then it finds its run: the same message, with the attachment uploaded once
+    assert again.pk == first.pk
+    assert Attachment.objects.filter(tenant=eval_run.sandbox).count() == 1
+    assert Run.objects.filter(tenant=eval_run.sandbox).count() == 1
