@@ -6,3 +6,8 @@ class RegistryConfig(AppConfig):
 
     name = "registry"
     verbose_name = "Registry"
+
+    def ready(self) -> None:
+        from registry.mcp.logs import mcp_logs_withhold
+
+        mcp_logs_withhold()

@@ -40,6 +40,9 @@ T = TypeVar("T")
 
 LIST_PAGES_MAX = 100
 CLOSE_TIMEOUT_S = 5.0
+# What the SDK answers a request with when the server no longer knows the session (HTTP 404:
+# it restarted, or expired the session): the request was not run.
+SESSION_TERMINATED = 32600
 
 
 class McpUnavailable(Exception):
@@ -52,6 +55,10 @@ class McpTimeout(Exception):
 
 class McpRemoteError(Exception):
     """The server answered the request with a protocol error."""
+
+
+class _SessionTerminated(Exception):
+    """The server no longer knows the session the request was sent in."""
 
 
 @dataclass(frozen=True)
@@ -133,6 +140,10 @@ class _Connection:
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         self.closing = asyncio.Event()
         self.broken = False
+        self.error: BaseException | None = None
+        # Requests waiting on this connection; a retired one closes when the last ends.
+        self.in_flight = 0
+        self.retired = False
         self.task = asyncio.ensure_future(self._hold())
 
     async def _open(self, stack: AsyncExitStack) -> ClientSession:
@@ -155,9 +166,20 @@ class _Connection:
             read, write, _ = await stack.enter_async_context(
                 streamable_http_client(endpoint.url, http_client=client)
             )
-        session = await stack.enter_async_context(ClientSession(read, write))
+        session = await stack.enter_async_context(
+            ClientSession(read, write, message_handler=self._on_message)
+        )
         await session.initialize()
         return session
+
+    async def _on_message(self, message: Any) -> None:
+        """Over HTTP the transport hands the session an answer it could not read (not
+        JSON-RPC, a body of another content type) as an exception, which the request waiting
+        for that answer never sees: the connection is closed, which fails it at once. Over
+        stdio such a line is noise between answers (a server's stray print) and is passed."""
+        if isinstance(message, Exception) and self.endpoint.transport != McpServer.Transport.STDIO:
+            self.error = message
+            self.close()
 
     async def _hold(self) -> None:
         try:
@@ -165,6 +187,7 @@ class _Connection:
                 self.ready.set_result(await self._open(stack))
                 await self.closing.wait()
         except BaseException as error:
+            self.error = self.error or error
             if not self.ready.done():
                 self.ready.set_exception(
                     McpUnavailable(
@@ -185,6 +208,12 @@ class _Connection:
             self.task.cancel()
 
 
+def _forget(task: asyncio.Task) -> None:
+    """Retrieve what a request abandoned to its cancellation ended with."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _describe(error: BaseException) -> str:
     """A short reason without secrets: the exception types, innermost first."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
@@ -200,6 +229,7 @@ class McpConnections:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pid: int | None = None
         self._connections: dict[str, _Connection] = {}
+        self._retired: set[_Connection] = set()
         self._closing: set[asyncio.Task] = set()
         self._definitions: dict[str, tuple[float, str, dict[str, dict[str, Any]]]] = {}
 
@@ -211,7 +241,8 @@ class McpConnections:
                     target=loop.run_forever, name="mcp-connections", daemon=True
                 ).start()
                 self._loop, self._pid = loop, os.getpid()
-                self._connections, self._closing, self._definitions = {}, set(), {}
+                self._connections, self._retired = {}, set()
+                self._closing, self._definitions = set(), {}
             return self._loop
 
     def _run(
@@ -230,7 +261,7 @@ class McpConnections:
             future.cancel()
             raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
 
-    async def _session(self, endpoint: Endpoint) -> ClientSession:
+    async def _session(self, endpoint: Endpoint) -> tuple[ClientSession, _Connection]:
         connection = self._connections.get(endpoint.key)
         if connection is not None and (
             connection.broken or connection.fingerprint != endpoint.fingerprint
@@ -241,7 +272,7 @@ class McpConnections:
             connection = _Connection(endpoint)
             self._connections[endpoint.key] = connection
         try:
-            return await asyncio.wait_for(
+            session = await asyncio.wait_for(
                 asyncio.shield(connection.ready), endpoint.connect_timeout_s
             )
         except TimeoutError as error:
@@ -253,10 +284,24 @@ class McpConnections:
         except McpUnavailable:
             self._discard(connection)
             raise
+        return session, connection
+
+    def _timed_out(self, connection: _Connection, timeout_s: float) -> McpTimeout:
+        """Over HTTP the SDK goes on reading the answer of a request nobody waits for any
+        more, holding a place in the client's connection pool: the connection is retired,
+        and closed (which ends that read) once the requests still waiting on it have ended;
+        new requests open another. Over stdio a late answer is only dropped."""
+        if connection.endpoint.transport != McpServer.Transport.STDIO:
+            connection.retired = True
+            self._retired.add(connection)
+            if self._connections.get(connection.endpoint.key) is connection:
+                del self._connections[connection.endpoint.key]
+        return McpTimeout(f"{connection.endpoint.label} did not answer in {timeout_s:g} s.")
 
     def _discard(self, connection: _Connection) -> None:
         """Close a connection; `close_all` still waits for it to finish closing (its server
         process to exit)."""
+        self._retired.discard(connection)
         connection.close()
         if not connection.task.done():
             self._closing.add(connection.task)
@@ -270,23 +315,69 @@ class McpConnections:
         operation: Callable[[ClientSession], Awaitable[T]],
         timeout_s: float,
     ) -> T:
-        session = await self._session(endpoint)
-        connection = self._connections.get(endpoint.key)
+        """`operation` on the endpoint's session. A session the server no longer knows is
+        opened again, once, for the same request (the server did not run it)."""
         try:
-            return await asyncio.wait_for(operation(session), timeout_s + 1)
-        except TimeoutError as error:
-            raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+            return await self._on_one_session(endpoint, operation, timeout_s)
+        except _SessionTerminated:
+            try:
+                return await self._on_one_session(endpoint, operation, timeout_s)
+            except _SessionTerminated as error:
+                raise McpUnavailable(f"{endpoint.label} ended the session.") from error
+
+    async def _on_one_session(
+        self,
+        endpoint: Endpoint,
+        operation: Callable[[ClientSession], Awaitable[T]],
+        timeout_s: float,
+    ) -> T:
+        """`operation` on the endpoint's session, counted among its connection's requests."""
+        session, connection = await self._session(endpoint)
+        connection.in_flight += 1
+        try:
+            return await self._request(connection, session, operation, timeout_s)
+        finally:
+            connection.in_flight -= 1
+            if connection.retired and not connection.in_flight:
+                self._discard(connection)
+
+    async def _request(
+        self,
+        connection: _Connection,
+        session: ClientSession,
+        operation: Callable[[ClientSession], Awaitable[T]],
+        timeout_s: float,
+    ) -> T:
+        """`operation` raced against the connection: a transport that failed (an HTTP error
+        status, an answer that could not be read) fails the request at once instead of
+        leaving it waiting for an answer that will not come."""
+        endpoint = connection.endpoint
+        request = asyncio.ensure_future(operation(session))
+        done, _ = await asyncio.wait(
+            {request, connection.task}, timeout=timeout_s + 1, return_when=asyncio.FIRST_COMPLETED
+        )
+        if request not in done:
+            request.cancel()
+            request.add_done_callback(_forget)
+            if connection.task not in done:
+                raise self._timed_out(connection, timeout_s)
+            self._discard(connection)
+            reason = _describe(connection.error) if connection.error else "closed"
+            raise McpUnavailable(f"{endpoint.label}: the connection broke ({reason}).")
+        try:
+            return request.result()
         except McpError as error:
-            if error.error.code == httpx.codes.REQUEST_TIMEOUT:
-                raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
-            if error.error.code == mcp_types.CONNECTION_CLOSED:
-                if connection is not None:
-                    self._discard(connection)
+            code = error.error.code
+            if code == httpx.codes.REQUEST_TIMEOUT:
+                raise self._timed_out(connection, timeout_s) from error
+            if code in (mcp_types.CONNECTION_CLOSED, SESSION_TERMINATED):
+                self._discard(connection)
+                if code == SESSION_TERMINATED:
+                    raise _SessionTerminated from error
                 raise McpUnavailable(f"{endpoint.label} closed the connection.") from error
             raise McpRemoteError(f"{endpoint.label}: {error.error.message}") from error
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as error:
-            if connection is not None:
-                self._discard(connection)
+            self._discard(connection)
             raise McpUnavailable(f"{endpoint.label}: the connection broke.") from error
 
     # --- what callers use -----------------------------------------------------------------
@@ -383,7 +474,7 @@ class McpConnections:
             return
 
         async def close() -> None:
-            for connection in list(self._connections.values()):
+            for connection in [*self._connections.values(), *self._retired]:
                 self._discard(connection)
             if self._closing:
                 await asyncio.wait(list(self._closing), timeout=CLOSE_TIMEOUT_S)

@@ -1,0 +1,104 @@
+"""A raw streamable-HTTP MCP endpoint (no SDK) whose answers to tools/call follow a JSON spec
+file read again on every request (HOSTILE_HTTP_SPEC): HTTP status, content type, body (where
+{auth} becomes the Authorization header it was sent), delay, or an SSE answer that never
+ends. Every tools/call is appended to HOSTILE_HTTP_LOG."""
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+TOOL = {
+    "name": "project_status",
+    "description": "This week's status of one project.",
+    "inputSchema": {
+        "type": "object",
+        "properties": {"project_id": {"type": "string"}},
+        "required": ["project_id"],
+    },
+    "annotations": {"readOnlyHint": True},
+}
+SESSION_ID = "s1"
+
+
+def _call_spec() -> dict:
+    return json.loads(Path(os.environ["HOSTILE_HTTP_SPEC"]).read_text() or "{}")
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Mcp-Session-Id", SESSION_ID)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _result(self, ident, result) -> None:
+        self._send(200, json.dumps({"jsonrpc": "2.0", "id": ident, "result": result}).encode())
+
+    def do_GET(self):
+        self._send(405, b"")
+
+    def do_DELETE(self):
+        self._send(200, b"")
+
+    def do_POST(self):
+        message = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        method, ident = message.get("method"), message.get("id")
+        if ident is None:
+            self._send(202, b"")
+        elif method == "initialize":
+            self._result(
+                ident,
+                {
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "hostile-http", "version": "1"},
+                },
+            )
+        elif method == "tools/list":
+            self._result(ident, {"tools": [TOOL]})
+        elif method == "tools/call":
+            self._call(ident)
+        else:
+            error = {"code": -32601, "message": "no such method"}
+            self._send(200, json.dumps({"jsonrpc": "2.0", "id": ident, "error": error}).encode())
+
+    def _call(self, ident) -> None:
+        with open(os.environ["HOSTILE_HTTP_LOG"], "a") as log:
+            log.write("call\n")
+        call = _call_spec()
+        time.sleep(call.get("delay_s", 0))
+        if call.get("body") is not None:
+            body = call["body"].replace("{auth}", self.headers.get("Authorization", ""))
+            self._send(
+                call.get("status", 200),
+                body.encode(),
+                call.get("content_type", "application/json"),
+            )
+        elif call.get("sse_forever"):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Mcp-Session-Id", SESSION_ID)
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b": keep-alive\n\n")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                return
+        else:
+            self._result(ident, {"content": [{"type": "text", "text": "ok"}], "isError": False})
+
+
+if __name__ == "__main__":
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()

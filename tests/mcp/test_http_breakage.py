@@ -1,0 +1,164 @@
+"""MCP servers over streamable HTTP that break mid-session: one restarted (a deploy) is
+reached again; a call that timed out leaves no request open; an answer that cannot be read,
+or an HTTP error, fails the call at once; and nothing the SDK logs quotes what a server sent."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.conf import settings as django_settings
+
+from registry.mcp.connections import McpTimeout, connections, endpoint_for
+from registry.models import McpServer
+from registry.services.mcp import mcp_server_save
+from runs.loop import run_execute
+from runs.models import ToolCall
+from tests.mcp.conftest import TOKEN, TOKEN_REF, _free_port, ask, status_publish, wait_for_port
+
+pytestmark = pytest.mark.django_db
+
+
+def _spawn(args: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, *args], cwd=django_settings.BASE_DIR, env={**os.environ, **env}
+    )
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(10)
+
+
+def _over_http(demo, url: str, settings) -> McpServer:
+    """acme's projects server, moved to `url` with the bearer token."""
+    settings.TENANT_CREDENTIALS = {"acme": [TOKEN_REF]}
+    server = McpServer.objects.get(tenant=demo.acme, name="projects")
+    server.transport = McpServer.Transport.STREAMABLE_HTTP
+    server.url = url
+    server.credential_ref = TOKEN_REF
+    server.timeout_s = 3
+    return mcp_server_save(server=server, actor=demo.admin)
+
+
+@pytest.fixture
+def restartable(monkeypatch):
+    """The example server over HTTP on a port of its own, and a function that restarts it."""
+    monkeypatch.setenv(TOKEN_REF, TOKEN)
+    port = _free_port()
+    args = ["-m", "examples.mcp_server", "--http", "--port", str(port)]
+    processes = [_spawn(args, {"PROJECTS_MCP_TOKEN": TOKEN})]
+    wait_for_port(port)
+
+    def restart() -> None:
+        _stop(processes[-1])
+        processes.append(_spawn(args, {"PROJECTS_MCP_TOKEN": TOKEN}))
+        wait_for_port(port)
+
+    yield f"http://127.0.0.1:{port}/mcp", restart
+    connections.close_all()
+    _stop(processes[-1])
+
+
+@pytest.fixture
+def hostile_http(tmp_path, monkeypatch):
+    """tests/mcp/hostile_http_server.py on a port of its own, and `answer(**call)`, which sets
+    how it answers tools/call."""
+    monkeypatch.setenv(TOKEN_REF, TOKEN)
+    spec, log = tmp_path / "spec.json", tmp_path / "calls.log"
+    spec.write_text("{}")
+    log.write_text("")
+    port = _free_port()
+    process = _spawn(
+        ["-m", "tests.mcp.hostile_http_server", str(port)],
+        {"HOSTILE_HTTP_SPEC": str(spec), "HOSTILE_HTTP_LOG": str(log)},
+    )
+    wait_for_port(port)
+    yield f"http://127.0.0.1:{port}/mcp", lambda **call: spec.write_text(json.dumps(call))
+    connections.close_all()
+    _stop(process)
+
+
+def test_a_restarted_server_is_reached_again_with_a_new_session(demo, restartable, settings):
+    url, restart = restartable
+    status_publish(demo, _over_http(demo, url, settings))
+    first = ask(demo)
+    run_execute(run_id=str(first.pk))
+    assert ToolCall.objects.get(run=first).status == "completed"
+
+    # a deploy: the new process knows no session of the old one
+    restart()
+    second = ask(demo)
+    run_execute(run_id=str(second.pk))
+
+    call = ToolCall.objects.get(run=second)
+    assert call.status == "completed", (call.error_category, call.envelope["error"])
+    assert call.attempts == 1
+
+
+def test_calls_that_timed_out_leave_no_request_open(demo, hostile_http, settings):
+    # given a server whose answer is an SSE stream that never ends
+    url, answer = hostile_http
+    endpoint = endpoint_for(_over_http(demo, url, settings))
+    connections.tools(endpoint)
+    answer(sse_forever=True)
+
+    def call(_) -> str:
+        try:
+            connections.call_tool(endpoint, "project_status", {}, meta={}, timeout_s=1)
+        except McpTimeout:
+            return "timeout"
+        return "ok"
+
+    # when more calls time out than the HTTP client's pool holds connections (100)
+    with ThreadPoolExecutor(20) as pool:
+        assert set(pool.map(call, range(110))) == {"timeout"}
+
+    # then none of their streams is still open: once the server is well, calls succeed
+    answer()
+    assert call(0) == "ok"
+
+
+def test_an_unreadable_answer_quoting_the_credential_fails_at_once_and_is_not_logged(
+    demo, hostile_http, settings, caplog
+):
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    # JSON, but not JSON-RPC, quoting the Authorization header it was sent
+    answer(body='{"e": "{auth}"}')
+    run = ask(demo)
+
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert time.monotonic() - started < 5
+    assert "MCP SDK" in caplog.text
+    assert TOKEN not in caplog.text
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"status": 500, "body": "Internal Server Error", "content_type": "text/plain"},
+        {"status": 401, "body": "", "content_type": "text/plain"},
+        {"status": 200, "body": "<html>maintenance</html>", "content_type": "text/html"},
+    ],
+    ids=["http-500", "http-401", "html"],
+)
+def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, settings, call):
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    answer(**call)
+    run = ask(demo)
+
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    tool_call = ToolCall.objects.get(run=run)
+    assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert time.monotonic() - started < 5
