@@ -746,11 +746,16 @@ def action_reconcile(*, action_id: Any) -> str:
 
 def _not_started_now(run: Run, action: BusinessAction) -> tuple[str, RunStatus] | None:
     """Why a send that never started is not started now, if it is not, and how its run then
-    ends: the user cancelled since, or the approval no longer holds for doing it now."""
+    ends: the user cancelled since, or the approval no longer holds for doing it now (the same
+    checks as a resume: a send started now is a new execution)."""
     if run.cancel_requested_at:
         return "The send never started, and the run was cancelled.", RunStatus.CANCELLED
-    if _approval_stale(action):
-        return "The send never started, and its approval no longer holds.", RunStatus.FAILED_FINAL
+    problems = _revalidation_problems(run, action)
+    if problems:
+        return (
+            f"The send never started, and its approval no longer holds ({', '.join(problems)}).",
+            RunStatus.FAILED_FINAL,
+        )
     return None
 
 

@@ -28,6 +28,7 @@ from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Risk, Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
+from registry.services import tools
 from registry.services.common import registry_object_save
 from registry.services.skills import skill_version_revoke
 from registry.services.tenancy import membership_add
@@ -320,6 +321,29 @@ def test_a_send_that_never_started_is_not_made_once_its_approval_is_stale(
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
     assert "approval no longer holds" in run.result["output"]["error"]["message"]
+
+
+def test_a_send_that_never_started_is_not_made_after_its_tool_version_was_revoked(
+    demo, bob, smtp_server, monkeypatch
+):
+    # given an action recorded as executing whose worker died before the tool was called
+    run, action = executing_after_a_crash(demo, bob, monkeypatch)
+
+    # when mail_send's version is revoked before the reconciliation comes round
+    tools.tool_version_revoke(
+        tool_version=ToolVersion.objects.get(pk=action.tool_version_id),
+        actor=demo.admin,
+        reason="Sends to the wrong relay.",
+    )
+    status = services.action_reconcile(action_id=action.pk)
+
+    # then the send that never started is not made now, as a resume would not make it
+    assert status == ActionStatus.FAILED
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert "TOOL_VERSION_NOT_AVAILABLE" in run.result["output"]["error"]["message"]
 
 
 def _policy(demo) -> Policy:
