@@ -33,7 +33,7 @@ from examples.models import DirectoryRecord
 from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
-from registry.selectors import user_can, user_roles, versions_frozen
+from registry.selectors import user_can, user_roles, version_ids_withdrawn, versions_frozen
 from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, Channel, RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
@@ -447,11 +447,13 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         or record.corporate_email != recipient.get("corporate_email")
     ):
         problems.append("DIRECTORY_RECORD_CHANGED")
-    if (
-        action.skill_version_id
-        and not SkillVersion.objects.filter(
+    if action.skill_version_id and (
+        not SkillVersion.objects.filter(
             pk=action.skill_version_id, status__in=USABLE_VERSION_STATUSES
         ).exists()
+        or version_ids_withdrawn(
+            model=SkillVersion, ids=[action.skill_version_id], tenant=run.tenant
+        )
     ):
         problems.append("SKILL_VERSION_NOT_AVAILABLE")
     pinned = {entry["id"] for entry in run.capability.get("tools", [])}
@@ -461,7 +463,7 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         .order_by()
         .values_list("pk", flat=True)
     )
-    if pinned - usable:
+    if pinned - usable or version_ids_withdrawn(model=ToolVersion, ids=pinned, tenant=run.tenant):
         problems.append("TOOL_VERSION_NOT_AVAILABLE")
     return problems
 

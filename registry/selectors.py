@@ -237,7 +237,7 @@ def versions_frozen(*, model: type[V], ids: Iterable[str]) -> dict[str, V]:
     Their content is frozen (the model layer refuses any change), so each process keeps the
     copies it has read and reads a version once. Only the lifecycle fields of a copy may be
     out of date: a gate that depends on them (revocation) reads them with
-    `version_ids_revoked`. The copies are shared: callers must not change them."""
+    `version_ids_withdrawn`. The copies are shared: callers must not change them."""
     label = model._meta.label
     found: dict[str, V] = {}
     with _frozen_versions_lock:
@@ -278,18 +278,40 @@ def _versions_revoked(model: type[DefinitionVersion]) -> PreparedQuery:
     )
 
 
-def version_ids_revoked(
-    *, model: type[DefinitionVersion], ids: Iterable[str], generation: int | None = None
+def version_ids_withdrawn(
+    *,
+    model: type[DefinitionVersion],
+    ids: Iterable[str],
+    tenant: Tenant,
+    generation: int | None = None,
 ) -> frozenset[str]:
-    """Which of these versions are revoked now. Under a registry `generation` the caller
-    read in its own transaction, the answer is kept until the generation moves (a
-    revocation moves it when it commits); without one, one query."""
+    """Which of these versions `tenant` may no longer use: revoked, or of a platform-wide
+    definition no longer granted to it. Under a registry `generation` the caller read in its
+    own transaction, the answer is kept until the generation moves (a revocation or a grant
+    moves it when it commits); without one, it is read now."""
     version_ids = sorted(map(str, ids))
+    parent_field = model.parent_field
+    parent = model._meta.get_field(parent_field).related_model
 
-    def revoked() -> frozenset[str]:
-        return frozenset(str(pk) for pk in _versions_revoked(model)(version_ids=version_ids))
+    def withdrawn() -> frozenset[str]:
+        revoked = {str(pk) for pk in _versions_revoked(model)(version_ids=version_ids)}
+        platform_wide = set(
+            model.objects.filter(pk__in=version_ids, **{f"{parent_field}__tenant__isnull": True})
+            .values_list(parent_field, "pk")
+            .order_by()
+        )
+        if not platform_wide:
+            return frozenset(revoked)
+        granted = set(
+            definitions_visible(model=parent, tenant=tenant)
+            .filter(pk__in={definition for definition, _ in platform_wide})
+            .values_list("pk", flat=True)
+        )
+        ungranted = {str(pk) for definition, pk in platform_wide if definition not in granted}
+        return frozenset(revoked | ungranted)
 
-    return registry_cached(generation, ("revoked", model._meta.label, *version_ids), revoked)
+    key = ("withdrawn", model._meta.label, tenant.pk, *version_ids)
+    return registry_cached(generation, key, withdrawn)
 
 
 @dataclass(frozen=True)

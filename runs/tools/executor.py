@@ -27,7 +27,7 @@ from config.credentials import credential_refusal, credential_value
 from config.queries import PreparedQuery
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import Tenant, ToolVersion
-from registry.selectors import version_ids_revoked, versions_frozen
+from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
@@ -213,7 +213,7 @@ def _admit(
     step: int,
     entry: dict[str, Any] | None,
     tool_version: ToolVersion | None,
-    revoked: bool,
+    withdrawn: bool,
     authorised: dict[str, Any],
 ) -> ToolCall | Admitted:
     """Gates 1-5 for one call the run has not seen. Returns the rejected ToolCall (not yet
@@ -235,12 +235,12 @@ def _admit(
         return _reject(
             record, run, category=category, message=f"{record.name} is not available in this step."
         )
-    if revoked:
+    if withdrawn:
         return _reject(
             record,
             run,
             category=ErrorCategory.PERMISSION_DENIED,
-            message=f"{tool_version.qualified_name} was revoked.",
+            message=f"{tool_version.qualified_name} was revoked or is no longer granted.",
         )
     problems = _validation_errors(tool_version, call.arguments)
     if problems:
@@ -343,9 +343,12 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
     entries = [by_name.get(call.name) for call in calls]
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
-    revoked = (
-        version_ids_revoked(
-            model=ToolVersion, ids=ids, generation=getattr(run, "registry_generation", None)
+    withdrawn = (
+        version_ids_withdrawn(
+            model=ToolVersion,
+            ids=ids,
+            tenant=run.tenant,
+            generation=getattr(run, "registry_generation", None),
         )
         if ids
         else frozenset()
@@ -365,7 +368,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
             step=step,
             entry=entry,
             tool_version=tool_versions.get(entry["id"]) if entry else None,
-            revoked=entry is not None and entry["id"] in revoked,
+            withdrawn=entry is not None and entry["id"] in withdrawn,
             authorised=authorised,
         )
         if isinstance(outcome, Admitted):
@@ -398,8 +401,9 @@ def side_effect_admit(
         step=step,
         entry=entry,
         tool_version=tool_version,
-        revoked=bool(entry)
-        and entry["id"] in version_ids_revoked(model=ToolVersion, ids=[entry["id"]]),
+        withdrawn=bool(entry)
+        and entry["id"]
+        in version_ids_withdrawn(model=ToolVersion, ids=[entry["id"]], tenant=run.tenant),
         authorised={},
     )
     record = outcome.record if isinstance(outcome, Admitted) else outcome

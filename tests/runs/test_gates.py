@@ -696,7 +696,7 @@ def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(de
     assert calls == {"directory_lookup": "completed", "project_search": "rejected"}
     rejected = ToolCall.objects.get(run=run, name="project_search")
     assert rejected.error_category == "PERMISSION_DENIED"
-    assert rejected.envelope["error"]["message"].endswith("was revoked.")
+    assert rejected.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
     assert not Source.objects.filter(tool_call=rejected).exists()
     assert [event["name"] for event in events_of(run, "tool.rejected")] == ["project_search"]
 
@@ -723,7 +723,7 @@ def test_a_revocation_committed_between_two_steps_is_seen_at_the_next_call(demo)
     # then the same execution's next step rejects the call unexecuted
     rejected = ToolCall.objects.get(run=run, name="project_search")
     assert rejected.status == "rejected"
-    assert rejected.envelope["error"]["message"].endswith("was revoked.")
+    assert rejected.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
 
 
 def test_gate_three_checks_a_version_against_the_schema_it_has_now():

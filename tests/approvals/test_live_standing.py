@@ -1,0 +1,91 @@
+"""What a run does when its tenant, its requester or its versions lose their standing while
+it is between steps or waits for approval: nothing withdrawn is used again."""
+
+from approvals import services
+from approvals.choices import ActionStatus, Decision
+from approvals.models import BusinessAction
+from examples.models import MailDelivery
+from registry.models import SkillVersion, ToolVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
+from registry.services import skills, tools
+from registry.services.tenancy import definition_grant
+from runs.models import Run, ToolCall
+from tests.approvals.conftest import waiting_run
+from tests.runs.conftest import events_of
+
+TOOL_FIELDS = (
+    "description",
+    "when_not_to_use",
+    "returns",
+    "input_schema",
+    "risk",
+    "timeout_s",
+    "data_classification",
+    "is_idempotent",
+    "approval_rule",
+    "adapter_kind",
+    "adapter_config",
+    "retry_policy",
+)
+
+
+def platform_mail_send_pinned(demo) -> ToolVersion:
+    """mail_send published platform-wide and granted to acme; weekly-summary 3.3.0 (acme),
+    current, pins it in place of acme's own mail_send."""
+    own = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name="mail_send")
+    platform = tools.tool_version_publish(
+        tool_version=tools.tool_version_create(
+            actor=demo.admin,
+            tenant=None,
+            name="mail_send",
+            version="1.0.0",
+            **{name: getattr(own, name) for name in TOOL_FIELDS},
+        ),
+        actor=demo.admin,
+    )
+    definition_grant(actor=demo.admin, definition=platform.tool, tenant=demo.acme)
+    current = SkillVersion.objects.get(skill__tenant=demo.acme, status="published")
+    pinned = [
+        dependency.tool_version
+        for dependency in current.tool_dependencies.select_related("tool_version__tool")
+        if dependency.tool_version.tool.name != "mail_send"
+    ]
+    skills.skill_version_publish(
+        skill_version=skills.skill_version_create(
+            actor=demo.admin,
+            tenant=demo.acme,
+            name=current.skill.name,
+            version="3.3.0",
+            tool_versions=[*pinned, platform],
+            **{name: getattr(current, name) for name in SKILL_CONTENT_FIELDS},
+        ),
+        actor=demo.admin,
+        override_reason="pins the platform's mail_send",
+    )
+    return platform
+
+
+def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_server):
+    # given an approved run whose send tool is a platform-wide tool granted to acme
+    platform = platform_mail_send_pinned(demo)
+    run, action = waiting_run(demo)
+    assert action.tool_version_id == platform.pk
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+
+    # when the platform admin withdraws acme's use of that tool before the resume
+    definition_grant(actor=demo.admin, definition=platform.tool, tenant=demo.acme, granted=False)
+    services.action_execute(action_id=action.pk)
+
+    # then nothing is sent: acme may no longer use the tool
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
