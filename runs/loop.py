@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
@@ -21,10 +22,10 @@ from django.utils import timezone
 from approvals.services import action_freeze, handoff_open
 from config import jsontext
 from config.queries import PreparedQuery
-from registry.choices import READ_RISKS
+from registry.choices import READ_RISKS, ROLE_ACTIONS, Action
 from registry.generation import generation_sql, registry_cached
-from registry.models import ModelConfig, SkillVersion, ToolVersion
-from registry.selectors import versions_frozen
+from registry.models import Membership, ModelConfig, SkillVersion, Tenant, ToolVersion
+from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
@@ -1013,6 +1014,28 @@ def _cancel_asked() -> Exists:
     return Exists(CancelRequest.objects.filter(run_id=OuterRef("pk")))
 
 
+# Roles that may start a run: the run goes on only while its requester holds one of them.
+_RUN_ROLES = sorted(role for role, actions in ROLE_ACTIONS.items() if Action.RUN_CREATE in actions)
+
+
+def _requester_standing() -> Exists:
+    """Whether the run's requester may still start runs in its tenant (`user_can`, as the
+    ingress asked): an active tenant, and an active user who is a platform admin or holds a
+    role that may. Subqueries, so that the step's lock takes the run's row alone."""
+    active_user = get_user_model().objects.filter(pk=OuterRef("actor_id"), is_active=True)
+    return Exists(Tenant.objects.filter(pk=OuterRef("tenant_id"), is_active=True)) & (
+        Exists(active_user.filter(is_superuser=True))
+        | Exists(
+            Membership.objects.filter(
+                user_id=OuterRef("actor_id"),
+                tenant_id=OuterRef("tenant_id"),
+                role__in=_RUN_ROLES,
+                user__is_active=True,
+            )
+        )
+    )
+
+
 # A step locks the run's row FOR NO KEY UPDATE: it changes no key, and a cancel request,
 # whose foreign key check shares the key, need not wait for the step to end.
 # The row's version, locked, with the registry's generation now and whether a cancel
@@ -1020,10 +1043,20 @@ def _cancel_asked() -> Exists:
 _RUN_VERSION_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(no_key=True)
-        .annotate(registry_generation=generation_sql(), cancel_asked=_cancel_asked())
+        .annotate(
+            registry_generation=generation_sql(),
+            cancel_asked=_cancel_asked(),
+            requester_standing=_requester_standing(),
+        )
         .filter(pk=run_id)
         .order_by()
-        .values_list("updated_at", "last_event_seq", "registry_generation", "cancel_asked")[:1]
+        .values_list(
+            "updated_at",
+            "last_event_seq",
+            "registry_generation",
+            "cancel_asked",
+            "requester_standing",
+        )[:1]
     ),
     run_id=UUID,
 )
@@ -1033,7 +1066,11 @@ _RUN_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(no_key=True, of=("self",))
         .select_related("tenant", "actor", "session")
-        .annotate(registry_generation=generation_sql(), cancel_asked=_cancel_asked())
+        .annotate(
+            registry_generation=generation_sql(),
+            cancel_asked=_cancel_asked(),
+            requester_standing=_requester_standing(),
+        )
         .filter(pk=run_id)
         .order_by()[:1]
     ),
@@ -1041,12 +1078,26 @@ _RUN_LOCKED = PreparedQuery(
 )
 
 
+def _standing_withdrawn(run: Run) -> tuple[RunStatus, str] | None:
+    """Why the run may not take another step, if its standing was withdrawn since it was
+    accepted: its requester may no longer start runs in the tenant, or a skill version of
+    its snapshot was revoked or is no longer granted (never used again, pinned or not)."""
+    if not run.requester_standing:
+        return RunStatus.REFUSED, "REQUESTER_NO_LONGER_AUTHORISED"
+    skill_ids = [entry["id"] for entry in run.capability.get("skills", [])]
+    if skill_ids and version_ids_withdrawn(
+        model=SkillVersion, ids=skill_ids, tenant=run.tenant, generation=run.registry_generation
+    ):
+        return RunStatus.FAILED_FINAL, "SKILL_VERSION_NOT_AVAILABLE"
+    return None
+
+
 def _locked_run(run_id: str, execution: Execution) -> Run | None:
     saved = execution.run
     if saved is not None:
         version = _RUN_VERSION_LOCKED.first(run_id=run_id)
         if version is not None and version[:2] == (saved.updated_at, saved.last_event_seq):
-            saved.registry_generation, saved.cancel_asked = version[2:]
+            saved.registry_generation, saved.cancel_asked, saved.requester_standing = version[2:]
             return saved
     run = _RUN_LOCKED.first(run_id=run_id)
     if run is not None:
@@ -1071,6 +1122,10 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             cancel_request_take_in(run)
         if run.cancel_requested_at is not None:
             run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
+            return False
+        if (withdrawn := _standing_withdrawn(run)) is not None:
+            status, reason_code = withdrawn
+            run_finish(run=run, status=status, reason_code=reason_code)
             return False
         writes.hold(run)
         if run.status == RunStatus.QUEUED:

@@ -1,17 +1,21 @@
 """What a run does when its tenant, its requester or its versions lose their standing while
 it is between steps or waits for approval: nothing withdrawn is used again."""
 
+import pytest
+from django.contrib.auth import get_user_model
+
 from approvals import services
 from approvals.choices import ActionStatus, Decision
 from approvals.models import BusinessAction
 from examples.models import MailDelivery
-from registry.models import SkillVersion, ToolVersion
+from registry.models import Membership, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
 from registry.services.tenancy import definition_grant
+from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import Run, ToolCall
 from tests.approvals.conftest import waiting_run
-from tests.runs.conftest import events_of
+from tests.runs.conftest import demo_run, events_of
 
 TOOL_FIELDS = (
     "description",
@@ -89,3 +93,63 @@ def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_ser
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
     assert events_of(run, "approval.invalidated")[0]["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
+
+
+def _remove_memberships(demo) -> None:
+    Membership.objects.filter(user=demo.alice, tenant=demo.acme).delete()
+
+
+def _deactivate_user(demo) -> None:
+    get_user_model().objects.filter(pk=demo.alice.pk).update(is_active=False)
+
+
+def _deactivate_tenant(demo) -> None:
+    Tenant.objects.filter(pk=demo.acme.pk).update(is_active=False)
+
+
+@pytest.mark.parametrize(
+    "lose_access",
+    [_remove_memberships, _deactivate_user, _deactivate_tenant],
+    ids=["membership_removed", "user_deactivated", "tenant_deactivated"],
+)
+def test_a_requester_who_lost_the_tenant_mid_run_reads_nothing_more(demo, lose_access):
+    # given alice's run, started: it resolved the recipient and is about to ask the model
+    run = demo_run(demo, project_id="apollo")
+    execution = Execution()
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert list(ToolCall.objects.filter(run=run).values_list("name", flat=True)) == [
+        "directory_lookup"
+    ]
+
+    # when alice may no longer start runs in acme, before the run's next step
+    lose_access(demo)
+    run_execute(run_id=str(run.pk))
+
+    # then the run reads no more of acme's data as her, and asks no one to approve anything
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("REFUSED", "REQUESTER_NO_LONGER_AUTHORISED")
+    assert list(ToolCall.objects.filter(run=run).values_list("name", flat=True)) == [
+        "directory_lookup"
+    ]
+    assert not BusinessAction.objects.filter(run=run).exists()
+    assert events_of(run, "run.finished")
+
+
+def test_a_skill_version_revoked_mid_run_is_not_used_again(demo):
+    # given alice's run, started under weekly-summary's current version
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk), execution=Execution())
+
+    # when that version is revoked before the next step
+    skills.skill_version_revoke(
+        skill_version=SkillVersion.objects.get(pk=run.capability["skills"][0]["id"]),
+        actor=demo.admin,
+        reason="Leaks data.",
+    )
+    run_execute(run_id=str(run.pk))
+
+    # then the run drafts no more under it, and asks no one to approve its draft
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "SKILL_VERSION_NOT_AVAILABLE")
+    assert not ToolCall.objects.filter(run=run, name="project_search").exists()
+    assert not BusinessAction.objects.filter(run=run).exists()
