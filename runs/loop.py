@@ -641,6 +641,20 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
 
 
 def _model_turn(run: Run, model_config: ModelConfig) -> None:
+    pinned = run.capability["model"]
+    if (model_config.provider, model_config.model_name) != (pinned["provider"], pinned["model"]):
+        # The config was edited in place since the run started: the snapshot's model is no
+        # longer what it calls, and the run never asks another.
+        _finish(
+            run,
+            status=RunStatus.FAILED_FINAL,
+            reason_code="MODEL_CONFIG_CHANGED",
+            output={
+                "pinned": {"provider": pinned["provider"], "model": pinned["model"]},
+                "now": {"provider": model_config.provider, "model": model_config.model_name},
+            },
+        )
+        return
     client = model_client_for(model_config)
     context_started = timezone.now()
     node = _effective_node(run)
@@ -671,10 +685,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         tokens={name: section.get("tokens", 0) for name, section in built.sections.items()},
     )
     events.model_requested(
-        run,
-        step=run.steps,
-        model=run.capability.get("model", {}).get("model", ""),
-        offline=client.is_offline,
+        run, step=run.steps, model=model_config.model_name, offline=client.is_offline
     )
     if client.is_offline:
         logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)

@@ -1,5 +1,6 @@
-"""What a run does when its tenant, its requester or its versions lose their standing while
-it is between steps or waits for approval: nothing withdrawn is used again."""
+"""What a run does when its tenant, its requester, its versions or its model config change
+while it is between steps or waits for approval: nothing withdrawn is used again, and nothing
+the snapshot did not pin is asked."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -8,14 +9,19 @@ from approvals import services
 from approvals.choices import ActionStatus, Decision
 from approvals.models import BusinessAction
 from examples.models import MailDelivery
-from registry.models import Membership, SkillVersion, Tenant, ToolVersion
+from registry.models import Membership, ModelConfig, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
+from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant
 from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import Run, ToolCall
 from tests.approvals.conftest import waiting_run
-from tests.runs.conftest import demo_run, events_of
+from tests.runs import conftest as runs_fixtures
+from tests.runs.conftest import demo_run, events_of, read_apollo
+
+model_server = runs_fixtures.model_server
+fake_model = runs_fixtures.fake_model
 
 TOOL_FIELDS = (
     "description",
@@ -153,3 +159,28 @@ def test_a_skill_version_revoked_mid_run_is_not_used_again(demo):
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "SKILL_VERSION_NOT_AVAILABLE")
     assert not ToolCall.objects.filter(run=run, name="project_search").exists()
     assert not BusinessAction.objects.filter(run=run).exists()
+
+
+def test_a_model_config_edited_mid_run_is_not_asked_in_the_snapshots_name(demo, fake_model):
+    # given a run whose snapshot pinned fake-gpt, started (recipient resolved, no turn yet)
+    fake = fake_model()
+    fake.reply(read_apollo())
+    run = demo_run(demo, project_id="apollo")
+    assert run.capability["model"]["model"] == "fake-gpt"
+    assert run_advance_step(run_id=str(run.pk), execution=Execution())
+
+    # when an admin points the same model config at another model before the first turn
+    config = ModelConfig.objects.get(pk=run.capability["model"]["id"])
+    config.model_name = "fake-gpt-next"
+    registry_object_save(instance=config, actor=demo.admin, reason="upgrade")
+    run_execute(run_id=str(run.pk))
+
+    # then the run asks neither model under the other's name: it ends, saying why
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_CONFIG_CHANGED")
+    assert run.result["output"]["now"] == {
+        "provider": "openai_compatible",
+        "model": "fake-gpt-next",
+    }
+    assert fake.requests == []
+    assert not events_of(run, "model.requested")
