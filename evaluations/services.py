@@ -23,6 +23,7 @@ from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config.errors import ApplicationError
 from evaluations import tasks
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
 from evaluations.errors import InvalidEvalRunTransition, PermissionDenied, ValidationFailed
@@ -264,12 +265,20 @@ def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
     return run
 
 
-def _case_record(eval_run: EvalRun, case: EvalCase, run: Run | None) -> None:
+def _case_record(
+    eval_run: EvalRun, case: EvalCase, run: Run | None, refusal: ApplicationError | None = None
+) -> None:
+    """The case's result: what its last run shows, or, for a case the platform refused to
+    run (its message names an agent or a session the sandbox does not have), the refusal."""
     observed = observe(run) if run is not None else {"status": None}
+    if refusal is not None:
+        observed["refused"] = {"code": refusal.code, "message": str(refusal)}
     outcome = Outcome(
         kind=case.suite.kind, expected=case.expected, observed=observed, attack=case.attack
     )
     failures = case_failures(outcome)
+    if refusal is not None:
+        failures.insert(0, f"refused {refusal.code}: {refusal}")
     try:
         with transaction.atomic():
             EvalCaseResult.objects.create(
@@ -316,7 +325,11 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
             break
         if seconds is not None and time.monotonic() - started > seconds:
             return True
-        _case_record(eval_run, case, _case_run(eval_run, case))
+        try:
+            run, refusal = _case_run(eval_run, case), None
+        except ApplicationError as error:
+            run, refusal = None, error
+        _case_record(eval_run, case, run, refusal)
         with transaction.atomic():
             eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
             if eval_run.status not in EVAL_RUN_ACTIVE:

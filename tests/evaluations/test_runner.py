@@ -1,6 +1,7 @@
 """Eval runs through the real engine, in a sandbox tenant: the shipped task suite with the
 offline planner, and the attack suite with the adversarial planner."""
 
+import copy
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from evaluations.starter import SUITES, suite_install
 from examples.models import MailDelivery, Project
 from registry.models import SkillVersion
 from runs.models import Attachment, Run, ToolCall
-from tests.evaluations.conftest import APOLLO
+from tests.evaluations.conftest import APOLLO, TINY_SUITE
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -143,3 +144,27 @@ def test_a_resumed_case_sends_its_message_again_with_the_attachment_it_uploaded(
     assert again.pk == first.pk
     assert Attachment.objects.filter(tenant=eval_run.sandbox).count() == 1
     assert Run.objects.filter(tenant=eval_run.sandbox).count() == 1
+
+
+def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(demo, dave, draft):
+    # given a suite whose first case names an agent the sandbox does not have
+    document = copy.deepcopy(TINY_SUITE)
+    document["key"] = "other-agent"
+    document["cases"][0]["metadata"] = {"project_id": "apollo", "agent": "project-assistant"}
+    suite, _ = suite_install(document)
+    eval_run = services.eval_run_start(
+        actor=dave, suite=suite, skill_version=draft("3.4.0"), agent_config=demo.agent
+    )
+
+    # when it is advanced
+    assert services.eval_run_advance(eval_run_id=eval_run.pk) is False
+
+    # then the refused case fails, naming the refusal, the other runs, and the eval run ends
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done) == ("completed", 2)
+    refused = eval_run.results.get(case__key="complete")
+    assert (refused.passed, refused.run) == (False, None)
+    assert refused.failures[0].startswith("refused NOT_FOUND")
+    assert refused.observed["refused"]["code"] == "NOT_FOUND"
+    assert eval_run.results.get(case__key="no-scope").passed
+    assert str(eval_run.pk) not in services.eval_runs_stale()
