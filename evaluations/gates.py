@@ -10,7 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from evaluations.choices import EvalRunStatus
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
-from evaluations.models import EvalRun, EvalThreshold, ReleaseOverride
+from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, SkillVersion
@@ -31,11 +31,40 @@ def skill_content_hash(skill_version: SkillVersion) -> str:
     )
 
 
+# What a case is, for the evidence of an eval run: its title is only a label.
+SUITE_CASE_FIELDS = (
+    "key",
+    "messages",
+    "metadata",
+    "session_state",
+    "fixture",
+    "expected",
+    "vector",
+    "payload",
+    "forbidden",
+)
+
+
+def suite_content_hash(suite: EvalSuite) -> str:
+    """What an eval run was measured against: the suite's kind and every case's content. A
+    case added, changed or removed since makes another suite of the same key."""
+    return canonical_hash(
+        {
+            "kind": suite.kind,
+            "cases": [
+                {field: getattr(case, field) for field in SUITE_CASE_FIELDS}
+                for case in suite.cases.order_by("key")
+            ],
+        }
+    )
+
+
 def release_gate_failures(
     *, skill_version: SkillVersion, model_config: ModelConfig | None = None
 ) -> list[dict[str, Any]]:
-    """Each threshold of the skill that the latest finished eval run of its suite on this
-    version (with this model, if given) does not meet, or that no such run measured."""
+    """Each threshold of the skill that the latest finished eval run of its suite, as the
+    suite is now, on this version (with this model, if given) does not meet, or that no such
+    run measured."""
     skill = skill_version.skill
     content_hash = skill_content_hash(skill_version)
     thresholds = EvalThreshold.objects.filter(
@@ -45,6 +74,7 @@ def release_gate_failures(
     for threshold in thresholds:
         runs = EvalRun.objects.filter(
             suite=threshold.suite,
+            suite_content_hash=suite_content_hash(threshold.suite),
             skill_version=skill_version,
             skill_content_hash=content_hash,
             status=EvalRunStatus.COMPLETED,
@@ -70,7 +100,7 @@ def release_gate_failures(
 
 def _described(failure: dict[str, Any]) -> str:
     if failure["eval_run"] is None:
-        return f"no finished eval run of {failure['suite']} on this version as it is"
+        return f"no finished eval run of {failure['suite']} as it is, on this version as it is"
     return (
         f"{failure['metric']} is {failure['value']} on {failure['suite']}, "
         f"must be {failure['comparator']} {failure['threshold']}"

@@ -27,7 +27,7 @@ from config.errors import ApplicationError
 from evaluations import tasks
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
 from evaluations.errors import InvalidEvalRunTransition, PermissionDenied, ValidationFailed
-from evaluations.gates import skill_content_hash
+from evaluations.gates import skill_content_hash, suite_content_hash
 from evaluations.metrics import Outcome, case_failures, metrics_compute
 from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
 from evaluations.observe import observe
@@ -107,6 +107,7 @@ def eval_run_start(
             suite=suite,
             skill_version=skill_version,
             skill_content_hash=skill_content_hash(skill_version),
+            suite_content_hash=suite_content_hash(suite),
             model_config=model_config,
             agent_config=agent_config,
             cases_total=suite.cases.count(),

@@ -62,6 +62,7 @@ class EvalRunSerializer(serializers.ModelSerializer):
             "suite",
             "skill_version",
             "skill_content_hash",
+            "suite_content_hash",
             "model_config",
             "agent_config",
             "status",

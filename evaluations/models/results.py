@@ -28,6 +28,12 @@ class EvalRun(models.Model):
         help_text="sha256 of the version's content and pinned tools when the run started: a "
         "draft edited since is not what this run measured.",
     )
+    suite_content_hash = models.CharField(
+        max_length=64,
+        editable=False,
+        help_text="sha256 of the suite's cases when the run started: a suite whose cases "
+        "changed since is not what this run measured.",
+    )
     model_config = models.ForeignKey(
         "registry.ModelConfig", on_delete=models.PROTECT, related_name="eval_runs"
     )

@@ -1,17 +1,20 @@
 """Release gates: publishing a skill version, or moving an agent to another model, needs a
 finished eval run of exactly that version (and model) meeting every threshold of the skill."""
 
+import copy
+
 import pytest
 from django import forms
 from django.test import Client
 
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.models import ReleaseOverride
+from evaluations.starter import suite_install
 from registry.choices import VersionStatus
 from registry.models import SkillVersion
 from registry.services import skills
 from registry.services.common import registry_object_save
-from tests.evaluations.conftest import api_as
+from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
 
 
 def test_a_version_without_a_finished_eval_run_is_not_published(demo, dave, tiny, draft):
@@ -20,7 +23,7 @@ def test_a_version_without_a_finished_eval_run_is_not_published(demo, dave, tiny
     with pytest.raises(ReleaseGateFailed) as blocked:
         skills.skill_version_publish(skill_version=version, actor=dave)
 
-    assert "no finished eval run of tiny on this version" in blocked.value.message
+    assert "no finished eval run of tiny as it is, on this version" in blocked.value.message
     version.refresh_from_db()
     assert version.status == VersionStatus.DRAFT
 
@@ -54,6 +57,37 @@ def test_a_version_that_meets_every_threshold_is_published(evaluate, demo, dave,
     assert version.status == VersionStatus.PUBLISHED
     assert version.skill.current_version_id == version.pk
     assert not ReleaseOverride.objects.exists()
+
+
+def test_an_eval_run_of_the_suite_before_a_case_was_added_no_longer_meets_the_gate(
+    evaluate, demo, dave, tiny, draft
+):
+    # given a version that passed every case of tiny
+    version = draft("3.4.0")
+    eval_run = evaluate(tiny, version=version)
+    assert (eval_run.status, eval_run.metrics["case_pass_rate"]) == ("completed", 1.0)
+
+    # when the suite gains a case (a new shipped suite file, an edit in the admin)
+    grown = copy.deepcopy(TINY_SUITE)
+    grown["cases"].append(
+        {
+            "key": "zz-new",
+            "title": "Added after the eval run",
+            "messages": ["Summarise Apollo's week for the R&D lead."],
+            "metadata": {"project_id": "apollo"},
+            "projects": [APOLLO],
+            "expected": {"status": "COMPLETED"},
+        }
+    )
+    suite, created = suite_install(grown)
+    assert (suite.pk, created, suite.cases.count()) == (tiny.pk, False, 3)
+
+    # then the run that measured two of its three cases is no evidence for a publish
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+    assert "no finished eval run of tiny as it is" in blocked.value.message
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
 
 
 def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail(
