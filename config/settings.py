@@ -361,6 +361,8 @@ if not DEBUG:
 MEMORY_VALUE_MAX_CHARS = env.int("MEMORY_VALUE_MAX_CHARS", default=500)
 MEMORY_TTL_DAYS = {"preference": 365, "fact": 180, "task_state": 30}
 MEMORY_RETRIEVE_MAX = env.int("MEMORY_RETRIEVE_MAX", default=20)
+# Items kept per user and tenant: a new key beyond it is refused (replacing one is not).
+MEMORY_ITEMS_MAX = env.int("MEMORY_ITEMS_MAX", default=200)
 
 # Run spans also go to an OpenTelemetry collector over OTLP/HTTP when this is set (the
 # exporter reads the other standard OTEL_EXPORTER_OTLP_* variables itself); off by default.

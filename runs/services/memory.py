@@ -117,6 +117,13 @@ def memory_write(
         "confirmed_at": now,
         "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
     }
+    kept = memories_of(tenant=tenant, user=user)
+    if kept.count() >= settings.MEMORY_ITEMS_MAX and not kept.filter(kind=kind, key=key).exists():
+        raise _refuse(
+            "TOO_MANY",
+            f"At most {settings.MEMORY_ITEMS_MAX} items are kept about you here: delete some "
+            "first, or replace one by its key.",
+        )
     # update_or_create locks an existing row and settles a concurrent insert of the same key.
     item, _ = MemoryItem.objects.update_or_create(
         tenant=tenant, user=user, kind=kind, key=key, defaults=fields

@@ -73,6 +73,20 @@ def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, k
     assert not MemoryItem.objects.exists()
 
 
+def test_a_new_key_beyond_the_cap_is_refused_and_a_kept_one_is_still_replaced(
+    acme, member, settings
+):
+    settings.MEMORY_ITEMS_MAX = 2
+    prefer(acme, member, key="tone", value="brief")
+    prefer(acme, member, key="summary_language", value="Chinese")
+
+    assert refusal(tenant=acme, user=member, key="greeting", value="none") == "TOO_MANY"
+    replaced = prefer(acme, member, key="tone", value="formal")
+
+    assert replaced.value == "formal"
+    assert sorted(MemoryItem.objects.values_list("key", flat=True)) == ["summary_language", "tone"]
+
+
 def test_a_secret_as_the_purpose_is_refused_by_the_api(acme, member, client_for):
     body = {"kind": "preference", "key": "tone", "value": "brief", "purpose": "password=hunter22xx"}
 
