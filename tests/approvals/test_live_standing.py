@@ -39,17 +39,17 @@ TOOL_FIELDS = (
 )
 
 
-def platform_mail_send_pinned(demo) -> ToolVersion:
-    """mail_send published platform-wide and granted to acme; weekly-summary 3.3.0 (acme),
-    current, pins it in place of acme's own mail_send."""
-    own = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name="mail_send")
+def platform_tool_pinned(demo, name: str) -> ToolVersion:
+    """Tool `name` published platform-wide and granted to acme; weekly-summary 3.3.0 (acme),
+    current, pins it in place of acme's own."""
+    own = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name=name)
     platform = tools.tool_version_publish(
         tool_version=tools.tool_version_create(
             actor=demo.admin,
             tenant=None,
-            name="mail_send",
+            name=name,
             version="1.0.0",
-            **{name: getattr(own, name) for name in TOOL_FIELDS},
+            **{field: getattr(own, field) for field in TOOL_FIELDS},
         ),
         actor=demo.admin,
     )
@@ -58,7 +58,7 @@ def platform_mail_send_pinned(demo) -> ToolVersion:
     pinned = [
         dependency.tool_version
         for dependency in current.tool_dependencies.select_related("tool_version__tool")
-        if dependency.tool_version.tool.name != "mail_send"
+        if dependency.tool_version.tool.name != name
     ]
     skills.skill_version_publish(
         skill_version=skills.skill_version_create(
@@ -70,14 +70,14 @@ def platform_mail_send_pinned(demo) -> ToolVersion:
             **{name: getattr(current, name) for name in SKILL_CONTENT_FIELDS},
         ),
         actor=demo.admin,
-        override_reason="pins the platform's mail_send",
+        override_reason=f"pins the platform's {name}",
     )
     return platform
 
 
 def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_server):
     # given an approved run whose send tool is a platform-wide tool granted to acme
-    platform = platform_mail_send_pinned(demo)
+    platform = platform_tool_pinned(demo, "mail_send")
     run, action = waiting_run(demo)
     assert action.tool_version_id == platform.pk
     services.approval_decide(
@@ -99,6 +99,22 @@ def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_ser
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
     assert events_of(run, "approval.invalidated")[0]["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
+
+
+def test_a_read_tool_whose_grant_is_withdrawn_mid_run_is_not_called(demo):
+    # given a run accepted while acme may use the platform's directory_lookup
+    platform = platform_tool_pinned(demo, "directory_lookup")
+    run = demo_run(demo, project_id="apollo")
+    assert str(platform.pk) in {entry["id"] for entry in run.capability["tools"]}
+
+    # when the grant is withdrawn before the run's first step looks the recipient up
+    definition_grant(actor=demo.admin, definition=platform.tool, tenant=demo.acme, granted=False)
+    run_execute(run_id=str(run.pk))
+
+    # then the lookup is refused, never executed
+    call = ToolCall.objects.get(run=run, name="directory_lookup")
+    assert (call.status, call.error_category) == ("rejected", "PERMISSION_DENIED")
+    assert call.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
 
 
 def _remove_memberships(demo) -> None:
