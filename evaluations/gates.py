@@ -71,10 +71,13 @@ def release_gate_failures(
         tenant_id=skill.tenant_id, skill_name=skill.name
     ).select_related("suite")
     failures = []
+    suite_hashes: dict[Any, str] = {}
     for threshold in thresholds:
+        if threshold.suite_id not in suite_hashes:
+            suite_hashes[threshold.suite_id] = suite_content_hash(threshold.suite)
         runs = EvalRun.objects.filter(
             suite=threshold.suite,
-            suite_content_hash=suite_content_hash(threshold.suite),
+            suite_content_hash=suite_hashes[threshold.suite_id],
             skill_version=skill_version,
             skill_content_hash=content_hash,
             status=EvalRunStatus.COMPLETED,

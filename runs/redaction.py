@@ -98,7 +98,7 @@ _ASSIGNED = re.compile(
 # value is the run of ASCII that follows the word (and 是, 为, a colon, full-width too, or =):
 # four characters or more with a digit, or eight or more; a question about one (密码是什么) or
 # a word that goes on in Chinese (密码策略) has none.
-_SECRET_WORDS_ZH = (
+SECRET_WORDS_ZH = (
     "密码",
     "口令",
     "密钥",
@@ -111,7 +111,7 @@ _SECRET_WORDS_ZH = (
     "凭据",
 )
 _ASSIGNED_ZH = re.compile(
-    rf"((?:{'|'.join(_SECRET_WORDS_ZH)})[ \t\u3000]*(?:是|为|[:\uff1a=])?[ \t\u3000]*)"
+    rf"((?:{'|'.join(SECRET_WORDS_ZH)})[ \t\u3000]*(?:是|为|[:\uff1a=])?[ \t\u3000]*)"
     r"(?=[!-~]*[0-9]|[!-~]{8})([!-~]{4,})"
 )
 # Unquoted values that are code or data, not credentials.
@@ -166,7 +166,7 @@ _SECRET_WORDS = (
     "key",
     "cookie",
     "credential",
-    *_SECRET_WORDS_ZH,
+    *SECRET_WORDS_ZH,
 )
 
 

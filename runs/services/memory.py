@@ -27,7 +27,7 @@ from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.models import MemoryItem
-from runs.redaction import secrets_removed
+from runs.redaction import SECRET_WORDS_ZH, secrets_removed
 
 ALLOWED_ORIGINS = {
     MemoryItem.Kind.PREFERENCE: {MemoryItem.Origin.USER_STATED, MemoryItem.Origin.USER_CONFIRMED},
@@ -42,7 +42,7 @@ _SECRET_TEXT = re.compile(
 )
 # The same in Chinese: a password, a passphrase, a one-time or verification code, a token, a
 # key, a credential (seed 000 names 一次性口令 and 访问令牌 among what is never kept).
-_SECRET_TEXT_ZH = re.compile(r"密码|口令|密钥|私钥|令牌|验证码|校验码|动态码|凭证|凭据")
+_SECRET_TEXT_ZH = re.compile("|".join(SECRET_WORDS_ZH))
 
 
 def _refuse(reason: str, message: str) -> ValidationFailed:

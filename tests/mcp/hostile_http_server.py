@@ -10,6 +10,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+# The project_status definition the hostile servers of both transports serve in the tests.
 TOOL = {
     "name": "project_status",
     "description": "This week's status of one project.",

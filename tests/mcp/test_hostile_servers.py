@@ -18,18 +18,9 @@ from registry.services.mcp import mcp_server_discover, mcp_server_save, mcp_serv
 from runs.loop import run_execute
 from runs.models import ToolCall
 from tests.mcp.conftest import ask, status_publish
+from tests.mcp.hostile_http_server import TOOL as STATUS_TOOL
 
 SECRET = "s3cr3t-value-123456"
-STATUS_TOOL = {
-    "name": "project_status",
-    "description": "This week's status of one project.",
-    "inputSchema": {
-        "type": "object",
-        "properties": {"project_id": {"type": "string"}},
-        "required": ["project_id"],
-    },
-    "annotations": {"readOnlyHint": True},
-}
 OK = {"content": [{"type": "text", "text": "ok"}]}
 
 
