@@ -150,15 +150,17 @@ class VersionAdmin(RegistryAdmin):
             self.services["update"](actor=request.user, **{self.service_argument: obj}, **content)
             return
         parent = getattr(obj, obj.parent_field)
-        self.services["create"](
+        created = self.services["create"](
             actor=request.user,
             tenant=parent.tenant,
             name=parent.name,
             namespace=parent.namespace,
             version=form.cleaned_data["version"],
-            id=obj.id,
             **content,
         )
+        # The inline pins and the admin's log entry refer to the row the service created.
+        obj.pk = created.pk
+        obj._state.adding = False
 
     def _each(self, request: HttpRequest, queryset: QuerySet, verb: str, **extra: Any) -> None:
         for version in queryset:

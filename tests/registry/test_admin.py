@@ -604,6 +604,35 @@ def test_skill_version_publish_action_publishes(client, platform_admin, world):
     assert world.weekly_summary.current_version == world.weekly_summary_1_1
 
 
+def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(
+    client, publisher, world
+):
+    client.force_login(publisher)
+    content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
+    data = {
+        "skill": str(world.weekly_summary.pk),
+        "version": "3.3.0",
+        **{
+            field: value if isinstance(value, str) else json.dumps(value)
+            for field, value in content.items()
+        },
+        "tool_dependencies-TOTAL_FORMS": "1",
+        "tool_dependencies-INITIAL_FORMS": "0",
+        "tool_dependencies-MIN_NUM_FORMS": "0",
+        "tool_dependencies-MAX_NUM_FORMS": "1000",
+        "tool_dependencies-0-tool_version": str(world.project_search_1.pk),
+    }
+
+    response = client.post("/admin/registry/skillversion/add/", data)
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    version = world.weekly_summary.versions.get(version="3.3.0")
+    assert (version.status, version.created_by) == (VersionStatus.DRAFT, publisher)
+    assert list(version.tool_dependencies.values_list("tool_version", flat=True)) == [
+        world.project_search_1.pk
+    ]
+
+
 # --- compare -------------------------------------------------------------------------------
 
 
