@@ -26,6 +26,7 @@ from registry.schemas import (
 from registry.selectors import mcp_drift
 from registry.services.skills import SKILL_CONTENT_FIELDS
 from registry.services.tools import TOOL_CONTENT_FIELDS
+from runs.workflows import WORKFLOWS
 
 
 class TokenRequestSerializer(StrictSerializer):
@@ -198,6 +199,12 @@ class SkillVersionCreateSerializer(StrictSerializer):
     examples = DocumentField(document_schema=EXAMPLES_SCHEMA, required=False)
     output_contract = DocumentField(document_schema=OUTPUT_CONTRACT_SCHEMA)
     acceptance_rules = DocumentField(document_schema=ACCEPTANCE_RULES_SCHEMA, required=False)
+    workflow = serializers.ChoiceField(
+        choices=["", *sorted(WORKFLOWS)],
+        required=False,
+        help_text="The workflow, defined in code, that runs this skill; "
+        "empty: the generic agent loop.",
+    )
 
 
 class LifecycleSerializer(StrictSerializer):

@@ -604,9 +604,7 @@ def test_skill_version_publish_action_publishes(client, platform_admin, world):
     assert world.weekly_summary.current_version == world.weekly_summary_1_1
 
 
-def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(
-    client, publisher, world
-):
+def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(client, publisher, world):
     client.force_login(publisher)
     content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
     data = {

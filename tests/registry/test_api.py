@@ -861,6 +861,26 @@ def test_create_with_an_unknown_field_is_refused(api, publisher):
     assert ToolVersion.objects.count() == 0
 
 
+def test_skill_create_binds_the_skill_to_a_workflow_defined_in_code(api, publisher):
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", workflow="weekly-summary-send@1"), format="json"
+    )
+
+    assert response.status_code == 201
+    assert response.json()["workflow"] == "weekly-summary-send@1"
+    assert SkillVersion.objects.get(pk=response.json()["id"]).workflow == "weekly-summary-send@1"
+
+
+def test_skill_create_naming_an_unknown_workflow_is_refused(api, publisher):
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", workflow="weekly-summary-send@9"), format="json"
+    )
+
+    assert response.status_code == 400
+    assert list(_error(response)["details"]) == ["workflow"]
+    assert SkillVersion.objects.count() == 0
+
+
 def test_create_with_an_unknown_risk_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", risk="harmless"), format="json"
