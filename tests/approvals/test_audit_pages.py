@@ -22,7 +22,9 @@ from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import ToolVersion
 from registry.services.tenancy import api_token_issue, membership_add
+from registry.services.tools import tool_version_revoke
 from runs.audit import PAGE_SIZE
+from runs.loop import run_execute
 from runs.models import Run, Span, ToolCall
 from runs.tracing import root_span_id
 from tests.approvals.conftest import waiting_run
@@ -124,6 +126,22 @@ def test_an_auditor_reads_the_run_with_the_email_masked(demo, sent_run, carol, c
     assert "untrusted_data" in turns
     assert "run.finished" in html
     assert 'id="live"' not in html
+
+
+def test_the_run_page_names_each_tool_the_snapshot_left_out_and_why(demo, carol, client):
+    # given acme's mail_send 1.0.0 revoked before the running example runs
+    revoked = ToolVersion.objects.get(tool__name="mail_send", version="1.0.0")
+    tool_version_revoke(tool_version=revoked, actor=demo.admin, reason="compromised")
+    run = demo_run(demo)
+    run_execute(run_id=str(run.pk))
+    run.refresh_from_db()
+    assert run.capability["excluded"] == [{"tool": "mail_send@1.0.0", "reason": "VERSION_REVOKED"}]
+
+    # when the auditor opens it, then the page says what was left out and why
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[run.pk]))
+
+    assert page.status_code == 200
+    assert "Left out: mail_send@1.0.0 (VERSION_REVOKED)." in page.content.decode()
 
 
 @pytest.mark.parametrize("contract", [["display_name"], "display_name", {"sensitive_fields": 1}])
