@@ -19,13 +19,14 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from config.secret_names import secret_key
 from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
-from registry.models import Tenant
+from registry.models import Membership, Tenant
 from runs.models import MemoryItem
 from runs.redaction import SECRET_WORDS_ZH, secrets_removed
 
@@ -117,17 +118,24 @@ def memory_write(
         "confirmed_at": now,
         "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
     }
-    kept = memories_of(tenant=tenant, user=user)
-    if kept.count() >= settings.MEMORY_ITEMS_MAX and not kept.filter(kind=kind, key=key).exists():
-        raise _refuse(
-            "TOO_MANY",
-            f"At most {settings.MEMORY_ITEMS_MAX} items are kept about you here: delete some "
-            "first, or replace one by its key.",
+    with transaction.atomic():
+        # Writes about one member take turns (on their membership's row), so that two new
+        # keys at once cannot both pass the count below.
+        list(Membership.objects.select_for_update().filter(tenant=tenant, user=user))
+        kept = memories_of(tenant=tenant, user=user)
+        if (
+            kept.count() >= settings.MEMORY_ITEMS_MAX
+            and not kept.filter(kind=kind, key=key).exists()
+        ):
+            raise _refuse(
+                "TOO_MANY",
+                f"At most {settings.MEMORY_ITEMS_MAX} items are kept about you here: delete "
+                "some first, or replace one by its key.",
+            )
+        # update_or_create locks an existing row and settles a concurrent insert of the same key.
+        item, _ = MemoryItem.objects.update_or_create(
+            tenant=tenant, user=user, kind=kind, key=key, defaults=fields
         )
-    # update_or_create locks an existing row and settles a concurrent insert of the same key.
-    item, _ = MemoryItem.objects.update_or_create(
-        tenant=tenant, user=user, kind=kind, key=key, defaults=fields
-    )
     return item
 
 

@@ -1,7 +1,10 @@
 """Memory: the write policy of long-term memory, isolation, expiry, the API and page to list
 and delete, retrieval into a run only when its skill asks; the session's rolling summary."""
 
+import contextlib
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -85,6 +88,39 @@ def test_a_new_key_beyond_the_cap_is_refused_and_a_kept_one_is_still_replaced(
 
     assert replaced.value == "formal"
     assert sorted(MemoryItem.objects.values_list("key", flat=True)) == ["summary_language", "tone"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_new_keys_at_once_at_the_cap_keep_only_one(acme, member, settings, monkeypatch):
+    # given one item short of the cap, and two writes of new keys that, once each has
+    # counted, wait for the other before they insert
+    settings.MEMORY_ITEMS_MAX = 2
+    prefer(acme, member, key="tone", value="brief")
+    both_counted = threading.Barrier(2, timeout=2)
+    insert = MemoryItem.objects.update_or_create
+
+    def after_the_other(**arguments):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_counted.wait()
+        return insert(**arguments)
+
+    monkeypatch.setattr(MemoryItem.objects, "update_or_create", after_the_other)
+
+    def write(key: str) -> str:
+        try:
+            prefer(acme, member, key=key, value="yes")
+        except ValidationFailed as refused:
+            return refused.details["reason"]
+        finally:
+            connection.close()
+        return "kept"
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        outcomes = sorted(pool.map(write, ["greeting", "signature"]))
+
+    # then one is kept and the other refused: the cap holds
+    assert outcomes == ["TOO_MANY", "kept"]
+    assert MemoryItem.objects.count() == 2
 
 
 def test_a_secret_as_the_purpose_is_refused_by_the_api(acme, member, client_for):
