@@ -1,12 +1,14 @@
 """API plumbing shared by every app: the error body, strict JSON parsing and serializers,
 pagination."""
 
+import logging
 import math
 import re
 from typing import Any
 from uuid import UUID
 
 import django_filters
+import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
@@ -17,6 +19,11 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from config.errors import ApplicationError
+
+logger = logging.getLogger(__name__)
+
+# Seconds a client is told to wait when a service the API depends on (Redis) is down.
+SERVICE_UNAVAILABLE_RETRY_AFTER = 5
 
 _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (exceptions.ValidationError, "VALIDATION_ERROR"),
@@ -64,6 +71,14 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(
             error_body("PAYLOAD_TOO_LARGE", "The request body is too large."),
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
+    elif isinstance(exc, redis.RedisError):
+        # Rate limits and tool limits cannot be checked: refused, never let through unlimited.
+        logger.warning("Redis is unavailable: %s", type(exc).__name__)
+        return Response(
+            error_body("SERVICE_UNAVAILABLE", "The service is unavailable; retry shortly."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(SERVICE_UNAVAILABLE_RETRY_AFTER)},
         )
     if not isinstance(exc, exceptions.APIException):
         return None

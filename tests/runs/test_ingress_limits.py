@@ -13,7 +13,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from registry.models import ApiToken
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.models import Attachment, Run
-from tests.runs.conftest import message_body
+from tests.runs.conftest import NOTHING, message_body, row_counts
 
 
 @pytest.fixture
@@ -41,6 +41,17 @@ def test_an_actor_over_its_rate_gets_429_with_retry_after_and_no_run(low_rates, 
     assert refused.json()["error"]["code"] == "RATE_LIMITED"
     assert 0 < int(refused["Retry-After"]) <= 60
     assert Run.objects.count() == 2
+
+
+def test_with_redis_down_a_message_is_refused_503_and_leaves_nothing(alice, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+
+    response = _post(alice, "key-redis-down")
+
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "SERVICE_UNAVAILABLE"
+    assert int(response["Retry-After"]) > 0
+    assert row_counts() == NOTHING
 
 
 def test_concurrent_requests_of_one_actor_cannot_slip_through_together(low_rates):
