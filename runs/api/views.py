@@ -65,7 +65,7 @@ class MessageView(IngressThrottled, APIView):
     )
     def post(self, request: Request) -> Response:
         key = request.headers.get("Idempotency-Key", "")
-        if not IDEMPOTENCY_KEY.match(key):
+        if not IDEMPOTENCY_KEY.fullmatch(key):
             raise IdempotencyKeyRequired(
                 "Send an Idempotency-Key header of 1-200 visible ASCII characters."
             )

@@ -189,8 +189,8 @@ def test_a_message_without_an_idempotency_key_is_refused(alice):
 
 @pytest.mark.parametrize(
     "key",
-    ["", "has space", "x" * 201, "tab\tinside", "non-ascii-é"],
-    ids=["empty", "space", "201-chars", "tab", "non-ascii"],
+    ["", "has space", "x" * 201, "tab\tinside", "non-ascii-é", "k\n", "x" * 200 + "\n"],
+    ids=["empty", "space", "201-chars", "tab", "non-ascii", "newline", "200-chars-newline"],
 )
 def test_a_malformed_idempotency_key_is_refused(alice, key):
     response = alice.post(MESSAGES, message_body(), format="json", HTTP_IDEMPOTENCY_KEY=key)
