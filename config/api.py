@@ -230,7 +230,8 @@ class Pagination(PageNumberPagination):
         values = request.query_params.getlist(self.page_size_query_param)
         if not values:
             return self.page_size
-        digits = values[0].lstrip("0") if len(values) == 1 and PAGE_SIZE.fullmatch(values[0]) else ""
+        single = values[0] if len(values) == 1 else ""
+        digits = single.lstrip("0") if PAGE_SIZE.fullmatch(single) else ""
         if digits:
             # More digits than the largest page has is more than it holds (and int() refuses
             # the longest numbers).
