@@ -153,4 +153,5 @@ class TaskOccurrence(models.Model):
 
     @property
     def idempotency_key(self) -> str:
-        return f"task:{self.task_id}:{self.slot.isoformat()}"
+        """Spaced: an API client's key may not hold a space, so none can claim this one."""
+        return f"task {self.task_id} {self.slot.isoformat()}"

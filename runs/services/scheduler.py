@@ -5,7 +5,8 @@ Exactly once, by three keys: (task, slot) is unique, so of two beats (or two del
 firing for one slot only the first creates the occurrence and the other does nothing; a start
 holds a lease with an attempt counter, so a second worker finds the occurrence taken while
 the lease runs; and every attempt posts the same message under the Idempotency-Key
-`task:<task id>:<slot>`, so a retried start finds the run the first one made.
+`task <task id> <slot>`, so a retried start finds the run the first one made (with spaces,
+which no API client's key holds: no client can claim it first).
 
 The run goes through `message_ingest` on the task channel, as the owner, like any message:
 same capability resolution, same loop, same Business Action and approval before anything is

@@ -285,10 +285,32 @@ def test_firing_creates_one_occurrence_whose_run_acts_as_the_owner_on_the_task_c
         },
     }
     assert IngressRecord.objects.get(run=run).idempotency_key == (
-        f"task:{task.pk}:{slot.isoformat()}"
+        f"task {task.pk} {slot.isoformat()}"
     )
     assert TaskOccurrence.objects.count() == 1
     assert Run.objects.count() == 1
+
+
+def test_no_client_key_can_claim_an_occurrence_before_it_fires(demo):
+    # given a client posting, before the slot fires, with every key the slot's could be read
+    # as (its task id and slot are in earlier runs' metadata)
+    task = task_of(demo)
+    now = timezone.now()
+    slot = schedule_slot(task, now).isoformat()
+    client = alice_client()
+    for key in (f"task:{task.pk}:{slot}", f"task {task.pk} {slot}"):
+        client.post(
+            MESSAGES,
+            message_body(metadata={"project_id": "apollo"}),
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=key,
+        )
+
+    # when the slot fires, then its occurrence makes its own run
+    occurrence = scheduled_task_fire(task_id=task.pk, now=now)
+    occurrence.refresh_from_db()
+    assert occurrence.status != OccurrenceStatus.FAILED, occurrence.detail
+    assert occurrence.run.channel == "task"
 
 
 def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_without_a_run(demo):
