@@ -18,10 +18,7 @@ def _where_user_decides(
     rows: QuerySet, *, user: AbstractBaseUser, tenant: Tenant | None
 ) -> QuerySet:
     """`rows` of the tenants where `user` may decide approvals (of `tenant` only, if given)."""
-    if not user.is_superuser:
-        rows = rows.filter(
-            tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
-        )
+    rows = rows.filter(tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE))
     return rows if tenant is None else rows.filter(tenant=tenant)
 
 
@@ -48,13 +45,13 @@ def actions_visible(
     return _queue(_where_user_decides(BusinessAction.objects.all(), user=user, tenant=tenant))
 
 
-def _names_approver_role(role: str) -> Q:
+def _names_approver_role(role: str, field: str = "policy__approver_roles") -> Q:
     """Actions whose frozen policy names `role` among its approver roles. PostgreSQL asks the
     JSON array itself; SQLite (the embedded default) has no JSON containment, so the quoted
     role is looked for in the array's text (role names are plain lower-case words)."""
     if connection.vendor == "postgresql":
-        return Q(policy__approver_roles__contains=[role])
-    return Q(policy__approver_roles__icontains=f'"{role}"')
+        return Q(**{f"{field}__contains": [role]})
+    return Q(**{f"{field}__icontains": f'"{role}"'})
 
 
 def actions_for_approver(
@@ -63,9 +60,16 @@ def actions_for_approver(
     """The actions `user` may decide (one tenant's if given), as `services.approval_decide`
     checks it: in a tenant where they may decide approvals, under a policy that names one of
     their roles there as an approver role. The queue lists these."""
-    actions = actions_visible(user=user, tenant=tenant)
+    actions = actions_visible(user=user, tenant=tenant).exclude(
+        Q(requester_id=user.pk) & Q(policy__allow_self_approval=False)
+    )
+    return actions.filter(_decidable(user, tenant, "policy__approver_roles"))
+
+
+def _decidable(user: AbstractBaseUser, tenant: Tenant | None, field: str) -> Q:
+    """Rows whose approver roles (`field`) name a role `user` holds in the row's tenant."""
     if user.is_superuser:
-        return actions
+        return Q()
     roles_by_tenant: dict[int, set[str]] = defaultdict(set)
     memberships = Membership.objects.filter(user_id=user.pk, tenant__is_active=True)
     if tenant is not None:
@@ -78,9 +82,9 @@ def actions_for_approver(
             continue
         named = Q(pk__in=[])
         for role in sorted(roles):
-            named |= _names_approver_role(role)
+            named |= _names_approver_role(role, field)
         decidable |= Q(tenant_id=tenant_id) & named
-    return actions.filter(decidable)
+    return decidable
 
 
 def actions_of_tenant(*, tenant: Tenant) -> QuerySet[BusinessAction]:
@@ -116,4 +120,16 @@ def handoffs_for_person(
             )
         )
         .order_by("waiting", "created_at")
+    )
+
+
+def handoffs_for_handler(
+    *, user: AbstractBaseUser, tenant: Tenant | None = None
+) -> QuerySet[Handoff]:
+    """The handoffs `user` may handle, as `services.handoff_resolve` checks it; the human
+    queue lists these."""
+    return (
+        handoffs_for_person(user=user, tenant=tenant)
+        .exclude(requester_id=user.pk)
+        .filter(_decidable(user, tenant, "run__capability__approval_policy__approver_roles"))
     )

@@ -214,6 +214,14 @@ def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
     return bool(set(roles) & set(action.policy["approver_roles"]))
 
 
+def approval_may_decide(*, action: BusinessAction, approver: AbstractBaseUser) -> bool:
+    """Whether `approval_decide` would let `approver` decide `action` (its role and the
+    self-approval rule), for a page to offer the form only then."""
+    if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
+        return False
+    return _may_decide(action, approver)
+
+
 def _refuse(
     person: AbstractBaseUser,
     *,

@@ -55,6 +55,7 @@ def _action_page(
         "action": action,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),
+        "can_decide": services.approval_may_decide(action=action, approver=request.user),
     }
     return render(request, "approvals/action.html", context, status=status)
 
@@ -97,12 +98,19 @@ def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
     return handoff
 
 
+def _handoff_context(request: HttpRequest, handoff: Handoff) -> dict:
+    can_handle = services.may_handle(handoff, request.user) and (
+        request.user.pk != handoff.requester_id
+    )
+    return {"handoff": handoff, "can_handle": can_handle}
+
+
 @method_decorator(login_required, name="dispatch")
 class HandoffQueueView(View):
     """Requests the route left to people: open ones first (oldest first), then the rest."""
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        handoffs = selectors.handoffs_for_person(user=request.user)
+        handoffs = selectors.handoffs_for_handler(user=request.user)
         page = Paginator(handoffs, PAGE_SIZE).get_page(request.GET.get("page"))
         return render(request, "approvals/handoffs.html", {"page": page})
 
@@ -113,7 +121,7 @@ class HandoffView(View):
 
     def get(self, request: HttpRequest, handoff_id) -> HttpResponse:
         handoff = _handoff_or_404(request, handoff_id)
-        return render(request, "approvals/handoff.html", {"handoff": handoff})
+        return render(request, "approvals/handoff.html", _handoff_context(request, handoff))
 
     def post(self, request: HttpRequest, handoff_id) -> HttpResponse:
         handoff = _handoff_or_404(request, handoff_id)
@@ -132,7 +140,7 @@ class HandoffView(View):
             return render(
                 request,
                 "approvals/handoff.html",
-                {"handoff": _handoff_or_404(request, handoff_id)},
+                _handoff_context(request, _handoff_or_404(request, handoff_id)),
                 status=error.http_status,
             )
         messages.success(request, f"Recorded: {form.cleaned_data['outcome']}.")

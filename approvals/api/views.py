@@ -78,6 +78,10 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             return Handoff.objects.filter(tenant=self.request.auth.tenant).select_related(
                 "tenant", "run"
             )
+        if self.action == "list":
+            return selectors.handoffs_for_handler(
+                user=self.request.user, tenant=self.request.auth.tenant
+            )
         return selectors.handoffs_for_person(
             user=self.request.user, tenant=self.request.auth.tenant
         )

@@ -1,0 +1,71 @@
+"""The queues and pages offer a person only what they may decide: what the services would
+refuse them (their own request, a policy that names none of their roles, a deactivated
+tenant) is neither listed nor given a form."""
+
+from django.contrib.auth import get_user_model
+
+from approvals.models import Handoff
+from registry.choices import Role
+from registry.demo import DEMO_PASSWORD
+from registry.models import Tenant
+from registry.services.tenancy import membership_add
+from tests.approvals.conftest import waiting_run
+from tests.approvals.test_api_and_pages import api, logged_in, without_csrf
+from tests.approvals.test_handoffs import handed_off  # noqa: F401 (fixture)
+
+
+def test_a_requester_who_is_also_an_approver_is_not_offered_their_own_action(demo):
+    # given alice's own action, alice also an approver, and a policy without self-approval
+    _run, action = waiting_run(demo)
+    membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
+    client = logged_in(demo.alice)
+
+    queue = client.get("/approvals/?status=pending").content.decode()
+    listed = api(demo.alice, demo.acme).get("/api/v1/approvals?status=pending").json()
+    page = client.get(f"/approvals/{action.pk}/").content.decode()
+    refused = without_csrf(client).post(
+        f"/approvals/{action.pk}/", {"decision": "approve", "payload_hash": action.payload_hash}
+    )
+
+    assert refused.status_code == 403
+    assert f"/approvals/{action.pk}/" not in queue
+    assert listed["results"] == []
+    assert 'name="payload_hash"' not in page
+    assert "you may not decide it" in page
+
+
+def test_the_human_queue_lists_only_what_the_person_may_handle(demo, handed_off):  # noqa: F811
+    # given tom, an acme admin (who may decide approvals), under a policy naming only approvers
+    handoff = Handoff.objects.get(run=handed_off)
+    tom = get_user_model().objects.create_user(username="tom", password=DEMO_PASSWORD)
+    membership_add(actor=None, user=tom, tenant=demo.acme, role=Role.ADMIN)
+    client = logged_in(tom)
+
+    queue = client.get("/approvals/handoffs/").content.decode()
+    listed = api(tom, demo.acme).get("/api/v1/handoffs").json()
+    page = client.get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+    refused = without_csrf(client).post(
+        f"/approvals/handoffs/{handoff.pk}/", {"outcome": "handled", "note": "done"}
+    )
+
+    assert refused.status_code == 403
+    assert str(handoff.pk) not in queue
+    assert listed["results"] == []
+    assert 'name="outcome"' not in page
+    assert "you may not handle it" in page
+
+
+def test_a_deactivated_tenant_s_actions_leave_even_a_superuser_s_queue(demo):
+    _run, action = waiting_run(demo)
+    client = logged_in(demo.admin)
+    Tenant.objects.filter(pk=demo.acme.pk).update(is_active=False)
+
+    queue = client.get("/approvals/").content.decode()
+    page = client.get(f"/approvals/{action.pk}/")
+    decided = without_csrf(client).post(
+        f"/approvals/{action.pk}/", {"decision": "approve", "payload_hash": action.payload_hash}
+    )
+
+    assert decided.status_code == 404
+    assert f"/approvals/{action.pk}/" not in queue
+    assert page.status_code == 404
