@@ -3,6 +3,12 @@ from django import forms
 from runs.choices import RunStatus
 
 
+def ignored_filters(form: forms.Form) -> list[str]:
+    """The labels of the filters a page ignores: those whose value is not valid (the valid
+    ones still filter)."""
+    return [str(form[name].label) for name in form.errors]
+
+
 class RunFilterForm(forms.Form):
     """The run history's filters; an invalid value is ignored, never an error page."""
 

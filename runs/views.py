@@ -20,7 +20,7 @@ from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
 from runs.choices import ACTIVE_STATUSES
-from runs.forms import DashboardFilterForm, RunFilterForm
+from runs.forms import DashboardFilterForm, RunFilterForm, ignored_filters
 from runs.models import MemoryItem, Run
 from runs.redaction import redact
 from runs.services import memory
@@ -55,9 +55,8 @@ class RunHistoryView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
         tenants = _audited_tenants(request)
         form = RunFilterForm(request.GET)
-        filters = (
-            audit.HistoryFilters(**form.cleaned_data) if form.is_valid() else audit.HistoryFilters()
-        )
+        form.is_valid()
+        filters = audit.HistoryFilters(**form.cleaned_data)
         runs = audit.history(
             selectors.runs_audited(tenant_ids=list(tenants)),
             filters,
@@ -71,6 +70,7 @@ class RunHistoryView(View):
             "runs/history.html",
             {
                 "form": form,
+                "ignored": ignored_filters(form),
                 "tenants": sorted(tenants.values()),
                 "runs": page,
                 "next_cursor": audit.encode_cursor(page[-1]) if len(runs) > len(page) else "",
@@ -158,7 +158,8 @@ class DashboardView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
         tenants = _audited_tenants(request)
         form = DashboardFilterForm(request.GET)
-        values = form.cleaned_data if form.is_valid() else {}
+        form.is_valid()
+        values = form.cleaned_data
         runs = selectors.runs_audited(tenant_ids=list(tenants))
         if values.get("tenant"):
             runs = runs.filter(tenant__slug=values["tenant"])
@@ -170,6 +171,7 @@ class DashboardView(View):
             "runs/dashboard.html",
             {
                 "form": form,
+                "ignored": ignored_filters(form),
                 "tenants": sorted(tenants.values()),
                 "skills": sorted(
                     set(runs.exclude(skill="").values_list("skill", flat=True).distinct())

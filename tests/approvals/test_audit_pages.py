@@ -238,6 +238,22 @@ def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
     }
 
 
+def test_an_invalid_filter_is_ignored_and_said_so_while_the_valid_ones_still_filter(
+    demo, sent_run, carol, client
+):
+    logged_in(client, carol)
+
+    history = client.get(reverse("runs:history"), {"user": "bob", "date_from": "yesterday"})
+    dashboard = client.get(reverse("runs:dashboard"), {"tenant": "globex", "days": "many"})
+
+    assert history.status_code == 200
+    assert str(sent_run.pk) not in history.content.decode()
+    assert "Ignored, not valid: Date from." in history.content.decode()
+    assert dashboard.status_code == 200
+    assert "Ignored, not valid: Days." in dashboard.content.decode()
+    assert dashboard.context["skills"] == []
+
+
 @pytest.mark.parametrize(
     "position",
     [
