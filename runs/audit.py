@@ -148,8 +148,10 @@ def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
 SEEN_CHARS = 2000
 
 
-def _seen(entry: dict[str, Any]) -> dict[str, Any]:
-    text = entry.get("text") or entry.get("content") or ""
+def _seen(entry: dict[str, Any], *, cleared: bool) -> dict[str, Any]:
+    """One transcript entry as a turn had it, redacted before it is cut (a cut through an
+    email address would leave its first part unmasked)."""
+    text = redact(entry.get("text") or entry.get("content") or "", cleared=cleared)
     return {
         "kind": entry.get("kind"),
         "name": entry.get("name", ""),
@@ -182,7 +184,9 @@ def _json_redacted(text: str, sensitive: frozenset[str]) -> str:
     return json.dumps(redact(value, sensitive=sensitive), ensure_ascii=False)
 
 
-def _turns(events: list[RunEvent], transcript: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _turns(
+    events: list[RunEvent], transcript: list[dict[str, Any]], *, cleared: bool
+) -> list[dict[str, Any]]:
     """Per model turn: the context sections' sizes, the transcript entries it had (the
     builder may have cut old results to their sources within its budget), what it answered."""
     turns: dict[int, dict[str, Any]] = {}
@@ -204,7 +208,7 @@ def _turns(events: list[RunEvent], transcript: list[dict[str, Any]]) -> list[dic
     ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
     for number, turn in enumerate(ordered):
         end = answers[number] if number < len(answers) else len(transcript)
-        turn["seen"] = [_seen(entry) for entry in transcript[:end]]
+        turn["seen"] = [_seen(entry, cleared=cleared) for entry in transcript[:end]]
     return ordered
 
 
@@ -245,6 +249,11 @@ def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
             }
         )
     return found
+
+
+# The parts of a run's record that may hold what the host or the model copied from a tool's
+# answer.
+_COPIES_OF_ANSWERS = frozenset({"events", "actions", "result", "turns", "tool_calls"})
 
 
 def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
@@ -311,6 +320,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
                 else entry
                 for entry in run.transcript
             ],
+            cleared=cleared,
         ),
         "tool_calls": [
             {
@@ -355,7 +365,8 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         "result": run.result,
     }
     # What the host copied from a tool's answer (a recipient into the result, the action,
-    # the events) is hidden as the answer is; each part is redacted once.
+    # the events, a model's later call) is hidden as the answer is; each part is redacted
+    # once.
     hidden = hidden_fields(
         run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
     )
@@ -363,7 +374,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         part: redact(
             value,
             cleared=cleared,
-            sensitive=hidden if part in ("events", "actions", "result") else frozenset(),
+            sensitive=hidden if part in _COPIES_OF_ANSWERS else frozenset(),
         )
         for part, value in record.items()
     }

@@ -23,6 +23,7 @@ from registry.demo import DEMO_PASSWORD
 from registry.models import ToolVersion
 from registry.services.tenancy import api_token_issue, membership_add
 from registry.services.tools import tool_version_revoke
+from runs import audit as runs_audit
 from runs.audit import PAGE_SIZE
 from runs.loop import run_execute
 from runs.models import Run, Span, ToolCall
@@ -161,6 +162,22 @@ def test_a_result_contract_stored_before_contracts_were_checked_marks_nothing(
     page = client.get(reverse("runs:detail", args=[sent_run.pk]))
     assert page.status_code == 200
     assert "l***@acme.example" in page.content.decode()
+
+
+def test_what_the_model_saw_is_masked_before_it_is_cut_for_the_page(demo, carol, client):
+    # given a message whose cut for the page falls inside an email address
+    cut = runs_audit.SEEN_CHARS
+    text = ("Please summarise the week. " * 80)[: cut - 7] + f"{EMAIL} and the rest."
+    assert text[:cut].endswith("li.wei@")
+    run = demo_run(demo, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    logged_in(client, carol)
+
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    export = client.get(reverse("runs:export", args=[run.pk])).content.decode()
+
+    assert "li.wei@" not in page and "li.wei@" not in export
+    assert MASKED in export
 
 
 def test_a_tenant_admin_has_clearance_and_sees_the_email(demo, sent_run, client):

@@ -11,13 +11,22 @@ from django.core.management import call_command
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from registry.choices import ModelProvider
 from registry.demo import DEMO_PASSWORD
+from registry.models import ModelConfig
 from registry.services import tools as tool_services
+from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
+from runs.loop import run_execute
 from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
+from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
+from tests.runs.fake_provider import CREDENTIAL_REF as FAKE_CREDENTIAL_REF
+from tests.runs.fake_provider import openai_completion
 
 NAME = "Li Wei"
+
+model_server = runs_fixtures.model_server
 
 
 @pytest.fixture
@@ -68,3 +77,37 @@ def test_a_sensitive_field_is_hidden_from_an_auditor_wherever_the_run_shows_it(
     assert record["result"]["recipient"]["display_name"] == "[redacted]"
     own = api_as("alice").get(f"/api/v1/runs/{run.pk}").json()
     assert own["result"]["recipient"]["display_name"] == NAME
+
+
+def test_a_sensitive_field_a_model_copied_into_a_later_call_is_hidden_too(
+    demo_names_sensitive, model_server, monkeypatch, client
+):
+    # given a model that passes the name on as an argument of its next call
+    demo = demo_names_sensitive
+    monkeypatch.setenv(FAKE_CREDENTIAL_REF, FAKE_API_KEY)
+    demo.agent.model_config = registry_object_save(
+        instance=ModelConfig(
+            tenant=None,
+            name="fake-openai",
+            provider=ModelProvider.OPENAI_COMPATIBLE,
+            model_name="fake-gpt",
+            base_url=f"http://127.0.0.1:{model_server.port}/v1",
+            credential_ref=FAKE_CREDENTIAL_REF,
+        ),
+        actor=demo.admin,
+    )
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="fake model")
+    arguments = {"project_id": "apollo", "display_name": NAME}
+    model_server.reply(
+        openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
+    )
+    model_server.reply(openai_completion(content="Done."))
+    run = runs_fixtures.demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # when the auditor exports the run, then the name is nowhere in it
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    record = json.loads(client.get(reverse("runs:export", args=[run.pk])).content)
+    assert NAME not in json.dumps(record, ensure_ascii=False)
+    (copied,) = [call for call in record["tool_calls"] if call["call_id"] == "call_1"]
+    assert copied["arguments"]["display_name"] == "[redacted]"
