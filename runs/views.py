@@ -19,7 +19,7 @@ from registry.models import SkillVersion, ToolVersion
 from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
-from runs.choices import ACTIVE_STATUSES
+from runs.choices import ACTIVE_STATUSES, EventType
 from runs.forms import DashboardFilterForm, RunFilterForm, ignored_filters
 from runs.models import MemoryItem, Run
 from runs.redaction import redact
@@ -87,7 +87,12 @@ class RunDetailView(View):
         return render(
             request,
             "runs/detail.html",
-            {"run": run, "record": record, "active": run.status in ACTIVE_STATUSES},
+            {
+                "run": run,
+                "record": record,
+                "active": run.status in ACTIVE_STATUSES,
+                "event_types": list(EventType.values),
+            },
         )
 
 

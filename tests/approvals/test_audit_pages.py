@@ -25,6 +25,7 @@ from registry.services.tenancy import api_token_issue, membership_add
 from registry.services.tools import tool_version_revoke
 from runs import audit as runs_audit
 from runs.audit import PAGE_SIZE
+from runs.choices import EventType
 from runs.loop import run_execute
 from runs.models import Run, Span, ToolCall
 from runs.tracing import root_span_id
@@ -332,6 +333,8 @@ def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
     body = b"".join(stream.streaming_content).decode()
 
     assert 'id="live"' in page and reverse("runs:stream", args=[run.pk]) in page
+    followed = json.loads(page.split('id="event-types" type="application/json">')[1].split("<")[0])
+    assert followed == [event_type.value for event_type in EventType]
     assert "event: approval.required" in body
     assert EMAIL not in body and MASKED in body
 

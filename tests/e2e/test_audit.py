@@ -14,7 +14,7 @@ from registry.models import Tenant
 from registry.services.tenancy import membership_add
 from runs.choices import RunStatus
 from runs.loop import run_execute
-from runs.models import Run
+from runs.models import Run, RunEvent
 from tests.approvals.conftest import smtp_server  # noqa: F401 (fixture)
 from tests.celery_worker import (
     alice_client,
@@ -125,3 +125,27 @@ def test_someone_of_another_tenant_does_not_find_the_run(page, live_server, http
 
     assert response.status == 404
     assert EMAIL not in page.content() and MASKED not in page.content()
+
+
+def test_an_auditor_watching_a_waiting_run_sees_every_kind_of_event_as_progress(
+    page, live_server, http_cookies, celery_queue, settings
+):
+    settings.RUN_STREAM_MAX_SECONDS = 30
+    example_seed()
+    run_id = example_post(alice_client()).json()["run_id"]
+    queue_purge()
+    run_execute(run_id=run_id)
+    stored = set(RunEvent.objects.filter(run_id=run_id).values_list("type", flat=True))
+
+    log_in(page, live_server, "carol")
+    page.goto(f"{live_server.url}/runs/{run_id}/")
+    page.wait_for_function(
+        "n => document.querySelectorAll('#progress li').length >= n", arg=len(stored)
+    )
+
+    shown = {
+        item.removeprefix("in progress: ")
+        for item in page.locator("#progress li").all_inner_texts()
+    }
+    assert shown == stored
+    assert {"message.normalized", "session.loaded", "capability.resolved"} <= shown
