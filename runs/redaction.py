@@ -48,6 +48,10 @@ _SECRET_VALUES = (
     # Hugging Face, npm, PyPI tokens; webhook signing secrets.
     re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{50,})\b"),
     re.compile(r"\bwhsec_[A-Za-z0-9+/=]{24,}(?![A-Za-z0-9+/=])"),
+    # Incoming-webhook URLs, which post to a channel with no other credential: Slack's and
+    # Discord's.
+    re.compile(r"\bhttps://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"),
+    re.compile(r"\bhttps://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_-]+"),
     # AWS access key ids, Google API keys.
     re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
     re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),

@@ -63,6 +63,9 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
         "npm_abcdefghijklmnopqrstuvwxyz0123456789",
         "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
         "rk_live_51H8abcdefghijklmnop",
+        # incoming webhooks: the URL is the credential
+        "post to https://hooks.slack.com/services/T0123ABCD/B0456EFGH/AbCdEfGhIjKlMnOpQrStUvWx",
+        "https://discord.com/api/webhooks/123456789012345678/AbC-dEf_GhIjKlMnOpQr",
     ],
 )
 def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
