@@ -230,9 +230,14 @@ def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
 
 
 def _effective_node(run: Run) -> Node:
-    """The node with its allowlist spelled out (the generic agent's: the read tools)."""
+    """The node with gate 1's allowlist spelled out: the tools it names that the skill in
+    force pinned (a tool another skill of the snapshot pinned is not this node's), or, for
+    the generic agent, its read tools. Gate 4 holds the risk of each."""
     node = _node(run)
-    if node.tools or _workflow(run) is not AGENT:
+    if node.tools:
+        skill = _skill(run)
+        return replace(node, tools=node.tools & frozenset(skill["tools"] if skill else ()))
+    if _workflow(run) is not AGENT:
         return node
     return replace(node, tools=frozenset(tool.tool.name for tool in _node_tools(run, node)))
 

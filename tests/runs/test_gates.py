@@ -18,6 +18,7 @@ from examples.models import DirectoryRecord, Project, ProjectUpdate
 from registry.choices import ModelProvider
 from registry.models import ToolVersion
 from registry.services import tools
+from registry.services.common import registry_object_save
 from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import RunEvent, Source, ToolCall
 from runs.tools import executor
@@ -31,6 +32,7 @@ from tests.runs.conftest import (
     update_reference,
 )
 from tests.runs.fake_provider import anthropic_message, openai_completion
+from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
 
 START = [
     "message.received",
@@ -733,3 +735,41 @@ def test_gate_three_checks_a_version_against_the_schema_it_has_now():
     draft.input_schema["required"] = []
 
     assert executor._validation_errors(draft, {}) == []
+
+
+def test_a_node_admits_only_the_tools_its_own_skill_pinned(demo, fake_model):
+    # given the run routed to a skill pinning project_search 3.0.0, while the draft node loads
+    # weekly-summary, whose pin of 2.0.0 the snapshot left out for the conflict
+    seeded = seeded_tool(demo, "project_search")
+    copied = ("description", "input_schema", "risk", "adapter_kind", "adapter_config")
+    newer = publish_tool(
+        demo, "project_search", "3.0.0", **{field: getattr(seeded, field) for field in copied}
+    )
+    lite = publish_skill(
+        demo,
+        "weekly-summary-lite",
+        "1.0.0",
+        tool_versions=[
+            newer,
+            seeded_tool(demo, "directory_lookup"),
+            seeded_tool(demo, "mail_send"),
+        ],
+    )
+    demo.agent.skills.set([lite.skill])
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="routed to lite")
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+
+    # when the model calls project_search in the draft node
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then the node offered it no tool and the call is rejected unexecuted
+    draft = next(
+        payload for payload in events_of(run, "tools.assembled") if payload["node"] == "draft"
+    )
+    assert draft["allowlist"] == []
+    call = ToolCall.objects.get(run=run, call_id="call_read")
+    assert (call.status, call.error_category) == (ToolCall.Status.REJECTED, "PERMISSION_DENIED")
+    assert "call_read" not in [payload["call_id"] for payload in events_of(run, "tool.completed")]
