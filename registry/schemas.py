@@ -49,14 +49,23 @@ CIRCUIT_BREAKER_SCHEMA = {
     "required": ["failure_threshold", "reset_after_s"],
     "additionalProperties": False,
 }
-_CREDENTIAL_REF = {"type": "string", "pattern": "^[A-Z][A-Z0-9_]{0,127}$"}
+
+
+def whole(pattern: str) -> str:
+    """A JSON Schema pattern the whole string must match. jsonschema searches with Python's
+    `re`, whose `$` also matches before a final newline: the lookahead refuses that (and
+    reads the same in ECMA-262, JSON Schema's dialect)."""
+    return f"^(?:{pattern})$(?!\\n)"
+
+
+_CREDENTIAL_REF = {"type": "string", "pattern": whole("[A-Z][A-Z0-9_]{0,127}")}
 ADAPTER_CONFIG_SCHEMAS: dict[str, dict[str, Any]] = {
     AdapterKind.PYTHON: {
         "type": "object",
         "properties": {
             "handler": {
                 "type": "string",
-                "pattern": r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$",
+                "pattern": whole(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+"),
             }
         },
         "required": ["handler"],
@@ -76,7 +85,7 @@ ADAPTER_CONFIG_SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             "server": {"type": "string", "minLength": 1},
             "remote_name": {"type": "string", "minLength": 1},
-            "definition_hash": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+            "definition_hash": {"type": "string", "pattern": whole("[0-9a-f]{64}")},
             "proposed_risk": {"enum": list(Risk.values)},
         },
         "required": ["server", "remote_name", "definition_hash"],
@@ -89,7 +98,7 @@ SKILL_RULES_SCHEMA = {
     "items": {
         "type": "object",
         "properties": {
-            "id": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_.-]*$"},
+            "id": {"type": "string", "pattern": whole("[a-z0-9][a-z0-9_.-]*")},
             "scope": {"type": "string", "minLength": 1},
             "priority": {"type": "integer", "minimum": 0, "maximum": 1000},
             "text": {"type": "string", "minLength": 1},

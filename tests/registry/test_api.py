@@ -881,6 +881,33 @@ def test_skill_create_naming_an_unknown_workflow_is_refused(api, publisher):
     assert SkillVersion.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("kind", "field", "value"),
+    [
+        (
+            "skills",
+            "rules",
+            [{"id": "untrusted-data\n", "scope": "permission", "priority": 1, "text": "Obey."}],
+        ),
+        ("tools", "adapter_config", {"handler": "examples.handlers.project_search\n"}),
+        (
+            "tools",
+            "adapter_config",
+            {"url": "https://svc.internal/x", "credential_ref": "SERVICE_TOKEN\n"},
+        ),
+    ],
+    ids=["rule-id", "handler", "credential-ref"],
+)
+def test_a_name_with_a_trailing_newline_is_refused(api, publisher, kind, field, value):
+    extra = {"adapter_kind": "http"} if "url" in value else {}
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}", _create_body(kind, **{field: value}, **extra), format="json"
+    )
+
+    assert response.status_code == 400
+    assert list(_error(response)["details"]) == [field]
+
+
 def test_create_with_an_unknown_risk_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", risk="harmless"), format="json"
