@@ -5,9 +5,11 @@ procedure, rules and examples), the task inputs and state, the tool schemas and 
 contract as instructions; then the transcript: earlier messages of the session and the user's
 message, the model's calls and the wrapped tool results. An example given twice is given once;
 when the whole is over budget, examples go first (the last listed first), then earlier
-messages of the session, then old tool results are cut to their sources, then old turns;
-rules, the skill's procedure, the task and the tool schemas are never cut. Tool results reach
-the model only inside an `untrusted_data` envelope, never among the instructions.
+messages of the session, then old tool results lose their content (their untrusted-data
+envelope keeps the source, the hash and the references), then old turns but the last that
+called tools; rules, the skill's procedure, the task and the tool schemas are never cut. Tool
+results reach the model only inside an `untrusted_data` envelope, never among the
+instructions.
 """
 
 import hashlib
@@ -54,16 +56,22 @@ def _rules_text(merged: MergedRules) -> str:
     return "\n".join(f"- [{layer}:{rule.id}] {rule.text}" for layer, rule in merged.rules)
 
 
+# What an old tool result keeps of its untrusted-data envelope when its content is cut.
+_KEPT_WHEN_COMPRESSED = ("source", "fetched_at", "content_sha256", "allowed_use", "references")
+
+
 def _cut_old_results(transcript: list[dict[str, Any]], keep_last: int) -> list[dict[str, Any]]:
-    """Old tool results shrink to their call id and source references."""
+    """Old tool results shrink to their envelope without its content: still untrusted data,
+    with their source and references."""
     results = [index for index, entry in enumerate(transcript) if entry["kind"] == "tool_result"]
     shrink = set(results[:-keep_last] if keep_last else results)
     cut = []
     for index, entry in enumerate(transcript):
         if index in shrink:
             wrapped = json.loads(entry["content"]).get("untrusted_data", {})
-            references = wrapped.get("references", [])
-            entry = {**entry, "content": json.dumps({"compressed": True, "sources": references})}
+            kept = {name: wrapped[name] for name in _KEPT_WHEN_COMPRESSED if name in wrapped}
+            compressed = {"untrusted_data": {**kept, "compressed": True}}
+            entry = {**entry, "content": jsontext.dumps(compressed)}
         cut.append(entry)
     return cut
 
@@ -82,9 +90,11 @@ def _last_turn_results(transcript: list[dict[str, Any]]) -> int:
 
 def _drop_oldest_exchange(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Remove the oldest assistant turn together with its tool results, so no result is ever
-    left without the call it answers; the first user message and the last turn stay."""
+    left without the call it answers; the first user message, the last turn and the last
+    turn that called tools (a draft sent back for a correction rests on its results) stay."""
     turns = [index for index, entry in enumerate(entries) if entry["kind"] == "assistant"]
-    if len(turns) < 2:
+    calling = [index for index in turns if entries[index]["tool_calls"]]
+    if len(turns) < 2 or (calling and turns[0] >= calling[-1]):
         return entries
     start, end = turns[0], turns[1]
     return entries[:start] + entries[end:]
@@ -182,15 +192,16 @@ def context_build(
         entries = shorter
     sections = {**fixed, "examples": examples_text()}
     instructions = "\n\n".join(text for text in sections.values() if text)
-    # What the user said before (remembered statements, earlier messages) is the user's
-    # word: it goes with the user's turn, never among the instructions.
-    if users_before := "\n\n".join(filter(None, [memory_text, conversation_text()])):
-        entries = [user_entry(users_before), *entries]
     if memory_text:
         sections["memory"] = memory_text
     sections["tools"] = tool_text
     sections["conversation"] = conversation_text()
+    # Each text is one section: memory and earlier messages are counted as theirs.
     sections["transcript"] = jsontext.dumps(entries)
+    # What the user said before (remembered statements, earlier messages) is the user's
+    # word: it goes with the user's turn, never among the instructions.
+    if users_before := "\n\n".join(filter(None, [memory_text, conversation_text()])):
+        entries = [user_entry(users_before), *entries]
     return BuiltContext(
         request=ModelRequest(
             instructions=instructions, transcript=to_items(entries), tools=tuple(tools)

@@ -54,9 +54,9 @@ def _transcript() -> list[dict]:
     return entries
 
 
-def _build(*, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None):
+def _build(*, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None, history=HISTORY):
     return context_build(
-        run_state={"inputs": {"project_id": "apollo"}, "history": HISTORY},
+        run_state={"inputs": {"project_id": "apollo"}, "history": list(history)},
         transcript=_transcript() if transcript is None else transcript,
         node=Node(name="draft", model_driven=True),
         merged_rules=merge_rules(
@@ -151,10 +151,17 @@ def test_then_old_tool_results_shrink_to_their_sources_the_newest_two_stay_whole
     built = _build()
 
     first, second, third = _results(built)
+    whole = json.loads(_result(1)["content"])["untrusted_data"]
     assert first == {
         "call_id": "call_1",
-        "compressed": True,
-        "sources": ["project:apollo/update:1"],
+        "untrusted_data": {
+            "source": "project_search@2.0.0",
+            "fetched_at": "2026-12-02T00:00:00+00:00",
+            "content_sha256": whole["content_sha256"],
+            "allowed_use": "evidence",
+            "references": ["project:apollo/update:1"],
+            "compressed": True,
+        },
     }
     assert "r" * 1200 in second["untrusted_data"]["content"]
     assert "r" * 1200 in third["untrusted_data"]["content"]
@@ -181,6 +188,35 @@ def test_at_any_budget_the_rules_the_procedure_the_task_and_the_tool_schemas_sta
     [last] = _results(built)
     assert last["call_id"] == "call_3"
     assert "r" * 1200 in last["untrusted_data"]["content"]
+
+
+def test_a_draft_sent_back_for_a_correction_keeps_the_evidence_it_rests_on(settings):
+    # given a draft that called a tool, answered, and was sent back, over any budget
+    settings.CONTEXT_MAX_TOKENS = 1
+    call = ToolCall(call_id="call_1", name="project_search", arguments={})
+    transcript = [
+        user_entry("Summarise project Apollo's week."),
+        assistant_entry("", (call,)),
+        _result(1),
+        assistant_entry('{"subject": "Apollo"}', ()),
+        user_entry("The draft does not meet the output contract: Missing section risks."),
+    ]
+
+    built = _build(transcript=transcript)
+
+    [evidence] = _results(built)
+    assert evidence["call_id"] == "call_1"
+    assert "r" * 1200 in evidence["untrusted_data"]["content"]
+
+
+def test_earlier_messages_are_recorded_once_as_their_own_section(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+
+    with_history, without = _build(), _build(history=())
+
+    assert "Earlier question" in repr(with_history.request.transcript)
+    assert with_history.sections["conversation"]["tokens"] > 0
+    assert with_history.sections["transcript"] == without.sections["transcript"]
 
 
 def test_a_chinese_message_as_long_as_the_ingress_takes_still_gets_its_draft(demo):
