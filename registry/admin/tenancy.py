@@ -10,7 +10,7 @@ from django.http import HttpRequest
 from registry.admin.base import RegistryAdmin, TenantScopedAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
-from registry.services.common import registry_object_save
+from registry.services.common import TENANT_PLATFORM_FIELDS, registry_object_save
 from registry.services.tenancy import api_tokens_revoke, tenant_create
 
 
@@ -39,6 +39,11 @@ class TenantAdmin(RegistryAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return request.user.is_active and request.user.is_superuser
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        """A tenant's own admins rename it; what the platform decides stays the platform's."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if request.user.is_superuser else (*fields, *TENANT_PLATFORM_FIELDS)
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if change:

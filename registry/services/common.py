@@ -7,8 +7,8 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 
 from evaluations.gates import model_change_check
-from registry.errors import ValidationFailed
-from registry.models import AgentConfig
+from registry.errors import PermissionDenied, ValidationFailed
+from registry.models import AgentConfig, Tenant
 
 
 def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
@@ -56,5 +56,34 @@ def registry_object_save(
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig):
         model_change_check(agent_config=instance)
+    if isinstance(instance, Tenant):
+        _tenant_change_check(tenant=instance, actor=actor)
     audited_save(instance, actor=actor, reason=reason)
     return instance
+
+
+# What only the platform's admins change on a tenant: its slug (credentials are granted by
+# it, `TENANT_CREDENTIALS`), whether it is active, its quota and cap, what it is a sandbox of.
+TENANT_PLATFORM_FIELDS = (
+    "slug",
+    "is_active",
+    "daily_cost_quota",
+    "max_concurrent_runs",
+    "sandbox_of",
+)
+
+
+def _tenant_change_check(*, tenant: Tenant, actor: AbstractBaseUser) -> None:
+    if actor.is_superuser or tenant._state.adding:
+        return
+    saved = Tenant.objects.filter(pk=tenant.pk).values(*TENANT_PLATFORM_FIELDS).first() or {}
+    changed = [
+        field
+        for field in TENANT_PLATFORM_FIELDS
+        if saved.get(field) != getattr(tenant, Tenant._meta.get_field(field).attname)
+    ]
+    if changed:
+        raise PermissionDenied(
+            "Only a platform admin changes a tenant's " + ", ".join(changed) + ".",
+            details={"fields": changed},
+        )

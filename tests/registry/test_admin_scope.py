@@ -3,10 +3,13 @@ objects (and platform-wide ones where a row may use them), never another tenant'
 published definition is known by never changes; a refusal or a filter no date can hold is an
 answer, not a server error."""
 
+from decimal import Decimal
+
 import pytest
 from django.contrib.auth.models import Permission
 
-from config.errors import ValidationFailed
+from config.credentials import credential_value
+from config.errors import PermissionDenied, ValidationFailed
 from evaluations.models import EvalSuite
 from registry.choices import Role
 from registry.models import ApiToken, Membership, ToolVersion
@@ -184,3 +187,44 @@ def test_object_permission_pages_exist_only_for_platform_admins(client, publishe
     assert change_page.status_code == 200
     assert "permissions/" not in change_page.content.decode()
     assert [page.status_code for page in pages] == [404, 404, 404, 404]
+
+
+def test_a_tenant_admin_renames_its_tenant_but_changes_nothing_the_platform_decides(
+    client, tenant_admin, acme, settings, monkeypatch
+):
+    # given credentials granted to a slug no tenant holds yet, and a quota set for acme
+    monkeypatch.setenv("INITECH_KEY", "initech-provider-secret")
+    settings.TENANT_CREDENTIALS = {"initech": ["INITECH_KEY"]}
+    acme.daily_cost_quota = Decimal("5")
+    acme.save()
+    client.force_login(tenant_admin)
+
+    # when its admin posts the tenant with another slug, no quota and inactive
+    response = client.post(
+        f"/admin/registry/tenant/{acme.pk}/change/",
+        {"slug": "initech", "name": "Acme Corp", "daily_cost_quota": "", "max_concurrent_runs": ""},
+    )
+
+    # then only the name changed: the slug, the quota and the activity are the platform's
+    assert response.status_code == 302
+    acme.refresh_from_db()
+    assert (acme.name, acme.slug, acme.daily_cost_quota, acme.is_active) == (
+        "Acme Corp",
+        "acme",
+        Decimal("5"),
+        True,
+    )
+    assert credential_value("INITECH_KEY", owner=acme) is None
+
+
+def test_the_service_refuses_a_tenant_slug_change_by_anyone_but_a_platform_admin(
+    tenant_admin, acme
+):
+    acme.slug = "initech"
+
+    with pytest.raises(PermissionDenied) as refused:
+        registry_object_save(instance=acme, actor=tenant_admin)
+
+    assert refused.value.details == {"fields": ["slug"]}
+    acme.refresh_from_db()
+    assert acme.slug == "acme"
