@@ -229,8 +229,9 @@ def http_call(
     except (ValueError, RecursionError):
         # Not JSON, or nested too deep to parse: kept as text. From a 2xx it is still the
         # service's answer (untrusted data, like any raw response); a service states a business
-        # failure in its JSON.
-        payload = {"text": content.decode(response.encoding or "utf-8", errors="replace")[:4000]}
+        # failure in its JSON. Secrets go before the cut, which could leave part of one.
+        text = content.decode(response.encoding or "utf-8", errors="replace")
+        payload = {"text": strip_secrets(text, secrets=(context.credential or "",))[:4000]}
     if 300 <= response.status_code < 400:
         # Redirects are not followed (the POST, its credential and idempotency key go to the
         # published URL only): a gateway that sends the call to a login page did not run it.

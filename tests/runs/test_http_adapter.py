@@ -462,6 +462,23 @@ def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
     assert secret not in stored
 
 
+def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(
+    demo, report_service, report_token
+):
+    # given a plain-text answer whose cut at 4000 characters falls inside the credential
+    report_service.headers = {"Content-Type": "text/plain"}
+    report_service.body = ("x" * 3990 + report_token).encode()
+
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    record = ToolCall.objects.get(run=run, name="report_read")
+    stored = json.dumps(
+        [record.envelope, run.transcript, list(run.events.values_list("payload", flat=True))]
+    )
+    assert report_token[:10] not in stored
+    assert record.envelope["raw"]["text"].endswith("[redacted]")
+
+
 def test_an_answer_larger_than_the_response_limit_fails_the_call(report_service, settings):
     # given a service whose answer is larger than the host reads
     settings.TOOL_RESPONSE_MAX_BYTES = 1000
