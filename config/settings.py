@@ -382,6 +382,10 @@ LOGGING = {
         }
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    # The MCP SDK logs whole protocol messages (tool results included) at DEBUG: never kept.
-    "loggers": {"mcp": {"level": "INFO"}},
+    # At DEBUG the MCP SDK logs whole protocol messages (tool results included), the model
+    # SDKs their requests, and httpcore every header of every answer (an upstream may echo a
+    # credential): never kept.
+    "loggers": {
+        name: {"level": "INFO"} for name in ("mcp", "openai", "anthropic", "httpcore", "hpack")
+    },
 }

@@ -4,6 +4,7 @@ the envelope (DESIGN.md, gate 7)."""
 
 import gzip
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -477,6 +478,21 @@ def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(
     )
     assert report_token[:10] not in stored
     assert record.envelope["raw"]["text"].endswith("[redacted]")
+
+
+def test_a_credential_echoed_in_a_response_header_is_not_logged_even_at_debug(
+    demo, report_service, report_token, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    report_service.headers = {
+        "Content-Type": "application/json",
+        "X-Echo-Authorization": f"Bearer {report_token}",
+    }
+
+    report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    assert caplog.records
+    assert report_token not in "\n".join(record.getMessage() for record in caplog.records)
 
 
 def test_an_answer_larger_than_the_response_limit_fails_the_call(report_service, settings):
