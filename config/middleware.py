@@ -6,6 +6,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 from django.urls import reverse
+from django.utils.cache import add_never_cache_headers
 
 from config.api import error_body
 
@@ -135,3 +136,20 @@ class NulQueryRefusalMiddleware:
                 "A NUL character is not allowed in the address.", content_type="text/plain"
             )
         return self.get_response(request)
+
+
+class PrivateResponsesMiddleware:
+    """What a signed-in person or an API token is answered (runs, approvals, exports, the
+    admin) is never kept by a browser's or a proxy's cache, unless the view said otherwise."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        signed_in = getattr(request, "user", None) is not None and request.user.is_authenticated
+        if (signed_in or "Authorization" in request.headers) and not response.has_header(
+            "Cache-Control"
+        ):
+            add_never_cache_headers(response)
+        return response

@@ -1,0 +1,48 @@
+"""What the platform answers a signed-in person or an API token is never kept by a cache, and
+its pages carry the browser's protections."""
+
+import pytest
+from django.urls import reverse
+
+from registry.demo import DEMO_PASSWORD
+from runs.loop import run_execute
+from tests.celery_worker import alice_client
+from tests.runs import conftest as runs_fixtures
+from tests.runs.conftest import demo_run
+
+pytestmark = pytest.mark.django_db
+
+demo = runs_fixtures.demo
+
+
+@pytest.fixture
+def finished_run(demo):
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    return run
+
+
+@pytest.mark.parametrize("page", ["runs:detail", "runs:export"])
+def test_an_auditor_s_run_pages_are_not_kept_by_caches(client, finished_run, page):
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+
+    response = client.get(reverse(page, args=[finished_run.pk]))
+
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    assert response["X-Content-Type-Options"] == "nosniff"
+    assert response["X-Frame-Options"] == "DENY"
+
+
+def test_an_api_answer_to_a_token_is_not_kept_by_caches(finished_run):
+    response = alice_client().get(f"/api/v1/runs/{finished_run.pk}")
+
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+
+
+def test_a_page_anyone_may_read_is_left_to_the_caches(client):
+    response = client.get("/")
+
+    assert response.status_code == 200
+    assert not response.has_header("Cache-Control")
