@@ -299,6 +299,8 @@ TOOL_RESULT_MAX_SOURCES = env.int("TOOL_RESULT_MAX_SOURCES", default=100)
 # An HTTP tool's answer larger than this fails the call (UPSTREAM_ERROR) as it arrives, as
 # does an MCP tool's (its texts and structured content) once received.
 TOOL_RESPONSE_MAX_BYTES = env.int("TOOL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
+# The most a model provider's answer may hold (read as it arrives, never inflated).
+MODEL_RESPONSE_MAX_BYTES = env.int("MODEL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
 # The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
 # name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).
 TENANT_CREDENTIALS = env.json("TENANT_CREDENTIALS", default={})

@@ -1,5 +1,6 @@
 """Anthropic Messages through the official `anthropic` SDK."""
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,10 +20,12 @@ from runs.model_clients.base import (
     UserMessage,
 )
 from runs.model_clients.provider_errors import (
+    refused_answer_error,
     request_parameters,
     status_error,
     unreachable_error,
 )
+from runs.model_clients.transport import AnswerRefused, http_client
 
 PROVIDER = "Anthropic"
 # Set by the client from the request; parameters may not replace them.
@@ -48,25 +51,34 @@ class AnthropicClient:
         self.api_key = api_key
         self.timeout_s = timeout_s
         self.parameters = parameters
-        self.sdk = anthropic.Anthropic(
-            base_url=model_config.base_url or None,
-            api_key=api_key,
-            timeout=timeout_s,
+        self.base_url = model_config.base_url or None
+
+    def _sdk(self) -> anthropic.Anthropic:
+        """An SDK client for one call, over the bounded transport (`transport`)."""
+        return anthropic.Anthropic(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout_s,
             max_retries=0,
+            http_client=http_client(self.timeout_s),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
+        started = time.monotonic()
         try:
-            answer = self.sdk.messages.with_raw_response.create(
-                model=self.model_name,
-                system=request.instructions or anthropic.omit,
-                messages=anthropic_messages(request.transcript),
-                tools=[anthropic_tool(tool) for tool in request.tools] or anthropic.omit,
-                max_tokens=request.max_output_tokens,
-                extra_body=parameters or None,
-            )
+            with self._sdk() as sdk:
+                answer = sdk.messages.with_raw_response.create(
+                    model=self.model_name,
+                    system=request.instructions or anthropic.omit,
+                    messages=anthropic_messages(request.transcript),
+                    tools=[anthropic_tool(tool) for tool in request.tools] or anthropic.omit,
+                    max_tokens=request.max_output_tokens,
+                    extra_body=parameters or None,
+                )
+        except AnswerRefused as refused:
+            raise refused_answer_error(PROVIDER, refused) from None
         # `from None`: the SDK's exception text may echo what the server received.
         except anthropic.APIStatusError as error:
             raise status_error(
@@ -79,8 +91,11 @@ class AnthropicClient:
         except anthropic.APIConnectionError as error:
             raise unreachable_error(
                 PROVIDER,
-                is_timeout=isinstance(error, anthropic.APITimeoutError),
+                # At the deadline the transport closes the connection under the read.
+                is_timeout=isinstance(error, anthropic.APITimeoutError)
+                or time.monotonic() - started >= self.timeout_s,
                 timeout_s=self.timeout_s,
+                cause=error.__cause__,
             ) from None
         return model_response(
             answers.body(PROVIDER, answer.http_response, answer_key="content", secret=self.api_key)

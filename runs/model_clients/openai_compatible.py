@@ -2,6 +2,7 @@
 server, so OpenAI, vLLM, Ollama and LiteLLM are all reached by this one client."""
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,10 +25,12 @@ from runs.model_clients.base import (
     UserMessage,
 )
 from runs.model_clients.provider_errors import (
+    refused_answer_error,
     request_parameters,
     status_error,
     unreachable_error,
 )
+from runs.model_clients.transport import AnswerRefused, http_client
 
 PROVIDER = "OpenAI-compatible provider"
 OFFICIAL_API_HOST = "api.openai.com"
@@ -61,24 +64,33 @@ class OpenAICompatibleClient:
             if urlsplit(model_config.base_url).hostname in (None, OFFICIAL_API_HOST)
             else "max_tokens"
         )
-        self.sdk = openai.OpenAI(
-            base_url=model_config.base_url or None,
-            api_key=api_key,
-            timeout=timeout_s,
+        self.base_url = model_config.base_url or None
+
+    def _sdk(self) -> openai.OpenAI:
+        """An SDK client for one call, over the bounded transport (`transport`)."""
+        return openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout_s,
             max_retries=0,
+            http_client=http_client(self.timeout_s),
         )
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
+        started = time.monotonic()
         try:
-            answer = self.sdk.chat.completions.with_raw_response.create(
-                model=self.model_name,
-                messages=chat_messages(request.instructions, request.transcript),
-                tools=[function_tool(tool) for tool in request.tools] or openai.omit,
-                extra_body=parameters or None,
-                **{self.output_limit_field: request.max_output_tokens},
-            )
+            with self._sdk() as sdk:
+                answer = sdk.chat.completions.with_raw_response.create(
+                    model=self.model_name,
+                    messages=chat_messages(request.instructions, request.transcript),
+                    tools=[function_tool(tool) for tool in request.tools] or openai.omit,
+                    extra_body=parameters or None,
+                    **{self.output_limit_field: request.max_output_tokens},
+                )
+        except AnswerRefused as refused:
+            raise refused_answer_error(PROVIDER, refused) from None
         # `from None`: the SDK's exception text may echo what the server received.
         except openai.APIStatusError as error:
             raise status_error(
@@ -91,8 +103,11 @@ class OpenAICompatibleClient:
         except openai.APIConnectionError as error:
             raise unreachable_error(
                 PROVIDER,
-                is_timeout=isinstance(error, openai.APITimeoutError),
+                # At the deadline the transport closes the connection under the read.
+                is_timeout=isinstance(error, openai.APITimeoutError)
+                or time.monotonic() - started >= self.timeout_s,
                 timeout_s=self.timeout_s,
+                cause=error.__cause__,
             ) from None
         return model_response(
             answers.body(PROVIDER, answer.http_response, answer_key="choices", secret=self.api_key)

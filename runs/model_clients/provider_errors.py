@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 from runs.model_clients.base import ModelError
+from runs.model_clients.transport import AnswerRefused
 
 # Request timeout and rate limit; every 5xx too (see `is_retryable_status`). Not 409, which
 # the SDKs' generic policy retries: both providers document it as a conflict with a resource's
@@ -91,11 +92,21 @@ def _seconds(value: float) -> float | None:
     return max(value, 0.0) if math.isfinite(value) else None
 
 
-def unreachable_error(provider: str, *, is_timeout: bool, timeout_s: float) -> ModelError:
-    """No answer at all: a timeout or a refused/broken connection, both worth another try."""
+def unreachable_error(
+    provider: str, *, is_timeout: bool, timeout_s: float, cause: BaseException | None = None
+) -> ModelError:
+    """No answer at all: a timeout or a refused/broken connection, both worth another try;
+    or an answer the client did not take (`transport.AnswerRefused`), which would come again."""
+    if isinstance(cause, AnswerRefused):
+        return refused_answer_error(provider, cause)
     if is_timeout:
         return ModelError(f"{provider} did not answer within {timeout_s:g} s", retryable=True)
     return ModelError(f"{provider} could not be reached", retryable=True)
+
+
+def refused_answer_error(provider: str, refused: AnswerRefused) -> ModelError:
+    """An answer the client did not take (too large, compressed): it would come again."""
+    return ModelError(f"{provider} {refused.message}", retryable=False)
 
 
 def _error_detail(body: object) -> str:

@@ -1,8 +1,11 @@
 """Both provider clients against a local fake provider over real HTTP, through the real SDKs."""
 
+import gzip
 import json
 import socket
+import time
 import traceback
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -23,6 +26,7 @@ from runs.model_clients.base import (
 )
 from runs.model_clients.factory import model_client_for
 from runs.models import Run
+from tests.loopback import loopback_server
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo, this_week
 from tests.runs.fake_provider import (
     ANTHROPIC_PATH,
@@ -515,7 +519,8 @@ def test_openai_official_endpoint_limits_output_with_max_completion_tokens(api_k
 
     # then
     assert client.output_limit_field == "max_completion_tokens"
-    assert str(client.sdk.base_url) == "https://api.openai.com/v1/"
+    with client._sdk() as sdk:
+        assert str(sdk.base_url) == "https://api.openai.com/v1/"
 
 
 @pytest.mark.parametrize(
@@ -673,3 +678,126 @@ def test_an_unknown_provider_is_a_final_error(api_key):
         model_client_for(config)
 
     assert raised.value.retryable is False
+
+
+# --- a provider's server is held to what the platform sends and takes --------------------
+
+
+def _answering(body: bytes, *, drip_s: float = 0.0, encoding: str | None = None):
+    """A provider that answers `body` (a byte every `drip_s`, or at once)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            if encoding:
+                self.send_header("Content-Encoding", encoding)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                if not drip_s:
+                    self.wfile.write(body)
+                    return
+                for byte in body:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(drip_s)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return loopback_server(Handler)
+
+
+def _answer_of(make_config) -> dict:
+    if make_config is openai_config:
+        return openai_completion(content="hi")
+    return anthropic_message(text="hi")
+
+
+CONFIGS = pytest.mark.parametrize(
+    "make_config", [openai_config, anthropic_config], ids=["openai", "anthropic"]
+)
+
+
+@CONFIGS
+def test_an_answer_that_trickles_in_ends_at_the_timeout(api_key, make_config):
+    with _answering(json.dumps(_answer_of(make_config)).encode(), drip_s=0.1) as port:
+        client = model_client_for(make_config(port, timeout_s=1))
+        started = time.monotonic()
+        with pytest.raises(ModelError) as raised:
+            client.complete(request_of(UserMessage(text="Hello")))
+
+    assert time.monotonic() - started < 3
+    assert raised.value.retryable is True
+    assert "did not answer within 1 s" in str(raised.value)
+
+
+@CONFIGS
+def test_an_answer_larger_than_the_limit_or_compressed_is_refused(api_key, settings, make_config):
+    settings.MODEL_RESPONSE_MAX_BYTES = 10_000
+    large = json.dumps(_answer_of(make_config) | {"padding": "a" * 20_000}).encode()
+    bomb = gzip.compress(json.dumps(_answer_of(make_config) | {"padding": "a" * 10**7}).encode())
+
+    for body, encoding, refusal in (
+        (large, None, "answered more than 10000 bytes"),
+        (bomb, "gzip", "answered in gzip encoding, which was not asked for"),
+    ):
+        with _answering(body, encoding=encoding) as port, pytest.raises(ModelError) as raised:
+            model_client_for(make_config(port)).complete(request_of(UserMessage(text="Hi")))
+        assert refusal in str(raised.value)
+        assert raised.value.retryable is False
+
+
+@CONFIGS
+def test_a_model_call_is_not_redirected_to_another_host(api_key, make_config):
+    received = []
+
+    class Elsewhere(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            self.send_response(500)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with loopback_server(Elsewhere) as other:
+
+        class Redirect(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(307)
+                self.send_header("Location", f"http://localhost:{other}{self.path}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        with loopback_server(Redirect) as port, pytest.raises(ModelError):
+            model_client_for(make_config(port)).complete(
+                request_of(UserMessage(text="Confidential transcript"))
+            )
+
+    assert received == []
+
+
+@CONFIGS
+def test_a_provider_gets_no_header_the_platform_s_environment_names(
+    model_server, api_key, monkeypatch, make_config
+):
+    monkeypatch.setenv("OPENAI_ORG_ID", "org-platform")
+    monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-platform")
+    monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", "X-Gateway-Key: platform-gateway-secret")
+    monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Gateway-Key: platform-gateway-secret")
+    model_server.reply(_answer_of(make_config))
+
+    model_client_for(make_config(model_server.port)).complete(request_of(UserMessage(text="Hi")))
+
+    headers = model_server.requests[0].headers
+    assert API_KEY in headers.get("authorization", "") + headers.get("x-api-key", "")
+    assert [name for name, value in headers.items() if "platform" in value] == []

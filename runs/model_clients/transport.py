@@ -1,0 +1,117 @@
+"""How the model SDKs reach a provider: an HTTP client of our own under each SDK (both build
+on `httpx2`).
+
+A model config's base URL may be a tenant's own server, so what goes there and what comes
+back is held to what the HTTP tool adapter holds a service to:
+- only the headers a provider call needs leave: the SDKs also add what the process
+  environment names (OPENAI_ORG_ID, OPENAI_PROJECT_ID, OPENAI_CUSTOM_HEADERS,
+  ANTHROPIC_CUSTOM_HEADERS), which is the platform's, never a tenant server's;
+- no redirect is followed (the conversation goes to the configured URL only);
+- no compressed answer is asked for or taken (it would be inflated before its size is known);
+- an answer is read within the call's timeout as a whole (the client times each read, so a
+  server that sends a byte now and then would hold the call for ever) and up to
+  MODEL_RESPONSE_MAX_BYTES; at the deadline the client is closed under a read of the
+  headers, which then fails.
+"""
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import httpx2
+from django.conf import settings
+
+# Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
+_SENT_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "anthropic-beta",
+        "anthropic-version",
+        "authorization",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "user-agent",
+        "x-api-key",
+    }
+)
+_SENT_PREFIX = "x-stainless-"
+
+
+class AnswerRefused(Exception):
+    """An answer the client does not take: too large, or compressed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class _BoundedBody(httpx2.SyncByteStream):
+    def __init__(
+        self,
+        stream: httpx2.SyncByteStream,
+        *,
+        deadline: float,
+        max_bytes: int,
+        done: Callable[[], None],
+    ) -> None:
+        self._stream = stream
+        self._deadline = deadline
+        self._max_bytes = max_bytes
+        self._done = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        size = 0
+        for chunk in self._stream:
+            size += len(chunk)
+            if size > self._max_bytes:
+                raise AnswerRefused(f"answered more than {self._max_bytes} bytes")
+            if time.monotonic() > self._deadline:
+                raise httpx2.ReadTimeout("The answer did not end within the timeout.")
+            yield chunk
+
+    def close(self) -> None:
+        self._done()
+        self._stream.close()
+
+
+def _sent(name: str) -> bool:
+    name = name.lower()
+    return name in _SENT_HEADERS or name.startswith(_SENT_PREFIX)
+
+
+def http_client(timeout_s: float) -> httpx2.Client:
+    """The client of one model call (closed with its SDK client)."""
+    watchdog: list[threading.Timer] = []
+
+    def sending(request: httpx2.Request) -> None:
+        for name in [name for name in request.headers if not _sent(name)]:
+            del request.headers[name]
+        request.headers["Accept-Encoding"] = "identity"
+        request.extensions["deadline"] = time.monotonic() + timeout_s
+        timer = threading.Timer(timeout_s, client.close)
+        timer.daemon = True
+        watchdog.append(timer)
+        timer.start()
+
+    def answered(response: httpx2.Response) -> None:
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            watchdog[-1].cancel()
+            response.close()
+            raise AnswerRefused(f"answered in {encoding[:40]} encoding, which was not asked for")
+        response.stream = _BoundedBody(
+            response.stream,
+            deadline=response.request.extensions["deadline"],
+            max_bytes=settings.MODEL_RESPONSE_MAX_BYTES,
+            done=watchdog[-1].cancel,
+        )
+
+    client = httpx2.Client(
+        timeout=timeout_s,
+        follow_redirects=False,
+        event_hooks={"request": [sending], "response": [answered]},
+    )
+    return client
