@@ -5,6 +5,7 @@ from typing import Any
 
 import rfc8785
 import semver
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
@@ -176,6 +177,17 @@ def _limit_errors(limit: Any, schema: dict[str, Any]) -> list[str]:
     return document_errors(limit, schema)
 
 
+def handler_errors(handler: str) -> list[str]:
+    """A `python` tool's handler comes from a module installed for tool handlers."""
+    module = handler.rpartition(".")[0]
+    if module in settings.PYTHON_TOOL_HANDLER_MODULES:
+        return []
+    installed = ", ".join(settings.PYTHON_TOOL_HANDLER_MODULES) or "none"
+    return [
+        f"A handler comes from a module installed for tools ({installed}); {module} is not one."
+    ]
+
+
 def tool_version_errors(values: dict[str, Any]) -> Errors:
     """Field-by-field problems of a tool version's content, none if it may be published."""
     errors: Errors = {}
@@ -192,6 +204,8 @@ def tool_version_errors(values: dict[str, Any]) -> Errors:
         checks["adapter_kind"] = [f"Unknown adapter kind '{values.get('adapter_kind')}'."]
     else:
         checks["adapter_config"] = document_errors(values.get("adapter_config"), adapter_schema)
+        if not checks["adapter_config"] and values.get("adapter_kind") == AdapterKind.PYTHON:
+            checks["adapter_config"] = handler_errors(values["adapter_config"]["handler"])
     if not (values.get("description") or "").strip():
         checks["description"] = ["Say what the tool does, when not to use it, what it returns."]
     if values.get("risk") not in Risk.values:

@@ -250,6 +250,7 @@ def start_worker(transactional_db, celery_queue, tmp_path) -> Iterator[Callable[
             "REDIS_URL": settings.REDIS_URL,
             "CACHE_KEY_PREFIX": settings.CACHES["default"]["KEY_PREFIX"],
             "CELERY_QUEUE": QUEUE,
+            "PYTHON_TOOL_HANDLER_MODULES": ",".join(settings.PYTHON_TOOL_HANDLER_MODULES),
             "PYTHONPATH": str(BASE_DIR),
             **(environment or {}),
         }

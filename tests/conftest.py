@@ -46,6 +46,17 @@ def _fast_password_hashing(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+# Modules of the tests' own tool handlers, installed for tools besides the example ones.
+TEST_HANDLER_MODULES = ["tests.runs.test_loop", "tests.reliability.gated_tool"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _test_tool_handlers_installed():
+    modules = [*settings.PYTHON_TOOL_HANDLER_MODULES, *TEST_HANDLER_MODULES]
+    with override_settings(PYTHON_TOOL_HANDLER_MODULES=modules):
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _own_cache_namespace():
     """Cache keys of this process's own, so two test sessions never share throttle state."""

@@ -97,7 +97,15 @@ class Handler(Protocol):
 
 
 def python_handler(tool_version: ToolVersion) -> Handler:
+    """The handler a `python` tool names, from a module installed for tool handlers only
+    (`PYTHON_TOOL_HANDLER_MODULES`, checked again here for versions published before)."""
     module_path, _, name = tool_version.adapter_config["handler"].rpartition(".")
+    if module_path not in settings.PYTHON_TOOL_HANDLER_MODULES:
+        raise ToolFailed(
+            f"The handler of {tool_version.qualified_name} is not in a module installed for tools.",
+            category=ErrorCategory.PERMISSION_DENIED,
+            retryable=False,
+        )
     try:
         return getattr(importlib.import_module(module_path), name)
     except (ImportError, AttributeError) as error:

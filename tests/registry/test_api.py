@@ -13,6 +13,7 @@ from config.api import Pagination
 from registry.choices import Risk, Role, VersionStatus
 from registry.models import ApiToken, Membership, Skill, SkillVersion, Tool, ToolVersion
 from registry.services import skills, tenancy, tools
+from tests.conftest import TEST_HANDLER_MODULES
 from tests.registry.factories import PASSWORD, UserFactory, skill_content, tool_content
 
 TOKEN_URL = "/api/v1/auth/token/"
@@ -906,6 +907,24 @@ def test_a_name_with_a_trailing_newline_is_refused(api, publisher, kind, field, 
 
     assert response.status_code == 400
     assert list(_error(response)["details"]) == [field]
+
+
+@pytest.mark.parametrize("handler", ["os.system", "subprocess.run", "examples.models.Project"])
+def test_a_python_handler_outside_the_modules_installed_for_tools_is_refused(
+    api, publisher, handler
+):
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", adapter_config={"handler": handler}), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {
+        "adapter_config": [
+            "A handler comes from a module installed for tools (examples.handlers, "
+            f"{', '.join(TEST_HANDLER_MODULES)}); {handler.rpartition('.')[0]} is not one."
+        ]
+    }
+    assert ToolVersion.objects.count() == 0
 
 
 def test_create_with_an_unknown_risk_is_refused(api, publisher):

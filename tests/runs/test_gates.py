@@ -773,3 +773,18 @@ def test_a_node_admits_only_the_tools_its_own_skill_pinned(demo, fake_model):
     call = ToolCall.objects.get(run=run, call_id="call_read")
     assert (call.status, call.error_category) == (ToolCall.Status.REJECTED, "PERMISSION_DENIED")
     assert "call_read" not in [payload["call_id"] for payload in events_of(run, "tool.completed")]
+
+
+def test_a_handler_whose_module_is_no_longer_installed_for_tools_is_never_called(demo, settings):
+    # given the example handlers' module taken off the list after their tools were published
+    settings.PYTHON_TOOL_HANDLER_MODULES = ["tests.runs.test_loop"]
+
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    calls = list(ToolCall.objects.filter(run=run))
+    assert calls
+    assert {(call.status, call.error_category) for call in calls} == {
+        (ToolCall.Status.REJECTED, "PERMISSION_DENIED")
+    }
+    assert events_of(run, "tool.completed") == []
