@@ -82,36 +82,48 @@ def _sent(name: str) -> bool:
     return name in _SENT_HEADERS or name.startswith(_SENT_PREFIX)
 
 
-def http_client(timeout_s: float) -> httpx2.Client:
-    """The client of one model call (closed with its SDK client)."""
-    watchdog: list[threading.Timer] = []
+class _Client(httpx2.Client):
+    """Closing the client (at the end of its call, or at the deadline) ends its watchdogs."""
 
-    def sending(request: httpx2.Request) -> None:
+    def __init__(self, *, timeout_s: float) -> None:
+        self.watchdogs: list[threading.Timer] = []
+        self._timeout_s = timeout_s
+        super().__init__(
+            timeout=timeout_s,
+            follow_redirects=False,
+            event_hooks={"request": [self._sending], "response": [self._answered]},
+        )
+
+    def _sending(self, request: httpx2.Request) -> None:
         for name in [name for name in request.headers if not _sent(name)]:
             del request.headers[name]
         request.headers["Accept-Encoding"] = "identity"
-        request.extensions["deadline"] = time.monotonic() + timeout_s
-        timer = threading.Timer(timeout_s, client.close)
-        timer.daemon = True
-        watchdog.append(timer)
-        timer.start()
+        request.extensions["deadline"] = time.monotonic() + self._timeout_s
+        watchdog = threading.Timer(self._timeout_s, self.close)
+        watchdog.daemon = True
+        self.watchdogs.append(watchdog)
+        watchdog.start()
 
-    def answered(response: httpx2.Response) -> None:
+    def _answered(self, response: httpx2.Response) -> None:
+        watchdog = self.watchdogs[-1]
         encoding = response.headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
-            watchdog[-1].cancel()
+            watchdog.cancel()
             response.close()
             raise AnswerRefused(f"answered in {encoding[:40]} encoding, which was not asked for")
         response.stream = _BoundedBody(
             response.stream,
             deadline=response.request.extensions["deadline"],
             max_bytes=settings.MODEL_RESPONSE_MAX_BYTES,
-            done=watchdog[-1].cancel,
+            done=watchdog.cancel,
         )
 
-    client = httpx2.Client(
-        timeout=timeout_s,
-        follow_redirects=False,
-        event_hooks={"request": [sending], "response": [answered]},
-    )
-    return client
+    def close(self) -> None:
+        for watchdog in self.watchdogs:
+            watchdog.cancel()
+        super().close()
+
+
+def http_client(timeout_s: float) -> httpx2.Client:
+    """The client of one model call (closed with its SDK client)."""
+    return _Client(timeout_s=timeout_s)

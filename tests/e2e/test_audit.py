@@ -140,7 +140,9 @@ def test_an_auditor_watching_a_waiting_run_sees_every_kind_of_event_as_progress(
     log_in(page, live_server, "carol")
     page.goto(f"{live_server.url}/runs/{run_id}/")
     page.wait_for_function(
-        "n => document.querySelectorAll('#progress li').length >= n", arg=len(stored)
+        """types => types.every(type => [...document.querySelectorAll("#progress li")]
+            .some(item => item.textContent === "in progress: " + type))""",
+        arg=sorted(stored),
     )
 
     shown = {

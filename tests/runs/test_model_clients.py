@@ -737,6 +737,33 @@ def test_an_answer_that_trickles_in_ends_at_the_timeout(api_key, make_config):
 
 
 @CONFIGS
+def test_headers_that_trickle_in_end_at_the_timeout(api_key, make_config):
+    class SlowHeaders(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            try:
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                for index in range(100):
+                    self.wfile.write(b"X-Slow-%d: a\r\n" % index)
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with loopback_server(SlowHeaders) as port:
+        client = model_client_for(make_config(port, timeout_s=1))
+        started = time.monotonic()
+        with pytest.raises(ModelError) as raised:
+            client.complete(request_of(UserMessage(text="Hello")))
+
+    assert time.monotonic() - started < 3
+    assert "did not answer within 1 s" in str(raised.value)
+
+
+@CONFIGS
 def test_an_answer_larger_than_the_limit_or_compressed_is_refused(api_key, settings, make_config):
     settings.MODEL_RESPONSE_MAX_BYTES = 10_000
     large = json.dumps(_answer_of(make_config) | {"padding": "a" * 20_000}).encode()
