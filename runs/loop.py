@@ -206,9 +206,10 @@ def _history(run: Run) -> list[dict[str, Any]]:
 
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
-    """Gate 1's allowlist: the activated skill's pinned tools that this node names; the
-    generic agent's node names none and gets all of them; any other node without tools gets
-    none. Before approval (every node but one that may have side effects) only reads.
+    """Gate 1's allowlist: for a node the model drives, the activated skill's pinned tools
+    that it names (the generic agent's node names none and gets all of them); for a node the
+    host runs, the snapshot's tools that it names; any other node without tools gets none.
+    Before approval (every node but one that may have side effects) only reads.
     Versions are immutable, so one lookup per node serves the whole step."""
     cache = run.__dict__.setdefault("_node_tools", {})
     if node.name not in cache:
@@ -217,9 +218,11 @@ def _node_tools(run: Run, node: Node) -> list[ToolVersion]:
 
 
 def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
-    skill = _skill(run)
-    pinned = frozenset(skill["tools"]) if skill else frozenset()
-    entries = [entry for entry in run.capability.get("tools", []) if entry["name"] in pinned]
+    entries = run.capability.get("tools", [])
+    if _skill_holds_tools(node):
+        skill = _skill(run)
+        pinned = frozenset(skill["tools"]) if skill else frozenset()
+        entries = [entry for entry in entries if entry["name"] in pinned]
     if node.tools:
         entries = [entry for entry in entries if entry["name"] in node.tools]
     elif _workflow(run) is not AGENT:
@@ -229,15 +232,22 @@ def _load_node_tools(run: Run, node: Node) -> list[ToolVersion]:
     return [tool for tool in found if node.side_effects or tool.risk in READ_RISKS]
 
 
+def _skill_holds_tools(node: Node) -> bool:
+    """Whether gate 1 holds this node to the tools the skill in force pinned: a node the
+    model drives (a tool another skill of the snapshot pinned is not the model's there). A
+    node the host runs uses the tools the workflow names, from the snapshot."""
+    return node.model_driven
+
+
 def _effective_node(run: Run) -> Node:
-    """The node with gate 1's allowlist spelled out: the tools it names that the skill in
-    force pinned (a tool another skill of the snapshot pinned is not this node's), or, for
-    the generic agent, its read tools. Gate 4 holds the risk of each."""
+    """The node with gate 1's allowlist spelled out: for a node the model drives, the tools
+    it names that the skill in force pinned, or, for the generic agent, its read tools; a
+    node the host runs, as the workflow names it. Gate 4 holds the risk of each."""
     node = _node(run)
-    if node.tools:
+    if node.tools and _skill_holds_tools(node):
         skill = _skill(run)
         return replace(node, tools=node.tools & frozenset(skill["tools"] if skill else ()))
-    if _workflow(run) is not AGENT:
+    if node.tools or _workflow(run) is not AGENT:
         return node
     return replace(node, tools=frozenset(tool.tool.name for tool in _node_tools(run, node)))
 

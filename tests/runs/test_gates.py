@@ -788,3 +788,25 @@ def test_a_handler_whose_module_is_no_longer_installed_for_tools_is_never_called
         (ToolCall.Status.REJECTED, "PERMISSION_DENIED")
     }
     assert events_of(run, "tool.completed") == []
+
+
+def test_a_node_the_host_runs_records_the_tools_it_runs(demo):
+    # given a run routed to a skill pinning project_search alone, whose workflow's draft node
+    # loads weekly-summary (which pins the recipient lookup and the send)
+    lite = publish_skill(
+        demo, "weekly-summary-lite", "1.0.0", tool_versions=[seeded_tool(demo, "project_search")]
+    )
+    demo.agent.skills.set([lite.skill])
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="routed to lite")
+
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then the recipient lookup the host ran is what its node's allowlist recorded
+    assembled = {
+        payload["node"]: payload["allowlist"] for payload in events_of(run, "tools.assembled")
+    }
+    assert assembled["resolve_recipient"] == ["directory_lookup@1.0.0"]
+    assert (
+        ToolCall.objects.get(run=run, name="directory_lookup").status == ToolCall.Status.COMPLETED
+    )
