@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 from django.db.models import QuerySet
@@ -26,7 +27,7 @@ from django.utils import timezone
 from config.secret_names import secret_key
 from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
-from registry.models import Membership, Tenant
+from registry.models import Tenant
 from runs.models import MemoryItem
 from runs.redaction import SECRET_WORDS_ZH, secrets_removed
 
@@ -119,9 +120,12 @@ def memory_write(
         "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
     }
     with transaction.atomic():
-        # Writes about one member take turns (on their membership's row), so that two new
-        # keys at once cannot both pass the count below.
-        list(Membership.objects.select_for_update().filter(tenant=tenant, user=user))
+        # Writes about one user take turns (on the user's own row, which a platform admin
+        # without a membership also has), so that two new keys at once cannot both pass the
+        # count below.
+        get_user_model().objects.select_for_update(no_key=True, of=("self",)).filter(
+            pk=user.pk
+        ).order_by().values_list("pk").first()
         kept = memories_of(tenant=tenant, user=user)
         if (
             kept.count() >= settings.MEMORY_ITEMS_MAX

@@ -8,12 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
 from registry.errors import ValidationFailed
+from registry.models import Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from runs.loop import run_execute
@@ -91,9 +92,12 @@ def test_a_new_key_beyond_the_cap_is_refused_and_a_kept_one_is_still_replaced(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_two_new_keys_at_once_at_the_cap_keep_only_one(acme, member, settings, monkeypatch):
-    # given one item short of the cap, and two writes of new keys that, once each has
-    # counted, wait for the other before they insert
+@pytest.mark.parametrize("who", ["member", "platform_admin"])
+def test_two_new_keys_at_once_at_the_cap_keep_only_one(request, acme, who, settings, monkeypatch):
+    # given one item short of the cap (for a member, or a platform admin, who has no
+    # membership), and two writes of new keys that, once each has counted, wait for the
+    # other before they insert
+    member = request.getfixturevalue(who)
     settings.MEMORY_ITEMS_MAX = 2
     prefer(acme, member, key="tone", value="brief")
     both_counted = threading.Barrier(2, timeout=2)
@@ -121,6 +125,26 @@ def test_two_new_keys_at_once_at_the_cap_keep_only_one(acme, member, settings, m
     # then one is kept and the other refused: the cap holds
     assert outcomes == ["TOO_MANY", "kept"]
     assert MemoryItem.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_memory_write_does_not_wait_for_a_lock_on_the_tenant(acme, member):
+    def write() -> str:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SET lock_timeout = '1s'")
+            prefer(acme, member, key="tone", value="brief")
+        except OperationalError as error:
+            return type(error.__cause__).__name__
+        finally:
+            connection.close()
+        return "kept"
+
+    # the lock an update of the tenant's own fields (its name, its quota) holds
+    with transaction.atomic():
+        Tenant.objects.select_for_update(no_key=True).get(pk=acme.pk)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            assert pool.submit(write).result() == "kept"
 
 
 def test_a_secret_as_the_purpose_is_refused_by_the_api(acme, member, client_for):
