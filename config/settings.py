@@ -392,6 +392,7 @@ LOGGING = {
     # SDKs their requests, and httpcore every header of every answer (an upstream may echo a
     # credential): never kept.
     "loggers": {
-        name: {"level": "INFO"} for name in ("mcp", "openai", "anthropic", "httpcore", "hpack")
+        name: {"level": "INFO"}
+        for name in ("mcp", "openai", "anthropic", "httpcore", "httpcore2", "hpack")
     },
 }

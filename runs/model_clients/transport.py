@@ -121,6 +121,8 @@ class _Client(httpx2.Client):
     def close(self) -> None:
         for watchdog in self.watchdogs:
             watchdog.cancel()
+            if watchdog is not threading.current_thread():
+                watchdog.join()
         super().close()
 
 

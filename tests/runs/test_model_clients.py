@@ -2,7 +2,9 @@
 
 import gzip
 import json
+import logging
 import socket
+import threading
 import time
 import traceback
 from http.server import BaseHTTPRequestHandler
@@ -828,3 +830,36 @@ def test_a_provider_gets_no_header_the_platform_s_environment_names(
     headers = model_server.requests[0].headers
     assert API_KEY in headers.get("authorization", "") + headers.get("x-api-key", "")
     assert [name for name, value in headers.items() if "platform" in value] == []
+
+
+@CONFIGS
+def test_a_key_a_provider_echoes_in_a_header_is_not_logged_even_at_debug(
+    model_server, api_key, caplog, make_config
+):
+    caplog.set_level(logging.DEBUG)
+    model_server.reply(
+        _answer_of(make_config), headers={"X-Echo-Authorization": f"Bearer {API_KEY}"}
+    )
+
+    model_client_for(make_config(model_server.port)).complete(request_of(UserMessage(text="Hi")))
+
+    assert caplog.records
+    assert [record.name for record in caplog.records if API_KEY in record.getMessage()] == []
+
+
+@CONFIGS
+def test_a_provider_that_cannot_be_reached_leaves_no_watchdog_behind(api_key, make_config):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+
+    def watchdogs() -> int:
+        return sum(isinstance(thread, threading.Timer) for thread in threading.enumerate())
+
+    before = watchdogs()
+    with pytest.raises(ModelError):
+        model_client_for(make_config(closed_port, timeout_s=60)).complete(
+            request_of(UserMessage(text="Hi"))
+        )
+
+    assert watchdogs() == before
