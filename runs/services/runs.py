@@ -111,6 +111,12 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     with transaction.atomic():
         locked = _run_unless_stepping(run.pk)
         if locked is None:
+            if run.status == RunStatus.CANCELLED:
+                return run
+            if run.status not in ACTIVE_STATUSES:
+                raise InvalidRunTransition(
+                    f"The run already finished {run.status}.", details={"status": run.status}
+                )
             request, _ = CancelRequest.objects.get_or_create(
                 run_id=run.pk, defaults={"reason": CANCELLED_BY_USER}
             )

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from approvals.models import BusinessAction
+from runs.errors import InvalidRunTransition
 from runs.loop import run_advance_step, run_execute
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import CancelRequest, Run
@@ -215,3 +216,22 @@ def test_a_cancel_gives_up_after_the_lock_wait_and_keeps_the_request_beside_the_
     assert cancelled.cancel_requested_at is not None
     assert CancelRequest.objects.filter(run=run).exists()
     assert lock_timeout == "7s"
+
+
+def test_cancelling_a_finished_run_whose_row_is_held_is_refused_as_when_it_is_free(demo, settings):
+    # given a refused run (a project alice may not see)
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 0
+    run = demo_run(demo, project_id="nope-project")
+    run_execute(run_id=str(run.pk))
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "REFUSED"
+
+    # when it is cancelled while another transaction holds its row, and when none does
+    holder = Holder(run, no_key=True)
+    with holder, pytest.raises(InvalidRunTransition):
+        run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+    with pytest.raises(InvalidRunTransition):
+        run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+
+    # then no cancel request is left beside it
+    assert not CancelRequest.objects.filter(run=run).exists()
