@@ -39,6 +39,7 @@ from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rul
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import cancel_request_take_in, run_finish, run_transition
+from runs.tokens import estimate_tokens
 from runs.tools import executor
 from runs.transcript import (
     HOST_CALL_PREFIX,
@@ -670,6 +671,12 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             },
         )
         return
+    if Decimal(run.capability["budgets"]["max_cost"]) == 0 and (
+        model_config.price_per_1k_input or model_config.price_per_1k_output
+    ):
+        # A cost budget of 0 allows no paid turn at all.
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="COST_BUDGET")
+        return
     client = model_client_for(model_config)
     context_started = timezone.now()
     node = _effective_node(run)
@@ -725,7 +732,14 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output=model_error_output(error),
         )
         return
-    cost = _cost(model_config, response.usage.input_tokens, response.usage.output_tokens)
+    # A provider that reports no usage (0) is counted with the local estimate.
+    input_tokens = response.usage.input_tokens or sum(
+        section.get("tokens", 0) for section in built.sections.values()
+    )
+    output_tokens = response.usage.output_tokens or estimate_tokens(
+        response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
+    )
+    cost = _cost(model_config, input_tokens, output_tokens)
     quotas.tenant_cost_add(run.tenant_id, cost)
     tracing.span_add(
         run,
@@ -741,7 +755,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     # However much a provider claims, the totals stay within their columns; the budgets
     # end the run long before.
     run.tokens_used = min(
-        run.tokens_used + response.usage.input_tokens + response.usage.output_tokens,
+        run.tokens_used + input_tokens + output_tokens,
         TOKENS_USED_MAX,
     )
     run.cost = min(run.cost + cost, COST_MAX)
@@ -897,6 +911,15 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
     )
     if send_tool is None:
         _finish(run, status=RunStatus.REFUSED, reason_code="SEND_TOOL_NOT_AVAILABLE")
+        return
+    if run.tool_call_count >= run.capability["budgets"]["max_tool_calls"]:
+        # No tool call is left for the send: nothing is put before an approver.
+        _finish(
+            run,
+            status=RunStatus.BUDGET_EXHAUSTED,
+            reason_code="TOOL_CALL_BUDGET",
+            output={"calls_not_made": [send_tool["name"]]},
+        )
         return
     recipient = run.state.get("recipient", {})
     payload = {

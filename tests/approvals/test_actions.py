@@ -32,12 +32,13 @@ from registry.services import tools
 from registry.services.common import registry_object_save
 from registry.services.skills import skill_version_revoke
 from registry.services.tenancy import membership_add
+from runs.loop import run_execute
 from runs.models import Run, RunEvent, ToolCall
 from runs.services.runs import run_cancel
 from runs.tools import executor, limits
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
-from tests.runs.conftest import event_types, events_of, this_week
+from tests.runs.conftest import demo_run, event_types, events_of, this_week
 
 PASTED_KEY = "sk-live-4f9c2a7e1b3d5f6a8c9e"
 
@@ -692,3 +693,18 @@ def test_a_run_cancelled_between_approval_and_resume_sends_nothing(demo, bob, sm
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
     assert Run.objects.get(pk=run.pk).status == "CANCELLED"
     assert smtp_server.messages == []
+
+
+def test_a_run_with_no_tool_call_left_for_the_send_puts_nothing_before_an_approver(demo):
+    # given a tool-call budget the recipient lookup and the read use up
+    demo.agent.max_tool_calls = 2
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="budget")
+    run = demo_run(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOOL_CALL_BUDGET")
+    assert run.result["output"] == {"calls_not_made": ["mail_send"]}
+    assert not BusinessAction.objects.filter(run=run).exists()
+    assert run.tool_call_count == 2

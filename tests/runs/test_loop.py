@@ -730,6 +730,42 @@ def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_ru
     assert len(fake.requests) == 1
 
 
+def test_a_provider_that_reports_no_usage_is_held_to_the_budgets_by_the_estimate(demo, fake_model):
+    # given a priced model whose server leaves `usage` out (some vLLM, Ollama or proxy setups)
+    fake = fake_model()
+    priced = demo.agent.model_config
+    priced.price_per_1k_input = priced.price_per_1k_output = Decimal("1.00")
+    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    budgets(demo, max_tokens=50)
+    first = read_apollo("call_read")
+    del first["usage"]
+    fake.reply(first)
+    run = start(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    # then the turn counts what the context builder estimated it sent
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TOKEN_BUDGET")
+    run = finished(run)
+    assert run.tokens_used > 50
+    assert run.cost > 0
+
+
+def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model):
+    fake = fake_model()
+    priced = demo.agent.model_config
+    priced.price_per_1k_input = Decimal("1.00")
+    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    budgets(demo, max_cost=Decimal("0"))
+    fake.reply(read_apollo("call_read"))
+    run = start(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    assert_terminal(run, "BUDGET_EXHAUSTED", "COST_BUDGET")
+    assert fake.requests == []
+
+
 def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
     # given a run of 1 s wall time, started (the host's own steps) 2 s ago
     budgets(demo, max_seconds=1)
