@@ -122,6 +122,15 @@ def budgets(demo, **values: Any) -> None:
     registry_object_save(instance=demo.agent, actor=demo.admin, reason="budget under test")
 
 
+def priced_fake_model(demo, fake_model, *, per_1k_output: Decimal = Decimal("0")):
+    """The fake provider, at 1.00 per 1k input tokens (and `per_1k_output`)."""
+    fake = fake_model()
+    config = demo.agent.model_config
+    config.price_per_1k_input, config.price_per_1k_output = Decimal("1.00"), per_1k_output
+    registry_object_save(instance=config, actor=demo.admin, reason="priced")
+    return fake
+
+
 def seeded_skill(demo) -> SkillVersion:
     return SkillVersion.objects.get(
         skill__tenant=demo.acme, skill__name="weekly-summary", version="3.2.0"
@@ -711,10 +720,7 @@ def test_a_spent_budget_ends_the_run_before_any_draft(
 
 def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_run(demo, fake_model):
     # given a model at 1.00 per 1k input tokens (its turn: 321 of them) and a budget of 0.10
-    fake = fake_model()
-    priced = demo.agent.model_config
-    priced.price_per_1k_input = Decimal("1.00")
-    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    fake = priced_fake_model(demo, fake_model)
     budgets(demo, max_cost=Decimal("0.10"))
     fake.reply(read_apollo("call_read"))
     run = start(demo, project_id="apollo")
@@ -732,10 +738,7 @@ def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_ru
 
 def test_a_provider_that_reports_no_usage_is_held_to_the_budgets_by_the_estimate(demo, fake_model):
     # given a priced model whose server leaves `usage` out (some vLLM, Ollama or proxy setups)
-    fake = fake_model()
-    priced = demo.agent.model_config
-    priced.price_per_1k_input = priced.price_per_1k_output = Decimal("1.00")
-    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    fake = priced_fake_model(demo, fake_model, per_1k_output=Decimal("1.00"))
     budgets(demo, max_tokens=50)
     first = read_apollo("call_read")
     del first["usage"]
@@ -752,10 +755,7 @@ def test_a_provider_that_reports_no_usage_is_held_to_the_budgets_by_the_estimate
 
 
 def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model):
-    fake = fake_model()
-    priced = demo.agent.model_config
-    priced.price_per_1k_input = Decimal("1.00")
-    registry_object_save(instance=priced, actor=demo.admin, reason="priced")
+    fake = priced_fake_model(demo, fake_model)
     budgets(demo, max_cost=Decimal("0"))
     fake.reply(read_apollo("call_read"))
     run = start(demo, project_id="apollo")
