@@ -23,6 +23,7 @@ from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from config.celery import task_send
 from config.errors import ApplicationError
 from evaluations import tasks
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
@@ -112,8 +113,13 @@ def eval_run_start(
             agent_config=agent_config,
             cases_total=suite.cases.count(),
             created_by=actor,
+            # No worker taking it by then (its task lost, the broker down), the sweep sends
+            # it again.
+            lease_expires_at=timezone.now() + timedelta(seconds=settings.EVAL_CASE_LEASE_SECONDS),
         )
-        transaction.on_commit(lambda: tasks.eval_run_advance.delay(eval_run_id=str(eval_run.pk)))
+        transaction.on_commit(
+            lambda: task_send(tasks.eval_run_advance, eval_run_id=str(eval_run.pk))
+        )
     return eval_run
 
 
@@ -348,10 +354,11 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
 
 
 def eval_runs_stale() -> list[str]:
-    """Running eval runs whose lease lapsed (their worker died): to be advanced again."""
+    """Queued or running eval runs whose lease lapsed (their task was lost, or their worker
+    died): to be advanced again."""
     return [
         str(pk)
         for pk in EvalRun.objects.filter(
-            status=EvalRunStatus.RUNNING, lease_expires_at__lt=timezone.now()
+            status__in=EVAL_RUN_ACTIVE, lease_expires_at__lt=timezone.now()
         ).values_list("pk", flat=True)[:100]
     ]

@@ -6,14 +6,21 @@ import json
 
 import pytest
 import yaml
+from django.utils import timezone
 
 from evaluations import services
 from evaluations.choices import EvalRunStatus, Metric
+from evaluations.models import EvalRun
 from evaluations.starter import SUITES, suite_install
+from evaluations.tasks import eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.models import SkillVersion
 from runs.models import Attachment, Run, ToolCall
+from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
+from tests.runs import test_ingress
+
+broker = test_ingress.broker
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -168,3 +175,31 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     assert refused.observed["refused"]["code"] == "NOT_FOUND"
     assert eval_run.results.get(case__key="no-scope").passed
     assert str(eval_run.pk) not in services.eval_runs_stale()
+
+
+def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
+    demo, dave, suites, broker, caplog, django_capture_on_commit_callbacks
+):
+    # given a broker that cannot be reached
+    queue_purge()
+    broker.down()
+
+    # when an eval run is started, its task cannot be sent: it stays queued, and says so
+    with django_capture_on_commit_callbacks(execute=True):
+        eval_run = services.eval_run_start(
+            actor=dave,
+            suite=suites["weekly-summary-tasks"],
+            skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+            agent_config=demo.agent,
+        )
+    assert eval_run.status == EvalRunStatus.QUEUED
+    assert "evaluations.tasks.eval_run_advance" in caplog.text and "not sent" in caplog.text
+
+    # then once the broker is back and its lease lapsed, the sweep sends it
+    broker.up()
+    EvalRun.objects.filter(pk=eval_run.pk).update(lease_expires_at=timezone.now())
+    assert eval_runs_sweep() == 1
+    assert queued_tasks() == [
+        ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)})
+    ]
+    queue_purge()
