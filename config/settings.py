@@ -25,6 +25,15 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off.")
     SECRET_KEY = "insecure-development-key-used-only-with-debug-on-never-in-production"
+elif not DEBUG and (
+    len(SECRET_KEY) < 50 or len(set(SECRET_KEY)) < 5 or SECRET_KEY.startswith("django-insecure-")
+):
+    # What Django's deploy check (security.W009) calls weak: sessions, CSRF tokens and
+    # password resets are signed with it.
+    raise ImproperlyConfigured(
+        "SECRET_KEY is weak: use 50 characters or more, of 5 different ones at least, e.g. "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'."
+    )
 
 # Recorded in every run's capability snapshot: development, staging, production, ...
 ENVIRONMENT = env.str("ENVIRONMENT", default="development")

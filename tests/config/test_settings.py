@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 # Prints what the embedded default decides: the database engine and Celery's configuration as
@@ -67,6 +69,19 @@ def test_settings_refuse_an_empty_secret_key_when_debug_is_off():
 
     assert result.returncode != 0
     assert "SECRET_KEY" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["short", "a" * 60, "django-insecure-" + "x1y2z3w4v5" * 5],
+    ids=["short", "one-character", "django-insecure"],
+)
+def test_settings_refuse_a_weak_secret_key_when_debug_is_off(key):
+    result = _run("-c", "import config.settings", DEBUG="0", SECRET_KEY=key)
+
+    assert result.returncode != 0
+    assert "SECRET_KEY is weak" in result.stderr
+    assert key not in result.stderr
 
 
 def test_tenant_credentials_are_read_as_json_and_refused_in_any_other_shape():
