@@ -1270,7 +1270,7 @@ def test_a_page_size_past_the_largest_page_gets_the_largest_page(
         assert (response.json()["count"], len(response.json()["results"])) == (3, 2)
 
 
-@pytest.mark.parametrize("page_size", ["ten", "0", "000", "-1", "2.5", "", ["2", "3"]])
+@pytest.mark.parametrize("page_size", ["ten", "0", "000", "-1", "2.5", "", "2\n", ["2", "3"]])
 def test_a_page_size_that_is_not_one_whole_number_is_refused(
     api, publisher, make_tool_version, page_size
 ):
