@@ -214,12 +214,15 @@ def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
     return bool(set(roles) & set(action.policy["approver_roles"]))
 
 
+def _own_request_forbidden(action: BusinessAction, approver: AbstractBaseUser) -> bool:
+    """The requester may not decide their own action unless its policy allows it."""
+    return approver.pk == action.requester_id and not action.policy["allow_self_approval"]
+
+
 def approval_may_decide(*, action: BusinessAction, approver: AbstractBaseUser) -> bool:
     """Whether `approval_decide` would let `approver` decide `action` (its role and the
     self-approval rule), for a page to offer the form only then."""
-    if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
-        return False
-    return _may_decide(action, approver)
+    return not _own_request_forbidden(action, approver) and _may_decide(action, approver)
 
 
 def _refuse(
@@ -275,7 +278,7 @@ def approval_decide(
             raise NotFound("No such approval.", details={"id": str(action_id)})
         run, action = locked
         approval_decider_check(action=action, approver=approver)
-        if approver.pk == action.requester_id and not action.policy["allow_self_approval"]:
+        if _own_request_forbidden(action, approver):
             raise SelfApprovalForbidden("You may not decide an action you requested.")
         if action.status == ActionStatus.EXPIRED:
             # The sweep got there first; the answer is the same as when it had not.
@@ -860,6 +863,12 @@ def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
         return True
     approver_roles = handoff.run.capability.get("approval_policy", {}).get("approver_roles", [])
     return bool(set(user_roles(user=person, tenant=handoff.tenant)) & set(approver_roles))
+
+
+def handoff_may_handle(*, handoff: Handoff, person: AbstractBaseUser) -> bool:
+    """Whether `handoff_resolve` would let `person` handle `handoff` (their role, and not
+    their own request), for a page to offer the form only then."""
+    return person.pk != handoff.requester_id and may_handle(handoff, person)
 
 
 def handoff_handler_check(*, handoff: Handoff, person: AbstractBaseUser) -> None:

@@ -99,9 +99,7 @@ def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
 
 
 def _handoff_context(request: HttpRequest, handoff: Handoff) -> dict:
-    can_handle = services.may_handle(handoff, request.user) and (
-        request.user.pk != handoff.requester_id
-    )
+    can_handle = services.handoff_may_handle(handoff=handoff, person=request.user)
     return {"handoff": handoff, "can_handle": can_handle}
 
 
