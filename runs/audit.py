@@ -206,9 +206,11 @@ def _turns(
             turn["stop_reason"] = event.payload.get("stop_reason")
     answers = [index for index, entry in enumerate(transcript) if entry.get("kind") == "assistant"]
     ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
+    # Each turn had the entries before its answer: each entry is redacted once for them all.
+    seen = [_seen(entry, cleared=cleared) for entry in transcript]
     for number, turn in enumerate(ordered):
         end = answers[number] if number < len(answers) else len(transcript)
-        turn["seen"] = [_seen(entry, cleared=cleared) for entry in transcript[:end]]
+        turn["seen"] = seen[:end]
     return ordered
 
 
