@@ -116,6 +116,8 @@ def python_handler(tool_version: ToolVersion) -> Handler:
         ) from error
 
 
+# What a service's answer that is not JSON keeps of its text.
+TEXT_ANSWER_CHARS = 4000
 _HTTP_CATEGORIES = {
     400: ErrorCategory.INVALID_ARGUMENT,
     401: ErrorCategory.PERMISSION_DENIED,
@@ -237,9 +239,14 @@ def http_call(
     except (ValueError, RecursionError):
         # Not JSON, or nested too deep to parse: kept as text. From a 2xx it is still the
         # service's answer (untrusted data, like any raw response); a service states a business
-        # failure in its JSON. Secrets go before the cut, which could leave part of one.
+        # failure in its JSON. Secrets go before the cut, which could leave part of one; they
+        # are looked for in twice what is kept, which holds whole a secret (even a private
+        # key) that starts before the cut, and bounds the work on a large answer.
         text = content.decode(response.encoding or "utf-8", errors="replace")
-        payload = {"text": strip_secrets(text, secrets=(context.credential or "",))[:4000]}
+        text = text[: 2 * TEXT_ANSWER_CHARS]
+        payload = {
+            "text": strip_secrets(text, secrets=(context.credential or "",))[:TEXT_ANSWER_CHARS]
+        }
     if 300 <= response.status_code < 400:
         # Redirects are not followed (the POST, its credential and idempotency key go to the
         # published URL only): a gateway that sends the call to a login page did not run it.
