@@ -310,11 +310,11 @@ TOOL_RESULT_MAX_SOURCES = env.int("TOOL_RESULT_MAX_SOURCES", default=100)
 TOOL_RESPONSE_MAX_BYTES = env.int("TOOL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
 # The most a model provider's answer may hold (read as it arrives, never inflated).
 MODEL_RESPONSE_MAX_BYTES = env.int("MODEL_RESPONSE_MAX_BYTES", default=4 * 1024 * 1024)
-# The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
-# name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).
 # The modules a `python` tool's handler may come from: a tool names code of this process, so
 # a publisher chooses among handlers installed for tools, never any importable callable.
 PYTHON_TOOL_HANDLER_MODULES = env.list("PYTHON_TOOL_HANDLER_MODULES", default=["examples.handlers"])
+# The environment variables an object of a tenant (model config, MCP server, HTTP tool) may
+# name as its credential, by tenant slug: {"acme": ["FETCH_TOKEN"]} (config/credentials.py).
 TENANT_CREDENTIALS = env.json("TENANT_CREDENTIALS", default={})
 if not isinstance(TENANT_CREDENTIALS, dict) or not all(
     isinstance(names, list) and all(isinstance(name, str) for name in names)

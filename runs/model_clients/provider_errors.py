@@ -96,7 +96,9 @@ def unreachable_error(
     provider: str, *, is_timeout: bool, timeout_s: float, cause: BaseException | None = None
 ) -> ModelError:
     """No answer at all: a timeout or a refused/broken connection, both worth another try;
-    or an answer the client did not take (`transport.AnswerRefused`), which would come again."""
+    or an answer the client did not take (`transport.AnswerRefused`), which would come again
+    (the Anthropic SDK gives it as a connection error's cause; the OpenAI SDK lets it through
+    as raised, and the client catches it itself)."""
     if isinstance(cause, AnswerRefused):
         return refused_answer_error(provider, cause)
     if is_timeout:
