@@ -174,12 +174,20 @@ _SECRET_WORDS = (
 )
 
 
+# The shortest text a key known by its prefix alone can be: "sk-" and 12 characters. A - or _
+# in shorter text (a date, an enum value) points to no secret.
+_SHORTEST_PREFIXED_KEY = 15
+
+
 def _may_hold_secret(text: str) -> bool:
-    """What every match of a secret value needs: a - or _, "eyJ", "://", a key id's prefix,
-    or one of the words bearer, token, basic, authorization ("auth" is enough to look
-    further), pass, secret, key, cookie and credential, or their Chinese. Most text has none,
-    and these are found faster than the patterns can say so."""
-    if "-" in text or "_" in text or "eyJ" in text or "://" in text:
+    """What every match of a secret value needs: "eyJ", "://", a - or _ in text long enough
+    for a prefixed key, a key id's prefix, or one of the words bearer, token, basic,
+    authorization ("auth" is enough to look further), pass, secret, key, cookie and
+    credential, or their Chinese. Most text has none, and these are found faster than the
+    patterns can say so."""
+    if "eyJ" in text or "://" in text:
+        return True
+    if ("-" in text or "_" in text) and len(text) >= _SHORTEST_PREFIXED_KEY:
         return True
     if "AKIA" in text or "ASIA" in text or "AIza" in text:
         return True

@@ -28,6 +28,8 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
     [
         "Bearer abcdefghijklmnop",
         "key sk-abcdefghijklmnopqrstu",
+        # the shortest key known by its prefix alone: sk- and 12 characters
+        "sk-abcdefghijkl",
         "ghp_abcdefghijklmnopqrstuvwx",
         "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
         # a JWT with neither - nor _ (only its "eyJ" says it may be one)
