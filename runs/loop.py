@@ -792,9 +792,11 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
         if not isinstance(draft.get(name), list)
     ]
     risks = draft["risks"] if isinstance(draft.get("risks"), list) else []
-    for risk in risks:
+    # The correction names a risk by its place: its text may be a tool's, and the correction
+    # is a user turn (tool data reaches the model only as untrusted data).
+    for index, risk in enumerate(risks, start=1):
         if not isinstance(risk, dict) or risk.get("source") not in known:
-            problems.append(f"Risk without a source returned by a tool: {risk}.")
+            problems.append(f"Risk {index} has no source returned by a tool.")
     subject = draft.get("subject")
     if not isinstance(subject, str) or not subject.strip():
         problems.append("Missing subject: one line of text.")

@@ -810,3 +810,53 @@ def test_a_node_the_host_runs_records_the_tools_it_runs(demo):
     assert (
         ToolCall.objects.get(run=run, name="directory_lookup").status == ToolCall.Status.COMPLETED
     )
+
+
+def test_a_correction_of_a_draft_that_copies_an_injection_does_not_quote_it(
+    demo, orion, fake_model
+):
+    # given a model that reads orion, then drafts a risk of the injected text with no source,
+    # then drafts as it should
+    fake = fake_model()
+    monday, sunday = this_week()
+    fake.reply(
+        openai_completion(
+            tool_calls=(
+                (
+                    "call_read",
+                    "project_search",
+                    json.dumps({"project_id": "orion", "from": monday, "to": sunday}),
+                ),
+            )
+        )
+    )
+    copied = {
+        "subject": "Weekly status: Project Orion",
+        "progress": [],
+        "risks": [{"text": INJECTION}],
+        "next_steps": [],
+        "body": "Risks of Project Orion.",
+    }
+    fake.reply(openai_completion(content=json.dumps(copied)))
+    sourced = {
+        **copied,
+        "risks": [
+            {"text": "Supplier notice", "source": update_reference("orion", "Supplier notice")}
+        ],
+    }
+    fake.reply(openai_completion(content=json.dumps(sourced)))
+    run = demo_run(demo, project_id="orion")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the host's correction, a user turn, names the risk without repeating the text the
+    # model copied from the tool result: that text reaches the model only as tool data
+    run.refresh_from_db()
+    assert (run.status, run.state["corrections"]) == ("WAITING_APPROVAL", 1)
+    messages = messages_of(fake.requests[2])
+    (correction,) = [message for message in messages if message["role"] == "user"][-1:]
+    assert "Risk 1 has no source returned by a tool." in correction["content"]
+    for message in messages:
+        if message["role"] == "user":
+            assert INJECTION not in json.dumps(message)
