@@ -16,6 +16,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, StreamingHttpResponse
+from django.utils.cache import add_never_cache_headers
 from rest_framework.renderers import BaseRenderer
 
 from runs.choices import TERMINAL_STATUSES
@@ -125,6 +126,7 @@ def event_stream(
     else:
         stream = _sync_stream(run_id, after, shape)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
+    # A run's log is private: no browser or proxy keeps it (as `PrivateResponsesMiddleware`).
+    add_never_cache_headers(response)
     response["X-Accel-Buffering"] = "no"
     return response

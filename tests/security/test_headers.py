@@ -22,7 +22,7 @@ def finished_run(demo):
     return run
 
 
-@pytest.mark.parametrize("page", ["runs:detail", "runs:export"])
+@pytest.mark.parametrize("page", ["runs:detail", "runs:export", "runs:stream"])
 def test_an_auditor_s_run_pages_are_not_kept_by_caches(client, finished_run, page):
     assert client.login(username="carol", password=DEMO_PASSWORD)
 
@@ -34,8 +34,11 @@ def test_an_auditor_s_run_pages_are_not_kept_by_caches(client, finished_run, pag
     assert response["X-Frame-Options"] == "DENY"
 
 
-def test_an_api_answer_to_a_token_is_not_kept_by_caches(finished_run):
-    response = alice_client().get(f"/api/v1/runs/{finished_run.pk}")
+@pytest.mark.parametrize("suffix", ["", "/stream"])
+def test_an_api_answer_to_a_token_is_not_kept_by_caches(finished_run, suffix):
+    response = alice_client().get(
+        f"/api/v1/runs/{finished_run.pk}{suffix}", HTTP_ACCEPT="text/event-stream, */*"
+    )
 
     assert response.status_code == 200
     assert "no-store" in response["Cache-Control"]
