@@ -1,3 +1,4 @@
+from django.db.models import QuerySet
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
@@ -5,6 +6,21 @@ from rest_framework.request import Request
 
 from registry.models import ApiToken
 from registry.models.tenancy import hash_token
+
+
+def _usable_tokens() -> QuerySet[ApiToken]:
+    """Tokens that authenticate now: not revoked, not expired, of an active user and tenant."""
+    return ApiToken.objects.filter(
+        revoked_at__isnull=True,
+        expires_at__gt=timezone.now(),
+        user__is_active=True,
+        tenant__is_active=True,
+    )
+
+
+def token_usable(token: ApiToken) -> bool:
+    """Whether `token` would still authenticate (a long answer, such as a stream, asks again)."""
+    return _usable_tokens().filter(pk=token.pk).exists()
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -23,14 +39,9 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         except UnicodeDecodeError as error:
             raise exceptions.AuthenticationFailed("Malformed token.") from error
         token = (
-            ApiToken.objects.select_related("user", "tenant", "tenant__grant_group")
-            .filter(
-                key_hash=hash_token(key),
-                revoked_at__isnull=True,
-                expires_at__gt=timezone.now(),
-                user__is_active=True,
-                tenant__is_active=True,
-            )
+            _usable_tokens()
+            .select_related("user", "tenant", "tenant__grant_group")
+            .filter(key_hash=hash_token(key))
             .first()
         )
         if token is None:

@@ -3,9 +3,13 @@ every run; a run of any other tenant is not found. What a page shows is redacted
 viewer (runs.redaction)."""
 
 import re
+from importlib import import_module
+from types import SimpleNamespace
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib import messages
+from django.contrib.auth import get_user
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
@@ -48,6 +52,20 @@ def _audited_run(request: HttpRequest, run_id) -> tuple[Run, bool]:
     if not user_can(user=request.user, action=Action.RUN_VIEW_ALL, tenant=run.tenant, roles=roles):
         raise Http404("No such run.")
     return run, selectors.viewer_cleared(user=request.user, run=run, roles=roles)
+
+
+def _still_audited(request: HttpRequest, run_id) -> bool:
+    """Whether the request's session still signs its user in (not logged out or expired, the
+    user active, their password unchanged), and they may still view the run."""
+    store = import_module(settings.SESSION_ENGINE).SessionStore(request.session.session_key)
+    viewer = get_user(SimpleNamespace(session=store))
+    if viewer.pk != request.user.pk:
+        return False
+    try:
+        _audited_run(SimpleNamespace(user=viewer), run_id)
+    except Http404:
+        return False
+    return True
 
 
 @method_decorator(login_required, name="dispatch")
@@ -119,6 +137,7 @@ class RunStreamView(View):
             run,
             int(after) if LAST_EVENT_ID.fullmatch(after) else 0,
             shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
+            allowed=lambda: _still_audited(request, run.pk),
         )
 
 

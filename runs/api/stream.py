@@ -44,17 +44,29 @@ class Poll:
 
 
 Shape = Callable[[dict[str, Any]], dict[str, Any]]
+# Whether the viewer may still see the run, asked anew before the stream sends what it read.
+Allowed = Callable[[], bool]
+# What a stream ends with once its viewer may no longer see the run (a token revoked, a
+# session ended, a role removed): nothing written since is sent.
+ACCESS_ENDED = f"event: end\ndata: {json.dumps({'reason': 'ACCESS_ENDED'})}\n\n"
+
+
+def _always() -> bool:
+    return True
 
 
 def _status(run_id: str) -> str | None:
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
 
-def _poll(run_id: str, after: int, shape: Shape) -> Poll:
+def _poll(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Poll:
     # The status is read before the events: a step commits its events with the status they
     # lead to, so the events of a run that had ended when its status was read are all found.
     status = _status(run_id)
     events = list(RunEvent.objects.filter(run_id=run_id, seq__gt=after).order_by("seq")[:200])
+    ending = not events and (status in TERMINAL_STATUSES or status is None)
+    if (events or ending) and not allowed():
+        return Poll(frames=[ACCESS_ENDED], after=after, finished=True)
     frames = [
         f"id: {event.seq}\nevent: {event.type}\ndata: "
         + json.dumps({"seq": event.seq, "type": event.type, "payload": shape(event.payload)})
@@ -63,7 +75,7 @@ def _poll(run_id: str, after: int, shape: Shape) -> Poll:
     ]
     if events:
         return Poll(frames=frames, after=events[-1].seq, finished=False)
-    if status in TERMINAL_STATUSES or status is None:
+    if ending:
         return Poll(
             frames=[f"event: end\ndata: {json.dumps({'status': status})}\n\n"],
             after=after,
@@ -72,11 +84,11 @@ def _poll(run_id: str, after: int, shape: Shape) -> Poll:
     return Poll(frames=[], after=after, finished=False)
 
 
-def _sync_stream(run_id: str, after: int, shape: Shape) -> Iterator[str]:
+def _sync_stream(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Iterator[str]:
     deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
     quiet_since = time.monotonic()
     while time.monotonic() < deadline:
-        poll = _poll(run_id, after, shape)
+        poll = _poll(run_id, after, shape, allowed)
         after = poll.after
         yield from poll.frames
         if poll.finished:
@@ -89,12 +101,14 @@ def _sync_stream(run_id: str, after: int, shape: Shape) -> Iterator[str]:
         time.sleep(POLL_SECONDS)
 
 
-async def _async_stream(run_id: str, after: int, shape: Shape) -> AsyncIterator[str]:
+async def _async_stream(
+    run_id: str, after: int, shape: Shape, allowed: Allowed
+) -> AsyncIterator[str]:
     deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
     quiet_since = time.monotonic()
     poll_async = sync_to_async(_poll)
     while time.monotonic() < deadline:
-        poll = await poll_async(run_id, after, shape)
+        poll = await poll_async(run_id, after, shape, allowed)
         after = poll.after
         for frame in poll.frames:
             yield frame
@@ -113,18 +127,25 @@ def _as_stored(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_stream(
-    request: HttpRequest, run: Run, after: int, *, shape: Shape = _as_stored
+    request: HttpRequest,
+    run: Run,
+    after: int,
+    *,
+    shape: Shape = _as_stored,
+    allowed: Allowed = _always,
 ) -> StreamingHttpResponse:
-    """`shape` turns each stored payload into what this viewer may see. A HEAD request gets
+    """`shape` turns each stored payload into what this viewer may see; `allowed` says
+    whether they still may see the run, asked before each batch of events is sent (and the
+    end), so a viewer whose access ended meanwhile is sent nothing more. A HEAD request gets
     the headers only: following a live run for a body nobody reads would hold a connection
     for as long as the run."""
     run_id = str(run.pk)
     if request.method == "HEAD":
         stream = iter(())
     elif isinstance(request, ASGIRequest):
-        stream = _async_stream(run_id, after, shape)
+        stream = _async_stream(run_id, after, shape, allowed)
     else:
-        stream = _sync_stream(run_id, after, shape)
+        stream = _sync_stream(run_id, after, shape, allowed)
     response = StreamingHttpResponse(stream, content_type="text/event-stream")
     # A run's log is private: no browser or proxy keeps it (as `PrivateResponsesMiddleware`).
     add_never_cache_headers(response)

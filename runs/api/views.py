@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.api.permissions import IsTenantMember
+from registry.authentication import token_usable
 from registry.choices import Action
 from registry.models import ApiToken
 from registry.selectors import user_can
@@ -188,11 +189,22 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
         query.is_valid(raise_exception=True)
         cleared = selectors.viewer_cleared(user=request.user, run=run)
         hidden = selectors.hidden_fields(run=run, cleared=cleared)
+        token, user = request.auth, request.user
+
+        def allowed() -> bool:
+            """The token still authenticates and its holder may still read the run."""
+            if not token_usable(token):
+                return False
+            if not user_can(user=user, action=Action.REGISTRY_VIEW, tenant=token.tenant):
+                return False
+            return selectors.runs_visible(user=user, tenant=token.tenant).filter(pk=run.pk).exists()
+
         return event_stream(
             request._request,
             run,
             query.validated_data["after"],
             shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
+            allowed=allowed,
         )
 
     @extend_schema(summary="Cancel a run that has not finished.", request=None)

@@ -11,7 +11,8 @@ from django.test import AsyncClient, RequestFactory
 from django.urls import resolve
 
 from registry.demo import DEMO_PASSWORD
-from registry.services.tenancy import api_token_issue
+from registry.models import ApiToken, Membership
+from registry.services.tenancy import api_token_issue, api_tokens_revoke
 from runs.api import stream
 from runs.loop import run_advance_step, run_execute
 from runs.models import Run
@@ -223,3 +224,61 @@ def test_a_run_that_ends_while_the_stream_polls_sends_its_last_events_before_the
     run.refresh_from_db()
     assert (run.status, run.last_event_seq) == ("CANCELLED", seen + 1)
     assert [frame.get("event") for frame in frames] == ["run.finished", "end"]
+
+
+def _stream_until_access_ends(response, run: Run, end_access) -> list[dict[str, str]]:
+    """Read the frames of the run's log so far, end the viewer's access, cancel the run (which
+    writes one more event), and return the frames the stream sends after that."""
+    chunks = iter(response.streaming_content)
+    seen = [next(chunks) for _ in range(run.last_event_seq)]
+    assert [int(frame["id"]) for frame in _frames(b"".join(seen).decode())] == list(
+        range(1, run.last_event_seq + 1)
+    )
+    end_access()
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=run.actor)
+    return _frames(b"".join(chunks).decode())
+
+
+ACCESS_ENDED = [{"event": "end", "data": json.dumps({"reason": "ACCESS_ENDED"})}]
+
+
+@pytest.mark.parametrize("ended_by", ["revoked token", "removed role"])
+def test_a_viewer_whose_access_ends_mid_stream_is_sent_nothing_more(
+    db, client, monkeypatch, settings, ended_by
+):
+    # given alice following her queued run with her token
+    monkeypatch.setattr(stream, "POLL_SECONDS", 0)
+    settings.RUN_STREAM_MAX_SECONDS = 5
+    run, key = example_run()
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS
+    )
+
+    def end_access() -> None:
+        if ended_by == "revoked token":
+            assert api_tokens_revoke(tokens=ApiToken.objects.filter(user=run.actor)) == 1
+        else:
+            Membership.objects.filter(user=run.actor, tenant=run.tenant).delete()
+
+    # when her access ends, and then the run ends
+    later = _stream_until_access_ends(response, run, end_access)
+
+    # then the stream ends without the run's last event or its status
+    assert later == ACCESS_ENDED
+
+
+def test_the_page_s_stream_sends_nothing_more_once_its_session_ends(
+    client, monkeypatch, settings, auditor, member, start_run, acme_agent
+):
+    # given an auditor of acme following a queued run on its page
+    monkeypatch.setattr(stream, "POLL_SECONDS", 0)
+    settings.RUN_STREAM_MAX_SECONDS = 5
+    run = start_run(member)
+    client.force_login(auditor)
+    response = client.get(f"/runs/{run.pk}/stream")
+
+    # when they sign out (their session is flushed), and then the run ends
+    later = _stream_until_access_ends(response, run, client.logout)
+
+    # then the stream ends without the run's last event or its status
+    assert later == ACCESS_ENDED
