@@ -13,6 +13,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
@@ -37,6 +38,17 @@ _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
     (exceptions.UnsupportedMediaType, "UNSUPPORTED_MEDIA_TYPE"),
     (exceptions.Throttled, "RATE_LIMITED"),
 ]
+
+
+class ContentNegotiation(DefaultContentNegotiation):
+    """A `?format=` the endpoint does not serve is not acceptable (406), as the same format
+    asked for by `Accept` is: DRF answers 404, which says the resource is missing."""
+
+    def filter_renderers(self, renderers: list, format: str) -> list:
+        served = [renderer for renderer in renderers if renderer.format == format]
+        if not served:
+            raise exceptions.NotAcceptable(f"The format {format!r} is not served here.")
+        return served
 
 
 def error_body(code: str, message: str, details: dict[str, Any] | None = None) -> dict:

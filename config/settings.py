@@ -240,6 +240,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["registry.authentication.ApiTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["registry.api.permissions.IsTenantMember"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "config.api.ContentNegotiation",
     "DEFAULT_PARSER_CLASSES": ["config.api.StrictJSONParser"],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "config.api.Pagination",

@@ -199,6 +199,19 @@ def test_an_unknown_or_malformed_run_id_is_not_found(alice, run_id, method, suff
     assert _error(response)["code"] == "NOT_FOUND"
 
 
+@pytest.mark.parametrize("suffix", ["", "/events", "/stream"])
+def test_a_format_the_api_does_not_serve_is_not_acceptable_for_a_run_that_exists(
+    alice, member, start_run, acme_agent, suffix
+):
+    run = run_cancel(run=start_run(member), actor=member)
+
+    by_parameter = alice.get(f"{RUNS}/{run.pk}{suffix}", {"format": "xml"})
+    by_header = alice.get(f"{RUNS}/{run.pk}{suffix}", HTTP_ACCEPT="application/xml")
+
+    assert (by_parameter.status_code, by_header.status_code) == (406, 406)
+    assert _error(by_parameter)["code"] == _error(by_header)["code"] == "NOT_ACCEPTABLE"
+
+
 @pytest.mark.parametrize(
     ("method", "suffix"),
     [("get", ""), ("get", "/{id}"), ("get", "/{id}/events"), ("post", "/{id}/cancel")],
