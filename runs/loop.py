@@ -524,6 +524,18 @@ def _recipient_question(inputs: dict[str, Any], *, frozen: Any, reachable: bool)
     )
 
 
+def _snapshot_tool_usable(run: Run, name: str) -> bool:
+    """Whether the run's snapshot holds the tool `name` in a version neither revoked nor
+    withdrawn from the tenant since (gates 1 and 2 would let a call of it through)."""
+    entry = next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
+    return entry is not None and not version_ids_withdrawn(
+        model=ToolVersion,
+        ids=[entry["id"]],
+        tenant=run.tenant,
+        generation=getattr(run, "registry_generation", None),
+    )
+
+
 def _resolve_recipient(run: Run) -> None:
     """The workflow, not the model, finds the recipient: a confirmation still valid in the
     session (unless the message chooses another), else the directory (exactly one active
@@ -539,6 +551,10 @@ def _resolve_recipient(run: Run) -> None:
         name="directory_lookup",
         arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
     )
+    if not _snapshot_tool_usable(run, call.name):
+        # Asking again cannot help: only a new grant or version of the directory can.
+        _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
+        return
     if confirmed is not None and chosen in (None, confirmed.get("record_id")):
         # The directory is not asked again, but the project must still be within the
         # actor's reach, as the lookup's own gate would find.
@@ -554,8 +570,10 @@ def _resolve_recipient(run: Run) -> None:
         category = (envelope.get("error") or {}).get("category", "UNKNOWN")
         if category == "PERMISSION_DENIED":
             _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
-        else:
+        elif category in TRANSIENT_CATEGORIES:
             _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
+        else:
+            _finish(run, status=RunStatus.FAILED_FINAL, reason_code=f"DIRECTORY_{category}")
         return
     candidates = (envelope.get("raw") or {}).get("candidates", [])
     now = timezone.now()

@@ -3,12 +3,18 @@ model; a confirmation is reused in its session until it expires (seed 000, steps
 
 from datetime import timedelta
 
+import pytest
 from django.utils import timezone
 from guardian.shortcuts import remove_perm
 
+from examples.handlers import DirectoryLookup
 from examples.models import Project
+from registry.models import ToolVersion
+from registry.services import tools
 from runs.loop import run_execute
 from runs.models import Run, Session, ToolCall
+from runs.tools.adapters import ToolFailed
+from runs.tools.envelope import ErrorCategory
 from tests.runs.conftest import demo_run
 
 
@@ -132,3 +138,63 @@ def test_a_project_withdrawn_after_its_recipient_was_confirmed_is_refused(demo):
     again = ask(demo, session_id=first.session_id)
 
     assert (again.status, again.reason_code) == ("REFUSED", "PROJECT_ACCESS_DENIED")
+
+
+def _directory_revoked(demo) -> None:
+    version = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name="directory_lookup")
+    tools.tool_version_revoke(tool_version=version, actor=demo.admin, reason="compromised")
+
+
+@pytest.mark.parametrize("revoked", ["before the message", "after the message"])
+def test_a_run_whose_directory_tool_was_revoked_is_refused_for_that(demo, revoked):
+    # given directory_lookup revoked before the run's snapshot, or after it
+    if revoked == "before the message":
+        _directory_revoked(demo)
+    run = demo_run(demo, project_id="apollo")
+    if revoked == "after the message":
+        _directory_revoked(demo)
+
+    # when the run looks for its recipient
+    run_execute(run_id=str(run.pk))
+
+    # then it is refused for the tool, not told to retry, nor that alice lacks the project
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("REFUSED", "DIRECTORY_TOOL_NOT_AVAILABLE")
+    assert not looked_up(run)
+
+
+def test_a_confirmed_recipient_is_not_used_once_the_directory_tool_is_revoked(demo):
+    first = ask(demo, project_id="hermes")
+    confirmed = ask(demo, session_id=first.session_id, recipient_record_id="dir-2002")
+    assert confirmed.status == "WAITING_APPROVAL"
+    _directory_revoked(demo)
+
+    again = ask(demo, session_id=first.session_id)
+
+    assert (again.status, again.reason_code) == ("REFUSED", "DIRECTORY_TOOL_NOT_AVAILABLE")
+
+
+@pytest.mark.parametrize(
+    ("failure", "ending"),
+    [
+        (
+            ToolFailed(
+                "The directory is down.", category=ErrorCategory.UPSTREAM_ERROR, retryable=True
+            ),
+            ("FAILED_RETRYABLE", "DIRECTORY_UPSTREAM_ERROR"),
+        ),
+        (RuntimeError("a bug in the handler"), ("FAILED_FINAL", "DIRECTORY_UNKNOWN")),
+    ],
+)
+def test_only_a_transient_directory_failure_tells_the_user_to_try_again(
+    demo, monkeypatch, failure, ending
+):
+    def failing(self, context, arguments):
+        raise failure
+
+    monkeypatch.setattr(DirectoryLookup, "__call__", failing)
+    monkeypatch.setattr("runs.tools.executor.time.sleep", lambda seconds: None)
+
+    run = ask(demo, project_id="apollo")
+
+    assert (run.status, run.reason_code) == ending
