@@ -7,6 +7,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 import json
 import logging
 import operator
+import re
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -101,6 +102,25 @@ def _transition(run: Run, *, status: RunStatus) -> None:
 def _this_week(today: date) -> tuple[str, str]:
     monday = today - timedelta(days=today.weekday())
     return monday.isoformat(), (monday + timedelta(days=6)).isoformat()
+
+
+# The week a message names (seed 000 reads "本周" as the date range): this week, or the one
+# before it. A message that names neither means this week.
+_NAMES_THIS_WEEK = re.compile(r"本周|这周|这个?星期|这个?礼拜|\bthis week\b", re.IGNORECASE)
+_NAMES_LAST_WEEK = re.compile(
+    r"上周|上个?星期|上个?礼拜|\b(?:last|previous) week\b", re.IGNORECASE
+)
+
+
+def _date_range(run: Run) -> tuple[str | None, str | None]:
+    """The first and last day of the week the message names; (None, None) when it names
+    both this week and the last, which the user is asked to settle."""
+    text = _message_text(run.message)
+    this_week, last_week = _NAMES_THIS_WEEK.search(text), _NAMES_LAST_WEEK.search(text)
+    if this_week and last_week:
+        return None, None
+    today = timezone.localdate()
+    return _this_week(today - timedelta(days=7) if last_week else today)
 
 
 def _workflow(run: Run) -> Workflow:
@@ -305,7 +325,7 @@ def _route_and_assemble(run: Run) -> None:
     skill_version = _skill_version(run)
     metadata = run.message.get("metadata", {})
     session_state = _session_state(run)
-    date_from, date_to = _this_week(timezone.localdate())
+    date_from, date_to = _date_range(run)
     inputs = {
         "project_id": metadata.get("project_id") or session_state.get("project_id"),
         "date_from": date_from,
@@ -397,6 +417,15 @@ def _route_and_assemble(run: Run) -> None:
             reason_code="MISSING_PROJECT_SCOPE",
             question="Which project should the summary cover? Send the message again in "
             "this session with metadata.project_id set to the project's key.",
+        )
+        return
+    if "date_range" in required and not run.state["inputs"]["date_from"]:
+        _finish(
+            run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="DATE_RANGE_UNCLEAR",
+            question="Which week should the summary cover: this week or last week? Send the "
+            "message again naming one of them.",
         )
         return
     if MEMORY_INPUT in required:

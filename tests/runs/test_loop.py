@@ -25,6 +25,7 @@ from django.utils import timezone
 from approvals.models import BusinessAction
 from config.errors import ValidationFailed
 from examples.handlers import project_search
+from examples.models import Project, ProjectUpdate
 from registry.choices import AdapterKind, Risk
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
@@ -419,6 +420,54 @@ def test_the_session_keeps_the_latest_drafts_and_the_keys_the_runs_do_not_write(
     # and what the runs did not write is still there, next to what they did
     assert session.state["elsewhere"] == {"kept": True}
     assert session.state["project_id"] == "apollo"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "汇总上周项目状态，并发给研发负责人",
+        "Summarise last week's project status and mail it to the R&D lead.",
+    ],
+)
+def test_a_message_about_last_week_is_summarised_from_last_week(demo, text):
+    # given apollo's updates of this week (the demo's) and one of last week
+    monday = timezone.localdate() - timedelta(days=timezone.localdate().weekday() + 7)
+    last_week = {"from": monday.isoformat(), "to": (monday + timedelta(days=6)).isoformat()}
+    ProjectUpdate.objects.create(
+        project=Project.objects.get(key="apollo"),
+        kind="task",
+        title="Kick-off",
+        status="done",
+        detail="The team met the vendor.",
+        occurred_on=monday + timedelta(days=1),
+    )
+    run = start(demo, text=text, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the project is read, and the draft made, for last week alone
+    run.refresh_from_db()
+    (search,) = [p for p in events_of(run, "tool.requested") if p["name"] == "project_search"]
+    assert {key: search["arguments"][key] for key in ("from", "to")} == last_week
+    assert (run.state["inputs"]["date_from"], run.state["inputs"]["date_to"]) == (
+        last_week["from"],
+        last_week["to"],
+    )
+    assert run.status == "WAITING_APPROVAL"
+    (created,) = events_of(run, "draft.created")
+    kick_off = f"Kick-off (done, {(monday + timedelta(days=1)).isoformat()})"
+    assert [item["text"] for item in created["draft"]["progress"]] == [kick_off]
+
+
+def test_a_message_naming_this_week_and_last_week_is_asked_which_before_any_tool(demo):
+    run = start(demo, text="本周和上周的项目状态汇总，发给研发负责人", project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    result = assert_terminal(run, "NEEDS_CLARIFICATION", "DATE_RANGE_UNCLEAR")
+    assert "this week or last week" in result["question"]
+    assert tool_calls(run) == []
 
 
 # --- 2. every terminal status ----------------------------------------------------------------
