@@ -425,7 +425,7 @@ def test_the_session_keeps_the_latest_drafts_and_the_keys_the_runs_do_not_write(
 @pytest.mark.parametrize(
     "text",
     [
-        "汇总上周项目状态，并发给研发负责人",
+        "汇总上周项目状态并发给研发负责人",
         "Summarise last week's project status and mail it to the R&D lead.",
     ],
 )
@@ -461,7 +461,7 @@ def test_a_message_about_last_week_is_summarised_from_last_week(demo, text):
 
 
 def test_a_message_naming_this_week_and_last_week_is_asked_which_before_any_tool(demo):
-    run = start(demo, text="本周和上周的项目状态汇总，发给研发负责人", project_id="apollo")
+    run = start(demo, text="本周和上周的项目状态汇总并发给研发负责人", project_id="apollo")
 
     run_execute(run_id=str(run.pk))
 
