@@ -883,14 +883,42 @@ def _ended_unavailable(run: Run, **output: Any) -> bool:
     return bool(unavailable)
 
 
+# What of an agent's question the run keeps for the user.
+QUESTION_CHARS = 1000
+
+
+def _clarification(text: str) -> str | None:
+    """The question of a last word that asks the user for an input its tools need
+    (`{"clarification": "<question>"}`, as the generic node's finish says), if it is one."""
+    try:
+        answer = jsontext.loads_bounded(text)
+    except ValueError:
+        return None
+    if not isinstance(answer, dict) or set(answer) != {"clarification"}:
+        return None
+    question = answer["clarification"]
+    if not isinstance(question, str) or not question.strip():
+        return None
+    return question.strip()[:QUESTION_CHARS]
+
+
 def _agent_answer(run: Run, text: str) -> None:
-    """The generic agent's last word. It is the run's answer when the agent needed no tool or
+    """The generic agent's last word. A question for an input its tools need ends the run
+    NEEDS_CLARIFICATION. Otherwise it is the run's answer when the agent needed no tool or
     one of its calls returned a result. After calls that all failed or were refused, the
     answer rests on nothing its node asks for ("grounded in tool results"): the run fails,
     retryably when a tool was only unavailable for a while, and is PARTIAL otherwise; the
     answer stays in the result either way. The result names the failed tools of the run's
     snapshot and only counts calls of names it does not have: a name the model wrote is
     not repeated as if it were a tool."""
+    if (question := _clarification(text)) is not None:
+        _finish(
+            run,
+            status=RunStatus.NEEDS_CLARIFICATION,
+            reason_code="AGENT_NEEDS_INPUT",
+            question=question,
+        )
+        return
     results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
     if not results or not all(entry["is_error"] for entry in results):
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})

@@ -103,7 +103,8 @@ AGENT = Workflow(
         "answer": Node(
             name="answer",
             model_driven=True,
-            terminates_when="a final answer grounded in tool results",
+            terminates_when="a final answer grounded in tool results; or, when the tools need an "
+            'input the request does not give, {"clarification": "<the question for the user>"}',
         )
     },
     transitions={"answer": ()},

@@ -3,6 +3,7 @@
 It follows the active skill the way a careful model would, with no provider and no network:
 it reads the task inputs from its instructions, calls each available read tool once with them,
 then drafts from what the tools returned (progress, risks, next steps, each with its source).
+When the inputs lack what every tool needs, it asks for it (`{"clarification": ...}`).
 It never follows text found inside tool results. Everything it does is labelled offline.
 """
 
@@ -32,16 +33,29 @@ def _inputs(instructions: str) -> dict[str, Any]:
     return json.loads(match.group(1)) if match else {}
 
 
-def _arguments(tool: ToolSpec, inputs: dict[str, Any]) -> dict[str, Any] | None:
-    """Fill a tool's required arguments from the task inputs, or None if one is missing."""
-    aliases = {"from": "date_from", "to": "date_to"}
-    arguments = {}
-    for name in tool.input_schema.get("required", []):
-        value = inputs.get(aliases.get(name, name))
-        if value is None:
-            return None
-        arguments[name] = value
-    return arguments
+_ALIASES = {"from": "date_from", "to": "date_to"}
+
+
+def _missing(tool: ToolSpec, inputs: dict[str, Any]) -> list[str]:
+    """The tool's required arguments the task inputs do not give."""
+    return [
+        name
+        for name in tool.input_schema.get("required", [])
+        if inputs.get(_ALIASES.get(name, name)) is None
+    ]
+
+
+def _arguments(tool: ToolSpec, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The tool's required arguments, from the task inputs (none of them missing)."""
+    return {
+        name: inputs[_ALIASES.get(name, name)] for name in tool.input_schema.get("required", [])
+    }
+
+
+def _question(missing: dict[str, list[str]]) -> str:
+    """Asks for what the tools it could not call need."""
+    needs = "; ".join(f"{tool} needs {', '.join(names)}" for tool, names in missing.items())
+    return f"Which values should I use? {needs}."
 
 
 def _evidence(results: list[ToolResult]) -> Iterator[dict[str, Any]]:
@@ -115,15 +129,26 @@ class OfflinePlanner:
         inputs = _inputs(request.instructions)
         results = [item for item in request.transcript if isinstance(item, ToolResult)]
         called = {result.name for result in results}
-        calls = []
+        calls, missing = [], {}
         if not results:
             for index, tool in enumerate(request.tools, start=1):
-                arguments = _arguments(tool, inputs)
-                if arguments is not None and tool.name not in called:
+                if names := _missing(tool, inputs):
+                    missing[tool.name] = names
+                elif tool.name not in called:
                     calls.append(
-                        ToolCall(call_id=f"offline-{index}", name=tool.name, arguments=arguments)
+                        ToolCall(
+                            call_id=f"offline-{index}",
+                            name=tool.name,
+                            arguments=_arguments(tool, inputs),
+                        )
                     )
-        text = "" if calls else json.dumps(_draft(_evidence(results)), ensure_ascii=False)
+        if calls:
+            text = ""
+        elif missing and not results:
+            # A careful model asks for what its tools need rather than answer from nothing.
+            text = json.dumps({"clarification": _question(missing)}, ensure_ascii=False)
+        else:
+            text = json.dumps(_draft(_evidence(results)), ensure_ascii=False)
         prompt = request.instructions + "".join(repr(item) for item in request.transcript)
         return ModelResponse(
             text=text,

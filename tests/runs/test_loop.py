@@ -1011,6 +1011,60 @@ def test_the_generic_agent_completes_when_one_of_its_calls_returned_a_result(dem
     ]
 
 
+def test_the_generic_agent_asks_for_an_input_its_tools_need_instead_of_answering_nothing(demo):
+    # given an agent whose skill does not list the project among its inputs, and a message
+    # that names none: project_search cannot be called
+    skill_version = publish_skill(
+        demo,
+        "project-brief",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, "project_search")],
+        workflow="",
+        required_inputs=[],
+        rules=[],
+    )
+    add_agent(demo, "project-assistant", skill_version)
+    run = start(demo, text="What happened this week?", agent="project-assistant")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the agent asks for the project, and the run waits for the user's answer
+    result = assert_terminal(run, "NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")
+    assert result["question"] == "Which values should I use? project_search needs project_id."
+    assert tool_calls(run) == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "ending"),
+    [
+        ({"clarification": " Which project? "}, ("NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")),
+        ({"clarification": "Which project?", "answer": "Apollo"}, ("COMPLETED", "ANSWERED")),
+        ({"clarification": ""}, ("COMPLETED", "ANSWERED")),
+        (["clarification"], ("COMPLETED", "ANSWERED")),
+    ],
+)
+def test_a_model_asks_the_user_with_a_clarification_and_nothing_else(
+    demo, fake_model, answer, ending
+):
+    fake = fake_model()
+    agent = project_assistant_add(demo)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    fake.reply(openai_completion(content=json.dumps(answer)))
+    run = start(demo, text="What happened?", agent="project-assistant", project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    result = assert_terminal(run, *ending)
+    if ending[0] == "NEEDS_CLARIFICATION":
+        assert result["question"] == "Which project?"
+    else:
+        assert result["output"] == {"answer": json.dumps(answer)}
+    (system,) = [m for m in fake.requests[0].body["messages"] if m["role"] == "system"]
+    assert '{"clarification": "<the question for the user>"}' in system["content"]
+
+
 def test_the_generic_agent_does_not_repeat_names_it_invented_as_failed_tools(demo, fake_model):
     # given the generic agent on a model that calls project_search with arguments its schema
     # refuses and a tool no snapshot has, named like an instruction, then answers
