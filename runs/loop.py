@@ -578,13 +578,12 @@ def _resolve_recipient(run: Run) -> None:
         name="directory_lookup",
         arguments={"project_id": inputs["project_id"], "role": inputs["recipient_role"]},
     )
-    if not _snapshot_tool_usable(run, call.name):
-        # Asking again cannot help: only a new grant or version of the directory can.
-        _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
-        return
     if confirmed is not None and chosen in (None, confirmed.get("record_id")):
-        # The directory is not asked again, but the project must still be within the
-        # actor's reach, as the lookup's own gate would find.
+        # The directory is not asked again, but the tool must still be the run's and the
+        # project within the actor's reach, as the lookup's own gates would find.
+        if not _snapshot_tool_usable(run, call.name):
+            _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
+            return
         if executor.host_refusal(run=run, call=call) == "PERMISSION_DENIED":
             _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
             return
@@ -595,7 +594,12 @@ def _resolve_recipient(run: Run) -> None:
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
         category = (envelope.get("error") or {}).get("category", "UNKNOWN")
-        if category == "PERMISSION_DENIED":
+        if outcome.status == ToolCallRecord.Status.REJECTED and not _snapshot_tool_usable(
+            run, call.name
+        ):
+            # Asking again cannot help: only a new grant or version of the directory can.
+            _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
+        elif category == "PERMISSION_DENIED":
             _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
         elif category in TRANSIENT_CATEGORIES:
             _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")

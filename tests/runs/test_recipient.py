@@ -157,10 +157,11 @@ def test_a_run_whose_directory_tool_was_revoked_is_refused_for_that(demo, revoke
     # when the run looks for its recipient
     run_execute(run_id=str(run.pk))
 
-    # then it is refused for the tool, not told to retry, nor that alice lacks the project
+    # then the lookup is rejected at its gate, and the run refused for the tool: not told to
+    # retry, nor that alice lacks the project
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("REFUSED", "DIRECTORY_TOOL_NOT_AVAILABLE")
-    assert not looked_up(run)
+    assert ToolCall.objects.get(run=run, call_id="host-recipient").status == "rejected"
 
 
 def test_a_confirmed_recipient_is_not_used_once_the_directory_tool_is_revoked(demo):
