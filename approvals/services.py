@@ -30,6 +30,7 @@ from approvals.errors import (
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
 from config.celery import task_send
 from examples.models import DirectoryRecord
+from examples.selectors import project_for_actor
 from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
@@ -445,10 +446,19 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         or decision.payload_hash != action.payload_hash
     ):
         problems.append("PAYLOAD_HASH_CHANGED")
+    project_key = run.state.get("inputs", {}).get("project_id")
+    if (
+        requester is not None
+        and project_key
+        and project_for_actor(actor=requester, tenant=action.tenant, key=project_key) is None
+    ):
+        # The draft holds the project's data: it goes out in the requester's name only while
+        # they may still read the project.
+        problems.append("PROJECT_ACCESS_DENIED")
     recipient = action.payload.get("recipient_snapshot") or {}
     record = DirectoryRecord.objects.filter(
         project__tenant=action.tenant,
-        project__key=run.state.get("inputs", {}).get("project_id"),
+        project__key=project_key,
         record_id=recipient.get("record_id"),
     ).first()
     if (

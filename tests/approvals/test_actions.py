@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.utils import timezone
 from django.utils.html import escape
+from guardian.shortcuts import remove_perm
 
 from approvals import services
 from approvals.choices import ActionStatus, Decision
@@ -258,6 +259,17 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
     services.action_execute(action_id=action.pk)
 
     assert_invalidated(run, "DIRECTORY_RECORD_CHANGED")
+    assert smtp_server.messages == []
+
+
+def test_a_requester_who_lost_the_project_before_the_resume_sends_nothing(demo, bob, smtp_server):
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    remove_perm("examples.view_project", demo.alice, Project.objects.get(key="apollo"))
+
+    services.action_execute(action_id=action.pk)
+
+    assert_invalidated(run, "PROJECT_ACCESS_DENIED")
     assert smtp_server.messages == []
 
 
