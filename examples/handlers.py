@@ -8,6 +8,7 @@ like a missing one.
 import hashlib
 import smtplib
 from datetime import date
+from email.errors import MessageError
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +20,14 @@ from django.utils.module_loading import import_string
 from config.queries import PreparedQuery
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
 from examples.selectors import project_for_actor
-from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
+from runs.tools.adapters import (
+    SourceDraft,
+    ToolContext,
+    ToolFailed,
+    ToolOutput,
+    ToolRefused,
+    one_line,
+)
 from runs.tools.envelope import ErrorCategory
 
 _UPDATES = PreparedQuery(
@@ -170,7 +178,11 @@ def _message(arguments: dict[str, Any], *, message_id: str) -> EmailMessage:
     """The mail, built in full as the SMTP backend will write it. Django builds it only inside
     `send_messages`, on an open connection, where a header with a line break (BadHeaderError)
     or an address it cannot encode raises ValueError; built here first, such a mail fails
-    before the server is contacted, with nothing sent."""
+    before the server is contacted, with nothing sent. So does a subject with any other line
+    boundary Python's email package folds a header at (`one_line`): the mail delivered would
+    not be the one approved."""
+    if not one_line(arguments["subject"]):
+        raise ValueError("The subject holds a line break.")
     message = EmailMessage(
         subject=arguments["subject"],
         body=arguments["body"],
@@ -209,7 +221,7 @@ class MailSend:
             return _settled(delivery)
         try:
             message = _message(arguments, message_id=delivery.message_id)
-        except ValueError as error:
+        except (ValueError, MessageError) as error:
             _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
             raise ToolFailed(
                 "The mail cannot be written as it stands (a header with a line break, or an "

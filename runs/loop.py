@@ -42,6 +42,7 @@ from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import cancel_request_take_in, run_finish, run_transition
 from runs.tokens import estimate_tokens
 from runs.tools import executor
+from runs.tools.adapters import one_line
 from runs.transcript import (
     HOST_CALL_PREFIX,
     assistant_entry,
@@ -849,7 +850,7 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     subject = draft.get("subject")
     if not isinstance(subject, str) or not subject.strip():
         problems.append("Missing subject: one line of text.")
-    elif "\n" in subject or "\r" in subject:
+    elif not one_line(subject):
         problems.append("The subject is one line of text.")
     if not isinstance(draft.get("body", ""), str):
         problems.append("The body is text.")

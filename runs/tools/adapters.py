@@ -61,6 +61,13 @@ class ToolOutput:
     sources: list[SourceDraft] = field(default_factory=list)
 
 
+def one_line(text: str) -> bool:
+    """Whether `text` holds no line boundary of any kind: those of `str.splitlines` (\\n, \\r,
+    \\v, \\f, \\x1c-\\x1e, \\x85, \\u2028, \\u2029), at each of which Python's email package
+    folds a header."""
+    return text.splitlines() in ([text], [])
+
+
 class ToolRefused(Exception):
     """Gate 3: the call is not authorised for this actor, tenant or resource."""
 

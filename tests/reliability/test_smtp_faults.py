@@ -96,11 +96,15 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
     assert smtp_server.messages == []
 
 
-def test_a_subject_with_a_line_break_fails_before_the_mail_server_is_asked(demo, bob, smtp_server):
+@pytest.mark.parametrize("line_break", ["\n", "\x0b", "\x0c", "\x85", "\u2028"])
+def test_a_subject_with_a_line_break_fails_before_the_mail_server_is_asked(
+    demo, bob, smtp_server, line_break
+):
     # given an approved mail whose subject carries a line break, frozen before the loop
-    # refused such drafts: as a header, it would smuggle in a recipient
+    # refused such drafts: as a header, it would smuggle in a recipient, or be delivered
+    # other than approved
     run, action = waiting_run(demo)
-    payload = {**action.payload, "subject": "Weekly status\nBcc: attacker@evil.example"}
+    payload = {**action.payload, "subject": f"Weekly status{line_break}Bcc: attacker@evil.example"}
     payload_hash = canonical_hash(payload)
     BusinessAction.objects.filter(pk=action.pk).update(
         payload=payload,
