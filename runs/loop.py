@@ -107,8 +107,8 @@ def _this_week(today: date) -> tuple[str, str]:
 
 # The week a message names (seed 000 reads "本周" as the date range): this week, or the one
 # before it. A message that names neither means this week.
-_NAMES_THIS_WEEK = re.compile(r"本周|这周|这个?星期|这个?礼拜|\bthis week\b", re.IGNORECASE)
-_NAMES_LAST_WEEK = re.compile(r"上周|上个?星期|上个?礼拜|\b(?:last|previous) week\b", re.IGNORECASE)
+_NAMES_THIS_WEEK = re.compile(r"本周|这一?个?(?:周|星期|礼拜)|\bthis week\b", re.IGNORECASE)
+_NAMES_LAST_WEEK = re.compile(r"上一?个?(?:周|星期|礼拜)|\b(?:last|previous) week\b", re.IGNORECASE)
 
 
 def _date_range(run: Run) -> tuple[str | None, str | None]:

@@ -426,6 +426,9 @@ def test_the_session_keeps_the_latest_drafts_and_the_keys_the_runs_do_not_write(
     "text",
     [
         "汇总上周项目状态并发给研发负责人",
+        "汇总上一周项目状态并发给研发负责人",
+        "汇总上个星期的项目状态并发给研发负责人",
+        "汇总上一个礼拜的项目状态并发给研发负责人",
         "Summarise last week's project status and mail it to the R&D lead.",
     ],
 )
