@@ -21,7 +21,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Case, QuerySet, When
 from django.utils import timezone
 
 from config.secret_names import secret_key
@@ -159,7 +159,8 @@ def memory_retrieve(
     *, tenant: Tenant, user: AbstractBaseUser, purpose: str, max_sensitivity: str
 ) -> list[dict[str, Any]]:
     """The live items a task may use: this tenant and user, this purpose (or any), not
-    expired, not above `max_sensitivity`; each with its source."""
+    expired, not above `max_sensitivity`; each with its source. Of more than
+    MEMORY_RETRIEVE_MAX, those kept for this purpose come first, then the latest confirmed."""
     allowed = DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(max_sensitivity) + 1]
     items = memories_of(tenant=tenant, user=user).filter(
         expires_at__gt=timezone.now(),
@@ -175,7 +176,12 @@ def memory_retrieve(
             "confirmed_at": item.confirmed_at.isoformat(),
             "source": {"origin": item.origin, **item.source},
         }
-        for item in items.order_by("kind", "key")[: settings.MEMORY_RETRIEVE_MAX]
+        for item in sorted(
+            items.order_by(
+                Case(When(purpose=purpose, then=0), default=1), "-confirmed_at", "kind", "key"
+            )[: settings.MEMORY_RETRIEVE_MAX],
+            key=lambda item: (item.kind, item.key),
+        )
     ]
 
 

@@ -213,6 +213,26 @@ def test_retrieval_filters_purpose_freshness_and_sensitivity(acme, member):
     assert not MemoryItem.objects.filter(key="old").exists()
 
 
+def test_the_items_kept_for_the_task_s_purpose_are_retrieved_before_general_ones(
+    acme, member, settings
+):
+    # given more general items than a task may take, and one kept for weekly summaries
+    settings.MEMORY_RETRIEVE_MAX = 3
+    for index in range(4):
+        prefer(acme, member, key=f"about_{index}", value=f"general {index}")
+    prefer(acme, member, key="summary_format", value="a table", purpose="weekly-summary")
+
+    found = memory_retrieve(
+        tenant=acme, user=member, purpose="weekly-summary", max_sensitivity="internal"
+    )
+
+    # then the task's own item is among those it gets, which come in order of their keys
+    keys = [item["key"] for item in found]
+    assert len(keys) == 3
+    assert "summary_format" in keys
+    assert keys == sorted(keys)
+
+
 def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, client_for):
     alice, carol = client_for(member, acme), client_for(auditor, acme)
 
