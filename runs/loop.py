@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
+from django.db.models.fields.json import KT
 from django.utils import timezone
 
 from approvals.services import action_freeze, handoff_open
@@ -60,6 +61,8 @@ HISTORY_RUNS = 5
 # Older runs of the session are kept as a rolling summary: this many, this much of each.
 SUMMARY_RUNS = 45
 SUMMARY_CHARS = 80
+# An earlier run's reply (its question, or its answer) is kept in the history up to this long.
+REPLY_CHARS = 2000
 DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
@@ -177,9 +180,15 @@ _EARLIER_RUNS = PreparedQuery(
     lambda session_id, before: (
         Run.objects.filter(session_id=session_id, created_at__lt=before)
         .order_by("-created_at")
-        .values("id", "created_at", "message", "status", "reason_code")[
-            : HISTORY_RUNS + SUMMARY_RUNS
-        ]
+        .values(
+            "id",
+            "created_at",
+            "message",
+            "status",
+            "reason_code",
+            question=KT("result__question"),
+            answer=KT("result__output__answer"),
+        )[: HISTORY_RUNS + SUMMARY_RUNS]
     ),
     session_id=UUID,
     before=datetime,
@@ -220,9 +229,18 @@ def _history(run: Run) -> list[dict[str, Any]]:
             "message": _message_text(entry["message"]),
             "status": entry["status"],
             "reason_code": entry["reason_code"],
+            **({"reply": reply[:REPLY_CHARS]} if (reply := _reply(entry)) else {}),
         }
         for entry in reversed(recent)
     ]
+
+
+def _reply(entry: dict[str, Any]) -> str:
+    """What an earlier run said back to the user: the question it asked, or its answer."""
+    for text in (entry["question"], entry["answer"]):
+        if isinstance(text, str) and text.strip():
+            return text
+    return ""
 
 
 def _node_tools(run: Run, node: Node) -> list[ToolVersion]:

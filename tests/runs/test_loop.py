@@ -1068,6 +1068,43 @@ def test_a_model_asks_the_user_with_a_clarification_and_nothing_else(
     assert '{"clarification": "<the question for the user>"}' in system["content"]
 
 
+def test_an_answer_to_the_agent_s_question_reaches_the_model_with_the_question(demo, fake_model):
+    # given the generic agent on a model that asks a question, and then answers
+    fake = fake_model()
+    agent = project_assistant_add(demo)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    question = "Which workstream do you mean: the gateway or the payments SDK?"
+    fake.reply(openai_completion(content=json.dumps({"clarification": question})))
+    fake.reply(openai_completion(content="The payments SDK slips by a week."))
+    first = start(
+        demo, text="What is late this week?", agent="project-assistant", project_id="apollo"
+    )
+    run_execute(run_id=str(first.pk))
+    assert_terminal(first, "NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")
+
+    # when the user answers in the same session
+    second = start(
+        demo,
+        text="The second one.",
+        agent="project-assistant",
+        project_id="apollo",
+        session_id=first.session_id,
+    )
+    run_execute(run_id=str(second.pk))
+
+    # then the model sees the earlier message with the question the agent asked, as history
+    assert Run.objects.get(pk=second.pk).state["history"] == [
+        {
+            "message": "What is late this week?",
+            "status": "NEEDS_CLARIFICATION",
+            "reason_code": "AGENT_NEEDS_INPUT",
+            "reply": question,
+        }
+    ]
+    assert question in json.dumps(fake.requests[1].body)
+
+
 def test_the_generic_agent_does_not_repeat_names_it_invented_as_failed_tools(demo, fake_model):
     # given the generic agent on a model that calls project_search with arguments its schema
     # refuses and a tool no snapshot has, named like an instruction, then answers
