@@ -27,6 +27,9 @@ from runs.transcript import to_items, user_entry
 from runs.workflows import Node
 
 INPUTS_MARKER = "## Task inputs"
+# The share of the token budget what is remembered about the user may take at most; past it,
+# and when the whole is over budget (after the examples and the earlier messages), items go.
+MEMORY_SHARE = 0.25
 
 
 @dataclass(frozen=True)
@@ -126,12 +129,20 @@ def context_build(
         + "\n```",
         "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
-    memory_text = ""
-    if run_state.get("memory"):
-        memory_text = (
+    memory = list(run_state.get("memory") or [])
+
+    def memory_text() -> str:
+        if not memory:
+            return ""
+        return (
             "# Remembered about this user (their own statements, each with its source)\n"
-            + jsontext.dumps(run_state["memory"], sort_keys=True)
+            + jsontext.dumps(memory, sort_keys=True)
         )
+
+    # Memory has a section of its own: at most a MEMORY_SHARE of the budget.
+    while memory and estimate_tokens(memory_text()) > budget * MEMORY_SHARE:
+        memory.pop()
+    memory_tokens = estimate_tokens(memory_text())
     tool_text = jsontext.dumps(
         [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
         sort_keys=True,
@@ -145,7 +156,7 @@ def context_build(
 
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
-    used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text, memory_text))
+    used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text))
     # Each entry is counted once, however often the budget is checked: a cut makes new
     # entries, the others stay the same objects.
     counted: dict[int, tuple[dict[str, Any], int]] = {}
@@ -169,6 +180,7 @@ def context_build(
     def total() -> int:
         return (
             used
+            + memory_tokens
             + estimate_tokens(examples_text())
             + conversation_tokens
             + sum(entry_tokens(entry) for entry in entries)
@@ -179,6 +191,9 @@ def context_build(
     while total() > budget and conversation:
         conversation.pop(0)
         conversation_tokens = estimate_tokens(conversation_text())
+    while total() > budget and memory:
+        memory.pop()
+        memory_tokens = estimate_tokens(memory_text())
     # The results of the last turn are what the model is to work from now: never compressed.
     last_turn = _last_turn_results(transcript)
     keep = max(2, last_turn)
@@ -192,15 +207,15 @@ def context_build(
         entries = shorter
     sections = {**fixed, "examples": examples_text()}
     instructions = "\n\n".join(text for text in sections.values() if text)
-    if memory_text:
-        sections["memory"] = memory_text
+    if memory:
+        sections["memory"] = memory_text()
     sections["tools"] = tool_text
     sections["conversation"] = conversation_text()
     # Each text is one section: memory and earlier messages are counted as theirs.
     sections["transcript"] = jsontext.dumps(entries)
     # What the user said before (remembered statements, earlier messages) is the user's
     # word: it goes with the user's turn, never among the instructions.
-    if users_before := "\n\n".join(filter(None, [memory_text, conversation_text()])):
+    if users_before := "\n\n".join(filter(None, [memory_text(), conversation_text()])):
         entries = [user_entry(users_before), *entries]
     return BuiltContext(
         request=ModelRequest(

@@ -1,7 +1,8 @@
 """The context builder: what the model sees on one turn, and what goes first when it does not
 fit (seed 000, stage 7): an example given twice is given once; then examples (the last listed
-first), earlier messages of the session, old tool results (to their source references) and
-old turns; the rules, the skill's procedure, the task and the tool schemas are never cut."""
+first), earlier messages of the session, what is remembered about the user (which never takes
+more than its share), old tool results (to their source references) and old turns; the rules,
+the skill's procedure, the task and the tool schemas are never cut."""
 
 import json
 
@@ -54,9 +55,15 @@ def _transcript() -> list[dict]:
     return entries
 
 
-def _build(*, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None, history=HISTORY):
+def _build(
+    *, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None, history=HISTORY, memory=()
+):
     return context_build(
-        run_state={"inputs": {"project_id": "apollo"}, "history": list(history)},
+        run_state={
+            "inputs": {"project_id": "apollo"},
+            "history": list(history),
+            "memory": list(memory),
+        },
         transcript=_transcript() if transcript is None else transcript,
         node=Node(name="draft", model_driven=True),
         merged_rules=merge_rules(
@@ -141,6 +148,29 @@ def test_then_the_earlier_messages_of_the_session_go_before_any_tool_result_is_c
     assert _tokens(built, "examples", "conversation") == 0
     assert _results(built) == _results(full)
     assert "Earlier question" not in json.dumps([repr(item) for item in built.request.transcript])
+
+
+MEMORY = [
+    {"key": f"preference_{index}", "value": "按我通常的格式写周报" * 40, "source": {}}
+    for index in range(20)
+]
+
+
+def test_what_is_remembered_takes_at_most_its_share_and_goes_before_any_tool_result(settings):
+    # given twenty long remembered items, and a budget that fits everything but the memory
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build(memory=())
+    settings.CONTEXT_MAX_TOKENS = _full_total(full) + 200
+
+    built = _build(memory=MEMORY)
+
+    # then the memory keeps at most its share of the budget, and the context fits without
+    # any tool result giving way
+    sections = built.sections
+    assert sum(section["tokens"] for section in sections.values()) <= settings.CONTEXT_MAX_TOKENS
+    assert 0 < sections["memory"]["tokens"] <= settings.CONTEXT_MAX_TOKENS * 0.25
+    assert "按我通常的格式写周报" in repr(built.request.transcript)
+    assert _results(built) == _results(full)
 
 
 def test_then_old_tool_results_shrink_to_their_sources_the_newest_two_stay_whole(settings):
