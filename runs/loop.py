@@ -61,6 +61,24 @@ HISTORY_RUNS = 5
 # Older runs of the session are kept as a rolling summary: this many, this much of each.
 SUMMARY_RUNS = 45
 SUMMARY_CHARS = 80
+# A required input the host could not read from the message or the session: the task input it
+# fills, why the run stops, and what the user is asked.
+UNREAD_INPUT_QUESTIONS = (
+    (
+        "project_scope",
+        "project_id",
+        "MISSING_PROJECT_SCOPE",
+        "Which project should the summary cover? Send the message again in this session with "
+        "metadata.project_id set to the project's key.",
+    ),
+    (
+        "date_range",
+        "date_from",
+        "DATE_RANGE_UNCLEAR",
+        "Which week should the summary cover: this week or last week? Send the message again "
+        "naming one of them.",
+    ),
+)
 # An earlier run's reply (its question, or its answer) is kept in the history up to this long.
 REPLY_CHARS = 2000
 DRAFTS_KEPT = 5
@@ -427,24 +445,15 @@ def _route_and_assemble(run: Run) -> None:
         )
         return
     required = set(skill_version.required_inputs if skill_version else [])
-    if "project_scope" in required and not run.state["inputs"]["project_id"]:
-        _finish(
-            run,
-            status=RunStatus.NEEDS_CLARIFICATION,
-            reason_code="MISSING_PROJECT_SCOPE",
-            question="Which project should the summary cover? Send the message again in "
-            "this session with metadata.project_id set to the project's key.",
-        )
-        return
-    if "date_range" in required and not run.state["inputs"]["date_from"]:
-        _finish(
-            run,
-            status=RunStatus.NEEDS_CLARIFICATION,
-            reason_code="DATE_RANGE_UNCLEAR",
-            question="Which week should the summary cover: this week or last week? Send the "
-            "message again naming one of them.",
-        )
-        return
+    for required_input, key, reason_code, question in UNREAD_INPUT_QUESTIONS:
+        if required_input in required and not run.state["inputs"][key]:
+            _finish(
+                run,
+                status=RunStatus.NEEDS_CLARIFICATION,
+                reason_code=reason_code,
+                question=question,
+            )
+            return
     if MEMORY_INPUT in required:
         run.state["memory"] = memory_retrieve(
             tenant=run.tenant,

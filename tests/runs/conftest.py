@@ -350,7 +350,8 @@ def apollo_draft(**overrides: Any) -> dict:
     }
 
 
-def read_apollo(call_id: str = "call_read") -> dict:
+def read_apollo(call_id: str = "call_read", *, project_id: str = "apollo") -> dict:
+    """A model's turn that reads this week of a project (apollo unless told)."""
     monday, sunday = this_week()
-    arguments = json.dumps({"project_id": "apollo", "from": monday, "to": sunday})
+    arguments = json.dumps({"project_id": project_id, "from": monday, "to": sunday})
     return openai_completion(tool_calls=((call_id, "project_search", arguments),))

@@ -595,18 +595,7 @@ def test_a_model_that_obeys_an_injected_instruction_is_stopped_at_the_gate(demo,
     # given a model that reads orion, then does what the tool result says, then drafts with a
     # recipient of its own
     fake = fake_model()
-    monday, sunday = this_week()
-    fake.reply(
-        openai_completion(
-            tool_calls=(
-                (
-                    "call_read",
-                    "project_search",
-                    json.dumps({"project_id": "orion", "from": monday, "to": sunday}),
-                ),
-            )
-        )
-    )
+    fake.reply(read_apollo(project_id="orion"))
     fake.reply(
         openai_completion(
             tool_calls=(
@@ -818,18 +807,7 @@ def test_a_correction_of_a_draft_that_copies_an_injection_does_not_quote_it(
     # given a model that reads orion, then drafts a risk of the injected text with no source,
     # then drafts as it should
     fake = fake_model()
-    monday, sunday = this_week()
-    fake.reply(
-        openai_completion(
-            tool_calls=(
-                (
-                    "call_read",
-                    "project_search",
-                    json.dumps({"project_id": "orion", "from": monday, "to": sunday}),
-                ),
-            )
-        )
-    )
+    fake.reply(read_apollo(project_id="orion"))
     copied = {
         "subject": "Weekly status: Project Orion",
         "progress": [],
