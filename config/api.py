@@ -258,9 +258,22 @@ class Pagination(PageNumberPagination):
             }
         )
 
+    def get_page_number(self, request: Any, paginator: Any) -> str:
+        """The page asked for: one that is not a whole number from 1 is refused (400), as a
+        page size is; a page past the last is not found (404)."""
+        values = request.query_params.getlist(self.page_query_param)
+        if not values:
+            return "1"
+        single = values[0] if len(values) == 1 else ""
+        if not PAGE_SIZE.fullmatch(single) or not single.lstrip("0"):
+            raise exceptions.ValidationError({self.page_query_param: ["One whole number from 1."]})
+        return single
+
     def get_schema_operation_parameters(self, view: Any) -> list[dict]:
         parameters = super().get_schema_operation_parameters(view)
         for parameter in parameters:
+            if parameter["name"] == self.page_query_param:
+                parameter["schema"]["minimum"] = 1
             if parameter["name"] == self.page_size_query_param:
                 parameter["schema"]["minimum"] = 1
                 parameter["description"] = (

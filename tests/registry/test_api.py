@@ -1256,6 +1256,25 @@ def test_a_page_past_the_end_is_not_found(api, publisher, make_tool_version):
     assert _error(response)["code"] == "NOT_FOUND"
 
 
+@pytest.mark.parametrize("page", ["abc", "0", "000", "-1", "2.5", "", "1\n", ["1", "2"]])
+def test_a_page_that_is_not_one_whole_number_is_refused(api, publisher, make_tool_version, page):
+    make_tool_version()
+
+    response = api.as_user(publisher).get(TOOLS, {"page": page})
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == ["page"]
+
+
+def test_the_first_page_may_be_asked_for_with_leading_zeros(api, publisher, make_tool_version):
+    make_tool_version()
+
+    response = api.as_user(publisher).get(TOOLS, {"page": "01"})
+
+    assert (response.status_code, response.json()["count"]) == (200, 1)
+
+
 def test_a_page_size_past_the_largest_page_gets_the_largest_page(
     api, publisher, make_tool_version, monkeypatch
 ):
