@@ -228,7 +228,21 @@ class FilterSet(django_filters.FilterSet):
         return valid and not empty
 
 
-PAGE_SIZE = re.compile(r"^[0-9]+$")
+WHOLE_NUMBER = re.compile(r"[0-9]+")
+
+
+def _whole_number(request: Any, name: str, refusal: str) -> str | None:
+    """The digits (without leading zeros) of the one whole number from 1 given as the query
+    parameter `name`; None when it is not given. Anything else is refused with `refusal`,
+    rather than silently replaced by a default."""
+    values = request.query_params.getlist(name)
+    if not values:
+        return None
+    single = values[0] if len(values) == 1 else ""
+    digits = single.lstrip("0") if WHOLE_NUMBER.fullmatch(single) else ""
+    if not digits:
+        raise exceptions.ValidationError({name: [refusal]})
+    return digits
 
 
 class Pagination(PageNumberPagination):
@@ -237,37 +251,23 @@ class Pagination(PageNumberPagination):
     max_page_size = 200
 
     def get_page_size(self, request: Any) -> int:
-        """The page size asked for (at most `max_page_size`); one that is not a whole number
-        from 1 up is refused rather than silently replaced by the default."""
-        values = request.query_params.getlist(self.page_size_query_param)
-        if not values:
-            return self.page_size
-        single = values[0] if len(values) == 1 else ""
-        digits = single.lstrip("0") if PAGE_SIZE.fullmatch(single) else ""
-        if digits:
-            # More digits than the largest page has is more than it holds (and int() refuses
-            # the longest numbers).
-            if len(digits) > len(str(self.max_page_size)):
-                return self.max_page_size
-            return min(int(digits), self.max_page_size)
-        raise exceptions.ValidationError(
-            {
-                self.page_size_query_param: [
-                    f"One whole number from 1 (pages hold at most {self.max_page_size})."
-                ]
-            }
+        """The page size asked for, at most `max_page_size`."""
+        digits = _whole_number(
+            request,
+            self.page_size_query_param,
+            f"One whole number from 1 (pages hold at most {self.max_page_size}).",
         )
+        if digits is None:
+            return self.page_size
+        # More digits than the largest page has is more than it holds (and int() refuses the
+        # longest numbers).
+        if len(digits) > len(str(self.max_page_size)):
+            return self.max_page_size
+        return min(int(digits), self.max_page_size)
 
     def get_page_number(self, request: Any, paginator: Any) -> str:
-        """The page asked for: one that is not a whole number from 1 is refused (400), as a
-        page size is; a page past the last is not found (404)."""
-        values = request.query_params.getlist(self.page_query_param)
-        if not values:
-            return "1"
-        single = values[0] if len(values) == 1 else ""
-        if not PAGE_SIZE.fullmatch(single) or not single.lstrip("0"):
-            raise exceptions.ValidationError({self.page_query_param: ["One whole number from 1."]})
-        return single
+        """The page asked for; a page past the last is not found (404)."""
+        return _whole_number(request, self.page_query_param, "One whole number from 1.") or "1"
 
     def get_schema_operation_parameters(self, view: Any) -> list[dict]:
         parameters = super().get_schema_operation_parameters(view)

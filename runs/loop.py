@@ -582,7 +582,7 @@ def _recipient_question(inputs: dict[str, Any], *, frozen: Any, reachable: bool)
 def _snapshot_tool_usable(run: Run, name: str) -> bool:
     """Whether the run's snapshot holds the tool `name` in a version neither revoked nor
     withdrawn from the tenant since (gates 1 and 2 would let a call of it through)."""
-    entry = next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
+    entry = executor.snapshot_tool(run, name)
     return entry is not None and not version_ids_withdrawn(
         model=ToolVersion,
         ids=[entry["id"]],

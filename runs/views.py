@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -42,16 +43,16 @@ def _audited_tenants(request: HttpRequest) -> dict[int, str]:
     return tenants
 
 
-def _audited_run(request: HttpRequest, run_id) -> tuple[Run, bool]:
-    """The run, if the viewer may view every run of its tenant, and whether they see it
-    unmasked; anything else is not found. One read of the viewer's roles serves both."""
+def _audited_run(user: AbstractBaseUser, run_id) -> tuple[Run, bool]:
+    """The run, if `user` may view every run of its tenant, and whether they see it unmasked;
+    anything else is not found. One read of their roles serves both."""
     run = Run.objects.select_related("tenant", "actor").filter(pk=run_id).first()
     if run is None:
         raise Http404("No such run.")
-    roles = user_roles(user=request.user, tenant=run.tenant)
-    if not user_can(user=request.user, action=Action.RUN_VIEW_ALL, tenant=run.tenant, roles=roles):
+    roles = user_roles(user=user, tenant=run.tenant)
+    if not user_can(user=user, action=Action.RUN_VIEW_ALL, tenant=run.tenant, roles=roles):
         raise Http404("No such run.")
-    return run, selectors.viewer_cleared(user=request.user, run=run, roles=roles)
+    return run, selectors.viewer_cleared(user=user, run=run, roles=roles)
 
 
 def _still_audited(request: HttpRequest, run_id) -> bool:
@@ -62,7 +63,7 @@ def _still_audited(request: HttpRequest, run_id) -> bool:
     if viewer.pk != request.user.pk:
         return False
     try:
-        _audited_run(SimpleNamespace(user=viewer), run_id)
+        _audited_run(viewer, run_id)
     except Http404:
         return False
     return True
@@ -100,7 +101,7 @@ class RunHistoryView(View):
 @method_decorator(login_required, name="dispatch")
 class RunDetailView(View):
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run, cleared = _audited_run(request, run_id)
+        run, cleared = _audited_run(request.user, run_id)
         record = audit.run_record(run, cleared=cleared)
         return render(
             request,
@@ -117,7 +118,7 @@ class RunDetailView(View):
 @method_decorator(login_required, name="dispatch")
 class RunExportView(View):
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run, cleared = _audited_run(request, run_id)
+        run, cleared = _audited_run(request.user, run_id)
         record = audit.run_record(run, cleared=cleared)
         response = HttpResponse(audit.run_export(record), content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="run-{run.pk}.json"'
@@ -129,7 +130,7 @@ class RunStreamView(View):
     """The run page follows this while the run is active: its events, redacted."""
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
-        run, cleared = _audited_run(request, run_id)
+        run, cleared = _audited_run(request.user, run_id)
         hidden = selectors.hidden_fields(run=run, cleared=cleared)
         after = request.headers.get("Last-Event-ID", "")
         return event_stream(

@@ -51,10 +51,6 @@ Allowed = Callable[[], bool]
 ACCESS_ENDED = f"event: end\ndata: {json.dumps({'reason': 'ACCESS_ENDED'})}\n\n"
 
 
-def _always() -> bool:
-    return True
-
-
 def _status(run_id: str) -> str | None:
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
 
@@ -122,17 +118,13 @@ async def _async_stream(
         await asyncio.sleep(POLL_SECONDS)
 
 
-def _as_stored(payload: dict[str, Any]) -> dict[str, Any]:
-    return payload
-
-
 def event_stream(
     request: HttpRequest,
     run: Run,
     after: int,
     *,
-    shape: Shape = _as_stored,
-    allowed: Allowed = _always,
+    shape: Shape,
+    allowed: Allowed,
 ) -> StreamingHttpResponse:
     """`shape` turns each stored payload into what this viewer may see; `allowed` says
     whether they still may see the run, asked before each batch of events is sent (and the

@@ -175,11 +175,16 @@ def host_context(
     )
 
 
+def snapshot_tool(run: Run, name: str) -> dict[str, Any] | None:
+    """The entry of the run's capability snapshot for the tool `name`, if it holds one."""
+    return next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
+
+
 def host_refusal(*, run: Run, call: RequestedCall) -> ErrorCategory | None:
     """Gate 3 alone, for a call the host would make but answers from what it holds (a
     recipient confirmed in the session): the category its tool refuses it with, if it does,
     so a project out of the actor's reach is refused the same with or without the call."""
-    entry = next((e for e in run.capability.get("tools", []) if e["name"] == call.name), None)
+    entry = snapshot_tool(run, call.name)
     if entry is None:
         return ErrorCategory.NOT_FOUND
     tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
@@ -388,9 +393,7 @@ def side_effect_admit(
     transaction that records the action as executing: the call and its idempotency key are
     durable before anything is done. Run it with `side_effect_run`, outside any transaction,
     and record it with `side_effect_record`."""
-    entry = next(
-        (tool for tool in run.capability.get("tools", []) if tool["name"] == call.name), None
-    )
+    entry = snapshot_tool(run, call.name)
     tool_version = (
         versions_frozen(model=ToolVersion, ids=[entry["id"]]).get(entry["id"]) if entry else None
     )
