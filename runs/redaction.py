@@ -172,6 +172,8 @@ _SECRET_WORDS = (
     "credential",
     *SECRET_WORDS_ZH,
 )
+# One search for all of them: faster than a scan per word.
+_SECRET_WORD = re.compile("|".join(map(re.escape, _SECRET_WORDS)))
 
 
 # The shortest text a key known by its prefix alone can be: "sk-" and 12 characters. A - or _
@@ -191,8 +193,7 @@ def _may_hold_secret(text: str) -> bool:
         return True
     if "AKIA" in text or "ASIA" in text or "AIza" in text:
         return True
-    lowered = text.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
+    return _SECRET_WORD.search(text.lower()) is not None
 
 
 def _basic_credential(match: re.Match) -> str:
