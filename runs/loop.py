@@ -75,8 +75,8 @@ UNREAD_INPUT_QUESTIONS = (
         "date_range",
         "date_from",
         "DATE_RANGE_UNCLEAR",
-        "Which week should the summary cover: this week or last week? Send the message again "
-        "naming one of them.",
+        "Which week should the summary cover: this week, last week or the week before last? "
+        "Send the message again naming one of them.",
     ),
 )
 # An earlier run's reply (its question, or its answer) is kept in the history up to this long.
@@ -126,21 +126,34 @@ def _this_week(today: date) -> tuple[str, str]:
     return monday.isoformat(), (monday + timedelta(days=6)).isoformat()
 
 
-# The week a message names (seed 000 reads "本周" as the date range): this week, or the one
-# before it. A message that names neither means this week.
-_NAMES_THIS_WEEK = re.compile(r"本周|这一?个?(?:周|星期|礼拜)|\bthis week\b", re.IGNORECASE)
-_NAMES_LAST_WEEK = re.compile(r"上一?个?(?:周|星期|礼拜)|\b(?:last|previous) week\b", re.IGNORECASE)
+# The weeks a message may name (seed 000 reads "本周" as the date range), by how many weeks
+# before this one they are. A message that names none means this week.
+_WEEKS_NAMED = (
+    (
+        2,
+        re.compile(
+            r"上上一?个?(?:周|星期|礼拜)|\bthe week before last\b|\btwo weeks ago\b", re.IGNORECASE
+        ),
+    ),
+    (
+        1,
+        re.compile(
+            r"(?<!上)上一?个?(?:周|星期|礼拜)|\b(?<!before )(?:last|previous) week\b", re.IGNORECASE
+        ),
+    ),
+    (0, re.compile(r"本周|这一?个?(?:周|星期|礼拜)|\bthis week\b", re.IGNORECASE)),
+)
 
 
 def _date_range(run: Run) -> tuple[str | None, str | None]:
-    """The first and last day of the week the message names; (None, None) when it names
-    both this week and the last, which the user is asked to settle."""
+    """The first and last day of the week the message names; (None, None) when it names more
+    than one, which the user is asked to settle."""
     text = _message_text(run.message)
-    this_week, last_week = _NAMES_THIS_WEEK.search(text), _NAMES_LAST_WEEK.search(text)
-    if this_week and last_week:
+    named = {weeks for weeks, pattern in _WEEKS_NAMED if pattern.search(text)}
+    if len(named) > 1:
         return None, None
-    today = timezone.localdate()
-    return _this_week(today - timedelta(days=7) if last_week else today)
+    weeks_before = named.pop() if named else 0
+    return _this_week(timezone.localdate() - timedelta(weeks=weeks_before))
 
 
 def _workflow(run: Run) -> Workflow:

@@ -423,19 +423,26 @@ def test_the_session_keeps_the_latest_drafts_and_the_keys_the_runs_do_not_write(
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "weeks_before"),
     [
-        "汇总上周项目状态并发给研发负责人",
-        "汇总上一周项目状态并发给研发负责人",
-        "汇总上个星期的项目状态并发给研发负责人",
-        "汇总上一个礼拜的项目状态并发给研发负责人",
-        "Summarise last week's project status and mail it to the R&D lead.",
+        ("汇总上周项目状态并发给研发负责人", 1),
+        ("汇总上一周项目状态并发给研发负责人", 1),
+        ("汇总上个星期的项目状态并发给研发负责人", 1),
+        ("汇总上一个礼拜的项目状态并发给研发负责人", 1),
+        ("Summarise last week's project status and mail it to the R&D lead.", 1),
+        ("汇总上上周项目状态并发给研发负责人", 2),
+        ("汇总上上个星期的项目状态并发给研发负责人", 2),
+        ("Summarise the week before last and mail it to the R&D lead.", 2),
+        ("Summarise the week before last week and mail it to the R&D lead.", 2),
+        ("Summarise the project status of two weeks ago for the R&D lead.", 2),
     ],
 )
-def test_a_message_about_last_week_is_summarised_from_last_week(demo, text):
-    # given apollo's updates of this week (the demo's) and one of last week
-    monday = timezone.localdate() - timedelta(days=timezone.localdate().weekday() + 7)
-    last_week = {"from": monday.isoformat(), "to": (monday + timedelta(days=6)).isoformat()}
+def test_a_message_about_an_earlier_week_is_summarised_from_that_week(demo, text, weeks_before):
+    # given apollo's updates of this week (the demo's) and one of the week the message names
+    monday = timezone.localdate() - timedelta(
+        days=timezone.localdate().weekday() + 7 * weeks_before
+    )
+    named_week = {"from": monday.isoformat(), "to": (monday + timedelta(days=6)).isoformat()}
     ProjectUpdate.objects.create(
         project=Project.objects.get(key="apollo"),
         kind="task",
@@ -449,13 +456,13 @@ def test_a_message_about_last_week_is_summarised_from_last_week(demo, text):
     # when
     run_execute(run_id=str(run.pk))
 
-    # then the project is read, and the draft made, for last week alone
+    # then the project is read, and the draft made, for that week alone
     run.refresh_from_db()
     (search,) = [p for p in events_of(run, "tool.requested") if p["name"] == "project_search"]
-    assert {key: search["arguments"][key] for key in ("from", "to")} == last_week
+    assert {key: search["arguments"][key] for key in ("from", "to")} == named_week
     assert (run.state["inputs"]["date_from"], run.state["inputs"]["date_to"]) == (
-        last_week["from"],
-        last_week["to"],
+        named_week["from"],
+        named_week["to"],
     )
     assert run.status == "WAITING_APPROVAL"
     (created,) = events_of(run, "draft.created")
@@ -463,13 +470,21 @@ def test_a_message_about_last_week_is_summarised_from_last_week(demo, text):
     assert [item["text"] for item in created["draft"]["progress"]] == [kick_off]
 
 
-def test_a_message_naming_this_week_and_last_week_is_asked_which_before_any_tool(demo):
-    run = start(demo, text="本周和上周的项目状态汇总并发给研发负责人", project_id="apollo")
+@pytest.mark.parametrize(
+    "text",
+    [
+        "本周和上周的项目状态汇总并发给研发负责人",
+        "上周和上上周的项目状态汇总并发给研发负责人",
+        "Summarise this week and the week before last for the R&D lead.",
+    ],
+)
+def test_a_message_naming_two_weeks_is_asked_which_before_any_tool(demo, text):
+    run = start(demo, text=text, project_id="apollo")
 
     run_execute(run_id=str(run.pk))
 
     result = assert_terminal(run, "NEEDS_CLARIFICATION", "DATE_RANGE_UNCLEAR")
-    assert "this week or last week" in result["question"]
+    assert "this week, last week or the week before last" in result["question"]
     assert tool_calls(run) == []
 
 
