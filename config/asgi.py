@@ -1,5 +1,9 @@
 """The ASGI application (uvicorn in production: event streams hold no thread).
 
+The static files (the admin's styles and scripts, the API documentation's) are served here from
+STATIC_ROOT, where `manage.py collectstatic` puts them, so a deployment needs no other server
+for them.
+
 Django's ASGI handler reads a whole request body into a temporary file before any middleware
 runs, so the API's body limit is enforced here, while the body streams in: a declared
 Content-Length over the limit, or more bytes than the limit without one, is answered 413
@@ -12,10 +16,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from django.core.asgi import get_asgi_application
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.staticfiles import StaticFiles
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 django_application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402
 
 from config.api import error_body  # noqa: E402 - needs the apps loaded above
 from config.middleware import body_limit  # noqa: E402
@@ -77,4 +85,33 @@ class BodyLimit:
         await self.app(scope, replayed, send)
 
 
-application = BodyLimit(django_application)
+class StaticAssets:
+    """Requests under STATIC_URL are answered from STATIC_ROOT (a file outside it, or none,
+    is a 404); any other goes to `app`."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+        self.prefix = "/" + settings.STATIC_URL.strip("/") + "/"
+        # The middleware turns the 404 and 405 StaticFiles raises into answers.
+        self.files = ExceptionMiddleware(
+            StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)
+        )
+
+    async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+            await self.app(scope, receive, send)
+            return
+
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {
+                    **message,
+                    "headers": [*message["headers"], (b"x-content-type-options", b"nosniff")],
+                }
+            await send(message)
+
+        inner = {**scope, "path": scope["path"][len(self.prefix) - 1 :], "root_path": ""}
+        await self.files(inner, receive, sent)
+
+
+application = StaticAssets(BodyLimit(django_application))
