@@ -7,6 +7,7 @@ Celery in eager mode. DEBUG is off unless asked for, and then SECRET_KEY must be
 from pathlib import Path
 
 import environ
+from csp.constants import NONE, SELF, UNSAFE_INLINE
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -73,6 +74,7 @@ MIDDLEWARE = [
     "config.middleware.PrivateResponsesMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
     "simple_history.middleware.HistoryRequestMiddleware",
 ]
 
@@ -362,6 +364,23 @@ ANONYMOUS_USER_NAME = None
 
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+# Pages show what tools and models returned: should any of it ever get past escaping, no
+# script but the platform's own files runs, and nothing is sent or loaded anywhere else.
+# Styles may be inline (the pages' own style blocks and the trace waterfall's widths).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF, UNSAFE_INLINE],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    }
+}
 SESSION_COOKIE_HTTPONLY = True
 if not DEBUG:
     SESSION_COOKIE_SECURE = True

@@ -5,7 +5,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
 from django.views.generic import TemplateView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from config.api import error_body
 from runs.views import MemoryListView, RegistryHistoryView
@@ -25,7 +25,7 @@ urlpatterns = [
     path("registry/history/", RegistryHistoryView.as_view(), name="registry-history"),
     path("memories/", MemoryListView.as_view(), name="memories"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 

@@ -49,3 +49,40 @@ def test_a_page_anyone_may_read_is_left_to_the_caches(client):
 
     assert response.status_code == 200
     assert not response.has_header("Cache-Control")
+
+
+def _policy(response) -> dict[str, list[str]]:
+    directives = (part.split() for part in response["Content-Security-Policy"].split(";"))
+    return {name: values for name, *values in directives}
+
+
+@pytest.mark.parametrize(
+    ("username", "path"),
+    [
+        ("carol", "runs:detail"),
+        ("carol", "runs:history"),
+        ("bob", "approvals:queue"),
+        ("dave", "/admin/registry/toolversion/"),
+        (None, "/api/docs/"),
+        (None, "/accounts/login/"),
+    ],
+)
+def test_a_page_runs_only_the_platform_s_own_scripts(client, finished_run, username, path):
+    if username:
+        assert client.login(username=username, password=DEMO_PASSWORD)
+    url = path if path.startswith("/") else reverse(path, **_args(path, finished_run))
+
+    response = client.get(url)
+
+    assert response.status_code == 200
+    policy = _policy(response)
+    assert policy["script-src"] == ["'self'"]
+    assert policy["default-src"] == ["'self'"]
+    assert policy["object-src"] == ["'none'"]
+    assert policy["frame-ancestors"] == ["'none'"]
+    assert policy["form-action"] == ["'self'"]
+    assert b"<script>" not in response.content
+
+
+def _args(path: str, run) -> dict:
+    return {"args": [run.pk]} if path == "runs:detail" else {}
