@@ -2,14 +2,15 @@
 
 Sections in order of trust: platform and application rules, the workflow node, the skill (its
 procedure, rules and examples), the task inputs and state, the tool schemas and the output
-contract as instructions; then the transcript: earlier messages of the session and the user's
-message, the model's calls and the wrapped tool results. An example given twice is given once;
-when the whole is over budget, examples go first (the last listed first), then earlier
-messages of the session, then old tool results lose their content (their untrusted-data
-envelope keeps the source, the hash and the references), then old turns but the last that
-called tools; rules, the skill's procedure, the task and the tool schemas are never cut. Tool
-results reach the model only inside an `untrusted_data` envelope, never among the
-instructions.
+contract as instructions; then the transcript: the recipient the host resolved (seed 000, stage
+7: the minimal snapshot of the directory record, as data the model may not change), earlier
+messages of the session and the user's message, the model's calls and the wrapped tool results.
+An example given twice is given once; when the whole is over budget, examples go first (the
+last listed first), then earlier messages of the session, then old tool results lose their
+content (their untrusted-data envelope keeps the source, the hash and the references), then old
+turns but the last that called tools; rules, the skill's procedure, the task, the recipient and
+the tool schemas are never cut. Tool results reach the model only inside an `untrusted_data`
+envelope, never among the instructions.
 """
 
 import hashlib
@@ -30,6 +31,18 @@ INPUTS_MARKER = "## Task inputs"
 # The share of the token budget what is remembered about the user may take at most; past it,
 # and when the whole is over budget (after the examples and the earlier messages), items go.
 MEMORY_SHARE = 0.25
+# What the model sees of the confirmed recipient: the least that names them (seed 000, stage 7).
+RECIPIENT_FIELDS = (
+    "record_id",
+    "display_name",
+    "corporate_email",
+    "record_version",
+    "looked_up_at",
+)
+RECIPIENT_MARKER = (
+    "# Recipient of the draft: the host attaches them to the mail; the draft never names an "
+    "address, and this one is not to be changed"
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,25 @@ def wrap_untrusted(
                 "content": content,
             }
         }
+    )
+
+
+def _recipient_text(recipient: Any) -> str:
+    """The recipient's snapshot as untrusted data: a directory record's name is data, never an
+    instruction. Empty without a recipient."""
+    if not isinstance(recipient, dict):
+        return ""
+    snapshot = {field: recipient.get(field) for field in RECIPIENT_FIELDS}
+    return (
+        RECIPIENT_MARKER
+        + "\n"
+        + wrap_untrusted(
+            source="directory",
+            fetched_at=str(recipient.get("looked_up_at") or ""),
+            content=jsontext.dumps(snapshot, sort_keys=True),
+            allowed_use="recipient",
+            references=[f"directory:{snapshot['record_id']}@{snapshot['record_version']}"],
+        )
     )
 
 
@@ -156,7 +188,8 @@ def context_build(
 
     conversation = list(run_state.get("history", []))
     entries = list(transcript)
-    used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text))
+    recipient = _recipient_text(run_state.get("recipient"))
+    used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text, recipient))
     # Each entry is counted once, however often the budget is checked: a cut makes new
     # entries, the others stay the same objects.
     counted: dict[int, tuple[dict[str, Any], int]] = {}
@@ -210,13 +243,15 @@ def context_build(
     if memory:
         sections["memory"] = memory_text()
     sections["tools"] = tool_text
+    if recipient:
+        sections["recipient"] = recipient
     sections["conversation"] = conversation_text()
     # Each text is one section: memory and earlier messages are counted as theirs.
     sections["transcript"] = jsontext.dumps(entries)
-    # What the user said before (remembered statements, earlier messages) is the user's
-    # word: it goes with the user's turn, never among the instructions.
-    if users_before := "\n\n".join(filter(None, [memory_text(), conversation_text()])):
-        entries = [user_entry(users_before), *entries]
+    # The recipient (directory data) and what the user said before (remembered statements,
+    # earlier messages) go with the user's turn, never among the instructions.
+    if before := "\n\n".join(filter(None, [recipient, memory_text(), conversation_text()])):
+        entries = [user_entry(before), *entries]
     return BuiltContext(
         request=ModelRequest(
             instructions=instructions, transcript=to_items(entries), tools=tuple(tools)

@@ -9,7 +9,7 @@ import json
 from django.conf import settings
 
 from config import jsontext
-from runs.context import context_build, wrap_untrusted
+from runs.context import RECIPIENT_MARKER, context_build, wrap_untrusted
 from runs.loop import run_execute
 from runs.model_clients.base import ToolCall, ToolResult, ToolSpec
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
@@ -56,13 +56,19 @@ def _transcript() -> list[dict]:
 
 
 def _build(
-    *, examples=(FIRST_EXAMPLE, SECOND_EXAMPLE), transcript=None, history=HISTORY, memory=()
+    *,
+    examples=(FIRST_EXAMPLE, SECOND_EXAMPLE),
+    transcript=None,
+    history=HISTORY,
+    memory=(),
+    recipient=None,
 ):
     return context_build(
         run_state={
             "inputs": {"project_id": "apollo"},
             "history": list(history),
             "memory": list(memory),
+            **({"recipient": recipient} if recipient else {}),
         },
         transcript=_transcript() if transcript is None else transcript,
         node=Node(name="draft", model_driven=True),
@@ -195,6 +201,35 @@ def test_then_old_tool_results_shrink_to_their_sources_the_newest_two_stay_whole
     }
     assert "r" * 1200 in second["untrusted_data"]["content"]
     assert "r" * 1200 in third["untrusted_data"]["content"]
+
+
+RECIPIENT = {
+    "record_id": "dir-1001",
+    "display_name": "Li Wei",
+    "corporate_email": "li.wei@acme.example",
+    "record_version": 3,
+    "looked_up_at": "2026-12-02T00:00:00+00:00",
+    "confirmed": False,
+}
+
+
+def test_the_recipient_goes_whole_with_the_user_s_turn_at_any_budget(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build(recipient=RECIPIENT)
+    settings.CONTEXT_MAX_TOKENS = 1
+
+    built = _build(recipient=RECIPIENT)
+
+    assert built.sections["recipient"] == full.sections["recipient"]
+    assert built.sections["recipient"]["tokens"] > 0
+    assert "li.wei@acme.example" not in built.request.instructions
+    first = built.request.transcript[0]
+    assert first.text.startswith(RECIPIENT_MARKER)
+    data = json.loads(first.text.split("\n")[1])["untrusted_data"]
+    assert json.loads(data["content"]) == {
+        key: value for key, value in RECIPIENT.items() if key != "confirmed"
+    }
+    assert "recipient" not in _build().sections
 
 
 def test_at_any_budget_the_rules_the_procedure_the_task_and_the_tool_schemas_stay_whole(

@@ -488,13 +488,16 @@ def test_a_model_call_under_the_hosts_own_call_id_passes_every_gate(demo, fake_m
     # when
     run_execute(run_id=str(run.pk))
 
-    # then gate 1 rejects it like any call of another node's tool, and the host's record (the
-    # lead's email) never reaches the model
+    # then gate 1 rejects it like any call of another node's tool, and the model's call is
+    # answered with the rejection, never with the host's record
     (call, _) = _model_call_ids(run)
     assert call["provider_call_id"] == "host-recipient"
     (rejected,) = events_of(run, "tool.rejected")
     assert (rejected["call_id"], rejected["category"]) == (call["call_id"], "PERMISSION_DENIED")
-    assert "li.wei@acme.example" not in json.dumps(fake.requests[1].body, ensure_ascii=False)
+    _, answer, envelope = paired(messages_of(fake.requests[1]), call["call_id"])
+    assert envelope["protocol_status"] == "rejected"
+    assert envelope["raw"] is None
+    assert "li.wei@acme.example" not in json.dumps(answer, ensure_ascii=False)
     run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
 
