@@ -746,6 +746,18 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
     ) / 1000
 
 
+def _turn_unaffordable(run: Run, model_config: ModelConfig, input_tokens: int) -> str | None:
+    """Whether the next turn's context alone would spend what the run's token or cost budget
+    has left: such a turn is not sent, since the run could not use its answer, and the
+    provider would be paid for it all the same."""
+    budgets = run.capability["budgets"]
+    if run.tokens_used + input_tokens >= budgets["max_tokens"]:
+        return "TOKEN_BUDGET"
+    if run.cost + _cost(model_config, input_tokens, 0) > Decimal(budgets["max_cost"]):
+        return "COST_BUDGET"
+    return None
+
+
 def _model_turn(run: Run, model_config: ModelConfig) -> None:
     pinned = run.capability["model"]
     if (model_config.provider, model_config.model_name) != (pinned["provider"], pinned["model"]):
@@ -784,6 +796,21 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         output_contract=skill_version.output_contract if skill_version else {},
         examples=skill_version.examples if skill_version else [],
     )
+    # What the context builder counted is what the turn sends (and what a provider that
+    # reports no usage is charged with).
+    input_estimate = sum(section.get("tokens", 0) for section in built.sections.values())
+    if (reason := _turn_unaffordable(run, model_config, input_estimate)) is not None:
+        _finish(
+            run,
+            status=RunStatus.BUDGET_EXHAUSTED,
+            reason_code=reason,
+            output={"turn_not_made": {"input_tokens": input_estimate}},
+        )
+        return
+    tokens_left = run.capability["budgets"]["max_tokens"] - run.tokens_used - input_estimate
+    request = replace(
+        built.request, max_output_tokens=min(built.request.max_output_tokens, tokens_left)
+    )
     run.steps += 1
     events.context_built(run, step=run.steps, sections=built.sections)
     model_started = timezone.now()
@@ -803,7 +830,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)
     model = {"model": model_config.model_name, "provider": model_config.provider, "step": run.steps}
     try:
-        response = response_kept(client.complete(built.request))
+        response = response_kept(client.complete(request))
     except ModelError as error:
         if error.retryable:
             raise ModelTemporarilyUnavailable(error) from error
@@ -823,9 +850,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         )
         return
     # A provider that reports no usage (0) is counted with the local estimate.
-    input_tokens = response.usage.input_tokens or sum(
-        section.get("tokens", 0) for section in built.sections.values()
-    )
+    input_tokens = response.usage.input_tokens or input_estimate
     output_tokens = response.usage.output_tokens or estimate_tokens(
         response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
     )

@@ -123,6 +123,14 @@ def budgets(demo, **values: Any) -> None:
     registry_object_save(instance=demo.agent, actor=demo.admin, reason="budget under test")
 
 
+def context_tokens(run) -> list[int]:
+    """The tokens of each turn's context, as the context builder counted them."""
+    return [
+        sum(section["tokens"] for section in event["sections"].values())
+        for event in events_of(run, "context.built")
+    ]
+
+
 def priced_fake_model(demo, fake_model, *, per_1k_output: Decimal = Decimal("0")):
     """The fake provider, at 1.00 per 1k input tokens (and `per_1k_output`)."""
     fake = fake_model()
@@ -757,15 +765,8 @@ def test_a_skill_rule_that_restates_a_platform_rule_word_for_word_merges_safely(
             # the call the model made is named, never made
             {"calls_not_made": ["offline-1"]},
         ),
-        (
-            {"max_tokens": 100},
-            "TOKEN_BUDGET",
-            [*MODEL_TURN, "run.finished"],
-            [("host-recipient", "directory_lookup", "completed", "")],
-            {},
-        ),
     ],
-    ids=["steps", "tool-calls", "tokens"],
+    ids=["steps", "tool-calls"],
 )
 def test_a_spent_budget_ends_the_run_before_any_draft(
     demo, budget, reason_code, tail, calls, output
@@ -786,10 +787,15 @@ def test_a_spent_budget_ends_the_run_before_any_draft(
 
 
 def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_run(demo, fake_model):
-    # given a model at 1.00 per 1k input tokens (its turn: 321 of them) and a budget of 0.10
-    fake = priced_fake_model(demo, fake_model)
-    budgets(demo, max_cost=Decimal("0.10"))
-    fake.reply(read_apollo("call_read"))
+    # given a model at 1.00 per 1k output tokens (its input free) and a budget of 0.01
+    fake = priced_fake_model(demo, fake_model, per_1k_output=Decimal("1.00"))
+    config = demo.agent.model_config
+    config.price_per_1k_input = Decimal("0")
+    registry_object_save(instance=config, actor=demo.admin, reason="free input")
+    budgets(demo, max_cost=Decimal("0.01"))
+    reply = read_apollo("call_read")
+    reply["usage"] = {"prompt_tokens": 300, "completion_tokens": 40}
+    fake.reply(reply)
     run = start(demo, project_id="apollo")
 
     # when
@@ -798,26 +804,60 @@ def test_a_turn_that_costs_more_than_the_budget_ends_the_run_before_its_calls_ru
     # then the turn is recorded with its cost, and the read it asked for never ran
     assert_terminal(run, "BUDGET_EXHAUSTED", "COST_BUDGET")
     (responded,) = events_of(run, "model.responded")
-    assert Decimal(responded["cost"]) > Decimal("0.10")
+    assert Decimal(responded["cost"]) == Decimal("0.04")
     assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     assert len(fake.requests) == 1
 
 
+@pytest.mark.parametrize(
+    ("budget", "reason_code"),
+    [({"max_cost": Decimal("0.10")}, "COST_BUDGET"), ({"max_tokens": 100}, "TOKEN_BUDGET")],
+    ids=["cost", "tokens"],
+)
+def test_a_turn_whose_context_alone_is_past_the_budget_is_never_sent(
+    demo, fake_model, budget, reason_code
+):
+    # given a model at 1.00 per 1k input tokens, and a budget the first turn's context alone
+    # (several hundred tokens) goes past
+    fake = priced_fake_model(demo, fake_model)
+    budgets(demo, **budget)
+    fake.reply(read_apollo("call_read"))
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the provider is never asked (nor paid), and the run says how large the turn was
+    result = assert_terminal(run, "BUDGET_EXHAUSTED", reason_code)
+    assert fake.requests == []
+    assert result["output"]["turn_not_made"]["input_tokens"] > 100
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    run = finished(run)
+    assert (run.steps, run.tokens_used, run.cost) == (0, 0, 0)
+    assert_nothing_sent(run)
+
+
 def test_a_provider_that_reports_no_usage_is_held_to_the_budgets_by_the_estimate(demo, fake_model):
-    # given a priced model whose server leaves `usage` out (some vLLM, Ollama or proxy setups)
-    fake = priced_fake_model(demo, fake_model, per_1k_output=Decimal("1.00"))
-    budgets(demo, max_tokens=50)
+    # given a model whose server leaves `usage` out (some vLLM, Ollama or proxy setups), and
+    # a token budget 5 tokens larger than the first turn's context
     first = read_apollo("call_read")
     del first["usage"]
+    probe = start(demo, project_id="apollo")
+    run_execute(run_id=str(probe.pk))
+    turn_input = context_tokens(probe)[0]
+    fake = priced_fake_model(demo, fake_model, per_1k_output=Decimal("1.00"))
     fake.reply(first)
+    budgets(demo, max_tokens=turn_input + 5, max_cost=Decimal("10"))
     run = start(demo, project_id="apollo")
 
     run_execute(run_id=str(run.pk))
 
-    # then the turn counts what the context builder estimated it sent
+    # then the turn may answer with 5 tokens at most, and counts what the context builder
+    # estimated it sent and received
+    assert fake.requests[0].body["max_tokens"] == 5
     assert_terminal(run, "BUDGET_EXHAUSTED", "TOKEN_BUDGET")
     run = finished(run)
-    assert run.tokens_used > 50
+    assert run.tokens_used > turn_input + 5
     assert run.cost > 0
 
 
@@ -850,11 +890,12 @@ def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
 
 
 def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_nothing(demo):
-    # given a token budget one token larger than the running example's first turn
+    # given a token budget one token larger than the running example's first turn and the
+    # second turn's context
     probe = start(demo, project_id="apollo")
     run_execute(run_id=str(probe.pk))
     first = events_of(probe, "model.responded")[0]["usage"]
-    budgets(demo, max_tokens=first["input"] + first["output"] + 1)
+    budgets(demo, max_tokens=first["input"] + first["output"] + context_tokens(probe)[1] + 1)
     run = start(demo, project_id="apollo")
 
     # when
