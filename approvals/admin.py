@@ -32,6 +32,7 @@ class ApprovalDecisionAdmin(ApprovalsEvidenceAdmin):
 @admin.register(Handoff)
 class HandoffAdmin(ApprovalsEvidenceAdmin, SimpleHistoryAdmin):
     list_display = ["skill", "status", "tenant", "requester", "resolved_by", "created_at"]
+    list_select_related = ["tenant", "requester", "resolved_by"]
     list_filter = ["status", "tenant"]
     search_fields = ["run__id", "requester__username", "request"]
     date_hierarchy = "created_at"

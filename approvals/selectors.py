@@ -25,7 +25,9 @@ def _where_user_decides(
 def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
     """Waiting ones first, oldest first among them, with what a page or the API shows."""
     return (
-        actions.select_related("tenant", "requester", "run", "skill_version__skill", "decision")
+        actions.select_related(
+            "tenant", "requester", "run", "skill_version__skill", "decision__approver"
+        )
         .annotate(
             waiting=Case(
                 When(status=ActionStatus.WAITING_APPROVAL, then=Value(0)),

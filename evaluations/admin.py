@@ -5,6 +5,7 @@ overrides are measured evidence, read-only."""
 from typing import Any
 
 from django.contrib import admin
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from evaluations.models import (
@@ -26,6 +27,9 @@ class EvalCaseInline(admin.TabularInline):
     extra = 0
     show_change_link = True
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EvalCase]:
+        return super().get_queryset(request).select_related("suite")
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
@@ -33,6 +37,7 @@ class EvalCaseInline(admin.TabularInline):
 @admin.register(EvalSuite)
 class EvalSuiteAdmin(RegistryAdmin):
     list_display = ("key", "name", "kind", "skill_name", "tenant")
+    list_select_related = ("tenant",)
     list_filter = ("kind", "tenant")
     search_fields = ("key", "name", "skill_name")
     inlines = (EvalCaseInline,)
@@ -66,6 +71,9 @@ class EvalCaseResultInline(admin.TabularInline):
     fields = ("case", "passed", "failures", "run")
     readonly_fields = fields
     extra = 0
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[EvalCaseResult]:
+        return super().get_queryset(request).select_related("case__suite")
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

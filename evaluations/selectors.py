@@ -38,6 +38,7 @@ def eval_suites_visible(
         return EvalSuite.objects.none()
     return (
         EvalSuite.objects.filter(Q(tenant__isnull=True) | Q(tenant__in=_tenants(user, tenant)))
+        .select_related("tenant")
         .annotate(case_count=Count("cases"))
         .order_by("key")
     )

@@ -65,7 +65,10 @@ class ScheduledTaskForm(forms.ModelForm):
 
 class LatestOccurrencesFormSet(forms.BaseInlineFormSet):
     def get_queryset(self) -> QuerySet[TaskOccurrence]:
-        return super().get_queryset().select_related("task")[:OCCURRENCES_SHOWN]
+        # Read once: the formset asks for its queryset again for each form.
+        if not hasattr(self, "_latest"):
+            self._latest = super().get_queryset().select_related("task")[:OCCURRENCES_SHOWN]
+        return self._latest
 
 
 class TaskOccurrenceInline(admin.TabularInline):

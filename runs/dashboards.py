@@ -9,7 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import connection
-from django.db.models import Aggregate, Count, FloatField, QuerySet, Sum
+from django.db.models import Aggregate, Count, FloatField, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -82,12 +82,12 @@ def dashboard(runs: QuerySet[Run], *, days: int = 14) -> Dashboard:
     spans = Span.objects.filter(run__in=runs)
     figures.stages = _percentiles(spans.exclude(name="approval.wait"))
     waits = _percentiles(spans.filter(name="approval.wait"))
-    decided = spans.filter(name="approval.wait").values_list("attributes", flat=True)
-    decisions = [attributes.get("decision") for attributes in decided]
+    decided = spans.filter(name="approval.wait").aggregate(
+        count=Count("id"), accepted=Count("id", filter=Q(attributes__decision="approve"))
+    )
     figures.approvals = {
-        "count": len(decisions),
-        "accepted": decisions.count("approve"),
-        "rate": round(decisions.count("approve") / len(decisions) * 100) if decisions else None,
+        **decided,
+        "rate": round(decided["accepted"] / decided["count"] * 100) if decided["count"] else None,
         "p50_ms": waits[0]["p50"] if waits else None,
         "p95_ms": waits[0]["p95"] if waits else None,
     }

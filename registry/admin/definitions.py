@@ -269,9 +269,18 @@ class ToolVersionAdmin(VersionAdmin):
         "rollback": tools.tool_rollback,
     }
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The page's versions, each with its drift: found for the whole page at once."""
+        changelist = super().get_changelist_instance(request)
+        drift = mcp_drift(changelist.result_list)
+        for version in changelist.result_list:
+            version.mcp_drift = drift.get(str(version.pk), "")
+        return changelist
+
     @admin.display(description="MCP drift")
     def drift(self, obj: ToolVersion) -> str:
-        return mcp_drift([obj]).get(str(obj.pk), "")
+        known = getattr(obj, "mcp_drift", None)
+        return known if known is not None else mcp_drift([obj]).get(str(obj.pk), "")
 
     @admin.display(description="MCP review")
     def mcp_review(self, obj: ToolVersion) -> str:

@@ -17,7 +17,12 @@ from config.errors import ApplicationError
 from registry.admin.base import RegistryAdmin, error_text
 from registry.mcp.review import visible
 from registry.models import McpPrompt, McpRemoteTool, McpResource, McpServer
-from registry.services.mcp import mcp_drift_of_server, mcp_server_discover, mcp_server_save
+from registry.services.mcp import (
+    mcp_drift_of_server,
+    mcp_drift_of_servers,
+    mcp_server_discover,
+    mcp_server_save,
+)
 
 
 def flags_html(flags: list[dict[str, str]]) -> str:
@@ -98,6 +103,7 @@ class McpServerAdmin(RegistryAdmin):
         "last_discovered_at",
         "drifted_tools",
     )
+    list_select_related = ("tenant",)
     list_filter = ("transport", "health", "is_enabled", "tenant")
     search_fields = ("name", "description", "url", "command")
     filter_horizontal = ("granted_tenants",)
@@ -113,9 +119,19 @@ class McpServerAdmin(RegistryAdmin):
     inlines = (McpRemoteToolInline, McpPromptInline, McpResourceInline)
     actions = ("discover",)
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The page's servers, each with its drift: found for the whole page at once."""
+        changelist = super().get_changelist_instance(request)
+        drifted = mcp_drift_of_servers(changelist.result_list)
+        for server in changelist.result_list:
+            server.drift = drifted[server.pk]
+        return changelist
+
     @admin.display(description="changed since publish")
     def drifted_tools(self, obj: McpServer) -> str:
-        drift = mcp_drift_of_server(obj)
+        drift = getattr(obj, "drift", None)
+        if drift is None:
+            drift = mcp_drift_of_server(obj)
         return ", ".join(f"{name} ({reason})" for name, reason in sorted(drift.items())) or "—"
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:

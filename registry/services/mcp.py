@@ -7,13 +7,17 @@ published version keeps serving only while the server serves exactly the definit
 reviewed against.
 """
 
+import functools
 import json
 import logging
+import operator
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from config import jsontext
@@ -359,20 +363,35 @@ def _resources_record(
 
 def mcp_drift_of_server(server: McpServer) -> dict[str, str]:
     """Released versions on this server that no longer match it: remote name → reason."""
+    return mcp_drift_of_servers([server])[server.pk]
+
+
+def mcp_drift_of_servers(servers: Sequence[McpServer]) -> dict[Any, dict[str, str]]:
+    """`mcp_drift_of_server` for each server, by server id, in two queries."""
+    drifted: dict[Any, dict[str, str]] = {server.pk: {} for server in servers}
+    if not servers:
+        return drifted
+    by_namespace = {(server.tenant_id, server.name): server.pk for server in servers}
     released = list(
         ToolVersion.objects.filter(
-            tool__tenant=server.tenant,
-            tool__namespace=server.name,
+            functools.reduce(
+                operator.or_,
+                (
+                    Q(tool__tenant_id=tenant_id, tool__namespace=name)
+                    for tenant_id, name in by_namespace
+                ),
+            ),
             adapter_kind=AdapterKind.MCP,
             status__in=[VersionStatus.PUBLISHED, VersionStatus.DEPRECATED],
         ).select_related("tool")
     )
     drift = mcp_drift(released)
-    return {
-        version.adapter_config.get("remote_name", ""): drift[str(version.pk)]
-        for version in released
-        if str(version.pk) in drift
-    }
+    for version in released:
+        if str(version.pk) in drift:
+            server = by_namespace[(version.tool.tenant_id, version.tool.namespace)]
+            remote_name = version.adapter_config.get("remote_name", "")
+            drifted[server][remote_name] = drift[str(version.pk)]
+    return drifted
 
 
 def mcp_servers_discover_all(*, actor: AbstractBaseUser | None = None) -> list[str]:
