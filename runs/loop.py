@@ -8,6 +8,7 @@ import json
 import logging
 import operator
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -127,30 +128,40 @@ def _this_week(today: date) -> tuple[str, str]:
 
 
 # The weeks a message may name (seed 000 reads "本周" as the date range), by how many weeks
-# before this one they are. A message that names none means this week.
+# before this one they are; None for a week further back, which the user is asked about. A
+# message that names none means this week. 上 ends words of its own (附上 attach, 加上 add,
+# 带上 bring, ...): "附上上周" is "attach last week", not the week before last. "Two weeks
+# ago" is left alone: it dates other things as often ("the project we started two weeks ago").
+_ENDS_IN_上 = "附加带补跟马早晚线以之"
+_WEEK = r"一?个?(?:周|星期|礼拜)"
 _WEEKS_NAMED = (
+    (None, re.compile(rf"上上上+{_WEEK}")),
     (
         2,
         re.compile(
-            r"上上一?个?(?:周|星期|礼拜)|\bthe week before last\b|\btwo weeks ago\b", re.IGNORECASE
+            rf"(?<![{_ENDS_IN_上}])上上{_WEEK}|\bthe week before (?:last|the previous week)\b",
+            re.IGNORECASE,
         ),
     ),
     (
         1,
         re.compile(
-            r"(?<!上)上一?个?(?:周|星期|礼拜)|\b(?<!before )(?:last|previous) week\b", re.IGNORECASE
+            rf"(?:(?<!上)|(?<=[{_ENDS_IN_上}]上))上{_WEEK}"
+            r"|\b(?<!before )(?<!before the )(?:last|previous) week(?:end)?\b",
+            re.IGNORECASE,
         ),
     ),
-    (0, re.compile(r"本周|这一?个?(?:周|星期|礼拜)|\bthis week\b", re.IGNORECASE)),
+    (0, re.compile(rf"本周|这{_WEEK}|\bthis week\b", re.IGNORECASE)),
 )
 
 
 def _date_range(run: Run) -> tuple[str | None, str | None]:
     """The first and last day of the week the message names; (None, None) when it names more
-    than one, which the user is asked to settle."""
-    text = _message_text(run.message)
+    than one, or one further back than the week before last, which the user is asked to
+    settle. Full-width letters and the traditional 週 read as their plain forms."""
+    text = unicodedata.normalize("NFKC", _message_text(run.message)).replace("週", "周")
     named = {weeks for weeks, pattern in _WEEKS_NAMED if pattern.search(text)}
-    if len(named) > 1:
+    if len(named) > 1 or None in named:
         return None, None
     weeks_before = named.pop() if named else 0
     return _this_week(timezone.localdate() - timedelta(weeks=weeks_before))
