@@ -17,6 +17,7 @@ from typing import Any
 
 from django.core.asgi import get_asgi_application
 from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.responses import PlainTextResponse
 from starlette.staticfiles import StaticFiles
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -48,6 +49,13 @@ async def _too_large(send: Send, limit: int) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+def _route(scope: Message) -> str:
+    """The request's path below the server's root path (`uvicorn --root-path`), which
+    uvicorn includes in `path`."""
+    path, root_path = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root_path) :] if root_path and path.startswith(root_path) else path
 
 
 class BodyLimit:
@@ -85,32 +93,42 @@ class BodyLimit:
         await self.app(scope, replayed, send)
 
 
+# What every static file is answered with: no script of its runs (the API documentation's
+# assets include an HTML page), and no page of another site may frame it.
+STATIC_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"content-security-policy", b"default-src 'none'; frame-ancestors 'none'"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
 class StaticAssets:
-    """Requests under STATIC_URL are answered from STATIC_ROOT (a file outside it, or none,
-    is a 404); any other goes to `app`."""
+    """Requests under STATIC_ROUTE (below the server's root path, if any) are answered from
+    STATIC_ROOT: a file outside it, or none (collectstatic not run), is a 404; any other
+    request goes to `app`."""
 
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
-        self.prefix = "/" + settings.STATIC_URL.strip("/") + "/"
+        self.route = settings.STATIC_ROUTE
+        self.root = settings.STATIC_ROOT
         # The middleware turns the 404 and 405 StaticFiles raises into answers.
-        self.files = ExceptionMiddleware(
-            StaticFiles(directory=settings.STATIC_ROOT, check_dir=False)
-        )
+        self.files = ExceptionMiddleware(StaticFiles(directory=self.root, check_dir=False))
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
+        route = _route(scope) if scope["type"] == "http" else ""
+        if not route.startswith(self.route):
             await self.app(scope, receive, send)
             return
 
         async def sent(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {
-                    **message,
-                    "headers": [*message["headers"], (b"x-content-type-options", b"nosniff")],
-                }
+                message = {**message, "headers": [*message["headers"], *STATIC_HEADERS]}
             await send(message)
 
-        inner = {**scope, "path": scope["path"][len(self.prefix) - 1 :], "root_path": ""}
+        if not os.path.isdir(self.root):
+            await PlainTextResponse("Not Found", status_code=404)(scope, receive, sent)
+            return
+        inner = {**scope, "path": route[len(self.route) - 1 :], "root_path": ""}
         await self.files(inner, receive, sent)
 
 

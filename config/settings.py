@@ -133,6 +133,9 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
+# The path the ASGI application serves STATIC_ROOT at (config/asgi.py): STATIC_URL without the
+# script prefix, which Django adds to STATIC_URL once, when it is first read.
+STATIC_ROUTE = "/" + STATIC_URL
 STATIC_ROOT = BASE_DIR / "staticfiles"
 
 # Uploaded attachments live here, outside STATIC_ROOT and with no URL: no web server serves

@@ -17,9 +17,11 @@ def collected(settings, tmp_path):
     return asgi.StaticAssets(asgi.BodyLimit(asgi.django_application))
 
 
-def _get(application, path: str) -> httpx.Response:
+def _get(application, path: str, *, root_path: str = "") -> httpx.Response:
+    """GET as uvicorn asks: under a root path, `path` starts with it."""
+
     async def get() -> httpx.Response:
-        transport = httpx.ASGITransport(app=application)
+        transport = httpx.ASGITransport(app=application, root_path=root_path)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             return await client.get(path)
 
@@ -44,7 +46,28 @@ def test_a_collected_static_file_is_served(collected, path, content_type):
     assert response.status_code == 200
     assert content_type in response.headers["content-type"]
     assert response.headers["x-content-type-options"] == "nosniff"
+    assert (
+        response.headers["content-security-policy"] == "default-src 'none'; frame-ancestors 'none'"
+    )
+    assert response.headers["x-frame-options"] == "DENY"
     assert len(response.content) > 1000
+
+
+def test_a_static_file_is_served_below_the_server_s_root_path(collected):
+    response = _get(collected, "/agentgov/static/admin/css/base.css", root_path="/agentgov")
+
+    assert response.status_code == 200
+    assert "text/css" in response.headers["content-type"]
+
+
+def test_without_collectstatic_a_static_file_is_not_found(settings, tmp_path):
+    settings.STATIC_ROOT = tmp_path / "never-collected"
+    application = asgi.StaticAssets(asgi.BodyLimit(asgi.django_application))
+
+    response = _get(application, "/static/admin/css/base.css")
+
+    assert response.status_code == 404
+    assert response.headers["x-frame-options"] == "DENY"
 
 
 @pytest.mark.parametrize(
