@@ -5,6 +5,7 @@ import io
 
 import pytest
 from django.core.management import call_command
+from django_celery_beat.models import CrontabSchedule
 
 from tests.e2e.conftest import log_in
 
@@ -50,3 +51,30 @@ def test_the_api_documentation_renders_every_registry_endpoint(page, live_server
         "/api/v1/skills/{id}/rollback",
     } <= paths
     assert "Agent Governance Platform API" in page.inner_text(".info .title")
+
+
+def test_the_admin_s_pages_run_under_the_content_security_policy(
+    page, live_server, seeded, http_cookies
+):
+    CrontabSchedule.objects.get_or_create(minute="0", hour="9", day_of_week="1")
+    refused = []
+    page.on("console", lambda message: refused.append(message.text))
+    page.on("pageerror", lambda error: refused.append(str(error)))
+    log_in(page, live_server, "admin", path="/admin/login/")
+
+    for path in (
+        "/admin/",
+        "/admin/registry/toolversion/",
+        "/admin/django_celery_beat/periodictask/add/",
+        "/api/docs/",
+    ):
+        response = page.goto(f"{live_server.url}{path}")
+        page.wait_for_load_state("networkidle")
+        assert response.status == 200, path
+
+    # the periodic task form's own script ran: the crontab's help says what it means
+    page.goto(f"{live_server.url}/admin/django_celery_beat/periodictask/add/")
+    assert not page.is_visible(".field-crontab_translation")
+    page.select_option("#id_crontab", index=1)
+    assert "Translation: At 09:00" in page.inner_text(".field-crontab .help")
+    assert [text for text in refused if "Content Security Policy" in text] == []

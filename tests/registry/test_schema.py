@@ -133,7 +133,13 @@ def test_docs_page_serves_swagger_ui_from_local_static_files(client, db):
     assert all(asset.startswith("/static/drf_spectacular_sidecar/") for asset in assets), assets
     assert "cdn.jsdelivr.net" not in html
     assert "unpkg.com" not in html
-    assert "/api/schema/" in html
+    # the page's own script is a file too (the Content-Security-Policy runs no inline one)
+    assert "<script>" not in html
+    (script,) = re.findall(r'<script src="(/api/docs/\?script=?)"', html)
+    setup = client.get(script)
+    assert setup.status_code == 200
+    assert "javascript" in setup["Content-Type"]
+    assert "/api/schema/" in setup.content.decode()
 
 
 @pytest.mark.parametrize(
