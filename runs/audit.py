@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from approvals.models import BusinessAction
 from registry.models import ToolVersion
+from runs.context import RECIPIENT_FIELDS
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.redaction import REDACTED, redact
 from runs.selectors import contract_sensitive_fields, hidden_fields
@@ -214,6 +215,20 @@ def _turns(
     return ordered
 
 
+def _given(run: Run) -> dict[str, Any]:
+    """What the turns had with the user's message besides the transcript, from the run's
+    state: the recipient's snapshot, what is remembered about the user and the session's
+    earlier messages (each turn's sections say how much of them its budget took)."""
+    recipient = run.state.get("recipient")
+    return {
+        "recipient": {field: recipient.get(field) for field in RECIPIENT_FIELDS}
+        if isinstance(recipient, dict)
+        else None,
+        "memory": run.state.get("memory") or [],
+        "history": run.state.get("history") or [],
+    }
+
+
 def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
     resumed = {
         event.payload.get("action_id"): event.payload.get("checks", [])
@@ -255,7 +270,7 @@ def _actions(run: Run, events: list[RunEvent]) -> list[dict[str, Any]]:
 
 # The parts of a run's record that may hold what the host or the model copied from a tool's
 # answer.
-_COPIES_OF_ANSWERS = frozenset({"events", "actions", "result", "turns", "tool_calls"})
+_COPIES_OF_ANSWERS = frozenset({"events", "actions", "result", "turns", "tool_calls", "given"})
 
 
 def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
@@ -324,6 +339,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             ],
             cleared=cleared,
         ),
+        "given": _given(run),
         "tool_calls": [
             {
                 "call_id": call.call_id,

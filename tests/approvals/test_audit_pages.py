@@ -108,6 +108,23 @@ def test_every_stage_of_the_run_is_a_span_of_its_trace(sent_run):
     assert EMAIL not in json.dumps([span.attributes for span in spans])
 
 
+def test_an_auditor_sees_what_the_turns_had_besides_the_transcript(demo, sent_run, carol, client):
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))
+
+    given = page.context["record"]["given"]
+    assert given["recipient"] == {
+        "record_id": "dir-1001",
+        "display_name": "Li Wei",
+        "corporate_email": MASKED,
+        "record_version": 3,
+        "looked_up_at": sent_run.state["recipient"]["looked_up_at"],
+    }
+    assert "memory" in given and "history" in given
+    html = page.content.decode()
+    assert 'id="given"' in html and "dir-1001" in html
+    assert EMAIL not in html
+
+
 def test_an_auditor_reads_the_run_with_the_email_masked(demo, sent_run, carol, client):
     page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))
 
