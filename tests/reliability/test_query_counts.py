@@ -20,10 +20,10 @@ from registry.demo import DEMO_PASSWORD
 from registry.models import McpServer, ModelConfig, SkillVersion, ToolVersion
 from registry.services.tenancy import api_token_issue
 from runs.loop import run_execute
-from runs.models import Run, ScheduledTask, TaskOccurrence
-from runs.services.schedules import scheduled_task_save
+from runs.models import Run, TaskOccurrence
 from tests.runs import conftest as runs_fixtures
-from tests.runs.conftest import RUNNING_EXAMPLE_TEXT, demo_run
+from tests.runs.conftest import demo_run
+from tests.runs.test_schedules import task_of
 
 pytestmark = pytest.mark.django_db
 
@@ -200,19 +200,7 @@ def test_an_evaluation_s_admin_pages_show_cases_and_results_in_fixed_queries(dem
 
 
 def test_a_scheduled_task_s_admin_page_shows_its_occurrences_in_fixed_queries(demo):
-    task = scheduled_task_save(
-        actor=demo.admin,
-        task=ScheduledTask(
-            tenant=demo.acme,
-            name="Weekly",
-            owner=demo.alice,
-            agent_config=demo.agent,
-            goal=RUNNING_EXAMPLE_TEXT,
-            project_id="apollo",
-            crontab="0 9 * * 1",
-            deadline_seconds=3600,
-        ),
-    )
+    task = task_of(demo)
 
     def add(count: int) -> None:
         start = TaskOccurrence.objects.count()
