@@ -365,6 +365,14 @@ SIMPLE_HISTORY_HISTORY_CHANGE_REASON_USE_TEXT_FIELD = True
 GUARDIAN_RAISE_403 = False
 ANONYMOUS_USER_NAME = None
 
+# Addresses no tool, model provider or MCP server call may reach (config/egress.py): the
+# link-local networks, where clouds serve instance metadata and credentials, and Alibaba
+# Cloud's metadata address.
+EGRESS_DENIED_NETWORKS = env.list(
+    "EGRESS_DENIED_NETWORKS",
+    default=["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128", "100.100.100.200/32"],
+)
+
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 # Pages show what tools and models returned: should any of it ever get past escaping, no

@@ -32,6 +32,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from config.credentials import credential_refusal, credential_value
+from config.egress import egress_refusal
 from registry.mcp.review import definition_of
 from registry.models import McpServer, Tenant
 
@@ -123,6 +124,8 @@ def endpoint_for(server: McpServer) -> Endpoint:
                 )
             ),
         )
+    if refusal := egress_refusal(server.url):
+        raise McpUnavailable(f"{server}: {refusal}")
     headers = ()
     if server.credential_ref:
         secret = _secret(server.credential_ref, server=server, owner=server.tenant)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator
 import httpx2
 from django.conf import settings
 
+from config.egress import egress_refusal
+
 # Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
 _SENT_HEADERS = frozenset(
     {
@@ -95,6 +97,8 @@ class _Client(httpx2.Client):
         )
 
     def _sending(self, request: httpx2.Request) -> None:
+        if refusal := egress_refusal(str(request.url)):
+            raise AnswerRefused(f"was not called: {refusal}")
         for name in [name for name in request.headers if not _sent(name)]:
             del request.headers[name]
         request.headers["Accept-Encoding"] = "identity"

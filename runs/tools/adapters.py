@@ -19,6 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from config import jsontext
+from config.egress import egress_refusal
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     McpRemoteError,
@@ -218,6 +219,8 @@ def http_call(
             "call_id": context.call_id,
         },
     }
+    if refusal := egress_refusal(tool_version.adapter_config["url"]):
+        raise ToolFailed(refusal, category=ErrorCategory.PERMISSION_DENIED, retryable=False)
     try:
         response, content = _answer(tool_version, body=body, headers=headers)
     except httpx.TimeoutException as error:
