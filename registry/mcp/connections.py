@@ -50,6 +50,10 @@ class McpUnavailable(Exception):
     """The server could not be reached, or its connection broke during the request."""
 
 
+class McpRefused(McpUnavailable):
+    """The platform does not call the server's address (`config.egress`): nothing was sent."""
+
+
 class McpTimeout(Exception):
     """The server did not answer within the request's timeout."""
 
@@ -125,7 +129,7 @@ def endpoint_for(server: McpServer) -> Endpoint:
             ),
         )
     if refusal := egress_refusal(server.url):
-        raise McpUnavailable(f"{server}: {refusal}")
+        raise McpRefused(f"{server}: {refusal}")
     headers = ()
     if server.credential_ref:
         secret = _secret(server.credential_ref, server=server, owner=server.tenant)

@@ -22,6 +22,7 @@ from config import jsontext
 from config.egress import egress_refusal
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
+    McpRefused,
     McpRemoteError,
     McpTimeout,
     McpUnavailable,
@@ -399,6 +400,10 @@ def mcp_call(
             },
             timeout_s=tool_version.timeout_s,
         )
+    except McpRefused as error:
+        raise ToolFailed(
+            str(error), category=ErrorCategory.PERMISSION_DENIED, retryable=False
+        ) from error
     except McpTimeout as error:
         raise ToolFailed(
             strip_secrets(str(error), secrets=secrets),

@@ -4,12 +4,13 @@ whatever a publisher configured, and whatever name points there."""
 
 import pytest
 
+from registry.choices import Risk
 from registry.errors import McpServerUnavailable
 from registry.models import McpServer
 from registry.services.mcp import mcp_server_discover
 from runs.loop import run_execute
 from runs.models import Run
-from runs.tools.adapters import ToolFailed, http_call
+from runs.tools.adapters import ToolContext, ToolFailed, http_call, mcp_call
 from runs.tools.envelope import ErrorCategory
 from tests.mcp import conftest as mcp_fixtures
 from tests.mcp.conftest import TOKEN_REF
@@ -24,6 +25,9 @@ fake_model = runs_fixtures.fake_model
 report_service = http_adapter_tests.report_service
 http_server = mcp_fixtures.http_server
 overrides_path = mcp_fixtures.overrides_path
+overrides = mcp_fixtures.overrides
+projects = mcp_fixtures.projects
+published_status = mcp_fixtures.published_status
 
 REFUSED = "an address the platform does not call"
 
@@ -90,3 +94,29 @@ def test_an_mcp_server_on_a_denied_network_is_never_called(demo, http_server, se
         mcp_server_discover(server=server, actor=demo.admin)
 
     assert REFUSED in str(refused.value)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("transport", ["http"])
+def test_a_call_refused_for_its_server_s_address_had_no_effect_and_is_not_retried(
+    demo, published_status, settings, transport
+):
+    # given a published MCP tool that changes something, whose server is then on a denied
+    # network
+    version = published_status()
+    version.risk = Risk.EXTERNAL_SIDE_EFFECT
+    settings.EGRESS_DENIED_NETWORKS = ["127.0.0.0/8"]
+    context = ToolContext(
+        run_id="run-1",
+        call_id="call-1",
+        tenant=demo.acme,
+        actor=demo.alice,
+        idempotency_key="run-1:call-1",
+    )
+
+    with pytest.raises(ToolFailed) as refused:
+        mcp_call(version, context, {"project_id": "apollo"})
+
+    assert REFUSED in str(refused.value)
+    assert refused.value.category == ErrorCategory.PERMISSION_DENIED
+    assert (refused.value.retryable, refused.value.may_have_side_effect) == (False, False)
