@@ -759,12 +759,15 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
 
 def _turn_unaffordable(run: Run, model_config: ModelConfig, input_tokens: int) -> str | None:
     """Whether the next turn's context alone would spend what the run's token or cost budget
-    has left: such a turn is not sent, since the run could not use its answer, and the
-    provider would be paid for it all the same."""
+    has left, leaving nothing for an answer that costs: such a turn is not sent, since the run
+    could not use its answer, and the provider would be paid for it all the same (a cost
+    budget of 0 thus pays for no turn of a priced model)."""
     budgets = run.capability["budgets"]
     if run.tokens_used + input_tokens >= budgets["max_tokens"]:
         return "TOKEN_BUDGET"
-    if run.cost + _cost(model_config, input_tokens, 0) > Decimal(budgets["max_cost"]):
+    cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(model_config, input_tokens, 0)
+    priced = model_config.price_per_1k_input or model_config.price_per_1k_output
+    if cost_left < 0 or (cost_left == 0 and priced):
         return "COST_BUDGET"
     return None
 
@@ -783,12 +786,6 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
                 "now": {"provider": model_config.provider, "model": model_config.model_name},
             },
         )
-        return
-    if Decimal(run.capability["budgets"]["max_cost"]) == 0 and (
-        model_config.price_per_1k_input or model_config.price_per_1k_output
-    ):
-        # A cost budget of 0 allows no paid turn at all.
-        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="COST_BUDGET")
         return
     client = model_client_for(model_config)
     context_started = timezone.now()

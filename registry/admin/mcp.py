@@ -17,12 +17,7 @@ from config.errors import ApplicationError
 from registry.admin.base import RegistryAdmin, error_text
 from registry.mcp.review import visible
 from registry.models import McpPrompt, McpRemoteTool, McpResource, McpServer
-from registry.services.mcp import (
-    mcp_drift_of_server,
-    mcp_drift_of_servers,
-    mcp_server_discover,
-    mcp_server_save,
-)
+from registry.services.mcp import mcp_drift_of_servers, mcp_server_discover, mcp_server_save
 
 
 def flags_html(flags: list[dict[str, str]]) -> str:
@@ -129,10 +124,7 @@ class McpServerAdmin(RegistryAdmin):
 
     @admin.display(description="changed since publish")
     def drifted_tools(self, obj: McpServer) -> str:
-        drift = getattr(obj, "drift", None)
-        if drift is None:
-            drift = mcp_drift_of_server(obj)
-        return ", ".join(f"{name} ({reason})" for name, reason in sorted(drift.items())) or "—"
+        return ", ".join(f"{name} ({reason})" for name, reason in sorted(obj.drift.items())) or "—"
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         if not change:

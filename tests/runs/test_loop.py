@@ -889,8 +889,16 @@ def test_a_provider_that_reports_no_usage_is_held_to_the_budgets_by_the_estimate
     assert run.cost > 0
 
 
-def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model):
-    fake = priced_fake_model(demo, fake_model)
+@pytest.mark.parametrize(
+    ("per_1k_input", "per_1k_output"),
+    [(Decimal("1.00"), Decimal("0")), (Decimal("0"), Decimal("1.00"))],
+    ids=["priced-input", "priced-output"],
+)
+def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model, per_1k_input, per_1k_output):
+    fake = priced_fake_model(demo, fake_model, per_1k_output=per_1k_output)
+    config = demo.agent.model_config
+    config.price_per_1k_input = per_1k_input
+    registry_object_save(instance=config, actor=demo.admin, reason="priced")
     budgets(demo, max_cost=Decimal("0"))
     fake.reply(read_apollo("call_read"))
     run = start(demo, project_id="apollo")
