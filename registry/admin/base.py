@@ -162,6 +162,10 @@ class TolerantChangeList(ChangeList):
             raise IncorrectLookupParameters(error) from error
 
 
+# Where a request keeps, per action, whether the user may do it in some tenant.
+_IN_SOME_SCOPE = "_admin_in_some_scope"
+
+
 class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
     """Platform admins see everything; other staff see the rows of the tenants where their
     role allows `required_action` (found through `tenant_lookup`), and nothing platform-wide."""
@@ -181,8 +185,17 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
         if user.is_superuser:
             return True
         if obj is None:
-            return self.scoped_tenants(request).exists()
+            return self._in_some_scope(request)
         return self.get_queryset(request).filter(pk=obj.pk).exists()
+
+    def _in_some_scope(self, request: HttpRequest) -> bool:
+        """Whether some tenant's role lets the user do `required_action`: asked once per
+        request and action, not by every admin of the page's navigation for every one of
+        its permissions."""
+        known = request.__dict__.setdefault(_IN_SOME_SCOPE, {})
+        if self.required_action not in known:
+            known[self.required_action] = self.scoped_tenants(request).exists()
+        return known[self.required_action]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)

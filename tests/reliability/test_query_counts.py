@@ -5,6 +5,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin import site as admin_site
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
@@ -234,3 +235,18 @@ def test_the_dashboard_counts_approvals_in_the_database(demo):
     queries, approvals = read_rows()
     assert (approvals["count"], approvals["accepted"], approvals["rate"]) == (2, 0, 0)
     assert not any('SELECT "runs_span"."attributes"' in sql for sql in queries)
+
+
+@pytest.mark.parametrize(
+    "url", ["/admin/", "/admin/registry/toolversion/", "/admin/registry/skillversion/"]
+)
+def test_a_staff_member_s_admin_page_asks_for_their_scope_once_per_action(demo, url):
+    """The navigation lists every admin, and each asks for several permissions; a publisher's
+    page asked the database whether their tenants allow it for each of them (101 queries for
+    the index), where the answer depends only on the action."""
+    client = _page_client("dave")
+    client.get(url)
+
+    queries = _queries(client, url)
+
+    assert queries < len(admin_site._registry) / 2
