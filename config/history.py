@@ -13,7 +13,7 @@ from typing import Any
 from django.db import models
 from django.utils import timezone
 from simple_history import manager
-from simple_history.models import HistoricalRecords
+from simple_history.models import HistoricalObjectDescriptor, HistoricalRecords
 
 
 class HistoryManager(manager.HistoryManager):
@@ -23,7 +23,28 @@ class HistoryManager(manager.HistoryManager):
         return super().from_queryset(queryset_class, class_name)
 
 
+class _ObjectAsItWas(HistoricalObjectDescriptor):
+    """A record's `history_object`, with the related rows the record was read with (a history
+    page reads its records with them): naming it, as the page does for every record, reads
+    none of them again."""
+
+    def __get__(self, instance: Any, owner: type) -> Any:
+        if instance is None:
+            return self
+        result = super().__get__(instance, owner)
+        read = instance._state.fields_cache
+        for field in self.fields_included:
+            if field.is_relation and field.cache_name in read:
+                result._state.fields_cache[field.cache_name] = read[field.cache_name]
+        return result
+
+
 class _Records(HistoricalRecords):
+    def get_extra_fields(self, model: type[models.Model], fields: Any) -> dict[str, Any]:
+        extra = super().get_extra_fields(model, fields)
+        extra["history_object"] = _ObjectAsItWas(model, self.fields_included(model))
+        return extra
+
     def finalize(self, sender: type[models.Model], **kwargs: Any) -> None:
         super().finalize(sender, **kwargs)
         if self.cls is sender:

@@ -250,3 +250,18 @@ def test_a_staff_member_s_admin_page_asks_for_their_scope_once_per_action(demo, 
     queries = _queries(client, url)
 
     assert queries < len(admin_site._registry) / 2
+
+
+@pytest.mark.parametrize("model", [ToolVersion, SkillVersion])
+def test_an_object_s_history_page_names_its_records_in_fixed_queries(demo, model):
+    """Each record is named by its object as it was, whose name reads a related row (the
+    tool of a version): the records are read with it, and naming them reads it no more."""
+    changed = model.objects.first()
+    url = f"/admin/registry/{model._meta.model_name}/{changed.pk}/history/"
+    admin = _page_client("admin")
+
+    def add(count: int) -> None:
+        for _ in range(count):
+            changed.save()
+
+    _same_with_more_rows(add, lambda: _queries(admin, url))
