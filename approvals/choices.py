@@ -54,8 +54,11 @@ class Decision(models.TextChoices):
 
 
 class HandoffStatus(models.TextChoices):
-    """A request the route left to people: open until someone handles or declines it."""
+    """A request the route left to people: open until someone handles or declines it, or
+    withdrawn when its run ends first (cancelled, past its deadline): nobody may act on it
+    then."""
 
     OPEN = "open"
     HANDLED = "handled"
     DECLINED = "declined"
+    WITHDRAWN = "withdrawn"

@@ -100,7 +100,8 @@ class ApprovalDecision(models.Model):
 class Handoff(models.Model):
     """A request the route sends to people instead of the agent (execution mode
     `human_queue`): the run waits until someone with an approver role of the tenant handles
-    or declines it, and ends with what they wrote."""
+    or declines it, and ends with what they wrote. A run that ends otherwise withdraws it,
+    with the run's reason code."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey("registry.Tenant", on_delete=models.PROTECT, related_name="handoffs")
@@ -113,6 +114,9 @@ class Handoff(models.Model):
     request = models.TextField(help_text="What the requester asked, as they wrote it.")
     status = models.CharField(
         max_length=16, choices=HandoffStatus.choices, default=HandoffStatus.OPEN
+    )
+    status_reason = models.CharField(
+        max_length=64, blank=True, help_text="Why it was withdrawn: the reason its run ended."
     )
     resolved_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -865,6 +865,29 @@ def handoff_open(*, run: Run, risks: list[str], request: str) -> Handoff:
     return handoff
 
 
+def handoff_withdraw(*, run: Run, reason: str) -> Handoff | None:
+    """Withdraw the open handoff of a locked run that ends before anyone handled it
+    (`reason`, the run's reason code, e.g. CANCELLED_BY_USER): it leaves the human queue and
+    nobody may act on it any more. Returns the withdrawn handoff, if any."""
+    handoff = Handoff.objects.select_for_update().filter(run=run, status=HandoffStatus.OPEN).first()
+    if handoff is None:
+        return None
+    handoff.status = HandoffStatus.WITHDRAWN
+    handoff.status_reason = reason
+    handoff.resolved_at = timezone.now()
+    handoff._change_reason = reason
+    handoff.save(update_fields=["status", "status_reason", "resolved_at"])
+    events.handoff_resolved(
+        run,
+        handoff_id=str(handoff.pk),
+        outcome=HandoffStatus.WITHDRAWN,
+        resolved_by=None,
+        note="",
+        reason=reason,
+    )
+    return handoff
+
+
 def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
     """People with an approver role of the run's policy in the handoff's tenant."""
     if not user_can(user=person, action=Action.APPROVAL_DECIDE, tenant=handoff.tenant):
@@ -934,6 +957,15 @@ def _handoff_resolve_locked(
     status: RunStatus,
     reason_code: str,
 ) -> None:
+    if handoff.status == HandoffStatus.WITHDRAWN:
+        raise AlreadyDecided(
+            "The run ended before anyone handled this request; it is closed.",
+            details={
+                "status": handoff.status,
+                "reason": handoff.status_reason,
+                "run_status": run.status,
+            },
+        )
     if handoff.status != HandoffStatus.OPEN or run.status != RunStatus.WAITING_APPROVAL:
         raise AlreadyDecided(
             "This request was already handled, or its run ended.",
@@ -950,6 +982,7 @@ def _handoff_resolve_locked(
         outcome=str(outcome),
         resolved_by=person.get_username(),
         note=note,
+        reason=reason_code,
     )
     if status == RunStatus.COMPLETED:
         run_transition(run=run, status=RunStatus.RUNNING, save=False)

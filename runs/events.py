@@ -247,12 +247,20 @@ def handoff_requested(run: Run, *, handoff_id: str, risks: list[str]) -> RunEven
 
 
 def handoff_resolved(
-    run: Run, *, handoff_id: str, outcome: str, resolved_by: str, note: str
+    run: Run, *, handoff_id: str, outcome: str, resolved_by: str | None, note: str, reason: str
 ) -> RunEvent:
+    """`outcome`: handled or declined by `resolved_by`, or withdrawn (no one: the run ended
+    first); `reason`: the reason code the run ends with."""
     return _append(
         run,
         EventType.HANDOFF_RESOLVED,
-        {"handoff_id": handoff_id, "outcome": outcome, "resolved_by": resolved_by, "note": note},
+        {
+            "handoff_id": handoff_id,
+            "outcome": str(outcome),
+            "resolved_by": resolved_by,
+            "note": note,
+            "reason": reason,
+        },
     )
 
 

@@ -97,6 +97,7 @@ class HandoffSerializer(serializers.ModelSerializer):
             "risks",
             "request",
             "status",
+            "status_reason",
             "resolved_by",
             "note",
             "created_at",

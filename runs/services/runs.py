@@ -153,16 +153,19 @@ def _run_unless_stepping(run_id: UUID) -> Run | None:
 
 
 def run_cancel_locked(run: Run, *, reason: str) -> Run:
-    """Cancel a locked run for `reason`; a finished one cannot be."""
+    """Cancel a locked run for `reason`; a finished one cannot be. What a waiting run waits
+    for (an action to approve, a request left to people) is withdrawn with it."""
     if run.status not in ACTIVE_STATUSES:
         raise InvalidRunTransition(
             f"The run already finished {run.status}.", details={"status": run.status}
         )
     if run.status == RunStatus.WAITING_APPROVAL:
-        # approvals builds on runs: imported here, where a run leaves the approval queue.
-        from approvals.services import action_withdraw
+        # approvals builds on runs: imported here, where a run leaves the approval queue and
+        # the human queue.
+        from approvals.services import action_withdraw, handoff_withdraw
 
         action_withdraw(run=run, reason=reason)
+        handoff_withdraw(run=run, reason=reason)
     return run_stop(run=run, reason_code=reason)
 
 

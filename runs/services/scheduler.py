@@ -26,7 +26,6 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals.services import action_withdraw
 from config.errors import ApplicationError
 from runs.choices import ACTIVE_STATUSES, OCCURRENCE_ACTIVE, Channel, OccurrenceStatus
 from runs.models import Run, ScheduledTask, TaskOccurrence
@@ -37,7 +36,7 @@ from runs.services.occurrences import (
     occurrence_owner_notify,
     occurrence_transition,
 )
-from runs.services.runs import run_stop
+from runs.services.runs import run_cancel_locked
 from runs.services.schedules import schedule_slot
 
 logger = logging.getLogger(__name__)
@@ -183,10 +182,11 @@ def _occurrence_claim(*, occurrence_id: Any, now: datetime) -> str | None:
 
 def occurrence_deadline_end(*, occurrence_id: Any, now: datetime | None = None) -> bool:
     """End an occurrence past its deadline. Without a run it ends `deadline_passed`; a queued
-    or waiting run is cancelled at once with reason DEADLINE_PASSED, its action withdrawn
-    (an approval that comes later sends nothing); a running one stops at its next step with
-    that reason, and the occurrence follows it. An action already executing was approved in
-    time and is left to finish. Returns whether this call ended or stopped anything."""
+    or waiting run is cancelled at once with reason DEADLINE_PASSED, its action or its request
+    left to people withdrawn (an approval or a handling that comes later does nothing); a
+    running one stops at its next step with that reason, and the occurrence follows it. An
+    action already executing was approved in time and is left to finish. Returns whether this
+    call ended or stopped anything."""
     now = now or timezone.now()
     linked = TaskOccurrence.objects.filter(pk=occurrence_id).values("run_id").first()
     if linked is None:
@@ -221,8 +221,7 @@ def occurrence_deadline_end(*, occurrence_id: Any, now: datetime | None = None) 
             return True
         if run.status not in ACTIVE_STATUSES or run.cancel_requested_at is not None:
             return False
-        action_withdraw(run=run, reason=DEADLINE_PASSED)
-        run_stop(run=run, reason_code=DEADLINE_PASSED)
+        run_cancel_locked(run, reason=DEADLINE_PASSED)
     return True
 
 

@@ -19,7 +19,7 @@ from runs.models import CancelRequest, Run
 from runs.services.runs import run_cancel
 from tests.approvals.conftest import approved_run, waiting_run
 from tests.approvals.test_handoffs import handed_off  # noqa: F401 (fixture)
-from tests.runs.conftest import demo_run
+from tests.runs.conftest import demo_run, event_types
 
 
 def cancelled_while_held(run: Run) -> None:
@@ -126,7 +126,12 @@ def test_a_handoff_of_a_run_cancelled_meanwhile_is_closed_not_handled(demo, bob,
     handed_off.refresh_from_db()
     handoff.refresh_from_db()
     assert (handed_off.status, handed_off.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
-    assert handoff.status == "open"
+    assert (handoff.status, handoff.status_reason, handoff.resolved_by) == (
+        "withdrawn",
+        "CANCELLED_BY_USER",
+        None,
+    )
+    assert event_types(handed_off)[-2:] == ["handoff.resolved", "run.finished"]
 
 
 def test_a_waiting_run_cancelled_meanwhile_refuses_a_rejection_too(demo, bob):

@@ -5,6 +5,7 @@ import json
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from django.utils.html import escape
 
 from approvals.models import Handoff
@@ -14,11 +15,14 @@ from registry.services.common import registry_object_save
 from registry.services.tenancy import membership_add
 from runs.choices import RunStatus
 from runs.loop import run_execute
-from runs.models import Run, ToolCall
+from runs.models import CancelRequest, Run, ToolCall
 from runs.services.runs import run_cancel
+from runs.services.scheduler import occurrences_sweep
+from runs.tasks import runs_sweep
 from tests.approvals.conftest import approver_in
 from tests.approvals.test_api_and_pages import api, logged_in
 from tests.runs.conftest import demo_run, event_types, events_of
+from tests.runs.test_schedules import PAST_DEADLINE, fired, refreshed
 
 REQUEST = "Summarise project Apollo's week and mail it to the R&D lead."
 
@@ -178,11 +182,142 @@ def test_a_cancelled_run_s_request_can_no_longer_be_handled(demo, bob, handed_of
 
     late = resolve(api(bob, demo.acme), handoff)
 
-    assert (late.status_code, late.json()["error"]["details"]["run_status"]) == (
-        409,
+    assert late.status_code == 409
+    assert late.json()["error"] == {
+        "code": "ALREADY_DECIDED",
+        "message": "The run ended before anyone handled this request; it is closed.",
+        "details": {
+            "status": "withdrawn",
+            "reason": "CANCELLED_BY_USER",
+            "run_status": RunStatus.CANCELLED,
+        },
+    }
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.status_reason, handoff.resolved_by) == (
+        "withdrawn",
+        "CANCELLED_BY_USER",
+        None,
+    )
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "CANCELLED_BY_USER")
+
+
+def test_cancelling_the_run_through_the_api_withdraws_its_request_from_the_human_queue(
+    demo, bob, handed_off
+):
+    # given a request waiting for people, in bob's queue
+    handoff = Handoff.objects.get(run=handed_off)
+    events_before = event_types(handed_off)
+
+    # when its requester cancels the run
+    cancelled = api(demo.alice, demo.acme).post(f"/api/v1/runs/{handed_off.pk}/cancel")
+
+    # then the request is withdrawn with the run, and the run's log says so
+    assert cancelled.status_code == 200
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (handoff.status, handoff.status_reason) == ("withdrawn", "CANCELLED_BY_USER")
+    assert handoff.resolved_at is not None
+    assert handoff.history.first().history_change_reason == "CANCELLED_BY_USER"
+    assert event_types(run) == [*events_before, "handoff.resolved", "run.finished"]
+    assert events_of(run, "handoff.resolved") == [
+        {
+            "handoff_id": str(handoff.pk),
+            "outcome": "withdrawn",
+            "resolved_by": None,
+            "note": "",
+            "reason": "CANCELLED_BY_USER",
+        }
+    ]
+    # and neither the API nor the queue page offers it as open
+    [listed] = api(bob, demo.acme).get("/api/v1/handoffs").json()["results"]
+    assert (listed["status"], listed["status_reason"], listed["run_status"]) == (
+        "withdrawn",
+        "CANCELLED_BY_USER",
         RunStatus.CANCELLED,
     )
-    assert Handoff.objects.get(pk=handoff.pk).status == "open"
+    client = logged_in(bob)
+    queue = client.get("/approvals/handoffs/").content.decode()
+    assert "Withdrawn (CANCELLED_BY_USER)" in queue
+    assert "Open" not in queue
+    page = client.get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+    assert "its run ended (CANCELLED_BY_USER) before anyone handled it" in page
+    assert 'name="outcome"' not in page
+
+
+def test_handling_a_withdrawn_request_on_the_page_is_refused_and_changes_nothing(
+    demo, bob, handed_off
+):
+    # given a request whose run was cancelled while bob had its page open
+    handoff = Handoff.objects.get(run=handed_off)
+    client = logged_in(bob)
+    client.get(f"/approvals/handoffs/{handoff.pk}/")
+    run_cancel(run=handed_off, actor=demo.alice)
+    events_before = event_types(handed_off)
+
+    # when bob submits the form he had
+    late = client.post(
+        f"/approvals/handoffs/{handoff.pk}/",
+        {
+            "outcome": "handled",
+            "note": "Sent it myself.",
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # then it is refused, and neither the request nor the run changes
+    assert late.status_code == 409
+    assert "The run ended before anyone handled this request" in late.content.decode()
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.resolved_by, handoff.note) == ("withdrawn", None, "")
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "CANCELLED_BY_USER")
+    assert event_types(run) == events_before
+
+
+def test_a_cancel_kept_beside_the_run_withdraws_its_request_when_the_sweep_takes_it_in(
+    demo, handed_off
+):
+    # given a cancel that waited beside the run while a step held it
+    handoff = Handoff.objects.get(run=handed_off)
+    CancelRequest.objects.create(run=handed_off, reason="CANCELLED_BY_USER")
+
+    # when the sweep takes it in
+    runs_sweep()
+
+    # then the run ends cancelled and its request is withdrawn
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "CANCELLED_BY_USER")
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.status_reason) == ("withdrawn", "CANCELLED_BY_USER")
+    assert event_types(run)[-2:] == ["handoff.resolved", "run.finished"]
+
+
+def test_a_scheduled_task_s_request_is_withdrawn_when_its_deadline_passes(demo, bob):
+    # given a scheduled task whose run left its request to people
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    handoff = Handoff.objects.get(run_id=occurrence.run_id)
+    assert refreshed(occurrence).status == "waiting_approval"
+
+    # when its deadline passes
+    counts = occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+
+    # then the run ends and its request leaves the queue with the deadline as reason
+    assert counts["deadline_passed"] == 1
+    occurrence = refreshed(occurrence)
+    assert (occurrence.status, occurrence.run.reason_code) == ("deadline_passed", "DEADLINE_PASSED")
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.status_reason) == ("withdrawn", "DEADLINE_PASSED")
+    assert event_types(occurrence.run)[-2:] == ["handoff.resolved", "run.finished"]
+    late = resolve(api(bob, demo.acme), handoff)
+    assert (late.status_code, late.json()["error"]["details"]["reason"]) == (
+        409,
+        "DEADLINE_PASSED",
+    )
 
 
 def test_a_secret_pasted_into_a_request_is_shown_to_no_one(demo, bob, client):
