@@ -59,14 +59,18 @@ def _route(scope: Message) -> str:
 
 
 class BodyLimit:
+    """Bound the body of an API request (below the server's root path, if any) to what its
+    endpoint allows (`config.middleware.body_limit`)."""
+
     def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
         self.app = app
 
     async def __call__(self, scope: Message, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+        route = _route(scope) if scope["type"] == "http" else ""
+        if not route.startswith("/api/"):
             await self.app(scope, receive, send)
             return
-        limit = body_limit(scope["method"], scope["path"])
+        limit = body_limit(scope["method"], route)
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length", b"").decode("latin-1")
         if declared.isdigit() and int(declared) > limit:

@@ -5,7 +5,7 @@ from typing import IO
 from django.conf import settings
 from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
-from django.urls import reverse
+from django.urls import get_resolver
 from django.utils.cache import add_never_cache_headers
 
 from config.api import error_body
@@ -13,10 +13,12 @@ from config.api import error_body
 READ_CHUNK_BYTES = 64 * 1024
 
 
-def body_limit(method: str, path: str) -> int:
+def body_limit(method: str, route: str) -> int:
     """The largest body a request may carry: an upload carries a whole attachment, every
-    other API request at most API_MAX_BODY_BYTES of JSON."""
-    if method == "POST" and path == reverse("attachments"):
+    other API request at most API_MAX_BODY_BYTES of JSON. `route` is the path below the
+    server's root path (a request's `path_info`)."""
+    # The route of the URL, without the script prefix `reverse` adds under a root path.
+    if method == "POST" and route == "/" + get_resolver().reverse("attachments"):
         return settings.ATTACHMENT_MAX_BYTES + settings.ATTACHMENT_MULTIPART_OVERHEAD_BYTES
     return settings.API_MAX_BODY_BYTES
 
@@ -89,9 +91,9 @@ class ApiBodySizeLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not request.path.startswith("/api/"):
+        if not request.path_info.startswith("/api/"):
             return self.get_response(request)
-        limit = body_limit(request.method, request.path)
+        limit = body_limit(request.method, request.path_info)
         declared = request.META.get("CONTENT_LENGTH")
         if declared:
             try:

@@ -9,8 +9,11 @@ from asgiref.sync import async_to_sync
 from config.asgi import application
 
 
-def _call(*, path: str, headers: list, chunks: list[bytes]) -> tuple[int, dict, int]:
-    """Drive the ASGI application by hand; returns (status, JSON body, chunks read)."""
+def _call(
+    *, path: str, headers: list, chunks: list[bytes], root_path: str = ""
+) -> tuple[int, dict, int]:
+    """Drive the ASGI application by hand; returns (status, JSON body, chunks read). Under
+    a root path (`uvicorn --root-path`), `path` includes it, as uvicorn gives it."""
     pending = [
         {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
         for index, chunk in enumerate(chunks)
@@ -37,7 +40,7 @@ def _call(*, path: str, headers: list, chunks: list[bytes]) -> tuple[int, dict, 
         "path": path,
         "raw_path": path.encode(),
         "query_string": b"",
-        "root_path": "",
+        "root_path": root_path,
         "headers": [(b"host", b"testserver"), *headers],
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
@@ -93,3 +96,64 @@ def test_a_body_within_the_limit_reaches_the_api(settings):
     assert status == 401
     assert body["error"]["code"] == "AUTHENTICATION_REQUIRED"
     assert read == 2
+
+
+@pytest.mark.django_db
+def test_below_a_root_path_a_declared_length_over_the_limit_is_refused_before_reading(settings):
+    status, body, read = _call(
+        path="/agentgov/api/v1/messages",
+        root_path="/agentgov",
+        headers=[(b"content-length", str(settings.API_MAX_BODY_BYTES + 1).encode())],
+        chunks=[b"{}"],
+    )
+
+    assert (status, body["error"]["details"], read) == (
+        413,
+        {"max_bytes": settings.API_MAX_BODY_BYTES},
+        0,
+    )
+
+
+@pytest.mark.django_db
+def test_below_a_root_path_a_chunked_body_over_the_limit_is_refused_as_it_streams(settings):
+    chunk = b"x" * (settings.API_MAX_BODY_BYTES // 4)
+
+    status, body, read = _call(
+        path="/agentgov/api/v1/messages",
+        root_path="/agentgov",
+        headers=[(b"content-type", b"application/json")],
+        chunks=[chunk] * 10,
+    )
+
+    assert (status, body["error"]["code"], read) == (413, "PAYLOAD_TOO_LARGE", 5)
+
+
+@pytest.mark.django_db
+def test_below_a_root_path_an_upload_is_bounded_by_the_attachment_limit(settings):
+    limit = settings.ATTACHMENT_MAX_BYTES + settings.ATTACHMENT_MULTIPART_OVERHEAD_BYTES
+
+    status, body, read = _call(
+        path="/agentgov/api/v1/attachments",
+        root_path="/agentgov",
+        headers=[(b"content-length", str(limit + 1).encode())],
+        chunks=[b"x"],
+    )
+
+    assert (status, body["error"]["details"], read) == (413, {"max_bytes": limit}, 0)
+
+
+@pytest.mark.django_db
+def test_below_a_root_path_an_upload_over_the_json_limit_reaches_the_api(settings):
+    size = settings.API_MAX_BODY_BYTES + 1
+
+    status, body, read = _call(
+        path="/agentgov/api/v1/attachments",
+        root_path="/agentgov",
+        headers=[
+            (b"content-type", b"multipart/form-data; boundary=x"),
+            (b"content-length", str(size).encode()),
+        ],
+        chunks=[b"x" * size],
+    )
+
+    assert (status, body["error"]["code"], read) == (401, "AUTHENTICATION_REQUIRED", 1)

@@ -82,6 +82,23 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(api, publisher, acme
     assert not ToolVersion.objects.exists()
 
 
+def test_below_a_script_name_a_body_over_the_limit_is_refused(api, publisher, acme, settings):
+    client = api.as_user(publisher, acme)
+    body = json.dumps(_tool_body(description="x" * settings.API_MAX_BODY_BYTES))
+
+    response = client.post(
+        "/api/v1/tools", body, content_type="application/json", SCRIPT_NAME="/agentgov"
+    )
+
+    # refused by the limit, before the body is read, not by the parser after it
+    assert response.status_code == 413
+    assert response.json()["error"]["details"] == {
+        "max_bytes": settings.API_MAX_BODY_BYTES,
+        "declared_bytes": len(body),
+    }
+    assert not ToolVersion.objects.exists()
+
+
 def test_a_body_at_the_limit_is_read(api, publisher, acme, settings):
     client = api.as_user(publisher, acme)
     body = _tool_body(description="")
