@@ -32,7 +32,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from config.credentials import credential_refusal, credential_value
-from config.egress import egress_refusal
+from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
 from registry.mcp.review import definition_of
 from registry.models import McpServer, Tenant
 
@@ -168,6 +168,7 @@ class _Connection:
                 httpx.AsyncClient(
                     headers=dict(endpoint.headers),
                     timeout=httpx.Timeout(endpoint.connect_timeout_s, read=None),
+                    transport=AsyncHTTPTransport(),
                 )
             )
             read, write, _ = await stack.enter_async_context(
@@ -196,8 +197,11 @@ class _Connection:
         except BaseException as error:
             self.error = self.error or error
             if not self.ready.done():
+                refused = _refused(self.error)
                 self.ready.set_exception(
-                    McpUnavailable(
+                    McpRefused(f"{self.endpoint.label}: {refused}")
+                    if refused
+                    else McpUnavailable(
                         f"{self.endpoint.label}: could not connect ({_describe(error)})."
                     )
                 )
@@ -219,6 +223,17 @@ def _forget(task: asyncio.Task) -> None:
     """Retrieve what a request abandoned to its cancellation ended with."""
     if not task.cancelled():
         task.exception()
+
+
+def _refused(error: BaseException | None) -> EgressRefused | None:
+    """The refused connection (`config.egress`) that `error` is or holds, if any."""
+    if isinstance(error, EgressRefused):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            if refused := _refused(inner):
+                return refused
+    return None
 
 
 def _describe(error: BaseException) -> str:
@@ -369,6 +384,8 @@ class McpConnections:
             if connection.task not in done:
                 raise self._timed_out(connection, timeout_s)
             self._discard(connection)
+            if refused := _refused(connection.error):
+                raise McpRefused(f"{endpoint.label}: {refused}")
             reason = _describe(connection.error) if connection.error else "closed"
             raise McpUnavailable(f"{endpoint.label}: the connection broke ({reason}).")
         try:

@@ -6,7 +6,8 @@ back is held to what the HTTP tool adapter holds a service to:
 - only the headers a provider call needs leave: the SDKs also add what the process
   environment names (OPENAI_ORG_ID, OPENAI_PROJECT_ID, OPENAI_CUSTOM_HEADERS,
   ANTHROPIC_CUSTOM_HEADERS), which is the platform's, never a tenant server's;
-- no redirect is followed (the conversation goes to the configured URL only);
+- no redirect is followed (the conversation goes to the configured URL only), and the
+  connection is made only where `config.egress` allows, without a proxy from the environment;
 - no compressed answer is asked for or taken (it would be inflated before its size is known);
 - an answer is read within the call's timeout as a whole (the client times each read, so a
   server that sends a byte now and then would hold the call for ever) and up to
@@ -17,11 +18,12 @@ back is held to what the HTTP tool adapter holds a service to:
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx2
 from django.conf import settings
 
-from config.egress import egress_refusal
+from config.egress import EgressRefused, HTTPTransport2
 
 # Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
 _SENT_HEADERS = frozenset(
@@ -43,7 +45,8 @@ _SENT_PREFIX = "x-stainless-"
 
 
 class AnswerRefused(Exception):
-    """An answer the client does not take: too large, or compressed."""
+    """An answer the client does not take (too large, or compressed), or a provider it does not
+    call (`config.egress`)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -93,12 +96,17 @@ class _Client(httpx2.Client):
         super().__init__(
             timeout=timeout_s,
             follow_redirects=False,
+            transport=HTTPTransport2(),
             event_hooks={"request": [self._sending], "response": [self._answered]},
         )
 
+    def send(self, request: httpx2.Request, **kwargs: Any) -> httpx2.Response:
+        try:
+            return super().send(request, **kwargs)
+        except EgressRefused as refused:
+            raise AnswerRefused(f"was not called: {refused}") from None
+
     def _sending(self, request: httpx2.Request) -> None:
-        if refusal := egress_refusal(str(request.url)):
-            raise AnswerRefused(f"was not called: {refusal}")
         for name in [name for name in request.headers if not _sent(name)]:
             del request.headers[name]
         request.headers["Accept-Encoding"] = "identity"

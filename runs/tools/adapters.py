@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from config import jsontext
-from config.egress import egress_refusal
+from config.egress import EgressRefused, HTTPTransport
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     McpRefused,
@@ -165,7 +165,7 @@ def _answer(
     deadline = time.monotonic() + tool_version.timeout_s
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     may_have_side_effect = tool_version.risk not in READ_RISKS
-    with httpx.Client(timeout=tool_version.timeout_s) as client:
+    with httpx.Client(timeout=tool_version.timeout_s, transport=HTTPTransport()) as client:
         watchdog = threading.Timer(tool_version.timeout_s, client.close)
         watchdog.start()
         try:
@@ -220,10 +220,12 @@ def http_call(
             "call_id": context.call_id,
         },
     }
-    if refusal := egress_refusal(tool_version.adapter_config["url"]):
-        raise ToolFailed(refusal, category=ErrorCategory.PERMISSION_DENIED, retryable=False)
     try:
         response, content = _answer(tool_version, body=body, headers=headers)
+    except EgressRefused as refused:
+        raise ToolFailed(
+            str(refused), category=ErrorCategory.PERMISSION_DENIED, retryable=False
+        ) from None
     except httpx.TimeoutException as error:
         raise ToolFailed(
             "The service did not answer in time.",

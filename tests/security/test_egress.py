@@ -2,13 +2,16 @@
 (EGRESS_DENIED_NETWORKS: by default where clouds serve instance metadata and credentials),
 whatever a publisher configured, and whatever name points there."""
 
+import socket
+
 import pytest
 
 from registry.choices import Risk
 from registry.errors import McpServerUnavailable
 from registry.models import McpServer
+from registry.services.common import registry_object_save
 from registry.services.mcp import mcp_server_discover
-from runs.loop import run_execute
+from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.models import Run
 from runs.tools.adapters import ToolContext, ToolFailed, http_call, mcp_call
 from runs.tools.envelope import ErrorCategory
@@ -30,6 +33,29 @@ projects = mcp_fixtures.projects
 published_status = mcp_fixtures.published_status
 
 REFUSED = "an address the platform does not call"
+
+# A name that answers an allowed address when first resolved and the local servers' address,
+# which the tests deny, on every later resolution (DNS rebinding). The allowed address is on
+# the loopback network too, so that nothing leaves the machine: no server listens there.
+REBINDING_HOST = "rebinding.test"
+ALLOWED, DENIED = "127.0.0.2", "127.0.0.1"
+
+
+@pytest.fixture
+def rebinding(monkeypatch, settings) -> list[str]:
+    """The resolver answers REBINDING_HOST as above; what it answered, in order."""
+    settings.EGRESS_DENIED_NETWORKS = [f"{DENIED}/32"]
+    resolve = socket.getaddrinfo
+    answered: list[str] = []
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if (host.decode() if isinstance(host, bytes) else host) != REBINDING_HOST:
+            return resolve(host, port, *args, **kwargs)
+        answered.append(DENIED if answered else ALLOWED)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answered[-1], int(port or 0)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return answered
 
 
 @pytest.mark.parametrize(
@@ -63,6 +89,67 @@ def test_a_name_that_resolves_to_a_denied_address_is_refused_before_any_request(
 
     assert "localhost is at 127.0.0.1" in str(refused.value)
     assert report_service.requests == []
+
+
+def test_an_http_tool_connects_to_the_address_it_checked(report_service, rebinding):
+    # given a service whose name answers an allowed address first, then a denied one
+    url = report_service.url.replace(DENIED, REBINDING_HOST)
+
+    with pytest.raises(ToolFailed) as failed:
+        http_call(report_tool(url), call_context(), {"project_id": "apollo"})
+
+    # then the call went to the allowed address it checked, where nothing answers, and never
+    # to the address the name answered next
+    assert failed.value.category == ErrorCategory.UPSTREAM_ERROR
+    assert str(failed.value) == "The service could not be reached."
+    assert rebinding == [ALLOWED]
+    assert report_service.requests == []
+
+
+def test_a_name_with_any_denied_address_is_refused(report_service, monkeypatch, settings):
+    # given a service whose name answers an allowed and a denied address at once
+    settings.EGRESS_DENIED_NETWORKS = [f"{DENIED}/32"]
+    resolve = socket.getaddrinfo
+    answer = [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, 0)) for address in (ALLOWED, DENIED)
+    ]
+    monkeypatch.setattr(
+        socket,
+        "getaddrinfo",
+        lambda host, *args, **kwargs: (
+            answer if host == REBINDING_HOST else resolve(host, *args, **kwargs)
+        ),
+    )
+    url = report_service.url.replace(DENIED, REBINDING_HOST)
+
+    with pytest.raises(ToolFailed) as refused:
+        http_call(report_tool(url), call_context(), {"project_id": "apollo"})
+
+    assert str(refused.value) == f"{REBINDING_HOST} is at {DENIED}, {REFUSED}."
+    assert refused.value.category == ErrorCategory.PERMISSION_DENIED
+    assert (refused.value.retryable, refused.value.may_have_side_effect) == (False, False)
+    assert report_service.requests == []
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("provider", ["openai_compatible", "anthropic"])
+def test_a_model_provider_is_called_only_at_the_address_checked(
+    demo, fake_model, rebinding, provider
+):
+    # given a provider whose name answers an allowed address first, then a denied one
+    fake = fake_model(provider)
+    config = demo.agent.model_config
+    config.base_url = config.base_url.replace(DENIED, REBINDING_HOST)
+    registry_object_save(instance=config, actor=demo.admin, reason="provider by name")
+    run = demo_run(demo, project_id="apollo")
+
+    # then the turn went to the allowed address it checked, where nothing answers (a failure
+    # the run's task tries again), and never to the address the name answered next
+    with pytest.raises(ModelTemporarilyUnavailable, match="could not be reached"):
+        run_execute(run_id=str(run.pk))
+
+    assert fake.requests == []
+    assert rebinding == [ALLOWED]
 
 
 @pytest.mark.django_db
@@ -120,3 +207,21 @@ def test_a_call_refused_for_its_server_s_address_had_no_effect_and_is_not_retrie
     assert REFUSED in str(refused.value)
     assert refused.value.category == ErrorCategory.PERMISSION_DENIED
     assert (refused.value.retryable, refused.value.may_have_side_effect) == (False, False)
+
+
+@pytest.mark.django_db
+def test_an_mcp_server_is_connected_to_only_at_the_address_checked(demo, report_service, rebinding):
+    # given an MCP server whose name answers an allowed address first, then a denied one
+    server = McpServer.objects.get(tenant=demo.acme, name="projects")
+    server.transport = McpServer.Transport.STREAMABLE_HTTP
+    server.url = report_service.url.replace(DENIED, REBINDING_HOST)
+    server.credential_ref = ""
+    server.save()
+
+    with pytest.raises(McpServerUnavailable) as refused:
+        mcp_server_discover(server=server, actor=demo.admin)
+
+    # then the connection was refused for the address the name answered when it was made
+    assert report_service.requests == []
+    assert f"{REBINDING_HOST} is at {DENIED}, {REFUSED}." in str(refused.value)
+    assert rebinding == [ALLOWED, DENIED]
