@@ -6,7 +6,9 @@ import pytest
 import redis
 from django.conf import settings
 from django.core.cache import cache
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.test import override_settings
+from pytest_django.fixtures import validate_django_db
 from rest_framework.test import APIClient
 
 from registry.choices import Role
@@ -37,7 +39,55 @@ def django_db_modify_db_settings():
 def _tool_threads_stopped_before_the_database_is_dropped(django_db_setup):
     """The parallel tool-call threads keep database connections; they end first."""
     yield
-    threads.stop()
+    threads.stop(abandoned_wait_s=ABANDONED_HANDLERS_WAIT_SECONDS)
+
+
+# How long the end of the session waits for handlers that tests abandoned to return.
+ABANDONED_HANDLERS_WAIT_SECONDS = 30
+
+
+def _rolled_back(request) -> bool:
+    """Whether the test runs inside a transaction that is rolled back (the `db` fixture)."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None and "db" not in request.fixturenames:
+        return False
+    transactional = marker is not None and validate_django_db(marker)[0]
+    return not (
+        transactional
+        or "transactional_db" in request.fixturenames
+        or "live_server" in request.fixturenames
+    )
+
+
+@pytest.fixture(autouse=True)
+def _handler_threads_see_a_rolled_back_test(request, monkeypatch):
+    """A Python tool handler runs on a handler thread with a database connection of its own,
+    which does not see the rows of a test that is never committed. In such a test, the
+    handler threads use the test's connection for their call, while the test waits; tests
+    with `transaction=True` keep each thread's own connection, as in production."""
+    if not _rolled_back(request):
+        yield
+        return
+    test_connection = connections[DEFAULT_DB_ALIAS]
+    call_within = threads.call_within
+
+    def on_test_connection(function, *arguments):
+        own = connections[DEFAULT_DB_ALIAS]
+        connections[DEFAULT_DB_ALIAS] = test_connection
+        try:
+            return function(*arguments)
+        finally:
+            connections[DEFAULT_DB_ALIAS] = own
+
+    def sharing(function, *arguments, seconds):
+        test_connection.inc_thread_sharing()
+        try:
+            return call_within(on_test_connection, function, *arguments, seconds=seconds)
+        finally:
+            test_connection.dec_thread_sharing()
+
+    monkeypatch.setattr(threads, "call_within", sharing)
+    yield
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +97,11 @@ def _fast_password_hashing(settings):
 
 
 # Modules of the tests' own tool handlers, installed for tools besides the example ones.
-TEST_HANDLER_MODULES = ["tests.runs.test_loop", "tests.reliability.gated_tool"]
+TEST_HANDLER_MODULES = [
+    "tests.runs.test_loop",
+    "tests.runs.test_handler_timeout",
+    "tests.reliability.gated_tool",
+]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,10 +4,16 @@ tool of an MCP server.
 The host builds the `ToolContext` (identity, tenant, idempotency key, short-lived credential);
 the model never supplies any of it. A handler refuses with `ToolRefused` (gate 3, nothing was
 done) and fails with `ToolFailed` (it ran, and may or may not have had an effect).
+
+Every adapter answers within the tool version's `timeout_s`. A Python handler runs on a
+handler thread (`threads.call_within`), on that thread's own database connection; one that
+has not answered in time fails its call TIMEOUT and is abandoned: it runs on until it
+returns, and whatever it returns then is dropped, never recorded.
 """
 
 import importlib
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +39,10 @@ from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
+from runs.tools import threads
 from runs.tools.envelope import ErrorCategory, strip_secrets
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,33 @@ def python_handler(tool_version: ToolVersion) -> Handler:
             category=ErrorCategory.UNKNOWN,
             retryable=False,
         ) from error
+
+
+def python_call(
+    tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
+) -> ToolOutput:
+    """The handler's answer within the tool's timeout. One that has not answered by then is
+    abandoned: the call failed TIMEOUT, retryable, and a tool that is not a read may have
+    done something."""
+    handler = python_handler(tool_version)
+    try:
+        return threads.call_within(handler, context, arguments, seconds=tool_version.timeout_s)
+    except threads.Overran as overran:
+        logger.error(
+            "%s: the handler did not answer within %s s and was abandoned (run %s, call %s). %s",
+            tool_version.qualified_name,
+            tool_version.timeout_s,
+            context.run_id,
+            context.call_id,
+            overran,
+        )
+        raise ToolFailed(
+            f"The handler of {tool_version.qualified_name} did not answer within "
+            f"{tool_version.timeout_s} s.",
+            category=ErrorCategory.TIMEOUT,
+            retryable=True,
+            may_have_side_effect=tool_version.risk not in READ_RISKS,
+        ) from None
 
 
 # What a service's answer that is not JSON keeps of its text.
@@ -485,7 +521,7 @@ def execute(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
     if tool_version.adapter_kind == AdapterKind.PYTHON:
-        return python_handler(tool_version)(context, arguments)
+        return python_call(tool_version, context, arguments)
     if tool_version.adapter_kind == AdapterKind.HTTP:
         return http_call(tool_version, context, arguments)
     return mcp_call(tool_version, context, arguments)

@@ -1,4 +1,5 @@
-"""The threads that run the independent calls of one step in parallel.
+"""The threads that run the independent calls of one step in parallel, and the threads that
+run Python tool handlers under their timeout.
 
 The calling thread takes part: it runs calls of the step too, and the pool's threads take
 the others as they come free, so a step's calls never wait behind each other more than the
@@ -8,14 +9,30 @@ first use, after the fork) and each keeps its own database connection between ca
 opening a connection per call would cost more than most read calls. A connection left
 broken by an error is closed after its call; `stop` closes every thread's connection and
 ends the threads (the test suite calls it before dropping its database).
+
+A Python handler runs on a handler thread of its own, so the call can stop waiting for it
+(`call_within`): Python cannot stop a thread, so a handler that has not answered in time is
+abandoned. Its thread is never given work again: it runs on until its handler returns, then
+drops the late answer, closes its database connections (rolling back whatever the handler
+left open) and ends; the next call takes another thread. The limit: until then an abandoned
+handler still holds its thread, its database connection and whatever it locked, and keeps
+doing whatever it does. A handler that answered in time leaves its thread idle for the next
+call, which reuses it and its connection (closed first if it saw a database error); a
+handler that left a transaction open ends its thread, whose connections close, rolling the
+transaction back.
 """
 
+import itertools
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from django.db import connections
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -32,6 +49,15 @@ def _close_broken_connections() -> None:
     for connection in connections.all(initialized_only=True):
         if connection.errors_occurred:
             connection.close()
+
+
+def _transaction_left_open() -> bool:
+    """Whether a connection of this thread is still inside a transaction."""
+    return any(
+        connection.in_atomic_block
+        or (connection.connection is not None and not connection.autocommit)
+        for connection in connections.all(initialized_only=True)
+    )
 
 
 class _Batch(Generic[T, R]):
@@ -118,11 +144,108 @@ def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int
     return batch.results()
 
 
-def stop() -> None:
-    """End the threads, closing their database connections."""
+class Overran(Exception):
+    """The function did not return within its time: its thread was abandoned."""
+
+
+class _HandlerThread:
+    """A thread that runs one function at a time for `call_within`, on its own database
+    connection, until it is stopped or abandoned."""
+
+    def __init__(self) -> None:
+        self.work: queue.SimpleQueue = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()
+        self.is_abandoned = False
+        self.abandoned_at = 0.0
+        self.thread = threading.Thread(
+            target=self._serve, name=f"tool-handler-{next(_handler_numbers)}", daemon=True
+        )
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            while True:
+                job = self.work.get()
+                if job is _STOP:
+                    return
+                function, arguments = job
+                try:
+                    answer = (True, function(*arguments))
+                except BaseException as error:  # noqa: BLE001 (the caller raises it)
+                    answer = (False, error)
+                is_reusable = not _transaction_left_open()
+                _close_broken_connections()
+                with _lock:
+                    if self.is_abandoned:
+                        _abandoned.discard(self)
+                        logger.warning(
+                            "A handler abandoned %.1f s ago returned; its answer was dropped "
+                            "and its thread ends.",
+                            time.monotonic() - self.abandoned_at,
+                        )
+                        return
+                    self.answers.put((*answer, is_reusable))
+                if not is_reusable:
+                    return
+        finally:
+            connections.close_all()
+
+
+_handler_numbers = itertools.count(1)
+_idle: list[_HandlerThread] = []
+_abandoned: set[_HandlerThread] = set()
+
+
+def call_within(function: Callable[..., R], *arguments: Any, seconds: float) -> R:
+    """`function(*arguments)` on a handler thread, waited for at most `seconds`: its result, or
+    what it raised; Overran when it has not returned by then (it runs on, abandoned, and
+    what it returns or raises later is dropped)."""
+    with _lock:
+        handler = _idle.pop() if _idle else None
+    if handler is None:
+        handler = _HandlerThread()
+    handler.work.put((function, arguments))
+    try:
+        answer = handler.answers.get(timeout=seconds)
+    except queue.Empty:
+        with _lock:
+            try:
+                answer = handler.answers.get_nowait()
+            except queue.Empty:
+                handler.is_abandoned, handler.abandoned_at = True, time.monotonic()
+                _abandoned.add(handler)
+                raise Overran(
+                    f"No answer within {seconds:g} s; {len(_abandoned)} abandoned handler "
+                    "thread(s) still run."
+                ) from None
+    returned, outcome, is_reusable = answer
+    if is_reusable:
+        with _lock:
+            _idle.append(handler)
+    if not returned:
+        raise outcome
+    return outcome
+
+
+def abandoned_count() -> int:
+    """How many abandoned handler threads still run."""
+    with _lock:
+        return len(_abandoned)
+
+
+def stop(*, abandoned_wait_s: float = 0) -> None:
+    """End the threads, closing their database connections; wait up to `abandoned_wait_s`
+    for abandoned handler threads to end."""
     with _lock:
         threads, _threads[:] = list(_threads), []
+        handlers, _idle[:] = list(_idle), []
+        abandoned = list(_abandoned)
     for _ in threads:
         _tasks.put(_STOP)
-    for thread in threads:
+    for handler in handlers:
+        handler.work.put(_STOP)
+    for thread in [*threads, *(handler.thread for handler in handlers)]:
         thread.join()
+    deadline = time.monotonic() + abandoned_wait_s
+    for handler in abandoned:
+        handler.thread.join(max(deadline - time.monotonic(), 0))

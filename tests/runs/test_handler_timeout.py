@@ -1,0 +1,267 @@
+"""A Python tool handler answers within its tool version's timeout, or its call fails TIMEOUT
+and the run goes on: the handler is abandoned on its thread, which no later call reuses, and
+what it returns later is dropped (DESIGN.md, gate 6)."""
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from examples.handlers import project_search
+from registry.choices import AdapterKind, Risk
+from registry.models import Tenant, Tool, ToolVersion
+from registry.services.tools import TOOL_CONTENT_FIELDS
+from runs.loop import run_execute
+from runs.models import RunEvent, Source, ToolCall
+from runs.tools import adapters, limits, threads
+from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput
+from runs.tools.envelope import ErrorCategory
+from tests.runs.conftest import apollo_draft, demo_run, this_week
+from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
+
+# How long a hanging handler waits at most, should a test never release it.
+HANG_MAX_SECONDS = 30
+# How many times each call id still hangs before it answers.
+HANGS: Counter = Counter()
+RELEASED = threading.Event()
+RETURNED: list[str] = []
+
+
+def _hang_if_asked(context: ToolContext) -> None:
+    if HANGS[context.call_id] > 0:
+        HANGS[context.call_id] -= 1
+        RELEASED.wait(HANG_MAX_SECONDS)
+        RETURNED.append(context.call_id)
+
+
+class SlowProjectSearch:
+    """project_search's own handler, which hangs for the call ids in HANGS."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        project_search.authorize(context, arguments)
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        _hang_if_asked(context)
+        return project_search(context, arguments)
+
+
+class SlowWrite:
+    """A tool that changes something, and hangs for the call ids in HANGS."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        return None
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        _hang_if_asked(context)
+        return ToolOutput(business_status="ok", raw={"written": True})
+
+
+slow_project_search = SlowProjectSearch()
+slow_write = SlowWrite()
+
+
+def _abandoned_handlers_end() -> None:
+    deadline = time.monotonic() + 10
+    while threads.abandoned_count() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threads.abandoned_count() == 0
+
+
+@pytest.fixture
+def hanging() -> Iterator[Counter]:
+    HANGS.clear()
+    RETURNED.clear()
+    RELEASED.clear()
+    yield HANGS
+    RELEASED.set()
+    _abandoned_handlers_end()
+    HANGS.clear()
+
+
+@pytest.fixture
+def retry_policy() -> dict[str, Any]:
+    return {"max_attempts": 1}
+
+
+@pytest.fixture
+def slow_reads(demo, hanging, retry_policy) -> ToolVersion:
+    """weekly-summary 3.3.0 pins project_search 2.1.0: the same tool with a 1 s timeout and
+    `retry_policy`, whose handler hangs when asked."""
+    seeded = seeded_tool(demo, "project_search")
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
+    content |= {
+        "adapter_config": {"handler": f"{__name__}.slow_project_search"},
+        "timeout_s": 1,
+        "retry_policy": retry_policy,
+    }
+    slow = publish_tool(demo, "project_search", "2.1.0", **content)
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[slow, seeded_tool(demo, "directory_lookup"), seeded_tool(demo, "mail_send")],
+    )
+    return slow
+
+
+def week_search(call_id: str) -> tuple[str, str, str]:
+    monday, sunday = this_week()
+    arguments = {"project_id": "apollo", "from": monday, "to": sunday}
+    return call_id, "project_search", json.dumps(arguments)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_past_its_timeout_fails_its_call_timeout_and_the_run_goes_on(
+    demo, fake_model, slow_reads, caplog
+):
+    # given a model that calls project_search, whose handler hangs, then calls it again in
+    # its next turn, then drafts
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(tool_calls=(week_search("call_week"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    name = slow_reads.qualified_name
+    HANGS["call_slow"] = 1
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+    elapsed = time.monotonic() - started
+
+    # then the hanging call failed TIMEOUT once its second was up, retryable, with no side
+    # effect (a read), and the run went on to its draft
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    assert elapsed < 5
+    slow = ToolCall.objects.get(run=run, call_id="call_slow")
+    assert (slow.status, slow.error_category, slow.attempts) == ("failed", "TIMEOUT", 1)
+    assert 1000 <= slow.duration_ms < 2000
+    assert slow.envelope["error"] == {
+        "category": "TIMEOUT",
+        "message": f"The handler of {name} did not answer within 1 s.",
+    }
+    assert (slow.envelope["retryable"], slow.envelope["may_have_side_effect"]) == (True, False)
+    assert slow.envelope["business_status"] == "failed"
+    # and the model's next turn got the error with the call's id
+    answered = [
+        message
+        for message in fake.requests[1].body["messages"]
+        if message["role"] == "tool" and message["tool_call_id"] == "call_slow"
+    ]
+    assert len(answered) == 1 and "TIMEOUT" in answered[0]["content"]
+    # and the call of the next step ran on another thread and answered
+    week = ToolCall.objects.get(run=run, call_id="call_week")
+    assert (week.status, week.attempts) == ("completed", 1)
+    # and the log says which handler was abandoned
+    assert f"{name}: the handler did not answer within 1 s and was abandoned" in caplog.text
+    # and the tool's slots are all free again
+    entered = limits.calls_enter([slow_reads] * slow_reads.concurrency_cap, tenant_id=run.tenant_id)
+    assert all(isinstance(each, limits.Passage) for each in entered), entered
+    limits.calls_leave([(passage, None) for passage in entered])
+
+    # when the abandoned handler returns at last
+    events = list(RunEvent.objects.filter(run=run).values_list("seq", "type"))
+    sources = set(Source.objects.filter(run=run).values_list("pk", flat=True))
+    RELEASED.set()
+    _abandoned_handlers_end()
+
+    # then its answer was dropped: nothing about the run changed
+    assert RETURNED == ["call_slow"]
+    slow.refresh_from_db()
+    assert (slow.status, slow.error_category) == ("failed", "TIMEOUT")
+    assert list(RunEvent.objects.filter(run=run).values_list("seq", "type")) == events
+    assert set(Source.objects.filter(run=run).values_list("pk", flat=True)) == sources
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("retry_policy", [{"max_attempts": 2, "backoff_s": 0.01, "jitter": False}])
+def test_a_timed_out_read_is_retried_under_its_retry_policy_on_another_thread(
+    demo, fake_model, slow_reads
+):
+    # given a retry policy of two attempts, and a handler that hangs on the first only
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    HANGS["call_slow"] = 1
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the second attempt answered, and the first attempt's late answer counts for nothing
+    slow = ToolCall.objects.get(run=run, call_id="call_slow")
+    assert (slow.status, slow.attempts) == ("completed", 2)
+    run.refresh_from_db()
+    assert run.status == "WAITING_APPROVAL"
+    RELEASED.set()
+    _abandoned_handlers_end()
+    assert RETURNED == ["call_slow"]
+    assert ToolCall.objects.get(run=run, call_id="call_slow").attempts == 2
+
+
+def write_tool() -> ToolVersion:
+    """A Python tool that changes something (not saved: the adapter reads only its
+    configuration)."""
+    return ToolVersion(
+        tool=Tool(name="slow_write"),
+        version="1.0.0",
+        adapter_kind=AdapterKind.PYTHON,
+        adapter_config={"handler": f"{__name__}.slow_write"},
+        risk=Risk.INTERNAL_WRITE,
+        timeout_s=1,
+    )
+
+
+def call_context(call_id: str) -> ToolContext:
+    return ToolContext(
+        run_id="run-1",
+        call_id=call_id,
+        tenant=Tenant(slug="acme"),
+        actor=get_user_model()(username="alice"),
+        idempotency_key=f"run-1:{call_id}",
+    )
+
+
+def test_a_write_past_its_timeout_may_have_had_its_effect_and_the_next_call_answers(hanging):
+    HANGS["call-1"] = 1
+
+    started = time.monotonic()
+    with pytest.raises(ToolFailed) as raised:
+        adapters.execute(write_tool(), call_context("call-1"), {})
+    elapsed = time.monotonic() - started
+
+    assert raised.value.category == ErrorCategory.TIMEOUT
+    assert (raised.value.retryable, raised.value.may_have_side_effect) == (True, True)
+    assert 1 <= elapsed < 1.5
+    assert threads.abandoned_count() == 1
+    # the next call does not wait behind the abandoned one
+    output = adapters.execute(write_tool(), call_context("call-2"), {})
+    assert output.raw == {"written": True}
+
+
+def test_a_handler_thread_that_answered_is_reused_and_an_abandoned_one_never_is(hanging):
+    def where() -> str:
+        return threading.current_thread().name
+
+    def hang() -> str:
+        RELEASED.wait(HANG_MAX_SECONDS)
+        return "late"
+
+    first = threads.call_within(where, seconds=1)
+    assert threads.call_within(where, seconds=1) == first
+    with pytest.raises(threads.Overran):
+        threads.call_within(hang, seconds=0.2)
+    later = {threads.call_within(where, seconds=1) for _ in range(3)}
+    assert len(later) == 1 and first not in later
+    RELEASED.set()
+    _abandoned_handlers_end()
+    assert threads.call_within(lambda: "answer", seconds=1) == "answer"
+    with pytest.raises(KeyError):
+        threads.call_within(lambda: {}["missing"], seconds=1)
