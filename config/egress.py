@@ -14,15 +14,19 @@ resolve fails the call as unreachable. An MCP call may go over a session whose c
 were checked when they were opened: `egress_refusal` checks its server's URL again before
 each call.
 
-These clients take no proxy from the environment (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY): a
-proxy would resolve and reach the host itself, out of this check's sight.
+A call the environment sends through a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, unless
+NO_PROXY names its host), as httpx would, goes through it once its host's name is checked
+(`egress_refusal`): the proxy resolves the name again and connects, so what it may reach is
+the proxy's to limit too.
 """
 
 import ipaddress
 import socket
+import urllib.request
 from collections.abc import Iterable
 from functools import cache
 from types import ModuleType
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpcore
@@ -156,44 +160,85 @@ class _AsyncBackend:
         await self._backend.sleep(seconds)
 
 
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment names for a call to `url`, if any."""
+    proxies = urllib.request.getproxies_environment()
+    if not proxies:
+        return None
+    parts = urlsplit(url)
+    if urllib.request.proxy_bypass_environment(parts.hostname or "", proxies):
+        return None
+    return proxies.get(parts.scheme) or proxies.get("all")
+
+
+def _name_checked(url: str) -> None:
+    """For a call through a proxy, which resolves the name itself: refuse it now if its name
+    is at a denied address."""
+    if refusal := egress_refusal(url):
+        raise EgressRefused(refusal)
+
+
 # httpx builds its connection pool without a way to name a network backend: each transport
-# below builds its own, with the SSL context httpx would have used.
+# below builds its own, with the SSL context httpx would have used, and keeps a transport of
+# httpx's own per proxy the environment names.
 
 
-class HTTPTransport(httpx.HTTPTransport):
-    """httpx's transport, connecting through the check."""
+def _transport(http: ModuleType, core: ModuleType) -> type:
+    """`http`'s transport (httpx, or httpx2 under the model SDKs), connecting through the
+    check or through the environment's proxy."""
 
-    def __init__(self) -> None:
-        ssl_context = httpx.create_ssl_context()
-        super().__init__(verify=ssl_context)
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=ssl_context,
-            **POOL_LIMITS,
-            network_backend=_Backend(httpcore),
-        )
+    class Transport(http.HTTPTransport):
+        def __init__(self) -> None:
+            self._ssl_context = http.create_ssl_context()
+            super().__init__(verify=self._ssl_context)
+            self._pool = core.ConnectionPool(
+                ssl_context=self._ssl_context, **POOL_LIMITS, network_backend=_Backend(core)
+            )
+            self._proxied: dict[str, http.HTTPTransport] = {}
+
+        def handle_request(self, request: Any) -> Any:
+            proxy = environment_proxy(str(request.url))
+            if proxy is None:
+                return super().handle_request(request)
+            _name_checked(str(request.url))
+            if proxy not in self._proxied:
+                self._proxied[proxy] = http.HTTPTransport(verify=self._ssl_context, proxy=proxy)
+            return self._proxied[proxy].handle_request(request)
+
+        def close(self) -> None:
+            for proxied in self._proxied.values():
+                proxied.close()
+            super().close()
+
+    return Transport
+
+
+HTTPTransport = _transport(httpx, httpcore)
+HTTPTransport2 = _transport(httpx2, httpcore2)
 
 
 class AsyncHTTPTransport(httpx.AsyncHTTPTransport):
-    """httpx's asynchronous transport, connecting through the check."""
+    """httpx's asynchronous transport, connecting through the check or through the
+    environment's proxy."""
 
     def __init__(self) -> None:
-        ssl_context = httpx.create_ssl_context()
-        super().__init__(verify=ssl_context)
+        self._ssl_context = httpx.create_ssl_context()
+        super().__init__(verify=self._ssl_context)
         self._pool = httpcore.AsyncConnectionPool(
-            ssl_context=ssl_context,
-            **POOL_LIMITS,
-            network_backend=_AsyncBackend(),
+            ssl_context=self._ssl_context, **POOL_LIMITS, network_backend=_AsyncBackend()
         )
+        self._proxied: dict[str, httpx.AsyncHTTPTransport] = {}
 
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        proxy = environment_proxy(str(request.url))
+        if proxy is None:
+            return await super().handle_async_request(request)
+        await to_thread.run_sync(_name_checked, str(request.url))
+        if proxy not in self._proxied:
+            self._proxied[proxy] = httpx.AsyncHTTPTransport(verify=self._ssl_context, proxy=proxy)
+        return await self._proxied[proxy].handle_async_request(request)
 
-class HTTPTransport2(httpx2.HTTPTransport):
-    """httpx2's transport (under the model SDKs), connecting through the check."""
-
-    def __init__(self) -> None:
-        ssl_context = httpx2.create_ssl_context()
-        super().__init__(verify=ssl_context)
-        self._pool = httpcore2.ConnectionPool(
-            ssl_context=ssl_context,
-            **POOL_LIMITS,
-            network_backend=_Backend(httpcore2),
-        )
+    async def aclose(self) -> None:
+        for proxied in self._proxied.values():
+            await proxied.aclose()
+        await super().aclose()

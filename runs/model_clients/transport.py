@@ -7,7 +7,7 @@ back is held to what the HTTP tool adapter holds a service to:
   environment names (OPENAI_ORG_ID, OPENAI_PROJECT_ID, OPENAI_CUSTOM_HEADERS,
   ANTHROPIC_CUSTOM_HEADERS), which is the platform's, never a tenant server's;
 - no redirect is followed (the conversation goes to the configured URL only), and the
-  connection is made only where `config.egress` allows, without a proxy from the environment;
+  connection is made only where `config.egress` allows (or through the environment's proxy);
 - no compressed answer is asked for or taken (it would be inflated before its size is known);
 - an answer is read within the call's timeout as a whole (the client times each read, so a
   server that sends a byte now and then would hold the call for ever) and up to

@@ -225,3 +225,52 @@ def test_an_mcp_server_is_connected_to_only_at_the_address_checked(demo, report_
     assert report_service.requests == []
     assert f"{REBINDING_HOST} is at {DENIED}, {REFUSED}." in str(refused.value)
     assert rebinding == [ALLOWED, DENIED]
+
+
+@pytest.fixture
+def proxy_environment(report_service, monkeypatch) -> str:
+    """The environment names the report service as the HTTP proxy (it answers what it is
+    asked, as a forward proxy would pass it on); returns the proxy's URL."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+    proxy = report_service.url.rsplit("/", 1)[0]
+    monkeypatch.setenv("HTTP_PROXY", proxy)
+    return proxy
+
+
+def test_an_http_tool_goes_through_the_environment_s_proxy(report_service, proxy_environment):
+    # given a service the platform reaches only through the proxy (its name resolves nowhere)
+    url = "http://reports.internal.test/report"
+
+    http_call(report_tool(url), call_context(), {"project_id": "apollo"})
+
+    [request] = report_service.requests
+    assert request["path"] == url
+
+
+def test_a_host_no_proxy_names_is_called_directly(report_service, proxy_environment, monkeypatch):
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+    http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    [request] = report_service.requests
+    assert request["path"] == "/report"
+
+
+def test_a_call_through_the_proxy_to_a_denied_address_is_refused(
+    report_service, proxy_environment, settings
+):
+    settings.EGRESS_DENIED_NETWORKS = ["169.254.0.0/16"]
+
+    with pytest.raises(ToolFailed) as refused:
+        http_call(
+            report_tool("http://169.254.169.254/latest/meta-data/"),
+            call_context(),
+            {"project_id": "apollo"},
+        )
+
+    assert REFUSED in str(refused.value)
+    assert refused.value.category == ErrorCategory.PERMISSION_DENIED
+    assert report_service.requests == []
