@@ -39,9 +39,9 @@ def demo_names_sensitive(db, monkeypatch):
             spec["result_contract"] = {"sensitive_fields": ["display_name"]}
         return create(**spec)
 
-    monkeypatch.setattr(tool_services, "tool_version_create", with_contract)
-    call_command("seed_demo", stdout=io.StringIO())
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(tool_services, "tool_version_create", with_contract)
+        call_command("seed_demo", stdout=io.StringIO())
     return runs_fixtures.demo.__wrapped__(db)
 
 

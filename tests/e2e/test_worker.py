@@ -7,6 +7,7 @@ from django.db import connection
 from runs.choices import RunStatus
 from runs.models import Run, RunEvent, ToolCall
 from runs.tasks import run_advance
+from runs.tools import threads
 from tests.celery_worker import (
     EXAMPLE_EVENTS,
     alice_client,
@@ -15,6 +16,7 @@ from tests.celery_worker import (
     example_post,
     example_seed,
     gated_example_publish,
+    queue_purge,
     run_status,
     wait_until,
 )
@@ -133,6 +135,10 @@ def _other_backends() -> set[int]:
 
 
 def test_a_worker_keeps_its_database_connection_from_one_task_to_the_next(start_worker):
+    # this process's own tool threads, kept from earlier tests, hold connections of their own,
+    # and earlier tests may have left tasks on the queue
+    threads.stop()
+    queue_purge()
     example_seed()
     client = alice_client()
     worker = start_worker()
@@ -152,6 +158,7 @@ def test_a_worker_keeps_its_database_connection_from_one_task_to_the_next(start_
     for _ in range(3):
         waits_for_approval(example_post(client))
 
-    assert len(after_first) == 1
+    # the task's connection, and its tool handler thread's (`runs.tools.threads`)
+    assert len(after_first) == 2
     assert _other_backends() == after_first
     wait_until(lambda: worker.tasks_succeeded() == 4, seconds=10, what="the tasks' success")
