@@ -11,6 +11,12 @@ content (their untrusted-data envelope keeps the source, the hash and the refere
 turns but the last that called tools; rules, the skill's procedure, the task, the recipient and
 the tool schemas are never cut. Tool results reach the model only inside an `untrusted_data`
 envelope, never among the instructions.
+
+What the model saw is recorded (`context.built`) as each section's size and keyed hash
+(HMAC-SHA256 under a key derived from SECRET_KEY): the platform can tell whether a context it
+rebuilds is the one a turn had, and whether two turns had the same section, but whoever reads
+the record cannot test a guess against it (an auditor shown a masked recipient could
+otherwise confirm a guessed address against the recipient section's plain hash).
 """
 
 import hashlib
@@ -19,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.utils.crypto import salted_hmac
 
 from config import jsontext
 from runs.model_clients.base import ModelRequest, ToolSpec
@@ -43,6 +50,11 @@ RECIPIENT_MARKER = (
     "# Recipient of the draft: the host attaches them to the mail; the draft never names an "
     "address, and this one is not to be changed"
 )
+
+
+def section_hash(text: str) -> str:
+    """The keyed hash a section's text is recorded with."""
+    return salted_hmac("runs.context.section", text, algorithm="sha256").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -259,7 +271,7 @@ def context_build(
         sections={
             name: {
                 "tokens": estimate_tokens(text),
-                "sha256": hashlib.sha256(text.encode()).hexdigest(),
+                "hmac_sha256": section_hash(text),
             }
             for name, text in sections.items()
         },

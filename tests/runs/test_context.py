@@ -4,6 +4,7 @@ first), earlier messages of the session, what is remembered about the user (whic
 more than its share), old tool results (to their source references) and old turns; the rules,
 the skill's procedure, the task and the tool schemas are never cut."""
 
+import hashlib
 import json
 
 from django.conf import settings
@@ -119,7 +120,7 @@ def test_within_budget_the_model_sees_every_section_and_the_tool_results_as_untr
     assert all(result["untrusted_data"]["allowed_use"] == "evidence" for result in results)
     assert built.request.tools == (SEARCH,)
     assert set(built.sections) == {*FIXED, "examples", "conversation", "transcript"}
-    assert all(len(section["sha256"]) == 64 for section in built.sections.values())
+    assert all(len(section["hmac_sha256"]) == 64 for section in built.sections.values())
 
 
 def test_an_example_given_twice_is_given_once(settings):
@@ -230,6 +231,20 @@ def test_the_recipient_goes_whole_with_the_user_s_turn_at_any_budget(settings):
         key: value for key, value in RECIPIENT.items() if key != "confirmed"
     }
     assert "recipient" not in _build().sections
+
+
+def test_the_recorded_hash_of_the_recipient_cannot_confirm_a_guessed_address(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    built = _build(recipient=RECIPIENT, history=())
+    # the recipient section, as an auditor who guessed the address could write it out
+    guessed = built.request.transcript[0].text
+
+    recorded = built.sections["recipient"]["hmac_sha256"]
+
+    assert recorded != hashlib.sha256(guessed.encode()).hexdigest()
+    assert _build(recipient=RECIPIENT, history=()).sections["recipient"]["hmac_sha256"] == recorded
+    settings.SECRET_KEY = "another-deployment-secret-key-0123456789abcdef0123456789"
+    assert _build(recipient=RECIPIENT, history=()).sections["recipient"]["hmac_sha256"] != recorded
 
 
 def test_at_any_budget_the_rules_the_procedure_the_task_and_the_tool_schemas_stay_whole(
