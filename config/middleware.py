@@ -130,7 +130,7 @@ class NulQueryRefusalMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if not request.path.startswith("/api/") and any(
+        if not request.path_info.startswith("/api/") and any(
             "\x00" in name or any("\x00" in value for value in values)
             for name, values in request.GET.lists()
         ):

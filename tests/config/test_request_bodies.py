@@ -194,3 +194,16 @@ def test_a_page_address_with_a_nul_character_is_400(client, platform_admin, path
 
     assert response.status_code == 400
     assert b"Traceback" not in response.content
+
+
+def test_below_a_script_name_an_api_address_with_a_nul_character_is_the_api_s_400(
+    api, publisher, acme
+):
+    client = api.as_user(publisher, acme)
+
+    response = client.get("/api/v1/runs?status=%00", SCRIPT_NAME="/agentgov")
+
+    # the API names the parameter, in its error body, not the pages' plain text
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"]
