@@ -34,7 +34,7 @@ urlpatterns = [
 
 
 def _is_api(request: HttpRequest) -> bool:
-    return request.path.startswith("/api/")
+    return request.path_info.startswith("/api/")
 
 
 def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:

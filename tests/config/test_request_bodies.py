@@ -207,3 +207,12 @@ def test_below_a_script_name_an_api_address_with_a_nul_character_is_the_api_s_40
     assert response.status_code == 400
     assert response["Content-Type"] == "application/json"
     assert response.json()["error"]["code"]
+
+
+def test_below_a_script_name_an_unknown_api_address_is_the_api_s_404(api, publisher, acme):
+    client = api.as_user(publisher, acme)
+
+    response = client.get("/api/v1/no-such-thing", SCRIPT_NAME="/agentgov")
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "NOT_FOUND"
