@@ -6,7 +6,8 @@ created afresh (never the development or a test database), migrated and loaded w
 
 1. in process: BENCH_RUNS runs of the running example (alice, project apollo, the offline
    planner) through `message_ingest` and `run_execute`. The governance overhead is the wall
-   time minus the tool handlers' own time, measured by wrapping the adapter call;
+   time minus the tool handlers' own time, measured around each handler's call on its
+   handler thread;
 2. the marginal cost of one more tool call: runs of a read-only agent whose skill pins
    k = 1..4 read tools, one run of each k in turn, overhead regressed on k; and, since one
    round that a checkpoint or the scheduler slowed moves a mean, the median of the rounds'
@@ -92,30 +93,34 @@ from runs.choices import RunStatus  # noqa: E402
 from runs.loop import run_execute  # noqa: E402
 from runs.models import Run, RunEvent, ToolCall  # noqa: E402
 from runs.services.ingress import message_ingest  # noqa: E402
-from runs.tools import adapters  # noqa: E402
+from runs.tools import threads  # noqa: E402
 
 
 class HandlerClock:
-    """The tool handlers' own time: the adapter call, nothing around it (gates, limits,
+    """The tool handlers' own time: the handler's call on its handler thread, nothing around
+    it (gates, limits, the hand-over to that thread which holds the call to its timeout, the
     envelope, events). Calls of one step may run in parallel threads, so the clock counts
     the wall time during which at least one handler ran (the union of their intervals)."""
 
     def __init__(self) -> None:
         self._intervals: list[tuple[float, float]] = []
         self._lock = threading.Lock()
-        self._execute = adapters.execute
+        self._call_within = threads.call_within
 
     def install(self) -> None:
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return self._execute(*args, **kwargs)
-            finally:
-                interval = (started, time.perf_counter())
-                with self._lock:
-                    self._intervals.append(interval)
+        def timed_call_within(function, *arguments, seconds):
+            def timed(*handler_arguments):
+                started = time.perf_counter()
+                try:
+                    return function(*handler_arguments)
+                finally:
+                    interval = (started, time.perf_counter())
+                    with self._lock:
+                        self._intervals.append(interval)
 
-        adapters.execute = timed
+            return self._call_within(timed, *arguments, seconds=seconds)
+
+        threads.call_within = timed_call_within
 
     def reset(self) -> float:
         """The handlers' wall time since the last reset."""
