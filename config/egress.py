@@ -84,6 +84,14 @@ def egress_refusal(url: str) -> str | None:
     return None
 
 
+def _checked(core: ModuleType, host: str, port: int) -> list[str]:
+    """`allowed_addresses`, a name that does not resolve failing as `core` fails a connection."""
+    try:
+        return allowed_addresses(host, port)
+    except OSError as error:
+        raise core.ConnectError(str(error)) from error
+
+
 class _Backend:
     """An httpcore network backend (of `core`: httpcore, or httpcore2 under httpx2) that
     connects only to the checked addresses of a host, trying each in turn as
@@ -101,10 +109,7 @@ class _Backend:
         local_address: str | None = None,
         socket_options: Iterable | None = None,
     ):
-        try:
-            addresses = allowed_addresses(host, port)
-        except OSError as error:
-            raise self._core.ConnectError(str(error)) from error
+        addresses = _checked(self._core, host, port)
         failure: Exception = self._core.ConnectError(f"{host} has no address.")
         for address in addresses:
             try:
@@ -137,10 +142,7 @@ class _AsyncBackend:
         local_address: str | None = None,
         socket_options: Iterable | None = None,
     ):
-        try:
-            addresses = await to_thread.run_sync(allowed_addresses, host, port)
-        except OSError as error:
-            raise httpcore.ConnectError(str(error)) from error
+        addresses = await to_thread.run_sync(_checked, httpcore, host, port)
         failure: Exception = httpcore.ConnectError(f"{host} has no address.")
         for address in addresses:
             try:

@@ -447,7 +447,9 @@ def _figure(label: str, value: object) -> None:
 
 
 def _statements_per_run(alice, acme, *, count: int = 5) -> float:
-    """SQL statements (transaction control included) that ingest and execute send per run."""
+    """SQL statements (transaction control included) that ingest and execute send per run on
+    the run's connection; the handlers' own queries, on their threads' connections, are not
+    counted (they are the tools' work)."""
     statements = 0
 
     def counting(execute, sql, params, many, context):
@@ -521,7 +523,7 @@ def main() -> None:
     print("   to WAITING_APPROVAL; overhead = wall time - the tool handlers' own time")
     _figure("tool calls per run", f"{tool_calls / RUNS:.2f}")
     _figure("events per run", f"{events / RUNS:.2f}")
-    _figure("SQL statements per run", f"{_statements_per_run(alice, acme):.1f}")
+    _figure("SQL statements per run (not the tools')", f"{_statements_per_run(alice, acme):.1f}")
     _figure("ingest per run (ms)", _ms(measured["ingest"] / RUNS))
     _figure("run_execute per run (ms)", _ms(measured["execute"] / RUNS))
     _figure("tool handlers' own work per run (ms)", _ms(measured["handler"] / RUNS))
