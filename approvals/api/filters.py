@@ -1,7 +1,7 @@
 import django_filters
 
-from approvals.choices import ActionStatus
-from approvals.models import BusinessAction
+from approvals.choices import ActionStatus, HandoffStatus
+from approvals.models import BusinessAction, Handoff
 from config.api import FilterSet
 
 PENDING = "pending"
@@ -20,3 +20,13 @@ class ApprovalFilter(FilterSet):
 
     def filter_status(self, queryset, name: str, value: str):
         return queryset.filter(status=ActionStatus.WAITING_APPROVAL if value == PENDING else value)
+
+
+class HandoffFilter(FilterSet):
+    """`status=open` is the requests still waiting for someone."""
+
+    status = django_filters.ChoiceFilter(choices=HandoffStatus.choices)
+
+    class Meta:
+        model = Handoff
+        fields = ["status"]

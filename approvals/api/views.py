@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from approvals import selectors, services
-from approvals.api.filters import ApprovalFilter
+from approvals.api.filters import ApprovalFilter, HandoffFilter
 from approvals.api.serializers import (
     ApprovalSerializer,
     DecisionRequestSerializer,
@@ -68,6 +68,7 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     """Requests of the token's tenant that the policy leaves to people (the human queue)."""
 
     serializer_class = HandoffSerializer
+    filterset_class = HandoffFilter
     lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> QuerySet[Handoff]:

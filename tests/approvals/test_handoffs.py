@@ -339,3 +339,23 @@ def test_a_secret_pasted_into_a_request_is_shown_to_no_one(demo, bob, client):
     assert key not in page
     assert key not in listed
     assert handoff.request == f"{REQUEST} Use key [redacted]."
+
+
+def test_the_queue_s_api_lists_requests_by_status(demo, bob, handed_off):
+    # given one request still open and one withdrawn when its run was cancelled
+    withdrawn = Handoff.objects.get(run=handed_off)
+    run_cancel(run=handed_off, actor=demo.alice)
+    waiting = demo_run(demo, text=REQUEST, project_id="apollo")
+    run_execute(run_id=str(waiting.pk))
+    still_open = Handoff.objects.get(run_id=waiting.pk)
+    client = api(bob, demo.acme)
+
+    def listed(query: str) -> list[str]:
+        return [entry["id"] for entry in client.get(f"/api/v1/handoffs{query}").json()["results"]]
+
+    assert listed("?status=open") == [str(still_open.pk)]
+    assert listed("?status=withdrawn") == [str(withdrawn.pk)]
+    assert sorted(listed("")) == sorted([str(still_open.pk), str(withdrawn.pk)])
+    refused = client.get("/api/v1/handoffs?status=closed")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "VALIDATION_ERROR"
