@@ -979,7 +979,7 @@ def _handoff_resolve_locked(
     events.handoff_resolved(
         run,
         handoff_id=str(handoff.pk),
-        outcome=str(outcome),
+        outcome=outcome,
         resolved_by=person.get_username(),
         note=note,
         reason=reason_code,

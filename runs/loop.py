@@ -757,14 +757,17 @@ def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> D
     ) / 1000
 
 
-def _turn_unaffordable(run: Run, model_config: ModelConfig, input_tokens: int) -> str | None:
+def _turn_unaffordable(
+    run: Run, model_config: ModelConfig, input_tokens: int, *, tokens_left: int
+) -> str | None:
     """Whether the next turn's context alone would spend what the run's token or cost budget
-    has left, leaving nothing for an answer that costs: such a turn is not sent, since the run
-    could not use its answer, and the provider would be paid for it all the same (a cost
-    budget of 0 thus pays for no turn of a priced model)."""
-    budgets = run.capability["budgets"]
-    if run.tokens_used + input_tokens >= budgets["max_tokens"]:
+    has left (`tokens_left`: the tokens left once it is sent), leaving nothing for an answer
+    that costs: such a turn is not sent, since the run could not use its answer, and the
+    provider would be paid for it all the same (a cost budget of 0 thus pays for no turn of a
+    priced model)."""
+    if tokens_left <= 0:
         return "TOKEN_BUDGET"
+    budgets = run.capability["budgets"]
     cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(model_config, input_tokens, 0)
     priced = model_config.price_per_1k_input or model_config.price_per_1k_output
     if cost_left < 0 or (cost_left == 0 and priced):
@@ -807,7 +810,9 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     # What the context builder counted is what the turn sends (and what a provider that
     # reports no usage is charged with).
     input_estimate = sum(section.get("tokens", 0) for section in built.sections.values())
-    if (reason := _turn_unaffordable(run, model_config, input_estimate)) is not None:
+    tokens_left = run.capability["budgets"]["max_tokens"] - run.tokens_used - input_estimate
+    reason = _turn_unaffordable(run, model_config, input_estimate, tokens_left=tokens_left)
+    if reason is not None:
         _finish(
             run,
             status=RunStatus.BUDGET_EXHAUSTED,
@@ -815,7 +820,6 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output={"turn_not_made": {"input_tokens": input_estimate}},
         )
         return
-    tokens_left = run.capability["budgets"]["max_tokens"] - run.tokens_used - input_estimate
     request = replace(
         built.request, max_output_tokens=min(built.request.max_output_tokens, tokens_left)
     )
