@@ -64,12 +64,24 @@ def _percentiles(spans: QuerySet[Span]) -> list[dict[str, Any]]:
     ]
 
 
+def _in_window(runs: QuerySet[Run], days: int) -> QuerySet[Run]:
+    return runs.filter(created_at__gte=timezone.now() - timedelta(days=days))
+
+
+def skills_seen(runs: QuerySet[Run], *, days: int = 14) -> list[str]:
+    """The skill versions `runs` (scoped to the viewer and tenant) ran in the last `days`
+    days: what the dashboard offers to filter by, read from the window it shows, never the
+    whole run history."""
+    return sorted(
+        _in_window(runs, days).exclude(skill="").values_list("skill", flat=True).distinct()
+    )
+
+
 def dashboard(runs: QuerySet[Run], *, days: int = 14) -> Dashboard:
     """The figures of `runs` (already scoped to the viewer, tenant and skill) of the last
     `days` days."""
     today = timezone.localdate()
-    since = timezone.now() - timedelta(days=days)
-    runs = runs.filter(created_at__gte=since)
+    runs = _in_window(runs, days)
     figures = Dashboard(days=[today - timedelta(days=offset) for offset in reversed(range(days))])
     for row in (
         runs.filter(status__in=TERMINAL_STATUSES)

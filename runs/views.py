@@ -188,9 +188,12 @@ class DashboardView(View):
         runs = selectors.runs_audited(tenant_ids=list(tenants))
         if values.get("tenant"):
             runs = runs.filter(tenant__slug=values["tenant"])
+        days = values.get("days") or 14
+        skills = dashboards.skills_seen(runs, days=days)
         if values.get("skill"):
             runs = runs.filter(skill=values["skill"])
-        figures = dashboards.dashboard(runs, days=values.get("days") or 14)
+            skills = sorted({*skills, values["skill"]})
+        figures = dashboards.dashboard(runs, days=days)
         return render(
             request,
             "runs/dashboard.html",
@@ -198,9 +201,7 @@ class DashboardView(View):
                 "form": form,
                 "ignored": ignored_filters(form),
                 "tenants": sorted(tenants.values()),
-                "skills": sorted(
-                    set(runs.exclude(skill="").values_list("skill", flat=True).distinct())
-                ),
+                "skills": skills,
                 "figures": figures,
                 "status_chart": charts.stacked_columns(figures.days, figures.statuses),
                 "cost_chart": charts.bars(

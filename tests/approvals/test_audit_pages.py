@@ -434,3 +434,27 @@ def test_the_dashboard_shows_statuses_latency_approvals_and_cost(demo, sent_run,
     assert "No data." in html.split("Tool error categories")[1].split("Cost per day")[0]
     other = client.get(reverse("runs:dashboard"), {"tenant": "globex"}).content.decode()
     assert "COMPLETED" not in other.split("Latency per stage")[0].split("<h2>")[-1]
+
+
+def test_the_dashboard_offers_the_skill_versions_of_its_window_whichever_one_is_shown(
+    demo, sent_run, carol, client
+):
+    later = waiting_run(demo)[0]
+    Run.objects.filter(pk=later.pk).update(skill="weekly-summary@3.3.0")
+    old = waiting_run(demo)[0]
+    Run.objects.filter(pk=old.pk).update(
+        skill="weekly-summary@1.0.0", created_at=timezone.now() - timedelta(days=30)
+    )
+    logged_in(client, carol)
+
+    shown = client.get(reverse("runs:dashboard"), {"skill": "weekly-summary@3.2.0"})
+    wider = client.get(reverse("runs:dashboard"), {"days": "31"})
+    unseen = client.get(reverse("runs:dashboard"), {"skill": "weekly-summary@0.9.0"})
+
+    assert shown.context["skills"] == ["weekly-summary@3.2.0", "weekly-summary@3.3.0"]
+    assert wider.context["skills"] == [
+        "weekly-summary@1.0.0",
+        "weekly-summary@3.2.0",
+        "weekly-summary@3.3.0",
+    ]
+    assert 'value="weekly-summary@0.9.0" selected' in unseen.content.decode()
