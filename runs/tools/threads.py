@@ -12,14 +12,15 @@ ends the threads (the test suite calls it before dropping its database).
 
 A Python handler runs on a handler thread of its own, so the call can stop waiting for it
 (`call_within`): Python cannot stop a thread, so a handler that has not answered in time is
-abandoned. Its thread is never given work again: it runs on until its handler returns, then
-drops the late answer, closes its database connections (rolling back whatever the handler
-left open) and ends; the next call takes another thread. The limit: until then an abandoned
-handler still holds its thread, its database connection and whatever it locked, and keeps
-doing whatever it does. A handler that answered in time leaves its thread idle for the next
-call, which reuses it and its connection (closed first if it saw a database error); a
-handler that left a transaction open ends its thread, whose connections close, rolling the
-transaction back.
+abandoned. The statement its database connections are running then is cancelled: a handler
+waiting on a slow query gets an error at once and usually returns. Its thread is never
+given work again: it runs on until its handler returns, then drops the late answer, closes
+its database connections (rolling back whatever the handler left open) and ends; the next
+call takes another thread. The limit: until then an abandoned handler still holds its thread
+and its database connection, and keeps doing whatever else it does. A handler that
+answered in time leaves its thread idle for the next call, which reuses it and its
+connection (closed first if it saw a database error); a handler that left a transaction
+open ends its thread, whose connections close, rolling the transaction back.
 """
 
 import itertools
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _STOP = object()
+# How long cancelling an abandoned handler's statement may take to reach the database.
+CANCEL_TIMEOUT_SECONDS = 5
 _lock = threading.Lock()
 _tasks: queue.SimpleQueue = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
@@ -157,12 +161,14 @@ class _HandlerThread:
         self.answers: queue.SimpleQueue = queue.SimpleQueue()
         self.is_abandoned = False
         self.abandoned_at = 0.0
+        self.databases: list[BaseDatabaseWrapper] = []
         self.thread = threading.Thread(
             target=self._serve, name=f"tool-handler-{next(_handler_numbers)}", daemon=True
         )
         self.thread.start()
 
     def _serve(self) -> None:
+        self.databases = [connections[alias] for alias in connections]
         try:
             while True:
                 job = self.work.get()
@@ -190,6 +196,22 @@ class _HandlerThread:
         finally:
             connections.close_all()
 
+    def statements_cancel(self) -> None:
+        """Ask the database to cancel what each connection of the thread is running, from
+        another thread (PostgreSQL: a cancel request on a connection of its own; SQLite: an
+        interrupt). A connection running nothing ignores it."""
+        for database in self.databases:
+            driver = database.connection
+            if driver is None:
+                continue
+            try:
+                if database.vendor == "postgresql":
+                    driver.cancel_safe(timeout=CANCEL_TIMEOUT_SECONDS)
+                elif database.vendor == "sqlite":
+                    driver.interrupt()
+            except Exception as error:  # noqa: BLE001 (the call has failed TIMEOUT already)
+                logger.warning("The abandoned handler's statement was not cancelled: %s", error)
+
 
 _handler_numbers = itertools.count(1)
 _idle: list[_HandlerThread] = []
@@ -208,16 +230,13 @@ def call_within(function: Callable[..., R], *arguments: Any, seconds: float) -> 
     try:
         answer = handler.answers.get(timeout=seconds)
     except queue.Empty:
-        with _lock:
-            try:
-                answer = handler.answers.get_nowait()
-            except queue.Empty:
-                handler.is_abandoned, handler.abandoned_at = True, time.monotonic()
-                _abandoned.add(handler)
-                raise Overran(
-                    f"No answer within {seconds:g} s; {len(_abandoned)} abandoned handler "
-                    "thread(s) still run."
-                ) from None
+        answer = _answer_or_abandon(handler)
+        if answer is None:
+            handler.statements_cancel()
+            raise Overran(
+                f"No answer within {seconds:g} s; {abandoned_count()} abandoned handler "
+                "thread(s) still run."
+            ) from None
     returned, outcome, is_reusable = answer
     if is_reusable:
         with _lock:
@@ -225,6 +244,17 @@ def call_within(function: Callable[..., R], *arguments: Any, seconds: float) -> 
     if not returned:
         raise outcome
     return outcome
+
+
+def _answer_or_abandon(handler: _HandlerThread) -> tuple | None:
+    """The answer that came as the wait ended, or None: the handler is abandoned."""
+    with _lock:
+        try:
+            return handler.answers.get_nowait()
+        except queue.Empty:
+            handler.is_abandoned, handler.abandoned_at = True, time.monotonic()
+            _abandoned.add(handler)
+            return None
 
 
 def abandoned_count() -> int:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from examples.handlers import project_search
 from registry.choices import AdapterKind, Risk
@@ -265,3 +266,24 @@ def test_a_handler_thread_that_answered_is_reused_and_an_abandoned_one_never_is(
     assert threads.call_within(lambda: "answer", seconds=1) == "answer"
     with pytest.raises(KeyError):
         threads.call_within(lambda: {}["missing"], seconds=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_query_an_abandoned_handler_waits_on_is_cancelled_and_its_thread_ends():
+    def slow_query() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(%s)", [HANG_MAX_SECONDS])
+        return "late"
+
+    started = time.monotonic()
+    with pytest.raises(threads.Overran):
+        threads.call_within(slow_query, seconds=0.5)
+
+    _abandoned_handlers_end()
+    assert time.monotonic() - started < 5
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE %s",
+            ["SELECT pg_sleep%"],
+        )
+        assert cursor.fetchone() == (0,)
