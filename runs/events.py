@@ -60,7 +60,12 @@ def capability_resolved(run: Run, *, capability_hash: str, skills: list[str], to
 
 
 def run_finished(run: Run, *, status: RunStatus | str, reason_code: str) -> RunEvent:
-    return _append(run, EventType.RUN_FINISHED, {"status": str(status), "reason_code": reason_code})
+    """A CANCELLED run's event names who asked first for the cancel, `cancelled_by` (their
+    username, as an approval's approver is named), or None when the platform stopped it."""
+    payload = {"status": str(status), "reason_code": reason_code}
+    if status == RunStatus.CANCELLED:
+        payload["cancelled_by"] = run.cancelled_by.get_username() if run.cancelled_by else None
+    return _append(run, EventType.RUN_FINISHED, payload)
 
 
 def route_selected(run: Run, *, decision: dict[str, Any]) -> RunEvent:

@@ -11,7 +11,10 @@ class Run(models.Model):
     """One governed execution of a message, bound to an immutable capability snapshot.
 
     `message` is the normalised internal event; `capability` and `capability_hash` never change
-    after creation; `status` moves only through `runs.services.runs.run_transition`.
+    after creation; `status` moves only through `runs.services.runs.run_transition`. The users
+    it names (its actor, who cancelled it) are protected, as an approval's approver is: an
+    account that acted in a run cannot be deleted (deactivate it), so its audit trail keeps
+    naming it.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -61,6 +64,16 @@ class Run(models.Model):
         blank=True,
         help_text="The reason code a run whose cancellation was requested ends with.",
     )
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="cancelled_runs",
+        null=True,
+        blank=True,
+        db_index=False,
+        help_text="Who asked first for the run to be cancelled; empty when the platform "
+        "stopped it (a scheduled task's deadline, an approval that expired or was rejected).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -80,6 +93,13 @@ class Run(models.Model):
                 name="run_active",
             ),
             models.Index(fields=["tenant", "skill", "-created_at"]),
+            # Only the runs a user cancelled: deleting a user looks theirs up (PROTECT), and
+            # no other run adds an entry.
+            models.Index(
+                fields=["cancelled_by"],
+                condition=models.Q(cancelled_by__isnull=False),
+                name="run_cancelled_by",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -121,6 +141,10 @@ class CancelRequest(models.Model):
     )
     reason = models.CharField(max_length=64)
     requested_at = models.DateTimeField(default=timezone.now)
+    # Null only for a request kept before requesters were recorded.
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True
+    )
 
     def __str__(self) -> str:
         return f"cancel {self.run_id} ({self.reason})"

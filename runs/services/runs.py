@@ -103,7 +103,8 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
     is marked and stops at its next step boundary. While a step holds the run (a model call
     may take long), the request is kept beside it and the call returns after a short wait
     (RUN_CANCEL_LOCK_WAIT_MS, PostgreSQL): the step's boundary takes it in
-    (`cancel_request_take_in`)."""
+    (`cancel_request_take_in`). The run records `actor` as who cancelled it, unless someone
+    asked first."""
     if run.actor_id != actor.pk and not user_can(
         user=actor, action=Action.TENANT_ADMIN, tenant=run.tenant
     ):
@@ -118,14 +119,17 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
                     f"The run already finished {run.status}.", details={"status": run.status}
                 )
             request, _ = CancelRequest.objects.get_or_create(
-                run_id=run.pk, defaults={"reason": CANCELLED_BY_USER}
+                run_id=run.pk, defaults={"reason": CANCELLED_BY_USER, "requested_by": actor}
             )
             if run.cancel_requested_at is None:
                 run.cancel_requested_at, run.cancel_reason = request.requested_at, request.reason
+                run.cancelled_by = request.requested_by
             return run
         if locked.status == RunStatus.CANCELLED:
             return locked
-        return run_cancel_locked(locked, reason=CANCELLED_BY_USER)
+        # A request kept beside the run while a step held it came first.
+        cancel_request_take_in(locked)
+        return run_cancel_locked(locked, reason=CANCELLED_BY_USER, by=actor)
 
 
 def _run_unless_stepping(run_id: UUID) -> Run | None:
@@ -152,9 +156,10 @@ def _run_unless_stepping(run_id: UUID) -> Run | None:
         raise
 
 
-def run_cancel_locked(run: Run, *, reason: str) -> Run:
-    """Cancel a locked run for `reason`; a finished one cannot be. What a waiting run waits
-    for (an action to approve, a request left to people) is withdrawn with it."""
+def run_cancel_locked(run: Run, *, reason: str, by: AbstractBaseUser | None = None) -> Run:
+    """Cancel a locked run for `reason`, asked by the user `by` (None: the platform stops it);
+    a finished one cannot be. What a waiting run waits for (an action to approve, a request
+    left to people) is withdrawn with it."""
     if run.status not in ACTIVE_STATUSES:
         raise InvalidRunTransition(
             f"The run already finished {run.status}.", details={"status": run.status}
@@ -166,18 +171,21 @@ def run_cancel_locked(run: Run, *, reason: str) -> Run:
 
         action_withdraw(run=run, reason=reason)
         handoff_withdraw(run=run, reason=reason)
-    return run_stop(run=run, reason_code=reason)
+    return run_stop(run=run, reason_code=reason, by=by)
 
 
 def cancel_request_take_in(run: Run) -> None:
     """Move the cancel request kept beside a locked run onto it, as `run_stop` records one."""
-    request = CancelRequest.objects.filter(run_id=run.pk).first()
+    request = CancelRequest.objects.filter(run_id=run.pk).select_related("requested_by").first()
     if request is None:
         return
     request.delete()
     if run.cancel_requested_at is None:
         run.cancel_requested_at, run.cancel_reason = request.requested_at, request.reason
-        run.save(update_fields=["cancel_requested_at", "cancel_reason", "updated_at"])
+        run.cancelled_by = request.requested_by
+        run.save(
+            update_fields=["cancel_requested_at", "cancel_reason", "cancelled_by", "updated_at"]
+        )
 
 
 def cancel_requests_take_in() -> int:
@@ -200,14 +208,18 @@ def cancel_requests_take_in() -> int:
     return len(runs)
 
 
-def run_stop(*, run: Run, reason_code: str) -> Run:
-    """End a locked run that has not finished, for `reason_code`: a queued or waiting run ends
-    CANCELLED at once; a running one is marked and the loop ends it at its next step boundary
-    with the reason of the first request."""
+def run_stop(*, run: Run, reason_code: str, by: AbstractBaseUser | None = None) -> Run:
+    """End a locked run that has not finished, for `reason_code`, asked by the user `by` (None:
+    the platform): a queued or waiting run ends CANCELLED at once; a running one is marked and
+    the loop ends it at its next step boundary with the reason, and who asked, of the first
+    request."""
     if run.cancel_requested_at is None:
         run.cancel_requested_at = timezone.now()
         run.cancel_reason = reason_code
-        run.save(update_fields=["cancel_requested_at", "cancel_reason", "updated_at"])
+        run.cancelled_by = by
+        run.save(
+            update_fields=["cancel_requested_at", "cancel_reason", "cancelled_by", "updated_at"]
+        )
     if run.status != RunStatus.RUNNING:
         run_finish(run=run, status=RunStatus.CANCELLED, reason_code=run.cancel_reason)
     return run

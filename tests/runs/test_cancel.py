@@ -4,6 +4,7 @@ or the sweep does for a run that paused meanwhile."""
 
 import threading
 import time
+from contextlib import nullcontext
 
 import pytest
 from django.db import connection, transaction
@@ -235,3 +236,92 @@ def test_cancelling_a_finished_run_whose_row_is_held_is_refused_as_when_it_is_fr
 
     # then no cancel request is left beside it
     assert not CancelRequest.objects.filter(run=run).exists()
+
+
+def _cancelled_event(username: str | None) -> list[dict]:
+    return [{"status": "CANCELLED", "reason_code": "CANCELLED_BY_USER", "cancelled_by": username}]
+
+
+def test_a_cancel_that_takes_the_run_at_once_records_who_asked(demo):
+    # given alice's run waiting for approval
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # when the platform admin cancels it, its row free
+    cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.admin)
+
+    # then the run records the admin, not its requester, and its last event names them
+    run.refresh_from_db()
+    assert (run.status, run.cancelled_by) == ("CANCELLED", demo.admin)
+    assert cancelled.cancelled_by == demo.admin
+    assert events_of(run, "run.finished") == _cancelled_event("admin")
+
+
+def test_a_cancel_kept_beside_a_running_run_records_who_asked_when_the_next_step_takes_it_in(
+    demo, settings
+):
+    # given alice's run between its steps
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 0
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # when the platform admin cancels it while a step holds it
+    with Holder(run, no_key=True):
+        cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.admin)
+
+    # then the request kept beside it, and the answer, name the admin
+    assert cancelled.cancelled_by == demo.admin
+    assert CancelRequest.objects.get(run=run).requested_by == demo.admin
+    # and the next step boundary carries it onto the run and into its last event
+    assert run_advance_step(run_id=str(run.pk)) is False
+    run.refresh_from_db()
+    assert (run.status, run.cancelled_by) == ("CANCELLED", demo.admin)
+    assert events_of(run, "run.finished") == _cancelled_event("admin")
+
+
+def test_a_cancel_kept_beside_a_paused_run_records_who_asked_when_the_sweep_takes_it_in(
+    demo, settings
+):
+    # given alice's run waiting for approval, cancelled by the platform admin while another
+    # transaction held its row
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 0
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    with Holder(run):
+        run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.admin)
+    assert CancelRequest.objects.get(run=run).requested_by == demo.admin
+
+    # when the sweep runs
+    runs_sweep()
+
+    # then the run ends cancelled by the admin, and its last event names them
+    run.refresh_from_db()
+    assert (run.status, run.cancelled_by) == ("CANCELLED", demo.admin)
+    assert events_of(run, "run.finished") == _cancelled_event("admin")
+    assert not CancelRequest.objects.exists()
+
+
+@pytest.mark.parametrize("row_held", [True, False], ids=["row-held", "row-free"])
+def test_a_second_cancel_by_someone_else_leaves_who_asked_first(demo, settings, row_held):
+    # given alice's run between its steps, and her cancel kept beside it while a step held it
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 0
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    with Holder(run, no_key=True):
+        run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+    asked_at = CancelRequest.objects.get(run=run).requested_at
+
+    # when the platform admin cancels it too, while a step holds it again or once it is free
+    with Holder(run, no_key=True) if row_held else nullcontext():
+        again = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.admin)
+
+    # then the answer, and the run once its next step ends it, name alice, as of when she asked
+    assert again.cancelled_by == demo.alice
+    assert run_advance_step(run_id=str(run.pk)) is False
+    run.refresh_from_db()
+    assert (run.status, run.cancelled_by, run.cancel_requested_at) == (
+        "CANCELLED",
+        demo.alice,
+        asked_at,
+    )
+    assert events_of(run, "run.finished") == _cancelled_event("alice")

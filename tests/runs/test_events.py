@@ -158,6 +158,7 @@ def test_writers_number_events_after_the_last_one(run):
     assert RunEvent.objects.get(pk=appended.pk).payload == {
         "status": "CANCELLED",
         "reason_code": "TEST",
+        "cancelled_by": None,
     }
 
 

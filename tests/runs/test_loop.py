@@ -78,12 +78,18 @@ def finished(run: Run) -> Run:
     return run
 
 
-def assert_terminal(run: Run, status: str, reason_code: str) -> dict:
-    """The run ended once, in `status`, with the structured result of DESIGN.md."""
+def assert_terminal(
+    run: Run, status: str, reason_code: str, *, cancelled_by: str | None = None
+) -> dict:
+    """The run ended once, in `status`, with the structured result of DESIGN.md; a cancelled
+    one names who asked (`cancelled_by`, None: no one)."""
     run = finished(run)
     assert (run.status, run.reason_code) == (status, reason_code)
     assert run.finished_at is not None
-    assert events_of(run, "run.finished") == [{"status": status, "reason_code": reason_code}]
+    finished_event = {"status": status, "reason_code": reason_code}
+    if status == "CANCELLED":
+        finished_event["cancelled_by"] = cancelled_by
+    assert events_of(run, "run.finished") == [finished_event]
     assert event_types(run)[-1] == "run.finished"
     result = run.result
     assert result["status"] == status
@@ -960,7 +966,7 @@ def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
 
     # then the next step ends it before the model is asked or the project read
     assert run_advance_step(run_id=str(run.pk)) is False
-    result = assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
+    result = assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER", cancelled_by="alice")
     assert result["sources"] == [
         {"origin": "directory_lookup@1.0.0", "reference": "directory:dir-1001@3"}
     ]
@@ -981,7 +987,7 @@ def test_cancelling_a_run_that_waits_for_approval_withdraws_its_action(demo):
     run_cancel(run=finished(run), actor=demo.alice)
 
     # then its action leaves the approval queue with the run, and the log says why
-    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
+    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER", cancelled_by="alice")
     action.refresh_from_db()
     assert action.status == "invalidated"
     assert events_of(run, "approval.invalidated") == [
@@ -1010,7 +1016,7 @@ def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypa
 
     # then the second step reads the row again and ends the run, asking no model
     assert steps == [True, False]
-    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER")
+    assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER", cancelled_by="alice")
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
 
 

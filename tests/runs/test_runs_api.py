@@ -437,6 +437,7 @@ def test_the_requester_cancels_a_queued_run(alice, member, start_run):
     assert run.events.get(seq=5).payload == {
         "status": "CANCELLED",
         "reason_code": "CANCELLED_BY_USER",
+        "cancelled_by": "alice",
     }
 
 
@@ -479,6 +480,7 @@ def test_a_tenant_admin_may_cancel_another_user_s_run(
     assert run.events.get(seq=5).payload == {
         "status": "CANCELLED",
         "reason_code": "CANCELLED_BY_USER",
+        "cancelled_by": "ada",
     }
 
 

@@ -23,6 +23,7 @@ from runs.loop import run_advance_step, run_execute
 from runs.models import IngressRecord, Run, ScheduledTask, Session, TaskOccurrence, ToolCall
 from runs.services import scheduler
 from runs.services.ingress import message_ingest
+from runs.services.runs import run_cancel
 from runs.services.scheduler import (
     occurrence_start,
     occurrences_sweep,
@@ -407,7 +408,7 @@ def test_a_deadline_passing_while_the_run_waits_for_approval_ends_it_and_nothing
         {"action_id": str(action.pk), "reasons": ["DEADLINE_PASSED"]}
     ]
     assert events_of(run, "run.finished") == [
-        {"status": "CANCELLED", "reason_code": "DEADLINE_PASSED"}
+        {"status": "CANCELLED", "reason_code": "DEADLINE_PASSED", "cancelled_by": None}
     ]
     action.refresh_from_db()
     assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "DEADLINE_PASSED")
@@ -466,6 +467,30 @@ def test_a_deadline_passing_while_the_run_works_stops_it_at_its_next_step(demo):
         "DEADLINE_PASSED",
     )
     assert not BusinessAction.objects.exists()
+
+
+def test_a_run_its_deadline_stopped_names_no_one_as_cancelling_it_though_its_owner_asked_later(
+    demo,
+):
+    # given a task's run working when its deadline passes, stopped by the sweep
+    occurrence = fired(demo)
+    assert run_advance_step(run_id=str(occurrence.run_id)) is True
+    occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+
+    # when its owner cancels it before its next step, which ends it
+    run_cancel(run=Run.objects.get(pk=occurrence.run_id), actor=demo.alice)
+    run_execute(run_id=str(occurrence.run_id))
+
+    # then the run ends for its deadline, cancelled by no one
+    run = Run.objects.get(pk=occurrence.run_id)
+    assert (run.status, run.reason_code, run.cancelled_by) == (
+        RunStatus.CANCELLED,
+        "DEADLINE_PASSED",
+        None,
+    )
+    assert events_of(run, "run.finished") == [
+        {"status": "CANCELLED", "reason_code": "DEADLINE_PASSED", "cancelled_by": None}
+    ]
 
 
 def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_without_a_run(

@@ -43,7 +43,7 @@ def test_a_held_event_is_written_with_the_run_as_it_was_made(start_run, member, 
     assert (stored.run_id, stored.seq, stored.payload) == (
         run.pk,
         run.last_event_seq + 1,
-        {"status": "CANCELLED", "reason_code": "TEST"},
+        {"status": "CANCELLED", "reason_code": "TEST", "cancelled_by": None},
     )
     assert stored.created_at == held.created_at
     assert not held._state.adding
