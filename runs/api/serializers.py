@@ -199,6 +199,11 @@ class RunSerializer(serializers.ModelSerializer):
 
     session_id = serializers.UUIDField()
     actor = serializers.CharField(source="actor.get_username")
+    cancelled_by = serializers.SerializerMethodField(
+        help_text="Who asked first for the run to be cancelled; null when no one did, or the "
+        "platform stopped it (a scheduled task's deadline, an approval that expired or was "
+        "rejected)."
+    )
     links = serializers.SerializerMethodField()
 
     class Meta:
@@ -215,12 +220,16 @@ class RunSerializer(serializers.ModelSerializer):
             "result",
             "trace_id",
             "cancel_requested_at",
+            "cancelled_by",
             "created_at",
             "updated_at",
             "finished_at",
             "links",
         ]
         read_only_fields = fields
+
+    def get_cancelled_by(self, run: Run) -> str | None:
+        return run.cancelled_by.get_username() if run.cancelled_by else None
 
     def get_links(self, run: Run) -> dict[str, str]:
         return run_links(run)

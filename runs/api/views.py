@@ -142,7 +142,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             return Run.objects.none()
         return selectors.runs_visible(
             user=self.request.user, tenant=self.request.auth.tenant
-        ).select_related("actor", "tenant")
+        ).select_related("actor", "tenant", "cancelled_by")
 
     def get_object(self) -> Run:
         try:

@@ -484,6 +484,22 @@ def test_a_tenant_admin_may_cancel_another_user_s_run(
     }
 
 
+def test_the_run_names_who_cancelled_it(
+    alice, client_for, acme, tenant_admin, member, start_run, acme_agent
+):
+    # given two of alice's runs, one of them cancelled by a tenant admin
+    cancelled, other = start_run(member), start_run(member)
+
+    response = client_for(tenant_admin, acme).post(f"{RUNS}/{cancelled.pk}/cancel")
+
+    # then the answer, the run and the list name the admin; the other run names no one
+    assert response.status_code == 200
+    assert response.json()["cancelled_by"] == "ada"
+    assert alice.get(f"{RUNS}/{cancelled.pk}").json()["cancelled_by"] == "ada"
+    listed = {run["id"]: run["cancelled_by"] for run in alice.get(RUNS).json()["results"]}
+    assert listed == {str(cancelled.pk): "ada", str(other.pk): None}
+
+
 def test_a_refused_run_cannot_be_cancelled(client_for, acme, member, start_run):
     # given a run refused at ingress (acme has no agent)
     run = start_run(member)
