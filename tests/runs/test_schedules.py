@@ -20,7 +20,15 @@ from registry.services.common import registry_object_save
 from runs.choices import OccurrenceStatus, RunStatus
 from runs.errors import PermissionDenied, ValidationFailed
 from runs.loop import run_advance_step, run_execute
-from runs.models import IngressRecord, Run, ScheduledTask, Session, TaskOccurrence, ToolCall
+from runs.models import (
+    CancelRequest,
+    IngressRecord,
+    Run,
+    ScheduledTask,
+    Session,
+    TaskOccurrence,
+    ToolCall,
+)
 from runs.services import scheduler
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
@@ -491,6 +499,36 @@ def test_a_run_its_deadline_stopped_names_no_one_as_cancelling_it_though_its_own
     assert events_of(run, "run.finished") == [
         {"status": "CANCELLED", "reason_code": "DEADLINE_PASSED", "cancelled_by": None}
     ]
+
+
+def test_a_cancel_kept_beside_a_waiting_task_run_before_its_deadline_is_the_one_it_ends_with(
+    demo,
+):
+    # given a task's run waiting for approval, whose owner asked to cancel it while a step
+    # held its row: the request was kept beside the run
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    CancelRequest.objects.create(
+        run_id=occurrence.run_id, reason="CANCELLED_BY_USER", requested_by=demo.alice
+    )
+
+    # when the deadline passes before any step took the request in
+    occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
+
+    # then the run ends as its owner asked, the one who cancelled it, and what it waited for
+    # is withdrawn for that reason
+    run = Run.objects.get(pk=occurrence.run_id)
+    assert (run.status, run.reason_code, run.cancelled_by) == (
+        RunStatus.CANCELLED,
+        "CANCELLED_BY_USER",
+        demo.alice,
+    )
+    assert events_of(run, "run.finished") == [
+        {"status": "CANCELLED", "reason_code": "CANCELLED_BY_USER", "cancelled_by": "alice"}
+    ]
+    action = BusinessAction.objects.get(run=run)
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "CANCELLED_BY_USER")
+    assert not CancelRequest.objects.exists()
 
 
 def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_without_a_run(
