@@ -16,7 +16,6 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.db.models.fields.json import KT
@@ -25,9 +24,9 @@ from django.utils import timezone
 from approvals.services import action_freeze, handoff_open
 from config import jsontext
 from config.queries import PreparedQuery
-from registry.choices import READ_RISKS, ROLE_ACTIONS, Action
+from registry.choices import READ_RISKS
 from registry.generation import generation_sql, registry_cached
-from registry.models import Membership, ModelConfig, SkillVersion, Tenant, ToolVersion
+from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
@@ -39,6 +38,7 @@ from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
+from runs.selectors import requester_standing
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import cancel_request_take_in, run_finish, run_transition
@@ -1220,28 +1220,6 @@ def _cancel_asked() -> Exists:
     return Exists(CancelRequest.objects.filter(run_id=OuterRef("pk")))
 
 
-# Roles that may start a run: the run goes on only while its requester holds one of them.
-_RUN_ROLES = sorted(role for role, actions in ROLE_ACTIONS.items() if Action.RUN_CREATE in actions)
-
-
-def _requester_standing() -> Exists:
-    """Whether the run's requester may still start runs in its tenant (`user_can`, as the
-    ingress asked): an active tenant, and an active user who is a platform admin or holds a
-    role that may. Subqueries, so that the step's lock takes the run's row alone."""
-    active_user = get_user_model().objects.filter(pk=OuterRef("actor_id"), is_active=True)
-    return Exists(Tenant.objects.filter(pk=OuterRef("tenant_id"), is_active=True)) & (
-        Exists(active_user.filter(is_superuser=True))
-        | Exists(
-            Membership.objects.filter(
-                user_id=OuterRef("actor_id"),
-                tenant_id=OuterRef("tenant_id"),
-                role__in=_RUN_ROLES,
-                user__is_active=True,
-            )
-        )
-    )
-
-
 # A step locks the run's row FOR NO KEY UPDATE: it changes no key, and a cancel request,
 # whose foreign key check shares the key, need not wait for the step to end.
 # The row's version, locked, with the registry's generation now and whether a cancel
@@ -1252,7 +1230,7 @@ _RUN_VERSION_LOCKED = PreparedQuery(
         .annotate(
             registry_generation=generation_sql(),
             cancel_asked=_cancel_asked(),
-            requester_standing=_requester_standing(),
+            requester_standing=requester_standing(),
         )
         .filter(pk=run_id)
         .order_by()
@@ -1275,7 +1253,7 @@ _RUN_LOCKED = PreparedQuery(
         .annotate(
             registry_generation=generation_sql(),
             cancel_asked=_cancel_asked(),
-            requester_standing=_requester_standing(),
+            requester_standing=requester_standing(),
         )
         .filter(pk=run_id)
         .order_by()[:1]

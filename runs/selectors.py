@@ -1,10 +1,11 @@
 """Reads of the data plane with tenant scope applied: another tenant's run is not found."""
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from registry.choices import Action
-from registry.models import Tenant, ToolVersion
+from registry.choices import ROLE_ACTIONS, Action
+from registry.models import Membership, Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
 from runs.models import Attachment, Run, RunEvent
 
@@ -15,6 +16,28 @@ def runs_visible(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Run]:
     if not user_can(user=user, action=Action.RUN_VIEW_ALL, tenant=tenant):
         runs = runs.filter(actor=user)
     return runs
+
+
+# Roles that may start a run: a run goes on only while its requester holds one of them.
+_RUN_ROLES = sorted(role for role, actions in ROLE_ACTIONS.items() if Action.RUN_CREATE in actions)
+
+
+def requester_standing() -> Q:
+    """Whether the run's requester may still start runs in its tenant (`user_can`, as the
+    ingress asked): an active tenant, and an active user who is a platform admin or holds a
+    role that may. Subqueries, so that a lock on runs takes the run's row alone."""
+    active_user = get_user_model().objects.filter(pk=OuterRef("actor_id"), is_active=True)
+    return Exists(Tenant.objects.filter(pk=OuterRef("tenant_id"), is_active=True)) & (
+        Exists(active_user.filter(is_superuser=True))
+        | Exists(
+            Membership.objects.filter(
+                user_id=OuterRef("actor_id"),
+                tenant_id=OuterRef("tenant_id"),
+                role__in=_RUN_ROLES,
+                user__is_active=True,
+            )
+        )
+    )
 
 
 def run_events(*, run: Run, after_seq: int = 0) -> QuerySet[RunEvent]:
