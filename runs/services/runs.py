@@ -165,13 +165,19 @@ def run_cancel_locked(run: Run, *, reason: str, by: AbstractBaseUser | None = No
             f"The run already finished {run.status}.", details={"status": run.status}
         )
     if run.status == RunStatus.WAITING_APPROVAL:
-        # approvals builds on runs: imported here, where a run leaves the approval queue and
-        # the human queue.
-        from approvals.services import action_withdraw, handoff_withdraw
-
-        action_withdraw(run=run, reason=reason)
-        handoff_withdraw(run=run, reason=reason)
+        _waiting_withdraw(run, reason=reason)
     return run_stop(run=run, reason_code=reason, by=by)
+
+
+def _waiting_withdraw(run: Run, *, reason: str) -> None:
+    """Withdraw what a locked waiting run waits for, as it ends for `reason`: its action
+    leaves the approval queue and its request left to people the human queue."""
+    # approvals builds on runs: imported here, where a run leaves the approval queue and
+    # the human queue.
+    from approvals.services import action_withdraw, handoff_withdraw
+
+    action_withdraw(run=run, reason=reason)
+    handoff_withdraw(run=run, reason=reason)
 
 
 def cancel_request_take_in(run: Run) -> None:
