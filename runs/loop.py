@@ -41,7 +41,12 @@ from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rul
 from runs.selectors import requester_standing
 from runs.services.memory import memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
-from runs.services.runs import cancel_request_take_in, run_finish, run_transition
+from runs.services.runs import (
+    REQUESTER_NO_LONGER_AUTHORISED,
+    cancel_request_take_in,
+    run_finish,
+    run_transition,
+)
 from runs.tokens import estimate_tokens
 from runs.tools import executor
 from runs.tools.adapters import one_line
@@ -1267,7 +1272,7 @@ def _standing_withdrawn(run: Run) -> tuple[RunStatus, str] | None:
     accepted: its requester may no longer start runs in the tenant, or a skill version of
     its snapshot was revoked or is no longer granted (never used again, pinned or not)."""
     if not run.requester_standing:
-        return RunStatus.REFUSED, "REQUESTER_NO_LONGER_AUTHORISED"
+        return RunStatus.REFUSED, REQUESTER_NO_LONGER_AUTHORISED
     skill_ids = [entry["id"] for entry in run.capability.get("skills", [])]
     if skill_ids and version_ids_withdrawn(
         model=SkillVersion, ids=skill_ids, tenant=run.tenant, generation=run.registry_generation

@@ -17,7 +17,12 @@ from runs.choices import RunStatus
 from runs.loop import ModelTemporarilyUnavailable, model_error_output, run_execute
 from runs.models import Run
 from runs.services import memory
-from runs.services.runs import cancel_request_take_in, cancel_requests_take_in, run_finish
+from runs.services.runs import (
+    cancel_request_take_in,
+    cancel_requests_take_in,
+    run_finish,
+    waiting_runs_refuse_unauthorised,
+)
 from runs.services.schedules import FIRE_TASK
 from runs.tools import limits
 
@@ -144,7 +149,9 @@ def runs_sweep() -> int:
     A run whose row is locked has a step in flight on a live worker (PostgreSQL ends a dead
     client's transaction and its locks), however long that step takes: it is skipped, not
     sent a duplicate that would only wait for the lock. Then the cancel requests no step took
-    in are (`cancel_requests_take_in`). Returns how many runs were re-enqueued."""
+    in are (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
+    longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were
+    re-enqueued."""
     now = timezone.now()
     with transaction.atomic():
         stale = (
@@ -162,6 +169,7 @@ def runs_sweep() -> int:
     for run_id in run_ids:
         run_advance.delay(run_id=run_id)
     cancel_requests_take_in()
+    waiting_runs_refuse_unauthorised()
     return len(run_ids)
 
 

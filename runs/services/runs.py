@@ -12,9 +12,11 @@ from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, Channel, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
 from runs.models import CancelRequest, Run, Source
+from runs.selectors import requester_standing
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
+REQUESTER_NO_LONGER_AUTHORISED = "REQUESTER_NO_LONGER_AUTHORISED"
 # PostgreSQL's SQLSTATE for a row lock not taken within lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 _RUN_SOURCES = PreparedQuery(
@@ -211,6 +213,32 @@ def cancel_requests_take_in() -> int:
                 continue
             cancel_request_take_in(run)
             run_cancel_locked(run, reason=run.cancel_reason)
+    return len(runs)
+
+
+def waiting_runs_refuse_unauthorised() -> int:
+    """The sweep's part: end the runs waiting for people (an action to approve, a request
+    left to people) whose requester may no longer start runs in their tenant (membership
+    removed, a role that may not, user or tenant deactivated). Nothing of theirs could go out
+    any more, so approvers stop seeing it: each run ends REFUSED
+    (REQUESTER_NO_LONGER_AUTHORISED), as a running one does at its next step, and what it
+    waited for is withdrawn as a cancelled run's is. Runs someone holds now (an approval
+    being decided) are left to the next sweep, and runs with a cancel request beside them to
+    `cancel_requests_take_in`, which ends them as their user asked. Returns how many runs
+    ended."""
+    with transaction.atomic():
+        runs = list(
+            Run.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+                ~requester_standing(),
+                status=RunStatus.WAITING_APPROVAL,
+                cancel_request__isnull=True,
+            )[:500]
+        )
+        for run in runs:
+            _waiting_withdraw(run, reason=REQUESTER_NO_LONGER_AUTHORISED)
+            run_finish(
+                run=run, status=RunStatus.REFUSED, reason_code=REQUESTER_NO_LONGER_AUTHORISED
+            )
     return len(runs)
 
 

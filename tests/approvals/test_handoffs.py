@@ -10,7 +10,7 @@ from django.utils.html import escape
 
 from approvals.models import Handoff
 from registry.choices import Risk, Role
-from registry.models import Policy, Tenant
+from registry.models import Membership, Policy, Tenant
 from registry.services.common import registry_object_save
 from registry.services.tenancy import membership_add
 from runs.choices import RunStatus
@@ -291,6 +291,43 @@ def test_a_cancel_kept_beside_the_run_withdraws_its_request_when_the_sweep_takes
     handoff = Handoff.objects.get(pk=handoff.pk)
     assert (handoff.status, handoff.status_reason) == ("withdrawn", "CANCELLED_BY_USER")
     assert event_types(run)[-2:] == ["handoff.resolved", "run.finished"]
+
+
+def test_a_request_whose_requester_lost_the_tenant_is_withdrawn_by_the_sweep(demo, bob, handed_off):
+    # given alice's request waiting for people, in bob's queue
+    handoff = Handoff.objects.get(run=handed_off)
+    events_before = event_types(handed_off)
+
+    # when alice is no longer a member of acme, and the sweep comes round
+    Membership.objects.filter(user=demo.alice, tenant=demo.acme).delete()
+    runs_sweep()
+
+    # then the run ends refused and its request leaves the human queue, the log saying so
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.REFUSED, "REQUESTER_NO_LONGER_AUTHORISED")
+    assert run.result["status"] == RunStatus.REFUSED
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.status_reason, handoff.resolved_by) == (
+        "withdrawn",
+        "REQUESTER_NO_LONGER_AUTHORISED",
+        None,
+    )
+    assert event_types(run) == [*events_before, "handoff.resolved", "run.finished"]
+    assert events_of(run, "handoff.resolved") == [
+        {
+            "handoff_id": str(handoff.pk),
+            "outcome": "withdrawn",
+            "resolved_by": None,
+            "note": "",
+            "reason": "REQUESTER_NO_LONGER_AUTHORISED",
+        }
+    ]
+
+    # and handling it afterwards is refused
+    late = resolve(api(bob, demo.acme), handoff)
+    assert late.status_code == 409
+    assert late.json()["error"]["code"] == "ALREADY_DECIDED"
+    assert Handoff.objects.get(pk=handoff.pk).status == "withdrawn"
 
 
 def test_a_scheduled_task_s_request_is_withdrawn_when_its_deadline_passes(demo, bob):

@@ -4,21 +4,27 @@ the snapshot did not pin is asked."""
 
 import pytest
 from django.contrib.auth import get_user_model
+from guardian.shortcuts import assign_perm
 
 from approvals import services
 from approvals.choices import ActionStatus, Decision
-from approvals.models import BusinessAction
-from examples.models import MailDelivery
+from approvals.errors import AlreadyDecided
+from approvals.models import ApprovalDecision, BusinessAction
+from approvals.selectors import actions_for_approver, pending
+from examples.models import MailDelivery, Project
+from registry.choices import Role
+from registry.demo import DEMO_PASSWORD
 from registry.models import Membership, ModelConfig, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
-from registry.services.tenancy import definition_grant
+from registry.services.tenancy import definition_grant, membership_add
 from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import Run, ToolCall
+from runs.tasks import runs_sweep
 from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
-from tests.runs.conftest import demo_run, events_of, read_apollo
+from tests.runs.conftest import demo_run, event_types, events_of, read_apollo
 
 model_server = runs_fixtures.model_server
 fake_model = runs_fixtures.fake_model
@@ -200,3 +206,130 @@ def test_a_model_config_edited_mid_run_is_not_asked_in_the_snapshots_name(demo, 
     }
     assert fake.requests == []
     assert not events_of(run, "model.requested")
+
+
+def _change_role(demo) -> None:
+    Membership.objects.filter(user=demo.alice, tenant=demo.acme).update(role=Role.AUDITOR)
+
+
+@pytest.mark.parametrize(
+    "lose_access",
+    [_remove_memberships, _change_role, _deactivate_user],
+    ids=["membership_removed", "role_changed", "user_deactivated"],
+)
+def test_a_requester_who_lost_the_tenant_while_waiting_leaves_the_queue_at_the_sweep(
+    demo, bob, smtp_server, lose_access
+):
+    # given alice's run waiting for bob's approval
+    run, action = waiting_run(demo)
+    assert list(pending(actions_for_approver(user=bob))) == [action]
+    events_before = event_types(run)
+
+    # when alice may no longer start runs in acme, and the sweep comes round
+    lose_access(demo)
+    runs_sweep()
+
+    # then the run ends refused, as a running one would, and its action leaves bob's queue
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("REFUSED", "REQUESTER_NO_LONGER_AUTHORISED")
+    assert (run.result["status"], run.result["reason_code"], run.result["actions"]) == (
+        "REFUSED",
+        "REQUESTER_NO_LONGER_AUTHORISED",
+        [],
+    )
+    assert run.result["next_step"] == "Ask a tenant admin for access, or change the request."
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (
+        ActionStatus.INVALIDATED,
+        "REQUESTER_NO_LONGER_AUTHORISED",
+    )
+    assert list(pending(actions_for_approver(user=bob))) == []
+    assert event_types(run) == [*events_before, "approval.invalidated", "run.finished"]
+    assert events_of(run, "approval.invalidated") == [
+        {"action_id": str(action.pk), "reasons": ["REQUESTER_NO_LONGER_AUTHORISED"]}
+    ]
+    assert events_of(run, "run.finished") == [
+        {"status": "REFUSED", "reason_code": "REQUESTER_NO_LONGER_AUTHORISED"}
+    ]
+
+    # and bob deciding it afterwards is told it was already decided; nothing is sent
+    with pytest.raises(AlreadyDecided):
+        services.approval_decide(
+            action_id=action.pk,
+            approver=bob,
+            decision=Decision.APPROVE,
+            payload_hash=action.payload_hash,
+        )
+    assert not ApprovalDecision.objects.exists()
+    assert smtp_server.messages == []
+
+
+def test_a_run_waiting_in_a_deactivated_tenant_ends_at_the_sweep(demo):
+    # given alice's run waiting for approval
+    run, action = waiting_run(demo)
+
+    # when acme is deactivated, and the sweep comes round
+    _deactivate_tenant(demo)
+    runs_sweep()
+
+    # then the run ends refused and its action is withdrawn
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("REFUSED", "REQUESTER_NO_LONGER_AUTHORISED")
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert event_types(run)[-2:] == ["approval.invalidated", "run.finished"]
+
+
+def test_the_sweep_ends_only_the_runs_whose_requester_lost_the_tenant(demo, bob):
+    # given three runs waiting for bob: alice's, frank's (a member of acme too) and the
+    # platform admin's
+    frank = get_user_model().objects.create_user(username="frank", password=DEMO_PASSWORD)
+    membership_add(actor=None, user=frank, tenant=demo.acme, role=Role.MEMBER)
+    assign_perm("examples.view_project", frank, Project.objects.get(tenant=demo.acme, key="apollo"))
+    alice_run, alice_action = waiting_run(demo)
+    kept = [demo_run(demo, actor=frank, project_id="apollo")]
+    kept.append(demo_run(demo, actor=demo.admin, project_id="apollo"))
+    for run in kept:
+        run_execute(run_id=str(run.pk))
+    kept_actions = {action.pk for action in BusinessAction.objects.filter(run__in=kept)}
+    events_before = {run.pk: event_types(run) for run in kept}
+
+    # when alice is no longer a member of acme, frank's role changes to one that may still
+    # start runs and the admin's membership is removed (a platform admin may start runs in
+    # any tenant), and the sweep comes round
+    _remove_memberships(demo)
+    Membership.objects.filter(user=frank, tenant=demo.acme).update(role=Role.SERVICE)
+    Membership.objects.filter(user=demo.admin, tenant=demo.acme).delete()
+    runs_sweep()
+
+    # then alice's run ends; frank's and the admin's still wait for bob, nothing written
+    alice_run = Run.objects.get(pk=alice_run.pk)
+    assert (alice_run.status, alice_run.reason_code) == (
+        "REFUSED",
+        "REQUESTER_NO_LONGER_AUTHORISED",
+    )
+    assert BusinessAction.objects.get(pk=alice_action.pk).status == ActionStatus.INVALIDATED
+    assert list(
+        Run.objects.filter(pk__in=[run.pk for run in kept]).values_list("status", flat=True)
+    ) == ["WAITING_APPROVAL", "WAITING_APPROVAL"]
+    assert {queued.pk for queued in pending(actions_for_approver(user=bob))} == kept_actions
+    assert len(kept_actions) == 2
+    assert {run.pk: event_types(run) for run in kept} == events_before
+
+
+def test_a_second_sweep_changes_nothing_more(demo):
+    # given alice's waiting run, ended by a sweep after her membership was removed
+    run, action = waiting_run(demo)
+    _remove_memberships(demo)
+    runs_sweep()
+    run = Run.objects.get(pk=run.pk)
+    events_before = event_types(run)
+    action_history = BusinessAction.history.filter(id=action.pk).count()
+
+    # when the sweep comes round again
+    runs_sweep()
+
+    # then the run, its action and its events are as the first sweep left them
+    assert Run.objects.get(pk=run.pk).updated_at == run.updated_at
+    assert event_types(run) == events_before
+    assert BusinessAction.history.filter(id=action.pk).count() == action_history
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
