@@ -86,10 +86,13 @@ class Run(models.Model):
             models.Index(fields=["tenant", "status", "-created_at"]),
             models.Index(fields=["tenant", "actor", "-created_at"]),
             # The sweep's index: the active runs, whatever their lease (it changes every
-            # step, and a step that changes no indexed column updates the row in place).
+            # step, and a step that changes no indexed column updates the row in place), and
+            # those waiting for people, whose requester's standing it checks.
             models.Index(
                 fields=["status"],
-                condition=models.Q(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]),
+                condition=models.Q(
+                    status__in=[RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING_APPROVAL]
+                ),
                 name="run_active",
             ),
             models.Index(fields=["tenant", "skill", "-created_at"]),
