@@ -42,6 +42,7 @@ from runs.models import Run, TaskOccurrence, ToolCall
 from runs.redaction import secrets_removed
 from runs.services.occurrences import DEADLINE_PASSED
 from runs.services.runs import (
+    REQUESTER_NO_LONGER_AUTHORISED,
     cancel_request_take_in,
     run_cancel_locked,
     run_finish,
@@ -440,7 +441,7 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
     if requester is None or not user_can(
         user=requester, action=Action.RUN_CREATE, tenant=action.tenant
     ):
-        problems.append("REQUESTER_NO_LONGER_AUTHORISED")
+        problems.append(REQUESTER_NO_LONGER_AUTHORISED)
     if (
         canonical_hash(action.payload) != action.payload_hash
         or decision.payload_hash != action.payload_hash
