@@ -2,6 +2,7 @@
 # make test: the whole suite on PostgreSQL and Redis.
 # make bench: governance overhead per run and per tool call, the floor, runs/s end to end,
 #   and the auditor pages over a large history.
+# make bench-ids: the WAL and time per event-log row with random and with time-ordered ids.
 # make load: the message ingress at a steady rate with duplicates and one noisy actor.
 PYTHON ?= python3
 VENV := .venv
@@ -16,7 +17,7 @@ TEST_ENV := DEBUG=0 SECRET_KEY=test-only-secret-key-not-for-production-use-12345
 	REDIS_URL=redis://127.0.0.1:6379/0 SECURE_SSL_REDIRECT=0
 RUN_ENV := env -u DATABASE_URL -u REDIS_URL DEBUG=1
 
-.PHONY: install run test bench load lint format migrations-check schema-check ci clean
+.PHONY: install run test bench bench-ids load lint format migrations-check schema-check ci clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +59,12 @@ bench: install
 	./scripts/services.sh
 	$(TEST_ENV) $(BIN)/python scripts/bench.py
 	$(TEST_ENV) $(BIN)/python scripts/bench_audit.py
+
+# Row ids: a million rows in a table shaped like the event log, then inserts timed, with
+# random and with time-ordered ids (agentgov_bench_ids, dropped afterwards).
+bench-ids: install
+	./scripts/services.sh
+	$(TEST_ENV) $(BIN)/python scripts/bench_ids.py
 
 # The message ingress under load: uvicorn on loopback, LOAD_RATE requests/s (20) for
 # LOAD_SECONDS (60), 10% duplicate deliveries and one actor above its rate limit, in a scratch

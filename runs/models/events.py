@@ -1,9 +1,9 @@
-import uuid
 from typing import Any
 
 from django.db import models
 from django.utils import timezone
 
+from config.ids import time_ordered_id
 from runs.choices import EventType
 from runs.errors import EventLogIsAppendOnly
 
@@ -22,7 +22,7 @@ class RunEvent(models.Model):
     Written only through `runs.events`, which numbers them under the run's row lock.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by (run, seq), which leads with it.
     run = models.ForeignKey(
         "runs.Run", on_delete=models.PROTECT, related_name="events", db_index=False

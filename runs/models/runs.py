@@ -1,9 +1,8 @@
-import uuid
-
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from config.ids import time_ordered_id
 from runs.choices import Channel, RunStatus
 
 
@@ -17,7 +16,7 @@ class Run(models.Model):
     naming it.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by the history indexes below, which lead with it.
     tenant = models.ForeignKey(
         "registry.Tenant", on_delete=models.PROTECT, related_name="runs", db_index=False

@@ -1,8 +1,7 @@
-import uuid
-
 from django.conf import settings
 from django.db import models
 
+from config.ids import time_ordered_id
 from runs.choices import Channel
 
 
@@ -10,7 +9,7 @@ class Session(models.Model):
     """A conversation of one actor in one tenant; `state` is the one authoritative copy of its
     structured state (project_id, a confirmed recipient snapshot with its expiry, draft ids)."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     tenant = models.ForeignKey("registry.Tenant", on_delete=models.PROTECT, related_name="sessions")
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="sessions"

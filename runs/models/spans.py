@@ -1,6 +1,6 @@
-import uuid
-
 from django.db import models
+
+from config.ids import time_ordered_id
 
 
 class Span(models.Model):
@@ -13,7 +13,7 @@ class Span(models.Model):
         OK = "ok", "OK"
         ERROR = "error", "Error"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by (run, started_at), which leads with it.
     run = models.ForeignKey(
         "runs.Run", on_delete=models.PROTECT, related_name="spans", db_index=False

@@ -1,8 +1,7 @@
-import uuid
-
 from django.db import models
 from django.utils import timezone
 
+from config.ids import time_ordered_id
 from runs.tools.envelope import ErrorCategory
 
 
@@ -17,7 +16,7 @@ class ToolCall(models.Model):
         COMPLETED = "completed"
         FAILED = "failed"
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by (run, call_id), which leads with it.
     run = models.ForeignKey(
         "runs.Run", on_delete=models.PROTECT, related_name="tool_calls", db_index=False
@@ -59,7 +58,7 @@ class Source(models.Model):
     from, when, its content hash and what it may be used for. The model cites it by
     `reference`; the content never enters a context whole."""
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by (run, reference), which leads with it.
     run = models.ForeignKey(
         "runs.Run", on_delete=models.PROTECT, related_name="sources", db_index=False

@@ -10,6 +10,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from config.celery import task_send
+from config.ids import time_ordered_id
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
 from registry.choices import Action
@@ -209,7 +210,7 @@ def _create_run(
     taken fails there, and the transaction rolls back what was done before it. The caller
     answers a key already taken, and a session or agent not found for a request whose key is
     taken, as the key's first request was answered (or as a reused key)."""
-    run_id = uuid4()
+    run_id = time_ordered_id()
     started_at = timezone.now()
     agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"), generation=generation)
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)

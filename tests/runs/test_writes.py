@@ -9,7 +9,9 @@ from evaluations.choices import SuiteKind
 from evaluations.models import EvalSuite
 from registry.models import Tenant
 from runs import events, writes
-from runs.models import Run, RunEvent, Source
+from runs.loop import run_execute
+from runs.models import Run, RunEvent, Source, Span, ToolCall
+from tests.runs.conftest import demo_run
 
 
 def test_a_row_made_from_columns_takes_the_defaults_keywords_would_give():
@@ -124,3 +126,16 @@ def test_an_integer_outside_its_column_is_refused_not_stored_wrapped(
             writes.run_update(locked, fields=["tokens_used"])
 
     assert Run.objects.get(pk=run.pk).tokens_used == 0
+
+
+def test_the_rows_a_run_writes_get_ids_in_the_order_they_were_made(demo):
+    run = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    events = RunEvent.objects.filter(run=run)
+    assert list(events.order_by("id").values_list("seq", flat=True)) == list(
+        events.order_by("seq").values_list("seq", flat=True)
+    )
+    rows = [run, *events, *Span.objects.filter(run=run), *ToolCall.objects.filter(run=run)]
+    rows += [*Source.objects.filter(run=run), run.session]
+    assert {row.pk.version for row in rows} == {7}
