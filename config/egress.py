@@ -10,7 +10,8 @@ connects to the addresses it checked. Resolving the name once to check it and le
 client resolve it again to connect would let a name that answers differently the second time
 (DNS rebinding) through. TLS still checks the certificate against the URL's host name, which
 the HTTP client hands to the TLS handshake apart from the address. A name that does not
-resolve fails the call as unreachable. An MCP call may go over a session whose connections
+resolve fails the call as unreachable, and one not resolved within the connection's timeout
+(a name server that does not answer) as unreachable in time. An MCP call may go over a session whose connections
 were checked when they were opened: `egress_refusal` checks its server's URL again before
 each call.
 
@@ -21,9 +22,11 @@ the proxy's to limit too.
 """
 
 import ipaddress
+import os
 import socket
 import urllib.request
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -36,6 +39,25 @@ import httpx2
 from anyio import to_thread
 from django.conf import settings
 
+# Threads that resolve names for calls that wait at most their connection's timeout.
+RESOLVER_THREADS = 8
+
+
+def _resolvers() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=RESOLVER_THREADS, thread_name_prefix="resolver")
+
+
+_RESOLVERS = _resolvers()
+
+
+def _resolvers_anew() -> None:
+    """A forked process (a Celery worker child) has none of its parent's threads: it starts
+    a pool of its own."""
+    global _RESOLVERS
+    _RESOLVERS = _resolvers()
+
+
+os.register_at_fork(after_in_child=_resolvers_anew)
 # The connection pool's limits: httpx's own defaults.
 POOL_LIMITS = {"max_connections": 100, "max_keepalive_connections": 20, "keepalive_expiry": 5.0}
 
@@ -49,12 +71,27 @@ def _denied(networks: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddres
     return tuple(ipaddress.ip_network(network) for network in networks)
 
 
-def allowed_addresses(host: str, port: int | None) -> list[str]:
+def _resolved(host: str, port: int | None, timeout: float | None) -> list[tuple]:
+    """`socket.getaddrinfo`, waited for at most `timeout` seconds (TimeoutError): the system's
+    resolver may take many times a call's timeout to give up on a name server that does not
+    answer, and cannot be interrupted, so it runs on a resolver thread, which it keeps until
+    then."""
+    if timeout is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    lookup = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+    try:
+        return lookup.result(timeout)
+    except TimeoutError:
+        raise TimeoutError(f"{host} was not resolved within {timeout:g} s.") from None
+
+
+def allowed_addresses(host: str, port: int | None, *, timeout: float | None = None) -> list[str]:
     """The addresses `host` resolves to, in the resolver's order, to connect to: none if any of
-    them is denied (`EgressRefused`). A name that does not resolve raises `OSError`."""
+    them is denied (`EgressRefused`). A name that does not resolve raises `OSError`; one not
+    resolved within `timeout` seconds, `TimeoutError`."""
     denied = _denied(tuple(settings.EGRESS_DENIED_NETWORKS))
     addresses: list[str] = []
-    for *_, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    for *_, address in _resolved(host, port, timeout):
         literal = str(address[0])
         ip = ipaddress.ip_address(literal.split("%")[0])
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
@@ -66,9 +103,10 @@ def allowed_addresses(host: str, port: int | None) -> list[str]:
     return addresses
 
 
-def egress_refusal(url: str) -> str | None:
+def egress_refusal(url: str, *, timeout: float | None = None) -> str | None:
     """Why a call to `url` may not be made, or None, before any connection: for a call that
-    may go over a connection opened earlier (an MCP session), and so without a new check."""
+    may go over a connection opened earlier (an MCP session), and so without a new check. A
+    name not resolved (within `timeout` seconds) is left to the connection to fail."""
     try:
         host = urlsplit(url).hostname
     except ValueError:
@@ -76,7 +114,7 @@ def egress_refusal(url: str) -> str | None:
     if not host:
         return None
     try:
-        allowed_addresses(host, None)
+        allowed_addresses(host, None, timeout=timeout)
     except EgressRefused as refused:
         return str(refused)
     except (OSError, UnicodeError):
@@ -84,10 +122,13 @@ def egress_refusal(url: str) -> str | None:
     return None
 
 
-def _checked(core: ModuleType, host: str, port: int) -> list[str]:
-    """`allowed_addresses`, a name that does not resolve failing as `core` fails a connection."""
+def _checked(core: ModuleType, host: str, port: int, timeout: float | None) -> list[str]:
+    """`allowed_addresses` within the connection's timeout, a name that does not resolve, or
+    not in time, failing as `core` fails a connection."""
     try:
-        return allowed_addresses(host, port)
+        return allowed_addresses(host, port, timeout=timeout)
+    except TimeoutError as error:
+        raise core.ConnectTimeout(str(error)) from error
     except OSError as error:
         raise core.ConnectError(str(error)) from error
 
@@ -109,7 +150,7 @@ class _Backend:
         local_address: str | None = None,
         socket_options: Iterable | None = None,
     ):
-        addresses = _checked(self._core, host, port)
+        addresses = _checked(self._core, host, port, timeout)
         failure: Exception = self._core.ConnectError(f"{host} has no address.")
         for address in addresses:
             try:
@@ -142,7 +183,7 @@ class _AsyncBackend:
         local_address: str | None = None,
         socket_options: Iterable | None = None,
     ):
-        addresses = await to_thread.run_sync(_checked, httpcore, host, port)
+        addresses = await to_thread.run_sync(_checked, httpcore, host, port, timeout)
         failure: Exception = httpcore.ConnectError(f"{host} has no address.")
         for address in addresses:
             try:
@@ -173,10 +214,11 @@ def environment_proxy(url: str) -> str | None:
     return proxies.get(parts.scheme) or proxies.get("all")
 
 
-def _name_checked(url: str) -> None:
+def _name_checked(request: Any) -> None:
     """For a call through a proxy, which resolves the name itself: refuse it now if its name
     is at a denied address."""
-    if refusal := egress_refusal(url):
+    timeout = request.extensions.get("timeout", {}).get("connect")
+    if refusal := egress_refusal(str(request.url), timeout=timeout):
         raise EgressRefused(refusal)
 
 
@@ -202,7 +244,7 @@ def _transport(http: ModuleType, core: ModuleType) -> type:
             proxy = environment_proxy(str(request.url))
             if proxy is None:
                 return super().handle_request(request)
-            _name_checked(str(request.url))
+            _name_checked(request)
             if proxy not in self._proxied:
                 self._proxied[proxy] = http.HTTPTransport(verify=self._ssl_context, proxy=proxy)
             return self._proxied[proxy].handle_request(request)
@@ -235,7 +277,7 @@ class AsyncHTTPTransport(httpx.AsyncHTTPTransport):
         proxy = environment_proxy(str(request.url))
         if proxy is None:
             return await super().handle_async_request(request)
-        await to_thread.run_sync(_name_checked, str(request.url))
+        await to_thread.run_sync(_name_checked, request)
         if proxy not in self._proxied:
             self._proxied[proxy] = httpx.AsyncHTTPTransport(verify=self._ssl_context, proxy=proxy)
         return await self._proxied[proxy].handle_async_request(request)

@@ -128,7 +128,7 @@ def endpoint_for(server: McpServer) -> Endpoint:
                 )
             ),
         )
-    if refusal := egress_refusal(server.url):
+    if refusal := egress_refusal(server.url, timeout=float(server.timeout_s)):
         raise McpRefused(f"{server}: {refusal}")
     headers = ()
     if server.credential_ref:

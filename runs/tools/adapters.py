@@ -181,6 +181,15 @@ def _redirect_target(response: httpx.Response) -> str:
     return urlunsplit((location.scheme, host, location.path, "", ""))
 
 
+def _unreached_in_time() -> ToolFailed:
+    """Nothing was sent: the name was not resolved, or no connection made, in time."""
+    return ToolFailed(
+        "The service could not be reached in time.",
+        category=ErrorCategory.TIMEOUT,
+        retryable=True,
+    )
+
+
 def _late() -> ToolFailed:
     return ToolFailed(
         "The service did not finish its answer in time.",
@@ -234,6 +243,8 @@ def _answer(
         except httpx.HTTPError as error:
             if time.monotonic() < deadline:
                 raise
+            if isinstance(error, httpx.ConnectError | httpx.ConnectTimeout):
+                raise _unreached_in_time() from error
             raise _late() from error
         finally:
             watchdog.cancel()
@@ -262,6 +273,8 @@ def http_call(
         raise ToolFailed(
             str(refused), category=ErrorCategory.PERMISSION_DENIED, retryable=False
         ) from None
+    except httpx.ConnectTimeout as error:
+        raise _unreached_in_time() from error
     except httpx.TimeoutException as error:
         raise ToolFailed(
             "The service did not answer in time.",

@@ -3,6 +3,8 @@
 whatever a publisher configured, and whatever name points there."""
 
 import socket
+import threading
+import time
 
 import pytest
 
@@ -56,6 +58,28 @@ def rebinding(monkeypatch, settings) -> list[str]:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return answered
+
+
+# A name whose resolver does not answer until the test ends (at most this long).
+SLOW_HOST = "slow-resolver.test"
+RESOLVER_HANG_MAX_SECONDS = 30
+
+
+@pytest.fixture
+def slow_resolver(monkeypatch):
+    """The resolver answers SLOW_HOST (with an allowed address) only when the test ends."""
+    resolve = socket.getaddrinfo
+    released = threading.Event()
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if (host.decode() if isinstance(host, bytes) else host) != SLOW_HOST:
+            return resolve(host, port, *args, **kwargs)
+        released.wait(RESOLVER_HANG_MAX_SECONDS)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ALLOWED, int(port or 0)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield
+    released.set()
 
 
 @pytest.mark.parametrize(
@@ -273,4 +297,24 @@ def test_a_call_through_the_proxy_to_a_denied_address_is_refused(
 
     assert REFUSED in str(refused.value)
     assert refused.value.category == ErrorCategory.PERMISSION_DENIED
+    assert report_service.requests == []
+
+
+def test_a_name_not_resolved_within_the_tools_timeout_fails_the_call_then(
+    report_service, slow_resolver
+):
+    # given a tool that changes something, whose service's name server does not answer
+    tool = report_tool(report_service.url.replace(DENIED, SLOW_HOST), timeout_s=1)
+    tool.risk = Risk.INTERNAL_WRITE
+
+    started = time.monotonic()
+    with pytest.raises(ToolFailed) as failed:
+        http_call(tool, call_context(), {"project_id": "apollo"})
+    elapsed = time.monotonic() - started
+
+    # then the call failed TIMEOUT within its second, having sent nothing
+    assert 1 <= elapsed < 2
+    assert failed.value.category == ErrorCategory.TIMEOUT
+    assert str(failed.value) == "The service could not be reached in time."
+    assert (failed.value.retryable, failed.value.may_have_side_effect) == (True, False)
     assert report_service.requests == []
