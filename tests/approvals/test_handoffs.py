@@ -46,6 +46,24 @@ def resolve(client, handoff, **body):
     )
 
 
+def assert_withdrawn(handoff: Handoff, reason: str, *, events_before: list[str]) -> Handoff:
+    """The request was withdrawn for `reason`, and its run's log says so after
+    `events_before`, its last events; returns the request as it is now."""
+    handoff = Handoff.objects.get(pk=handoff.pk)
+    assert (handoff.status, handoff.status_reason) == ("withdrawn", reason)
+    assert event_types(handoff.run) == [*events_before, "handoff.resolved", "run.finished"]
+    assert events_of(handoff.run, "handoff.resolved") == [
+        {
+            "handoff_id": str(handoff.pk),
+            "outcome": "withdrawn",
+            "resolved_by": None,
+            "note": "",
+            "reason": reason,
+        }
+    ]
+    return handoff
+
+
 def test_the_request_waits_for_people_and_the_agent_does_nothing(demo, handed_off):
     handoff = Handoff.objects.get(run=handed_off)
 
@@ -214,21 +232,9 @@ def test_cancelling_the_run_through_the_api_withdraws_its_request_from_the_human
 
     # then the request is withdrawn with the run, and the run's log says so
     assert cancelled.status_code == 200
-    handoff = Handoff.objects.get(pk=handoff.pk)
-    run = Run.objects.get(pk=handed_off.pk)
-    assert (handoff.status, handoff.status_reason) == ("withdrawn", "CANCELLED_BY_USER")
+    handoff = assert_withdrawn(handoff, "CANCELLED_BY_USER", events_before=events_before)
     assert handoff.resolved_at is not None
     assert handoff.history.first().history_change_reason == "CANCELLED_BY_USER"
-    assert event_types(run) == [*events_before, "handoff.resolved", "run.finished"]
-    assert events_of(run, "handoff.resolved") == [
-        {
-            "handoff_id": str(handoff.pk),
-            "outcome": "withdrawn",
-            "resolved_by": None,
-            "note": "",
-            "reason": "CANCELLED_BY_USER",
-        }
-    ]
     # and neither the API nor the queue page offers it as open
     [listed] = api(bob, demo.acme).get("/api/v1/handoffs").json()["results"]
     assert (listed["status"], listed["status_reason"], listed["run_status"]) == (
@@ -306,22 +312,10 @@ def test_a_request_whose_requester_lost_the_tenant_is_withdrawn_by_the_sweep(dem
     run = Run.objects.get(pk=handed_off.pk)
     assert (run.status, run.reason_code) == (RunStatus.REFUSED, "REQUESTER_NO_LONGER_AUTHORISED")
     assert run.result["status"] == RunStatus.REFUSED
-    handoff = Handoff.objects.get(pk=handoff.pk)
-    assert (handoff.status, handoff.status_reason, handoff.resolved_by) == (
-        "withdrawn",
-        "REQUESTER_NO_LONGER_AUTHORISED",
-        None,
+    handoff = assert_withdrawn(
+        handoff, "REQUESTER_NO_LONGER_AUTHORISED", events_before=events_before
     )
-    assert event_types(run) == [*events_before, "handoff.resolved", "run.finished"]
-    assert events_of(run, "handoff.resolved") == [
-        {
-            "handoff_id": str(handoff.pk),
-            "outcome": "withdrawn",
-            "resolved_by": None,
-            "note": "",
-            "reason": "REQUESTER_NO_LONGER_AUTHORISED",
-        }
-    ]
+    assert handoff.resolved_by is None
 
     # and handling it afterwards is refused
     late = resolve(api(bob, demo.acme), handoff)
