@@ -11,9 +11,9 @@ client resolve it again to connect would let a name that answers differently the
 (DNS rebinding) through. TLS still checks the certificate against the URL's host name, which
 the HTTP client hands to the TLS handshake apart from the address. A name that does not
 resolve fails the call as unreachable, and one not resolved within the connection's timeout
-(a name server that does not answer) as unreachable in time. An MCP call may go over a session whose connections
-were checked when they were opened: `egress_refusal` checks its server's URL again before
-each call.
+(a name server that does not answer) as unreachable in time. An MCP call may go over a
+session whose connections were checked when they were opened: `egress_refusal` checks its
+server's URL again before each call.
 
 A call the environment sends through a proxy (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY, unless
 NO_PROXY names its host), as httpx would, goes through it once its host's name is checked
@@ -58,6 +58,7 @@ def _resolvers_anew() -> None:
 
 
 os.register_at_fork(after_in_child=_resolvers_anew)
+
 # The connection pool's limits: httpx's own defaults.
 POOL_LIMITS = {"max_connections": 100, "max_keepalive_connections": 20, "keepalive_expiry": 5.0}
 
