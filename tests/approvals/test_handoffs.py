@@ -4,6 +4,8 @@ routed to them instead of the agent; the run waits until a person handles or dec
 import json
 
 import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.utils import timezone
 from django.utils.html import escape
@@ -390,3 +392,32 @@ def test_the_queue_s_api_lists_requests_by_status(demo, bob, handed_off):
     refused = client.get("/api/v1/handoffs?status=closed")
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "VALIDATION_ERROR"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_request_left_open_by_a_run_that_ended_before_requests_were_withdrawn_is_withdrawn(
+    demo, handed_off
+):
+    # given a request left open when its run was cancelled, as before runs withdrew theirs,
+    # and another that still waits
+    ended_at = timezone.now()
+    Run.objects.filter(pk=handed_off.pk).update(
+        status=RunStatus.CANCELLED, reason_code="CANCELLED_BY_USER", finished_at=ended_at
+    )
+    waiting = demo_run(demo, text=REQUEST, project_id="apollo")
+    run_execute(run_id=str(waiting.pk))
+
+    # when the migration that withdraws them runs
+    executor = MigrationExecutor(connection)
+    executor.migrate([("approvals", "0004_handoff_withdrawn")])
+    executor.loader.build_graph()
+    executor.migrate([("approvals", "0005_handoffs_of_ended_runs_withdrawn")])
+
+    # then the ended run's request is withdrawn as its run ended, and the other still waits
+    stale = Handoff.objects.get(run=handed_off)
+    assert (stale.status, stale.status_reason, stale.resolved_at) == (
+        "withdrawn",
+        "CANCELLED_BY_USER",
+        ended_at,
+    )
+    assert Handoff.objects.get(run=waiting).status == "open"
