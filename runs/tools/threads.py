@@ -202,7 +202,7 @@ class _HandlerThread:
         interrupt). A connection running nothing ignores it."""
         for database in self.databases:
             driver = database.connection
-            if driver is None:
+            if driver is None or getattr(driver, "closed", False):
                 continue
             try:
                 if database.vendor == "postgresql":
