@@ -129,8 +129,6 @@ def run_cancel(*, run: Run, actor: AbstractBaseUser) -> Run:
             return run
         if locked.status == RunStatus.CANCELLED:
             return locked
-        # A request kept beside the run while a step held it came first.
-        cancel_request_take_in(locked)
         return run_cancel_locked(locked, reason=CANCELLED_BY_USER, by=actor)
 
 
@@ -160,12 +158,17 @@ def _run_unless_stepping(run_id: UUID) -> Run | None:
 
 def run_cancel_locked(run: Run, *, reason: str, by: AbstractBaseUser | None = None) -> Run:
     """Cancel a locked run for `reason`, asked by the user `by` (None: the platform stops it);
-    a finished one cannot be. What a waiting run waits for (an action to approve, a request
-    left to people) is withdrawn with it."""
+    a finished one cannot be. A cancel asked for first stands, with its reason and who asked:
+    one already on the run, or one kept beside it while a step held it, taken in here. What a
+    waiting run waits for (an action to approve, a request left to people) is withdrawn with
+    it, for that reason."""
     if run.status not in ACTIVE_STATUSES:
         raise InvalidRunTransition(
             f"The run already finished {run.status}.", details={"status": run.status}
         )
+    cancel_request_take_in(run)
+    if run.cancel_requested_at is not None:
+        reason = run.cancel_reason
     if run.status == RunStatus.WAITING_APPROVAL:
         _waiting_withdraw(run, reason=reason)
     return run_stop(run=run, reason_code=reason, by=by)
@@ -211,8 +214,7 @@ def cancel_requests_take_in() -> int:
             if run.status not in ACTIVE_STATUSES:
                 CancelRequest.objects.filter(run_id=run.pk).delete()
                 continue
-            cancel_request_take_in(run)
-            run_cancel_locked(run, reason=run.cancel_reason)
+            run_cancel_locked(run, reason=CANCELLED_BY_USER)
     return len(runs)
 
 

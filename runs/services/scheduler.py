@@ -36,7 +36,7 @@ from runs.services.occurrences import (
     occurrence_owner_notify,
     occurrence_transition,
 )
-from runs.services.runs import cancel_request_take_in, run_cancel_locked
+from runs.services.runs import run_cancel_locked
 from runs.services.schedules import schedule_slot
 
 logger = logging.getLogger(__name__)
@@ -221,9 +221,7 @@ def occurrence_deadline_end(*, occurrence_id: Any, now: datetime | None = None) 
             return True
         if run.status not in ACTIVE_STATUSES or run.cancel_requested_at is not None:
             return False
-        # A cancel asked for while a step held the run, and kept beside it, came first.
-        cancel_request_take_in(run)
-        run_cancel_locked(run, reason=run.cancel_reason or DEADLINE_PASSED)
+        run_cancel_locked(run, reason=DEADLINE_PASSED)
     return True
 
 
