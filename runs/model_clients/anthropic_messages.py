@@ -1,6 +1,5 @@
 """Anthropic Messages through the official `anthropic` SDK."""
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,13 +18,8 @@ from runs.model_clients.base import (
     Usage,
     UserMessage,
 )
-from runs.model_clients.provider_errors import (
-    refused_answer_error,
-    request_parameters,
-    status_error,
-    unreachable_error,
-)
-from runs.model_clients.transport import AnswerRefused, http_client
+from runs.model_clients.provider_errors import provider_errors, request_parameters
+from runs.model_clients.transport import http_client
 
 PROVIDER = "Anthropic"
 # Set by the client from the request; parameters may not replace them.
@@ -66,37 +60,18 @@ class AnthropicClient:
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
-        started = time.monotonic()
-        try:
-            with self._sdk() as sdk:
-                answer = sdk.messages.with_raw_response.create(
-                    model=self.model_name,
-                    system=request.instructions or anthropic.omit,
-                    messages=anthropic_messages(request.transcript),
-                    tools=[anthropic_tool(tool) for tool in request.tools] or anthropic.omit,
-                    max_tokens=request.max_output_tokens,
-                    extra_body=parameters or None,
-                )
-        except AnswerRefused as refused:
-            raise refused_answer_error(PROVIDER, refused) from None
-        # `from None`: the SDK's exception text may echo what the server received.
-        except anthropic.APIStatusError as error:
-            raise status_error(
-                PROVIDER,
-                error.status_code,
-                error.body,
-                secret=self.api_key,
-                headers=error.response.headers,
-            ) from None
-        except anthropic.APIConnectionError as error:
-            raise unreachable_error(
-                PROVIDER,
-                # At the deadline the transport closes the connection under the read.
-                is_timeout=isinstance(error, anthropic.APITimeoutError)
-                or time.monotonic() - started >= self.timeout_s,
-                timeout_s=self.timeout_s,
-                cause=error.__cause__,
-            ) from None
+        with (
+            provider_errors(PROVIDER, anthropic, secret=self.api_key, timeout_s=self.timeout_s),
+            self._sdk() as sdk,
+        ):
+            answer = sdk.messages.with_raw_response.create(
+                model=self.model_name,
+                system=request.instructions or anthropic.omit,
+                messages=anthropic_messages(request.transcript),
+                tools=[anthropic_tool(tool) for tool in request.tools] or anthropic.omit,
+                max_tokens=request.max_output_tokens,
+                extra_body=parameters or None,
+            )
         return model_response(
             answers.body(PROVIDER, answer.http_response, answer_key="content", secret=self.api_key)
         )

@@ -2,7 +2,6 @@
 server, so OpenAI, vLLM, Ollama and LiteLLM are all reached by this one client."""
 
 import json
-import time
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,13 +23,8 @@ from runs.model_clients.base import (
     Usage,
     UserMessage,
 )
-from runs.model_clients.provider_errors import (
-    refused_answer_error,
-    request_parameters,
-    status_error,
-    unreachable_error,
-)
-from runs.model_clients.transport import AnswerRefused, http_client
+from runs.model_clients.provider_errors import provider_errors, request_parameters
+from runs.model_clients.transport import http_client
 
 PROVIDER = "OpenAI-compatible provider"
 OFFICIAL_API_HOST = "api.openai.com"
@@ -79,36 +73,17 @@ class OpenAICompatibleClient:
     def complete(self, request: ModelRequest) -> ModelResponse:
         """Send the whole transcript; retries belong to the run loop, so the SDK makes none."""
         parameters = request_parameters(self.parameters, request.parameters, reserved=CLIENT_FIELDS)
-        started = time.monotonic()
-        try:
-            with self._sdk() as sdk:
-                answer = sdk.chat.completions.with_raw_response.create(
-                    model=self.model_name,
-                    messages=chat_messages(request.instructions, request.transcript),
-                    tools=[function_tool(tool) for tool in request.tools] or openai.omit,
-                    extra_body=parameters or None,
-                    **{self.output_limit_field: request.max_output_tokens},
-                )
-        except AnswerRefused as refused:
-            raise refused_answer_error(PROVIDER, refused) from None
-        # `from None`: the SDK's exception text may echo what the server received.
-        except openai.APIStatusError as error:
-            raise status_error(
-                PROVIDER,
-                error.status_code,
-                error.body,
-                secret=self.api_key,
-                headers=error.response.headers,
-            ) from None
-        except openai.APIConnectionError as error:
-            raise unreachable_error(
-                PROVIDER,
-                # At the deadline the transport closes the connection under the read.
-                is_timeout=isinstance(error, openai.APITimeoutError)
-                or time.monotonic() - started >= self.timeout_s,
-                timeout_s=self.timeout_s,
-                cause=error.__cause__,
-            ) from None
+        with (
+            provider_errors(PROVIDER, openai, secret=self.api_key, timeout_s=self.timeout_s),
+            self._sdk() as sdk,
+        ):
+            answer = sdk.chat.completions.with_raw_response.create(
+                model=self.model_name,
+                messages=chat_messages(request.instructions, request.transcript),
+                tools=[function_tool(tool) for tool in request.tools] or openai.omit,
+                extra_body=parameters or None,
+                **{self.output_limit_field: request.max_output_tokens},
+            )
         return model_response(
             answers.body(PROVIDER, answer.http_response, answer_key="choices", secret=self.api_key)
         )

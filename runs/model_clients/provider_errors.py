@@ -5,9 +5,12 @@ the SDK's exception text: a proxy or a provider may echo what it received, crede
 """
 
 import math
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from types import ModuleType
 
 from runs.model_clients.base import ModelError
 from runs.model_clients.transport import AnswerRefused
@@ -30,6 +33,33 @@ def request_parameters(
     if overridden:
         raise ModelError(f"Model parameters may not set {', '.join(overridden)}.", retryable=False)
     return parameters
+
+
+@contextmanager
+def provider_errors(
+    provider: str, sdk: ModuleType, *, secret: str, timeout_s: float
+) -> Iterator[None]:
+    """The failures of one call through `sdk` (`openai` or `anthropic`, whose exceptions have
+    the same names and shape) raised as ModelError, `from None`: the SDK's exception text may
+    echo what the server received."""
+    started = time.monotonic()
+    try:
+        yield
+    except AnswerRefused as refused:
+        raise refused_answer_error(provider, refused) from None
+    except sdk.APIStatusError as error:
+        raise status_error(
+            provider, error.status_code, error.body, secret=secret, headers=error.response.headers
+        ) from None
+    except sdk.APIConnectionError as error:
+        raise unreachable_error(
+            provider,
+            # At the deadline the transport closes the connection under the read.
+            is_timeout=isinstance(error, sdk.APITimeoutError)
+            or time.monotonic() - started >= timeout_s,
+            timeout_s=timeout_s,
+            cause=error.__cause__,
+        ) from None
 
 
 def is_retryable_status(status_code: int) -> bool:
