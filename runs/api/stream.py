@@ -80,41 +80,51 @@ def _poll(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Poll:
     return Poll(frames=[], after=after, finished=False)
 
 
+class _Pacing:
+    """How long a stream stays open (RUN_STREAM_MAX_SECONDS; the client then reconnects with
+    Last-Event-ID), and a keep-alive comment after KEEPALIVE_SECONDS without a frame."""
+
+    def __init__(self) -> None:
+        self.deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
+        self.quiet_since = time.monotonic()
+
+    def open(self) -> bool:
+        return time.monotonic() < self.deadline
+
+    def frames(self, poll: Poll) -> list[str]:
+        """What to send after this poll."""
+        if poll.frames:
+            self.quiet_since = time.monotonic()
+            return poll.frames
+        if time.monotonic() - self.quiet_since > KEEPALIVE_SECONDS:
+            self.quiet_since = time.monotonic()
+            return [": keep-alive\n\n"]
+        return []
+
+
 def _sync_stream(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Iterator[str]:
-    deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
-    quiet_since = time.monotonic()
-    while time.monotonic() < deadline:
+    pacing = _Pacing()
+    while pacing.open():
         poll = _poll(run_id, after, shape, allowed)
         after = poll.after
-        yield from poll.frames
+        yield from pacing.frames(poll)
         if poll.finished:
             return
-        if poll.frames:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield ": keep-alive\n\n"
         time.sleep(POLL_SECONDS)
 
 
 async def _async_stream(
     run_id: str, after: int, shape: Shape, allowed: Allowed
 ) -> AsyncIterator[str]:
-    deadline = time.monotonic() + settings.RUN_STREAM_MAX_SECONDS
-    quiet_since = time.monotonic()
+    pacing = _Pacing()
     poll_async = sync_to_async(_poll)
-    while time.monotonic() < deadline:
+    while pacing.open():
         poll = await poll_async(run_id, after, shape, allowed)
         after = poll.after
-        for frame in poll.frames:
+        for frame in pacing.frames(poll):
             yield frame
         if poll.finished:
             return
-        if poll.frames:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > KEEPALIVE_SECONDS:
-            quiet_since = time.monotonic()
-            yield ": keep-alive\n\n"
         await asyncio.sleep(POLL_SECONDS)
 
 
