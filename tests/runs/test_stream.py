@@ -282,3 +282,42 @@ def test_the_page_s_stream_sends_nothing_more_once_its_session_ends(
 
     # then the stream ends without the run's last event or its status
     assert later == ACCESS_ENDED
+
+
+def _quiet_stream_body(client, run: Run, key: str, *, asynchronous: bool) -> str:
+    """The whole body of a stream of a run that writes nothing while it is open."""
+    path = f"/api/v1/runs/{run.pk}/stream"
+    if not asynchronous:
+        response = client.get(path, HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS)
+        return b"".join(response.streaming_content).decode()
+
+    async def body() -> str:
+        response = await AsyncClient().get(
+            path, headers={"Authorization": f"Token {key}", "Accept": "text/event-stream"}
+        )
+        return b"".join([chunk async for chunk in response.streaming_content]).decode()
+
+    return async_to_sync(body)()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["wsgi", "asgi"])
+def test_a_quiet_stream_says_it_is_alive_and_closes_at_its_deadline(
+    db, client, monkeypatch, settings, asynchronous
+):
+    # given a queued run nobody advances, and a stream that polls every 10 ms, sends a
+    # keep-alive after 0.1 s without a frame, and stays open for 1 s
+    monkeypatch.setattr(stream, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(stream, "KEEPALIVE_SECONDS", 0.1)
+    settings.RUN_STREAM_MAX_SECONDS = 1.0
+    run, key = example_run()
+
+    body = _quiet_stream_body(client, run, key, asynchronous=asynchronous)
+
+    # then the log so far, then keep-alive comments, and no `end`: the run goes on, and the
+    # client reconnects after the last id it saw
+    blocks = body.strip().split("\n\n")
+    logged = [block for block in blocks if block.startswith("id: ")]
+    assert len(logged) == run.last_event_seq
+    rest = blocks[len(logged) :]
+    assert 2 <= len(rest) <= 10
+    assert set(rest) == {": keep-alive"}
