@@ -514,9 +514,11 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
 
 
 def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
-    """The outcome of an earlier call with `context.idempotency_key`, from the tool itself.
-    Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it never started),
-    UNKNOWN (may_have_side_effect) when the outcome is still not known."""
+    """The outcome of an earlier call with `context.idempotency_key`, from the tool itself,
+    asked on a handler thread within the tool's timeout: the run's row and action stay locked
+    while it answers. Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it
+    never started), UNKNOWN (may_have_side_effect) when the outcome is still not known, or the
+    handler did not tell it in time."""
     handler = (
         python_handler(tool_version) if tool_version.adapter_kind == AdapterKind.PYTHON else None
     )
@@ -527,7 +529,25 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
             retryable=False,
             may_have_side_effect=True,
         )
-    return handler.reconcile(context)
+    try:
+        return threads.call_within(handler.reconcile, context, seconds=tool_version.timeout_s)
+    except threads.Overran as overran:
+        logger.error(
+            "%s: the handler did not tell the outcome within %s s and was abandoned "
+            "(run %s, call %s). %s",
+            tool_version.qualified_name,
+            tool_version.timeout_s,
+            context.run_id,
+            context.call_id,
+            overran,
+        )
+        raise ToolFailed(
+            f"The handler of {tool_version.qualified_name} did not tell the outcome within "
+            f"{tool_version.timeout_s} s.",
+            category=ErrorCategory.UNKNOWN,
+            retryable=False,
+            may_have_side_effect=True,
+        ) from None
 
 
 def execute(

@@ -29,6 +29,7 @@ from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Risk, Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
+from registry.selectors import versions_frozen
 from registry.services import tools
 from registry.services.common import registry_object_save
 from registry.services.skills import skill_version_revoke
@@ -454,6 +455,48 @@ def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_with
     assert action.external_id == smtp_server.messages[0]["Message-ID"]
     assert action.reconciled_at is not None
     assert event_types(run)[-3:] == ["action.reconciled", "action.succeeded", "run.finished"]
+
+
+LOOKUP_RELEASED = threading.Event()
+
+
+def stalled_delivery_lookup(message_id: str) -> None:
+    """A mail system that does not answer whether it accepted a delivery, until released."""
+    LOOKUP_RELEASED.wait(30)
+
+
+def test_a_mail_system_that_does_not_answer_leaves_the_action_unknown_within_the_timeout(
+    demo, bob, smtp_server, settings, monkeypatch
+):
+    # given an action left unknown by a send that timed out after the server accepted it
+    _, action = waiting_run(demo)
+    approve(action, bob)
+    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
+    services.action_execute(action_id=action.pk)
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
+    # and a mail system that is asked about it and does not answer, asked by a mail_send
+    # whose timeout is 1 s
+    settings.MAIL_DELIVERY_LOOKUP = f"{__name__}.stalled_delivery_lookup"
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 1)
+    LOOKUP_RELEASED.clear()
+
+    # when the reconciliation asks
+    started = time.monotonic()
+    try:
+        status = services.action_reconcile(action_id=action.pk)
+        waited = time.monotonic() - started
+    finally:
+        LOOKUP_RELEASED.set()
+
+    # then it stops waiting at the tool's timeout: the action stays unknown, for a later
+    # attempt or a person, and nothing is sent again
+    assert status == ActionStatus.UNKNOWN
+    assert 1 <= waited < 6
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
+    assert len(smtp_server.messages) == 1
 
 
 def test_an_approved_send_waits_for_the_slots_other_sends_hold_and_sends_once(
