@@ -66,9 +66,14 @@ def _resolve(request: Request, data: dict) -> dict:
         "agent_config": AgentConfig.objects.filter(tenant=tenant, name=data["agent"]).first(),
     }
     if "model_config" in data:
-        found["model_config"] = ModelConfig.objects.filter(
-            Q(tenant=tenant) | Q(tenant__isnull=True), name=data["model_config"]
-        ).first()
+        # The tenant's own configuration of that name before the platform's (NULL sorts last).
+        found["model_config"] = (
+            ModelConfig.objects.filter(
+                Q(tenant=tenant) | Q(tenant__isnull=True), name=data["model_config"]
+            )
+            .order_by("tenant_id")
+            .first()
+        )
     missing = {name: ["Not found in your tenant."] for name, row in found.items() if row is None}
     if missing:
         raise ValidationFailed("The eval run cannot start.", details=missing)

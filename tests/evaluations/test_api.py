@@ -1,6 +1,7 @@
 """The evaluations API: suites, starting and following eval runs, their results; scoped to
 the token's tenant and to those who may evaluate the skill."""
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -8,7 +9,9 @@ from evaluations import services
 from evaluations.choices import EvalRunStatus
 from evaluations.models import EvalRun
 from evaluations.starter import suite_install
-from registry.models import SkillVersion, Tenant
+from registry.choices import ModelProvider
+from registry.models import ModelConfig, SkillVersion, Tenant
+from registry.services.common import registry_object_save
 from tests.approvals.conftest import approver_in
 from tests.evaluations.conftest import TINY_SUITE, api_as
 
@@ -67,6 +70,32 @@ def test_bad_references_are_400_and_start_nothing(demo, suites):
     assert extra.status_code == 400
     assert malformed.status_code == 400
     assert not EvalRun.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "owners", [(None, "acme"), ("acme", None)], ids=["platform-first", "tenant-first"]
+)
+def test_a_model_named_by_both_the_tenant_and_the_platform_is_the_tenant_s(demo, suites, owners):
+    configs = {
+        owner: registry_object_save(
+            instance=ModelConfig(
+                tenant=demo.acme if owner else None,
+                name="shared-model",
+                provider=ModelProvider.OFFLINE,
+                model_name="offline-deterministic-planner",
+            ),
+            actor=demo.admin,
+        )
+        for owner in owners
+    }
+    client = api_as("dave", demo.acme)
+
+    started = client.post(
+        "/api/v1/evaluations/runs", start_body(suites, model_config="shared-model"), format="json"
+    )
+
+    assert started.status_code == 201
+    assert EvalRun.objects.get(pk=started.json()["id"]).model_config == configs["acme"]
 
 
 def test_members_and_other_tenants_neither_start_nor_see_eval_runs(demo, suites):
