@@ -44,9 +44,15 @@ RATE_LIMIT_SCHEMA = {
     "required": ["requests", "per_seconds"],
     "additionalProperties": False,
 }
+# An open circuit is kept in Redis for ten times its reset (`runs.tools.limits`), and Redis
+# refuses expiries past 2^63 ms: a day stays far inside (a tool out for longer is revoked).
+CIRCUIT_RESET_MAX_S = 86_400
 CIRCUIT_BREAKER_SCHEMA = {
     "type": "object",
-    "properties": {"failure_threshold": _POSITIVE_INT, "reset_after_s": _POSITIVE_INT},
+    "properties": {
+        "failure_threshold": _POSITIVE_INT,
+        "reset_after_s": {**_POSITIVE_INT, "maximum": CIRCUIT_RESET_MAX_S},
+    },
     "required": ["failure_threshold", "reset_after_s"],
     "additionalProperties": False,
 }

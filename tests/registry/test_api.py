@@ -852,6 +852,19 @@ def test_create_with_a_field_of_the_wrong_type_is_refused(api, publisher, kind, 
     assert (ToolVersion.objects.count(), SkillVersion.objects.count()) == (0, 0)
 
 
+def test_a_circuit_breaker_reset_longer_than_a_day_is_refused(api, publisher):
+    breaker = {"failure_threshold": 1, "reset_after_s": 10**15}
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", circuit_breaker=breaker), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert list(_error(response)["details"]) == ["circuit_breaker"]
+    assert ToolVersion.objects.count() == 0
+
+
 def test_create_with_an_unknown_field_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", colour="blue"), format="json"

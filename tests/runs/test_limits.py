@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from registry.schemas import CIRCUIT_BREAKER_SCHEMA
 from runs.tools import limits
 from runs.tools.adapters import ToolFailed
 from runs.tools.envelope import ErrorCategory
@@ -105,6 +106,18 @@ def test_the_circuit_opens_after_the_threshold_and_a_success_resets_the_count(to
     assert isinstance(refused, ToolFailed)
     assert refused.category == ErrorCategory.UPSTREAM_ERROR
     assert limits.circuit_state(tool_version) == "open"
+
+
+def test_the_longest_reset_a_tool_version_may_have_still_opens_its_circuit(make_tool_version):
+    longest = CIRCUIT_BREAKER_SCHEMA["properties"]["reset_after_s"]["maximum"]
+    tool_version = make_tool_version(
+        circuit_breaker={"failure_threshold": 1, "reset_after_s": longest}
+    )
+
+    call(tool_version, failed=True)
+
+    assert limits.circuit_state(tool_version) == "open"
+    assert isinstance(enter(tool_version), ToolFailed)
 
 
 def test_a_call_that_never_reached_its_tool_tells_the_breaker_nothing(tool_version):
