@@ -1,6 +1,6 @@
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
@@ -66,12 +66,12 @@ def _resolve(request: Request, data: dict) -> dict:
         "agent_config": AgentConfig.objects.filter(tenant=tenant, name=data["agent"]).first(),
     }
     if "model_config" in data:
-        # The tenant's own configuration of that name before the platform's (NULL sorts last).
+        # The tenant's own configuration of that name before the platform's.
         found["model_config"] = (
             ModelConfig.objects.filter(
                 Q(tenant=tenant) | Q(tenant__isnull=True), name=data["model_config"]
             )
-            .order_by("tenant_id")
+            .order_by(F("tenant_id").asc(nulls_last=True))
             .first()
         )
     missing = {name: ["Not found in your tenant."] for name, row in found.items() if row is None}
