@@ -97,9 +97,13 @@ def eval_run_start(
         problems["suite"] = ["This suite belongs to another tenant."]
     elif suite.skill_name != skill.name:
         problems["suite"] = [f"This suite evaluates {suite.skill_name}, not {skill.name}."]
+    if not agent_config.is_active:
+        problems["agent_config"] = [f"{agent_config.name} is not active."]
     model_config = model_config or agent_config.model_config
     if model_config.tenant_id not in (None, tenant.pk):
         problems["model_config"] = ["This model configuration belongs to another tenant."]
+    elif not model_config.is_active:
+        problems["model_config"] = [f"{model_config.name} is not active."]
     if problems:
         raise ValidationFailed("The eval run cannot start.", details=problems)
     with transaction.atomic():

@@ -782,6 +782,15 @@ def _turn_unaffordable(
 
 def _model_turn(run: Run, model_config: ModelConfig) -> None:
     pinned = run.capability["model"]
+    if not model_config.is_active:
+        # An admin switched the model off since the run started: no run asks it any more.
+        _finish(
+            run,
+            status=RunStatus.FAILED_FINAL,
+            reason_code="MODEL_CONFIG_INACTIVE",
+            output={"model_config": model_config.name},
+        )
+        return
     if (model_config.provider, model_config.model_name) != (pinned["provider"], pinned["model"]):
         # The config was edited in place since the run started: the snapshot's model is no
         # longer what it calls, and the run never asks another.

@@ -61,7 +61,10 @@ _SESSION_LOCKED = PreparedQuery(
     tenant_id=int,
     actor_id=int,
 )
-_ACTIVE_AGENTS = AgentConfig.objects.filter(is_active=True).select_related("policy", "model_config")
+# An agent whose model an admin switched off is as unavailable as one switched off itself.
+_ACTIVE_AGENTS = AgentConfig.objects.filter(
+    is_active=True, model_config__is_active=True
+).select_related("policy", "model_config")
 _AGENT_NAMED = PreparedQuery(
     lambda tenant_id, name: _ACTIVE_AGENTS.filter(tenant_id=tenant_id, name=name).order_by()[:1],
     tenant_id=int,

@@ -83,6 +83,10 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
             errors["agent_config"] = [f"{agent.name} is an agent of another tenant."]
         elif not agent.is_active:
             errors["agent_config"] = [f"{agent.name} is not active."]
+        elif not agent.model_config.is_active:
+            errors["agent_config"] = [
+                f"{agent.name} uses {agent.model_config.name}, a model that is not active."
+            ]
     if task.deadline_seconds is not None and task.deadline_seconds < MIN_DEADLINE_SECONDS:
         errors["deadline_seconds"] = [f"At least {MIN_DEADLINE_SECONDS} seconds."]
     if task.max_attempts is not None and not 1 <= task.max_attempts <= MAX_ATTEMPTS:

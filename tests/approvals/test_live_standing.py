@@ -208,6 +208,27 @@ def test_a_model_config_edited_mid_run_is_not_asked_in_the_snapshots_name(demo, 
     assert not events_of(run, "model.requested")
 
 
+def test_a_model_config_switched_off_mid_run_is_not_asked_again(demo, fake_model):
+    # given a run whose snapshot pinned fake-gpt, started (recipient resolved, no turn yet)
+    fake = fake_model()
+    fake.reply(read_apollo())
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk), execution=Execution())
+
+    # when an admin switches that model config off before the first turn
+    config = ModelConfig.objects.get(pk=run.capability["model"]["id"])
+    config.is_active = False
+    registry_object_save(instance=config, actor=demo.admin, reason="provider withdrawn")
+    run_execute(run_id=str(run.pk))
+
+    # then the run ends without asking it, saying why
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_CONFIG_INACTIVE")
+    assert run.result["output"] == {"model_config": config.name}
+    assert fake.requests == []
+    assert not events_of(run, "model.requested")
+
+
 def _change_role(demo) -> None:
     Membership.objects.filter(user=demo.alice, tenant=demo.acme).update(role=Role.AUDITOR)
 

@@ -72,6 +72,35 @@ def test_bad_references_are_400_and_start_nothing(demo, suites):
     assert not EvalRun.objects.exists()
 
 
+@pytest.mark.parametrize("switched_off", ["agent", "its model", "the model named"])
+def test_an_agent_or_model_switched_off_is_not_evaluated(demo, suites, switched_off):
+    agent = demo.acme.agent_configs.get(name="weekly-reporter")
+    other = registry_object_save(
+        instance=ModelConfig(
+            tenant=demo.acme,
+            name="other-model",
+            provider=ModelProvider.OFFLINE,
+            model_name="offline-deterministic-planner",
+        ),
+        actor=demo.admin,
+    )
+    off = {"agent": agent, "its model": agent.model_config, "the model named": other}
+    off[switched_off].is_active = False
+    registry_object_save(instance=off[switched_off], actor=demo.admin, reason="switched off")
+    body = start_body(suites)
+    if switched_off == "the model named":
+        body["model_config"] = "other-model"
+
+    response = api_as("dave", demo.acme).post("/api/v1/evaluations/runs", body, format="json")
+
+    assert response.status_code == 400
+    field = "agent_config" if switched_off == "agent" else "model_config"
+    assert response.json()["error"]["details"] == {
+        field: [f"{off[switched_off].name} is not active."]
+    }
+    assert not EvalRun.objects.exists()
+
+
 @pytest.mark.parametrize(
     "owners", [(None, "acme"), ("acme", None)], ids=["platform-first", "tenant-first"]
 )

@@ -463,6 +463,16 @@ def test_a_tenant_whose_only_agent_is_inactive_refuses_the_run(
     _refused_run_checks(post_message(client_for(member, acme)))
 
 
+def test_a_tenant_whose_only_agent_uses_a_model_switched_off_refuses_the_run(
+    client_for, member, acme, acme_agent, post_message, publisher
+):
+    model_config = acme_agent.model_config
+    model_config.is_active = False
+    registry_object_save(instance=model_config, actor=publisher, reason="provider withdrawn")
+
+    _refused_run_checks(post_message(client_for(member, acme)))
+
+
 def test_metadata_may_name_the_agent(alice, post_message, acme, acme_agent, publisher):
     other = registry_object_save(
         instance=type(acme_agent)(

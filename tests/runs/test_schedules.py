@@ -194,6 +194,9 @@ def _globex_agent(demo) -> AgentConfig:
         pytest.param({"owner": "erin"}, "owner", "not a member of", id="owner-of-globex"),
         pytest.param({"owner": "bob"}, "owner", "may start runs", id="owner-may-not-run"),
         pytest.param({"agent_config": "globex"}, "agent_config", "another tenant", id="agent"),
+        pytest.param(
+            {"agent_config": "model off"}, "agent_config", "model that is not active", id="model"
+        ),
         pytest.param({"deadline_seconds": 10}, "deadline_seconds", "60", id="short-deadline"),
     ],
 )
@@ -204,6 +207,10 @@ def test_an_invalid_task_is_refused_field_by_field_and_nothing_is_scheduled(
         fields["owner"] = type(demo.alice).objects.get(username=fields["owner"])
     if fields.get("agent_config") == "globex":
         fields["agent_config"] = _globex_agent(demo)
+    if fields.get("agent_config") == "model off":
+        demo.agent.model_config.is_active = False
+        registry_object_save(instance=demo.agent.model_config, actor=demo.admin, reason="off")
+        fields["agent_config"] = demo.agent
 
     with pytest.raises(ValidationFailed) as refused:
         task_of(demo, **fields)
