@@ -1,6 +1,7 @@
 """API plumbing shared by every app: the error body, strict JSON parsing and serializers,
 pagination."""
 
+import codecs
 import logging
 import math
 import re
@@ -15,9 +16,10 @@ from django.http import Http404
 from rest_framework import exceptions, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import JSONParser, get_encoding
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.utils import json as drf_json
 
 from config.errors import ApplicationError
 
@@ -146,12 +148,28 @@ def json_problem(value: Any, depth: int = 0) -> str | None:
     return next((p for item in items if (p := json_problem(item, depth + 1))), None)
 
 
+def _json_integer(literal: str) -> int:
+    """An integer of a JSON body, refused before Python converts one too long for it (whose
+    error would name an interpreter setting)."""
+    if len(literal.lstrip("-")) > len(str(MAX_SAFE_INTEGER)):
+        raise ValueError(f"Integers must lie within ±{MAX_SAFE_INTEGER}.")
+    return int(literal)
+
+
 class StrictJSONParser(JSONParser):
     """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        """As DRF's JSON parser, integers read by `_json_integer`."""
+        encoding = get_encoding(parser_context or {})
         try:
-            data = super().parse(stream, media_type, parser_context)
+            data = drf_json.load(
+                codecs.getreader(encoding)(stream),
+                parse_constant=drf_json.strict_constant if self.strict else None,
+                parse_int=_json_integer,
+            )
+        except ValueError as error:
+            raise exceptions.ParseError(f"JSON parse error - {error}") from error
         except RecursionError as error:
             raise exceptions.ParseError(
                 f"JSON nested deeper than {MAX_JSON_DEPTH} levels."

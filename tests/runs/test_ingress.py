@@ -750,6 +750,19 @@ def test_metadata_numbers_json_cannot_hash_are_refused_not_a_500(alice, raw_meta
     assert row_counts() == NOTHING
 
 
+def test_an_integer_of_thousands_of_digits_is_refused_for_its_size_not_by_python(alice):
+    raw = '{"channel": "api", "parts": [{"type": "text", "text": "hi"}], "metadata": {"n": %s}}'
+    response = alice.post(
+        MESSAGES, raw % ("9" * 5000), content_type="application/json", HTTP_IDEMPOTENCY_KEY="long"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["message"] == (
+        "JSON parse error - Integers must lie within ±9007199254740991."
+    )
+    assert row_counts() == NOTHING
+
+
 def test_a_body_over_the_size_limit_is_refused(alice, settings):
     body = json.dumps(message_body(text="x" * settings.API_MAX_BODY_BYTES))
 
