@@ -20,7 +20,7 @@ from django.views import View
 from simple_history.utils import get_history_model_for_model
 
 from registry.choices import Action
-from registry.models import SkillVersion, ToolVersion
+from registry.models import Skill, SkillVersion, Tool, ToolVersion
 from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
 from runs.api.stream import event_stream
@@ -150,10 +150,17 @@ class RegistryHistoryView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
         tenants = list(_audited_tenants(request).values())
         rows = []
-        for model, parent in ((ToolVersion, "tool"), (SkillVersion, "skill")):
+        for model, definitions, parent in (
+            (ToolVersion, Tool, "tool"),
+            (SkillVersion, Skill, "skill"),
+        ):
             history = get_history_model_for_model(model)
             owned = history.objects.filter(**{f"{parent}__tenant__slug__in": tenants})
-            platform = history.objects.filter(**{f"{parent}__tenant__isnull": True})
+            # The records of a version outlive a draft definition deleted after it, whose
+            # owner is then unknown: platform records are those of a definition still there.
+            platform = history.objects.filter(
+                **{f"{parent}__in": definitions.objects.filter(tenant__isnull=True)}
+            )
             for row in (
                 (owned | platform)
                 .select_related(parent, "history_user")

@@ -22,7 +22,7 @@ from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import ToolVersion
 from registry.services.tenancy import api_token_issue, membership_add
-from registry.services.tools import tool_version_revoke
+from registry.services.tools import tool_version_create, tool_version_revoke
 from runs import audit as runs_audit
 from runs.audit import PAGE_SIZE
 from runs.choices import EventType
@@ -30,6 +30,7 @@ from runs.loop import run_execute
 from runs.models import Run, Span, ToolCall
 from runs.tracing import root_span_id
 from tests.approvals.conftest import waiting_run
+from tests.registry.factories import tool_content
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
 from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
@@ -366,6 +367,35 @@ def test_the_registry_history_shows_who_published_what(demo, carol, client):
     assert ["tool", "mail_send@1.0.0", "draft", "Created", "draft created", "admin"] in [
         row[:6] for row in rows
     ]
+
+
+def test_the_registry_history_reads_on_after_a_draft_tool_is_deleted(demo, carol, client):
+    """A platform admin may delete a draft version and then its tool; the version's history
+    records stay, with no tool to name them or tell whose they were."""
+    version = tool_version_create(
+        actor=demo.admin,
+        tenant=demo.globex,
+        name="scratch_lookup",
+        version="1.0.0",
+        **tool_content(),
+    )
+    tool_version_create(
+        actor=demo.admin, tenant=None, name="shared_lookup", version="1.0.0", **tool_content()
+    )
+    admin = logged_in(client, demo.admin)
+    for url in (
+        reverse("admin:registry_toolversion_delete", args=[version.pk]),
+        reverse("admin:registry_tool_delete", args=[version.tool_id]),
+    ):
+        assert admin.post(url, {"post": "yes"}).status_code == 302
+    client.logout()
+
+    page = logged_in(client, carol).get(reverse("registry-history"))
+
+    assert page.status_code == 200
+    assert "scratch_lookup" not in page.content.decode()
+    assert "shared_lookup@1.0.0" in page.content.decode()
+    assert "mail_send@1.0.0" in page.content.decode()
 
 
 def test_the_api_masks_the_email_for_an_auditor_and_not_for_the_requester(
