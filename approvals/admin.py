@@ -1,8 +1,7 @@
 from django.contrib import admin
-from simple_history.admin import SimpleHistoryAdmin
 
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
-from registry.admin.base import EvidenceAdmin
+from registry.admin.base import EvidenceAdmin, HistoryAdmin
 from registry.choices import Action
 
 
@@ -14,7 +13,7 @@ class ApprovalsEvidenceAdmin(EvidenceAdmin):
 
 
 @admin.register(BusinessAction)
-class BusinessActionAdmin(ApprovalsEvidenceAdmin, SimpleHistoryAdmin):
+class BusinessActionAdmin(ApprovalsEvidenceAdmin, HistoryAdmin):
     list_display = ["kind", "status", "tenant", "requester", "created_at", "expires_at"]
     list_filter = ["status", "kind", "tenant"]
     search_fields = ["idempotency_key", "payload_hash", "external_id", "run__id"]
@@ -30,7 +29,7 @@ class ApprovalDecisionAdmin(ApprovalsEvidenceAdmin):
 
 
 @admin.register(Handoff)
-class HandoffAdmin(ApprovalsEvidenceAdmin, SimpleHistoryAdmin):
+class HandoffAdmin(ApprovalsEvidenceAdmin, HistoryAdmin):
     list_display = ["skill", "status", "tenant", "requester", "resolved_by", "created_at"]
     list_select_related = ["tenant", "requester", "resolved_by"]
     list_filter = ["status", "tenant"]

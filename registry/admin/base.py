@@ -6,7 +6,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.utils import get_fields_from_path
+from django.contrib.admin.utils import get_fields_from_path, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -15,6 +15,7 @@ from django.db.models import JSONField, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
+from simple_history.utils import get_history_model_for_model
 
 from config.errors import ApplicationError
 from config.forms import StrictJSONFormField
@@ -241,7 +242,36 @@ class EvidenceAdmin(ReadOnlyAdminMixin, TenantScopedAdmin):
     """Read-only records of a model without history, within the tenant scope."""
 
 
-class RegistryAdmin(TenantScopedAdmin, SimpleHistoryAdmin, GuardedModelAdmin):
+class HistoryAdmin(SimpleHistoryAdmin):
+    """simple-history's pages, where an id that is not even a key (`abc/history/`, a record
+    `history/xyz/`) names an object or a record that does not exist, as on Django's own
+    pages; simple-history looked it up as it came and failed with a server error."""
+
+    def _are_keys(self, object_id: str, version_id: str | None = None) -> bool:
+        try:
+            self.model._meta.pk.to_python(unquote(object_id))
+            if version_id is not None:
+                get_history_model_for_model(self.model)._meta.pk.to_python(version_id)
+        except ValidationError:
+            return False
+        return True
+
+    def history_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        if not self._are_keys(object_id):
+            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+        return super().history_view(request, object_id, extra_context)
+
+    def history_form_view(
+        self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        if not self._are_keys(object_id, version_id):
+            raise Http404("No such history record.")
+        return super().history_form_view(request, object_id, version_id, extra_context)
+
+
+class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
     """A registry object's admin: tenant scope, history, object permissions."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -987,6 +987,45 @@ def test_history_page_lists_the_publish_with_the_acting_user(
     assert f'<a href="/admin/auth/user/{publisher.pk}/change/">dave</a>' in html
 
 
+@pytest.mark.parametrize(
+    ("url", "name"),
+    [
+        (f"{TOOL_VERSIONS}abc/history/", "tool version"),
+        ("/admin/registry/policy/abc/history/", "policy"),
+        ("/admin/approvals/businessaction/abc/history/", "business action"),
+    ],
+)
+def test_a_history_page_of_an_id_that_is_no_key_says_the_object_does_not_exist(
+    client, platform_admin, world, url, name
+):
+    client.force_login(platform_admin)
+
+    response = client.get(url, follow=True)
+
+    assert response.redirect_chain == [("/admin/", 302)]
+    assert messages_of(response) == [
+        ("warning", f"{name} with ID “abc” doesn’t exist. Perhaps it was deleted?")  # noqa: RUF001
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{tool_versions}{pk}/history/xyz/",
+        "{tool_versions}abc/history/1/",
+        "/admin/registry/policy/abc/history/1/",
+        "/admin/approvals/businessaction/abc/history/1/",
+    ],
+)
+def test_a_history_record_of_an_id_that_is_no_key_is_not_found(client, platform_admin, world, path):
+    client.force_login(platform_admin)
+    url = path.format(tool_versions=TOOL_VERSIONS, pk=world.project_search_1.pk)
+
+    response = client.get(url)
+
+    assert response.status_code == 404
+
+
 def test_object_permissions_page_of_a_tool_renders_for_platform_admin(
     client, platform_admin, acme, world
 ):
