@@ -4,7 +4,7 @@ and cost per day. Percentiles are computed by PostgreSQL (`percentile_cont`); th
 SQLite default computes them in Python."""
 
 from dataclasses import dataclass, field
-from datetime import date, timedelta
+from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -65,7 +65,9 @@ def _percentiles(spans: QuerySet[Span]) -> list[dict[str, Any]]:
 
 
 def _in_window(runs: QuerySet[Run], days: int) -> QuerySet[Run]:
-    return runs.filter(created_at__gte=timezone.now() - timedelta(days=days))
+    """The runs of the days the dashboard shows: today and the `days` - 1 before it, whole."""
+    first_day = timezone.localdate() - timedelta(days=days - 1)
+    return runs.filter(created_at__gte=timezone.make_aware(datetime.combine(first_day, time.min)))
 
 
 def skills_seen(runs: QuerySet[Run], *, days: int = 14) -> list[str]:

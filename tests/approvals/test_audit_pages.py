@@ -6,7 +6,7 @@ import base64
 import json
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -464,6 +464,26 @@ def test_the_dashboard_shows_statuses_latency_approvals_and_cost(demo, sent_run,
     assert "No data." in html.split("Tool error categories")[1].split("Cost per day")[0]
     other = client.get(reverse("runs:dashboard"), {"tenant": "globex"}).content.decode()
     assert "COMPLETED" not in other.split("Latency per stage")[0].split("<h2>")[-1]
+
+
+def test_the_dashboard_counts_the_days_it_shows_and_no_run_before_them(
+    demo, sent_run, carol, client
+):
+    """14 days are today and the 13 before it, each from midnight: a run of the evening before
+    the first of them is in no figure (it was in the cost and the approvals, as a 15th day,
+    and not in the statuses)."""
+    first_day = timezone.localdate() - timedelta(days=13)
+    first_midnight = timezone.make_aware(datetime.combine(first_day, time.min))
+    Run.objects.filter(pk=sent_run.pk).update(created_at=first_midnight - timedelta(seconds=1))
+    logged_in(client, carol)
+
+    page = client.get(reverse("runs:dashboard"))
+
+    figures = page.context["figures"]
+    assert (figures.days[0], len(figures.days)) == (first_day, 14)
+    assert (figures.statuses, figures.cost, figures.stages) == ({}, {}, [])
+    assert figures.approvals["count"] == 0
+    assert page.context["skills"] == []
 
 
 def test_the_dashboard_offers_the_skill_versions_of_its_window_whichever_one_is_shown(
