@@ -13,6 +13,7 @@ from django.db.models import Aggregate, Count, FloatField, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from approvals.choices import Decision
 from runs.choices import TERMINAL_STATUSES
 from runs.models import Run, Span, ToolCall
 
@@ -95,9 +96,11 @@ def dashboard(runs: QuerySet[Run], *, days: int = 14) -> Dashboard:
         figures.statuses.setdefault(row["status"], {})[row["day"]] = row["count"]
     spans = Span.objects.filter(run__in=runs)
     figures.stages = _percentiles(spans.exclude(name="approval.wait"))
-    waits = _percentiles(spans.filter(name="approval.wait"))
-    decided = spans.filter(name="approval.wait").aggregate(
-        count=Count("id"), accepted=Count("id", filter=Q(attributes__decision="approve"))
+    # An approval that expired has its wait too, but no one decided it.
+    decisions = spans.filter(name="approval.wait", attributes__decision__in=Decision.values)
+    waits = _percentiles(decisions)
+    decided = decisions.aggregate(
+        count=Count("id"), accepted=Count("id", filter=Q(attributes__decision=Decision.APPROVE))
     )
     figures.approvals = {
         **decided,

@@ -18,6 +18,7 @@ from rest_framework.test import APIClient
 
 from approvals import services
 from approvals.choices import Decision
+from approvals.models import BusinessAction
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import ToolVersion
@@ -464,6 +465,21 @@ def test_the_dashboard_shows_statuses_latency_approvals_and_cost(demo, sent_run,
     assert "No data." in html.split("Tool error categories")[1].split("Cost per day")[0]
     other = client.get(reverse("runs:dashboard"), {"tenant": "globex"}).content.decode()
     assert "COMPLETED" not in other.split("Latency per stage")[0].split("<h2>")[-1]
+
+
+def test_the_dashboard_counts_decisions_and_not_an_approval_that_expired(
+    demo, sent_run, carol, client
+):
+    _run, expired = waiting_run(demo)
+    BusinessAction.objects.filter(pk=expired.pk).update(expires_at=expired.created_at)
+    assert services.actions_expire() == 1
+    logged_in(client, carol)
+
+    page = client.get(reverse("runs:dashboard"))
+
+    approvals = page.context["figures"].approvals
+    assert (approvals["count"], approvals["accepted"], approvals["rate"]) == (1, 1, 100)
+    assert "1 decided · 1 approved\n  (100% acceptance)" in page.content.decode()
 
 
 def test_the_dashboard_counts_the_days_it_shows_and_no_run_before_them(
