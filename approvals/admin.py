@@ -15,6 +15,7 @@ class ApprovalsEvidenceAdmin(EvidenceAdmin):
 @admin.register(BusinessAction)
 class BusinessActionAdmin(ApprovalsEvidenceAdmin, HistoryAdmin):
     list_display = ["kind", "status", "tenant", "requester", "created_at", "expires_at"]
+    list_select_related = ["tenant", "requester"]
     list_filter = ["status", "kind", "tenant"]
     search_fields = ["idempotency_key", "payload_hash", "external_id", "run__id"]
     date_hierarchy = "created_at"
@@ -24,6 +25,7 @@ class BusinessActionAdmin(ApprovalsEvidenceAdmin, HistoryAdmin):
 class ApprovalDecisionAdmin(ApprovalsEvidenceAdmin):
     tenant_lookup = "action__tenant"
     list_display = ["action", "decision", "approver", "created_at"]
+    list_select_related = ["action", "approver"]
     list_filter = ["decision"]
     search_fields = ["action__id", "approver__username", "payload_hash"]
 

@@ -4,7 +4,9 @@ staff user administers."""
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from approvals.models import ApprovalDecision
 from registry.choices import Role
@@ -50,3 +52,16 @@ def test_a_tenant_administrator_sees_only_the_approvals_of_their_tenant(demo, bo
     assert theirs.get(f"{PATHS['action']}{action.pk}/change/").status_code == 302
     assert theirs.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 302
     assert theirs.get(f"{PATHS['action']}{action.pk}/history/").status_code == 403
+
+
+@pytest.mark.parametrize("page", PATHS)
+def test_the_lists_of_approvals_do_not_read_the_runs_behind_them(demo, bob, admin_client, page):
+    # (a run's row carries its transcript, state and capability: a page of 100 actions would
+    # read 100 of them to show none)
+    approved_run(demo, bob)
+
+    with CaptureQueriesContext(connection) as queries:
+        response = admin_client.get(PATHS[page])
+
+    assert response.status_code == 200
+    assert not [query for query in queries if '"runs_run"' in query["sql"]]
