@@ -6,7 +6,6 @@ import logging
 import math
 import re
 from typing import Any
-from uuid import UUID
 
 import django_filters
 import redis
@@ -191,11 +190,29 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class StrictCharField(serializers.CharField):
-    """A JSON string only: DRF's CharField also takes a number and keeps its str()."""
+class _JSONString:
+    """A field that takes a JSON string only, where DRF's also takes a number and reads its
+    str() (a UUID from an integer, a name from 5)."""
 
-    def to_internal_value(self, data: Any) -> str:
+    def to_internal_value(self, data: Any) -> Any:
         if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictCharField(_JSONString, serializers.CharField):
+    """A JSON string only."""
+
+
+class StrictSlugField(_JSONString, serializers.SlugField):
+    """A slug written as a JSON string only."""
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON integer only: DRF's IntegerField also reads "30", 30.0 and "30.0" as 30."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if type(data) is not int:
             self.fail("invalid")
         return super().to_internal_value(data)
 
@@ -209,13 +226,8 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-class StrictUUIDField(serializers.UUIDField):
-    """A UUID written as a JSON string only: DRF's UUIDField also reads an integer as one."""
-
-    def to_internal_value(self, data: Any) -> UUID:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
+class StrictUUIDField(_JSONString, serializers.UUIDField):
+    """A UUID written as a JSON string only."""
 
 
 class DocumentField(serializers.JSONField):

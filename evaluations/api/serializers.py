@@ -1,6 +1,6 @@
 from rest_framework import serializers
 
-from config.api import StrictSerializer
+from config.api import StrictSerializer, StrictSlugField, StrictUUIDField
 from evaluations.choices import METRIC_DEFINITIONS
 from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
 
@@ -92,9 +92,9 @@ class EvalCaseResultSerializer(serializers.ModelSerializer):
 
 
 class EvalRunStartSerializer(StrictSerializer):
-    suite = serializers.UUIDField()
-    skill_version = serializers.UUIDField()
-    agent = serializers.SlugField(help_text="The agent configuration of your tenant, by name.")
-    model_config = serializers.SlugField(
+    suite = StrictUUIDField()
+    skill_version = StrictUUIDField()
+    agent = StrictSlugField(help_text="The agent configuration of your tenant, by name.")
+    model_config = StrictSlugField(
         required=False, help_text="Another model to evaluate with, by name; default: the agent's."
     )

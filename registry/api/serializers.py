@@ -3,7 +3,14 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from config.api import DocumentField, StrictBooleanField, StrictCharField, StrictSerializer
+from config.api import (
+    DocumentField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+    StrictSlugField,
+)
 from registry.choices import AdapterKind, ApprovalRule, DataClassification, Risk
 from registry.models import SkillVersion, ToolVersion
 from registry.models.definitions import NAMESPACE_VALIDATOR
@@ -32,7 +39,7 @@ from runs.workflows import WORKFLOWS
 class TokenRequestSerializer(StrictSerializer):
     username = StrictCharField(max_length=150)
     password = StrictCharField(max_length=256, trim_whitespace=False)
-    tenant = serializers.SlugField(required=False, help_text="Needed if you are in several.")
+    tenant = StrictSlugField(required=False, help_text="Needed if you are in several.")
 
 
 class TokenSerializer(serializers.Serializer):
@@ -141,10 +148,10 @@ class ToolVersionCreateSerializer(StrictSerializer):
     )
     result_contract = DocumentField(document_schema=RESULT_CONTRACT_SCHEMA, required=False)
     risk = serializers.ChoiceField(choices=Risk.choices)
-    timeout_s = serializers.IntegerField(required=False, min_value=1, max_value=600)
+    timeout_s = StrictIntegerField(required=False, min_value=1, max_value=600)
     retry_policy = DocumentField(document_schema=RETRY_POLICY_SCHEMA, required=False)
     rate_limit = DocumentField(document_schema=RATE_LIMIT_SCHEMA, required=False)
-    concurrency_cap = serializers.IntegerField(required=False, min_value=1, max_value=256)
+    concurrency_cap = StrictIntegerField(required=False, min_value=1, max_value=256)
     circuit_breaker = DocumentField(document_schema=CIRCUIT_BREAKER_SCHEMA, required=False)
     is_idempotent = StrictBooleanField(required=False)
     supports_dry_run = StrictBooleanField(required=False)

@@ -64,11 +64,23 @@ def test_bad_references_are_400_and_start_nothing(demo, suites):
     malformed = client.post(
         "/api/v1/evaluations/runs", start_body(suites, suite="not-a-uuid"), format="json"
     )
+    numbers = client.post(
+        "/api/v1/evaluations/runs",
+        start_body(suites, suite=1, skill_version=2, agent=3, model_config=4),
+        format="json",
+    )
 
     assert unknown.status_code == 400
     assert set(unknown.json()["error"]["details"]) == {"agent_config", "model_config"}
     assert extra.status_code == 400
     assert malformed.status_code == 400
+    assert numbers.status_code == 400
+    assert set(numbers.json()["error"]["details"]) == {
+        "suite",
+        "skill_version",
+        "agent",
+        "model_config",
+    }
     assert not EvalRun.objects.exists()
 
 
