@@ -1,5 +1,6 @@
 from typing import Any
 
+from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -34,6 +35,14 @@ from registry.selectors import mcp_drift
 from registry.services.skills import SKILL_CONTENT_FIELDS
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.workflows import WORKFLOWS
+
+# A pinned tool: its name and its major version, major.minor, or a whole version.
+TOOL_REFERENCE_VALIDATOR = RegexValidator(
+    r"^[a-z][a-z0-9_]{0,63}@(?:(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))?|"
+    + SEMVER_PATTERN.removeprefix("^").removesuffix("$")
+    + r")\Z",
+    'A pinned tool is written "name@version": project_search@2, @2.1 or @2.1.0.',
+)
 
 
 class TokenRequestSerializer(StrictSerializer):
@@ -198,7 +207,7 @@ class SkillVersionCreateSerializer(StrictSerializer):
     triggers = DocumentField(document_schema=TRIGGERS_SCHEMA)
     required_inputs = DocumentField(document_schema=REQUIRED_INPUTS_SCHEMA, required=False)
     tool_dependencies = serializers.ListField(
-        child=StrictCharField(max_length=140),
+        child=StrictCharField(max_length=140, validators=[TOOL_REFERENCE_VALIDATOR]),
         required=False,
         help_text='Pinned tools as "name@version", e.g. "project_search@2".',
     )

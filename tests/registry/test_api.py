@@ -869,6 +869,24 @@ def test_a_circuit_breaker_reset_longer_than_a_day_is_refused(api, publisher):
     assert ToolVersion.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "reference", ["project_search", "project_search@", "project_search@2..1", "project_search@02"]
+)
+def test_a_pinned_tool_without_a_well_formed_version_is_refused(api, publisher, reference):
+    # (before, these pinned the highest version of some prefix: no version, or 2.1 for "2..1")
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=[reference]), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["details"] == {
+        "tool_dependencies": {
+            "0": ['A pinned tool is written "name@version": project_search@2, @2.1 or @2.1.0.']
+        }
+    }
+    assert SkillVersion.objects.count() == 0
+
+
 def test_create_with_an_unknown_field_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", colour="blue"), format="json"
