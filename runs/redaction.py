@@ -211,10 +211,12 @@ def _basic_credential(match: re.Match) -> str:
 
 def _assigned_secret(match: re.Match) -> str:
     name, quoted, bare = match.group("name", "quoted", "bare")
-    # The pattern found the word at the name's end; it must be a word of its own there
-    # (api_key, apiKey; not monkey) in a name that holds a secret (not public_key).
+    # The pattern found the word at the name's end; it must be a word of its own there, or
+    # end a word that names a secret by itself (api_key, apiKey, apikey, PGPASSWORD; not
+    # monkey), in a name that holds a secret (not public_key).
+    last = name_words(name)[-1]
     if (
-        name_words(name)[-1] in _SECRET_LAST_WORDS
+        (last in _SECRET_LAST_WORDS or secret_key(last))
         and secret_key(name)
         and (
             quoted is not None

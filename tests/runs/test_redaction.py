@@ -99,6 +99,8 @@ def test_secrets_in_text_are_removed_even_for_cleared_viewers(value):
         "public_key=ssh-ed25519",
         "the key risks: 3 open",
         "passport: X1234567",
+        "primarykey=order2024id",
+        "monkey: abc123def456",
         "session_id=8f14e45f",
         '{"has_secret": false}',
         '{"id": 7, "password_set": false}',
@@ -147,6 +149,10 @@ def test_ordinary_words_after_a_scheme_name_are_kept(value):
             "aws_secret_access_key=[redacted]",
         ),
         ("api_key=9f8e7d6c5b4a39281706f5e4d3c2b1a0", "api_key=[redacted]"),
+        # a name written as one word that names a secret by itself
+        ("PGPASSWORD=S3cretPass1 psql -h db", "PGPASSWORD=[redacted] psql -h db"),
+        ('{"apikey": "Zx9-Qw7-Er5-Ty3"}', '{"apikey": "[redacted]"}'),
+        ("accesstoken=abc123def456", "accesstoken=[redacted]"),
         # a quoted value is taken whole, escapes and all, and the JSON stays JSON
         ('{"client_secret": "Zx9-Qw7-Er5-Ty3"}', '{"client_secret": "[redacted]"}'),
         ('{"password": "correct horse battery"}', '{"password": "[redacted]"}'),
@@ -155,6 +161,10 @@ def test_ordinary_words_after_a_scheme_name_are_kept(value):
         (
             "https://api.example/v1?api_key=Zx9Qw7Er5Ty3&x=1",
             "https://api.example/v1?api_key=[redacted]&x=1",
+        ),
+        (
+            "https://api.example/v1?apikey=Zx9Qw7Er5Ty3&x=1",
+            "https://api.example/v1?apikey=[redacted]&x=1",
         ),
         (
             "url: https://api.example/v1?user=li&apiKey=Zx9Qw7Er5Ty3",
