@@ -50,7 +50,7 @@ from runs.services.runs import (
 )
 from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
-from runs.tools.envelope import ErrorCategory
+from runs.tools.envelope import ErrorCategory, strip_secrets
 from runs.workflows import WORKFLOWS
 
 USABLE_VERSION_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
@@ -550,9 +550,19 @@ def _mark_reconciled(run: Run, action: BusinessAction) -> None:
     )
 
 
-def _succeed(run: Run, action: BusinessAction, output: ToolOutput, *, reconciled: bool) -> None:
-    action.external_id = str((output.normalized or {}).get("message_id", ""))[:255]
-    action.outcome = {"raw": output.raw}
+def _succeed(
+    run: Run,
+    action: BusinessAction,
+    output: ToolOutput,
+    *,
+    reconciled: bool,
+    secrets: tuple[str | None, ...] = (),
+) -> None:
+    """The action succeeded: its outcome is kept as its call's record keeps it, without the
+    credential the host gave the call (`secrets`), should the tool's answer echo it."""
+    normalized = strip_secrets(output.normalized or {}, secrets=secrets)
+    action.external_id = str(normalized.get("message_id", ""))[:255]
+    action.outcome = {"raw": strip_secrets(output.raw, secrets=secrets)}
     action.save(update_fields=["external_id", "outcome", "updated_at"])
     _transition(action, ActionStatus.SUCCEEDED)
     if reconciled:
@@ -581,10 +591,13 @@ def _fail(
     *,
     reconciled: bool,
     run_status: RunStatus = RunStatus.FAILED_FINAL,
+    secrets: tuple[str | None, ...] = (),
 ) -> None:
     """The action failed; the run ends FAILED_FINAL (ACTION_FAILED), or CANCELLED for the
-    reason it was cancelled while its action had not been done."""
-    action.outcome = {"error": {"category": failure.category, "message": str(failure)}}
+    reason it was cancelled while its action had not been done. Its message is kept without
+    the credential the host gave the call (`secrets`)."""
+    message = strip_secrets(str(failure), secrets=secrets)
+    action.outcome = {"error": {"category": failure.category, "message": message}}
     action.save(update_fields=["outcome", "updated_at"])
     _transition(action, ActionStatus.FAILED, reason=failure.category)
     if reconciled:
@@ -680,8 +693,9 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
             return
         admitted.record = ToolCall.objects.get(pk=admitted.record.pk)
         executor.side_effect_record(run, admitted, outcome, attempts, duration_ms)
+        secrets = (admitted.context.credential,)
         if isinstance(outcome, ToolOutput):
-            _succeed(run, action, outcome, reconciled=False)
+            _succeed(run, action, outcome, reconciled=False, secrets=secrets)
         elif outcome.may_have_side_effect:
             if action.status == ActionStatus.EXECUTING:
                 _mark_unknown(run, action, outcome)
@@ -690,7 +704,7 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
                 run.save(update_fields=["last_event_seq", "updated_at"])
             transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
         else:
-            _fail(run, action, outcome, reconciled=False)
+            _fail(run, action, outcome, reconciled=False, secrets=secrets)
         tracing.span_add(
             run,
             "action",
@@ -753,11 +767,11 @@ def action_reconcile(*, action_id: Any) -> str:
                 return action.status
             else:
                 _record_settled(run, call, tool_version, context, failure)
-                _fail(run, action, failure, reconciled=True)
+                _fail(run, action, failure, reconciled=True, secrets=(context.credential,))
                 return action.status
         else:
             _record_settled(run, call, tool_version, context, output)
-            _succeed(run, action, output, reconciled=True)
+            _succeed(run, action, output, reconciled=True, secrets=(context.credential,))
             return action.status
     _run_and_record(
         action_id,

@@ -1,6 +1,7 @@
 """Business Actions through the services: freeze, decide, re-validate on resume, execute once
 through a real SMTP server, settle an unknown outcome by the key."""
 
+import dataclasses
 import json
 import threading
 import time
@@ -24,6 +25,7 @@ from approvals.errors import (
     SelfApprovalForbidden,
 )
 from approvals.models import ApprovalDecision, BusinessAction
+from examples import handlers
 from examples.models import DirectoryRecord, MailDelivery, Project, ProjectUpdate
 from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Risk, Role
@@ -38,6 +40,8 @@ from runs.loop import run_execute
 from runs.models import Run, RunEvent, ToolCall
 from runs.services.runs import run_cancel
 from runs.tools import executor, limits
+from runs.tools.adapters import ToolFailed, ToolOutput
+from runs.tools.envelope import ErrorCategory
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import demo_run, event_types, events_of, this_week
@@ -455,6 +459,58 @@ def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_with
     assert action.external_id == smtp_server.messages[0]["Message-ID"]
     assert action.reconciled_at is not None
     assert event_types(run)[-3:] == ["action.reconciled", "action.succeeded", "run.finished"]
+
+
+ECHOED_CREDENTIAL = "relay-token-5f1c9a7e3b2d4068"
+
+
+@pytest.mark.parametrize("answer", ["sent", "refused"])
+def test_a_send_whose_tool_echoes_its_credential_keeps_no_copy_of_it(
+    demo, bob, smtp_server, monkeypatch, answer
+):
+    # given a send tool given a credential by the host, whose service echoes it back: in its
+    # answer when it sends, in its error when it refuses
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    host_context = executor.host_context
+    monkeypatch.setattr(
+        executor,
+        "host_context",
+        lambda **given: dataclasses.replace(host_context(**given), credential=ECHOED_CREDENTIAL),
+    )
+
+    def echoing(self, context, arguments):
+        if answer == "refused":
+            raise ToolFailed(
+                f"Relay refused token {context.credential}.",
+                category=ErrorCategory.PERMISSION_DENIED,
+                retryable=False,
+            )
+        return ToolOutput(
+            business_status="sent",
+            raw={"accepted_with": context.credential},
+            normalized={"message_id": f"<{context.credential}@relay>"},
+        )
+
+    monkeypatch.setattr(handlers.MailSend, "__call__", echoing)
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then the credential is in neither the action's outcome nor the run's result nor its call
+    action.refresh_from_db()
+    run = Run.objects.get(pk=run.pk)
+    assert action.status == (ActionStatus.SUCCEEDED if answer == "sent" else ActionStatus.FAILED)
+    kept = json.dumps(
+        [
+            action.outcome,
+            action.external_id,
+            run.result,
+            ToolCall.objects.get(run=run, name="mail_send").envelope,
+        ]
+    )
+    assert ECHOED_CREDENTIAL not in kept
+    assert "[redacted]" in kept
 
 
 LOOKUP_RELEASED = threading.Event()
