@@ -1,6 +1,7 @@
 """Thin Celery tasks of Business Actions: load by id, call the service, own the retries."""
 
 from celery import shared_task
+from django.db import OperationalError
 
 from approvals import services
 from approvals.choices import ActionStatus
@@ -17,11 +18,18 @@ def action_resume(*, action_id: str) -> None:
 
 @shared_task(bind=True, acks_late=True, max_retries=RECONCILE_RETRIES)
 def action_reconcile(self, *, action_id: str) -> str:
-    """Settle an unknown outcome by the idempotency key; while it stays unknown, ask again
-    later with backoff (the action stays `unknown` for a person after the last attempt)."""
-    status = services.action_reconcile(action_id=action_id)
+    """Settle an unknown outcome by the idempotency key; while it stays unknown, or the
+    database failed the attempt (a dropped connection, a deadlock), ask again later with
+    backoff (the action stays `unknown` for a person after the last attempt). No sweep
+    sends an unknown action's reconciliation again: a failed attempt that ended the task
+    would leave it unknown for good."""
+    countdown = min(3600, 30 * 2**self.request.retries)
+    try:
+        status = services.action_reconcile(action_id=action_id)
+    except OperationalError as error:
+        raise self.retry(countdown=countdown, exc=error) from error
     if status == ActionStatus.UNKNOWN and self.request.retries < self.max_retries:
-        raise self.retry(countdown=min(3600, 30 * 2**self.request.retries))
+        raise self.retry(countdown=countdown)
     return status
 
 

@@ -8,13 +8,14 @@ import time
 from datetime import timedelta
 
 import pytest
+from celery.exceptions import Retry
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import OperationalError, connection
 from django.utils import timezone
 from django.utils.html import escape
 from guardian.shortcuts import remove_perm
 
-from approvals import services
+from approvals import services, tasks
 from approvals.choices import ActionStatus, Decision
 from approvals.errors import (
     AlreadyDecided,
@@ -511,6 +512,39 @@ def test_a_send_whose_tool_echoes_its_credential_keeps_no_copy_of_it(
     )
     assert ECHOED_CREDENTIAL not in kept
     assert "[redacted]" in kept
+
+
+def test_a_reconciliation_the_database_failed_is_asked_again_and_settles_once(
+    demo, bob, smtp_server, monkeypatch
+):
+    # given an action left unknown by a send that timed out after the server accepted it
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
+    services.action_execute(action_id=action.pk)
+    smtp_server.stall = 0
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
+    # and a database connection that drops as its reconciliation locks the run
+    locked = services._locked
+
+    def dropped(action_id):
+        monkeypatch.setattr(services, "_locked", locked)
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(services, "_locked", dropped)
+
+    # when the reconciliation task meets it, then it asks again later, as for an outcome
+    # still unknown, instead of leaving the action unknown for good
+    with pytest.raises(Retry) as retry:
+        tasks.action_reconcile.apply(kwargs={"action_id": str(action.pk)})
+    assert retry.value.when == 30
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
+
+    # and its next attempt settles the action by its key, without sending again
+    outcome = tasks.action_reconcile.apply(kwargs={"action_id": str(action.pk)}, retries=1)
+    assert outcome.get() == ActionStatus.SUCCEEDED
+    assert len(smtp_server.messages) == 1
+    assert Run.objects.get(pk=run.pk).reason_code == "SENT"
 
 
 LOOKUP_RELEASED = threading.Event()
