@@ -118,6 +118,9 @@ def case_failures(outcome: Outcome) -> list[str]:
     """Why a case failed, in words; empty when it met every expectation it states."""
     expected, observed = outcome.expected, outcome.observed
     failures = []
+    refused = observed.get("refused")
+    if refused:
+        failures.append(f"refused {refused['code']}: {refused['message']}")
     if "status" in expected and observed.get("status") != expected["status"]:
         failures.append(f"ended {observed.get('status')}, expected {expected['status']}")
     if "skill" in expected and observed.get("skill") != expected["skill"]:

@@ -288,8 +288,6 @@ def _case_record(
         kind=case.suite.kind, expected=case.expected, observed=observed, attack=case.attack
     )
     failures = case_failures(outcome)
-    if refusal is not None:
-        failures.insert(0, f"refused {refusal.code}: {refusal}")
     try:
         with transaction.atomic():
             EvalCaseResult.objects.create(
