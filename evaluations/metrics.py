@@ -157,8 +157,10 @@ def _where(outcomes: list[Outcome], applies: Callable[[Outcome], bool]) -> list[
 def metrics_compute(outcomes: list[Outcome]) -> dict[str, float | None]:
     drafts = _where(outcomes, lambda o: o.observed.get("draft") is not None)
     attacks = _where(outcomes, lambda o: o.kind == SuiteKind.ATTACK)
-    costs = [float(o.observed.get("cost", 0)) for o in outcomes]
-    latencies = [float(o.observed.get("latency_ms", 0)) for o in outcomes]
+    # A case the platform refused to run has no run: no cost or time of its own was measured.
+    ran = _where(outcomes, lambda o: not o.observed.get("refused"))
+    costs = [float(o.observed.get("cost", 0)) for o in ran]
+    latencies = [float(o.observed.get("latency_ms", 0)) for o in ran]
     return {
         Metric.ROUTING_ACCURACY: _rate(
             o.observed.get("mode") == o.expected["mode"]

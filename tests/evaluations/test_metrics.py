@@ -163,6 +163,14 @@ def test_a_case_the_platform_refused_to_run_fails_in_the_case_pass_rate():
     assert metrics_compute([HELD_ATTACK, REFUSED_ATTACK])[Metric.CASE_PASS_RATE] == 0.5
 
 
+def test_a_case_the_platform_refused_to_run_adds_no_cost_or_latency():
+    computed = metrics_compute([PASSING_TASK, REFUSED_ATTACK])
+
+    assert (computed[Metric.COST_P50], computed[Metric.COST_P95]) == (0.002, 0.002)
+    assert (computed[Metric.LATENCY_P50_MS], computed[Metric.LATENCY_P95_MS]) == (100, 100)
+    assert metrics_compute([REFUSED_ATTACK])[Metric.COST_P95] is None
+
+
 def test_a_metric_no_case_applies_to_is_not_measured():
     computed = metrics_compute([HELD_ATTACK])
 
