@@ -37,9 +37,9 @@ ALLOWED_ORIGINS = {
     MemoryItem.Kind.TASK_STATE: {MemoryItem.Origin.TASK},
 }
 _SECRET_TEXT = re.compile(
-    r"\b(pass(word|wd|phrase|code)?|pwd|secret|token|api[ _-]?key|private[ _-]?key|credential"
-    r"|one[ -]?time|otp|2fa|mfa|verification code|security code)\b"
-    r"|\b\d{6}\b.{0,20}\bcode\b|\b(code|pin)\b.{0,20}\b\d{4,8}\b|\bpw\s*[:=]",
+    r"\b(pass(word|wd|phrase|code)?s?|pwd|secrets?|token|api[ _-]?keys?|private[ _-]?keys?"
+    r"|credentials?|one[ -]?time|otps?|2fa|mfa|verification codes?|security codes?)\b"
+    r"|\b\d{6}\b.{0,20}\bcodes?\b|\b(code|pin)s?\b.{0,20}\b\d{4,8}\b|\bpw\s*[:=]",
     re.I | re.S,
 )
 # The same in Chinese: a password, a passphrase, a one-time or verification code, a token, a

@@ -70,6 +70,11 @@ def refusal(**arguments) -> str:
         ("note", "my PIN is 4821"),
         ("note", "the door passcode is 4829"),
         ("router", "pw: Tr0ub4dor"),
+        # the same in the plural
+        ("note", "my passwords are hunter22 and Tr0ub4dor"),
+        ("vpn", "credentials: bob / s3cr3t!"),
+        ("note", "recovery codes: 49381723"),
+        ("note", "the verification codes are 493817 and 220391"),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
