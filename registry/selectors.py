@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
-from django.db.models import Q, QuerySet, prefetch_related_objects
+from django.db.models import F, Q, QuerySet, prefetch_related_objects
 from django.db.models.expressions import RawSQL
 from guardian.shortcuts import get_objects_for_group
 
@@ -446,6 +446,13 @@ class Recalled:
     score: float
 
 
+def _recall_order(recalled: Recalled) -> tuple:
+    """Best first; of one score and name, the tenant's own before the platform's (a tenant's
+    copy of a granted skill), then by namespace, so that no tie is left to the database."""
+    skill = recalled.skill
+    return (-recalled.score, skill.name, skill.tenant_id is None, skill.namespace)
+
+
 def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled]:
     """Published skills the tenant may use, ranked by how well their triggers (weight A),
     description (B) and examples (C) match the request: PostgreSQL full-text search, or a
@@ -473,7 +480,7 @@ def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled
             skills.annotate(score=SearchRank(vector, query))
             .filter(score__gt=0)
             .select_related("current_version")
-            .order_by("-score", "name")[:limit]
+            .order_by("-score", "name", F("tenant_id").asc(nulls_last=True), "namespace")[:limit]
         )
         return [Recalled(skill=skill, score=round(skill.score, 4)) for skill in ranked]
     scored = []
@@ -490,4 +497,4 @@ def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled
             scored.append(
                 Recalled(skill=skill, score=round(matched / len(terms) * SINGLE_MATCH_RANK, 4))
             )
-    return sorted(scored, key=lambda recalled: (-recalled.score, recalled.skill.name))[:limit]
+    return sorted(scored, key=_recall_order)[:limit]

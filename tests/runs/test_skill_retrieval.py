@@ -16,6 +16,7 @@ from registry.selectors import skills_recall
 from registry.services import skills
 from registry.services.common import registry_object_save
 from registry.services.lifecycle import version_revoke
+from registry.services.tenancy import definition_grant
 from runs.choices import RunStatus
 from runs.loop import run_execute
 from runs.models import ToolCall
@@ -107,6 +108,44 @@ def test_recall_sees_only_published_skills_the_tenant_may_use(
     assert skills_recall(tenant=acme, text=text) == []
     assert [item.skill.name for item in skills_recall(tenant=globex, text=text)] == [
         "globex-translate"
+    ]
+
+
+@pytest.mark.parametrize("vendor", ["postgresql", "sqlite"])
+def test_skills_of_one_name_and_score_are_recalled_the_tenant_s_own_first(
+    acme, publisher, platform_admin, monkeypatch, vendor
+):
+    # given the platform's translate skill granted to acme, and acme's own copy of it
+    content = skill_content(triggers=["translate contract english"], required_inputs=[])
+    for tenant, actor, namespace in [
+        (None, platform_admin, "core"),
+        (None, platform_admin, "legal"),
+        (acme, publisher, "legal"),
+        (acme, publisher, "core"),
+    ]:
+        draft = skills.skill_version_create(
+            actor=actor,
+            tenant=tenant,
+            name="translate",
+            namespace=namespace,
+            version="1.0.0",
+            **content,
+        )
+        skills.skill_version_publish(skill_version=draft, actor=actor)
+        if tenant is None:
+            definition_grant(actor=platform_admin, definition=draft.skill, tenant=acme)
+    monkeypatch.setattr(connection, "vendor", vendor)
+
+    # when a request scores them all alike
+    recalled = skills_recall(tenant=acme, text="Please translate this contract into English")
+
+    # then the tie is broken the same way every time: acme's own first, then by namespace
+    assert len({item.score for item in recalled}) == 1
+    assert [(item.skill.tenant_id, item.skill.namespace) for item in recalled] == [
+        (acme.pk, "core"),
+        (acme.pk, "legal"),
+        (None, "core"),
+        (None, "legal"),
     ]
 
 
