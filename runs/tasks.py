@@ -120,6 +120,23 @@ def _step_failed(run_id: str) -> None:
         logger.warning("run %s: its failed step could not be counted", run_id)
 
 
+def _lease_through(run_id: str, seconds: float) -> None:
+    """Hold the run's lease through the wait before its retry, and a lease after it: the
+    sweep sends a run whose lease lapsed again, which would ask the model before the wait the
+    provider asked for is over. A run another worker holds keeps the lease that worker set."""
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+            .first()
+        )
+        if run is not None:
+            run.lease_expires_at = timezone.now() + timedelta(
+                seconds=seconds + settings.RUN_LEASE_SECONDS
+            )
+            run.save(update_fields=["lease_expires_at"])
+
+
 def _advance(task, run_id: str) -> None:
     try:
         run_execute(run_id=run_id)
@@ -135,9 +152,9 @@ def _advance(task, run_id: str) -> None:
                         output=model_error_output(error.error),
                     )
             return
-        raise task.retry(
-            countdown=_model_wait(task.request.retries, error.error.retry_after), exc=error
-        ) from error
+        countdown = _model_wait(task.request.retries, error.error.retry_after)
+        _lease_through(run_id, countdown)
+        raise task.retry(countdown=countdown, exc=error) from error
     except Exception:
         _step_failed(run_id)
         raise

@@ -4,15 +4,18 @@ correction, a final status with the provider's reason), never as an exception th
 place, which the task would deliver again, the provider billed each time, until STEP_FAILED."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from celery.exceptions import Retry
+from django.db.models import F
+from django.utils import timezone
 
 from registry.choices import ModelProvider
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.model_clients.answers import TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
-from runs.tasks import run_advance
+from runs.tasks import run_advance, runs_sweep
 from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import API_KEY, anthropic_message, openai_completion
 
@@ -202,6 +205,30 @@ def test_a_429_s_retry_after_is_waited_for(demo, fake_model):
         run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=0, throw=True)
 
     assert retry.value.when >= 30
+
+
+def test_a_run_waiting_longer_than_its_lease_for_a_retry_after_is_not_sent_again_meanwhile(
+    demo, fake_model, settings
+):
+    # given a provider asking for a wait of 200 s, longer than a run's lease
+    settings.RUN_LEASE_SECONDS = 120
+    fake = fake_model()
+    fake.reply({"error": {"message": "Slow down."}}, status=429, headers={"Retry-After": "200"})
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(Retry) as retry:
+        run_advance.apply(kwargs={"run_id": str(run.pk)}, retries=0, throw=True)
+
+    # then its lease lasts through the wait, so the sweep leaves it to its retry
+    run.refresh_from_db()
+    assert retry.value.when >= 200
+    assert run.lease_expires_at >= timezone.now() + timedelta(seconds=200)
+    # (190 s later: the lease moved back as far)
+    Run.objects.filter(pk=run.pk).update(
+        lease_expires_at=F("lease_expires_at") - timedelta(seconds=190)
+    )
+    assert runs_sweep() == 0
+    assert len(fake.requests) == 1
 
 
 def test_anthropic_thinking_blocks_go_back_with_their_tool_calls(demo, fake_model):
