@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from config.queries import PreparedQuery
 from runs.choices import RunStatus
-from runs.loop import ModelTemporarilyUnavailable, model_error_output, run_execute
+from runs.loop import HOST_NODES, ModelTemporarilyUnavailable, model_error_output, run_execute
 from runs.models import Run
 from runs.services import memory
 from runs.services.runs import (
@@ -165,7 +165,9 @@ def runs_sweep() -> int:
     """Re-enqueue active runs whose lease lapsed: their worker died or their task was lost.
     A run whose row is locked has a step in flight on a live worker (PostgreSQL ends a dead
     client's transaction and its locks), however long that step takes: it is skipped, not
-    sent a duplicate that would only wait for the lock. Then the cancel requests no step took
+    sent a duplicate that would only wait for the lock. A run resting at a host node (its
+    action sending or settling) is its action's to advance (`approvals.tasks`), never a
+    step's: it is not sent. Then the cancel requests no step took
     in are (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
     longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were
     re-enqueued."""
@@ -181,6 +183,8 @@ def runs_sweep() -> int:
                     created_at__lt=now - timedelta(seconds=settings.RUN_LEASE_SECONDS),
                 )
             )
+            # (with the key: a node of NULL, in SQL, would exclude every run without one)
+            .exclude(state__has_key="node", state__node__in=HOST_NODES)
         )
         run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
     for run_id in run_ids:

@@ -40,6 +40,7 @@ from registry.services.tenancy import membership_add
 from runs.loop import run_execute
 from runs.models import Run, RunEvent, ToolCall
 from runs.services.runs import run_cancel
+from runs.tasks import runs_sweep
 from runs.tools import executor, limits
 from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
@@ -512,6 +513,22 @@ def test_a_send_whose_tool_echoes_its_credential_keeps_no_copy_of_it(
     )
     assert ECHOED_CREDENTIAL not in kept
     assert "[redacted]" in kept
+
+
+def test_a_run_whose_action_is_unknown_is_left_to_the_action_by_the_runs_sweep(
+    demo, bob, smtp_server
+):
+    # given a run resting at the send node, its action unknown, its lease long lapsed
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
+    services.action_execute(action_id=action.pk)
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
+
+    # then the runs sweep sends it no step: its action's reconciliation settles it
+    assert runs_sweep() == 0
+    assert Run.objects.get(pk=run.pk).status == "RUNNING"
 
 
 def test_a_reconciliation_the_database_failed_is_asked_again_and_settles_once(
