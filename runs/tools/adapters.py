@@ -16,6 +16,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -134,6 +135,31 @@ def python_handler(tool_version: ToolVersion) -> Handler:
         ) from error
 
 
+def _handler_within(
+    tool_version: ToolVersion,
+    context: ToolContext,
+    function: Callable[..., Any],
+    *arguments: Any,
+    doing: str,
+) -> Any:
+    """`function(context, *arguments)` of the tool's handler on a handler thread, within the
+    tool's timeout; `threads.Overran`, logged, when it has not returned by then (it runs on,
+    abandoned)."""
+    try:
+        return threads.call_within(function, context, *arguments, seconds=tool_version.timeout_s)
+    except threads.Overran as overran:
+        logger.error(
+            "%s: the handler did not %s within %s s and was abandoned (run %s, call %s). %s",
+            tool_version.qualified_name,
+            doing,
+            tool_version.timeout_s,
+            context.run_id,
+            context.call_id,
+            overran,
+        )
+        raise
+
+
 def python_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
@@ -142,16 +168,8 @@ def python_call(
     done something."""
     handler = python_handler(tool_version)
     try:
-        return threads.call_within(handler, context, arguments, seconds=tool_version.timeout_s)
-    except threads.Overran as overran:
-        logger.error(
-            "%s: the handler did not answer within %s s and was abandoned (run %s, call %s). %s",
-            tool_version.qualified_name,
-            tool_version.timeout_s,
-            context.run_id,
-            context.call_id,
-            overran,
-        )
+        return _handler_within(tool_version, context, handler, arguments, doing="answer")
+    except threads.Overran:
         raise ToolFailed(
             f"The handler of {tool_version.qualified_name} did not answer within "
             f"{tool_version.timeout_s} s.",
@@ -530,17 +548,8 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
             may_have_side_effect=True,
         )
     try:
-        return threads.call_within(handler.reconcile, context, seconds=tool_version.timeout_s)
-    except threads.Overran as overran:
-        logger.error(
-            "%s: the handler did not tell the outcome within %s s and was abandoned "
-            "(run %s, call %s). %s",
-            tool_version.qualified_name,
-            tool_version.timeout_s,
-            context.run_id,
-            context.call_id,
-            overran,
-        )
+        return _handler_within(tool_version, context, handler.reconcile, doing="tell the outcome")
+    except threads.Overran:
         raise ToolFailed(
             f"The handler of {tool_version.qualified_name} did not tell the outcome within "
             f"{tool_version.timeout_s} s.",
