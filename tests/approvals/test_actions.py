@@ -431,6 +431,17 @@ def test_an_approver_who_lost_the_role_invalidates_the_approval(demo, bob, smtp_
     assert smtp_server.messages == []
 
 
+def left_unknown(demo, bob, smtp_server) -> tuple[Run, BusinessAction]:
+    """An approved action whose send timed out after the mail server accepted it: unknown."""
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
+    services.action_execute(action_id=action.pk)
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
+    return run, action
+
+
 def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_without_resending(
     demo, bob, smtp_server
 ):
@@ -519,11 +530,7 @@ def test_a_run_whose_action_is_unknown_is_left_to_the_action_by_the_runs_sweep(
     demo, bob, smtp_server
 ):
     # given a run resting at the send node, its action unknown, its lease long lapsed
-    run, action = waiting_run(demo)
-    approve(action, bob)
-    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
-    services.action_execute(action_id=action.pk)
-    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
+    run, _ = left_unknown(demo, bob, smtp_server)
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
 
     # then the runs sweep sends it no step: its action's reconciliation settles it
@@ -535,12 +542,8 @@ def test_a_reconciliation_the_database_failed_is_asked_again_and_settles_once(
     demo, bob, smtp_server, monkeypatch
 ):
     # given an action left unknown by a send that timed out after the server accepted it
-    run, action = waiting_run(demo)
-    approve(action, bob)
-    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
-    services.action_execute(action_id=action.pk)
+    run, action = left_unknown(demo, bob, smtp_server)
     smtp_server.stall = 0
-    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
     # and a database connection that drops as its reconciliation locks the run
     locked = services._locked
 
@@ -576,12 +579,7 @@ def test_a_mail_system_that_does_not_answer_leaves_the_action_unknown_within_the
     demo, bob, smtp_server, settings, monkeypatch
 ):
     # given an action left unknown by a send that timed out after the server accepted it
-    _, action = waiting_run(demo)
-    approve(action, bob)
-    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
-    services.action_execute(action_id=action.pk)
-    action.refresh_from_db()
-    assert action.status == ActionStatus.UNKNOWN
+    _, action = left_unknown(demo, bob, smtp_server)
     # and a mail system that is asked about it and does not answer, asked by a mail_send
     # whose timeout is 1 s
     settings.MAIL_DELIVERY_LOOKUP = f"{__name__}.stalled_delivery_lookup"
