@@ -71,7 +71,9 @@ def run_advance(self, *, run_id: str) -> None:
         tenant_id=tenant_id, cap=cap, run_id=run_id, seconds=seconds
     ):
         logger.info("run %s waits: its tenant has %s runs advancing", run_id, cap)
-        run_advance.apply_async(kwargs={"run_id": run_id}, countdown=_turn_wait())
+        countdown = _turn_wait()
+        _lease_through(run_id, countdown)
+        run_advance.apply_async(kwargs={"run_id": run_id}, countdown=countdown)
         return
     try:
         _advance(self, run_id)
@@ -121,19 +123,26 @@ def _step_failed(run_id: str) -> None:
 
 
 def _lease_through(run_id: str, seconds: float) -> None:
-    """Hold the run's lease through the wait before its retry, and a lease after it: the
-    sweep sends a run whose lease lapsed again, which would ask the model before the wait the
-    provider asked for is over. A run another worker holds keeps the lease that worker set."""
+    """Hold the run's lease through a wait before its task comes back, and a lease after it:
+    the sweep sends a run whose lease lapsed again, which would ask the model before the wait
+    a provider asked for is over, or add a copy of a task that waits for its tenant's turn
+    at every sweep. Written when the lease would lapse within the wait and half a lease (a
+    run waiting its turn writes it about once a lease); a run another worker holds keeps the
+    lease that worker set."""
+    lease = settings.RUN_LEASE_SECONDS
+    until = timezone.now() + timedelta(seconds=seconds + lease)
     with transaction.atomic():
         run = (
             Run.objects.select_for_update(skip_locked=True)
             .filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+            .filter(
+                Q(lease_expires_at__isnull=True)
+                | Q(lease_expires_at__lt=until - timedelta(seconds=lease / 2))
+            )
             .first()
         )
         if run is not None:
-            run.lease_expires_at = timezone.now() + timedelta(
-                seconds=seconds + settings.RUN_LEASE_SECONDS
-            )
+            run.lease_expires_at = until
             run.save(update_fields=["lease_expires_at"])
 
 

@@ -28,7 +28,7 @@ from config.errors import ValidationFailed
 from examples.handlers import project_search
 from examples.models import Project, ProjectUpdate
 from registry.choices import AdapterKind, Risk
-from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, ToolVersion
+from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
@@ -38,9 +38,10 @@ from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, RunEvent, Source, ToolCall
 from runs.services.runs import run_cancel
-from runs.tasks import MODEL_RETRIES, STEP_FAILURES_MAX, run_advance
-from runs.tools import executor
+from runs.tasks import MODEL_RETRIES, STEP_FAILURES_MAX, run_advance, runs_sweep
+from runs.tools import executor, limits
 from runs.workflows import WEEKLY_SUMMARY_SEND, WORKFLOWS
+from tests.celery_worker import queue_purge
 from tests.loopback import loopback_server
 from tests.runs.conftest import (
     FAKE_API_KEY,
@@ -1454,6 +1455,28 @@ def test_the_task_retries_a_rate_limited_provider_with_backoff_then_fails_retrya
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
     assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     assert finished(run).steps == 0
+
+
+def test_a_run_waiting_its_tenant_s_turn_gets_no_copy_of_its_task_from_the_sweep(demo, settings):
+    # given a run queued a lease ago, whose tenant's one slot another run holds
+    run = start(demo, project_id="apollo")
+    Run.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.RUN_LEASE_SECONDS + 1)
+    )
+    Tenant.objects.filter(pk=run.tenant_id).update(max_concurrent_runs=1)
+    assert limits.tenant_run_slot_take(
+        tenant_id=run.tenant_id, cap=1, run_id="another-run", seconds=60
+    )
+    try:
+        # when its task is delivered, and comes back later to wait its turn
+        run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+        # then its lease holds through the wait: the sweep sends it no second task
+        assert finished(run).status == "QUEUED"
+        assert runs_sweep() == 0
+    finally:
+        limits.tenant_run_slot_release(tenant_id=run.tenant_id, run_id="another-run")
+        queue_purge()
 
 
 def test_a_step_that_keeps_raising_ends_the_run_instead_of_being_sent_forever(demo, monkeypatch):
