@@ -936,7 +936,8 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     # The correction names a risk by its place: its text may be a tool's, and the correction
     # is a user turn (tool data reaches the model only as untrusted data).
     for index, risk in enumerate(risks, start=1):
-        if not isinstance(risk, dict) or risk.get("source") not in known:
+        source = risk.get("source") if isinstance(risk, dict) else None
+        if not isinstance(source, str) or source not in known:
             problems.append(f"Risk {index} has no source returned by a tool.")
     subject = draft.get("subject")
     if not isinstance(subject, str) or not subject.strip():

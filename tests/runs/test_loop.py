@@ -1325,6 +1325,14 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
         ({"body": None}, "The body is text."),
         ({"body": {"progress": "done"}}, "The body is text."),
         ({"risks": "none"}, "Section risks is not a list."),
+        (
+            {"risks": [{"text": "Vendor SDK delay", "source": ["project:apollo"]}]},
+            "Risk 1 has no source returned by a tool.",
+        ),
+        (
+            {"risks": [{"text": "Vendor SDK delay", "source": {"project": "apollo"}}]},
+            "Risk 1 has no source returned by a tool.",
+        ),
     ],
     ids=[
         "subject-list",
@@ -1336,6 +1344,8 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
         "body-null",
         "body-object",
         "risks-not-list",
+        "risk-source-list",
+        "risk-source-object",
     ],
 )
 def test_a_draft_that_could_never_be_sent_is_never_put_before_an_approver(
