@@ -105,7 +105,9 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         ),
         stop_reason=answers.text(message.get("stop_reason")),
         model=answers.text(message.get("model")),
-        reasoning=tuple(dict(block) for block in blocks if block.get("type") in REASONING_BLOCKS),
+        reasoning=tuple(
+            dict(block) for block in blocks if answers.text(block.get("type")) in REASONING_BLOCKS
+        ),
     )
 
 

@@ -105,8 +105,12 @@ def test_openai_odd_fields_are_read_as_absent(demo, fake_model, reply):
         {**anthropic_message(text="Not sure."), "usage": None},
         {**anthropic_message(text="Not sure."), "content": None},
         {**anthropic_message(text="Not sure."), "content": [{"type": "text", "text": None}]},
+        {
+            **anthropic_message(text="Not sure."),
+            "content": [{"type": ["thinking"]}, {"type": "text", "text": "Not sure."}],
+        },
     ],
-    ids=["no-usage", "null-content", "null-text"],
+    ids=["no-usage", "null-content", "null-text", "type-not-text"],
 )
 def test_anthropic_odd_fields_are_read_as_absent(demo, fake_model, reply):
     fake = fake_model(ANTHROPIC)
