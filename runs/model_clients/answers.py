@@ -89,7 +89,8 @@ def body(
 def _error_status(error: Mapping[str, Any]) -> int:
     for key in ("code", "status"):
         value = error.get(key)
-        if isinstance(value, str) and value.isdecimal():
+        # An HTTP status has three digits; int() refuses a text of thousands of them.
+        if isinstance(value, str) and value.isdecimal() and len(value) == 3:
             value = int(value)
         if type(value) is int and 400 <= value <= 599:
             return value

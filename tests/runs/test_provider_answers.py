@@ -146,8 +146,9 @@ def test_an_anthropic_tool_use_without_input_is_refused_and_the_run_goes_on(demo
     [
         {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}},
         {"error": {"message": "Rate limit reached for requests", "code": 429}},
+        {"error": {"message": "Upstream failed", "code": "5" * 5000}},
     ],
-    ids=["anthropic", "openai"],
+    ids=["anthropic", "openai", "code-of-thousands-of-digits"],
 )
 def test_an_error_object_in_a_200_is_the_error_it_describes(demo, fake_model, reply):
     fake_model(ANTHROPIC if reply.get("type") else OPENAI).reply(reply)
