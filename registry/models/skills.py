@@ -1,3 +1,4 @@
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.validators import RegexValidator
@@ -116,6 +117,42 @@ class SkillVersion(DefinitionVersion):
             setattr(self, field, terms)
 
 
+def _refuse_if_frozen(skill_versions: models.Q) -> None:
+    frozen = (
+        SkillVersion._base_manager.filter(skill_versions)
+        .exclude(status=VersionStatus.DRAFT)
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if frozen is not None:
+        raise VersionImmutable(
+            "The tool pins of a published skill version cannot change.",
+            details={"skill_version": str(frozen)},
+        )
+
+
+class SkillToolDependencyQuerySet(models.QuerySet):
+    """Refuses bulk writes to the pins of a skill version that left draft, as `save` and
+    `delete` refuse them one at a time."""
+
+    def update(self, **kwargs: Any) -> int:
+        skill_versions = models.Q(tool_dependencies__in=self.values("pk"))
+        target = kwargs.get("skill_version", kwargs.get("skill_version_id"))
+        if target is not None:
+            skill_versions |= models.Q(pk=getattr(target, "pk", target))
+        _refuse_if_frozen(skill_versions)
+        return super().update(**kwargs)
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        _refuse_if_frozen(models.Q(tool_dependencies__in=self.values("pk")))
+        return super().delete()
+
+    def bulk_create(self, objs: Iterable[Any], *args: Any, **kwargs: Any) -> list[Any]:
+        objs = list(objs)
+        _refuse_if_frozen(models.Q(pk__in=[obj.skill_version_id for obj in objs]))
+        return super().bulk_create(objs, *args, **kwargs)
+
+
 class SkillToolDependency(models.Model):
     """A skill version's pin of one exact tool version. Frozen with the skill version."""
 
@@ -125,6 +162,8 @@ class SkillToolDependency(models.Model):
     tool_version = models.ForeignKey(
         "registry.ToolVersion", on_delete=models.PROTECT, related_name="dependent_skills"
     )
+
+    objects = SkillToolDependencyQuerySet.as_manager()
 
     history = history_records()
 
@@ -149,13 +188,8 @@ class SkillToolDependency(models.Model):
         return super().delete(*args, **kwargs)
 
     def _refuse_if_frozen(self) -> None:
-        status = (
-            SkillVersion._base_manager.filter(pk=self.skill_version_id)
-            .values_list("status", flat=True)
-            .first()
-        )
-        if status is not None and status != VersionStatus.DRAFT:
-            raise VersionImmutable(
-                "The tool pins of a published skill version cannot change.",
-                details={"skill_version": str(self.skill_version_id)},
-            )
+        skill_versions = models.Q(pk=self.skill_version_id)
+        if not self._state.adding:
+            # A pin moved to another skill version leaves the one it was stored with.
+            skill_versions |= models.Q(tool_dependencies=self.pk)
+        _refuse_if_frozen(skill_versions)

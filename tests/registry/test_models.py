@@ -87,6 +87,51 @@ def test_the_tool_pins_of_a_published_skill_are_frozen(
     ]
 
 
+def test_the_tool_pins_of_a_published_skill_are_frozen_in_bulk_too(
+    published, make_tool_version, make_skill_version, publisher
+):
+    skill_version = make_skill_version(tool_versions=[published])
+    skills.skill_version_publish(skill_version=skill_version, actor=publisher)
+    draft = make_skill_version(version="1.1.0")
+    other = tools.tool_version_publish(
+        tool_version=make_tool_version(name="directory_lookup"), actor=publisher
+    )
+    pins = SkillToolDependency.objects.filter(skill_version=skill_version)
+
+    with pytest.raises(VersionImmutable):
+        pins.update(tool_version=other)
+    with pytest.raises(VersionImmutable):
+        pins.update(skill_version=draft)
+    with pytest.raises(VersionImmutable):
+        pins.delete()
+    with pytest.raises(VersionImmutable):
+        SkillToolDependency.objects.bulk_create(
+            [SkillToolDependency(skill_version=skill_version, tool_version=other)]
+        )
+    moved = skill_version.tool_dependencies.get()
+    moved.skill_version = draft
+    with pytest.raises(VersionImmutable):
+        moved.save()
+
+    assert list(skill_version.tool_dependencies.values_list("tool_version", flat=True)) == [
+        published.pk
+    ]
+    assert not draft.tool_dependencies.exists()
+
+
+def test_the_tool_pins_of_a_draft_skill_change_in_bulk(
+    published, make_tool_version, make_skill_version
+):
+    draft = make_skill_version(tool_versions=[published])
+    other = make_tool_version(name="directory_lookup")
+    pins = SkillToolDependency.objects.filter(skill_version=draft)
+
+    pins.update(tool_version=other)
+    assert list(draft.tool_dependencies.values_list("tool_version", flat=True)) == [other.pk]
+    pins.delete()
+    assert not draft.tool_dependencies.exists()
+
+
 def test_a_version_number_is_unique_per_tool(published):
     with pytest.raises(IntegrityError), transaction.atomic():
         ToolVersion.objects.create(
