@@ -1,5 +1,6 @@
 """What tool and skill versions share: semver, lifecycle status and immutability once published."""
 
+import json
 import uuid
 from typing import Any, ClassVar
 
@@ -31,6 +32,14 @@ def validate_semver(value: str) -> None:
         semver.Version.parse(value)
     except (ValueError, TypeError) as error:
         raise ValidationError(f"'{value}' is not a semantic version such as 1.4.0.") from error
+
+
+def _holds_stored(stored: Any, value: Any) -> bool:
+    """Whether a field still holds what is stored. A document is compared as the JSON it is
+    stored as: 1, 1.0 and true differ there, though Python finds them equal."""
+    if isinstance(stored, dict | list) or isinstance(value, dict | list):
+        return json.dumps(stored, sort_keys=True) == json.dumps(value, sort_keys=True)
+    return stored == value
 
 
 class VersionQuerySet(models.QuerySet):
@@ -140,7 +149,9 @@ class DefinitionVersion(models.Model):
         if stored is None:
             return
         if stored["status"] in FROZEN_STATUSES:
-            changed = sorted(name for name in names if stored[name] != getattr(self, name))
+            changed = sorted(
+                name for name in names if not _holds_stored(stored[name], getattr(self, name))
+            )
             if changed:
                 raise VersionImmutable(
                     f"{self.qualified_name} is {stored['status']}; its content cannot change. "

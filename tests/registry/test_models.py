@@ -30,6 +30,18 @@ def test_changing_a_published_schema_in_place_raises(published):
         published.save()
 
 
+@pytest.mark.parametrize("value", [0, 0.0])
+def test_a_published_schema_value_of_another_json_type_raises(published, value):
+    # Python finds 0 == 0.0 == False; the stored document, the model and the schema's hash do not.
+    published.input_schema["additionalProperties"] = value
+
+    with pytest.raises(VersionImmutable) as refused:
+        published.save()
+
+    assert refused.value.details == {"fields": ["input_schema"]}
+    assert ToolVersion.objects.get(pk=published.pk).input_schema["additionalProperties"] is False
+
+
 def test_bulk_update_of_published_content_is_refused(published):
     with pytest.raises(VersionImmutable):
         ToolVersion.objects.filter(pk=published.pk).update(description="bulk edit")
