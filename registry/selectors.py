@@ -224,7 +224,10 @@ def skill_version_for_actor(*, skill: Skill, tenant: Tenant, actor_id: str) -> S
     for flag in flags:
         if rollout_serves(flag=flag, tenant=tenant, actor_id=actor_id):
             return flag.skill_version
-    return skill.current_version
+    current = skill.current_version
+    # The lifecycle keeps the current version published; a stale write of the skill's row (an
+    # admin form saved as a revoke committed) must not serve a version retired meanwhile.
+    return current if current is not None and current.status == VersionStatus.PUBLISHED else None
 
 
 _frozen_versions: OrderedDict[tuple[str, str], DefinitionVersion] = OrderedDict()

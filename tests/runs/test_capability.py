@@ -5,7 +5,7 @@ import copy
 
 import pytest
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 
 from registry.canonical import canonical_hash
 from registry.choices import DataClassification, Role
@@ -329,6 +329,20 @@ def test_a_revoked_skill_is_excluded(resolve, member, acme_skill, publisher):
 
     assert snapshot["skills"] == []
     assert snapshot["tools"] == []
+    assert snapshot["excluded"] == [{"skill": "weekly-summary", "reason": "NOT_AVAILABLE"}]
+
+
+def test_a_revoked_skill_left_current_by_a_stale_write_is_excluded(resolve, member, acme_skill):
+    # given the skill's current version revoked by a write that did not move the skill's
+    # pointer (an admin form saving the skill's row as it was loaded, as the revoke committed)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE registry_skillversion SET status = 'revoked' WHERE id = %s", [acme_skill.pk]
+        )
+
+    snapshot = resolve(member)
+
+    assert snapshot["skills"] == []
     assert snapshot["excluded"] == [{"skill": "weekly-summary", "reason": "NOT_AVAILABLE"}]
 
 
