@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx
+import pydantic
 from django.conf import settings
 from mcp import ClientSession, McpError, StdioServerParameters
 from mcp import types as mcp_types
@@ -400,6 +401,12 @@ class McpConnections:
                     raise _SessionTerminated from error
                 raise McpUnavailable(f"{endpoint.label} closed the connection.") from error
             raise McpRemoteError(f"{endpoint.label}: {error.error.message}") from error
+        except pydantic.ValidationError as error:
+            # A JSON-RPC answer whose result is not the protocol's for the request: the
+            # error's text quotes what the server sent.
+            raise McpRemoteError(
+                f"{endpoint.label} answered with a {error.title} the protocol does not allow."
+            ) from error
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as error:
             self._discard(connection)
             raise McpUnavailable(f"{endpoint.label}: the connection broke.") from error

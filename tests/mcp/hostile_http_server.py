@@ -1,7 +1,8 @@
-"""A raw streamable-HTTP MCP endpoint (no SDK) whose answers to tools/call follow a JSON spec
-file read again on every request (HOSTILE_HTTP_SPEC): HTTP status, content type, body (where
-{auth} becomes the Authorization header it was sent), delay, or an SSE answer that never
-ends. Every tools/call is appended to HOSTILE_HTTP_LOG."""
+"""A raw streamable-HTTP MCP endpoint (no SDK) whose answers to tools/call (or to the spec's
+`method`) follow a JSON spec file read again on every request (HOSTILE_HTTP_SPEC): HTTP
+status, content type, body (where {auth} becomes the Authorization header it was sent and
+{id} the request's id), delay, or an SSE answer that never ends. Every tools/call is appended
+to HOSTILE_HTTP_LOG."""
 
 import json
 import os
@@ -65,10 +66,10 @@ class Handler(BaseHTTPRequestHandler):
                     "serverInfo": {"name": "hostile-http", "version": "1"},
                 },
             )
+        elif method == _call_spec().get("method", "tools/call"):
+            self._call(ident)
         elif method == "tools/list":
             self._result(ident, {"tools": [TOOL]})
-        elif method == "tools/call":
-            self._call(ident)
         else:
             error = {"code": -32601, "message": "no such method"}
             self._send(200, json.dumps({"jsonrpc": "2.0", "id": ident, "error": error}).encode())
@@ -80,6 +81,7 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(call.get("delay_s", 0))
         if call.get("body") is not None:
             body = call["body"].replace("{auth}", self.headers.get("Authorization", ""))
+            body = body.replace("{id}", json.dumps(ident))
             self._send(
                 call.get("status", 200),
                 body.encode(),

@@ -1,6 +1,7 @@
 """MCP servers over streamable HTTP that break mid-session: one restarted (a deploy) is
 reached again; a call that timed out leaves no request open; an answer that cannot be read,
-or an HTTP error, fails the call at once; and nothing the SDK logs quotes what a server sent."""
+or an HTTP error, fails the call at once; an answer outside the protocol is the server's
+fault; and nothing the SDK logs quotes what a server sent."""
 
 import json
 import os
@@ -11,6 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.conf import settings as django_settings
+from django.test import Client
+from django.urls import reverse
 
 from registry.mcp.connections import McpTimeout, connections, endpoint_for
 from registry.models import McpServer
@@ -162,3 +165,48 @@ def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, se
     tool_call = ToolCall.objects.get(run=run)
     assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert time.monotonic() - started < 5
+
+
+def test_a_listing_outside_the_protocol_marks_the_server_unhealthy_in_admin(
+    demo, hostile_http, settings, caplog
+):
+    # given a server answering tools/list in JSON-RPC, its tools not a list but the
+    # Authorization header it was sent
+    url, answer = hostile_http
+    server = _over_http(demo, url, settings)
+    answer(
+        method="tools/list", body='{"jsonrpc": "2.0", "id": {id}, "result": {"tools": "{auth}"}}'
+    )
+    client = Client(raise_request_exception=False)
+    client.force_login(demo.admin)
+
+    # when an admin discovers it
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(server.pk)]},
+        follow=True,
+    )
+
+    # then discovery failed as the server's fault, quoting nothing it sent
+    assert response.status_code == 200
+    expected = "acme/projects answered with a ListToolsResult the protocol does not allow."
+    assert [(m.level_tag, m.message) for m in response.context["messages"]] == [("error", expected)]
+    server.refresh_from_db()
+    assert (server.health, server.health_detail) == ("unhealthy", expected)
+    assert TOKEN not in caplog.text
+
+
+def test_a_call_answered_outside_the_protocol_fails_as_the_server_s_fault(
+    demo, hostile_http, settings
+):
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    # JSON-RPC, the request's id, but content that is not a list of blocks
+    answer(body='{"jsonrpc": "2.0", "id": {id}, "result": {"content": "{auth}"}}')
+    run = ask(demo)
+
+    run_execute(run_id=str(run.pk))
+
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert TOKEN not in json.dumps(call.envelope)
