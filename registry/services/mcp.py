@@ -246,14 +246,18 @@ def _draft(*, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser
 def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) -> DiscoveryReport:
     """List the server's tools (every page), prompts and resources and record them."""
     report = DiscoveryReport(server=str(server))
+    secrets: tuple[str, ...] = ()
     try:
         endpoint = endpoint_for(server)
+        secrets = endpoint.secrets
         listing = connections.tools(endpoint)
         prompts = connections.prompts(endpoint)
         resources = connections.resources(endpoint)
     except UNREACHABLE as error:
-        _health(server, McpServer.Health.UNHEALTHY, str(error))
-        raise McpServerUnavailable(str(error)) from error
+        # The server's own error message may quote the credential it was sent.
+        detail = _without_secrets(str(error), secrets)
+        _health(server, McpServer.Health.UNHEALTHY, detail)
+        raise McpServerUnavailable(detail) from error
     now = timezone.now()
     with transaction.atomic():
         server = McpServer.objects.select_for_update().get(pk=server.pk)

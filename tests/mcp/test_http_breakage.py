@@ -196,6 +196,36 @@ def test_a_listing_outside_the_protocol_marks_the_server_unhealthy_in_admin(
     assert TOKEN not in caplog.text
 
 
+def test_a_listing_refused_quoting_the_credential_leaves_it_out_of_the_server_s_health(
+    demo, hostile_http, settings
+):
+    # given a server answering tools/list with a JSON-RPC error quoting its Authorization
+    url, answer = hostile_http
+    server = _over_http(demo, url, settings)
+    answer(
+        method="tools/list",
+        body='{"jsonrpc": "2.0", "id": {id}, "error": {"code": -32603, "message": "auth {auth}"}}',
+    )
+    client = Client(raise_request_exception=False)
+    client.force_login(demo.admin)
+
+    # when an admin discovers it
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(server.pk)]},
+        follow=True,
+    )
+
+    # then its message is shown and kept without the credential
+    expected = "acme/projects: auth Bearer [redacted]"
+    assert [(m.level_tag, m.message) for m in response.context["messages"]] == [("error", expected)]
+    server.refresh_from_db()
+    assert (server.health, server.health_detail) == ("unhealthy", expected)
+    page = client.get(reverse("admin:registry_mcpserver_change", args=[server.pk]))
+    assert page.status_code == 200
+    assert TOKEN not in page.content.decode()
+
+
 def test_a_call_answered_outside_the_protocol_fails_as_the_server_s_fault(
     demo, hostile_http, settings
 ):
