@@ -45,6 +45,12 @@ CLOSE_TIMEOUT_S = 5.0
 # What the SDK answers a request with when the server no longer knows the session (HTTP 404:
 # it restarted, or expired the session): the request was not run.
 SESSION_TERMINATED = 32600
+# An HTTP answer carries one message (over SSE, with the notifications before it). A tool's
+# answer within TOOL_RESPONSE_MAX_BYTES (its texts and structured content) fits in this many
+# times as many bytes, JSON escapes included, and a page of a listing in the floor below,
+# whatever that setting; one past both is not read further.
+ANSWER_MAX_FACTOR = 4
+ANSWER_MAX_BYTES_FLOOR = 1024 * 1024
 
 
 class McpUnavailable(Exception):
@@ -65,6 +71,50 @@ class McpRemoteError(Exception):
 
 class _SessionTerminated(Exception):
     """The server no longer knows the session the request was sent in."""
+
+
+class _AnswerTooLarge(Exception):
+    """An HTTP answer ran past its limit, or came compressed (its size unknown until
+    inflated): it was not read further."""
+
+
+class _BoundedStream(httpx.AsyncByteStream):
+    """A response body that fails once it has given more than `limit` bytes."""
+
+    def __init__(self, stream: httpx.AsyncByteStream, limit: int, on_too_large: Callable) -> None:
+        self._stream, self._limit, self._on_too_large = stream, limit, on_too_large
+
+    async def __aiter__(self):
+        size = 0
+        async for chunk in self._stream:
+            size += len(chunk)
+            if size > self._limit:
+                raise self._on_too_large(f"larger than {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class _BoundedTransport(AsyncHTTPTransport):
+    """The egress transport, each answer read up to its limit (ANSWER_MAX_FACTOR). The SDK
+    reads a JSON answer whole before parsing it, and an SSE event whole before its end, so
+    the check is made as the bytes arrive; an answer past it closes the connection
+    (`on_too_large`), which fails the request waiting for it."""
+
+    def __init__(self, on_too_large: Callable[[str], _AnswerTooLarge]) -> None:
+        super().__init__()
+        self._on_too_large = on_too_large
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await super().handle_async_request(request)
+        encoding = response.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            await response.aclose()
+            raise self._on_too_large(f"in {encoding[:40]} encoding, which was not asked for")
+        limit = max(ANSWER_MAX_FACTOR * settings.TOOL_RESPONSE_MAX_BYTES, ANSWER_MAX_BYTES_FLOOR)
+        response.stream = _BoundedStream(response.stream, limit, self._on_too_large)
+        return response
 
 
 @dataclass(frozen=True)
@@ -167,9 +217,9 @@ class _Connection:
         else:
             client = await stack.enter_async_context(
                 httpx.AsyncClient(
-                    headers=dict(endpoint.headers),
+                    headers={**dict(endpoint.headers), "Accept-Encoding": "identity"},
                     timeout=httpx.Timeout(endpoint.connect_timeout_s, read=None),
-                    transport=AsyncHTTPTransport(),
+                    transport=_BoundedTransport(self._too_large),
                 )
             )
             read, write, _ = await stack.enter_async_context(
@@ -189,6 +239,13 @@ class _Connection:
         if isinstance(message, Exception) and self.endpoint.transport != McpServer.Transport.STDIO:
             self.error = message
             self.close()
+
+    def _too_large(self, reason: str) -> _AnswerTooLarge:
+        """An answer was not read to its end: the connection is closed, failing the request
+        waiting for it (the SDK drops an SSE answer's error, which would leave it waiting)."""
+        self.error = _AnswerTooLarge(reason)
+        self.close()
+        return self.error
 
     async def _hold(self) -> None:
         try:
@@ -387,6 +444,8 @@ class McpConnections:
             self._discard(connection)
             if refused := _refused(connection.error):
                 raise McpRefused(f"{endpoint.label}: {refused}")
+            if isinstance(connection.error, _AnswerTooLarge):
+                raise McpRemoteError(f"{endpoint.label} answered {connection.error}.")
             reason = _describe(connection.error) if connection.error else "closed"
             raise McpUnavailable(f"{endpoint.label}: the connection broke ({reason}).")
         try:
@@ -399,6 +458,10 @@ class McpConnections:
                 self._discard(connection)
                 if code == SESSION_TERMINATED:
                     raise _SessionTerminated from error
+                if isinstance(connection.error, _AnswerTooLarge):
+                    raise McpRemoteError(
+                        f"{endpoint.label} answered {connection.error}."
+                    ) from error
                 raise McpUnavailable(f"{endpoint.label} closed the connection.") from error
             raise McpRemoteError(f"{endpoint.label}: {error.error.message}") from error
         except pydantic.ValidationError as error:

@@ -1,9 +1,10 @@
 """A raw streamable-HTTP MCP endpoint (no SDK) whose answers to tools/call (or to the spec's
 `method`) follow a JSON spec file read again on every request (HOSTILE_HTTP_SPEC): HTTP
 status, content type, body (where {auth} becomes the Authorization header it was sent and
-{id} the request's id), delay, or an SSE answer that never ends. Every tools/call is appended
-to HOSTILE_HTTP_LOG."""
+{id} the request's id), delay, an SSE answer that never ends, or a text of `size` bytes
+(compressed, with `gzip`). Every tools/call is appended to HOSTILE_HTTP_LOG."""
 
+import gzip
 import json
 import os
 import sys
@@ -87,6 +88,11 @@ class Handler(BaseHTTPRequestHandler):
                 body.encode(),
                 call.get("content_type", "application/json"),
             )
+        elif call.get("size"):
+            if call.get("gzip"):
+                self._gzipped(ident, call["size"])
+            else:
+                self._large(ident, call["size"], sse=call.get("sse", False))
         elif call.get("sse_forever"):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -101,6 +107,47 @@ class Handler(BaseHTTPRequestHandler):
                 return
         else:
             self._result(ident, {"content": [{"type": "text", "text": "ok"}], "isError": False})
+
+    def _large(self, ident, size: int, *, sse: bool) -> None:
+        """An answer whose text is `size` bytes, written in chunks; how many bytes were
+        written before the client stopped reading is appended to the log."""
+        head, tail = json.dumps(
+            {"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": ""}]}}
+        ).split('""')
+        head, tail = (head + '"').encode(), ('"' + tail).encode()
+        if sse:
+            head, tail = b"event: message\ndata: " + head, tail + b"\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if sse else "application/json")
+        self.send_header("Content-Length", str(len(head) + size + len(tail)))
+        self.send_header("Mcp-Session-Id", SESSION_ID)
+        self.end_headers()
+        sent, chunk = 0, b"a" * 65536
+        try:
+            self.wfile.write(head)
+            while sent < size:
+                sent += self.wfile.write(chunk[: size - sent])
+            self.wfile.write(tail)
+        except OSError:
+            pass
+        finally:
+            with open(os.environ["HOSTILE_HTTP_LOG"], "a") as log:
+                log.write(f"sent {sent}\n")
+
+    def _gzipped(self, ident, size: int) -> None:
+        """An answer whose text is `size` bytes, sent compressed (unasked)."""
+        text = "a" * size
+        body = json.dumps(
+            {"jsonrpc": "2.0", "id": ident, "result": {"content": [{"type": "text", "text": text}]}}
+        )
+        compressed = gzip.compress(body.encode())
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(compressed)))
+        self.send_header("Mcp-Session-Id", SESSION_ID)
+        self.end_headers()
+        self.wfile.write(compressed)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """MCP servers over streamable HTTP that break mid-session: one restarted (a deploy) is
 reached again; a call that timed out leaves no request open; an answer that cannot be read,
 or an HTTP error, fails the call at once; an answer outside the protocol is the server's
-fault; and nothing the SDK logs quotes what a server sent."""
+fault; one far past the response limit, or compressed, is not read to its end; and nothing
+the SDK logs quotes what a server sent."""
 
 import json
 import os
@@ -240,3 +241,48 @@ def test_a_call_answered_outside_the_protocol_fails_as_the_server_s_fault(
     call = ToolCall.objects.get(run=run)
     assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert TOKEN not in json.dumps(call.envelope)
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+def test_an_answer_far_larger_than_the_response_limit_is_not_read_to_its_end(
+    demo, hostile_http, settings, tmp_path, sse
+):
+    # given a server answering with a text of 64 MB, the limit being 1 MB
+    settings.TOOL_RESPONSE_MAX_BYTES = 1024 * 1024
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    answer(size=64 * 1024 * 1024, sse=sse)
+    run = ask(demo)
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then the call failed at once, the answer left unread far before its end
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert call.envelope["error"]["message"] == "acme/projects answered larger than 4194304 bytes."
+    assert time.monotonic() - started < 5
+    log = tmp_path / "calls.log"
+    deadline = time.monotonic() + 5
+    while "sent" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sent = int(log.read_text().split("sent ")[-1])
+    assert sent < 16 * 1024 * 1024
+
+
+def test_a_compressed_answer_is_not_inflated(demo, hostile_http, settings):
+    # given a server answering, unasked, with 64 MB of text compressed to a few kB
+    settings.TOOL_RESPONSE_MAX_BYTES = 1024 * 1024
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    answer(size=64 * 1024 * 1024, gzip=True)
+    run = ask(demo)
+
+    run_execute(run_id=str(run.pk))
+
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert call.envelope["error"]["message"] == (
+        "acme/projects answered in gzip encoding, which was not asked for."
+    )
