@@ -466,10 +466,11 @@ class McpConnections:
             raise McpRemoteError(f"{endpoint.label}: {error.error.message}") from error
         except pydantic.ValidationError as error:
             # A JSON-RPC answer whose result is not the protocol's for the request: the
-            # error's text quotes what the server sent.
+            # error's text quotes what the server sent (`from None`: nor is it chained to a
+            # traceback).
             raise McpRemoteError(
                 f"{endpoint.label} answered with a {error.title} the protocol does not allow."
-            ) from error
+            ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as error:
             self._discard(connection)
             raise McpUnavailable(f"{endpoint.label}: the connection broke.") from error
