@@ -168,6 +168,15 @@ def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, se
     assert time.monotonic() - started < 5
 
 
+def _discovered_in_admin(client: Client, server):
+    """The page after the admin's discover action on `server`."""
+    return client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(server.pk)]},
+        follow=True,
+    )
+
+
 def test_a_listing_outside_the_protocol_marks_the_server_unhealthy_in_admin(
     demo, hostile_http, settings, caplog
 ):
@@ -182,11 +191,7 @@ def test_a_listing_outside_the_protocol_marks_the_server_unhealthy_in_admin(
     client.force_login(demo.admin)
 
     # when an admin discovers it
-    response = client.post(
-        reverse("admin:registry_mcpserver_changelist"),
-        {"action": "discover", "_selected_action": [str(server.pk)]},
-        follow=True,
-    )
+    response = _discovered_in_admin(client, server)
 
     # then discovery failed as the server's fault, quoting nothing it sent
     assert response.status_code == 200
@@ -211,11 +216,7 @@ def test_a_listing_refused_quoting_the_credential_leaves_it_out_of_the_server_s_
     client.force_login(demo.admin)
 
     # when an admin discovers it
-    response = client.post(
-        reverse("admin:registry_mcpserver_changelist"),
-        {"action": "discover", "_selected_action": [str(server.pk)]},
-        follow=True,
-    )
+    response = _discovered_in_admin(client, server)
 
     # then its message is shown and kept without the credential
     expected = "acme/projects: auth Bearer [redacted]"
