@@ -176,8 +176,8 @@ def runs_sweep() -> int:
     client's transaction and its locks), however long that step takes: it is skipped, not
     sent a duplicate that would only wait for the lock. A run resting at a host node (its
     action sending or settling) is its action's to advance (`approvals.tasks`), never a
-    step's: it is not sent. Then the cancel requests no step took
-    in are (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
+    step's: it is not sent. Then the cancel requests no step took in are taken in
+    (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
     longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were
     re-enqueued."""
     now = timezone.now()
