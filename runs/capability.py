@@ -253,6 +253,8 @@ def capability_resolve(
             "name": model.name,
             "provider": model.provider,
             "model": model.model_name,
+            "price_per_1k_input": f"{model.price_per_1k_input:.6f}",
+            "price_per_1k_output": f"{model.price_per_1k_output:.6f}",
         },
         "budgets": {
             "max_steps": agent_config.max_steps,

@@ -755,15 +755,23 @@ def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfi
     return model_configs[model_id]
 
 
-def _cost(model_config: ModelConfig, input_tokens: int, output_tokens: int) -> Decimal:
-    return (
-        model_config.price_per_1k_input * input_tokens
-        + model_config.price_per_1k_output * output_tokens
-    ) / 1000
+def _prices(run: Run, model_config: ModelConfig) -> tuple[Decimal, Decimal]:
+    """The prices per 1k input and output tokens the run pays: those its snapshot pinned at
+    its start, whatever an admin has set on the model config since; a run started before
+    snapshots pinned them pays the config's current prices."""
+    pinned = run.capability["model"]
+    if "price_per_1k_input" not in pinned:
+        return model_config.price_per_1k_input, model_config.price_per_1k_output
+    return Decimal(pinned["price_per_1k_input"]), Decimal(pinned["price_per_1k_output"])
+
+
+def _cost(prices: tuple[Decimal, Decimal], input_tokens: int, output_tokens: int) -> Decimal:
+    per_1k_input, per_1k_output = prices
+    return (per_1k_input * input_tokens + per_1k_output * output_tokens) / 1000
 
 
 def _turn_unaffordable(
-    run: Run, model_config: ModelConfig, input_tokens: int, *, tokens_left: int
+    run: Run, prices: tuple[Decimal, Decimal], input_tokens: int, *, tokens_left: int
 ) -> str | None:
     """Whether the next turn's context alone would spend what the run's token or cost budget
     has left (`tokens_left`: the tokens left once it is sent), leaving nothing for an answer
@@ -773,9 +781,8 @@ def _turn_unaffordable(
     if tokens_left <= 0:
         return "TOKEN_BUDGET"
     budgets = run.capability["budgets"]
-    cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(model_config, input_tokens, 0)
-    priced = model_config.price_per_1k_input or model_config.price_per_1k_output
-    if cost_left < 0 or (cost_left == 0 and priced):
+    cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(prices, input_tokens, 0)
+    if cost_left < 0 or (cost_left == 0 and any(prices)):
         return "COST_BUDGET"
     return None
 
@@ -825,7 +832,8 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     # reports no usage is charged with).
     input_estimate = sum(section.get("tokens", 0) for section in built.sections.values())
     tokens_left = run.capability["budgets"]["max_tokens"] - run.tokens_used - input_estimate
-    reason = _turn_unaffordable(run, model_config, input_estimate, tokens_left=tokens_left)
+    prices = _prices(run, model_config)
+    reason = _turn_unaffordable(run, prices, input_estimate, tokens_left=tokens_left)
     if reason is not None:
         _finish(
             run,
@@ -880,7 +888,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     output_tokens = response.usage.output_tokens or estimate_tokens(
         response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
     )
-    cost = _cost(model_config, input_tokens, output_tokens)
+    cost = _cost(prices, input_tokens, output_tokens)
     quotas.tenant_cost_add(run.tenant_id, cost)
     tracing.span_add(
         run,

@@ -80,6 +80,8 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
             "name": "offline-planner",
             "provider": "offline",
             "model": "offline-deterministic-planner",
+            "price_per_1k_input": "0.000000",
+            "price_per_1k_output": "0.000000",
         },
         "budgets": {
             "max_steps": 8,
