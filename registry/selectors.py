@@ -366,25 +366,36 @@ def version_diff(old: DefinitionVersion, new: DefinitionVersion) -> list[FieldDi
 
 
 def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersion:
-    """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` among the
-    tools `tenant` may use (platform-wide only, when `tenant` is None)."""
+    """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` of the one
+    tool of that name `tenant` may use (platform-wide only, when `tenant` is None): its own
+    before the platform's, then by namespace, as skills are recalled (`skills_recall`). A
+    tenant's tool shadows the platform's of the same name: a run knows its tools by name
+    (two pins of one name conflict), so a skill never pins the one the tenant's hides."""
     name, _, wanted = reference.partition("@")
     tools = (
         definitions_visible(model=Tool, tenant=tenant)
         if tenant is not None
         else Tool.objects.filter(tenant__isnull=True)
     )
+    tool = (
+        tools.filter(name=name)
+        .select_related("tenant")
+        .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
+        .first()
+    )
+    if tool is None:
+        raise NotFound(
+            f"No published tool version matches '{reference}'.", details={"reference": reference}
+        )
     prefix = [part for part in wanted.split(".") if part]
     candidates = [
         version
-        for version in ToolVersion.objects.filter(
-            tool__in=tools.filter(name=name), status=VersionStatus.PUBLISHED
-        ).select_related("tool")
+        for version in tool.versions.filter(status=VersionStatus.PUBLISHED)
         if version.version.split(".")[: len(prefix)] == prefix
     ]
     if not candidates:
         raise NotFound(
-            f"No published tool version matches '{reference}'.",
+            f"No published version of {tool} matches '{reference}'.",
             details={"reference": reference},
         )
     return max(candidates, key=lambda version: version.semver)

@@ -3,12 +3,14 @@ import uuid
 import pytest
 
 from registry.choices import Action, Role
+from registry.errors import NotFound
 from registry.models import RolloutFlag
 from registry.selectors import (
     definitions_visible,
     rollout_bucket,
     rollout_serves,
     skill_version_for_actor,
+    tool_version_resolve,
     tool_versions_visible,
     user_can,
 )
@@ -157,3 +159,34 @@ def test_platform_tools_are_visible_only_to_granted_tenants(
 
     definition_grant(actor=platform_admin, definition=version.tool, tenant=acme, granted=False)
     assert not tool_versions_visible(user=member, tenant=acme).exists()
+
+
+def test_a_tenants_own_tool_shadows_the_platforms_of_the_same_name_when_resolving(
+    make_tool_version, platform_admin, publisher, acme, globex
+):
+    # given acme's own web_fetch 1.0.0, and a platform-wide web_fetch 1.5.0 and 2.0.0 granted
+    # to both tenants
+    own = tools.tool_version_publish(
+        tool_version=make_tool_version(name="web_fetch", version="1.0.0"), actor=publisher
+    )
+    for version in ("1.5.0", "2.0.0"):
+        platform = make_tool_version(
+            name="web_fetch", version=version, actor=platform_admin, tenant=None
+        )
+        platform = tools.tool_version_publish(tool_version=platform, actor=platform_admin)
+    for tenant in (acme, globex):
+        definition_grant(actor=platform_admin, definition=platform.tool, tenant=tenant)
+
+    # then acme's pins resolve within its own tool only, whatever versions the platform's has
+    assert tool_version_resolve(tenant=acme, reference="web_fetch@1") == own
+    assert tool_version_resolve(tenant=acme, reference="web_fetch") == own
+    with pytest.raises(NotFound) as raised:
+        tool_version_resolve(tenant=acme, reference="web_fetch@2")
+    assert raised.value.message == (
+        "No published version of acme/core/web_fetch matches 'web_fetch@2'."
+    )
+    # and a tenant with no tool of that name, or the platform, gets the platform's
+    platform_1_5 = platform.tool.versions.get(version="1.5.0")
+    assert tool_version_resolve(tenant=globex, reference="web_fetch@1") == platform_1_5
+    assert tool_version_resolve(tenant=globex, reference="web_fetch") == platform
+    assert tool_version_resolve(tenant=None, reference="web_fetch") == platform
