@@ -15,7 +15,7 @@ from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
-from registry.selectors import user_can
+from registry.selectors import agent_skills_reachable, user_can
 
 
 def skill_content_hash(skill_version: SkillVersion) -> str:
@@ -154,13 +154,17 @@ def release_override_record(
 
 
 def model_change_check(*, agent_config: AgentConfig) -> None:
-    """Moving an agent to another model needs, for each of its skills' current versions, the
-    release gate met by eval runs with that model."""
+    """Moving an agent to another model needs, for the current version of each skill its runs
+    may be routed to (`agent_skills_reachable`: its bound skills, or for an agent that
+    recalls its skills every one a request may recall), the release gate met by eval runs
+    with that model."""
     stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
     if not agent_config.pk or stored.first() == agent_config.model_config_id:
         return
     failures = []
-    for skill in agent_config.skills.select_related("current_version"):
+    for skill in agent_skills_reachable(agent_config=agent_config).select_related(
+        "current_version"
+    ):
         if skill.current_version is None:
             continue
         failures += [

@@ -30,11 +30,13 @@ from registry.choices import (
     ROLE_ACTIONS,
     Action,
     AdapterKind,
+    SkillAssembly,
     VersionStatus,
 )
 from registry.errors import NotFound
 from registry.generation import generation_sql, registry_cached
 from registry.models import (
+    AgentConfig,
     McpRemoteTool,
     McpServer,
     Membership,
@@ -467,6 +469,22 @@ def _recall_order(recalled: Recalled) -> tuple:
     return (-recalled.score, skill.name, skill.tenant_id is None, skill.namespace)
 
 
+def skills_recallable(*, tenant: Tenant) -> QuerySet[Skill]:
+    """The skills a request to an agent of `tenant` that recalls its skills may be routed to:
+    those the tenant may use whose current version is published."""
+    return definitions_visible(model=Skill, tenant=tenant).filter(
+        current_version__status=VersionStatus.PUBLISHED
+    )
+
+
+def agent_skills_reachable(*, agent_config: AgentConfig) -> QuerySet[Skill]:
+    """The skills the agent's runs may be routed to: those bound to it (static assembly), or
+    every skill a request may recall (retrieval: its bound skills are not used)."""
+    if agent_config.skill_assembly == SkillAssembly.RETRIEVAL:
+        return skills_recallable(tenant=agent_config.tenant)
+    return agent_config.skills.all()
+
+
 def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled]:
     """Published skills the tenant may use, ranked by how well their triggers (weight A),
     description (B) and examples (C) match the request: PostgreSQL full-text search, or a
@@ -476,9 +494,7 @@ def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled
     terms = search_terms(text)
     if not terms:
         return []
-    skills = definitions_visible(model=Skill, tenant=tenant).filter(
-        current_version__status=VersionStatus.PUBLISHED
-    )
+    skills = skills_recallable(tenant=tenant)
     if connection.vendor == "postgresql":
         vector = functools.reduce(
             operator.add,

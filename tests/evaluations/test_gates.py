@@ -10,8 +10,8 @@ from django.test import Client
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.models import ReleaseOverride
 from evaluations.starter import suite_install
-from registry.choices import VersionStatus
-from registry.models import SkillVersion
+from registry.choices import SkillAssembly, VersionStatus
+from registry.models import AgentConfig, SkillVersion
 from registry.services import skills
 from registry.services.common import registry_object_save
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
@@ -136,6 +136,36 @@ def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
     assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
     demo.agent.refresh_from_db()
     assert demo.agent.model_config == adversary
+
+
+def test_moving_an_agent_that_recalls_its_skills_needs_the_gate_met_for_those_it_may_recall(
+    evaluate, demo, dave, tiny, adversary
+):
+    # given an agent of acme with no skill of its own, which recalls among acme's skills
+    router = registry_object_save(
+        instance=AgentConfig(
+            tenant=demo.acme,
+            name="router",
+            model_config=demo.agent.model_config,
+            policy=demo.agent.policy,
+            skill_assembly=SkillAssembly.RETRIEVAL,
+        ),
+        actor=demo.admin,
+    )
+    current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    router.model_config = adversary
+
+    # when it moves to another model, before and after weekly-summary was evaluated with it
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        registry_object_save(instance=router, actor=demo.admin, reason="new model")
+    evaluate(tiny, version=current, model_config=adversary)
+    registry_object_save(instance=router, actor=demo.admin, reason="new model")
+
+    # then the gate of the skill it may be routed to decided
+    assert router.skills.count() == 0
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
+    router.refresh_from_db()
+    assert router.model_config == adversary
 
 
 def test_the_admin_shows_a_refused_model_move_on_the_form_with_what_was_typed(
