@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
-from django.db.models import F, Q, QuerySet, prefetch_related_objects
+from django.db.models import Exists, F, OuterRef, Q, QuerySet, prefetch_related_objects
 from django.db.models.expressions import RawSQL
 from guardian.shortcuts import get_objects_for_group
 
@@ -371,16 +371,18 @@ def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersio
     """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` of the one
     tool of that name `tenant` may use (platform-wide only, when `tenant` is None): its own
     before the platform's, then by namespace, as skills are recalled (`skills_recall`). A
-    tenant's tool shadows the platform's of the same name: a run knows its tools by name
-    (two pins of one name conflict), so a skill never pins the one the tenant's hides."""
+    tenant's tool with a published version shadows the platform's of the same name: a run
+    knows its tools by name (two pins of one name conflict), so a skill never pins the one
+    the tenant's hides. A tool with drafts only hides nothing: no run can have it."""
     name, _, wanted = reference.partition("@")
     tools = (
         definitions_visible(model=Tool, tenant=tenant)
         if tenant is not None
         else Tool.objects.filter(tenant__isnull=True)
     )
+    published = ToolVersion.objects.filter(tool=OuterRef("pk"), status=VersionStatus.PUBLISHED)
     tool = (
-        tools.filter(name=name)
+        tools.filter(Exists(published), name=name)
         .select_related("tenant")
         .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
         .first()
@@ -392,7 +394,7 @@ def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersio
     prefix = [part for part in wanted.split(".") if part]
     candidates = [
         version
-        for version in tool.versions.filter(status=VersionStatus.PUBLISHED)
+        for version in tool.versions.filter(status=VersionStatus.PUBLISHED).select_related("tool")
         if version.version.split(".")[: len(prefix)] == prefix
     ]
     if not candidates:

@@ -190,3 +190,6 @@ def test_a_tenants_own_tool_shadows_the_platforms_of_the_same_name_when_resolvin
     assert tool_version_resolve(tenant=globex, reference="web_fetch@1") == platform_1_5
     assert tool_version_resolve(tenant=globex, reference="web_fetch") == platform
     assert tool_version_resolve(tenant=None, reference="web_fetch") == platform
+    # and globex's own web_fetch with a draft only hides nothing: no run can have it
+    make_tool_version(name="web_fetch", version="3.0.0", actor=platform_admin, tenant=globex)
+    assert tool_version_resolve(tenant=globex, reference="web_fetch@1") == platform_1_5
