@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import F
 
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
@@ -170,7 +171,9 @@ def _skill_resolved(
 def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[dict[str, Any]]:
     """The skills the nodes of the routed skill's workflow load by name (explicit workflow
     assembly), each once, held to what any skill is held to; those of them the run has
-    already carry no entry of their own. An entry says which node loads it."""
+    already carry no entry of their own. An entry says which node loads it. Of two skills of
+    one name, the tenant's own is loaded before the platform's, then by namespace, as skills
+    are recalled."""
     workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
     have = {skill["name"] for skill in skills}
     loading: dict[str, str] = {}
@@ -179,12 +182,14 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
             loading.setdefault(node.skill, node.name)
     if not loading:
         return []
-    found = {
-        skill.name: skill
-        for skill in definitions_visible(model=Skill, tenant=resolution.tenant)
+    found: dict[str, Skill] = {}
+    for skill in (
+        definitions_visible(model=Skill, tenant=resolution.tenant)
         .filter(name__in=loading)
         .select_related("current_version")
-    }
+        .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
+    ):
+        found.setdefault(skill.name, skill)
     entries = []
     for name, node in loading.items():
         if name not in found:

@@ -32,6 +32,7 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tena
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
+from registry.services.tenancy import definition_grant
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs import loop
 from runs.loop import ModelTemporarilyUnavailable, run_advance_step, run_execute
@@ -709,6 +710,33 @@ def test_the_draft_node_loads_its_skill_whichever_skill_the_run_was_routed_to(de
     # and the draft waits for approval under the skill that wrote it
     assert run.status == "WAITING_APPROVAL"
     assert run.state["draft"]["subject"] == apollo_draft()["subject"]
+
+
+def test_the_draft_node_loads_the_tenants_own_skill_before_a_platform_skill_of_that_name(demo):
+    # given a run routed to weekly-summary-lite, and a platform-wide weekly-summary granted to
+    # acme beside acme's own, published after it
+    lite_reporter(demo)
+    seeded = seeded_skill(demo)
+    platform = skills.skill_version_publish(
+        skill_version=skills.skill_version_create(
+            actor=demo.admin,
+            tenant=None,
+            name="weekly-summary",
+            version="9.0.0",
+            tool_versions=[],
+            **{field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS},
+        ),
+        actor=demo.admin,
+    )
+    definition_grant(actor=demo.admin, definition=platform.skill, tenant=demo.acme)
+
+    # when
+    run = start(demo, project_id="apollo")
+
+    # then the draft node has acme's, as recall and tool pins prefer the tenant's own
+    assert [
+        (skill["name"], skill["version"], skill.get("node")) for skill in run.capability["skills"]
+    ] == [("weekly-summary-lite", "1.0.0", None), ("weekly-summary", "3.2.0", "draft")]
 
 
 def test_a_run_whose_workflow_loads_a_skill_it_may_not_use_is_refused_before_anything(
