@@ -143,6 +143,32 @@ def _routes_forget() -> None:
         client.close()
 
 
+class Broker:
+    """Moves the Celery app's broker to a closed port on loopback (`down`) and back (`up`)."""
+
+    def __init__(self) -> None:
+        self.url = app.conf.broker_url
+
+    def _move(self, url: str) -> None:
+        app.conf.broker_url = url
+        app._pool = None
+        app.amqp._producer_pool = None
+
+    def down(self) -> None:
+        self._move("redis://127.0.0.1:9/0")
+
+    def up(self) -> None:
+        self._move(self.url)
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    """The broker of the tasks this process sends, to take down and bring back."""
+    broker = Broker()
+    yield broker
+    broker.up()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def celery_queue() -> Iterator[str]:
     """Route the tasks this process sends to the session's own queue (the router reads

@@ -15,7 +15,11 @@ from registry.choices import Role
 from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.tools import threads
-from tests.celery_worker import celery_queue, start_worker  # noqa: F401 (real-worker fixtures)
+from tests.celery_worker import (  # noqa: F401 (real-worker and broker fixtures)
+    broker,
+    celery_queue,
+    start_worker,
+)
 from tests.faults import FAULT_TABLE, FaultRow, fault_report, fault_table_lines
 from tests.registry.factories import (
     PASSWORD,

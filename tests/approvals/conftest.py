@@ -13,7 +13,7 @@ from aiosmtpd.controller import Controller
 from django.contrib.auth import get_user_model
 
 from approvals import services
-from approvals.choices import Decision
+from approvals.choices import ActionStatus, Decision
 from approvals.models import BusinessAction
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
@@ -139,6 +139,16 @@ def approved_run(demo, approver) -> tuple[Run, BusinessAction]:
         decision=Decision.APPROVE,
         payload_hash=action.payload_hash,
     )
+    return run, action
+
+
+def left_unknown(demo, approver, smtp_server) -> tuple[Run, BusinessAction]:
+    """An approved action whose send timed out after the mail server accepted it: unknown."""
+    run, action = approved_run(demo, approver)
+    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
+    services.action_execute(action_id=action.pk)
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
     return run, action
 
 

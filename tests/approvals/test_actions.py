@@ -44,7 +44,7 @@ from runs.tasks import runs_sweep
 from runs.tools import executor, limits
 from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
-from tests.approvals.conftest import SENDING_EVENTS, approver_in, waiting_run
+from tests.approvals.conftest import SENDING_EVENTS, approver_in, left_unknown, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import demo_run, event_types, events_of, this_week
 
@@ -429,17 +429,6 @@ def test_an_approver_who_lost_the_role_invalidates_the_approval(demo, bob, smtp_
 
     assert events_of(run, "approval.invalidated")[0]["reasons"] == ["APPROVER_NO_LONGER_AUTHORISED"]
     assert smtp_server.messages == []
-
-
-def left_unknown(demo, bob, smtp_server) -> tuple[Run, BusinessAction]:
-    """An approved action whose send timed out after the mail server accepted it: unknown."""
-    run, action = waiting_run(demo)
-    approve(action, bob)
-    smtp_server.stall = 3  # longer than EMAIL_TIMEOUT
-    services.action_execute(action_id=action.pk)
-    action.refresh_from_db()
-    assert action.status == ActionStatus.UNKNOWN
-    return run, action
 
 
 def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_without_resending(

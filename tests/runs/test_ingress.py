@@ -4,7 +4,6 @@ of the log, refusal without an agent, authorization and input validation."""
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 
 import pytest
@@ -12,7 +11,6 @@ from django.db import close_old_connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from config.celery import app
 from registry.choices import Role
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
@@ -801,31 +799,6 @@ def test_received_at_is_timezone_aware(alice, post_message):
 
     received_at = datetime.fromisoformat(Run.objects.get().message["received_at"])
     assert received_at.utcoffset() is not None
-
-
-class Broker:
-    """Moves the Celery app's broker to a closed port on loopback (`down`) and back (`up`)."""
-
-    def __init__(self) -> None:
-        self.url = app.conf.broker_url
-
-    def _move(self, url: str) -> None:
-        app.conf.broker_url = url
-        app._pool = None
-        app.amqp._producer_pool = None
-
-    def down(self) -> None:
-        self._move("redis://127.0.0.1:9/0")
-
-    def up(self) -> None:
-        self._move(self.url)
-
-
-@pytest.fixture
-def broker() -> Iterator[Broker]:
-    broker = Broker()
-    yield broker
-    broker.up()
 
 
 @pytest.mark.django_db(transaction=True)
