@@ -53,12 +53,28 @@ class BusinessAction(models.Model):
     executed_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     reconciled_at = models.DateTimeField(null=True, blank=True)
+    reconcile_attempts = models.PositiveSmallIntegerField(
+        default=0, help_text="The reconciliations of its outcome made so far."
+    )
+    reconcile_due_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the next reconciliation of an unknown outcome is due; empty when none "
+        "is (settled, or no attempts left: it is left to a person).",
+    )
 
     history = history_records()
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["tenant", "status", "-created_at"])]
+        indexes = [
+            models.Index(fields=["tenant", "status", "-created_at"]),
+            models.Index(
+                fields=["reconcile_due_at"],
+                condition=models.Q(status=ActionStatus.UNKNOWN),
+                name="action_reconcile_due",
+            ),
+        ]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(payload_hash__regex=r"^[0-9a-f]{64}$"),

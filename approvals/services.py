@@ -57,6 +57,12 @@ USABLE_VERSION_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPR
 SEND_NODE = "send"
 # Seconds before an unknown outcome is first reconciled.
 RECONCILE_AFTER = 5
+# Reconciliations of an action before an outcome still unknown is left to a person: the first,
+# then eight more after 30 s, 1, 2, 4, 8, 16, 32 and 60 minutes (about two hours in all).
+RECONCILE_ATTEMPTS = 9
+# An unknown action's next reconciliation overdue this long lost its message: the sweep sends
+# it again (a late one that still comes makes no second attempt).
+RECONCILE_LOST_AFTER = timedelta(minutes=2)
 
 
 def _transition(action: BusinessAction, status: ActionStatus, *, reason: str = "") -> None:
@@ -624,7 +630,8 @@ def action_execute(*, action_id: Any) -> None:
         if _cancel_taken_in(run):
             return
         if action.status in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
-            transaction.on_commit(lambda: _reconcile_later(action.pk))
+            attempt = action.reconcile_attempts + 1
+            transaction.on_commit(lambda: _reconcile_later(action.pk, attempt=attempt))
             return
         if action.status != ActionStatus.APPROVED:
             return
@@ -702,7 +709,7 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
             else:
                 # Unknown already: the reconciliation settles it; keep the event's number.
                 run.save(update_fields=["last_event_seq", "updated_at"])
-            transaction.on_commit(lambda: _reconcile_later(action.pk, countdown=RECONCILE_AFTER))
+            _reconcile_schedule(action, after=RECONCILE_AFTER)
         else:
             _fail(run, action, outcome, reconciled=False, secrets=secrets)
         tracing.span_add(
@@ -719,16 +726,45 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
         )
 
 
-def _reconcile_later(action_id: Any, countdown: float = 0) -> None:
-    tasks.action_reconcile.apply_async(kwargs={"action_id": str(action_id)}, countdown=countdown)
+def _reconcile_later(action_id: Any, *, attempt: int, countdown: float | None = None) -> None:
+    task_send(
+        tasks.action_reconcile, countdown=countdown, action_id=str(action_id), attempt=attempt
+    )
 
 
-def action_reconcile(*, action_id: Any) -> str:
+def _reconcile_schedule(action: BusinessAction, *, after: float) -> None:
+    """Write, with the step that leaves the action unknown, when its next reconciliation is
+    due, and send that attempt after commit, numbered: what is written outlives a message
+    lost on its way (`actions_reconcile_overdue` sends it again), and the number makes a
+    second delivery of it do nothing. With no attempts left none is due: the action stays
+    unknown for a person."""
+    if action.reconcile_attempts >= RECONCILE_ATTEMPTS:
+        action.reconcile_due_at = None
+    else:
+        action.reconcile_due_at = timezone.now() + timedelta(seconds=after)
+        attempt = action.reconcile_attempts + 1
+        transaction.on_commit(lambda: _reconcile_later(action.pk, attempt=attempt, countdown=after))
+    action.save(update_fields=["reconcile_due_at", "updated_at"])
+
+
+def _reconcile_backoff(attempts: int) -> float:
+    """Seconds from the `attempts`-th reconciliation that left an outcome unknown to the next."""
+    return min(3600, 30 * 2 ** (attempts - 1))
+
+
+def action_reconcile(*, action_id: Any, attempt: int | None = None) -> str:
     """Settle an action whose outcome is not known (`unknown`, or `executing` after a crash)
     by its idempotency key. A tool with no record of the key (it never started, or its
     system says it never arrived) did nothing: the call runs now. A tool that knows the
-    outcome settles it. Otherwise it stays unknown, for a later attempt or a person; it is
-    never executed twice. Returns the action's status."""
+    outcome settles it. Otherwise it stays unknown, for the next attempt when it is due or,
+    after `RECONCILE_ATTEMPTS`, a person; it is never executed twice.
+
+    `attempt` is the number of the attempt a task was sent to make. Its count is kept with
+    its outcome, under the action's lock: a second delivery of the same attempt (the
+    broker's, or the sweep's for a message it took for lost) waits for the first and then
+    does nothing, so two deliveries never both ask the tool or make the call. An attempt that
+    fails (the database dropped) is not counted, and stays due. Returns the action's
+    status."""
     with transaction.atomic():
         locked = _locked(action_id)
         if locked is None:
@@ -737,6 +773,11 @@ def action_reconcile(*, action_id: Any) -> str:
         _cancel_taken_in(run)
         if action.status not in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
             return action.status
+        if attempt is not None and action.reconcile_attempts >= attempt:
+            return action.status
+        action.reconcile_attempts += 1
+        action.reconcile_due_at = None
+        action.save(update_fields=["reconcile_attempts", "reconcile_due_at", "updated_at"])
         call = _send_call(action)
         tool_version = versions_frozen(model=ToolVersion, ids=[action.tool_version_id])[
             str(action.tool_version_id)
@@ -764,6 +805,7 @@ def action_reconcile(*, action_id: Any) -> str:
             elif failure.may_have_side_effect:
                 if action.status == ActionStatus.EXECUTING:
                     _mark_unknown(run, action, failure)
+                _reconcile_schedule(action, after=_reconcile_backoff(action.reconcile_attempts))
                 return action.status
             else:
                 _record_settled(run, call, tool_version, context, failure)
@@ -856,6 +898,27 @@ def actions_resume_stalled() -> int:
     for action_id in stalled:
         tasks.action_resume.delay(action_id=str(action_id))
     return len(stalled)
+
+
+def actions_reconcile_overdue() -> int:
+    """Send again the reconciliation of unknown actions whose next attempt is overdue by
+    `RECONCILE_LOST_AFTER` and that have attempts left: its message was lost (the broker was
+    unreachable when it was sent, a worker died holding it, Redis restarted empty). A message
+    that was only late makes no second attempt: both carry the attempt's number. Returns how
+    many were sent; one the broker did not take stays due, for the next sweep."""
+    overdue = (
+        BusinessAction.objects.filter(
+            status=ActionStatus.UNKNOWN,
+            reconcile_due_at__lt=timezone.now() - RECONCILE_LOST_AFTER,
+            reconcile_attempts__lt=RECONCILE_ATTEMPTS,
+        )
+        .order_by("reconcile_due_at")
+        .values_list("pk", "reconcile_attempts")[:500]
+    )
+    return sum(
+        task_send(tasks.action_reconcile, action_id=str(action_id), attempt=attempts + 1)
+        for action_id, attempts in overdue
+    )
 
 
 # --- the human queue: requests the route leaves to people ---------------------------------

@@ -1,12 +1,8 @@
-"""Thin Celery tasks of Business Actions: load by id, call the service, own the retries."""
+"""Thin Celery tasks of Business Actions: load by id, call the service."""
 
 from celery import shared_task
-from django.db import OperationalError
 
 from approvals import services
-from approvals.choices import ActionStatus
-
-RECONCILE_RETRIES = 8
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
@@ -16,28 +12,24 @@ def action_resume(*, action_id: str) -> None:
     services.action_execute(action_id=action_id)
 
 
-@shared_task(bind=True, acks_late=True, max_retries=RECONCILE_RETRIES)
-def action_reconcile(self, *, action_id: str) -> str:
-    """Settle an unknown outcome by the idempotency key; while it stays unknown, or the
-    database failed the attempt (a dropped connection, a deadlock), ask again later with
-    backoff (the action stays `unknown` for a person after the last attempt). No sweep
-    sends an unknown action's reconciliation again: a failed attempt that ended the task
-    would leave it unknown for good."""
-    countdown = min(3600, 30 * 2**self.request.retries)
-    try:
-        status = services.action_reconcile(action_id=action_id)
-    except OperationalError as error:
-        raise self.retry(countdown=countdown, exc=error) from error
-    if status == ActionStatus.UNKNOWN and self.request.retries < self.max_retries:
-        raise self.retry(countdown=countdown)
-    return status
+@shared_task(acks_late=True)
+def action_reconcile(*, action_id: str, attempt: int | None = None) -> str:
+    """Make reconciliation `attempt` of an action whose outcome is unknown. The schedule is
+    kept on the action, not in the broker: an attempt that leaves the outcome unknown writes
+    when the next one is due and sends it, with its number, after commit; `actions_sweep`
+    sends again an attempt overdue because its message was lost. So this task owns no
+    retries: an attempt the database failed is not counted and stays due for the sweep, and
+    a second delivery of an attempt already made does nothing (`services.action_reconcile`)."""
+    return services.action_reconcile(action_id=action_id, attempt=attempt)
 
 
 @shared_task(acks_late=True)
 def actions_sweep() -> dict[str, int]:
-    """Expire approvals past their TTL and resume approved or executing actions whose task
-    was lost (the resume is idempotent)."""
+    """Expire approvals past their TTL, resume approved or executing actions whose task was
+    lost (the resume is idempotent) and send again the reconciliations of unknown actions
+    that are overdue (an attempt is made once)."""
     return {
         "expired": services.actions_expire(),
         "resumed": services.actions_resume_stalled(),
+        "reconciled": services.actions_reconcile_overdue(),
     }

@@ -41,14 +41,14 @@ def _close_old_database_connections(*, task, **kwargs) -> None:
         close_old_connections()
 
 
-def task_send(task, **kwargs) -> bool:
-    """Send `task` with these arguments now. With the broker unreachable (kombu gave up after
-    its publish retries), log it and leave the work where it is: every task sent this way has
-    a sweep that finds work whose task was lost and sends it again. The caller's request,
-    whose work is already committed, is not failed for a broker down for a moment. Returns
-    whether the task was sent."""
+def task_send(task, *, countdown: float | None = None, **kwargs) -> bool:
+    """Send `task` with these arguments now, to run now or `countdown` seconds from now. With
+    the broker unreachable (kombu gave up after its publish retries), log it and leave the
+    work where it is: every task sent this way has a sweep that finds work whose task was
+    lost and sends it again. The caller's request, whose work is already committed, is not
+    failed for a broker down for a moment. Returns whether the task was sent."""
     try:
-        task.delay(**kwargs)
+        task.apply_async(kwargs=kwargs, countdown=countdown)
     except OperationalError:
         logger.warning(
             "%s%s not sent: the broker is unreachable; its sweep will send it", task.name, kwargs

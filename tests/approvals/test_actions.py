@@ -8,14 +8,13 @@ import time
 from datetime import timedelta
 
 import pytest
-from celery.exceptions import Retry
 from django.contrib.auth import get_user_model
-from django.db import OperationalError, connection
+from django.db import connection
 from django.utils import timezone
 from django.utils.html import escape
 from guardian.shortcuts import remove_perm
 
-from approvals import services, tasks
+from approvals import services
 from approvals.choices import ActionStatus, Decision
 from approvals.errors import (
     AlreadyDecided,
@@ -525,35 +524,6 @@ def test_a_run_whose_action_is_unknown_is_left_to_the_action_by_the_runs_sweep(
     # then the runs sweep sends it no step: its action's reconciliation settles it
     assert runs_sweep() == 0
     assert Run.objects.get(pk=run.pk).status == "RUNNING"
-
-
-def test_a_reconciliation_the_database_failed_is_asked_again_and_settles_once(
-    demo, bob, smtp_server, monkeypatch
-):
-    # given an action left unknown by a send that timed out after the server accepted it
-    run, action = left_unknown(demo, bob, smtp_server)
-    smtp_server.stall = 0
-    # and a database connection that drops as its reconciliation locks the run
-    locked = services._locked
-
-    def dropped(action_id):
-        monkeypatch.setattr(services, "_locked", locked)
-        raise OperationalError("server closed the connection unexpectedly")
-
-    monkeypatch.setattr(services, "_locked", dropped)
-
-    # when the reconciliation task meets it, then it asks again later, as for an outcome
-    # still unknown, instead of leaving the action unknown for good
-    with pytest.raises(Retry) as retry:
-        tasks.action_reconcile.apply(kwargs={"action_id": str(action.pk)})
-    assert retry.value.when == 30
-    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
-
-    # and its next attempt settles the action by its key, without sending again
-    outcome = tasks.action_reconcile.apply(kwargs={"action_id": str(action.pk)}, retries=1)
-    assert outcome.get() == ActionStatus.SUCCEEDED
-    assert len(smtp_server.messages) == 1
-    assert Run.objects.get(pk=run.pk).reason_code == "SENT"
 
 
 LOOKUP_RELEASED = threading.Event()

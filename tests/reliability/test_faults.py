@@ -67,9 +67,11 @@ def unthrottled() -> None:
 
 
 def _sweep() -> None:
-    """What the beat does every so often: re-enqueue stale runs and stalled actions."""
+    """What the beat does every so often: re-enqueue stale runs, stalled actions and the
+    overdue reconciliations of unknown ones."""
     runs_sweep()
     approvals.actions_resume_stalled()
+    approvals.actions_reconcile_overdue()
 
 
 class Driver:
@@ -210,6 +212,7 @@ def fast_recovery(settings, monkeypatch):
     the workers (the environment to start them with)."""
     settings.RUN_LEASE_SECONDS = LEASE_SECONDS
     monkeypatch.setattr(approvals, "STALLED_AFTER", timedelta(seconds=LEASE_SECONDS))
+    monkeypatch.setattr(approvals, "RECONCILE_LOST_AFTER", timedelta(seconds=LEASE_SECONDS))
     return {"RUN_LEASE_SECONDS": str(LEASE_SECONDS), "MAIL_ATTEMPT_SECONDS": "1"}
 
 
