@@ -7,6 +7,7 @@ called, so a crash leaves a record that says "this may have happened" and nothin
 twice.
 """
 
+import logging
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
@@ -52,6 +53,8 @@ from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory, strip_secrets
 from runs.workflows import WORKFLOWS
+
+logger = logging.getLogger(__name__)
 
 USABLE_VERSION_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
 SEND_NODE = "send"
@@ -737,9 +740,15 @@ def _reconcile_schedule(action: BusinessAction, *, after: float) -> None:
     due, and send that attempt after commit, numbered: what is written outlives a message
     lost on its way (`actions_reconcile_overdue` sends it again), and the number makes a
     second delivery of it do nothing. With no attempts left none is due: the action stays
-    unknown for a person."""
+    unknown for a person, and the log says so."""
     if action.reconcile_attempts >= RECONCILE_ATTEMPTS:
         action.reconcile_due_at = None
+        logger.warning(
+            "action %s: its outcome is still unknown after %d reconciliations; a person must "
+            "settle it (Business actions, status unknown)",
+            action.pk,
+            action.reconcile_attempts,
+        )
     else:
         action.reconcile_due_at = timezone.now() + timedelta(seconds=after)
         attempt = action.reconcile_attempts + 1

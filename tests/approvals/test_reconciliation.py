@@ -108,7 +108,7 @@ def test_a_second_delivery_of_an_attempt_already_made_does_nothing(
 
 
 def test_an_unknown_action_is_reconciled_with_backoff_then_left_to_a_person(
-    demo, bob, smtp_server, settings, django_capture_on_commit_callbacks
+    demo, bob, smtp_server, settings, django_capture_on_commit_callbacks, caplog
 ):
     # given an action left unknown, with a mail system that cannot be asked about it
     settings.MAIL_DELIVERY_LOOKUP = ""
@@ -135,6 +135,11 @@ def test_an_unknown_action_is_reconciled_with_backoff_then_left_to_a_person(
         for attempt in range(1, services.RECONCILE_ATTEMPTS)
     ] + [[]]
     assert schedule(action) == (services.RECONCILE_ATTEMPTS, None)
+    # and the log says a person must settle it, once
+    left = [record for record in caplog.records if "a person must settle it" in record.message]
+    assert [(record.levelname, str(action.pk) in record.message) for record in left] == [
+        ("WARNING", True)
+    ]
 
     # and the sweep sends nothing, even for a due time left over from before
     assert services.actions_reconcile_overdue() == 0
