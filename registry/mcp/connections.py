@@ -19,12 +19,15 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, TypeVar
 
 import anyio
+import anyio.abc
 import httpx
+import mcp.client.stdio as sdk_stdio
 import pydantic
 from django.conf import settings
 from mcp import ClientSession, McpError, StdioServerParameters
@@ -45,12 +48,16 @@ CLOSE_TIMEOUT_S = 5.0
 # What the SDK answers a request with when the server no longer knows the session (HTTP 404:
 # it restarted, or expired the session): the request was not run.
 SESSION_TERMINATED = 32600
-# An HTTP answer carries one message (over SSE, with the notifications before it). A tool's
-# answer within TOOL_RESPONSE_MAX_BYTES (its texts and structured content) fits in this many
-# times as many bytes, JSON escapes included, and a page of a listing in the floor below,
-# whatever that setting; one past both is not read further.
+# An HTTP answer carries one message (over SSE, with the notifications before it), and so does
+# a line a stdio server writes. A tool's answer within TOOL_RESPONSE_MAX_BYTES (its texts and
+# structured content) fits in this many times as many bytes, JSON escapes included, and a page
+# of a listing in the floor below, whatever that setting; one past both is not read further.
 ANSWER_MAX_FACTOR = 4
 ANSWER_MAX_BYTES_FLOOR = 1024 * 1024
+
+
+def _answer_max_bytes() -> int:
+    return max(ANSWER_MAX_FACTOR * settings.TOOL_RESPONSE_MAX_BYTES, ANSWER_MAX_BYTES_FLOOR)
 
 
 class McpUnavailable(Exception):
@@ -74,8 +81,8 @@ class _SessionTerminated(Exception):
 
 
 class _AnswerTooLarge(Exception):
-    """An HTTP answer ran past its limit, or came compressed (its size unknown until
-    inflated): it was not read further."""
+    """An HTTP answer or a stdio server's line ran past its limit, or an HTTP answer came
+    compressed (its size unknown until inflated): it was not read further."""
 
 
 class _BoundedStream(httpx.AsyncByteStream):
@@ -112,9 +119,94 @@ class _BoundedTransport(AsyncHTTPTransport):
         if encoding not in ("", "identity"):
             await response.aclose()
             raise self._on_too_large(f"in {encoding[:40]} encoding, which was not asked for")
-        limit = max(ANSWER_MAX_FACTOR * settings.TOOL_RESPONSE_MAX_BYTES, ANSWER_MAX_BYTES_FLOOR)
-        response.stream = _BoundedStream(response.stream, limit, self._on_too_large)
+        response.stream = _BoundedStream(response.stream, _answer_max_bytes(), self._on_too_large)
         return response
+
+
+class _BoundedLines(anyio.abc.ByteReceiveStream):
+    """A stdio server's output that fails once a line (one message) has run past `limit`
+    bytes, before the rest of it is read."""
+
+    def __init__(
+        self, stream: anyio.abc.ByteReceiveStream, limit: int, on_too_large: Callable
+    ) -> None:
+        self._stream, self._limit, self._on_too_large = stream, limit, on_too_large
+        self._line = 0  # bytes of the line not yet ended
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        chunk = await self._stream.receive(max_bytes)
+        first, *rest = chunk.split(b"\n")
+        lengths = [self._line + len(first), *map(len, rest)]
+        if max(lengths) > self._limit:
+            raise self._on_too_large(f"larger than {self._limit} bytes")
+        self._line = lengths[-1]
+        return chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+class _BoundedProcess(anyio.abc.Process):
+    """A stdio server's process, its output read through `_BoundedLines`. The SDK reads the
+    output into one string until a newline, however long: it is given this process instead
+    of the one it opened (`_create_process`), and the line fails as it arrives."""
+
+    def __init__(self, process: anyio.abc.Process, limit: int, on_too_large: Callable) -> None:
+        self._process = process
+        self._stdout = process.stdout and _BoundedLines(process.stdout, limit, on_too_large)
+
+    async def aclose(self) -> None:
+        await self._process.aclose()
+
+    async def wait(self) -> int:
+        return await self._process.wait()
+
+    def terminate(self) -> None:
+        self._process.terminate()
+
+    def kill(self) -> None:
+        self._process.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._process.send_signal(signal)
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.returncode
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream | None:
+        return self._process.stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._stdout
+
+    @property
+    def stderr(self) -> anyio.abc.ByteReceiveStream | None:
+        return self._process.stderr
+
+
+# Set by a stdio connection while the SDK opens its server's process: what to bound the
+# output by (its limit, and what fails the connection past it).
+_stdout_bound: ContextVar[tuple[int, Callable] | None] = ContextVar("_stdout_bound", default=None)
+_sdk_create_process = sdk_stdio._create_platform_compatible_process
+
+
+async def _create_process(*args: Any, **kwargs: Any) -> anyio.abc.Process:
+    """The SDK's process for a stdio server, its output bounded when the connection opening
+    it says so (`_stdout_bound`). The SDK opens the process inside `stdio_client` and offers
+    no other way in."""
+    process = await _sdk_create_process(*args, **kwargs)
+    bound = _stdout_bound.get()
+    return process if bound is None else _BoundedProcess(process, *bound)
+
+
+sdk_stdio._create_platform_compatible_process = _create_process
 
 
 @dataclass(frozen=True)
@@ -213,7 +305,11 @@ class _Connection:
                 env=dict(endpoint.env),
                 cwd=settings.BASE_DIR,
             )
-            read, write = await stack.enter_async_context(stdio_client(parameters))
+            bound = _stdout_bound.set((_answer_max_bytes(), self._too_large))
+            try:
+                read, write = await stack.enter_async_context(stdio_client(parameters))
+            finally:
+                _stdout_bound.reset(bound)
         else:
             client = await stack.enter_async_context(
                 httpx.AsyncClient(
@@ -242,7 +338,8 @@ class _Connection:
 
     def _too_large(self, reason: str) -> _AnswerTooLarge:
         """An answer was not read to its end: the connection is closed, failing the request
-        waiting for it (the SDK drops an SSE answer's error, which would leave it waiting)."""
+        waiting for it (the SDK drops an SSE answer's error, which would leave it waiting;
+        over stdio, the server's process is ended)."""
         self.error = _AnswerTooLarge(reason)
         self.close()
         return self.error
