@@ -210,6 +210,22 @@ sdk_stdio._create_platform_compatible_process = _create_process
 
 
 @dataclass(frozen=True)
+class Deadline:
+    """When a tool call must have ended, all it waits on included (the server's name looked
+    up, its session opened, its tools listed again): `timeout_s` after it began."""
+
+    timeout_s: float
+    at: float
+
+    @classmethod
+    def after(cls, timeout_s: float) -> "Deadline":
+        return cls(timeout_s, time.monotonic() + timeout_s)
+
+    def left(self) -> float:
+        return max(self.at - time.monotonic(), 0.0)
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """How to reach one server, secrets resolved. Never logged or stored."""
 
@@ -251,7 +267,9 @@ def _secret(reference: str, *, server: McpServer, owner: Tenant | None) -> str:
     return value
 
 
-def endpoint_for(server: McpServer) -> Endpoint:
+def endpoint_for(server: McpServer, *, deadline: Deadline | None = None) -> Endpoint:
+    """How to reach `server`; the name of an HTTP server is looked up within its timeout, or
+    what is left before `deadline` if less."""
     common = {
         "key": str(server.pk),
         "label": str(server),
@@ -271,7 +289,10 @@ def endpoint_for(server: McpServer) -> Endpoint:
                 )
             ),
         )
-    if refusal := egress_refusal(server.url, timeout=float(server.timeout_s)):
+    lookup_s = float(server.timeout_s)
+    if deadline is not None:
+        lookup_s = min(lookup_s, deadline.left())
+    if refusal := egress_refusal(server.url, timeout=lookup_s):
         raise McpRefused(f"{server}: {refusal}")
     headers = ()
     if server.credential_ref:
@@ -374,6 +395,10 @@ class _Connection:
             self.task.cancel()
 
 
+def _too_late(endpoint: Endpoint, deadline: Deadline) -> McpTimeout:
+    return McpTimeout(f"{endpoint.label} did not answer in {deadline.timeout_s:g} s.")
+
+
 def _forget(task: asyncio.Task) -> None:
     """Retrieve what a request abandoned to its cancellation ended with."""
     if not task.cancelled():
@@ -428,17 +453,29 @@ class McpConnections:
         operation: Callable[[ClientSession], Awaitable[T]],
         *,
         timeout_s: float,
+        deadline: Deadline | None = None,
     ) -> T:
+        """`operation` on the endpoint's session, answered within `timeout_s` once the session
+        is open (within the server's timeout); all of it, opening included, before `deadline`."""
+        if deadline is not None and not deadline.left():
+            raise _too_late(endpoint, deadline)
         future = asyncio.run_coroutine_threadsafe(
-            self._on_session(endpoint, operation, timeout_s), self._running_loop()
+            self._on_session(endpoint, operation, timeout_s, deadline), self._running_loop()
         )
+        wait_s = endpoint.connect_timeout_s + timeout_s + 5
+        if deadline is not None:
+            wait_s = min(wait_s, deadline.left() + 2)
         try:
-            return future.result(endpoint.connect_timeout_s + timeout_s + 5)
+            return future.result(wait_s)
         except concurrent.futures.TimeoutError as error:
             future.cancel()
+            if deadline is not None:
+                raise _too_late(endpoint, deadline) from error
             raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
 
-    async def _session(self, endpoint: Endpoint) -> tuple[ClientSession, _Connection]:
+    async def _session(
+        self, endpoint: Endpoint, deadline: Deadline | None
+    ) -> tuple[ClientSession, _Connection]:
         connection = self._connections.get(endpoint.key)
         if connection is not None and (
             connection.broken or connection.fingerprint != endpoint.fingerprint
@@ -448,12 +485,17 @@ class McpConnections:
         if connection is None:
             connection = _Connection(endpoint)
             self._connections[endpoint.key] = connection
+        wait_s = endpoint.connect_timeout_s
+        if deadline is not None and deadline.left() < wait_s:
+            wait_s = deadline.left()
+        else:
+            deadline = None  # the server's timeout comes first
         try:
-            session = await asyncio.wait_for(
-                asyncio.shield(connection.ready), endpoint.connect_timeout_s
-            )
+            session = await asyncio.wait_for(asyncio.shield(connection.ready), wait_s)
         except TimeoutError as error:
             self._discard(connection)
+            if deadline is not None:
+                raise _too_late(endpoint, deadline) from error
             raise McpUnavailable(
                 f"{endpoint.label} did not complete the handshake in "
                 f"{endpoint.connect_timeout_s:g} s."
@@ -491,14 +533,15 @@ class McpConnections:
         endpoint: Endpoint,
         operation: Callable[[ClientSession], Awaitable[T]],
         timeout_s: float,
+        deadline: Deadline | None,
     ) -> T:
         """`operation` on the endpoint's session. A session the server no longer knows is
         opened again, once, for the same request (the server did not run it)."""
         try:
-            return await self._on_one_session(endpoint, operation, timeout_s)
+            return await self._on_one_session(endpoint, operation, timeout_s, deadline)
         except _SessionTerminated:
             try:
-                return await self._on_one_session(endpoint, operation, timeout_s)
+                return await self._on_one_session(endpoint, operation, timeout_s, deadline)
             except _SessionTerminated as error:
                 raise McpUnavailable(f"{endpoint.label} ended the session.") from error
 
@@ -507,12 +550,13 @@ class McpConnections:
         endpoint: Endpoint,
         operation: Callable[[ClientSession], Awaitable[T]],
         timeout_s: float,
+        deadline: Deadline | None,
     ) -> T:
         """`operation` on the endpoint's session, counted among its connection's requests."""
-        session, connection = await self._session(endpoint)
+        session, connection = await self._session(endpoint, deadline)
         connection.in_flight += 1
         try:
-            return await self._request(connection, session, operation, timeout_s)
+            return await self._request(connection, session, operation, timeout_s, deadline)
         finally:
             connection.in_flight -= 1
             if connection.retired and not connection.in_flight:
@@ -524,14 +568,18 @@ class McpConnections:
         session: ClientSession,
         operation: Callable[[ClientSession], Awaitable[T]],
         timeout_s: float,
+        deadline: Deadline | None,
     ) -> T:
         """`operation` raced against the connection: a transport that failed (an HTTP error
         status, an answer that could not be read) fails the request at once instead of
         leaving it waiting for an answer that will not come."""
         endpoint = connection.endpoint
+        wait_s = timeout_s + 1
+        if deadline is not None and deadline.left() < wait_s:
+            wait_s, timeout_s = deadline.left(), deadline.timeout_s
         request = asyncio.ensure_future(operation(session))
         done, _ = await asyncio.wait(
-            {request, connection.task}, timeout=timeout_s + 1, return_when=asyncio.FIRST_COMPLETED
+            {request, connection.task}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
         )
         if request not in done:
             request.cancel()
@@ -574,8 +622,11 @@ class McpConnections:
 
     # --- what callers use -----------------------------------------------------------------
 
-    def tools(self, endpoint: Endpoint) -> dict[str, dict[str, Any]]:
-        """Every tool the server lists (all pages), as definitions by remote name."""
+    def tools(
+        self, endpoint: Endpoint, *, deadline: Deadline | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """Every tool the server lists (all pages), as definitions by remote name, within the
+        server's timeout (and before the `deadline` of the call that asks, if any)."""
 
         async def walk(session: ClientSession) -> dict[str, dict[str, Any]]:
             found: dict[str, dict[str, Any]] = {}
@@ -588,13 +639,18 @@ class McpConnections:
                     break
             return found
 
-        definitions = self._run(endpoint, walk, timeout_s=endpoint.connect_timeout_s)
+        definitions = self._run(
+            endpoint, walk, timeout_s=endpoint.connect_timeout_s, deadline=deadline
+        )
         with self._lock:
             self._definitions[endpoint.key] = (time.monotonic(), endpoint.fingerprint, definitions)
         return definitions
 
-    def tools_cached(self, endpoint: Endpoint, *, max_age_s: float) -> dict[str, dict[str, Any]]:
-        """The server's tool definitions, listed again when the copy is older than `max_age_s`."""
+    def tools_cached(
+        self, endpoint: Endpoint, *, max_age_s: float, deadline: Deadline | None = None
+    ) -> dict[str, dict[str, Any]]:
+        """The server's tool definitions, listed again (before `deadline`) when the copy is
+        older than `max_age_s`."""
         with self._lock:
             cached = self._definitions.get(endpoint.key)
         if (
@@ -603,7 +659,7 @@ class McpConnections:
             and time.monotonic() - cached[0] < max_age_s
         ):
             return cached[2]
-        return self.tools(endpoint)
+        return self.tools(endpoint, deadline=deadline)
 
     def _listing(self, endpoint: Endpoint, capability: str, method: str) -> list[Any]:
         async def walk(session: ClientSession) -> list[Any]:
@@ -636,18 +692,24 @@ class McpConnections:
         *,
         meta: dict[str, Any],
         timeout_s: float,
+        deadline: Deadline | None = None,
     ) -> mcp_types.CallToolResult:
+        """`tools/call`, all of it (the session opened, if it must be) within `timeout_s`, or
+        before `deadline`: the call's, which also bounded what was done for it before."""
+        deadline = deadline or Deadline.after(timeout_s)
+
         async def call(session: ClientSession) -> mcp_types.CallToolResult:
+            read_timeout = timedelta(seconds=min(timeout_s, deadline.left()))
             try:
                 return await session.call_tool(
-                    name, arguments, read_timeout_seconds=timedelta(seconds=timeout_s), meta=meta
+                    name, arguments, read_timeout_seconds=read_timeout, meta=meta
                 )
             except RuntimeError as error:
                 # The SDK's check of the answer against the tool's output schema: the
                 # server answered what it said it would not.
                 raise McpRemoteError(f"{endpoint.label}: {error}") from error
 
-        return self._run(endpoint, call, timeout_s=timeout_s)
+        return self._run(endpoint, call, timeout_s=timeout_s, deadline=deadline)
 
     def read_resource(
         self, endpoint: Endpoint, uri: str, *, timeout_s: float

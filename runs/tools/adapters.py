@@ -29,6 +29,7 @@ from config import jsontext
 from config.egress import EgressRefused, HTTPTransport
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
+    Deadline,
     McpRefused,
     McpRemoteError,
     McpTimeout,
@@ -435,17 +436,20 @@ def mcp_call(
 ) -> ToolOutput:
     """`tools/call` on the server's shared session, after checking that the server still
     serves the definition this version was reviewed against. The host, never the model,
-    supplies the credential (in the connection) and the identity (in `_meta`)."""
+    supplies the credential (in the connection) and the identity (in `_meta`). All of it (the
+    server's name looked up, its session opened, its tools listed again when the copy is
+    stale, the call) ends within the version's timeout."""
+    deadline = Deadline.after(tool_version.timeout_s)
     server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
     remote_name = config["remote_name"]
     writes = tool_version.risk not in READ_RISKS
     secrets: tuple[str, ...] = ()
     try:
-        endpoint = endpoint_for(server)
+        endpoint = endpoint_for(server, deadline=deadline)
         secrets = endpoint.secrets
         listing = connections.tools_cached(
-            endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS
+            endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS, deadline=deadline
         )
         served = listing.get(remote_name)
         if served is None or served_hash(served)[0] != config["definition_hash"]:
@@ -468,6 +472,7 @@ def mcp_call(
                 f"{MCP_META_PREFIX}idempotency_key": context.idempotency_key,
             },
             timeout_s=tool_version.timeout_s,
+            deadline=deadline,
         )
     except McpRefused as error:
         raise ToolFailed(

@@ -1,8 +1,9 @@
 """A raw stdio MCP server (no SDK) that lists project_status and answers tools/call as a JSON
-spec file, read again on every request (HOSTILE_STDIO_SPEC), says: after `list_delay_s`
-seconds for tools/list, and with a text of `size` bytes (one line, written in chunks) for
-tools/call. Its pid, and how many bytes of a large answer it has written (as it writes them),
-are appended to HOSTILE_STDIO_LOG."""
+spec file, read again on every request (HOSTILE_STDIO_SPEC), says: after `init_delay_s`
+seconds for initialize, `list_delay_s` for tools/list and `call_delay_s` for tools/call, and
+with a text of `size` bytes (one line, written in chunks) for tools/call. Its pid, and how
+many bytes of a large answer it has written (as it writes them), are appended to
+HOSTILE_STDIO_LOG."""
 
 import json
 import os
@@ -51,6 +52,7 @@ def main() -> None:
         if ident is None:
             continue
         if method == "initialize":
+            time.sleep(_spec().get("init_delay_s", 0))
             _result(
                 ident,
                 {
@@ -63,6 +65,7 @@ def main() -> None:
             time.sleep(_spec().get("list_delay_s", 0))
             _result(ident, {"tools": [TOOL]})
         elif method == "tools/call":
+            time.sleep(_spec().get("call_delay_s", 0))
             if size := _spec().get("size"):
                 _large(ident, size)
             else:

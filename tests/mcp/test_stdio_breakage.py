@@ -1,5 +1,7 @@
 """A stdio MCP server that writes one line far past the response limit is not read to its
-end: the call fails as the server's fault at once, and the server's process is ended."""
+end: the call fails as the server's fault at once, and the server's process is ended. One
+slow to open its session or to list its tools (the worker's copy stale) makes a call wait no
+longer than the call's own timeout, all of it included."""
 
 import json
 import os
@@ -92,3 +94,47 @@ def test_a_line_within_the_limit_is_read(demo, hostile_stdio, settings):
     call = ToolCall.objects.get(run=run)
     assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert call.envelope["error"]["message"] == "The server's answer is larger than 1048576 bytes."
+
+
+@pytest.mark.parametrize(
+    "slow",
+    [
+        {"list_delay_s": 1.5, "call_delay_s": 1.5},
+        {"list_delay_s": 4},
+        {"init_delay_s": 1.5, "list_delay_s": 1.5},
+    ],
+    ids=["listing-then-call", "listing", "handshake-then-listing"],
+)
+def test_what_a_call_waits_on_before_it_is_sent_counts_in_its_timeout(
+    demo, hostile_stdio, settings, slow
+):
+    # given a call of 2 s on a server whose timeout is 5 s, its tool listing stale, and the
+    # server slow to list (and to answer, or to open a new session)
+    server, answer, _ = hostile_stdio
+    status_publish(demo, server, timeout_s=2)
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    answer(**slow)
+    if "init_delay_s" in slow:
+        connections.close_all()
+    run = ask(demo)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call, all it waited on included, ended at its timeout
+    call = ToolCall.objects.get(run=run)
+    assert (call.status, call.error_category) == ("failed", "TIMEOUT")
+    assert call.envelope["error"]["message"] == "acme/projects did not answer in 2 s."
+    assert 1900 <= call.duration_ms < 2500
+
+
+def test_a_call_within_its_timeout_all_included_is_answered(demo, hostile_stdio, settings):
+    server, answer, _ = hostile_stdio
+    status_publish(demo, server, timeout_s=2)
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    answer(list_delay_s=0.5, call_delay_s=0.5)
+    run = ask(demo)
+
+    run_execute(run_id=str(run.pk))
+
+    assert ToolCall.objects.get(run=run).status == "completed"
