@@ -11,6 +11,12 @@ long text such as an attachment's content; an item above `internal` without the 
 The same key again replaces the value (or, for the same value, only renews it); each kind lives
 for its TTL. Retrieval happens only for a task that asks for memory, filtered by tenant, user,
 purpose, freshness and sensitivity, and each item keeps its source.
+
+A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
+leaves that copy in each of their runs that has not finished: at once in a run nobody holds
+(one waiting for approval included), and in a run a step holds, from that step's save on;
+every step also drops what is gone before it builds the model's context. Only the run's state
+changes: its event log is never edited.
 """
 
 import re
@@ -28,7 +34,8 @@ from config.secret_names import secret_key
 from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
-from runs.models import MemoryItem
+from runs.choices import ACTIVE_STATUSES, RunStatus
+from runs.models import MemoryItem, Run
 from runs.redaction import SECRET_WORDS_ZH, secrets_removed
 
 ALLOWED_ORIGINS = {
@@ -150,9 +157,65 @@ def memories_of(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[MemoryIte
 
 
 def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> None:
-    deleted, _ = memories_of(tenant=tenant, user=user).filter(pk=item_id).delete()
-    if not deleted:
-        raise NotFound("No such memory.")
+    """Forget one item, and drop it from the copy the user's unfinished runs carry."""
+    with transaction.atomic():
+        deleted, _ = memories_of(tenant=tenant, user=user).filter(pk=item_id).delete()
+        if not deleted:
+            raise NotFound("No such memory.")
+        _runs_forget(tenant=tenant, user=user, item_id=str(item_id))
+
+
+def _runs_forget(*, tenant: Tenant, user: AbstractBaseUser, item_id: str) -> None:
+    """Drop the item from the state of the user's unfinished runs in `tenant` that carry it.
+    A run waiting for approval is held only for moments (an approval being decided, its
+    action starting): it is waited for. A run a step holds is skipped, not waited for (the
+    step may be waiting on a model or a tool): the step drops the item before it saves
+    (`memories_kept`, which waits for this deletion to commit)."""
+    carrying = [
+        (pk, status)
+        for pk, status, memory in Run.objects.filter(
+            tenant=tenant, actor=user, status__in=ACTIVE_STATUSES
+        ).values_list("pk", "status", "state__memory")
+        if isinstance(memory, list)
+        and any(isinstance(entry, dict) and entry.get("id") == item_id for entry in memory)
+    ]
+    if not carrying:
+        return
+    runs = Run.objects.filter(status__in=ACTIVE_STATUSES).only("pk", "state", "updated_at")
+    paused = [pk for pk, status in carrying if status == RunStatus.WAITING_APPROVAL]
+    others = [pk for pk, status in carrying if status != RunStatus.WAITING_APPROVAL]
+    # Locked again, the status is read anew: a paused run whose action started since is
+    # RUNNING now, and still active.
+    locked = [
+        *runs.select_for_update(no_key=True).filter(pk__in=paused).order_by("pk"),
+        *runs.select_for_update(no_key=True, skip_locked=True).filter(pk__in=others),
+    ]
+    for run in locked:
+        memory = [
+            entry
+            for entry in run.state.get("memory") or []
+            if not (isinstance(entry, dict) and entry.get("id") == item_id)
+        ]
+        run.state = {**run.state, "memory": memory}
+        # updated_at too: an execution that saved the run before reads it again.
+        run.save(update_fields=["state", "updated_at"])
+
+
+def memories_kept(
+    items: list[dict[str, Any]], *, tenant_id: Any, user_id: Any, lock: bool = False
+) -> list[dict[str, Any]]:
+    """Of `items` (a run's copy, as `memory_retrieve` made it), those the user has not
+    deleted since. `lock`: for the step that saves the run, the items stay locked until it
+    commits, so that a deletion either committed before (and the items it removed are
+    dropped here) or waits for the step's save (and then drops them from the run itself)."""
+    if not items:
+        return items
+    ids = {entry.get("id") for entry in items if isinstance(entry, dict)}
+    kept = MemoryItem.objects.filter(tenant_id=tenant_id, user_id=user_id, pk__in=ids)
+    if lock:
+        kept = kept.select_for_update(no_key=True).order_by("pk")
+    found = {str(pk) for pk in kept.values_list("pk", flat=True)}
+    return [entry for entry in items if isinstance(entry, dict) and entry.get("id") in found]
 
 
 def memory_retrieve(

@@ -4,6 +4,7 @@ and delete, retrieval into a run only when its skill asks; the session's rolling
 import contextlib
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -12,15 +13,19 @@ from django.db import OperationalError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from rest_framework.test import APIClient
 
+from registry.demo import DEMO_PASSWORD
 from registry.errors import ValidationFailed
 from registry.models import Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
-from runs.loop import run_execute
-from runs.models import MemoryItem, Run
+from registry.services.tenancy import api_token_issue
+from runs.loop import run_advance_step, run_execute
+from runs.model_clients.offline import OfflinePlanner
+from runs.models import MemoryItem, Run, RunEvent
 from runs.services.ingress import message_ingest
-from runs.services.memory import memories_expire, memory_retrieve, memory_write
+from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import demo_run
 from tests.runs.fake_provider import openai_completion
@@ -376,3 +381,108 @@ def test_the_first_run_of_a_new_session_reads_no_history(demo):
     ]
     assert earlier_runs == []
     assert Run.objects.get(pk=first.pk).state["history"] == []
+
+
+def _memory_of(run: Run) -> list[str]:
+    return [item["key"] for item in Run.objects.get(pk=run.pk).state["memory"]]
+
+
+def _events_of(run: Run) -> list[tuple]:
+    return list(RunEvent.objects.filter(run=run).order_by("seq").values_list("seq", "payload"))
+
+
+def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stays(demo, client_for):
+    # given alice's run waiting for approval, carrying two items of her memory
+    _memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    paused = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(paused.pk))
+    assert Run.objects.get(pk=paused.pk).status == "WAITING_APPROVAL"
+    assert _memory_of(paused) == ["summary_language", "tone"]
+    logged = _events_of(paused)
+
+    # when she deletes one
+    _, key = api_token_issue(username="alice", password=DEMO_PASSWORD)
+    alice = APIClient()
+    alice.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    response = alice.delete(f"{MEMORIES}/{tone.pk}")
+
+    # then the run carries only the other; its event log is as it was
+    assert response.status_code == 204
+    assert _memory_of(paused) == ["summary_language"]
+    assert Run.objects.get(pk=paused.pk).status == "WAITING_APPROVAL"
+    assert _events_of(paused) == logged
+
+
+def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, monkeypatch):
+    # given a run that took its memory at its start, before its first model turn
+    _memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    assert _memory_of(run) == ["summary_language", "tone"]
+    requests = []
+    complete = OfflinePlanner.complete
+
+    def recorded(self, request):
+        requests.append(request)
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", recorded)
+
+    # when alice deletes one item, and the run goes on
+    memory_delete(tenant=demo.acme, user=demo.alice, item_id=tone.pk)
+    run_execute(run_id=str(run.pk))
+
+    # then no model turn was given it
+    assert requests
+    for request in requests:
+        assert "summary_language" in repr(request.transcript)
+        assert "formal" not in repr(request)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_saves(
+    demo, monkeypatch
+):
+    # given a run between its steps, carrying two items, whose next model call waits until
+    # it is let go
+    _memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    asked, let_go = threading.Event(), threading.Event()
+    complete = OfflinePlanner.complete
+
+    def slow_model(self, request):
+        asked.set()
+        assert let_go.wait(timeout=20)
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
+
+    def step() -> None:
+        try:
+            run_advance_step(run_id=str(run.pk))
+        finally:
+            connection.close()
+
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    assert asked.wait(timeout=20)
+
+    # when alice deletes one while the model is being asked
+    started = time.monotonic()
+    memory_delete(tenant=demo.acme, user=demo.alice, item_id=tone.pk)
+    waited = time.monotonic() - started
+    let_go.set()
+    stepping.join(timeout=30)
+
+    # then the deletion did not wait for the step, and the step's save left the item out
+    assert waited < 5
+    assert not MemoryItem.objects.filter(pk=tone.pk).exists()
+    assert Run.objects.get(pk=run.pk).status == "RUNNING"
+    assert _memory_of(run) == ["summary_language"]
