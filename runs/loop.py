@@ -817,7 +817,6 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     skill = _skill(run)
     skill_version = _skill_version(run)
     merged = _merged_rules(node.rules, skill_version)
-    _memory_kept(run)
     built = context_build(
         run_state=run.state,
         transcript=run.transcript,
@@ -1198,19 +1197,15 @@ def _budget_exhausted(run: Run) -> str | None:
     return None
 
 
-def _memory_kept(run: Run, *, lock: bool = False) -> None:
-    """The run's copy of the user's memory without what the user deleted since it was taken
-    (`runs.services.memory`)."""
-    if run.state.get("memory"):
-        run.state["memory"] = memories_kept(
-            run.state["memory"], tenant_id=run.tenant_id, user_id=run.actor_id, lock=lock
-        )
-
-
 def _save(run: Run) -> None:
     """The step's one write: the run's row with the rows the step made (`runs.writes`),
-    without a memory item the user deleted while the step held the run."""
-    _memory_kept(run, lock=True)
+    without a memory item the user deleted while the step held the run (a deletion skips a
+    run a step holds; one made between steps has already left the run's row, which the next
+    step reads again, `Execution`)."""
+    if run.state.get("memory"):
+        run.state["memory"] = memories_kept(
+            run.state["memory"], tenant_id=run.tenant_id, user_id=run.actor_id
+        )
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.attempts = 0
     written = writes.run_update(

@@ -14,9 +14,8 @@ purpose, freshness and sensitivity, and each item keeps its source.
 
 A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
 leaves that copy in each of their runs that has not finished: at once in a run nobody holds
-(one waiting for approval included), and in a run a step holds, from that step's save on;
-every step also drops what is gone before it builds the model's context. Only the run's state
-changes: its event log is never edited.
+(one waiting for approval included), and in a run a step holds, from that step's save on.
+Only the run's state changes: its event log is never edited.
 """
 
 import re
@@ -202,18 +201,20 @@ def _runs_forget(*, tenant: Tenant, user: AbstractBaseUser, item_id: str) -> Non
 
 
 def memories_kept(
-    items: list[dict[str, Any]], *, tenant_id: Any, user_id: Any, lock: bool = False
+    items: list[dict[str, Any]], *, tenant_id: Any, user_id: Any
 ) -> list[dict[str, Any]]:
     """Of `items` (a run's copy, as `memory_retrieve` made it), those the user has not
-    deleted since. `lock`: for the step that saves the run, the items stay locked until it
-    commits, so that a deletion either committed before (and the items it removed are
-    dropped here) or waits for the step's save (and then drops them from the run itself)."""
+    deleted since, for the step that saves the run: the items stay locked until it commits,
+    so that a deletion either committed before (and the items it removed are dropped here)
+    or waits for the step's save (and then drops them from the run itself)."""
     if not items:
         return items
     ids = {entry.get("id") for entry in items if isinstance(entry, dict)}
-    kept = MemoryItem.objects.filter(tenant_id=tenant_id, user_id=user_id, pk__in=ids)
-    if lock:
-        kept = kept.select_for_update(no_key=True).order_by("pk")
+    kept = (
+        MemoryItem.objects.filter(tenant_id=tenant_id, user_id=user_id, pk__in=ids)
+        .select_for_update(no_key=True)
+        .order_by("pk")
+    )
     found = {str(pk) for pk in kept.values_list("pk", flat=True)}
     return [entry for entry in items if isinstance(entry, dict) and entry.get("id") in found]
 
