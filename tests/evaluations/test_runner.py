@@ -18,9 +18,6 @@ from registry.models import SkillVersion
 from runs.models import Attachment, Run, ToolCall
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
-from tests.runs import test_ingress
-
-broker = test_ingress.broker
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
