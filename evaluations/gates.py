@@ -155,16 +155,14 @@ def release_override_record(
 
 def model_change_check(*, agent_config: AgentConfig) -> None:
     """Moving an agent to another model needs, for the current version of each skill its runs
-    may be routed to (`agent_skills_reachable`: its bound skills, or for an agent that
-    recalls its skills every one a request may recall), the release gate met by eval runs
-    with that model."""
+    may use (`agent_skills_reachable`: its bound skills, or for an agent that recalls its
+    skills every one a request may recall, and the skills their workflows' nodes load), the
+    release gate met by eval runs with that model."""
     stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
     if not agent_config.pk or stored.first() == agent_config.model_config_id:
         return
     failures = []
-    for skill in agent_skills_reachable(agent_config=agent_config).select_related(
-        "current_version"
-    ):
+    for skill in agent_skills_reachable(agent_config=agent_config):
         if skill.current_version is None:
             continue
         failures += [

@@ -50,6 +50,7 @@ from registry.models import (
 from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
 from registry.search import search_terms
+from runs.workflows import WORKFLOWS
 
 User = AbstractBaseUser | AnonymousUser
 V = TypeVar("V", bound=DefinitionVersion)
@@ -479,12 +480,43 @@ def skills_recallable(*, tenant: Tenant) -> QuerySet[Skill]:
     )
 
 
-def agent_skills_reachable(*, agent_config: AgentConfig) -> QuerySet[Skill]:
-    """The skills the agent's runs may be routed to: those bound to it (static assembly), or
-    every skill a request may recall (retrieval: its bound skills are not used)."""
+def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, Skill]:
+    """The skill of each name that a workflow node naming it loads in `tenant`: of two skills
+    of one name, the tenant's own before the platform's, then by namespace, as skills are
+    recalled, so that which one a run loads is never left to the database."""
+    found: dict[str, Skill] = {}
+    for skill in (
+        definitions_visible(model=Skill, tenant=tenant)
+        .filter(name__in=names)
+        .select_related("current_version")
+        .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
+    ):
+        found.setdefault(skill.name, skill)
+    return found
+
+
+def agent_skills_reachable(*, agent_config: AgentConfig) -> list[Skill]:
+    """The skills the agent's runs may use: those they may be routed to (bound to it, static
+    assembly; or every skill a request may recall, retrieval: its bound skills are not used),
+    then those the nodes of their current versions' workflows load by name."""
     if agent_config.skill_assembly == SkillAssembly.RETRIEVAL:
-        return skills_recallable(tenant=agent_config.tenant)
-    return agent_config.skills.all()
+        routed = skills_recallable(tenant=agent_config.tenant)
+    else:
+        routed = agent_config.skills.all()
+    reachable = list(routed.select_related("current_version"))
+    have = {skill.name for skill in reachable}
+    loaded = {
+        name
+        for skill in reachable
+        if skill.current_version is not None
+        and (workflow := WORKFLOWS.get(skill.current_version.workflow)) is not None
+        for name in workflow.skills_loaded
+        if name not in have
+    }
+    if loaded:
+        found = skills_loaded_by_name(tenant=agent_config.tenant, names=loaded)
+        reachable += [found[name] for name in sorted(found)]
+    return reachable
 
 
 def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled]:

@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import F
 
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
@@ -34,11 +33,11 @@ from registry.models import (
     ToolVersion,
 )
 from registry.selectors import (
-    definitions_visible,
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
     skill_version_for_actor,
+    skills_loaded_by_name,
     skills_recall,
     tenant_has_grant,
     user_roles,
@@ -172,24 +171,17 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
     """The skills the nodes of the routed skill's workflow load by name (explicit workflow
     assembly), each once, held to what any skill is held to; those of them the run has
     already carry no entry of their own. An entry says which node loads it. Of two skills of
-    one name, the tenant's own is loaded before the platform's, then by namespace, as skills
-    are recalled."""
+    one name, the tenant's own is loaded (`skills_loaded_by_name`)."""
     workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
     have = {skill["name"] for skill in skills}
-    loading: dict[str, str] = {}
-    for node in workflow.nodes.values() if workflow else ():
-        if node.skill and node.skill not in have:
-            loading.setdefault(node.skill, node.name)
+    loading = {
+        name: node
+        for name, node in (workflow.skills_loaded.items() if workflow else ())
+        if name not in have
+    }
     if not loading:
         return []
-    found: dict[str, Skill] = {}
-    for skill in (
-        definitions_visible(model=Skill, tenant=resolution.tenant)
-        .filter(name__in=loading)
-        .select_related("current_version")
-        .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
-    ):
-        found.setdefault(skill.name, skill)
+    found = skills_loaded_by_name(tenant=resolution.tenant, names=loading)
     entries = []
     for name, node in loading.items():
         if name not in found:

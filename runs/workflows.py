@@ -49,6 +49,15 @@ class Workflow:
     def key(self) -> str:
         return f"{self.name}@{self.version}"
 
+    @property
+    def skills_loaded(self) -> dict[str, str]:
+        """The skills its nodes load, by name, each with the first node that loads it."""
+        loading: dict[str, str] = {}
+        for node in self.nodes.values():
+            if node.skill:
+                loading.setdefault(node.skill, node.name)
+        return loading
+
 
 def _same_project(state: Mapping[str, Any], tool: str, arguments: dict[str, Any]) -> str | None:
     """The draft reads only the project the run is scoped to."""

@@ -12,9 +12,26 @@ from evaluations.models import ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import SkillAssembly, VersionStatus
 from registry.models import AgentConfig, SkillVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
+
+
+def publish_lite(demo, dave, **changes) -> SkillVersion:
+    """weekly-summary-lite 1.0.0: weekly-summary 3.2.0's content under another name, which no
+    threshold gates, changed as given."""
+    current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    content = {field: getattr(current, field) for field in SKILL_CONTENT_FIELDS} | changes
+    version = skills.skill_version_create(
+        actor=dave,
+        tenant=demo.acme,
+        name="weekly-summary-lite",
+        version="1.0.0",
+        tool_versions=[dependency.tool_version for dependency in current.tool_dependencies.all()],
+        **content,
+    )
+    return skills.skill_version_publish(skill_version=version, actor=dave)
 
 
 def test_a_version_without_a_finished_eval_run_is_not_published(demo, dave, tiny, draft):
@@ -196,3 +213,28 @@ def test_the_admin_shows_a_refused_model_move_on_the_form_with_what_was_typed(
     assert form["description"].value() == "Moved to the adversary, on purpose."
     agent.refresh_from_db()
     assert agent.model_config != adversary
+
+
+def test_moving_an_agent_needs_the_gate_met_for_the_skills_its_workflow_nodes_load(
+    evaluate, demo, dave, tiny, adversary
+):
+    # given the agent bound to weekly-summary-lite alone, whose workflow's draft node loads
+    # weekly-summary by name
+    lite = publish_lite(demo, dave)
+    assert lite.workflow == "weekly-summary-send@1"
+    demo.agent.skills.set([lite.skill])
+    current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    demo.agent.model_config = adversary
+
+    # when it moves to another model, before and after weekly-summary was evaluated with it
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    evaluate(tiny, version=current, model_config=adversary)
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+
+    # then the gate of the skill its runs load in the draft node decided
+    assert [failure["skill"] for failure in blocked.value.details["failures"]] == [
+        "weekly-summary@3.2.0"
+    ]
+    demo.agent.refresh_from_db()
+    assert demo.agent.model_config == adversary
