@@ -7,13 +7,14 @@ version's history."""
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
 
 from evaluations.choices import EvalRunStatus
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
 from registry.choices import Action
-from registry.models import AgentConfig, ModelConfig, SkillVersion
+from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import agent_skills_reachable, user_can
 
@@ -153,16 +154,19 @@ def release_override_record(
     )
 
 
-def model_change_check(*, agent_config: AgentConfig) -> None:
+def model_change_check(
+    *, agent_config: AgentConfig, bound_skills: QuerySet[Skill] | None = None
+) -> None:
     """Moving an agent to another model needs, for the current version of each skill its runs
     may use (`agent_skills_reachable`: its bound skills, or for an agent that recalls its
     skills every one a request may recall, and the skills their workflows' nodes load), the
-    release gate met by eval runs with that model."""
+    release gate met by eval runs with that model. `bound_skills`: the skills the change
+    binds it to, when it changes them too; the gate holds for the agent as it is saved."""
     stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
     if not agent_config.pk or stored.first() == agent_config.model_config_id:
         return
     failures = []
-    for skill in agent_skills_reachable(agent_config=agent_config):
+    for skill in agent_skills_reachable(agent_config=agent_config, bound_skills=bound_skills):
         if skill.current_version is None:
             continue
         failures += [

@@ -495,12 +495,17 @@ def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, 
     return found
 
 
-def agent_skills_reachable(*, agent_config: AgentConfig) -> list[Skill]:
+def agent_skills_reachable(
+    *, agent_config: AgentConfig, bound_skills: QuerySet[Skill] | None = None
+) -> list[Skill]:
     """The skills the agent's runs may use: those they may be routed to (bound to it, static
     assembly; or every skill a request may recall, retrieval: its bound skills are not used),
-    then those the nodes of their current versions' workflows load by name."""
+    then those the nodes of their current versions' workflows load by name. `bound_skills`:
+    the skills it is bound to by a change not saved yet, instead of those it has."""
     if agent_config.skill_assembly == SkillAssembly.RETRIEVAL:
         routed = skills_recallable(tenant=agent_config.tenant)
+    elif bound_skills is not None:
+        routed = bound_skills
     else:
         routed = agent_config.skills.all()
     reachable = list(routed.select_related("current_version"))

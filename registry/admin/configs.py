@@ -38,15 +38,17 @@ class ModelConfigAdmin(ConfigAdmin):
 
 
 class AgentConfigForm(forms.ModelForm):
-    """A move to another model that the release gates of the agent's skills refuse is an error
-    of the model field, shown with what was typed."""
+    """A move to another model that the release gates of the agent's skills, as submitted with
+    it, refuse is an error of the model field, shown with what was typed."""
 
     def _post_clean(self) -> None:
         super()._post_clean()
         if self.errors:
             return
         try:
-            model_change_check(agent_config=self.instance)
+            model_change_check(
+                agent_config=self.instance, bound_skills=self.cleaned_data.get("skills")
+            )
         except ReleaseGateFailed as refused:
             self.add_error("model_config", refused.message)
 
@@ -68,6 +70,16 @@ class AgentConfigAdmin(ConfigAdmin):
     search_fields = ("name", "description")
     list_select_related = ("tenant", "model_config", "policy__tenant")
     filter_horizontal = ("skills",)
+
+    def save_model(
+        self, request: HttpRequest, obj: AgentConfig, form: AgentConfigForm, change: bool
+    ) -> None:
+        registry_object_save(
+            instance=obj,
+            actor=request.user,
+            reason="saved in admin",
+            skills=form.cleaned_data.get("skills"),
+        )
 
 
 @admin.register(Policy)

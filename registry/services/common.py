@@ -5,10 +5,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
+from django.db.models import QuerySet
 
 from evaluations.gates import model_change_check
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import AgentConfig, Tenant
+from registry.models import AgentConfig, Skill, Tenant
 
 
 def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
@@ -49,16 +50,25 @@ def audited_create(
 
 
 def registry_object_save(
-    *, instance: models.Model, actor: AbstractBaseUser, reason: str = "saved"
+    *,
+    instance: models.Model,
+    actor: AbstractBaseUser,
+    reason: str = "saved",
+    skills: QuerySet[Skill] | None = None,
 ) -> models.Model:
     """Validate and save a registry configuration row (model, agent, policy, rollout). An agent
-    moves to another model only when the release gates of its skills hold with that model."""
+    moves to another model only when the release gates of the skills it has after the save
+    hold with that model: `skills`, the skills an agent is bound to with the row, or those it
+    has when they are not given."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig):
-        model_change_check(agent_config=instance)
+        model_change_check(agent_config=instance, bound_skills=skills)
     if isinstance(instance, Tenant):
         _tenant_change_check(tenant=instance, actor=actor)
-    audited_save(instance, actor=actor, reason=reason)
+    with transaction.atomic():
+        audited_save(instance, actor=actor, reason=reason)
+        if skills is not None:
+            instance.skills.set(skills)
     return instance
 
 

@@ -18,6 +18,19 @@ from registry.services.common import registry_object_save
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
 
 
+def admin_form_data(page: Client, agent: AgentConfig) -> dict:
+    """What the admin's change form of `agent` submits when saved as it is shown."""
+    form = page.get(f"/admin/registry/agentconfig/{agent.pk}/change/").context["adminform"].form
+    data = {}
+    for name, field in form.fields.items():
+        value = form.initial.get(name)
+        if isinstance(field, forms.BooleanField):
+            data |= {name: "on"} if value else {}
+        elif value is not None:
+            data[name] = field.widget.format_value(field.prepare_value(value))
+    return data | {"skills": [skill.pk for skill in agent.skills.all()]}
+
+
 def publish_lite(demo, dave, **changes) -> SkillVersion:
     """weekly-summary-lite 1.0.0: weekly-summary 3.2.0's content under another name, which no
     threshold gates, changed as given."""
@@ -191,16 +204,7 @@ def test_the_admin_shows_a_refused_model_move_on_the_form_with_what_was_typed(
     page = Client()
     page.force_login(demo.admin)
     agent = demo.agent
-    form = page.get(f"/admin/registry/agentconfig/{agent.pk}/change/").context["adminform"].form
-    data = {}
-    for name, field in form.fields.items():
-        value = form.initial.get(name)
-        if isinstance(field, forms.BooleanField):
-            data |= {name: "on"} if value else {}
-        elif value is not None:
-            data[name] = field.widget.format_value(field.prepare_value(value))
-    data |= {
-        "skills": [skill.pk for skill in agent.skills.all()],
+    data = admin_form_data(page, agent) | {
         "model_config": adversary.pk,
         "description": "Moved to the adversary, on purpose.",
     }
@@ -238,3 +242,50 @@ def test_moving_an_agent_needs_the_gate_met_for_the_skills_its_workflow_nodes_lo
     ]
     demo.agent.refresh_from_db()
     assert demo.agent.model_config == adversary
+
+
+def test_the_admin_checks_a_model_move_against_the_skills_submitted_with_it(
+    demo, dave, tiny, adversary
+):
+    # given the agent bound to a skill no threshold gates
+    lite = publish_lite(demo, dave, workflow="")
+    agent = demo.agent
+    agent.skills.set([lite.skill])
+    before = agent.model_config
+    page = Client()
+    page.force_login(demo.admin)
+
+    # when one submission moves it to another model and binds weekly-summary, never evaluated
+    # with that model
+    weekly_summary = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0").skill
+    data = admin_form_data(page, agent) | {
+        "model_config": adversary.pk,
+        "skills": [weekly_summary.pk],
+    }
+    response = page.post(f"/admin/registry/agentconfig/{agent.pk}/change/", data)
+
+    # then weekly-summary's gate refuses it, and nothing changed
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["model_config"]
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in errors[0]
+    agent.refresh_from_db()
+    assert agent.model_config == before
+    assert list(agent.skills.all()) == [lite.skill]
+
+
+def test_the_admin_moves_an_agent_whose_submitted_skills_meet_the_gate(demo, dave, tiny, adversary):
+    # given the agent bound to weekly-summary, never evaluated with the adversary
+    lite = publish_lite(demo, dave, workflow="")
+    agent = demo.agent
+    page = Client()
+    page.force_login(demo.admin)
+
+    # when one submission moves it to the adversary and binds only a skill no threshold gates
+    data = admin_form_data(page, agent) | {"model_config": adversary.pk, "skills": [lite.skill.pk]}
+    response = page.post(f"/admin/registry/agentconfig/{agent.pk}/change/", data)
+
+    # then it is saved as submitted
+    assert response.status_code == 302
+    agent.refresh_from_db()
+    assert agent.model_config == adversary
+    assert list(agent.skills.all()) == [lite.skill]
