@@ -19,6 +19,7 @@ Only the run's state changes: its event log is never edited.
 """
 
 import re
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -156,48 +157,65 @@ def memories_of(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[MemoryIte
 
 
 def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> None:
-    """Forget one item, and drop it from the copy the user's unfinished runs carry."""
+    """Forget one item, and drop it from the copy the user's unfinished runs carry.
+
+    A run waiting for approval is held only for moments (an approval being decided, its
+    action starting): it is waited for. It is locked before the item, in a step's order (a
+    step locks its run, then, as it saves, the items it carries: `memories_kept`): a paused
+    run may be RUNNING by the time it is locked, held by a step, and that step then finds
+    the item free, keeps it, and the deletion drops it after the step. A run a step holds
+    is skipped, not waited for (the step may be waiting on a model or a tool): its save
+    waits for this deletion to commit and drops the item."""
+    item_id = str(item_id)
     with transaction.atomic():
+        paused = _runs_carrying(
+            tenant=tenant, user=user, item_id=item_id, statuses=[RunStatus.WAITING_APPROVAL]
+        )
+        waited = list(
+            _active_runs().select_for_update(no_key=True).filter(pk__in=paused).order_by("pk")
+        )
         deleted, _ = memories_of(tenant=tenant, user=user).filter(pk=item_id).delete()
         if not deleted:
             raise NotFound("No such memory.")
-        _runs_forget(tenant=tenant, user=user, item_id=str(item_id))
+        # Read again after the item is gone: a run that saved it meanwhile is found too.
+        carrying = _runs_carrying(
+            tenant=tenant, user=user, item_id=item_id, statuses=ACTIVE_STATUSES
+        )
+        skipping = _active_runs().select_for_update(no_key=True, skip_locked=True)
+        for run in [*waited, *skipping.filter(pk__in=carrying).exclude(pk__in=paused)]:
+            _run_forget(run, item_id=item_id)
 
 
-def _runs_forget(*, tenant: Tenant, user: AbstractBaseUser, item_id: str) -> None:
-    """Drop the item from the state of the user's unfinished runs in `tenant` that carry it.
-    A run waiting for approval is held only for moments (an approval being decided, its
-    action starting): it is waited for. A run a step holds is skipped, not waited for (the
-    step may be waiting on a model or a tool): the step drops the item before it saves
-    (`memories_kept`, which waits for this deletion to commit)."""
-    carrying = [
-        (pk, status)
-        for pk, status, memory in Run.objects.filter(
-            tenant=tenant, actor=user, status__in=ACTIVE_STATUSES
-        ).values_list("pk", "status", "state__memory")
+def _active_runs() -> QuerySet[Run]:
+    # Locked, the status is read anew: a paused run whose action started since is RUNNING
+    # now, and still active.
+    return Run.objects.filter(status__in=ACTIVE_STATUSES).only("pk", "state", "updated_at")
+
+
+def _runs_carrying(
+    *, tenant: Tenant, user: AbstractBaseUser, item_id: str, statuses: Iterable[str]
+) -> list[Any]:
+    """The ids of the user's runs in `tenant` in one of `statuses` whose copy has the item,
+    in primary-key order (the order they are locked in)."""
+    return [
+        pk
+        for pk, memory in Run.objects.filter(tenant=tenant, actor=user, status__in=statuses)
+        .order_by("pk")
+        .values_list("pk", "state__memory")
         if isinstance(memory, list)
         and any(isinstance(entry, dict) and entry.get("id") == item_id for entry in memory)
     ]
-    if not carrying:
-        return
-    runs = Run.objects.filter(status__in=ACTIVE_STATUSES).only("pk", "state", "updated_at")
-    paused = [pk for pk, status in carrying if status == RunStatus.WAITING_APPROVAL]
-    others = [pk for pk, status in carrying if status != RunStatus.WAITING_APPROVAL]
-    # Locked again, the status is read anew: a paused run whose action started since is
-    # RUNNING now, and still active.
-    locked = [
-        *runs.select_for_update(no_key=True).filter(pk__in=paused).order_by("pk"),
-        *runs.select_for_update(no_key=True, skip_locked=True).filter(pk__in=others),
+
+
+def _run_forget(run: Run, *, item_id: str) -> None:
+    memory = [
+        entry
+        for entry in run.state.get("memory") or []
+        if not (isinstance(entry, dict) and entry.get("id") == item_id)
     ]
-    for run in locked:
-        memory = [
-            entry
-            for entry in run.state.get("memory") or []
-            if not (isinstance(entry, dict) and entry.get("id") == item_id)
-        ]
-        run.state = {**run.state, "memory": memory}
-        # updated_at too: an execution that saved the run before reads it again.
-        run.save(update_fields=["state", "updated_at"])
+    run.state = {**run.state, "memory": memory}
+    # updated_at too: an execution that saved the run before reads it again.
+    run.save(update_fields=["state", "updated_at"])
 
 
 def memories_kept(

@@ -21,11 +21,13 @@ from registry.models import Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.tenancy import api_token_issue
+from runs.choices import RunStatus
 from runs.loop import run_advance_step, run_execute
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import MemoryItem, Run, RunEvent
 from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
+from runs.services.runs import run_transition
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import demo_run
 from tests.runs.fake_provider import openai_completion
@@ -486,3 +488,92 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
     assert not MemoryItem.objects.filter(pk=tone.pk).exists()
     assert Run.objects.get(pk=run.pk).status == "RUNNING"
     assert _memory_of(run) == ["summary_language"]
+
+
+def _waiting_on_a_lock() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return cursor.fetchone()[0] > 0
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(demo, monkeypatch):
+    # given two of alice's runs carrying two items, both waiting for approval, and the first
+    # of them (the first locked) held for the moment by its approval being decided
+    _memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    runs = [demo_run(demo, project_id="apollo") for _ in range(2)]
+    for run in runs:
+        assert run_advance_step(run_id=str(run.pk)) is True
+        run_transition(run=Run.objects.get(pk=run.pk), status=RunStatus.WAITING_APPROVAL)
+    decided, resumed = sorted(runs, key=lambda run: run.pk)
+    held, released = threading.Event(), threading.Event()
+    asked, let_go = threading.Event(), threading.Event()
+    complete = OfflinePlanner.complete
+
+    def slow_model(self, request):
+        asked.set()
+        assert let_go.wait(timeout=20)
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
+    failures = []
+
+    def in_thread(work) -> None:
+        try:
+            work()
+        except Exception as error:  # noqa: BLE001 - the test reports what either thread raised
+            failures.append(error)
+        finally:
+            connection.close()
+
+    def decide() -> None:
+        with transaction.atomic():
+            Run.objects.select_for_update(no_key=True).get(pk=decided.pk)
+            held.set()
+            assert released.wait(timeout=20)
+
+    threads = [threading.Thread(target=in_thread, args=(decide,))]
+    threads[0].start()
+    assert held.wait(timeout=20)
+
+    # when alice deletes one item, and while the deletion waits for the first run, the
+    # second's action is resumed and a step holds it, asking its model
+    threads.append(
+        threading.Thread(
+            target=in_thread,
+            args=(lambda: memory_delete(tenant=demo.acme, user=demo.alice, item_id=tone.pk),),
+        )
+    )
+    threads[1].start()
+    _until(_waiting_on_a_lock)
+    run_transition(run=Run.objects.get(pk=resumed.pk), status=RunStatus.RUNNING)
+    threads.append(
+        threading.Thread(target=in_thread, args=(lambda: run_advance_step(run_id=str(resumed.pk)),))
+    )
+    threads[2].start()
+    assert asked.wait(timeout=20)
+    released.set()
+    _until(_waiting_on_a_lock)
+    let_go.set()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    # then neither the deletion nor the step waited on the other until one was ended: both
+    # committed, and neither run carries the item
+    assert failures == []
+    assert not MemoryItem.objects.filter(pk=tone.pk).exists()
+    assert Run.objects.get(pk=resumed.pk).status == "RUNNING"
+    assert _memory_of(decided) == ["summary_language"]
+    assert _memory_of(resumed) == ["summary_language"]
