@@ -483,11 +483,12 @@ def skills_recallable(*, tenant: Tenant) -> QuerySet[Skill]:
 def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, Skill]:
     """The skill of each name that a workflow node naming it loads in `tenant`: of two skills
     of one name, the tenant's own before the platform's, then by namespace, as skills are
-    recalled, so that which one a run loads is never left to the database."""
+    recalled, so that which one a run loads is never left to the database. A skill with
+    drafts only (no current version) hides nothing: no run can have it."""
     found: dict[str, Skill] = {}
     for skill in (
         definitions_visible(model=Skill, tenant=tenant)
-        .filter(name__in=names)
+        .filter(name__in=names, current_version__isnull=False)
         .select_related("current_version")
         .order_by(F("tenant_id").asc(nulls_last=True), "namespace")
     ):

@@ -739,6 +739,49 @@ def test_the_draft_node_loads_the_tenants_own_skill_before_a_platform_skill_of_t
     ] == [("weekly-summary-lite", "1.0.0", None), ("weekly-summary", "3.2.0", "draft")]
 
 
+def test_a_tenants_skill_with_drafts_only_does_not_hide_the_platform_skill_a_node_loads(
+    demo, monkeypatch
+):
+    # given the draft node loading board-pack, which the platform publishes and grants to
+    # acme, and acme's own board-pack, a draft never published
+    draft = WEEKLY_SUMMARY_SEND.nodes["draft"]
+    workflow = replace(
+        WEEKLY_SUMMARY_SEND,
+        nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill="board-pack")},
+    )
+    monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+    content = {field: getattr(seeded_skill(demo), field) for field in SKILL_CONTENT_FIELDS}
+    platform = skills.skill_version_publish(
+        skill_version=skills.skill_version_create(
+            actor=demo.admin,
+            tenant=None,
+            name="board-pack",
+            version="1.0.0",
+            tool_versions=[],
+            **content,
+        ),
+        actor=demo.admin,
+    )
+    definition_grant(actor=demo.admin, definition=platform.skill, tenant=demo.acme)
+    skills.skill_version_create(
+        actor=demo.admin,
+        tenant=demo.acme,
+        name="board-pack",
+        version="0.1.0",
+        tool_versions=[],
+        **content,
+    )
+
+    # when
+    run = start(demo, project_id="apollo")
+
+    # then the node loads the platform's: no run can have acme's
+    assert ("board-pack", "1.0.0", "draft") in [
+        (skill["name"], skill["version"], skill.get("node")) for skill in run.capability["skills"]
+    ]
+    assert run.capability["excluded"] == []
+
+
 def test_a_run_whose_workflow_loads_a_skill_it_may_not_use_is_refused_before_anything(
     demo, monkeypatch
 ):
