@@ -3,9 +3,10 @@ pinning published tools), clients per user, and helpers to post messages and cou
 
 import io
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -22,6 +24,8 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tena
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, membership_add
+from runs.loop import run_advance_step
+from runs.model_clients.offline import OfflinePlanner
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
 from tests.registry.factories import PASSWORD, UserFactory
@@ -266,6 +270,47 @@ def demo_run(
         metadata=metadata,
         session_id=session_id,
     ).run
+
+
+@dataclass
+class HeldPlanner:
+    """The offline planner, each question held until the test lets it go: `asked` is set
+    when it is asked; `let_go` releases it; `requests` are what it was asked and `in_time`
+    whether each was let go within 20 s."""
+
+    asked: threading.Event = field(default_factory=threading.Event)
+    let_go: threading.Event = field(default_factory=threading.Event)
+    requests: list = field(default_factory=list)
+    in_time: list[bool] = field(default_factory=list)
+
+
+@pytest.fixture
+def held_planner(monkeypatch) -> HeldPlanner:
+    held = HeldPlanner()
+    complete = OfflinePlanner.complete
+
+    def held_complete(self, request):
+        held.requests.append(request)
+        held.asked.set()
+        held.in_time.append(held.let_go.wait(timeout=20))
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", held_complete)
+    return held
+
+
+def step_in_thread(run) -> threading.Thread:
+    """The run's next step, started on a thread of its own (with its own connection)."""
+
+    def step() -> None:
+        try:
+            run_advance_step(run_id=str(run.pk))
+        finally:
+            connection.close()
+
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    return stepping
 
 
 def event_types(run) -> list[str]:

@@ -12,50 +12,30 @@ from django.db import connection, transaction
 from approvals.models import BusinessAction
 from runs.errors import InvalidRunTransition
 from runs.loop import run_advance_step, run_execute
-from runs.model_clients.offline import OfflinePlanner
 from runs.models import CancelRequest, Run
 from runs.services.runs import run_cancel
 from runs.tasks import runs_sweep
-from tests.runs.conftest import demo_run, event_types, events_of
+from tests.runs.conftest import demo_run, event_types, events_of, step_in_thread
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_cancel_during_a_model_call_returns_before_it_and_the_step_boundary_ends_the_run(
-    demo, monkeypatch
+    demo, held_planner
 ):
     # given a run between its steps, whose next model call waits until it is let go
     run = demo_run(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
-    asked, let_go = threading.Event(), threading.Event()
-    complete = OfflinePlanner.complete
-    model_calls = []
-
-    def slow_model(self, request):
-        model_calls.append(request)
-        asked.set()
-        model_calls.append(let_go.wait(timeout=20))
-        return complete(self, request)
-
-    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
-
-    def step() -> None:
-        try:
-            run_advance_step(run_id=str(run.pk))
-        finally:
-            connection.close()
-
-    stepping = threading.Thread(target=step)
-    stepping.start()
-    assert asked.wait(timeout=20)
+    stepping = step_in_thread(run)
+    assert held_planner.asked.wait(timeout=20)
 
     # when alice cancels it while the model is being asked
     cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
-    let_go.set()
+    held_planner.let_go.set()
     stepping.join(timeout=30)
 
     # then the cancel returned before the step let go of the run: it says it was asked for
-    assert model_calls[1] is True, "the cancel waited for the step"
+    assert held_planner.in_time == [True], "the cancel waited for the step"
     assert cancelled.status == "RUNNING"
     assert cancelled.cancel_requested_at is not None
     # the step ended as it would have; the next boundary ends the run, asking no model again
@@ -63,7 +43,7 @@ def test_a_cancel_during_a_model_call_returns_before_it_and_the_step_boundary_en
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
     assert run.cancel_requested_at is not None
-    assert len(model_calls) == 2
+    assert len(held_planner.requests) == 1
     assert event_types(run)[-2:] == ["model.responded", "run.finished"]
     assert not CancelRequest.objects.filter(run=run).exists()
 

@@ -29,7 +29,7 @@ from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
 from runs.services.runs import run_transition
 from tests.registry.factories import PASSWORD
-from tests.runs.conftest import demo_run
+from tests.runs.conftest import demo_run, step_in_thread
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import seeded_skill
 
@@ -447,7 +447,7 @@ def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, mo
 
 @pytest.mark.django_db(transaction=True)
 def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_saves(
-    demo, monkeypatch
+    demo, held_planner
 ):
     # given a run between its steps, carrying two items, whose next model call waits until
     # it is let go
@@ -456,35 +456,19 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     run = demo_run(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
-    asked, let_go = threading.Event(), threading.Event()
-    complete = OfflinePlanner.complete
-
-    def slow_model(self, request):
-        asked.set()
-        assert let_go.wait(timeout=20)
-        return complete(self, request)
-
-    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
-
-    def step() -> None:
-        try:
-            run_advance_step(run_id=str(run.pk))
-        finally:
-            connection.close()
-
-    stepping = threading.Thread(target=step)
-    stepping.start()
-    assert asked.wait(timeout=20)
+    stepping = step_in_thread(run)
+    assert held_planner.asked.wait(timeout=20)
 
     # when alice deletes one while the model is being asked
     started = time.monotonic()
     memory_delete(tenant=demo.acme, user=demo.alice, item_id=tone.pk)
     waited = time.monotonic() - started
-    let_go.set()
+    held_planner.let_go.set()
     stepping.join(timeout=30)
 
     # then the deletion did not wait for the step, and the step's save left the item out
     assert waited < 5
+    assert held_planner.in_time == [True]
     assert not MemoryItem.objects.filter(pk=tone.pk).exists()
     assert Run.objects.get(pk=run.pk).status == "RUNNING"
     assert _memory_of(run) == ["summary_language"]
@@ -507,7 +491,7 @@ def _until(condition) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(demo, monkeypatch):
+def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(demo, held_planner):
     # given two of alice's runs carrying two items, both waiting for approval, and the first
     # of them (the first locked) held for the moment by its approval being decided
     _memory_skill(demo)
@@ -519,15 +503,6 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
         run_transition(run=Run.objects.get(pk=run.pk), status=RunStatus.WAITING_APPROVAL)
     decided, resumed = sorted(runs, key=lambda run: run.pk)
     held, released = threading.Event(), threading.Event()
-    asked, let_go = threading.Event(), threading.Event()
-    complete = OfflinePlanner.complete
-
-    def slow_model(self, request):
-        asked.set()
-        assert let_go.wait(timeout=20)
-        return complete(self, request)
-
-    monkeypatch.setattr(OfflinePlanner, "complete", slow_model)
     failures = []
 
     def in_thread(work) -> None:
@@ -563,16 +538,17 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
         threading.Thread(target=in_thread, args=(lambda: run_advance_step(run_id=str(resumed.pk)),))
     )
     threads[2].start()
-    assert asked.wait(timeout=20)
+    assert held_planner.asked.wait(timeout=20)
     released.set()
     _until(_waiting_on_a_lock)
-    let_go.set()
+    held_planner.let_go.set()
     for thread in threads:
         thread.join(timeout=30)
 
     # then neither the deletion nor the step waited on the other until one was ended: both
     # committed, and neither run carries the item
     assert failures == []
+    assert held_planner.in_time == [True]
     assert not MemoryItem.objects.filter(pk=tone.pk).exists()
     assert Run.objects.get(pk=resumed.pk).status == "RUNNING"
     assert _memory_of(decided) == ["summary_language"]
