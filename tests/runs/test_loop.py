@@ -712,23 +712,29 @@ def test_the_draft_node_loads_its_skill_whichever_skill_the_run_was_routed_to(de
     assert run.state["draft"]["subject"] == apollo_draft()["subject"]
 
 
-def test_the_draft_node_loads_the_tenants_own_skill_before_a_platform_skill_of_that_name(demo):
-    # given a run routed to weekly-summary-lite, and a platform-wide weekly-summary granted to
-    # acme beside acme's own, published after it
-    lite_reporter(demo)
+def platform_skill_granted(demo, name: str, version: str) -> SkillVersion:
+    """A platform-wide skill version with the seeded weekly-summary content, granted to acme."""
     seeded = seeded_skill(demo)
     platform = skills.skill_version_publish(
         skill_version=skills.skill_version_create(
             actor=demo.admin,
             tenant=None,
-            name="weekly-summary",
-            version="9.0.0",
+            name=name,
+            version=version,
             tool_versions=[],
             **{field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS},
         ),
         actor=demo.admin,
     )
     definition_grant(actor=demo.admin, definition=platform.skill, tenant=demo.acme)
+    return platform
+
+
+def test_the_draft_node_loads_the_tenants_own_skill_before_a_platform_skill_of_that_name(demo):
+    # given a run routed to weekly-summary-lite, and a platform-wide weekly-summary granted to
+    # acme beside acme's own, published after it
+    lite_reporter(demo)
+    platform_skill_granted(demo, "weekly-summary", "9.0.0")
 
     # when
     run = start(demo, project_id="apollo")
@@ -750,26 +756,14 @@ def test_a_tenants_skill_with_drafts_only_does_not_hide_the_platform_skill_a_nod
         nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill="board-pack")},
     )
     monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
-    content = {field: getattr(seeded_skill(demo), field) for field in SKILL_CONTENT_FIELDS}
-    platform = skills.skill_version_publish(
-        skill_version=skills.skill_version_create(
-            actor=demo.admin,
-            tenant=None,
-            name="board-pack",
-            version="1.0.0",
-            tool_versions=[],
-            **content,
-        ),
-        actor=demo.admin,
-    )
-    definition_grant(actor=demo.admin, definition=platform.skill, tenant=demo.acme)
+    platform_skill_granted(demo, "board-pack", "1.0.0")
     skills.skill_version_create(
         actor=demo.admin,
         tenant=demo.acme,
         name="board-pack",
         version="0.1.0",
         tool_versions=[],
-        **content,
+        **{field: getattr(seeded_skill(demo), field) for field in SKILL_CONTENT_FIELDS},
     )
 
     # when
