@@ -3,7 +3,9 @@
 import asyncio
 import email
 import os
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from email.message import Message
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 from aiosmtpd.controller import Controller
 from django.contrib.auth import get_user_model
+from django.db import connection
 
 from approvals import services
 from approvals.choices import ActionStatus, Decision
@@ -66,6 +69,24 @@ class SmtpServer:
     def start(self) -> None:
         self.controller = Controller(self, hostname=self.host, port=self.port)
         self.controller.start()
+
+    def sending(self, work: Callable[[], object]) -> threading.Thread:
+        """`work` started on a thread of its own (with its own connection), returned once
+        this server holds a message: the send it makes is under way."""
+
+        def in_thread() -> None:
+            try:
+                work()
+            finally:
+                connection.close()
+
+        thread = threading.Thread(target=in_thread)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not self.messages and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert self.messages, "the send never reached the mail server"
+        return thread
 
     async def handle_DATA(self, server, session, envelope):
         if self.drop == "before_accept":
