@@ -745,17 +745,22 @@ def test_the_draft_node_loads_the_tenants_own_skill_before_a_platform_skill_of_t
     ] == [("weekly-summary-lite", "1.0.0", None), ("weekly-summary", "3.2.0", "draft")]
 
 
+def draft_node_loading(monkeypatch, skill: str) -> None:
+    """The weekly workflow, its draft node loading `skill` by name, for this test."""
+    draft = WEEKLY_SUMMARY_SEND.nodes["draft"]
+    workflow = replace(
+        WEEKLY_SUMMARY_SEND,
+        nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill=skill)},
+    )
+    monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+
+
 def test_a_tenants_skill_with_drafts_only_does_not_hide_the_platform_skill_a_node_loads(
     demo, monkeypatch
 ):
     # given the draft node loading board-pack, which the platform publishes and grants to
     # acme, and acme's own board-pack, a draft never published
-    draft = WEEKLY_SUMMARY_SEND.nodes["draft"]
-    workflow = replace(
-        WEEKLY_SUMMARY_SEND,
-        nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill="board-pack")},
-    )
-    monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+    draft_node_loading(monkeypatch, "board-pack")
     platform_skill_granted(demo, "board-pack", "1.0.0")
     skills.skill_version_create(
         actor=demo.admin,
@@ -780,12 +785,7 @@ def test_a_run_whose_workflow_loads_a_skill_it_may_not_use_is_refused_before_any
     demo, monkeypatch
 ):
     # given the weekly workflow's draft node loading a skill acme does not have
-    draft = WEEKLY_SUMMARY_SEND.nodes["draft"]
-    workflow = replace(
-        WEEKLY_SUMMARY_SEND,
-        nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill="board-pack")},
-    )
-    monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+    draft_node_loading(monkeypatch, "board-pack")
     run = start(demo, project_id="apollo")
 
     # when
