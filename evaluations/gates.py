@@ -16,7 +16,7 @@ from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
-from registry.selectors import agent_skills_reachable, user_can
+from registry.selectors import agent_skills_reachable, skill_versions_served, user_can
 
 
 def skill_content_hash(skill_version: SkillVersion) -> str:
@@ -157,22 +157,23 @@ def release_override_record(
 def model_change_check(
     *, agent_config: AgentConfig, bound_skills: QuerySet[Skill] | None = None
 ) -> None:
-    """Moving an agent to another model needs, for the current version of each skill its runs
-    may use (`agent_skills_reachable`: its bound skills, or for an agent that recalls its
-    skills every one a request may recall, and the skills their workflows' nodes load), the
-    release gate met by eval runs with that model. `bound_skills`: the skills the change
-    binds it to, when it changes them too; the gate holds for the agent as it is saved."""
+    """Moving an agent to another model needs, for each version its runs may be given of each
+    skill they may use (`agent_skills_reachable`: its bound skills, or for an agent that
+    recalls its skills every one a request may recall, and the skills their workflows' nodes
+    load; `skill_versions_served`: the current version, and those an active rollout serves in
+    its tenant), the release gate met by eval runs with that model. `bound_skills`: the
+    skills the change binds it to, when it changes them too; the gate holds for the agent as
+    it is saved."""
     stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
     if not agent_config.pk or stored.first() == agent_config.model_config_id:
         return
     failures = []
-    for skill in agent_skills_reachable(agent_config=agent_config, bound_skills=bound_skills):
-        if skill.current_version is None:
-            continue
+    reachable = agent_skills_reachable(agent_config=agent_config, bound_skills=bound_skills)
+    for version in skill_versions_served(skills=reachable, tenant=agent_config.tenant):
         failures += [
-            {"skill": skill.current_version.qualified_name, **failure}
+            {"skill": version.qualified_name, **failure}
             for failure in release_gate_failures(
-                skill_version=skill.current_version, model_config=agent_config.model_config
+                skill_version=version, model_config=agent_config.model_config
             )
         ]
     if failures:

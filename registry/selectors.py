@@ -525,6 +525,32 @@ def agent_skills_reachable(
     return reachable
 
 
+def skill_versions_served(*, skills: Iterable[Skill], tenant: Tenant) -> list[SkillVersion]:
+    """The versions of `skills` a run in `tenant` may be given: each one's current version,
+    then those an active rollout serves to a share of the tenant's actors (`rollout_serves`)."""
+    skills = list(skills)
+    served = {
+        skill.current_version_id: skill.current_version
+        for skill in skills
+        if skill.current_version is not None
+    }
+    flags = (
+        RolloutFlag.objects.filter(
+            Q(tenants=None) | Q(tenants=tenant),
+            skill__in=skills,
+            is_active=True,
+            percentage__gt=0,
+            skill_version__status=VersionStatus.PUBLISHED,
+        )
+        .select_related("skill_version__skill")
+        .order_by("key")
+        .distinct()
+    )
+    for flag in flags:
+        served.setdefault(flag.skill_version_id, flag.skill_version)
+    return list(served.values())
+
+
 def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled]:
     """Published skills the tenant may use, ranked by how well their triggers (weight A),
     description (B) and examples (C) match the request: PostgreSQL full-text search, or a

@@ -11,7 +11,7 @@ from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.models import ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import SkillAssembly, VersionStatus
-from registry.models import AgentConfig, SkillVersion
+from registry.models import AgentConfig, RolloutFlag, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
@@ -150,6 +150,34 @@ def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail
     page = Client()
     page.force_login(demo.admin)
     assert "published over its release gate" in page.get("/registry/history/").content.decode()
+
+
+def test_moving_an_agent_needs_the_gate_met_for_the_version_a_rollout_serves_its_tenant(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-summary 3.4.0 current and met with the adversary model, and a rollout
+    # serving 3.2.0 to half of acme's actors
+    newer = draft("3.4.0")
+    evaluate(tiny, version=newer)
+    skills.skill_version_publish(skill_version=newer, actor=dave)
+    evaluate(tiny, version=newer, model_config=adversary)
+    older = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    flag = RolloutFlag.objects.create(
+        key="weekly-older", skill=older.skill, skill_version=older, percentage=50
+    )
+    flag.tenants.set([demo.acme])
+    demo.agent.model_config = adversary
+
+    # when the agent moves to the adversary model, before and after 3.2.0 was evaluated with it
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    evaluate(tiny, version=older, model_config=adversary)
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+
+    # then the version the rollout serves decided: the current one was met
+    assert [failure["skill"] for failure in blocked.value.details["failures"]] == [
+        "weekly-summary@3.2.0"
+    ]
 
 
 def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
