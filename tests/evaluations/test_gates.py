@@ -47,6 +47,21 @@ def publish_lite(demo, dave, **changes) -> SkillVersion:
     return skills.skill_version_publish(skill_version=version, actor=dave)
 
 
+def moved_once_evaluated(
+    evaluate, demo, suite, agent: AgentConfig, model_config, version: SkillVersion
+) -> ReleaseGateFailed:
+    """Move `agent` to `model_config`: refused while `version` has no eval run of `suite` with
+    that model, done once it has one. Returns the refusal."""
+    agent.model_config = model_config
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        registry_object_save(instance=agent, actor=demo.admin, reason="new model")
+    evaluate(suite, version=version, model_config=model_config)
+    registry_object_save(instance=agent, actor=demo.admin, reason="new model")
+    agent.refresh_from_db()
+    assert agent.model_config == model_config
+    return blocked.value
+
+
 def test_a_version_without_a_finished_eval_run_is_not_published(demo, dave, tiny, draft):
     version = draft("3.4.0")
 
@@ -166,34 +181,22 @@ def test_moving_an_agent_needs_the_gate_met_for_the_version_a_rollout_serves_its
         key="weekly-older", skill=older.skill, skill_version=older, percentage=50
     )
     flag.tenants.set([demo.acme])
-    demo.agent.model_config = adversary
 
     # when the agent moves to the adversary model, before and after 3.2.0 was evaluated with it
-    with pytest.raises(ReleaseGateFailed) as blocked:
-        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
-    evaluate(tiny, version=older, model_config=adversary)
-    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    refused = moved_once_evaluated(evaluate, demo, tiny, demo.agent, adversary, older)
 
     # then the version the rollout serves decided: the current one was met
-    assert [failure["skill"] for failure in blocked.value.details["failures"]] == [
-        "weekly-summary@3.2.0"
-    ]
+    assert [failure["skill"] for failure in refused.details["failures"]] == ["weekly-summary@3.2.0"]
 
 
 def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
     evaluate, demo, dave, tiny, adversary
 ):
     current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
-    demo.agent.model_config = adversary
 
-    with pytest.raises(ReleaseGateFailed) as blocked:
-        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
-    evaluate(tiny, version=current, model_config=adversary)
-    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    refused = moved_once_evaluated(evaluate, demo, tiny, demo.agent, adversary, current)
 
-    assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
-    demo.agent.refresh_from_db()
-    assert demo.agent.model_config == adversary
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in refused.message
 
 
 def test_moving_an_agent_that_recalls_its_skills_needs_the_gate_met_for_those_it_may_recall(
@@ -211,19 +214,13 @@ def test_moving_an_agent_that_recalls_its_skills_needs_the_gate_met_for_those_it
         actor=demo.admin,
     )
     current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
-    router.model_config = adversary
 
     # when it moves to another model, before and after weekly-summary was evaluated with it
-    with pytest.raises(ReleaseGateFailed) as blocked:
-        registry_object_save(instance=router, actor=demo.admin, reason="new model")
-    evaluate(tiny, version=current, model_config=adversary)
-    registry_object_save(instance=router, actor=demo.admin, reason="new model")
+    refused = moved_once_evaluated(evaluate, demo, tiny, router, adversary, current)
 
     # then the gate of the skill it may be routed to decided
     assert router.skills.count() == 0
-    assert "weekly-summary@3.2.0: no finished eval run of tiny" in blocked.value.message
-    router.refresh_from_db()
-    assert router.model_config == adversary
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in refused.message
 
 
 def test_the_admin_shows_a_refused_model_move_on_the_form_with_what_was_typed(
@@ -256,20 +253,12 @@ def test_moving_an_agent_needs_the_gate_met_for_the_skills_its_workflow_nodes_lo
     assert lite.workflow == "weekly-summary-send@1"
     demo.agent.skills.set([lite.skill])
     current = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
-    demo.agent.model_config = adversary
 
     # when it moves to another model, before and after weekly-summary was evaluated with it
-    with pytest.raises(ReleaseGateFailed) as blocked:
-        registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
-    evaluate(tiny, version=current, model_config=adversary)
-    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    refused = moved_once_evaluated(evaluate, demo, tiny, demo.agent, adversary, current)
 
     # then the gate of the skill its runs load in the draft node decided
-    assert [failure["skill"] for failure in blocked.value.details["failures"]] == [
-        "weekly-summary@3.2.0"
-    ]
-    demo.agent.refresh_from_db()
-    assert demo.agent.model_config == adversary
+    assert [failure["skill"] for failure in refused.details["failures"]] == ["weekly-summary@3.2.0"]
 
 
 def test_the_admin_checks_a_model_move_against_the_skills_submitted_with_it(
