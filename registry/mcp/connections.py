@@ -691,15 +691,13 @@ class McpConnections:
         arguments: dict[str, Any],
         *,
         meta: dict[str, Any],
-        timeout_s: float,
-        deadline: Deadline | None = None,
+        deadline: Deadline,
     ) -> mcp_types.CallToolResult:
-        """`tools/call`, all of it (the session opened, if it must be) within `timeout_s`, or
-        before `deadline`: the call's, which also bounded what was done for it before."""
-        deadline = deadline or Deadline.after(timeout_s)
+        """`tools/call`, all of it (the session opened, if it must be) before `deadline`: the
+        call's, which also bounded what was done for it before."""
 
         async def call(session: ClientSession) -> mcp_types.CallToolResult:
-            read_timeout = timedelta(seconds=min(timeout_s, deadline.left()))
+            read_timeout = timedelta(seconds=deadline.left())
             try:
                 return await session.call_tool(
                     name, arguments, read_timeout_seconds=read_timeout, meta=meta
@@ -709,7 +707,7 @@ class McpConnections:
                 # server answered what it said it would not.
                 raise McpRemoteError(f"{endpoint.label}: {error}") from error
 
-        return self._run(endpoint, call, timeout_s=timeout_s, deadline=deadline)
+        return self._run(endpoint, call, timeout_s=deadline.timeout_s, deadline=deadline)
 
     def read_resource(
         self, endpoint: Endpoint, uri: str, *, timeout_s: float

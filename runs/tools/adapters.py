@@ -471,7 +471,6 @@ def mcp_call(
                 f"{MCP_META_PREFIX}call_id": context.call_id,
                 f"{MCP_META_PREFIX}idempotency_key": context.idempotency_key,
             },
-            timeout_s=tool_version.timeout_s,
             deadline=deadline,
         )
     except McpRefused as error:

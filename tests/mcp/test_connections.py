@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.mcp.connections import McpUnavailable, connections, endpoint_for
+from registry.mcp.connections import Deadline, McpUnavailable, connections, endpoint_for
 from registry.models import McpServer
 from tests.mcp.conftest import TOKEN, over_stdio
 
@@ -41,7 +41,11 @@ def endpoint(overrides):
 
 def status_of(endpoint, project_id: str) -> str:
     result = connections.call_tool(
-        endpoint, "project_status", {"project_id": project_id}, meta=IDENTITY, timeout_s=10
+        endpoint,
+        "project_status",
+        {"project_id": project_id},
+        meta=IDENTITY,
+        deadline=Deadline.after(10),
     )
     return result.structuredContent["project_id"]
 

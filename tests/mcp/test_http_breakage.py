@@ -16,7 +16,7 @@ from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
 
-from registry.mcp.connections import McpTimeout, connections, endpoint_for
+from registry.mcp.connections import Deadline, McpTimeout, connections, endpoint_for
 from registry.models import McpServer
 from registry.services.mcp import mcp_server_save
 from runs.loop import run_execute
@@ -112,7 +112,9 @@ def test_calls_that_timed_out_leave_no_request_open(demo, hostile_http, settings
 
     def call(_) -> str:
         try:
-            connections.call_tool(endpoint, "project_status", {}, meta={}, timeout_s=1)
+            connections.call_tool(
+                endpoint, "project_status", {}, meta={}, deadline=Deadline.after(1)
+            )
         except McpTimeout:
             return "timeout"
         return "ok"
