@@ -792,6 +792,7 @@ def action_reconcile(*, action_id: Any, attempt: int | None = None) -> str:
             str(action.tool_version_id)
         ]
         context = executor.host_context(run=run, call_id=call.call_id, tool_version=tool_version)
+        secrets = (context.credential,)
         try:
             output = adapters.reconcile(tool_version, context)
         except ToolFailed as failure:
@@ -818,11 +819,11 @@ def action_reconcile(*, action_id: Any, attempt: int | None = None) -> str:
                 return action.status
             else:
                 _record_settled(run, call, tool_version, context, failure)
-                _fail(run, action, failure, reconciled=True, secrets=(context.credential,))
+                _fail(run, action, failure, reconciled=True, secrets=secrets)
                 return action.status
         else:
             _record_settled(run, call, tool_version, context, output)
-            _succeed(run, action, output, reconciled=True, secrets=(context.credential,))
+            _succeed(run, action, output, reconciled=True, secrets=secrets)
             return action.status
     _run_and_record(
         action_id,
