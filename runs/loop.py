@@ -31,7 +31,7 @@ from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
-from runs.model_clients.base import ModelError, ToolCall, ToolSpec, response_kept
+from runs.model_clients.base import ModelError, ToolCall, ToolSpec, Usage, response_kept
 from runs.model_clients.factory import model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
@@ -770,6 +770,19 @@ def _cost(prices: tuple[Decimal, Decimal], input_tokens: int, output_tokens: int
     return (per_1k_input * input_tokens + per_1k_output * output_tokens) / 1000
 
 
+def _spend(
+    run: Run, prices: tuple[Decimal, Decimal], input_tokens: int, output_tokens: int
+) -> Decimal:
+    """Count a turn's tokens and cost on the run and the tenant's day; returns the cost.
+    However much a provider claims, the totals stay within their columns; the budgets end
+    the run long before."""
+    cost = _cost(prices, input_tokens, output_tokens)
+    quotas.tenant_cost_add(run.tenant_id, cost)
+    run.tokens_used = min(run.tokens_used + input_tokens + output_tokens, TOKENS_USED_MAX)
+    run.cost = min(run.cost + cost, COST_MAX)
+    return cost
+
+
 def _turn_unaffordable(
     run: Run, prices: tuple[Decimal, Decimal], input_tokens: int, *, tokens_left: int
 ) -> str | None:
@@ -868,6 +881,8 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     except ModelError as error:
         if error.retryable:
             raise ModelTemporarilyUnavailable(error) from error
+        usage = error.usage or Usage()
+        cost = _spend(run, prices, usage.input_tokens, usage.output_tokens)
         tracing.span_add(
             run,
             "model.turn",
@@ -875,6 +890,9 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             error=True,
             **model,
             error_category="MODEL_ERROR",
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cost=str(cost),
         )
         _finish(
             run,
@@ -888,8 +906,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     output_tokens = response.usage.output_tokens or estimate_tokens(
         response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
     )
-    cost = _cost(prices, input_tokens, output_tokens)
-    quotas.tenant_cost_add(run.tenant_id, cost)
+    cost = _spend(run, prices, input_tokens, output_tokens)
     tracing.span_add(
         run,
         "model.turn",
@@ -901,13 +918,6 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         tool_calls=len(response.tool_calls),
         stop_reason=response.stop_reason,
     )
-    # However much a provider claims, the totals stay within their columns; the budgets
-    # end the run long before.
-    run.tokens_used = min(
-        run.tokens_used + input_tokens + output_tokens,
-        TOKENS_USED_MAX,
-    )
-    run.cost = min(run.cost + cost, COST_MAX)
     calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript, step=run.steps)
     run.transcript.append(assistant_entry(response.text, calls, response.reasoning))
     events.model_responded(

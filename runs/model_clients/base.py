@@ -123,12 +123,16 @@ class ModelError(Exception):
         retryable: bool,
         status_code: int | None = None,
         retry_after: float | None = None,
+        usage: Usage | None = None,
     ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.status_code = status_code
         self.retry_after = retry_after
         """Seconds the provider asked the caller to wait before trying again (Retry-After)."""
+        self.usage = usage
+        """What the provider reported spending on an answer the run cannot use: it bills it
+        all the same."""
 
 
 class ModelClient(Protocol):

@@ -93,13 +93,17 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
     """The turn a Chat Completions answer holds (`runs.model_clients.answers`): the first
     choice's text, given as a string or as a list of parts, and its function calls, also
     those of servers that leave out `"type": "function"`."""
+    reported = answers.mapping(completion.get("usage"))
+    usage = Usage(
+        input_tokens=answers.tokens(reported.get("prompt_tokens")),
+        output_tokens=answers.tokens(reported.get("completion_tokens")),
+    )
     choices = answers.items(completion.get("choices"))
     if not choices or not isinstance(choices[0], Mapping):
-        raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False)
+        raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False, usage=usage)
     choice = choices[0]
     message = answers.mapping(choice.get("message"))
     content = message.get("content")
-    usage = answers.mapping(completion.get("usage"))
     return ModelResponse(
         text=(
             content
@@ -118,10 +122,7 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
             if call.get("type") in (None, "function")
             for function in [answers.mapping(call.get("function"))]
         ),
-        usage=Usage(
-            input_tokens=answers.tokens(usage.get("prompt_tokens")),
-            output_tokens=answers.tokens(usage.get("completion_tokens")),
-        ),
+        usage=usage,
         stop_reason=answers.text(choice.get("finish_reason")),
         model=answers.text(completion.get("model")),
     )

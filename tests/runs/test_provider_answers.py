@@ -5,6 +5,7 @@ place, which the task would deliver again, the provider billed each time, until 
 
 import json
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from celery.exceptions import Retry
@@ -12,6 +13,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from registry.choices import ModelProvider
+from registry.models import ModelConfig
+from runs import quotas
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.model_clients.answers import TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
@@ -175,6 +178,31 @@ def test_a_final_provider_error_keeps_the_provider_s_reason_and_never_the_key(de
     assert run.result["output"]["status_code"] == 400
     assert reason in run.result["output"]["model_error"]
     assert API_KEY not in json.dumps(run.result)
+
+
+def test_an_answer_without_a_choice_ends_the_run_and_its_tokens_are_paid_for(demo, fake_model):
+    """A provider bills the prompt of an answer it gave no choice for (a content filter's,
+    say): the run, its budgets and the tenant's day count it like any turn."""
+    fake = fake_model()
+    reply = openai_completion(content="unused")
+    reply["choices"] = []
+    reply["usage"] = {"prompt_tokens": 1200, "completion_tokens": 0}
+    fake.reply(reply)
+    ModelConfig.objects.filter(name="fake-openai").update(
+        price_per_1k_input=Decimal("0.50"), price_per_1k_output=Decimal("1.50")
+    )
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_ERROR")
+    assert "without any choice" in run.result["output"]["model_error"]
+    assert (run.tokens_used, run.cost) == (1200, Decimal("0.6"))
+    assert quotas.tenant_cost_today(demo.acme.pk) == Decimal("0.6")
+    span = run.spans.get(name="model.turn")
+    assert (span.attributes["input_tokens"], Decimal(span.attributes["cost"])) == (
+        1200,
+        Decimal("0.6"),
+    )
 
 
 @pytest.mark.parametrize(
