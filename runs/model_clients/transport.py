@@ -9,6 +9,9 @@ back is held to what the HTTP tool adapter holds a service to:
 - no redirect is followed (the conversation goes to the configured URL only), and the
   connection is made only where `config.egress` allows (or through the environment's proxy);
 - no compressed answer is asked for or taken (it would be inflated before its size is known);
+- an answer whose charset names a codec that decodes no text (rot13, base64, zlib: Python
+  has them all) is read as UTF-8: the SDKs read an error answer's text, which such a codec
+  fails with an exception no error handling expects;
 - an answer is read within the call's timeout as a whole (the client times each read, so a
   server that sends a byte now and then would hold the call for ever) and up to
   MODEL_RESPONSE_MAX_BYTES; at the deadline the client is closed under a read of the
@@ -82,6 +85,15 @@ class _BoundedBody(httpx2.SyncByteStream):
         self._stream.close()
 
 
+def _is_text_encoding(name: str) -> bool:
+    """Whether bytes decode to text in `name`, undecodable ones replaced (as httpx reads)."""
+    try:
+        b"x".decode(name, "replace")
+    except (LookupError, UnicodeError):
+        return False
+    return True
+
+
 def _sent(name: str) -> bool:
     name = name.lower()
     return name in _SENT_HEADERS or name.startswith(_SENT_PREFIX)
@@ -123,6 +135,8 @@ class _Client(httpx2.Client):
             watchdog.cancel()
             response.close()
             raise AnswerRefused(f"answered in {encoding[:40]} encoding, which was not asked for")
+        if not _is_text_encoding(response.encoding):
+            response.encoding = "utf-8"
         response.stream = _BoundedBody(
             response.stream,
             deadline=response.request.extensions["deadline"],

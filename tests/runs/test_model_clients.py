@@ -685,14 +685,21 @@ def test_an_unknown_provider_is_a_final_error(api_key):
 # --- a provider's server is held to what the platform sends and takes --------------------
 
 
-def _answering(body: bytes, *, drip_s: float = 0.0, encoding: str | None = None):
+def _answering(
+    body: bytes,
+    *,
+    drip_s: float = 0.0,
+    encoding: str | None = None,
+    status: int = 200,
+    content_type: str = "application/json",
+):
     """A provider that answers `body` (a byte every `drip_s`, or at once)."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             if encoding:
                 self.send_header("Content-Encoding", encoding)
             self.send_header("Content-Length", str(len(body)))
@@ -779,6 +786,28 @@ def test_an_answer_larger_than_the_limit_or_compressed_is_refused(api_key, setti
             model_client_for(make_config(port)).complete(request_of(UserMessage(text="Hi")))
         assert refusal in str(raised.value)
         assert raised.value.retryable is False
+
+
+@CONFIGS
+@pytest.mark.parametrize("charset", ["rot13", "base64", "zlib", "undefined"])
+def test_an_error_answer_in_a_charset_of_no_text_is_read_as_utf_8(api_key, make_config, charset):
+    # given a provider's gateway overloaded, whose error page names a codec Python has but
+    # that decodes no text as its charset
+    with _answering(
+        b"upstream overloaded",
+        status=503,
+        content_type=f"text/plain; charset={charset}",
+    ) as port:
+        client = model_client_for(make_config(port))
+
+        # when
+        with pytest.raises(ModelError) as raised:
+            client.complete(request_of(UserMessage(text="Hello")))
+
+    # then it is the provider's 503, worth another try, with its reason
+    error = raised.value
+    assert (error.status_code, error.retryable) == (503, True)
+    assert str(error).endswith("answered HTTP 503: upstream overloaded")
 
 
 @CONFIGS
