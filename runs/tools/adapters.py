@@ -323,7 +323,11 @@ def http_call(
         # failure in its JSON. Secrets go before the cut, which could leave part of one; they
         # are looked for in twice what is kept, which holds whole a secret (even a private
         # key) that starts before the cut, and bounds the work on a large answer.
-        text = content.decode(response.encoding or "utf-8", errors="replace")
+        try:
+            text = content.decode(response.encoding or "utf-8", errors="replace")
+        except (LookupError, UnicodeError):
+            # The charset names a codec that decodes no text (rot13, base64, zlib).
+            text = content.decode("utf-8", errors="replace")
         text = text[: 2 * TEXT_ANSWER_CHARS]
         payload = {
             "text": strip_secrets(text, secrets=(context.credential or "",))[:TEXT_ANSWER_CHARS]

@@ -230,6 +230,20 @@ def test_a_success_answer_in_plain_text_is_the_service_s_answer_kept_as_text(rep
     assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
 
 
+@pytest.mark.parametrize("charset", ["rot13", "base64", "zlib", "undefined"])
+def test_a_text_answer_in_a_charset_of_no_text_is_read_as_utf_8(report_service, charset):
+    # given a service whose plain-text answer names a codec Python has, but that decodes no
+    # text, as its charset
+    report_service.headers = {"Content-Type": f"text/plain; charset={charset}"}
+    report_service.body = b"apollo: green"
+
+    # when
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then it is the tool's result, as any text answer
+    assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
+
+
 def test_an_answer_nested_too_deep_to_parse_is_kept_as_text(report_service):
     report_service.body = b"[" * 5000 + b"]" * 5000
 
