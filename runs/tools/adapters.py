@@ -353,13 +353,15 @@ def http_call(
     if not isinstance(payload, dict):
         payload = {"data": payload}
     normalized = payload.get("normalized") or {}
+    # Sources are a list; of any other value (a number, a word) there are none.
+    sources = payload.get("sources")
     return ToolOutput(
         business_status=str(payload.get("business_status", "ok")),
         raw=payload.get("data", payload),
         normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[
             SourceDraft(reference=str(item.get("reference")), content=str(item.get("content", "")))
-            for item in payload.get("sources") or []
+            for item in (sources if isinstance(sources, list) else [])
             if isinstance(item, dict) and item.get("reference")
         ],
     )

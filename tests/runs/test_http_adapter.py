@@ -244,6 +244,18 @@ def test_a_text_answer_in_a_charset_of_no_text_is_read_as_utf_8(report_service, 
     assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
 
 
+@pytest.mark.parametrize("sources", [5, 1.5, True, "report:apollo", {"reference": "r"}])
+def test_sources_that_are_not_a_list_are_none_and_the_answer_is_the_result(report_service, sources):
+    # given a service whose 200 gives its sources as something other than a list
+    report_service.body = json.dumps({"data": {"health": "green"}, "sources": sources}).encode()
+
+    # when
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then the call succeeded with its data, and without sources
+    assert output == ToolOutput(business_status="ok", raw={"health": "green"}, sources=[])
+
+
 def test_an_answer_nested_too_deep_to_parse_is_kept_as_text(report_service):
     report_service.body = b"[" * 5000 + b"]" * 5000
 
