@@ -20,7 +20,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -28,12 +28,14 @@ import anyio
 import anyio.abc
 import httpx
 import mcp.client.stdio as sdk_stdio
+import mcp.client.streamable_http as sdk_http
 import pydantic
 from django.conf import settings
 from mcp import ClientSession, McpError, StdioServerParameters
 from mcp import types as mcp_types
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.message import SessionMessage
 
 from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
@@ -207,6 +209,53 @@ async def _create_process(*args: Any, **kwargs: Any) -> anyio.abc.Process:
 
 
 sdk_stdio._create_platform_compatible_process = _create_process
+
+
+class _AnswerMissing(Exception):
+    """An SSE answer to a request ended (or broke, or could not be read) without the request's
+    result, and was not resumed: none will come."""
+
+
+class _AnswerWatch:
+    """Where a request's SSE answer is passed on to the session, noting whether the request's
+    result (or error) went by."""
+
+    def __init__(self, stream: Any, request_id: Any) -> None:
+        self._stream, self._request_id = stream, request_id
+        self.answered = False
+
+    async def send(self, item: Any) -> None:
+        if (
+            isinstance(item, SessionMessage)
+            and isinstance(item.message.root, mcp_types.JSONRPCResponse | mcp_types.JSONRPCError)
+            and item.message.root.id == self._request_id
+        ):
+            self.answered = True
+        await self._stream.send(item)
+
+
+_sdk_handle_sse_response = sdk_http.StreamableHTTPTransport._handle_sse_response
+
+
+async def _handle_sse_response(
+    transport: sdk_http.StreamableHTTPTransport,
+    response: httpx.Response,
+    ctx: sdk_http.RequestContext,
+    is_initialization: bool = False,
+) -> None:
+    """The SDK's reading of a request's SSE answer, which returns quietly when the stream ends,
+    breaks or cannot be decoded before the result came (and could not be resumed), leaving
+    the request to wait for its timeout: then the session is handed `_AnswerMissing`, which
+    closes the connection (`_Connection._on_message`) and fails the request at once."""
+    watch = _AnswerWatch(ctx.read_stream_writer, ctx.session_message.message.root.id)
+    await _sdk_handle_sse_response(
+        transport, response, replace(ctx, read_stream_writer=watch), is_initialization
+    )
+    if not watch.answered:
+        await ctx.read_stream_writer.send(_AnswerMissing("its answer ended without a result"))
+
+
+sdk_http.StreamableHTTPTransport._handle_sse_response = _handle_sse_response
 
 
 @dataclass(frozen=True)
@@ -591,6 +640,8 @@ class McpConnections:
                 raise McpRefused(f"{endpoint.label}: {refused}")
             if isinstance(connection.error, _AnswerTooLarge):
                 raise McpRemoteError(f"{endpoint.label} answered {connection.error}.")
+            if isinstance(connection.error, _AnswerMissing):
+                raise McpUnavailable(f"{endpoint.label}: {connection.error}.")
             reason = _describe(connection.error) if connection.error else "closed"
             raise McpUnavailable(f"{endpoint.label}: the connection broke ({reason}).")
         try:

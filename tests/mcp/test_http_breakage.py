@@ -170,6 +170,50 @@ def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, se
     assert time.monotonic() - started < 5
 
 
+ANSWERED = '{"jsonrpc": "2.0", "id": {id}, "result": {"content": [{"type": "text", "text": "ok"}]}}'
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        {"body": ": keep-alive\n\n", "content_type": "text/event-stream"},
+        {
+            "body": f"event: message\ndata: {ANSWERED}\n\n",
+            "content_type": "text/event-stream; charset=rot13",
+        },
+    ],
+    ids=["ended", "charset-of-no-text"],
+)
+def test_an_sse_answer_that_ends_without_the_result_fails_the_call_at_once(
+    demo, hostile_http, settings, call
+):
+    # given a server whose SSE answer to the call ends without the call's result, or names
+    # as its charset a codec that decodes no text
+    url, answer = hostile_http
+    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
+    answer(**call)
+    run = ask(demo)
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then the call failed as the server's fault, not at its timeout, and the server may have
+    # run it
+    tool_call = ToolCall.objects.get(run=run)
+    assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert tool_call.envelope["error"]["message"] == (
+        "acme/projects: its answer ended without a result."
+    )
+    assert time.monotonic() - started < 5
+
+    # and once the server answers again, the next call gets its result
+    answer()
+    run = ask(demo)
+    run_execute(run_id=str(run.pk))
+    assert ToolCall.objects.get(run=run).status == "completed"
+
+
 def _discovered_in_admin(client: Client, server):
     """The page after the admin's discover action on `server`."""
     return client.post(
