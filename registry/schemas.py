@@ -9,6 +9,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
+from jsonschema_specifications import REGISTRY as META_SCHEMAS
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
@@ -136,8 +139,30 @@ def document_errors(document: Any, schema: dict[str, Any]) -> list[str]:
     return sorted(_message(error) for error in validator.iter_errors(document))
 
 
+def _references_leading_nowhere(schema: dict[str, Any]) -> list[str]:
+    """The `$ref`s and `$dynamicRef`s of `schema` and its subschemas that lead neither to a
+    part of it nor to a JSON Schema meta-schema (nothing is fetched to find out)."""
+    root = DRAFT202012.create_resource(schema)
+    nowhere = []
+    pending = [(META_SCHEMAS.resolver_with_root(root), root)]
+    while pending:
+        resolver, resource = pending.pop()
+        contents = resource.contents
+        for keyword in ("$ref", "$dynamicRef"):
+            reference = contents.get(keyword) if isinstance(contents, dict) else None
+            if not isinstance(reference, str):
+                continue
+            try:
+                resolver.lookup(reference)
+            except Unresolvable:
+                nowhere.append(reference)
+        pending += [(resolver.in_subresource(sub), sub) for sub in resource.subresources()]
+    return sorted(set(nowhere))
+
+
 def input_schema_errors(schema: Any) -> list[str]:
-    """Why `schema` is not a usable tool input schema: valid Draft 2020-12, an object, closed."""
+    """Why `schema` is not a usable tool input schema: valid Draft 2020-12, an object, closed,
+    referring to nothing outside itself."""
     if not isinstance(schema, dict):
         return ["The input schema must be a JSON object."]
     metaschema = Draft202012Validator(
@@ -149,6 +174,12 @@ def input_schema_errors(schema: Any) -> list[str]:
         where = f" at {location}" if location else ""
         return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
     errors = []
+    nowhere = _references_leading_nowhere(schema)
+    if nowhere:
+        errors.append(
+            "A reference must lead to a part of the input schema; these do not: "
+            f"{', '.join(nowhere)}."
+        )
     try:
         rfc8785.dumps(schema)
     except rfc8785.CanonicalizationError:

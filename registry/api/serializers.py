@@ -153,7 +153,7 @@ class ToolVersionCreateSerializer(StrictSerializer):
             "required": ["type", "additionalProperties"],
         },
         help_text='A JSON Schema (Draft 2020-12) with "type": "object" and '
-        '"additionalProperties": false.',
+        '"additionalProperties": false, whose references ($ref) lead to parts of itself.',
     )
     result_contract = DocumentField(document_schema=RESULT_CONTRACT_SCHEMA, required=False)
     risk = serializers.ChoiceField(choices=Risk.choices)

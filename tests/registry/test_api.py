@@ -826,6 +826,47 @@ def test_create_with_an_open_input_schema_is_refused(api, publisher):
 
 
 @pytest.mark.parametrize(
+    "reference",
+    ["http://169.254.169.254/latest/meta-data/", "#/$defs/missing", "#unknown-anchor"],
+    ids=["remote", "missing-pointer", "missing-anchor"],
+)
+def test_create_with_an_input_schema_referring_outside_itself_is_refused(api, publisher, reference):
+    schema = {
+        "type": "object",
+        "properties": {"q": {"$ref": reference}},
+        "additionalProperties": False,
+    }
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {
+        "input_schema": [
+            f"A reference must lead to a part of the input schema; these do not: {reference}."
+        ]
+    }
+    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
+
+
+def test_create_with_an_input_schema_referring_to_its_own_definitions_is_accepted(api, publisher):
+    schema = {
+        "type": "object",
+        "$defs": {"key": {"type": "string", "pattern": "^[a-z]+$"}},
+        "properties": {"q": {"$ref": "#/$defs/key"}},
+        "additionalProperties": False,
+    }
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 201
+    assert response.json()["input_schema"] == schema
+
+
+@pytest.mark.parametrize(
     ("kind", "field", "value"),
     [
         ("tools", "adapter_config", "x"),

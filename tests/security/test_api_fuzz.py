@@ -87,8 +87,8 @@ REFUSED_BEYOND_THE_SCHEMA = {
     "POST /api/v1/tools": (
         {"VALIDATION_ERROR": {"__all__", "input_schema", "adapter_config", "risk"}},
         "the version must be new, the input schema valid JSON Schema declaring what it "
-        "requires, the adapter config the one of its adapter kind, an MCP tool's risk no "
-        "lower than its server proposes",
+        "requires and referring only to itself, the adapter config the one of its adapter "
+        "kind, an MCP tool's risk no lower than its server proposes",
     ),
 }
 ACCEPTED = {*range(200, 400), 401, 403, 404, 409, 429}
