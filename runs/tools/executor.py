@@ -22,6 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError
 from django.utils import timezone
 from jsonschema import Draft202012Validator, FormatChecker
+from referencing import Registry
 
 from config.credentials import credential_refusal, credential_value
 from config.queries import PreparedQuery
@@ -109,8 +110,10 @@ _validators: dict[Any, tuple[Any, Draft202012Validator]] = {}
 
 
 def schema_validator(schema: dict[str, Any]) -> Draft202012Validator:
-    """How gate 3 checks arguments against an input schema (formats included)."""
-    return Draft202012Validator(schema, format_checker=FormatChecker())
+    """How gate 3 checks arguments against an input schema (formats included). A reference
+    resolves within the schema or to a JSON Schema meta-schema; nothing is ever fetched (the
+    default registry would fetch any URL a schema names, from the worker)."""
+    return Draft202012Validator(schema, format_checker=FormatChecker(), registry=Registry())
 
 
 def _validator(tool_version: ToolVersion) -> Draft202012Validator:

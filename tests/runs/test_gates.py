@@ -6,13 +6,16 @@ answered to the model with a stable error category, paired with its call id in t
 request; the run goes on within its workflow.
 """
 
+import http.server
 import json
+import threading
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 from guardian.shortcuts import assign_perm
+from referencing.exceptions import Unresolvable
 
 from examples.models import DirectoryRecord, Project, ProjectUpdate
 from registry.choices import ModelProvider
@@ -727,6 +730,41 @@ def test_gate_three_checks_a_version_against_the_schema_it_has_now():
     draft.input_schema["required"] = []
 
     assert executor._validation_errors(draft, {}) == []
+
+
+def test_gate_three_never_fetches_what_a_schema_refers_to():
+    # given a version whose stored schema refers to an address (stored before the registry
+    # refused such schemas), served by a server that counts its requests
+    requests = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *arguments):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"http://127.0.0.1:{server.server_port}/internal"
+    version = ToolVersion(
+        input_schema={"type": "object", "properties": {"q": {"$ref": address}}},
+    )
+
+    # when gate three checks arguments against it
+    try:
+        with pytest.raises(Unresolvable):
+            executor._validation_errors(version, {"q": "x"})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    # then the worker asked the address nothing
+    assert requests == []
 
 
 def test_a_node_admits_only_the_tools_its_own_skill_pinned(demo, fake_model):
