@@ -241,21 +241,24 @@ class DocumentField(serializers.JSONField):
 
 class FilterSet(django_filters.FilterSet):
     """Refuses a filter of choices, instants or ids given empty (`?status=`): a value none of
-    them can hold, which would otherwise filter nothing; leave the parameter out instead."""
+    them can hold, which would otherwise filter nothing; leave the parameter out instead. A
+    filter of one value given several times (`?status=pending&status=approved`) is refused
+    too, rather than filtered by its last value alone; a filter of several choices takes each."""
 
     def is_valid(self) -> bool:
         valid = super().is_valid()
-        empty = [
-            name
-            for name, declared in self.filters.items()
-            if not isinstance(declared, django_filters.CharFilter)
-            and name in self.data
-            and name not in self.form.errors
-            and not any(self.data.getlist(name))
-        ]
-        for name in empty:
-            self.form.add_error(name, "Give a value, or leave the parameter out.")
-        return valid and not empty
+        refused = {}
+        for name, declared in self.filters.items():
+            if name not in self.data or name in self.form.errors:
+                continue
+            values = self.data.getlist(name)
+            if not isinstance(declared, django_filters.CharFilter) and not any(values):
+                refused[name] = "Give a value, or leave the parameter out."
+            elif not isinstance(declared, django_filters.MultipleChoiceFilter) and len(values) > 1:
+                refused[name] = "Give one value."
+        for name, message in refused.items():
+            self.form.add_error(name, message)
+        return valid and not refused
 
 
 WHOLE_NUMBER = re.compile(r"[0-9]+")

@@ -53,6 +53,15 @@ def test_an_approver_lists_pending_actions_and_sees_the_frozen_payload(demo, bob
     assert body["send_deadline"] is None
 
 
+def test_a_status_given_twice_is_refused_rather_than_read_as_the_last(demo, bob):
+    waiting_run(demo)
+
+    listed = api(bob, demo.acme).get("/api/v1/approvals?status=pending&status=approved")
+
+    assert listed.status_code == 400
+    assert listed.json()["error"]["details"] == {"status": ["Give one value."]}
+
+
 def test_approving_through_the_api_binds_the_hash_and_the_approver(demo, bob):
     _run, action = waiting_run(demo)
 

@@ -323,6 +323,33 @@ def test_a_filter_given_empty_is_refused(alice, parameter):
     assert list(_error(response)["details"]) == [parameter]
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "created_after=2025-01-01T00:00:00Z&created_after=2030-01-01T00:00:00Z",
+        "session=01a23e5b-b554-7489-866b-a4759b5f4a7d&session=01a23e5b-b554-7489-866b-a4759b5f4a7e",
+        "skill=weekly-summary&skill=other",
+    ],
+    ids=["instant", "session", "skill"],
+)
+def test_a_filter_of_one_value_given_twice_is_refused(alice, member, start_run, query):
+    start_run(member)
+
+    response = alice.get(f"{RUNS}?{query}")
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {query.partition("=")[0]: ["Give one value."]}
+
+
+def test_a_filter_of_several_choices_takes_each_value_given(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}?status=COMPLETED&status={run.status}")
+
+    assert response.status_code == 200
+    assert _ids(response) == [str(run.pk)]
+
+
 def test_a_malformed_date_filter_is_refused(alice):
     response = alice.get(RUNS, {"created_after": "last tuesday"})
 
