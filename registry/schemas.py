@@ -139,30 +139,81 @@ def document_errors(document: Any, schema: dict[str, Any]) -> list[str]:
     return sorted(_message(error) for error in validator.iter_errors(document))
 
 
-def _references_leading_nowhere(schema: dict[str, Any]) -> list[str]:
-    """The `$ref`s and `$dynamicRef`s of `schema` and its subschemas that lead neither to a
-    part of it nor to a JSON Schema meta-schema (nothing is fetched to find out)."""
+def _in_place_subschemas(contents: dict[str, Any]) -> list[dict[str, Any]]:
+    """The subschemas of `contents` that apply to the very value it checks, not to a part."""
+    found = [contents.get(keyword) for keyword in ("not", "if", "then", "else")]
+    for keyword in ("allOf", "anyOf", "oneOf"):
+        value = contents.get(keyword)
+        found += value if isinstance(value, list) else []
+    dependent = contents.get("dependentSchemas")
+    found += list(dependent.values()) if isinstance(dependent, dict) else []
+    return [subschema for subschema in found if isinstance(subschema, dict)]
+
+
+def _loops(steps: dict[int, list[int]]) -> bool:
+    """Whether some path of `steps` (subschema -> the subschemas checked in its place) comes
+    back to where it began."""
+    finished: dict[int, bool] = {}  # False while on the path being followed
+    for start in steps:
+        if start in finished:
+            continue
+        finished[start] = False
+        path = [(start, iter(steps[start]))]
+        while path:
+            node, following = path[-1]
+            step = next(following, None)
+            if step is None:
+                finished[node] = True
+                path.pop()
+            elif finished.get(step) is False:
+                return True
+            elif step not in finished and step in steps:
+                finished[step] = False
+                path.append((step, iter(steps[step])))
+    return False
+
+
+def _reference_errors(schema: dict[str, Any]) -> list[str]:
+    """Why the `$ref`s and `$dynamicRef`s of `schema` cannot be followed when a value is
+    checked: one leads neither to a part of it nor to a JSON Schema meta-schema (nothing is
+    fetched to find out), or they loop back without descending into a part of the value
+    (checking would recurse without end)."""
     root = DRAFT202012.create_resource(schema)
     nowhere = []
+    # Subschemas by identity, each with those checked in its place: references included.
+    steps: dict[int, list[int]] = {}
     pending = [(META_SCHEMAS.resolver_with_root(root), root)]
     while pending:
         resolver, resource = pending.pop()
         contents = resource.contents
-        for keyword in ("$ref", "$dynamicRef"):
-            reference = contents.get(keyword) if isinstance(contents, dict) else None
-            if not isinstance(reference, str):
-                continue
-            try:
-                resolver.lookup(reference)
-            except Unresolvable:
-                nowhere.append(reference)
+        if isinstance(contents, dict):
+            here = steps[id(contents)] = [id(sub) for sub in _in_place_subschemas(contents)]
+            for keyword in ("$ref", "$dynamicRef"):
+                reference = contents.get(keyword)
+                if not isinstance(reference, str):
+                    continue
+                try:
+                    here.append(id(resolver.lookup(reference).contents))
+                except Unresolvable:
+                    nowhere.append(reference)
         pending += [(resolver.in_subresource(sub), sub) for sub in resource.subresources()]
-    return sorted(set(nowhere))
+    errors = []
+    if nowhere:
+        errors.append(
+            "A reference must lead to a part of the input schema; these do not: "
+            f"{', '.join(sorted(set(nowhere)))}."
+        )
+    if _loops(steps):
+        errors.append(
+            "References of the input schema lead back to where they began without descending "
+            "into a part of the value; checking arguments would never end."
+        )
+    return errors
 
 
 def input_schema_errors(schema: Any) -> list[str]:
     """Why `schema` is not a usable tool input schema: valid Draft 2020-12, an object, closed,
-    referring to nothing outside itself."""
+    referring to nothing outside itself and never in a loop."""
     if not isinstance(schema, dict):
         return ["The input schema must be a JSON object."]
     metaschema = Draft202012Validator(
@@ -173,13 +224,7 @@ def input_schema_errors(schema: Any) -> list[str]:
         location = "/".join(str(part) for part in failure.absolute_path)
         where = f" at {location}" if location else ""
         return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
-    errors = []
-    nowhere = _references_leading_nowhere(schema)
-    if nowhere:
-        errors.append(
-            "A reference must lead to a part of the input schema; these do not: "
-            f"{', '.join(nowhere)}."
-        )
+    errors = _reference_errors(schema)
     try:
         rfc8785.dumps(schema)
     except rfc8785.CanonicalizationError:

@@ -153,7 +153,8 @@ class ToolVersionCreateSerializer(StrictSerializer):
             "required": ["type", "additionalProperties"],
         },
         help_text='A JSON Schema (Draft 2020-12) with "type": "object" and '
-        '"additionalProperties": false, whose references ($ref) lead to parts of itself.',
+        '"additionalProperties": false, whose references ($ref) lead to parts of itself, '
+        "never in a loop.",
     )
     result_contract = DocumentField(document_schema=RESULT_CONTRACT_SCHEMA, required=False)
     risk = serializers.ChoiceField(choices=Risk.choices)

@@ -850,6 +850,51 @@ def test_create_with_an_input_schema_referring_outside_itself_is_refused(api, pu
     assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
 
 
+@pytest.mark.parametrize(
+    "properties",
+    [
+        {"q": {"$ref": "#/properties/q"}},
+        {"q": {"$ref": "#/properties/r"}, "r": {"allOf": [{"$ref": "#/properties/q"}]}},
+        {"q": {"if": {"$ref": "#/properties/q"}}},
+    ],
+    ids=["itself", "through-all-of", "through-if"],
+)
+def test_create_with_an_input_schema_whose_references_loop_is_refused(api, publisher, properties):
+    schema = {"type": "object", "properties": properties, "additionalProperties": False}
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {
+        "input_schema": [
+            "References of the input schema lead back to where they began without descending "
+            "into a part of the value; checking arguments would never end."
+        ]
+    }
+    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
+
+
+def test_create_with_an_input_schema_of_a_tree_is_accepted(api, publisher):
+    node = {
+        "type": "object",
+        "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+    }
+    schema = {
+        "type": "object",
+        "$defs": {"node": node},
+        "properties": {"root": {"$ref": "#/$defs/node"}},
+        "additionalProperties": False,
+    }
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 201
+
+
 def test_create_with_an_input_schema_referring_to_its_own_definitions_is_accepted(api, publisher):
     schema = {
         "type": "object",
