@@ -1,9 +1,10 @@
 import re
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
+from django.http import QueryDict, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -130,6 +131,11 @@ class AttachmentView(IngressThrottled, APIView):
 class EventsQuerySerializer(serializers.Serializer):
     after = serializers.IntegerField(min_value=0, default=0)
 
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, QueryDict) and len(data.getlist("after")) > 1:
+            raise serializers.ValidationError({"after": ["Give one value."]})
+        return super().to_internal_value(data)
+
 
 @extend_schema(tags=["runs"])
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -180,11 +186,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     @action(detail=True, methods=["get"], renderer_classes=[JSONRenderer, EventStreamRenderer])
     def stream(self, request: Request, pk: str) -> StreamingHttpResponse:
         run = self.get_object()
+        last_event_id = request.headers.get("Last-Event-ID")
         query = EventsQuerySerializer(
-            data={
-                "after": request.headers.get("Last-Event-ID")
-                or request.query_params.get("after", 0)
-            }
+            data={"after": last_event_id} if last_event_id else request.query_params
         )
         query.is_valid(raise_exception=True)
         cleared = selectors.viewer_cleared(user=request.user, run=run)

@@ -438,6 +438,15 @@ def test_an_invalid_after_is_refused(alice, member, start_run, after):
     assert set(_error(response)["details"]) == {"after"}
 
 
+def test_an_after_given_twice_is_refused_rather_than_read_as_the_last(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}/events?after=0&after=2")
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"after": ["Give one value."]}
+
+
 # --- cancel --------------------------------------------------------------------------------
 
 

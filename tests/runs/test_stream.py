@@ -102,6 +102,32 @@ def test_last_event_id_resumes_after_that_event(client, finished_run):
     assert int(frames[0]["id"]) == 4
 
 
+def test_an_after_given_twice_is_refused_rather_than_read_as_the_last(client, finished_run):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream?after=0&after=3",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        **STREAM_HEADERS,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {"after": ["Give one value."]}
+
+
+def test_the_after_parameter_resumes_after_that_event(client, finished_run):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream?after=3",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        **STREAM_HEADERS,
+    )
+
+    frames = _frames(b"".join(response.streaming_content).decode())
+    assert int(frames[0]["id"]) == 4
+
+
 @pytest.mark.parametrize(
     "last_event_id",
     ["\u00b2", "\u00b9\u00b3", "9" * 5000, "-1", "1e3", "abc", ""],
