@@ -5,6 +5,7 @@ import codecs
 import logging
 import math
 import re
+from collections import Counter
 from typing import Any
 
 import django_filters
@@ -155,17 +156,30 @@ def _json_integer(literal: str) -> int:
     return int(literal)
 
 
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose names are each given once: of `{"decision": "approve", "decision":
+    "reject"}` a parser keeps the last and another the first, so the body means nothing sure."""
+    data = dict(pairs)
+    if len(data) < len(pairs):
+        counts = Counter(name for name, _ in pairs)
+        twice = sorted(name for name, count in counts.items() if count > 1)
+        raise ValueError(f"Names given more than once in an object: {', '.join(twice)}.")
+    return data
+
+
 class StrictJSONParser(JSONParser):
-    """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting."""
+    """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting,
+    each name of an object given once."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        """As DRF's JSON parser, integers read by `_json_integer`."""
+        """As DRF's JSON parser, integers read by `_json_integer`, objects by `_json_object`."""
         encoding = get_encoding(parser_context or {})
         try:
             data = drf_json.load(
                 codecs.getreader(encoding)(stream),
                 parse_constant=drf_json.strict_constant if self.strict else None,
                 parse_int=_json_integer,
+                object_pairs_hook=_json_object,
             )
         except ValueError as error:
             raise exceptions.ParseError(f"JSON parse error - {error}") from error

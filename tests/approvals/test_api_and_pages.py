@@ -98,6 +98,24 @@ def test_a_bad_decision_is_refused_with_its_code_and_nothing_recorded(
     assert not ApprovalDecision.objects.exists()
 
 
+def test_a_decision_that_names_a_field_twice_is_refused_and_nothing_recorded(demo, bob):
+    _run, action = waiting_run(demo)
+    hashed = f'"payload_hash": "{action.payload_hash}"'
+    body = f'{{"decision": "approve", {hashed}, "decision": "reject"}}'
+
+    response = api(bob, demo.acme).post(
+        f"/api/v1/approvals/{action.pk}/decision", body, content_type="application/json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "code": "VALIDATION_ERROR",
+        "message": "JSON parse error - Names given more than once in an object: decision.",
+        "details": {},
+    }
+    assert not ApprovalDecision.objects.exists()
+
+
 def test_a_second_decision_is_409_already_decided(demo, bob):
     _run, action = waiting_run(demo)
     decide(api(bob, demo.acme), action)
