@@ -20,6 +20,7 @@ from django.views import View
 from simple_history.utils import get_history_model_for_model
 
 from registry.choices import Action
+from registry.errors import NotFound
 from registry.models import Skill, SkillVersion, Tool, ToolVersion
 from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
@@ -242,6 +243,10 @@ class MemoryListView(View):
         item = MemoryItem.objects.filter(user=request.user, pk=item_id).first()
         if item is None:
             raise Http404("No such memory.")
-        memory.memory_delete(tenant=item.tenant, user=request.user, item_id=item.pk)
+        try:
+            memory.memory_delete(tenant=item.tenant, user=request.user, item_id=item.pk)
+        except NotFound as error:
+            # Deleted meanwhile, by the same form posted twice or from another tab.
+            raise Http404("No such memory.") from error
         messages.success(request, f"Forgotten: {item.key}.")
         return redirect("memories")

@@ -300,6 +300,27 @@ def test_the_page_lists_and_deletes_your_memory(acme, member, auditor, client):
     assert list(MemoryItem.objects.values_list("pk", flat=True)) == [theirs.pk]
 
 
+def test_a_delete_posted_twice_finds_the_item_gone_and_answers_not_found(
+    acme, member, client, monkeypatch
+):
+    """The second of two posts (a double click, a second tab) reads the item before the first
+    deletes it, and deletes it after."""
+    item = prefer(acme, member)
+    client.login(username=member.username, password=PASSWORD)
+    delete = memory_delete
+
+    def deleted_meanwhile(**arguments):
+        delete(**arguments)
+        delete(**arguments)
+
+    monkeypatch.setattr("runs.views.memory.memory_delete", deleted_meanwhile)
+
+    second = client.post(reverse("memories"), {"item": str(item.pk)})
+
+    assert second.status_code == 404
+    assert not MemoryItem.objects.exists()
+
+
 def _memory_skill(demo):
     """weekly-summary 3.3.0: the seeded content, also asking for the user's memory."""
     seeded = seeded_skill(demo)
