@@ -245,7 +245,11 @@ class EvidenceAdmin(ReadOnlyAdminMixin, TenantScopedAdmin):
 class HistoryAdmin(SimpleHistoryAdmin):
     """simple-history's pages, where an id that is not even a key (`abc/history/`, a record
     `history/xyz/`) names an object or a record that does not exist, as on Django's own
-    pages; simple-history looked it up as it came and failed with a server error."""
+    pages; simple-history looked it up as it came and failed with a server error.
+
+    A history record is evidence to read: simple-history saves the row from a record's page
+    posted back to whoever may view it (SIMPLE_HISTORY_REVERT_DISABLED only hides the
+    button), so a post is refused here, for every model with history."""
 
     def _are_keys(self, object_id: str, version_id: str | None = None) -> bool:
         try:
@@ -266,6 +270,8 @@ class HistoryAdmin(SimpleHistoryAdmin):
     def history_form_view(
         self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None
     ) -> HttpResponse:
+        if request.method == "POST":
+            raise DjangoPermissionDenied("History records cannot be reverted.")
         if not self._are_keys(object_id, version_id):
             raise Http404("No such history record.")
         return super().history_form_view(request, object_id, version_id, extra_context)
@@ -319,14 +325,6 @@ class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
                 "admin/change_form.html",
             ]
         return response
-
-    def history_form_view(
-        self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None
-    ) -> HttpResponse:
-        """A history record is evidence to read; posting it back would rewrite the row."""
-        if request.method == "POST":
-            raise DjangoPermissionDenied("History records cannot be reverted.")
-        return super().history_form_view(request, object_id, version_id, extra_context)
 
     def changeform_view(
         self,

@@ -1,6 +1,8 @@
 """The approvals' evidence in the Django admin: read-only, and within the tenants where the
 staff user administers."""
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
@@ -8,13 +10,18 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from approvals.models import ApprovalDecision
+from approvals.choices import ActionStatus
+from approvals.models import ApprovalDecision, Handoff
+from approvals.services import handoff_resolve
 from registry.choices import Role
 from registry.models import Tenant
 from registry.services.tenancy import membership_add
+from tests.approvals import test_handoffs
 from tests.approvals.conftest import approved_run
 
 pytestmark = pytest.mark.django_db
+
+handed_off = test_handoffs.handed_off
 
 PATHS = {
     "action": "/admin/approvals/businessaction/",
@@ -65,3 +72,49 @@ def test_the_lists_of_approvals_do_not_read_the_runs_behind_them(demo, bob, admi
 
     assert response.status_code == 200
     assert not [query for query in queries if '"runs_run"' in query["sql"]]
+
+
+def test_a_handoffs_history_record_posted_back_changes_nothing(demo, bob, handed_off):
+    """simple-history saves the row from a record's page posted back: a handled request must
+    not be made open again, nor its note rewritten, by anyone who may read its history."""
+    handoff = Handoff.objects.get(run=handed_off)
+    handoff_resolve(handoff_id=handoff.pk, person=bob, outcome="handled", note="Sent it myself.")
+    opened = handoff.history.earliest("history_date")
+    ours = staff_admin_of(demo.acme, "acme-admin")
+    record_page = f"/admin/approvals/handoff/{handoff.pk}/history/{opened.history_id}/"
+
+    reverted = ours.post(
+        record_page,
+        {
+            "tenant": demo.acme.pk,
+            "run": handed_off.pk,
+            "requester": demo.alice.pk,
+            "skill": handoff.skill,
+            "risks": json.dumps(handoff.risks),
+            "request": handoff.request,
+            "status": "open",
+            "note": "Nobody handled it.",
+        },
+    )
+
+    assert ours.get(record_page).status_code == 200
+    assert reverted.status_code == 403
+    handoff.refresh_from_db()
+    assert (handoff.status, handoff.resolved_by, handoff.note) == (
+        "handled",
+        bob,
+        "Sent it myself.",
+    )
+    assert handoff.history.count() == 2
+
+
+def test_an_actions_history_record_posted_back_is_refused(demo, bob):
+    _run, action = approved_run(demo, bob)
+    waiting = action.history.earliest("history_date")
+    record_page = f"/admin/approvals/businessaction/{action.pk}/history/{waiting.history_id}/"
+
+    reverted = staff_admin_of(demo.acme, "acme-admin").post(record_page, {"status": "waiting"})
+
+    assert reverted.status_code == 403
+    action.refresh_from_db()
+    assert action.status == ActionStatus.APPROVED
