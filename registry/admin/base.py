@@ -245,7 +245,9 @@ class EvidenceAdmin(ReadOnlyAdminMixin, TenantScopedAdmin):
 class HistoryAdmin(SimpleHistoryAdmin):
     """simple-history's pages, where an id that is not even a key (`abc/history/`, a record
     `history/xyz/`) names an object or a record that does not exist, as on Django's own
-    pages; simple-history looked it up as it came and failed with a server error.
+    pages; simple-history looked it up as it came and failed with a server error. The
+    history of an object the user may not see is not found either, as for one that never
+    existed; simple-history refused it (403) and so told that it exists.
 
     A history record is evidence to read: simple-history saves the row from a record's page
     posted back to whoever may view it (SIMPLE_HISTORY_REVERT_DISABLED only hides the
@@ -265,7 +267,10 @@ class HistoryAdmin(SimpleHistoryAdmin):
     ) -> HttpResponse:
         if not self._are_keys(object_id):
             return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
-        return super().history_view(request, object_id, extra_context)
+        try:
+            return super().history_view(request, object_id, extra_context)
+        except DjangoPermissionDenied as denied:
+            raise Http404("No such object.") from denied
 
     def history_form_view(
         self, request: HttpRequest, object_id: str, version_id: str, extra_context: Any = None
@@ -274,7 +279,10 @@ class HistoryAdmin(SimpleHistoryAdmin):
             raise DjangoPermissionDenied("History records cannot be reverted.")
         if not self._are_keys(object_id, version_id):
             raise Http404("No such history record.")
-        return super().history_form_view(request, object_id, version_id, extra_context)
+        try:
+            return super().history_form_view(request, object_id, version_id, extra_context)
+        except DjangoPermissionDenied as denied:
+            raise Http404("No such history record.") from denied
 
 
 class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):

@@ -2,6 +2,7 @@
 staff user administers."""
 
 import json
+import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -58,7 +59,26 @@ def test_a_tenant_administrator_sees_only_the_approvals_of_their_tenant(demo, bo
     assert f"tenant__id__exact={demo.acme.pk}" not in listed
     assert theirs.get(f"{PATHS['action']}{action.pk}/change/").status_code == 302
     assert theirs.get(f"{PATHS['decision']}{decision.pk}/change/").status_code == 302
-    assert theirs.get(f"{PATHS['action']}{action.pk}/history/").status_code == 403
+    assert theirs.get(f"{PATHS['action']}{action.pk}/history/").status_code == 404
+
+
+def test_the_history_of_another_tenants_action_is_not_found_as_if_it_never_existed(demo, bob):
+    _run, action = approved_run(demo, bob)
+    record = action.history.earliest("history_date")
+    theirs = staff_admin_of(Tenant.objects.get(slug="globex"), "globex-admin")
+    missing = uuid.uuid4()
+
+    pages = {
+        "history": (f"{action.pk}/history/", f"{missing}/history/"),
+        "record": (
+            f"{action.pk}/history/{record.history_id}/",
+            f"{missing}/history/{record.history_id}/",
+        ),
+    }
+
+    for existing, never in pages.values():
+        assert theirs.get(PATHS["action"] + existing).status_code == 404
+        assert theirs.get(PATHS["action"] + never).status_code == 404
 
 
 @pytest.mark.parametrize("page", PATHS)

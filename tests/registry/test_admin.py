@@ -282,7 +282,7 @@ def test_publisher_cannot_see_other_tenant_version_history_or_diff(client, publi
     history = client.get(f"{TOOL_VERSIONS}{theirs.pk}/history/")
     compare = client.get(f"{TOOL_VERSIONS}{ours.pk}/compare/{theirs.pk}/")
 
-    assert history.status_code == 403
+    assert history.status_code == 404
     assert compare.status_code == 404
 
 
