@@ -5,6 +5,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path, unquote
 from django.contrib.admin.views.main import ChangeList
@@ -175,6 +176,23 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return TolerantChangeList
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """An action on a selection that is not even a key of the model
+        (`_selected_action=abc`) changes nothing and says so, as on an empty selection;
+        Django filtered the rows by it and failed with a server error."""
+        key = self.model._meta.pk
+        try:
+            for selected in request.POST.getlist(ACTION_CHECKBOX_NAME):
+                key.to_python(selected)
+        except ValidationError:
+            self.message_user(
+                request,
+                "The selection names no item of this list. No items have been changed.",
+                level=messages.WARNING,
+            )
+            return None
+        return super().response_action(request, queryset)
 
     def scoped_tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
         return tenants_where_user_can(user=request.user, action=self.required_action)

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from evaluations.models import EvalCase, EvalSuite
+from registry.models import Policy
 from tests.registry.factories import skill_content
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
@@ -107,3 +108,29 @@ def test_a_skill_pin_that_is_not_a_tool_version_is_a_form_error(client, publishe
     assert list(draft.tool_dependencies.values_list("tool_version", flat=True)) == [
         world.project_search_1.pk
     ]
+
+
+@pytest.mark.parametrize(
+    ("changelist", "action", "selected"),
+    [
+        ("/admin/registry/toolversion/", "publish", "abc"),
+        ("/admin/registry/toolversion/", "compare", "\x00"),
+        ("/admin/registry/policy/", "delete_selected", "00000000-0000-0000-0000-000000000000"),
+    ],
+)
+def test_an_action_on_a_selection_that_is_not_even_an_id_changes_nothing(
+    client, platform_admin, world, changelist, action, selected
+):
+    client.force_login(platform_admin)
+    draft = world.project_search_2
+    body = {"action": action, "index": "0", "_selected_action": [str(draft.pk), selected]}
+
+    response = client.post(changelist, body, follow=True)
+
+    assert response.status_code == 200
+    assert [str(message) for message in response.context["messages"]] == [
+        "The selection names no item of this list. No items have been changed."
+    ]
+    draft.refresh_from_db()
+    assert draft.status == "draft"
+    assert Policy.objects.count() == 2
