@@ -10,9 +10,11 @@ from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.utils import get_fields_from_path, unquote
 from django.contrib.admin.views.main import ChangeList
 from django.contrib.admin.widgets import AutocompleteSelect
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError
-from django.db.models import JSONField, Q, QuerySet
+from django.db.models import JSONField, Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
@@ -320,24 +322,38 @@ class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
     # of the platform by name, so to those staff the pages do not exist, nor the link to them.
     def obj_perms_manage_view(self, request: HttpRequest, object_pk: str) -> HttpResponse:
         self._platform_admin_only(request)
+        self._keys_or_404((self.model, object_pk))
         return super().obj_perms_manage_view(request, object_pk)
 
     def obj_perms_manage_user_view(
         self, request: HttpRequest, object_pk: str, user_id: str
     ) -> HttpResponse:
         self._platform_admin_only(request)
+        self._keys_or_404((self.model, object_pk), (get_user_model(), user_id))
         return super().obj_perms_manage_user_view(request, object_pk, user_id)
 
     def obj_perms_manage_group_view(
         self, request: HttpRequest, object_pk: str, group_id: str
     ) -> HttpResponse:
         self._platform_admin_only(request)
+        self._keys_or_404((self.model, object_pk), (Group, group_id))
         return super().obj_perms_manage_group_view(request, object_pk, group_id)
 
     @staticmethod
     def _platform_admin_only(request: HttpRequest) -> None:
         if not (request.user.is_active and request.user.is_superuser):
             raise Http404("Object permissions are managed by platform admins.")
+
+    @staticmethod
+    def _keys_or_404(*named: tuple[type[Model], str]) -> None:
+        """An id in a permissions page's address that is not even a key of its model
+        (`user-manage/abc/`) names nothing; django-guardian looked it up as it came and failed
+        with a server error."""
+        for model, value in named:
+            try:
+                model._meta.pk.to_python(unquote(value))
+            except ValidationError as error:
+                raise Http404("No such object.") from error
 
     def render_change_form(
         self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any

@@ -1043,6 +1043,27 @@ def test_object_permissions_page_of_a_tool_renders_for_platform_admin(
     assert "tenant:acme" in response.content.decode()
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "{tool}/permissions/user-manage/abc/",
+        "{tool}/permissions/group-manage/abc/",
+        "abc/permissions/",
+    ],
+)
+def test_object_permissions_pages_of_an_id_that_is_not_even_a_key_are_not_found(
+    client, platform_admin, path
+):
+    platform_tool = tools.tool_version_create(
+        actor=platform_admin, tenant=None, name="web_search", version="1.0.0", **tool_content()
+    ).tool
+    client.force_login(platform_admin)
+    url = "/admin/registry/tool/" + path.format(tool=platform_tool.pk)
+
+    assert client.get(url).status_code == 404
+    assert client.post(url, {"permissions": ["use_tool"]}).status_code == 404
+
+
 def test_publisher_cannot_open_object_permissions_of_a_platform_wide_tool(
     client, platform_admin, publisher, world
 ):
