@@ -8,12 +8,14 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from config.api import error_body
+from config.sign_in import sign_in_throttled
 from runs.views import MemoryListView, RegistryHistoryView
 
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
+    path("admin/login/", sign_in_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
-    path("accounts/login/", LoginView.as_view(), name="login"),
+    path("accounts/login/", sign_in_throttled(LoginView.as_view()), name="login"),
     path("accounts/logout/", LogoutView.as_view(), name="logout"),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("runs.api.urls")),

@@ -9,7 +9,6 @@ from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
 from registry import selectors
@@ -28,6 +27,7 @@ from registry.api.serializers import (
 from registry.errors import NotFound, ValidationFailed
 from registry.models.versions import DefinitionVersion
 from registry.services import skills, tenancy, tools
+from runs.api.throttles import PasswordTries
 
 
 class TokenView(APIView):
@@ -35,8 +35,7 @@ class TokenView(APIView):
 
     authentication_classes: ClassVar[list] = []
     permission_classes: ClassVar[list] = [AllowAny]
-    throttle_classes: ClassVar[list] = [ScopedRateThrottle]
-    throttle_scope = "auth_token"
+    throttle_classes: ClassVar[list] = [PasswordTries]
 
     @extend_schema(
         tags=["auth"], request=TokenRequestSerializer, responses={200: TokenSerializer}, auth=[]

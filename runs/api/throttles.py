@@ -1,6 +1,7 @@
-"""Per-actor and per-tenant rate limits on ingress: a sliding window kept in Redis (in
+"""Rate limits of the API and the sign-in pages: a sliding window kept in Redis (in
 production) and taken in one atomic step, so every web process counts the same requests and
-concurrent requests cannot slip through together; over the limit: 429 with Retry-After."""
+concurrent requests cannot slip through together; over the limit: 429 with Retry-After.
+Ingress is limited per actor and per tenant, password tries per client."""
 
 from typing import ClassVar
 
@@ -11,18 +12,10 @@ from registry.models import ApiToken
 from runs.tools import limits
 
 
-class _TokenThrottle(SimpleRateThrottle):
+class _WindowThrottle(SimpleRateThrottle):
     retry_after: float | None = None
     # The window and the take of the request it let through.
     taken: tuple[str, str] | None = None
-
-    def ident_of(self, token: ApiToken) -> str:
-        raise NotImplementedError
-
-    def get_cache_key(self, request: Request, view) -> str | None:
-        if not isinstance(request.auth, ApiToken):
-            return None
-        return self.cache_format % {"scope": self.scope, "ident": self.ident_of(request.auth)}
 
     def allow_request(self, request: Request, view) -> bool:
         if self.rate is None:
@@ -46,6 +39,16 @@ class _TokenThrottle(SimpleRateThrottle):
             limits.window_give_back(*self.taken)
 
 
+class _TokenThrottle(_WindowThrottle):
+    def ident_of(self, token: ApiToken) -> str:
+        raise NotImplementedError
+
+    def get_cache_key(self, request: Request, view) -> str | None:
+        if not isinstance(request.auth, ApiToken):
+            return None
+        return self.cache_format % {"scope": self.scope, "ident": self.ident_of(request.auth)}
+
+
 class ActorIngressThrottle(_TokenThrottle):
     scope = "ingress_actor"
 
@@ -58,6 +61,18 @@ class TenantIngressThrottle(_TokenThrottle):
 
     def ident_of(self, token: ApiToken) -> str:
         return str(token.tenant_id)
+
+
+class PasswordTries(_WindowThrottle):
+    """The passwords a client (its peer address, as DRF counts it) may try: the API's token
+    exchange and the sign-in pages (`config.sign_in`) count against one allowance,
+    AUTH_TOKEN_RATE; a request (or a Django page's request) is counted before its password
+    is checked."""
+
+    scope = "auth_token"
+
+    def get_cache_key(self, request: Request, view) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
 
 class IngressThrottled:

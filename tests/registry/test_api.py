@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.conf import settings
-from rest_framework.throttling import ScopedRateThrottle
 
 from config.api import Pagination
 from registry.choices import Risk, Role, VersionStatus
 from registry.models import ApiToken, Membership, Skill, SkillVersion, Tool, ToolVersion
 from registry.services import skills, tenancy, tools
+from runs.api.throttles import PasswordTries
 from tests.conftest import TEST_HANDLER_MODULES
 from tests.registry.factories import PASSWORD, UserFactory, skill_content, tool_content
 
@@ -217,7 +217,7 @@ def test_token_for_a_tenant_the_user_is_not_in_is_refused(api, member, globex):
 
 def test_token_endpoint_is_throttled_with_retry_after(api, member, monkeypatch):
     # given a rate of two token requests a minute
-    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"auth_token": "2/min"})
+    monkeypatch.setattr(PasswordTries, "THROTTLE_RATES", {"auth_token": "2/min"})
     credentials = {"username": "alice", "password": PASSWORD}
     first = api.post(TOKEN_URL, credentials, format="json")
     second = api.post(TOKEN_URL, credentials, format="json")
@@ -244,7 +244,7 @@ def test_a_forwarded_for_header_of_the_client_s_own_does_not_reset_the_throttle(
     api, member, monkeypatch
 ):
     # given a client that used up its two token requests of the minute
-    monkeypatch.setattr(ScopedRateThrottle, "THROTTLE_RATES", {"auth_token": "2/min"})
+    monkeypatch.setattr(PasswordTries, "THROTTLE_RATES", {"auth_token": "2/min"})
     wrong = {"username": "alice", "password": "guess"}
     for _ in range(2):
         assert api.post(TOKEN_URL, wrong, format="json").status_code == 400

@@ -1,0 +1,57 @@
+"""The sign-in pages (`accounts/login/` and the admin's): each password posted to them is a
+try of the client's allowance that the API's token exchange counts too (`PasswordTries`). Past
+it, a post is refused with 429 and Retry-After before its password is checked. With Redis
+down the allowance cannot be taken and a post is refused with 503, as the API refuses it:
+never let through unlimited."""
+
+import functools
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from config.api import SERVICE_UNAVAILABLE_RETRY_AFTER
+from runs.api.throttles import PasswordTries
+
+logger = logging.getLogger(__name__)
+
+
+def _refused(request: HttpRequest, *, status: int, wait: int, message: str) -> HttpResponse:
+    response = render(request, "sign_in_refused.html", {"message": message}, status=status)
+    response["Retry-After"] = str(wait)
+    return response
+
+
+def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """`view`, a sign-in page, whose posts count against the client's password tries."""
+
+    @functools.wraps(view)
+    def throttled(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        tries = PasswordTries()
+        try:
+            allowed = tries.allow_request(request, None)
+        except redis.RedisError as error:
+            logger.warning("Redis is unavailable: %s", type(error).__name__)
+            return _refused(
+                request,
+                status=503,
+                wait=SERVICE_UNAVAILABLE_RETRY_AFTER,
+                message="Signing in is unavailable; retry shortly.",
+            )
+        if not allowed:
+            wait = max(1, math.ceil(tries.wait() or 0))
+            return _refused(
+                request,
+                status=429,
+                wait=wait,
+                message=f"Too many sign-in attempts; try again in {wait} seconds.",
+            )
+        return view(request, *args, **kwargs)
+
+    return throttled
