@@ -233,17 +233,18 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
         return memory.memories_of(tenant=self.request.auth.tenant, user=self.request.user)
 
     @extend_schema(
-        summary="Keep a preference or a confirmed fact; secrets, tokens, passwords, one-time "
-        "codes, long text and sensitive items without consent are refused.",
+        summary="Keep a preference or a confirmed fact (201), or replace the item of its kind "
+        "and key (200); secrets, tokens, passwords, one-time codes, long text and sensitive "
+        "items without consent are refused.",
         request=MemoryCreateSerializer,
-        responses={201: MemoryItemSerializer},
+        responses={201: MemoryItemSerializer, 200: MemoryItemSerializer},
     )
     def create(self, request: Request) -> Response:
         data = MemoryCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
         kind = values.pop("kind")
-        item = memory.memory_write(
+        item, created = memory.memory_write(
             tenant=request.auth.tenant,
             user=request.user,
             kind=kind,
@@ -253,7 +254,10 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
             source={"via": "api"},
             **values,
         )
-        return Response(MemoryItemSerializer(item).data, status=status.HTTP_201_CREATED)
+        return Response(
+            MemoryItemSerializer(item).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
     @extend_schema(summary="Forget one item.")
     def destroy(self, request: Request, pk: str) -> Response:

@@ -103,8 +103,9 @@ def memory_write(
     sensitivity: str = DataClassification.INTERNAL,
     consent: bool = False,
     source: dict[str, Any] | None = None,
-) -> MemoryItem:
-    """Keep one item under the write policy, or raise ValidationFailed with the reason."""
+) -> tuple[MemoryItem, bool]:
+    """Keep one item under the write policy, or raise ValidationFailed with the reason.
+    Returns it, and whether it is new (not the item of its kind and key, replaced)."""
     key, value = key.strip(), value.strip()
     _policy_check(
         kind=kind,
@@ -144,10 +145,9 @@ def memory_write(
                 "some first, or replace one by its key.",
             )
         # update_or_create locks an existing row and settles a concurrent insert of the same key.
-        item, _ = MemoryItem.objects.update_or_create(
+        return MemoryItem.objects.update_or_create(
             tenant=tenant, user=user, kind=kind, key=key, defaults=fields
         )
-    return item
 
 
 def memories_of(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[MemoryItem]:

@@ -39,7 +39,7 @@ MEMORIES = "/api/v1/memories"
 
 
 def prefer(tenant, user, key: str = "summary_language", value: str = "Chinese", **extra):
-    return memory_write(
+    item, _ = memory_write(
         tenant=tenant,
         user=user,
         kind=extra.pop("kind", "preference"),
@@ -48,6 +48,7 @@ def prefer(tenant, user, key: str = "summary_language", value: str = "Chinese", 
         origin=extra.pop("origin", "user_stated"),
         **extra,
     )
+    return item
 
 
 def refusal(**arguments) -> str:
@@ -267,6 +268,19 @@ def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, cl
     assert alice.delete(f"{MEMORIES}/not-an-id").status_code == 404
     assert alice.delete(f"{MEMORIES}/{item_id}").status_code == 204
     assert not MemoryItem.objects.exists()
+
+
+def test_the_api_answers_a_new_item_201_and_the_item_it_replaces_200(acme, member, client_for):
+    alice = client_for(member, acme)
+    body = {"kind": "preference", "key": "summary_language", "value": "Chinese"}
+
+    created = alice.post(MEMORIES, body, format="json")
+    replaced = alice.post(MEMORIES, {**body, "value": "English"}, format="json")
+
+    assert (created.status_code, replaced.status_code) == (201, 200)
+    assert replaced.json()["id"] == created.json()["id"]
+    assert replaced.json()["value"] == "English"
+    assert MemoryItem.objects.get().value == "English"
 
 
 @pytest.mark.parametrize(("field", "value"), [("value", 42), ("purpose", 42), ("consent", 1)])

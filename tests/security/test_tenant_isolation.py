@@ -135,7 +135,7 @@ def world(demo):  # noqa: F811
     handoff = handoff_open(
         run=demo_run(demo, project_id="apollo"), risks=["financial"], request="x"
     )
-    memory = memory_write(
+    memory, _ = memory_write(
         tenant=demo.acme,
         user=demo.alice,
         kind="preference",
