@@ -110,7 +110,7 @@ _validators: dict[Any, tuple[Any, Draft202012Validator]] = {}
 
 
 def schema_validator(schema: dict[str, Any]) -> Draft202012Validator:
-    """How gate 3 checks arguments against an input schema (formats included). A reference
+    """How gate 2 checks arguments against an input schema (formats included). A reference
     resolves within the schema or to a JSON Schema meta-schema; nothing is ever fetched (the
     default registry would fetch any URL a schema names, from the worker)."""
     return Draft202012Validator(schema, format_checker=FormatChecker(), registry=Registry())

@@ -723,7 +723,7 @@ def test_a_revocation_committed_between_two_steps_is_seen_at_the_next_call(demo)
     assert rejected.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
 
 
-def test_gate_three_checks_a_version_against_the_schema_it_has_now():
+def test_gate_two_checks_a_version_against_the_schema_it_has_now():
     draft = ToolVersion(input_schema={"type": "object", "required": ["project_id"]})
     assert executor._validation_errors(draft, {}) == ["'project_id' is a required property"]
 
@@ -732,7 +732,7 @@ def test_gate_three_checks_a_version_against_the_schema_it_has_now():
     assert executor._validation_errors(draft, {}) == []
 
 
-def test_gate_three_never_fetches_what_a_schema_refers_to():
+def test_gate_two_never_fetches_what_a_schema_refers_to():
     # given a version whose stored schema refers to an address (stored before the registry
     # refused such schemas), served by a server that counts its requests
     requests = []
@@ -755,7 +755,7 @@ def test_gate_three_never_fetches_what_a_schema_refers_to():
         input_schema={"type": "object", "properties": {"q": {"$ref": address}}},
     )
 
-    # when gate three checks arguments against it
+    # when gate two checks arguments against it
     try:
         with pytest.raises(Unresolvable):
             executor._validation_errors(version, {"q": "x"})
