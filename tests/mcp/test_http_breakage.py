@@ -157,6 +157,14 @@ def test_an_unreadable_answer_quoting_the_credential_fails_at_once_and_is_not_lo
     ids=["http-500", "http-401", "html"],
 )
 def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, settings, call):
+    tool_call = _called_once_answered(demo, hostile_http, settings, call)
+
+    assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
+
+
+def _called_once_answered(demo, hostile_http, settings, call: dict) -> ToolCall:
+    """The tool call of a run whose server answers the call with `call`; it ended well
+    before its 10 s timeout."""
     url, answer = hostile_http
     status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
     answer(**call)
@@ -165,9 +173,8 @@ def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, se
     started = time.monotonic()
     run_execute(run_id=str(run.pk))
 
-    tool_call = ToolCall.objects.get(run=run)
-    assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert time.monotonic() - started < 5
+    return ToolCall.objects.get(run=run)
 
 
 ANSWERED = '{"jsonrpc": "2.0", "id": {id}, "result": {"content": [{"type": "text", "text": "ok"}]}}'
@@ -188,26 +195,17 @@ def test_an_sse_answer_that_ends_without_the_result_fails_the_call_at_once(
     demo, hostile_http, settings, call
 ):
     # given a server whose SSE answer to the call ends without the call's result, or names
-    # as its charset a codec that decodes no text
-    url, answer = hostile_http
-    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
-    answer(**call)
-    run = ask(demo)
+    # as its charset a codec that decodes no text, when a run calls it
+    tool_call = _called_once_answered(demo, hostile_http, settings, call)
 
-    # when
-    started = time.monotonic()
-    run_execute(run_id=str(run.pk))
-
-    # then the call failed as the server's fault, not at its timeout, and the server may have
-    # run it
-    tool_call = ToolCall.objects.get(run=run)
+    # then the call failed as the server's fault, not at its timeout
     assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert tool_call.envelope["error"]["message"] == (
         "acme/projects: its answer ended without a result."
     )
-    assert time.monotonic() - started < 5
 
     # and once the server answers again, the next call gets its result
+    _url, answer = hostile_http
     answer()
     run = ask(demo)
     run_execute(run_id=str(run.pk))
