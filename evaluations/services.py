@@ -11,6 +11,7 @@ after a worker restart continues its own runs instead of starting new ones.
 """
 
 import hashlib
+import logging
 import time
 import uuid
 from datetime import timedelta
@@ -20,7 +21,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from config.celery import task_send
@@ -44,7 +45,12 @@ from runs.models import Attachment, Run, Session
 from runs.services.attachments import attachment_display_name, attachment_store
 from runs.services.ingress import message_ingest
 
+logger = logging.getLogger(__name__)
+
 SANDBOX_USER_PREFIX = "eval-"
+# Tasks of an eval run that may raise in a row, no case's result kept between them, before it
+# ends FAILED: a case that raises every time would otherwise have every sweep send it again.
+EVAL_RUN_FAILURES_MAX = 3
 
 
 def _transition(eval_run: EvalRun, status: EvalRunStatus, *, reason: str = "") -> None:
@@ -344,7 +350,8 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
             if eval_run.status not in EVAL_RUN_ACTIVE:
                 return False
             eval_run.cases_done = eval_run.results.count()
-            eval_run.save(update_fields=["cases_done"])
+            eval_run.attempts = 0
+            eval_run.save(update_fields=["cases_done", "attempts"])
             _lease(eval_run)
     with transaction.atomic():
         eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
@@ -353,6 +360,37 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
             eval_run.metrics = metrics_compute(_outcomes(eval_run))
             _transition(eval_run, EvalRunStatus.COMPLETED)
     return False
+
+
+def eval_run_advance_failed(*, eval_run_id: Any, error: BaseException) -> None:
+    """Count a task of an active eval run that raised; at EVAL_RUN_FAILURES_MAX in a row it
+    ends FAILED, naming the case it was running and the error."""
+    try:
+        with transaction.atomic():
+            eval_run = (
+                EvalRun.objects.select_for_update()
+                .filter(pk=eval_run_id, status__in=EVAL_RUN_ACTIVE)
+                .first()
+            )
+            if eval_run is None:
+                return
+            eval_run.attempts += 1
+            eval_run.save(update_fields=["attempts"])
+            if eval_run.attempts < EVAL_RUN_FAILURES_MAX:
+                return
+            case = (
+                eval_run.suite.cases.exclude(pk__in=eval_run.results.values("case_id"))
+                .order_by("key")
+                .first()
+            )
+            where = f"case {case.key}" if case is not None else "computing the metrics"
+            _transition(
+                eval_run,
+                EvalRunStatus.FAILED,
+                reason=f"{where} raised {type(error).__name__} {eval_run.attempts} times in a row",
+            )
+    except DatabaseError:
+        logger.warning("eval run %s: its failed task could not be counted", eval_run_id)
 
 
 def eval_runs_stale() -> list[str]:

@@ -56,6 +56,11 @@ class EvalRun(models.Model):
     cases_done = models.PositiveIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveSmallIntegerField(
+        default=0,
+        editable=False,
+        help_text="Tasks in a row that raised before a case's result was kept.",
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="eval_runs"
     )

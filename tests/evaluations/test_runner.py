@@ -12,7 +12,7 @@ from evaluations import services
 from evaluations.choices import EvalRunStatus, Metric
 from evaluations.models import EvalRun
 from evaluations.starter import SUITES, suite_install
-from evaluations.tasks import eval_runs_sweep
+from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.models import SkillVersion
 from runs.models import Attachment, Run, ToolCall
@@ -172,6 +172,64 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     assert refused.observed["refused"]["code"] == "NOT_FOUND"
     assert eval_run.results.get(case__key="no-scope").passed
     assert str(eval_run.pk) not in services.eval_runs_stale()
+
+
+def test_an_eval_run_whose_case_keeps_raising_ends_failed_naming_the_case(demo, dave):
+    # given a suite whose first case holds a project without a key: loading it raises
+    document = copy.deepcopy(TINY_SUITE)
+    document["key"] = "broken-fixture"
+    document["cases"][0]["projects"] = [{"name": "No key"}]
+    suite, _ = suite_install(document)
+    eval_run = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+
+    # when its task raises at every delivery (the sweep sends it again each time)
+    for _ in range(services.EVAL_RUN_FAILURES_MAX - 1):
+        with pytest.raises(KeyError):
+            eval_run_advance(eval_run_id=str(eval_run.pk))
+        assert EvalRun.objects.get(pk=eval_run.pk).status == EvalRunStatus.RUNNING
+    with pytest.raises(KeyError):
+        eval_run_advance(eval_run_id=str(eval_run.pk))
+
+    # then it ends FAILED, naming the case, and no sweep sends it again
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.status_reason) == (
+        EvalRunStatus.FAILED,
+        f"case complete raised KeyError {services.EVAL_RUN_FAILURES_MAX} times in a row",
+    )
+    assert eval_run.finished_at is not None
+    assert eval_run.results.count() == 0
+    EvalRun.objects.filter(pk=eval_run.pk).update(lease_expires_at=timezone.now())
+    assert str(eval_run.pk) not in services.eval_runs_stale()
+    eval_run_advance(eval_run_id=str(eval_run.pk))
+    assert EvalRun.objects.get(pk=eval_run.pk).status == EvalRunStatus.FAILED
+
+
+def test_a_case_that_raised_once_and_then_ran_starts_the_count_again(demo, dave):
+    # given an eval run whose task raised once, short of the limit
+    suite, _ = suite_install(TINY_SUITE)
+    eval_run = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    EvalRun.objects.filter(pk=eval_run.pk).update(attempts=services.EVAL_RUN_FAILURES_MAX - 1)
+
+    # when its cases then run
+    eval_run_advance(eval_run_id=str(eval_run.pk))
+
+    # then it completes
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.attempts) == (
+        EvalRunStatus.COMPLETED,
+        2,
+        0,
+    )
 
 
 def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
