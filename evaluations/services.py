@@ -89,9 +89,12 @@ def eval_run_start(
     skill_version: SkillVersion,
     agent_config: AgentConfig,
     model_config: ModelConfig | None = None,
-) -> EvalRun:
+) -> tuple[EvalRun, bool]:
     """Queue a suite against one skill version with an agent's configuration (its model, or
-    `model_config` to compare models). Only someone who may publish the skill may evaluate it."""
+    `model_config` to compare models). Only someone who may publish the skill may evaluate it.
+    While an eval run of the same suite and version, as they are, with the same agent and
+    model is queued or running, a start (a request sent again) gives that one. Returns the
+    eval run and whether it is new."""
     tenant = agent_config.tenant
     skill = skill_version.skill
     if not user_may_publish(user=actor, definition=skill, tenant=tenant):
@@ -113,14 +116,22 @@ def eval_run_start(
     if problems:
         raise ValidationFailed("The eval run cannot start.", details=problems)
     with transaction.atomic():
+        # Starts of one version wait for each other here: one of two at once finds the other.
+        list(SkillVersion.objects.select_for_update().filter(pk=skill_version.pk).values("pk"))
+        measured = {
+            "suite": suite,
+            "skill_version": skill_version,
+            "skill_content_hash": skill_content_hash(skill_version),
+            "suite_content_hash": suite_content_hash(suite),
+            "model_config": model_config,
+            "agent_config": agent_config,
+        }
+        active = EvalRun.objects.filter(**measured, status__in=EVAL_RUN_ACTIVE).first()
+        if active is not None:
+            return active, False
         eval_run = EvalRun.objects.create(
             tenant=tenant,
-            suite=suite,
-            skill_version=skill_version,
-            skill_content_hash=skill_content_hash(skill_version),
-            suite_content_hash=suite_content_hash(suite),
-            model_config=model_config,
-            agent_config=agent_config,
+            **measured,
             cases_total=suite.cases.count(),
             created_by=actor,
             # No worker taking it by then (its task lost, the broker down), the sweep sends
@@ -130,7 +141,7 @@ def eval_run_start(
         transaction.on_commit(
             lambda: task_send(tasks.eval_run_advance, eval_run_id=str(eval_run.pk))
         )
-    return eval_run
+    return eval_run, True
 
 
 def eval_run_cancel(*, eval_run: EvalRun, actor: AbstractBaseUser) -> EvalRun:

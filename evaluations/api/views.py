@@ -98,7 +98,9 @@ class EvalRunViewSet(
     @extend_schema(
         summary="Start a suite against one skill version with an agent (and another model).",
         request=EvalRunStartSerializer,
-        responses={201: EvalRunSerializer},
+        responses={201: EvalRunSerializer, 200: EvalRunSerializer},
+        description="201 with a new eval run; 200 with the one of the same suite, version, "
+        "agent and model still queued or running (a request sent again starts no second one).",
     )
     def create(self, request: Request) -> Response:
         if not user_can(
@@ -107,11 +109,14 @@ class EvalRunViewSet(
             raise PermissionDenied("Only publishers evaluate skill versions.")
         data = EvalRunStartSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        eval_run = services.eval_run_start(
+        eval_run, created = services.eval_run_start(
             actor=request.user, **_resolve(request, data.validated_data)
         )
         eval_run = self.get_queryset().get(pk=eval_run.pk)
-        return Response(EvalRunSerializer(eval_run).data, status=status.HTTP_201_CREATED)
+        return Response(
+            EvalRunSerializer(eval_run).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )
 
     @extend_schema(summary="Each case: passed or not, why, and what its run did.")
     @action(detail=True, methods=["get"], serializer_class=EvalCaseResultSerializer)

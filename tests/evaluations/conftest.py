@@ -125,7 +125,7 @@ def evaluate(demo, dave, suites) -> Callable[..., EvalRun]:
     def run(suite, *, version="3.2.0", model_config=None) -> EvalRun:
         if isinstance(version, str):
             version = SkillVersion.objects.get(skill__name="weekly-summary", version=version)
-        eval_run = services.eval_run_start(
+        eval_run, _ = services.eval_run_start(
             actor=dave,
             suite=suites[suite] if isinstance(suite, str) else suite,
             skill_version=version,

@@ -52,6 +52,30 @@ def test_a_publisher_starts_an_eval_run_and_reads_its_results(demo, suites):
     assert results["results"][0]["case"] == "ambiguous-lead"
 
 
+def test_a_start_sent_again_gets_the_eval_run_still_queued_instead_of_a_second(
+    demo, suites, adversary
+):
+    client = api_as("dave", demo.acme)
+    first = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+
+    # when the same request is sent again while the first eval run is queued
+    again = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+    # and with another model, which is another measure
+    other_model = client.post(
+        "/api/v1/evaluations/runs", start_body(suites, model_config="adversary"), format="json"
+    )
+
+    assert (first.status_code, again.status_code, other_model.status_code) == (201, 200, 201)
+    assert again.json()["id"] == first.json()["id"] != other_model.json()["id"]
+    assert EvalRun.objects.count() == 2
+
+    # once it has finished, the same request measures again
+    services.eval_run_advance(eval_run_id=first.json()["id"])
+    later = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+    assert later.status_code == 201
+    assert later.json()["id"] not in (first.json()["id"], other_model.json()["id"])
+
+
 def test_bad_references_are_400_and_start_nothing(demo, suites):
     client = api_as("dave", demo.acme)
 
@@ -140,7 +164,7 @@ def test_a_model_named_by_both_the_tenant_and_the_platform_is_the_tenant_s(demo,
 
 
 def test_members_and_other_tenants_neither_start_nor_see_eval_runs(demo, suites):
-    eval_run = services.eval_run_start(
+    eval_run, _ = services.eval_run_start(
         actor=demo.admin,
         suite=suites["weekly-summary-tasks"],
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary"),

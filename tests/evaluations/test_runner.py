@@ -132,7 +132,7 @@ def test_a_resumed_case_sends_its_message_again_with_the_attachment_it_uploaded(
             ],
         }
     )
-    eval_run = services.eval_run_start(
+    eval_run, _ = services.eval_run_start(
         actor=dave,
         suite=suite,
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
@@ -156,7 +156,7 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     document["key"] = "other-agent"
     document["cases"][0]["metadata"] = {"project_id": "apollo", "agent": "project-assistant"}
     suite, _ = suite_install(document)
-    eval_run = services.eval_run_start(
+    eval_run, _ = services.eval_run_start(
         actor=dave, suite=suite, skill_version=draft("3.4.0"), agent_config=demo.agent
     )
 
@@ -180,7 +180,7 @@ def test_an_eval_run_whose_case_keeps_raising_ends_failed_naming_the_case(demo, 
     document["key"] = "broken-fixture"
     document["cases"][0]["projects"] = [{"name": "No key"}]
     suite, _ = suite_install(document)
-    eval_run = services.eval_run_start(
+    eval_run, _ = services.eval_run_start(
         actor=dave,
         suite=suite,
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
@@ -212,7 +212,7 @@ def test_an_eval_run_whose_case_keeps_raising_ends_failed_naming_the_case(demo, 
 def test_a_case_that_raised_once_and_then_ran_starts_the_count_again(demo, dave):
     # given an eval run whose task raised once, short of the limit
     suite, _ = suite_install(TINY_SUITE)
-    eval_run = services.eval_run_start(
+    eval_run, _ = services.eval_run_start(
         actor=dave,
         suite=suite,
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
@@ -241,7 +241,7 @@ def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
 
     # when an eval run is started, its task cannot be sent: it stays queued, and says so
     with django_capture_on_commit_callbacks(execute=True):
-        eval_run = services.eval_run_start(
+        eval_run, _ = services.eval_run_start(
             actor=dave,
             suite=suites["weekly-summary-tasks"],
             skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),

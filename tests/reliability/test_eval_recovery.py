@@ -33,7 +33,7 @@ def test_an_eval_run_resumes_after_its_worker_is_killed(start_worker, tmp_path):
     gate.touch()
     environment = {GATE_ENV: str(gate), "EVAL_CASE_LEASE_SECONDS": "2"}
     first = start_worker(pool="solo", environment=environment)
-    eval_run = eval_run_start(
+    eval_run, _ = eval_run_start(
         actor=get_user_model().objects.get(username="dave"),
         suite=EvalSuite.objects.get(key="weekly-summary-tasks"),
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.3.0"),

@@ -144,7 +144,7 @@ def world(demo):  # noqa: F811
         origin="user_stated",
     )
     suites = {suite.key: suite for suite, _ in suites_install()}
-    eval_run = eval_run_start(
+    eval_run, _ = eval_run_start(
         actor=User.objects.get(username="dave"),
         suite=suites["weekly-summary-tasks"],
         skill_version=SkillVersion.objects.get(skill__name="weekly-summary"),
