@@ -358,9 +358,11 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
         _case_record(eval_run, case, run, refusal)
         with transaction.atomic():
             eval_run = EvalRun.objects.select_for_update().get(pk=eval_run.pk)
-            if eval_run.status not in EVAL_RUN_ACTIVE:
-                return False
+            # Counted also when a cancel came while the case ran: its result is kept.
             eval_run.cases_done = eval_run.results.count()
+            if eval_run.status not in EVAL_RUN_ACTIVE:
+                eval_run.save(update_fields=["cases_done"])
+                return False
             eval_run.attempts = 0
             eval_run.save(update_fields=["cases_done", "attempts"])
             _lease(eval_run)

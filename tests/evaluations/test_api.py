@@ -199,6 +199,32 @@ def test_a_cancelled_eval_run_stops_between_cases(demo, suites):
     assert (again.status_code, again.json()["status"]) == (200, EvalRunStatus.CANCELLED)
 
 
+def test_a_cancel_that_comes_while_a_case_runs_keeps_its_result_and_counts_it(
+    demo, suites, monkeypatch
+):
+    # given an eval run cancelled while its first case runs
+    client = api_as("dave", demo.acme)
+    eval_run_id = client.post("/api/v1/evaluations/runs", start_body(suites), format="json").json()[
+        "id"
+    ]
+    case_run = services._case_run
+
+    def cancelled_meanwhile(eval_run, case):
+        run = case_run(eval_run, case)
+        client.post(f"/api/v1/evaluations/runs/{eval_run_id}/cancel")
+        return run
+
+    monkeypatch.setattr(services, "_case_run", cancelled_meanwhile)
+
+    # when the runner finishes that case
+    services.eval_run_advance(eval_run_id=eval_run_id)
+
+    # then it stops there, and its progress counts the result it kept
+    shown = client.get(f"/api/v1/evaluations/runs/{eval_run_id}").json()
+    assert shown["status"] == EvalRunStatus.CANCELLED
+    assert shown["cases_done"] == EvalRun.objects.get(pk=eval_run_id).results.count() == 1
+
+
 def test_listing_suites_costs_the_same_queries_for_two_suites_or_three(demo, suites):
     client = api_as("dave", demo.acme)
     with CaptureQueriesContext(connection) as two:
