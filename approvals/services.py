@@ -426,8 +426,9 @@ def _approval_stale(action: BusinessAction) -> bool:
     return timezone.now() >= _send_deadline(action)
 
 
-def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
-    """What changed since the approval (seed 000, step 14); empty when nothing did."""
+def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str], list[str]]:
+    """What changed since the approval (seed 000, step 14), empty when nothing did; and the
+    skill and tool versions (`name@version`) no longer usable, which an auditor looks for."""
     problems = []
     decision = action.decision
     approver = decision.approver
@@ -478,6 +479,7 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         or record.corporate_email != recipient.get("corporate_email")
     ):
         problems.append("DIRECTORY_RECORD_CHANGED")
+    versions = []
     if action.skill_version_id and (
         not SkillVersion.objects.filter(
             pk=action.skill_version_id, status__in=USABLE_VERSION_STATUSES
@@ -487,6 +489,7 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         )
     ):
         problems.append("SKILL_VERSION_NOT_AVAILABLE")
+        versions.append(action.skill_version.qualified_name)
     pinned = {entry["id"] for entry in run.capability.get("tools", [])}
     usable = set(
         str(pk)
@@ -494,9 +497,15 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> list[str]:
         .order_by()
         .values_list("pk", flat=True)
     )
-    if pinned - usable or version_ids_withdrawn(model=ToolVersion, ids=pinned, tenant=run.tenant):
+    if gone := (pinned - usable) | version_ids_withdrawn(
+        model=ToolVersion, ids=pinned, tenant=run.tenant
+    ):
         problems.append("TOOL_VERSION_NOT_AVAILABLE")
-    return problems
+        versions += sorted(
+            version.qualified_name
+            for version in ToolVersion.objects.filter(pk__in=gone).select_related("tool")
+        )
+    return problems, versions
 
 
 def _send_call(action: BusinessAction) -> RequestedCall:
@@ -641,15 +650,17 @@ def action_execute(*, action_id: Any) -> None:
         if run.status != RunStatus.WAITING_APPROVAL:
             _transition(action, ActionStatus.INVALIDATED, reason="RUN_ENDED")
             return
-        problems = _revalidation_problems(run, action)
+        problems, versions = _revalidation_problems(run, action)
         if problems:
             _transition(action, ActionStatus.INVALIDATED, reason=problems[0])
-            events.approval_invalidated(run, action_id=str(action.pk), reasons=problems)
+            events.approval_invalidated(
+                run, action_id=str(action.pk), reasons=problems, versions=versions
+            )
             run_finish(
                 run=run,
                 status=RunStatus.FAILED_FINAL,
                 reason_code="APPROVAL_INVALIDATED",
-                output={"reasons": problems},
+                output={"reasons": problems} | ({"versions": versions} if versions else {}),
             )
             return
         events.run_resumed(
@@ -840,10 +851,11 @@ def _not_started_now(run: Run, action: BusinessAction) -> tuple[str, RunStatus] 
     checks as a resume: a send started now is a new execution)."""
     if run.cancel_requested_at:
         return "The send never started, and the run was cancelled.", RunStatus.CANCELLED
-    problems = _revalidation_problems(run, action)
+    problems, versions = _revalidation_problems(run, action)
     if problems:
         return (
-            f"The send never started, and its approval no longer holds ({', '.join(problems)}).",
+            f"The send never started, and its approval no longer holds "
+            f"({', '.join([*problems, *versions])}).",
             RunStatus.FAILED_FINAL,
         )
     return None

@@ -7,6 +7,7 @@ memory and is saved with the run at the end of the step: a path that
 forgot to save it would collide on (run, seq) at the next write, loudly, never lose events.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 from runs import writes
@@ -241,10 +242,15 @@ def approval_rejected(
     )
 
 
-def approval_invalidated(run: Run, *, action_id: str, reasons: list[str]) -> RunEvent:
-    return _append(
-        run, EventType.APPROVAL_INVALIDATED, {"action_id": action_id, "reasons": reasons}
-    )
+def approval_invalidated(
+    run: Run, *, action_id: str, reasons: list[str], versions: Sequence[str] = ()
+) -> RunEvent:
+    """`versions`: the skill and tool versions (`name@version`) no longer usable, if that is
+    a reason."""
+    payload = {"action_id": action_id, "reasons": reasons}
+    if versions:
+        payload["versions"] = list(versions)
+    return _append(run, EventType.APPROVAL_INVALIDATED, payload)
 
 
 def handoff_requested(run: Run, *, handoff_id: str, risks: list[str]) -> RunEvent:

@@ -248,6 +248,7 @@ def test_a_skill_version_revoked_before_the_resume_invalidates_the_approval(demo
     services.action_execute(action_id=action.pk)
 
     assert_invalidated(run, "SKILL_VERSION_NOT_AVAILABLE")
+    assert events_of(run, "approval.invalidated")[0]["versions"] == ["weekly-summary@3.2.0"]
     assert smtp_server.messages == []
     assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
 
@@ -361,7 +362,8 @@ def test_a_send_that_never_started_is_not_made_after_its_tool_version_was_revoke
     assert not MailDelivery.objects.exists()
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
-    assert "TOOL_VERSION_NOT_AVAILABLE" in run.result["output"]["error"]["message"]
+    message = run.result["output"]["error"]["message"]
+    assert "(TOOL_VERSION_NOT_AVAILABLE, mail_send@1.0.0)" in message
 
 
 def _policy(demo) -> Policy:

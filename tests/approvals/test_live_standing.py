@@ -104,7 +104,10 @@ def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_ser
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
-    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
+    invalidated = events_of(run, "approval.invalidated")[0]
+    assert invalidated["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
+    assert invalidated["versions"] == [platform.qualified_name]
+    assert run.result["output"]["versions"] == [platform.qualified_name]
 
 
 def test_a_read_tool_whose_grant_is_withdrawn_mid_run_is_not_called(demo):
