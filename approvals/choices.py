@@ -46,6 +46,10 @@ ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 DECIDABLE_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL})
+# An action whose execution started: it did something in the world, or may have.
+EXECUTED_STATUSES = frozenset(
+    {ActionStatus.EXECUTING, ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
+)
 
 
 class Decision(models.TextChoices):

@@ -17,6 +17,7 @@ from uuid import UUID
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from approvals.choices import EXECUTED_STATUSES
 from approvals.models import BusinessAction
 from registry.models import ToolVersion
 from runs.context import RECIPIENT_FIELDS
@@ -78,7 +79,7 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
         runs = runs.filter(created_at__gte=_day_start(filters.date_from))
     if filters.date_to and filters.date_to < date.max:
         runs = runs.filter(created_at__lt=_day_start(filters.date_to + timedelta(days=1)))
-    side_effect = BusinessAction.objects.filter(run=OuterRef("pk"))
+    side_effect = BusinessAction.objects.filter(run=OuterRef("pk"), status__in=EXECUTED_STATUSES)
     rejected = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCall.Status.REJECTED)
     if filters.has_side_effect:
         runs = runs.filter(Exists(side_effect))

@@ -241,6 +241,27 @@ def test_someone_of_another_tenant_or_role_does_not_find_the_run(demo, sent_run,
     assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
 
 
+def test_a_side_effect_is_an_action_executed_not_one_rejected_or_waiting(
+    demo, sent_run, carol, bob, client
+):
+    # given, besides a run whose mail was sent, one waiting for approval and one rejected
+    _waiting, _ = waiting_run(demo)
+    _rejected, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.REJECT,
+        payload_hash=action.payload_hash,
+    )
+    logged_in(client, carol)
+
+    # when the auditor lists the runs with a side effect
+    html = client.get(reverse("runs:history"), {"has_side_effect": "on"}).content.decode()
+
+    # then only the sent one is listed: the others did nothing in the world
+    assert [str(run.pk) for run in Run.objects.all() if str(run.pk) in html] == [str(sent_run.pk)]
+
+
 def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
     queued = demo_run(demo, text="Summarise project Hermes", project_id="hermes")
     logged_in(client, carol)
