@@ -103,6 +103,11 @@ METRIC_DEFINITIONS: dict[str, str] = {
     Metric.LATENCY_P95_MS: "The 95th percentile of that time.",
 }
 
+# Metrics whose values are shares of cases or calls: fractions from 0 to 1, never percents.
+RATE_METRICS = frozenset(
+    set(Metric) - {Metric.COST_P50, Metric.COST_P95, Metric.LATENCY_P50_MS, Metric.LATENCY_P95_MS}
+)
+
 # Metrics where lower is better; a threshold on them is usually "at most".
 LOWER_IS_BETTER = frozenset(
     {

@@ -1,8 +1,9 @@
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
 
 from config.history import history_records
-from evaluations.choices import Comparator, Metric
+from evaluations.choices import RATE_METRICS, Comparator, Metric
 
 
 class EvalThreshold(models.Model):
@@ -39,6 +40,21 @@ class EvalThreshold(models.Model):
 
     def __str__(self) -> str:
         return f"{self.skill_name}: {self.metric} {self.comparator} {self.value} ({self.suite})"
+
+    def clean(self) -> None:
+        """A rate is a fraction: `<= 5` meant as 5% would always pass and `>= 90` never.
+        A cost or a time is never negative, so a threshold below 0 could never be met."""
+        if self.metric not in Metric.values or self.value is None:
+            return  # the field's own check names what is wrong with it
+        if self.metric in RATE_METRICS and not 0 <= self.value <= 1:
+            raise ValidationError(
+                {
+                    "value": f"{self.metric} is a rate, a fraction from 0 to 1 "
+                    f"(0.05 for 5%), not {self.value}."
+                }
+            )
+        if self.value < 0:
+            raise ValidationError({"value": f"{self.metric} is never negative, not {self.value}."})
 
     def is_met(self, measured: float | None) -> bool:
         if measured is None:
