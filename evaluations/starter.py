@@ -5,8 +5,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
+from evaluations.errors import ValidationFailed
 from evaluations.models import EvalCase, EvalSuite
 
 SUITES = Path(__file__).resolve().parent / "suites"
@@ -16,7 +18,7 @@ def _case_fields(case: dict[str, Any], projects: dict[str, dict]) -> dict[str, A
     """A case's projects are named fixtures of the suite's `projects`, or written inline."""
     fixture = {
         "projects": [
-            projects[entry] if isinstance(entry, str) else entry
+            projects.get(entry, entry) if isinstance(entry, str) else entry
             for entry in case.get("projects", [])
         ],
         "faults": case.get("faults", {}),
@@ -25,8 +27,8 @@ def _case_fields(case: dict[str, Any], projects: dict[str, dict]) -> dict[str, A
     if "attachment" in case:
         fixture["attachment"] = case["attachment"]
     return {
-        "title": case["title"],
-        "messages": case["messages"],
+        "title": case.get("title", ""),
+        "messages": case.get("messages"),
         "metadata": case.get("metadata", {}),
         "session_state": case.get("session_state", {}),
         "fixture": fixture,
@@ -52,9 +54,22 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
             },
         )
         projects = document.get("projects", {})
+        problems = {}
         for case in document["cases"]:
-            EvalCase.objects.update_or_create(
-                suite=suite, key=case["key"], defaults=_case_fields(case, projects)
+            fields = _case_fields(case, projects)
+            try:
+                EvalCase(suite=suite, key=case["key"], **fields).full_clean(
+                    validate_unique=False, validate_constraints=False
+                )
+            except ValidationError as error:
+                problems.update({f"cases/{case['key']}/{field}": found for field, found in error})
+                continue
+            EvalCase.objects.update_or_create(suite=suite, key=case["key"], defaults=fields)
+        if problems:
+            raise ValidationFailed(
+                f"Suite {suite.key} has cases that are not valid: "
+                + "; ".join(f"{where}: {' '.join(found)}" for where, found in problems.items()),
+                details=problems,
             )
     return suite, created
 

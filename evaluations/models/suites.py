@@ -1,10 +1,12 @@
 import uuid
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
 from config.history import history_records
 from evaluations.choices import AttackVector, SuiteKind
+from evaluations.schemas import CASE_FIELD_SCHEMAS, case_errors
 
 KEY_VALIDATOR = RegexValidator(r"^[a-z0-9][a-z0-9-]{0,62}$", "Lower-case letters, digits and '-'.")
 
@@ -92,6 +94,23 @@ class EvalCase(models.Model):
 
     def __str__(self) -> str:
         return f"{self.suite.key}/{self.key}"
+
+    def clean(self) -> None:
+        """The definition as the runner reads it (`evaluations.schemas`); an attack case
+        says where its payload hides, or no metric counts it as an attack."""
+        errors = case_errors({field: getattr(self, field) for field in CASE_FIELD_SCHEMAS})
+        if (
+            not errors
+            and isinstance(self.metadata, list)
+            and len(self.metadata) > len(self.messages)
+        ):
+            errors["metadata"] = [
+                f"{len(self.metadata)} metadata for {len(self.messages)} messages: one per message."
+            ]
+        if self.suite_id and self.suite.kind == SuiteKind.ATTACK and not self.vector:
+            errors["vector"] = ["A case of an attack suite says where its payload hides."]
+        if errors:
+            raise ValidationError(errors)
 
     @property
     def attack(self) -> dict | None:

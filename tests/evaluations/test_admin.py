@@ -3,7 +3,7 @@ could be measured against, a case the runner would misread."""
 
 import pytest
 
-from evaluations.models import EvalSuite, EvalThreshold
+from evaluations.models import EvalCase, EvalSuite, EvalThreshold
 
 THRESHOLD_ADD = "/admin/evaluations/evalthreshold/add/"
 
@@ -87,3 +87,74 @@ def test_a_threshold_in_the_metric_s_range_is_saved(client, platform_admin, suit
     assert response.status_code == 302, response.context["adminform"].form.errors
     threshold = EvalThreshold.objects.get()
     assert (threshold.metric, threshold.value) == (metric, float(value))
+
+
+CASE_ADD = "/admin/evaluations/evalcase/add/"
+
+
+def case_form(suite: EvalSuite, **overrides) -> dict:
+    return {
+        "suite": suite.pk,
+        "key": "week",
+        "title": "The weekly summary",
+        "messages": '["Summarise this week."]',
+        "metadata": '{"project_id": "apollo"}',
+        "session_state": "{}",
+        "fixture": '{"projects": [{"key": "apollo", "leads": [["dir-1", "Li", "", 1]]}]}',
+        "expected": '{"status": "WAITING_APPROVAL"}',
+        "forbidden": "{}",
+        **overrides,
+    }
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("messages", '"Summarise this week."', "'Summarise this week.' is not of type 'array'"),
+        ("messages", "[]", "This field is required."),
+        (
+            "fixture",
+            '{"projects": [{"name": "No key"}]}',
+            "projects/0: 'key' is a required property",
+        ),
+        (
+            "fixture",
+            '{"faults": {"project_search": "SLOW"}}',
+            "faults/project_search: 'SLOW' is not one of",
+        ),
+        ("expected", '{"status": "DONE"}', "status: 'DONE' is not one of"),
+    ],
+)
+def test_a_malformed_case_is_a_form_error_on_its_field(
+    client, platform_admin, suite, field, value, message
+):
+    client.force_login(platform_admin)
+
+    response = client.post(CASE_ADD, case_form(suite, **{field: value}))
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == [field]
+    assert errors[field][0].startswith(message)
+    assert not EvalCase.objects.exists()
+
+
+def test_a_case_of_an_attack_suite_without_a_vector_is_a_form_error(client, platform_admin, suite):
+    EvalSuite.objects.filter(pk=suite.pk).update(kind="attack")
+    client.force_login(platform_admin)
+
+    response = client.post(CASE_ADD, case_form(suite))
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "vector": ["A case of an attack suite says where its payload hides."]
+    }
+
+
+def test_a_well_formed_case_is_saved(client, platform_admin, suite):
+    client.force_login(platform_admin)
+
+    response = client.post(CASE_ADD, case_form(suite))
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert EvalCase.objects.get().messages == ["Summarise this week."]

@@ -175,11 +175,12 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
 
 
 def test_an_eval_run_whose_case_keeps_raising_ends_failed_naming_the_case(demo, dave):
-    # given a suite whose first case holds a project without a key: loading it raises
+    # given a suite whose first case, saved before its shape was checked, holds a project
+    # without a key: loading it raises
     document = copy.deepcopy(TINY_SUITE)
     document["key"] = "broken-fixture"
-    document["cases"][0]["projects"] = [{"name": "No key"}]
     suite, _ = suite_install(document)
+    suite.cases.filter(key="complete").update(fixture={"projects": [{"name": "No key"}]})
     eval_run, _ = services.eval_run_start(
         actor=dave,
         suite=suite,

@@ -1,5 +1,6 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from evaluations.errors import ValidationFailed
 from evaluations.starter import suites_install
 
 
@@ -7,6 +8,10 @@ class Command(BaseCommand):
     help = "Install or bring up to date the evaluation suites shipped with the platform."
 
     def handle(self, *args, **options) -> None:
-        for suite, created in suites_install():
+        try:
+            installed = suites_install()
+        except ValidationFailed as error:
+            raise CommandError(str(error)) from error
+        for suite, created in installed:
             verb = "installed" if created else "updated"
             self.stdout.write(f"{verb} {suite.key}: {suite.cases.count()} cases")

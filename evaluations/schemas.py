@@ -1,0 +1,106 @@
+"""The shape of an eval case's definition, as the runner (`evaluations.services`) and the
+metrics (`evaluations.metrics`) read it: a case that breaks it is refused when saved, not
+misread (a string of messages sent a character at a time) or failed when its eval run runs."""
+
+from typing import Any
+
+from examples.models import ProjectUpdate
+from registry.schemas import document_errors
+from runs.choices import RunStatus
+from runs.tools.envelope import ErrorCategory
+
+_TEXT = {"type": "string", "minLength": 1}
+_NAMES = {"type": "array", "items": _TEXT}
+_OBJECT = {"type": "object"}
+
+_UPDATE = {
+    "type": "array",
+    "prefixItems": [
+        {"enum": ProjectUpdate.Kind.values},
+        _TEXT,
+        _TEXT,
+        {"type": "string"},
+        {"type": "integer"},
+    ],
+    "minItems": 5,
+    "maxItems": 5,
+}
+_LEAD = {
+    "type": "array",
+    "prefixItems": [
+        {**_TEXT, "maxLength": 32},
+        _TEXT,
+        {"type": "string"},
+        {"type": "integer", "minimum": 0},
+        {"type": "boolean"},
+    ],
+    "minItems": 4,
+    "maxItems": 5,
+}
+_PROJECT = {
+    "type": "object",
+    "properties": {
+        "key": {"type": "string", "pattern": "^[-a-zA-Z0-9_]{1,63}$"},
+        "name": {**_TEXT, "maxLength": 200},
+        "visible": {"type": "boolean"},
+        "updates": {"type": "array", "items": _UPDATE},
+        "leads": {"type": "array", "items": _LEAD},
+    },
+    "required": ["key"],
+    "additionalProperties": False,
+}
+
+CASE_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "messages": {"type": "array", "items": _TEXT, "minItems": 1},
+    "metadata": {"anyOf": [_OBJECT, {"type": "array", "items": _OBJECT}]},
+    "session_state": _OBJECT,
+    "fixture": {
+        "type": "object",
+        "properties": {
+            "projects": {"type": "array", "items": _PROJECT},
+            "faults": {
+                "type": "object",
+                "additionalProperties": {"enum": ErrorCategory.values},
+            },
+            "tool_descriptions": {"type": "object", "additionalProperties": _TEXT},
+            "attachment": {
+                "type": "object",
+                "properties": {"name": _TEXT, "text": {"type": "string"}},
+                "required": ["name", "text"],
+                "additionalProperties": False,
+            },
+        },
+        "additionalProperties": False,
+    },
+    "expected": {
+        "type": "object",
+        "properties": {
+            "status": {"enum": RunStatus.values},
+            "skill": {"type": ["string", "null"]},
+            "mode": _TEXT,
+            "tools_called": _NAMES,
+            "tools_not_called": _NAMES,
+            "recipient_record_id": _TEXT,
+            "sections": _NAMES,
+            "cites_sources": {"type": "boolean"},
+            "max_steps": {"type": "integer", "minimum": 0},
+        },
+        "additionalProperties": False,
+    },
+    "forbidden": {
+        "type": "object",
+        "properties": {"tools": _NAMES, "recipients": _NAMES, "text": _NAMES},
+        "additionalProperties": False,
+    },
+}
+
+
+def case_errors(fields: dict[str, Any]) -> dict[str, list[str]]:
+    """Every way each field of a case's definition breaks its shape, by field."""
+    errors = {}
+    for field, schema in CASE_FIELD_SCHEMAS.items():
+        if field in fields:
+            found = document_errors(fields[field], schema)
+            if found:
+                errors[field] = found
+    return errors
