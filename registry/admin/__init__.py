@@ -1,3 +1,3 @@
-from registry.admin import configs, definitions, mcp, tenancy
+from registry.admin import configs, definitions, mcp, site, tenancy
 
-__all__ = ["configs", "definitions", "mcp", "tenancy"]
+__all__ = ["configs", "definitions", "mcp", "site", "tenancy"]

@@ -170,19 +170,13 @@ class TolerantChangeList(ChangeList):
 _IN_SOME_SCOPE = "_admin_in_some_scope"
 
 
-class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
-    """Platform admins see everything; other staff see the rows of the tenants where their
-    role allows `required_action` (found through `tenant_lookup`), and nothing platform-wide."""
-
-    required_action: str = Action.REGISTRY_PUBLISH
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return TolerantChangeList
+class SelectionKeysMixin:
+    """An action on a selection that is not even a key of the model (`_selected_action=abc`)
+    changes nothing and says so, as on an empty selection; Django filtered the rows by it and
+    failed with a server error. Every admin of the site uses it, Django's and third-party
+    ones included (registry/admin/site.py)."""
 
     def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        """An action on a selection that is not even a key of the model
-        (`_selected_action=abc`) changes nothing and says so, as on an empty selection;
-        Django filtered the rows by it and failed with a server error."""
         key = self.model._meta.pk
         try:
             for selected in request.POST.getlist(ACTION_CHECKBOX_NAME):
@@ -195,6 +189,16 @@ class TenantScopedAdmin(ScopedChoicesMixin, admin.ModelAdmin):
             )
             return None
         return super().response_action(request, queryset)
+
+
+class TenantScopedAdmin(SelectionKeysMixin, ScopedChoicesMixin, admin.ModelAdmin):
+    """Platform admins see everything; other staff see the rows of the tenants where their
+    role allows `required_action` (found through `tenant_lookup`), and nothing platform-wide."""
+
+    required_action: str = Action.REGISTRY_PUBLISH
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return TolerantChangeList
 
     def scoped_tenants(self, request: HttpRequest) -> QuerySet[Tenant]:
         return tenants_where_user_can(user=request.user, action=self.required_action)

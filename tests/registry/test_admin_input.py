@@ -4,8 +4,19 @@ never a value PostgreSQL refuses (a server error) or a page that cannot be drawn
 import json
 
 import pytest
+from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django_celery_beat.models import (
+    ClockedSchedule,
+    CrontabSchedule,
+    IntervalSchedule,
+    PeriodicTask,
+    SolarSchedule,
+)
 
 from evaluations.models import EvalCase, EvalSuite
+from registry.admin.base import SelectionKeysMixin
 from registry.models import Policy
 from tests.registry.factories import skill_content
 
@@ -134,3 +145,48 @@ def test_an_action_on_a_selection_that_is_not_even_an_id_changes_nothing(
     draft.refresh_from_db()
     assert draft.status == "draft"
     assert Policy.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    "changelist",
+    [
+        "/admin/auth/user/",
+        "/admin/auth/group/",
+        "/admin/django_celery_beat/periodictask/",
+        "/admin/django_celery_beat/clockedschedule/",
+        "/admin/django_celery_beat/crontabschedule/",
+        "/admin/django_celery_beat/solarschedule/",
+        "/admin/django_celery_beat/intervalschedule/",
+    ],
+)
+def test_an_action_of_djangos_and_beats_admins_on_a_selection_that_is_not_even_an_id_changes_nothing(  # noqa: E501
+    client, platform_admin, changelist
+):
+    client.force_login(platform_admin)
+    Group.objects.create(name="auditors")
+    IntervalSchedule.objects.create(every=10, period=IntervalSchedule.SECONDS)
+    counts = [
+        model.objects.count() for model in (get_user_model(), Group, PeriodicTask, IntervalSchedule)
+    ]
+    body = {"action": "delete_selected", "index": "0", "_selected_action": "abc"}
+
+    response = client.post(changelist, body, follow=True)
+
+    assert response.status_code == 200
+    assert [str(message) for message in response.context["messages"]] == [
+        "The selection names no item of this list. No items have been changed."
+    ]
+    assert counts == [
+        model.objects.count() for model in (get_user_model(), Group, PeriodicTask, IntervalSchedule)
+    ]
+
+
+def test_every_admin_of_the_site_refuses_a_selection_that_is_not_even_an_id():
+    models = [
+        model
+        for model, model_admin in admin.site._registry.items()
+        if not isinstance(model_admin, SelectionKeysMixin)
+    ]
+
+    assert models == []
+    assert {ClockedSchedule, CrontabSchedule, SolarSchedule} <= set(admin.site._registry)
