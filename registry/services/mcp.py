@@ -51,7 +51,7 @@ from registry.models import (
 )
 from registry.selectors import mcp_drift
 from registry.services.common import audited_save, full_clean_or_raise, registry_object_save
-from registry.services.tools import tool_version_validate
+from registry.services.tools import tool_version_check
 
 logger = logging.getLogger(__name__)
 
@@ -235,8 +235,7 @@ def _draft(*, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser
     for field_name, value in content.items():
         setattr(draft, field_name, value)
     try:
-        full_clean_or_raise(draft)
-        tool_version_validate(draft)
+        tool_version_check(draft)
     except ValidationFailed as error:
         return f"skipped: {error.message}"
     audited_save(draft, actor=actor, reason=reason)
