@@ -80,7 +80,24 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
             return self.output_serializer.Meta.model.objects.none()
         return type(self).select_visible(user=self.request.user, tenant=self.request.auth.tenant)
 
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        """What each POST reads as its body, by action."""
+        return {
+            "create": cls.create_serializer,
+            "publish": cls.publish_serializer,
+            "deprecate": LifecycleSerializer,
+            "revoke": LifecycleSerializer,
+            "rollback": CommandSerializer,
+        }
+
     def get_serializer_class(self) -> type[serializers.Serializer]:
+        if self.action == "metadata":
+            # OPTIONS describes the body of each method its route takes: DRF asks with the
+            # request cloned to that method and the action left as "metadata".
+            body = self.body_serializers().get(self.action_map.get(self.request.method.lower()))
+            if body is not None:
+                return body
         return self.create_serializer if self.action == "create" else self.output_serializer
 
     def get_object(self) -> DefinitionVersion:
@@ -143,22 +160,14 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
         "revoke": f"Revoke a {kind} version: it is never used again.",
         "rollback": f"Make an earlier published {kind} version current again.",
     }
-    requests = {
-        "publish": viewset.publish_serializer,
-        "deprecate": LifecycleSerializer,
-        "revoke": LifecycleSerializer,
-    }
+    requests = viewset.body_serializers()
     schemas = {
-        name: extend_schema(
-            summary=summary,
-            request=requests.get(name, CommandSerializer),
-            responses={200: output},
-        )
+        name: extend_schema(summary=summary, request=requests[name], responses={200: output})
         for name, summary in commands.items()
     }
     schemas["create"] = extend_schema(
         summary=f"Create a draft {kind} version.",
-        request=viewset.create_serializer,
+        request=requests["create"],
         responses={201: output},
     )
     schemas["list"] = extend_schema(summary=f"{kind.title()} versions visible in your tenant.")

@@ -1610,3 +1610,30 @@ def test_skills_list_runs_a_bounded_number_of_queries(
 
     assert response.json()["count"] == 20
     assert all(len(result["tool_dependencies"]) == 1 for result in response.json()["results"])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_options_describes_the_body_a_create_reads(api, publisher, kind):
+    body = _create_body(kind)
+
+    response = api.as_user(publisher).options(f"/api/v1/{kind}")
+
+    assert response.status_code == 200
+    post = response.json()["actions"]["POST"]
+    assert set(body) <= set(post)
+    assert not any(field["read_only"] for field in post.values())
+    assert {"id", "status", "is_current", "created_at"}.isdisjoint(post)
+    assert post["name"]["required"] is True
+
+
+def test_options_of_a_command_describes_the_body_it_reads(api, publisher, make_skill_version):
+    version = make_skill_version()
+    client = api.as_user(publisher)
+
+    publish = client.options(f"/api/v1/skills/{version.pk}/publish").json()
+    deprecate = client.options(f"/api/v1/skills/{version.pk}/deprecate").json()
+    rollback = client.options(f"/api/v1/skills/{version.pk}/rollback").json()
+
+    assert list(publish["actions"]["POST"]) == ["override_reason"]
+    assert list(deprecate["actions"]["POST"]) == ["reason"]
+    assert rollback["actions"]["POST"] == {}
