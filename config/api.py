@@ -204,6 +204,10 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class CommandSerializer(StrictSerializer):
+    """The body of a command that takes no fields: empty, or {}."""
+
+
 class _JSONString:
     """A field that takes a JSON string only, where DRF's also takes a number and reads its
     str() (a UUID from an integer, a name from 5)."""

@@ -7,6 +7,7 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from config.api import CommandSerializer
 from evaluations import selectors, services
 from evaluations.api.serializers import (
     EvalCaseResultSerializer,
@@ -126,8 +127,11 @@ class EvalRunViewSet(
         page = self.paginate_queryset(results)
         return self.get_paginated_response(EvalCaseResultSerializer(page, many=True).data)
 
-    @extend_schema(summary="Stop between cases; the results so far stay.", request=None)
+    @extend_schema(
+        summary="Stop between cases; the results so far stay.", request=CommandSerializer
+    )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        CommandSerializer(data=request.data).is_valid(raise_exception=True)
         eval_run = services.eval_run_cancel(eval_run=self.get_object(), actor=request.user)
         return Response(EvalRunSerializer(self.get_queryset().get(pk=eval_run.pk)).data)

@@ -228,10 +228,6 @@ class LifecycleSerializer(StrictSerializer):
     reason = StrictCharField(required=False, allow_blank=True, max_length=2000)
 
 
-class CommandSerializer(StrictSerializer):
-    """The body of a command that takes no fields: empty, or {}."""
-
-
 class SkillPublishSerializer(StrictSerializer):
     override_reason = StrictCharField(
         required=False,

@@ -11,10 +11,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api import CommandSerializer
 from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
-    CommandSerializer,
     LifecycleSerializer,
     SkillPublishSerializer,
     SkillVersionCreateSerializer,

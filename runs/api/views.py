@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from config.api import CommandSerializer
 from registry.api.permissions import IsTenantMember
 from registry.authentication import token_usable
 from registry.choices import Action
@@ -211,9 +212,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             allowed=allowed,
         )
 
-    @extend_schema(summary="Cancel a run that has not finished.", request=None)
+    @extend_schema(summary="Cancel a run that has not finished.", request=CommandSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        CommandSerializer(data=request.data).is_valid(raise_exception=True)
         run = run_cancel(run=self.get_object(), actor=request.user)
         return Response(RunSerializer(run, context=self.get_serializer_context()).data)
 

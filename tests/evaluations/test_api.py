@@ -199,6 +199,25 @@ def test_a_cancelled_eval_run_stops_between_cases(demo, suites):
     assert (again.status_code, again.json()["status"]) == (200, EvalRunStatus.CANCELLED)
 
 
+def test_a_cancel_with_a_body_it_does_not_read_is_refused_and_an_empty_object_cancels(demo, suites):
+    client = api_as("dave", demo.acme)
+    eval_run_id = client.post("/api/v1/evaluations/runs", start_body(suites), format="json").json()[
+        "id"
+    ]
+    cancel = f"/api/v1/evaluations/runs/{eval_run_id}/cancel"
+
+    malformed = client.post(cancel, "{{{", content_type="application/json")
+    unknown = client.post(cancel, {"reason": "late"}, format="json")
+    status_after_refusals = EvalRun.objects.get(pk=eval_run_id).status
+    empty = client.post(cancel, {}, format="json")
+
+    assert (malformed.status_code, unknown.status_code) == (400, 400)
+    assert malformed.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert unknown.json()["error"]["details"] == {"reason": ["Unknown field."]}
+    assert status_after_refusals == EvalRunStatus.QUEUED
+    assert (empty.status_code, empty.json()["status"]) == (200, EvalRunStatus.CANCELLED)
+
+
 def test_a_cancel_that_comes_while_a_case_runs_keeps_its_result_and_counts_it(
     demo, suites, monkeypatch
 ):

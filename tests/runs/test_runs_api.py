@@ -477,6 +477,37 @@ def test_the_requester_cancels_a_queued_run(alice, member, start_run):
     }
 
 
+@pytest.mark.parametrize(
+    ("body", "details"),
+    [
+        ("{{{", None),
+        ('{"reason": "late"}', {"reason": ["Unknown field."]}),
+        ("[]", None),
+    ],
+    ids=["malformed", "unknown-field", "not-an-object"],
+)
+def test_a_cancel_with_a_body_it_does_not_read_is_refused(alice, member, start_run, body, details):
+    run = start_run(member)
+    before = _state(run)
+
+    response = alice.post(f"{RUNS}/{run.pk}/cancel", body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    if details is not None:
+        assert _error(response)["details"] == details
+    assert _state(run) == before
+
+
+def test_a_cancel_with_an_empty_object_cancels(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.post(f"{RUNS}/{run.pk}/cancel", {}, format="json")
+
+    assert response.status_code == 200
+    assert response.json()["status"] == "CANCELLED"
+
+
 def test_cancelling_again_changes_nothing(alice, member, start_run):
     run = start_run(member)
     first = alice.post(f"{RUNS}/{run.pk}/cancel")
