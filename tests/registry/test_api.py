@@ -810,47 +810,30 @@ def test_create_with_an_invalid_json_schema_is_refused_with_a_readable_message(a
     assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
 
 
-@pytest.mark.parametrize("schema", [[], ""], ids=["list", "string"])
-def test_create_with_an_empty_input_schema_that_is_not_an_object_says_so(api, publisher, schema):
+NOT_AN_OBJECT = ["The input schema must be a JSON object."]
+OPEN = 'The input schema must set "additionalProperties": false.'
+
+
+@pytest.mark.parametrize(
+    ("schema", "messages"),
+    [
+        ([], NOT_AN_OBJECT),
+        ("", NOT_AN_OBJECT),
+        ({}, ['The input schema must have "type": "object".', OPEN]),
+        ({"type": "object", "properties": {"q": {"type": "string"}}}, [OPEN]),
+    ],
+    ids=["empty-list", "empty-string", "empty-object", "open"],
+)
+def test_create_with_an_input_schema_that_is_no_closed_object_says_what_it_lacks(
+    api, publisher, schema, messages
+):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", input_schema=schema), format="json"
     )
 
     assert response.status_code == 400
     assert _error(response)["code"] == "VALIDATION_ERROR"
-    assert _error(response)["details"] == {
-        "input_schema": ["The input schema must be a JSON object."]
-    }
-    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
-
-
-def test_create_with_an_empty_input_schema_object_says_what_it_lacks(api, publisher):
-    response = api.as_user(publisher).post(
-        TOOLS, _create_body("tools", input_schema={}), format="json"
-    )
-
-    assert response.status_code == 400
-    assert _error(response)["details"] == {
-        "input_schema": [
-            'The input schema must have "type": "object".',
-            'The input schema must set "additionalProperties": false.',
-        ]
-    }
-    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
-
-
-def test_create_with_an_open_input_schema_is_refused(api, publisher):
-    schema = {"type": "object", "properties": {"q": {"type": "string"}}}
-
-    response = api.as_user(publisher).post(
-        TOOLS, _create_body("tools", input_schema=schema), format="json"
-    )
-
-    assert response.status_code == 400
-    assert _error(response)["code"] == "VALIDATION_ERROR"
-    assert _error(response)["details"] == {
-        "input_schema": ['The input schema must set "additionalProperties": false.']
-    }
+    assert _error(response)["details"] == {"input_schema": messages}
     assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
 
 
