@@ -21,7 +21,8 @@ from registry.models import AgentConfig, McpServer, ToolVersion
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.mcp import mcp_server_discover, mcp_server_save
-from runs.models import Run
+from runs.loop import run_execute
+from runs.models import Run, ToolCall
 from runs.services.ingress import message_ingest
 from tests.runs import conftest as runs_fixtures
 from tests.runs.test_loop import add_agent
@@ -172,6 +173,20 @@ def status_publish(demo, server: McpServer, model_config=None, **changes) -> Too
     version = tools.tool_version_publish(tool_version=draft, actor=demo.admin)
     assistant(demo, [version], model_config=model_config)
     return version
+
+
+def call_answered(demo, server: McpServer, answer: Callable[..., None], **answering) -> ToolCall:
+    """The call of project_status (published with a 10 s timeout) that a run made to `server`,
+    which answers it as `answer(**answering)` says; the run's step took well under 10 s."""
+    status_publish(demo, server, timeout_s=10)
+    answer(**answering)
+    run = ask(demo)
+
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    assert time.monotonic() - started < 5
+    return ToolCall.objects.get(run=run)
 
 
 @pytest.fixture

@@ -21,7 +21,15 @@ from registry.models import McpServer
 from registry.services.mcp import mcp_server_save
 from runs.loop import run_execute
 from runs.models import ToolCall
-from tests.mcp.conftest import TOKEN, TOKEN_REF, _free_port, ask, status_publish, wait_for_port
+from tests.mcp.conftest import (
+    TOKEN,
+    TOKEN_REF,
+    _free_port,
+    ask,
+    call_answered,
+    status_publish,
+    wait_for_port,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -157,24 +165,11 @@ def test_an_unreadable_answer_quoting_the_credential_fails_at_once_and_is_not_lo
     ids=["http-500", "http-401", "html"],
 )
 def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, settings, call):
-    tool_call = _called_once_answered(demo, hostile_http, settings, call)
+    url, answer = hostile_http
+
+    tool_call = call_answered(demo, _over_http(demo, url, settings), answer, **call)
 
     assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
-
-
-def _called_once_answered(demo, hostile_http, settings, call: dict) -> ToolCall:
-    """The tool call of a run whose server answers the call with `call`; it ended well
-    before its 10 s timeout."""
-    url, answer = hostile_http
-    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
-    answer(**call)
-    run = ask(demo)
-
-    started = time.monotonic()
-    run_execute(run_id=str(run.pk))
-
-    assert time.monotonic() - started < 5
-    return ToolCall.objects.get(run=run)
 
 
 ANSWERED = '{"jsonrpc": "2.0", "id": {id}, "result": {"content": [{"type": "text", "text": "ok"}]}}'
@@ -196,7 +191,8 @@ def test_an_sse_answer_that_ends_without_the_result_fails_the_call_at_once(
 ):
     # given a server whose SSE answer to the call ends without the call's result, or names
     # as its charset a codec that decodes no text, when a run calls it
-    tool_call = _called_once_answered(demo, hostile_http, settings, call)
+    url, answer = hostile_http
+    tool_call = call_answered(demo, _over_http(demo, url, settings), answer, **call)
 
     # then the call failed as the server's fault, not at its timeout
     assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
@@ -205,7 +201,6 @@ def test_an_sse_answer_that_ends_without_the_result_fails_the_call_at_once(
     )
 
     # and once the server answers again, the next call gets its result
-    _url, answer = hostile_http
     answer()
     run = ask(demo)
     run_execute(run_id=str(run.pk))
@@ -292,22 +287,15 @@ def test_a_call_answered_outside_the_protocol_fails_as_the_server_s_fault(
 def test_an_answer_far_larger_than_the_response_limit_is_not_read_to_its_end(
     demo, hostile_http, settings, tmp_path, sse
 ):
-    # given a server answering with a text of 64 MB, the limit being 1 MB
+    # given a server answering with a text of 64 MB, the limit being 1 MB, when a run calls it
     settings.TOOL_RESPONSE_MAX_BYTES = 1024 * 1024
     url, answer = hostile_http
-    status_publish(demo, _over_http(demo, url, settings), timeout_s=10)
-    answer(size=64 * 1024 * 1024, sse=sse)
-    run = ask(demo)
-
-    # when
-    started = time.monotonic()
-    run_execute(run_id=str(run.pk))
+    server = _over_http(demo, url, settings)
+    call = call_answered(demo, server, answer, size=64 * 1024 * 1024, sse=sse)
 
     # then the call failed at once, the answer left unread far before its end
-    call = ToolCall.objects.get(run=run)
     assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
     assert call.envelope["error"]["message"] == "acme/projects answered larger than 4194304 bytes."
-    assert time.monotonic() - started < 5
     log = tmp_path / "calls.log"
     deadline = time.monotonic() + 5
     while "sent" not in log.read_text() and time.monotonic() < deadline:
