@@ -287,3 +287,16 @@ class AsyncHTTPTransport(httpx.AsyncHTTPTransport):
         for proxied in self._proxied.values():
             await proxied.aclose()
         await super().aclose()
+
+
+def text_encoding(charset: str | None) -> str:
+    """The encoding to read an outbound answer's text in: its `charset`, unless that names a
+    codec that decodes no text (rot13, base64, zlib: Python has them all, and a server may
+    name any), then UTF-8, undecodable bytes replaced as httpx reads them."""
+    if charset:
+        try:
+            b"x".decode(charset, "replace")
+        except (LookupError, UnicodeError):
+            return "utf-8"
+        return charset
+    return "utf-8"

@@ -26,7 +26,7 @@ from typing import Any
 import httpx2
 from django.conf import settings
 
-from config.egress import EgressRefused, HTTPTransport2
+from config.egress import EgressRefused, HTTPTransport2, text_encoding
 
 # Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
 _SENT_HEADERS = frozenset(
@@ -85,15 +85,6 @@ class _BoundedBody(httpx2.SyncByteStream):
         self._stream.close()
 
 
-def _is_text_encoding(name: str) -> bool:
-    """Whether bytes decode to text in `name`, undecodable ones replaced (as httpx reads)."""
-    try:
-        b"x".decode(name, "replace")
-    except (LookupError, UnicodeError):
-        return False
-    return True
-
-
 def _sent(name: str) -> bool:
     name = name.lower()
     return name in _SENT_HEADERS or name.startswith(_SENT_PREFIX)
@@ -135,8 +126,7 @@ class _Client(httpx2.Client):
             watchdog.cancel()
             response.close()
             raise AnswerRefused(f"answered in {encoding[:40]} encoding, which was not asked for")
-        if not _is_text_encoding(response.encoding):
-            response.encoding = "utf-8"
+        response.encoding = text_encoding(response.encoding)
         response.stream = _BoundedBody(
             response.stream,
             deadline=response.request.extensions["deadline"],

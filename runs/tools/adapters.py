@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 
 from config import jsontext
-from config.egress import EgressRefused, HTTPTransport
+from config.egress import EgressRefused, HTTPTransport, text_encoding
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     Deadline,
@@ -323,11 +323,7 @@ def http_call(
         # failure in its JSON. Secrets go before the cut, which could leave part of one; they
         # are looked for in twice what is kept, which holds whole a secret (even a private
         # key) that starts before the cut, and bounds the work on a large answer.
-        try:
-            text = content.decode(response.encoding or "utf-8", errors="replace")
-        except (LookupError, UnicodeError):
-            # The charset names a codec that decodes no text (rot13, base64, zlib).
-            text = content.decode("utf-8", errors="replace")
+        text = content.decode(text_encoding(response.encoding), errors="replace")
         text = text[: 2 * TEXT_ANSWER_CHARS]
         payload = {
             "text": strip_secrets(text, secrets=(context.credential or "",))[:TEXT_ANSWER_CHARS]
