@@ -23,7 +23,8 @@ def _where_user_decides(
 
 
 def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
-    """Waiting ones first, oldest first among them, with what a page or the API shows."""
+    """Waiting ones first, oldest first among them (the id breaks ties, so that a page never
+    repeats or skips one), with what a page or the API shows."""
     return (
         actions.select_related(
             "tenant", "requester", "run", "skill_version__skill", "decision__approver"
@@ -35,7 +36,7 @@ def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
                 output_field=IntegerField(),
             )
         )
-        .order_by("waiting", "created_at")
+        .order_by("waiting", "created_at", "pk")
     )
 
 
@@ -121,7 +122,7 @@ def handoffs_for_person(
                 output_field=IntegerField(),
             )
         )
-        .order_by("waiting", "created_at")
+        .order_by("waiting", "created_at", "pk")
     )
 
 

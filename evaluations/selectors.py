@@ -27,7 +27,7 @@ def eval_runs_visible(*, user: AbstractBaseUser, tenant: Tenant | None = None) -
             "agent_config",
             "created_by",
         )
-        .order_by("-created_at")
+        .order_by("-created_at", "-pk")
     )
 
 
@@ -40,5 +40,5 @@ def eval_suites_visible(
         EvalSuite.objects.filter(Q(tenant__isnull=True) | Q(tenant__in=_tenants(user, tenant)))
         .select_related("tenant")
         .annotate(case_count=Count("cases"))
-        .order_by("key")
+        .order_by("key", "pk")
     )

@@ -78,7 +78,11 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
             return self.output_serializer.Meta.model.objects.none()
-        return type(self).select_visible(user=self.request.user, tenant=self.request.auth.tenant)
+        versions = type(self).select_visible(
+            user=self.request.user, tenant=self.request.auth.tenant
+        )
+        # The id breaks ties of name and creation time, so that no version is on two pages.
+        return versions.order_by(*versions.model._meta.ordering, "pk")
 
     @classmethod
     def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:

@@ -147,9 +147,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
     def get_queryset(self) -> QuerySet[Run]:
         if getattr(self, "swagger_fake_view", False):
             return Run.objects.none()
-        return selectors.runs_visible(
-            user=self.request.user, tenant=self.request.auth.tenant
-        ).select_related("actor", "tenant", "cancelled_by")
+        # The id breaks ties of creation time, so that no run is on two pages or on none.
+        return (
+            selectors.runs_visible(user=self.request.user, tenant=self.request.auth.tenant)
+            .select_related("actor", "tenant", "cancelled_by")
+            .order_by("-created_at", "-pk")
+        )
 
     def get_object(self) -> Run:
         try:
