@@ -208,6 +208,26 @@ class CommandSerializer(StrictSerializer):
     """The body of a command that takes no fields: empty, or {}."""
 
 
+# A viewset whose OPTIONS describes, for each method that takes a body, the serializer that
+# reads it, rather than the output serializer (whose fields are read-only). A comment, not a
+# docstring: the API schema would show a docstring as the description of a viewset without one.
+class BodiesDescribed:
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        """What each POST reads as its body, by action."""
+        return {}
+
+    def body_described(self) -> type[serializers.Serializer] | None:
+        """The body OPTIONS describes for the method asked about: DRF asks with the request
+        cloned to that method and the action left as "metadata"."""
+        if self.action != "metadata":
+            return None
+        return self.body_serializers().get(self.action_map.get(self.request.method.lower()))
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return self.body_described() or super().get_serializer_class()
+
+
 class _JSONString:
     """A field that takes a JSON string only, where DRF's also takes a number and reads its
     str() (a UUID from an integer, a name from 5)."""

@@ -2,7 +2,7 @@ from uuid import UUID
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -17,10 +17,13 @@ from approvals.api.serializers import (
 )
 from approvals.errors import NotFound
 from approvals.models import BusinessAction, Handoff
+from config.api import BodiesDescribed
 
 
 @extend_schema(tags=["approvals"])
-class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ApprovalViewSet(
+    BodiesDescribed, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Business Actions of the token's tenant: the list holds those the caller may decide;
     an approver of the tenant may read any; a person of the tenant who may not decide one is
     refused the decision (403), an action of another tenant is not found (404)."""
@@ -38,6 +41,10 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
         if self.action == "decision":
             return selectors.actions_of_tenant(tenant=tenant)
         return selectors.actions_visible(user=user, tenant=tenant)
+
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        return {"decision": DecisionRequestSerializer}
 
     def get_object(self) -> BusinessAction:
         try:
@@ -64,7 +71,9 @@ class ApprovalViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
 
 
 @extend_schema(tags=["approvals"])
-class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class HandoffViewSet(
+    BodiesDescribed, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Requests of the token's tenant that the policy leaves to people (the human queue)."""
 
     serializer_class = HandoffSerializer
@@ -86,6 +95,10 @@ class HandoffViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         return selectors.handoffs_for_person(
             user=self.request.user, tenant=self.request.auth.tenant
         )
+
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        return {"resolve": HandoffResolveSerializer}
 
     def get_object(self) -> Handoff:
         try:

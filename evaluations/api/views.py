@@ -2,12 +2,12 @@ from uuid import UUID
 
 from django.db.models import F, Q, QuerySet
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, status, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from config.api import CommandSerializer
+from config.api import BodiesDescribed, CommandSerializer
 from evaluations import selectors, services
 from evaluations.api.serializers import (
     EvalCaseResultSerializer,
@@ -83,7 +83,11 @@ def _resolve(request: Request, data: dict) -> dict:
 
 @extend_schema(tags=["evaluations"])
 class EvalRunViewSet(
-    _UUIDLookup, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+    BodiesDescribed,
+    _UUIDLookup,
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
 ):
     """Eval runs of your tenant: start one, follow its progress, read its metrics and per-case
     results, cancel it."""
@@ -95,6 +99,10 @@ class EvalRunViewSet(
         if getattr(self, "swagger_fake_view", False):
             return EvalRun.objects.none()
         return selectors.eval_runs_visible(user=self.request.user, tenant=self.request.auth.tenant)
+
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        return {"create": EvalRunStartSerializer, "cancel": CommandSerializer}
 
     @extend_schema(
         summary="Start a suite against one skill version with an agent (and another model).",

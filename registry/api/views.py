@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import CommandSerializer
+from config.api import BodiesDescribed, CommandSerializer
 from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
@@ -58,7 +58,9 @@ class TokenWithoutSlashView(TokenView):
     would otherwise be redirected (a client following it sends a GET) or, with DEBUG, fail."""
 
 
-class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class VersionViewSet(
+    BodiesDescribed, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     """Versions of one kind of definition, scoped to the token's tenant; commands are POSTs
     that call one lifecycle service each."""
 
@@ -86,7 +88,6 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
 
     @classmethod
     def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
-        """What each POST reads as its body, by action."""
         return {
             "create": cls.create_serializer,
             "publish": cls.publish_serializer,
@@ -96,12 +97,8 @@ class VersionViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
         }
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
-        if self.action == "metadata":
-            # OPTIONS describes the body of each method its route takes: DRF asks with the
-            # request cloned to that method and the action left as "metadata".
-            body = self.body_serializers().get(self.action_map.get(self.request.method.lower()))
-            if body is not None:
-                return body
+        if body := self.body_described():
+            return body
         return self.create_serializer if self.action == "create" else self.output_serializer
 
     def get_object(self) -> DefinitionVersion:

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import CommandSerializer
+from config.api import BodiesDescribed, CommandSerializer
 from registry.api.permissions import IsTenantMember
 from registry.authentication import token_usable
 from registry.choices import Action
@@ -139,7 +139,9 @@ class EventsQuerySerializer(serializers.Serializer):
 
 
 @extend_schema(tags=["runs"])
-class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class RunViewSet(
+    BodiesDescribed, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet
+):
     serializer_class = RunSerializer
     filterset_class = RunFilter
     lookup_value_regex = "[^/]+"
@@ -153,6 +155,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
             .select_related("actor", "tenant", "cancelled_by")
             .order_by("-created_at", "-pk")
         )
+
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        return {"cancel": CommandSerializer}
 
     def get_object(self) -> Run:
         try:
@@ -224,7 +230,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gene
 
 
 @extend_schema(tags=["memory"])
-class MemoryViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
+class MemoryViewSet(
+    BodiesDescribed, mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet
+):
     """What the platform keeps about you in the token's tenant: list it, add an explicit
     preference or a fact you confirm, delete any of it."""
 
@@ -236,6 +244,10 @@ class MemoryViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.Ge
         if getattr(self, "swagger_fake_view", False):
             return MemoryItem.objects.none()
         return memory.memories_of(tenant=self.request.auth.tenant, user=self.request.user)
+
+    @classmethod
+    def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
+        return {"create": MemoryCreateSerializer}
 
     @extend_schema(
         summary="Keep a preference or a confirmed fact (201), or replace the item of its kind "
