@@ -13,6 +13,7 @@ import redis
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
+from django_filters.rest_framework import DjangoFilterBackend
 from rest_framework import exceptions, serializers, status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
@@ -297,6 +298,18 @@ class FilterSet(django_filters.FilterSet):
         for name, message in refused.items():
             self.form.add_error(name, message)
         return valid and not refused
+
+
+class FilterBackend(DjangoFilterBackend):
+    """A viewset's filters narrow its list only. DRF also applies them to the lookup of one
+    object and to its actions: `runs/{id}/events?status=COMPLETED` answered 404 "No such run"
+    for a run still running, and the schema listed the run filters as parameters of the
+    events, which they never filtered."""
+
+    def get_filterset_class(self, view: Any, queryset: Any = None) -> Any:
+        if getattr(view, "action", None) != "list":
+            return None
+        return super().get_filterset_class(view, queryset)
 
 
 WHOLE_NUMBER = re.compile(r"[0-9]+")

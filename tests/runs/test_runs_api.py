@@ -601,3 +601,30 @@ def test_cancel_answers_only_post(alice, member, start_run):
 
     assert response.status_code == 405
     assert Run.objects.get(pk=run.pk).status == "QUEUED"
+
+
+def test_the_list_s_filters_leave_one_run_its_events_and_its_cancel_alone(alice, member, start_run):
+    # given a queued run, and a query of the list's filters it does not match
+    run = start_run(member)
+    query = "?status=COMPLETED&skill=other"
+
+    # when one run, its events and its cancel are asked for with that query
+    one = alice.get(f"{RUNS}/{run.pk}{query}")
+    events = alice.get(f"{RUNS}/{run.pk}/events{query}")
+    cancelled = alice.post(f"{RUNS}/{run.pk}/cancel{query}")
+
+    # then they answer for the run, as without it; the list alone is filtered
+    assert (one.status_code, one.json()["id"]) == (200, str(run.pk))
+    assert (events.status_code, events.json()["count"]) == (200, 4)
+    assert (cancelled.status_code, cancelled.json()["status"]) == (200, "CANCELLED")
+    assert alice.get(f"{RUNS}{query}").json()["count"] == 0
+
+
+def test_the_schema_gives_the_run_events_no_parameters_of_the_run_list(alice):
+    schema = alice.get("/api/schema/", {"format": "json"}).json()
+
+    def parameters(path: str) -> set[str]:
+        return {parameter["name"] for parameter in schema["paths"][path]["get"]["parameters"]}
+
+    assert parameters("/api/v1/runs/{id}/events") == {"id", "after", "page", "page_size"}
+    assert {"status", "session", "skill"} <= parameters("/api/v1/runs")
