@@ -74,9 +74,14 @@ def _in_window(runs: QuerySet[Run], days: int) -> QuerySet[Run]:
 def skills_seen(runs: QuerySet[Run], *, days: int = 14) -> list[str]:
     """The skill versions `runs` (scoped to the viewer and tenant) ran in the last `days`
     days: what the dashboard offers to filter by, read from the window it shows, never the
-    whole run history."""
+    whole run history. Each once: the runs' default order (by creation time) is dropped, as
+    its column would be selected with the skill and make every run a distinct row."""
     return sorted(
-        _in_window(runs, days).exclude(skill="").values_list("skill", flat=True).distinct()
+        _in_window(runs, days)
+        .exclude(skill="")
+        .order_by()
+        .values_list("skill", flat=True)
+        .distinct()
     )
 
 

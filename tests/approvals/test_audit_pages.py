@@ -545,3 +545,19 @@ def test_the_dashboard_offers_the_skill_versions_of_its_window_whichever_one_is_
         "weekly-summary@3.3.0",
     ]
     assert 'value="weekly-summary@0.9.0" selected' in unseen.content.decode()
+
+
+def test_the_dashboard_offers_each_skill_version_once_however_many_runs_ran_it(
+    demo, sent_run, carol, client
+):
+    # given two more runs of the sent run's skill version in the window
+    waiting_run(demo)
+    demo_run(demo)
+    logged_in(client, carol)
+
+    # when the auditor opens the dashboard
+    page = client.get(reverse("runs:dashboard"))
+
+    # then the version is offered once
+    assert page.context["skills"] == ["weekly-summary@3.2.0"]
+    assert page.content.decode().count('<option value="weekly-summary@3.2.0"') == 1
