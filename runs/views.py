@@ -56,18 +56,19 @@ def _audited_run(user: AbstractBaseUser, run_id) -> tuple[Run, bool]:
     return run, selectors.viewer_cleared(user=user, run=run, roles=roles)
 
 
-def _still_audited(request: HttpRequest, run_id) -> bool:
+def _still_audited(request: HttpRequest, run_id, *, cleared: bool) -> bool:
     """Whether the request's session still signs its user in (not logged out or expired, the
-    user active, their password unchanged), and they may still view the run."""
+    user active, their password unchanged), and they may still view the run as the stream
+    shows it: a stream sent unmasked ends once its viewer's clearance does."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(request.session.session_key)
     viewer = get_user(SimpleNamespace(session=store))
     if viewer.pk != request.user.pk:
         return False
     try:
-        _audited_run(viewer, run_id)
+        _run, still_cleared = _audited_run(viewer, run_id)
     except Http404:
         return False
-    return True
+    return still_cleared or not cleared
 
 
 @method_decorator(login_required, name="dispatch")
@@ -139,7 +140,7 @@ class RunStreamView(View):
             run,
             int(after) if LAST_EVENT_ID.fullmatch(after) else 0,
             shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
-            allowed=lambda: _still_audited(request, run.pk),
+            allowed=lambda: _still_audited(request, run.pk, cleared=cleared),
         )
 
 

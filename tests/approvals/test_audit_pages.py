@@ -21,7 +21,7 @@ from approvals.choices import Decision
 from approvals.models import BusinessAction
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
-from registry.models import ToolVersion
+from registry.models import Membership, ToolVersion
 from registry.services.tenancy import api_token_issue, membership_add
 from registry.services.tools import tool_version_create, tool_version_revoke
 from runs import audit as runs_audit
@@ -377,6 +377,25 @@ def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
     assert followed == [event_type.value for event_type in EventType]
     assert "event: approval.required" in body
     assert EMAIL not in body and MASKED in body
+
+
+def test_the_page_s_stream_ends_once_its_viewer_loses_clearance(demo, client, settings):
+    # given a tenant admin, also an auditor, following a waiting run's stream unmasked
+    settings.RUN_STREAM_MAX_SECONDS = 1
+    run, _action = waiting_run(demo)
+    tina = get_user_model().objects.create_user("tina", password=DEMO_PASSWORD)
+    for role in (Role.ADMIN, Role.AUDITOR):
+        membership_add(actor=None, user=tina, tenant=demo.acme, role=role)
+    response = logged_in(client, tina).get(reverse("runs:stream", args=[run.pk]))
+
+    # when she is no longer a tenant admin before the stream sends the log
+    Membership.objects.filter(user=tina, tenant=demo.acme, role=Role.ADMIN).delete()
+    body = b"".join(response.streaming_content).decode()
+
+    # then the stream ends, sending nothing unmasked (the page she reloads is masked)
+    assert body == f"event: end\ndata: {json.dumps({'reason': 'ACCESS_ENDED'})}\n\n"
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert EMAIL not in page and MASKED in page
 
 
 def test_the_registry_history_shows_who_published_what(demo, carol, client):
