@@ -206,10 +206,13 @@ class RunViewSet(
         token, user = request.auth, request.user
 
         def allowed() -> bool:
-            """The token still authenticates and its holder may still read the run."""
+            """The token still authenticates and its holder may still read the run, unmasked
+            if it was sent so."""
             if not token_usable(token):
                 return False
             if not user_can(user=user, action=Action.REGISTRY_VIEW, tenant=token.tenant):
+                return False
+            if cleared and not selectors.viewer_cleared(user=user, run=run):
                 return False
             return selectors.runs_visible(user=user, tenant=token.tenant).filter(pk=run.pk).exists()
 

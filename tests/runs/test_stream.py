@@ -6,13 +6,15 @@ import json
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import AsyncClient, RequestFactory
 from django.urls import resolve
 
+from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import ApiToken, Membership
-from registry.services.tenancy import api_token_issue, api_tokens_revoke
+from registry.services.tenancy import api_token_issue, api_tokens_revoke, membership_add
 from runs.api import stream
 from runs.loop import run_advance_step, run_execute
 from runs.models import Run
@@ -290,6 +292,32 @@ def test_a_viewer_whose_access_ends_mid_stream_is_sent_nothing_more(
     later = _stream_until_access_ends(response, run, end_access)
 
     # then the stream ends without the run's last event or its status
+    assert later == ACCESS_ENDED
+
+
+def test_a_stream_sent_unmasked_ends_once_its_viewer_loses_clearance(
+    db, client, monkeypatch, settings
+):
+    # given a tenant admin of acme, also its auditor, following alice's queued run unmasked
+    monkeypatch.setattr(stream, "POLL_SECONDS", 0)
+    settings.RUN_STREAM_MAX_SECONDS = 5
+    run, _ = example_run()
+    tina = get_user_model().objects.create_user("tina", password=DEMO_PASSWORD)
+    for role in (Role.ADMIN, Role.AUDITOR):
+        membership_add(actor=None, user=tina, tenant=run.tenant, role=role)
+    _, key = api_token_issue(username="tina", password=DEMO_PASSWORD, tenant_slug="acme")
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **STREAM_HEADERS
+    )
+
+    # when she is no longer a tenant admin, and then the run ends
+    later = _stream_until_access_ends(
+        response,
+        run,
+        lambda: Membership.objects.filter(user=tina, role=Role.ADMIN).delete(),
+    )
+
+    # then the stream ends without sending the run's last event unmasked
     assert later == ACCESS_ENDED
 
 
