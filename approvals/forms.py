@@ -20,7 +20,11 @@ class HandoffForm(forms.Form):
     """How a person closes a request the route left to people, with what they did."""
 
     outcome = forms.ChoiceField(
-        choices=[(status, label) for status, label in HandoffStatus.choices if status != "open"],
+        choices=[
+            (status, label)
+            for status, label in HandoffStatus.choices
+            if status in (HandoffStatus.HANDLED, HandoffStatus.DECLINED)
+        ],
         widget=forms.HiddenInput,
     )
     note = forms.CharField(max_length=4000, widget=forms.Textarea)

@@ -139,6 +139,34 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
 
 
+@pytest.mark.parametrize("outcome", ["withdrawn", "open", "maybe"])
+def test_a_page_post_of_an_outcome_a_person_cannot_give_records_nothing(
+    demo, bob, handed_off, outcome
+):
+    # given bob on the request's page
+    handoff = Handoff.objects.get(run=handed_off)
+    client = logged_in(bob)
+    client.get(f"/approvals/handoffs/{handoff.pk}/")
+    events_before = event_types(handed_off)
+
+    # when he posts an outcome the form does not offer
+    posted = client.post(
+        f"/approvals/handoffs/{handoff.pk}/",
+        {
+            "outcome": outcome,
+            "note": "Gone.",
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # then he is sent back to the page, and neither the request nor the run changes
+    assert posted.status_code == 302
+    assert posted.url == f"/approvals/handoffs/{handoff.pk}/"
+    assert Handoff.objects.get(pk=handoff.pk).status == "open"
+    assert Run.objects.get(pk=handed_off.pk).status == RunStatus.WAITING_APPROVAL
+    assert event_types(handed_off) == events_before
+
+
 @pytest.mark.parametrize(
     ("body", "field"), [({"note": 1}, "note"), ({"note": "Done.", "notes": "Done."}, "notes")]
 )
