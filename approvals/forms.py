@@ -3,7 +3,19 @@ from django import forms
 from approvals.choices import Decision, HandoffStatus
 
 
-class DecisionForm(forms.Form):
+class OneValueForm(forms.Form):
+    """Refuses a field posted more than once (`decision=approve&decision=reject`), rather
+    than reading its last value: a post that says two things records neither."""
+
+    def clean(self) -> dict:
+        cleaned = super().clean()
+        for name in self.fields:
+            if len(self.data.getlist(name)) > 1:
+                self.add_error(name, "Give one value.")
+        return cleaned
+
+
+class DecisionForm(OneValueForm):
     """The decision posts back the hash of the payload the page showed."""
 
     decision = forms.ChoiceField(choices=Decision.choices, widget=forms.HiddenInput)
@@ -16,7 +28,7 @@ class QueueFilterForm(forms.Form):
     status = forms.CharField(required=False, max_length=24)
 
 
-class HandoffForm(forms.Form):
+class HandoffForm(OneValueForm):
     """How a person closes a request the route left to people, with what they did."""
 
     outcome = forms.ChoiceField(

@@ -288,6 +288,35 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     assert f"this approval's send must start by {expiry}" in page
 
 
+@pytest.mark.parametrize(
+    "twice",
+    [
+        lambda action: {"decision": ["approve", "reject"]},
+        lambda action: {"payload_hash": ["1" * 64, action.payload_hash]},
+    ],
+    ids=["decision", "payload_hash"],
+)
+def test_a_decision_posted_with_a_field_given_twice_records_nothing(demo, bob, twice):
+    # given bob on the action's page
+    run, action = waiting_run(demo)
+    client = logged_in(bob)
+    client.get(f"/approvals/{action.pk}/")
+    fields = {"decision": "approve", "payload_hash": action.payload_hash, **twice(action)}
+
+    # when he posts a decision that names a field twice
+    posted = client.post(
+        f"/approvals/{action.pk}/",
+        {**fields, "csrfmiddlewaretoken": client.cookies["csrftoken"].value},
+    )
+
+    # then he is sent back to the page, and nothing is decided
+    assert posted.status_code == 302
+    assert posted.url == f"/approvals/{action.pk}/"
+    assert not ApprovalDecision.objects.exists()
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+    assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
+
+
 def test_a_late_decision_on_the_page_shows_the_action_expired_without_its_form(demo, bob):
     # given an approval past its expiry, its page open with the form
     _run, action = waiting_run(demo)

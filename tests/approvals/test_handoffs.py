@@ -139,7 +139,9 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
 
 
-@pytest.mark.parametrize("outcome", ["withdrawn", "open", "maybe"])
+@pytest.mark.parametrize(
+    "outcome", ["withdrawn", "open", "maybe", ["handled", "declined"]], ids=str
+)
 def test_a_page_post_of_an_outcome_a_person_cannot_give_records_nothing(
     demo, bob, handed_off, outcome
 ):
