@@ -254,8 +254,9 @@ def _refuse(
 def approval_decider_check(*, action: BusinessAction, approver: AbstractBaseUser) -> None:
     """Refuse someone who may not decide `action`: a person of its tenant learns that they
     lack the role (permission denied); anyone else does not learn that it exists (not
-    found). The API asks before it reads the decision; `approval_decide` asks again, with
-    the action locked."""
+    found); its requester, unless the policy allows it, that they may not decide their own
+    (self-approval forbidden). The API asks before it reads the decision; `approval_decide`
+    asks again, with the action locked."""
     if not _may_decide(action, approver):
         _refuse(
             approver,
@@ -264,6 +265,8 @@ def approval_decider_check(*, action: BusinessAction, approver: AbstractBaseUser
             denied="Only a person with an approver role of this action's policy may decide it.",
             not_found=NotFound("No such approval.", details={"id": str(action.pk)}),
         )
+    if _own_request_forbidden(action, approver):
+        raise SelfApprovalForbidden("You may not decide an action you requested.")
 
 
 def approval_decide(
@@ -289,8 +292,6 @@ def approval_decide(
             raise NotFound("No such approval.", details={"id": str(action_id)})
         run, action = locked
         approval_decider_check(action=action, approver=approver)
-        if _own_request_forbidden(action, approver):
-            raise SelfApprovalForbidden("You may not decide an action you requested.")
         if action.status == ActionStatus.EXPIRED:
             # The sweep got there first; the answer is the same as when it had not.
             raise ApprovalExpired(
@@ -1006,7 +1007,8 @@ def handoff_may_handle(*, handoff: Handoff, person: AbstractBaseUser) -> bool:
 
 def handoff_handler_check(*, handoff: Handoff, person: AbstractBaseUser) -> None:
     """Refuse someone who may not handle `handoff`: a person of its tenant learns that they
-    lack the role (permission denied); anyone else does not learn that it exists."""
+    lack the role (permission denied); anyone else does not learn that it exists; its
+    requester, that they may not handle their own request (self-approval forbidden)."""
     if not may_handle(handoff, person):
         _refuse(
             person,
@@ -1017,15 +1019,17 @@ def handoff_handler_check(*, handoff: Handoff, person: AbstractBaseUser) -> None
             denied="Only a person with an approver role of the run's policy may handle it.",
             not_found=NotFound("No such handoff.", details={"id": str(handoff.pk)}),
         )
+    if person.pk == handoff.requester_id:
+        raise SelfApprovalForbidden("You may not handle a request you made.")
 
 
 def handoff_resolve(
     *, handoff_id: Any, person: AbstractBaseUser, outcome: HandoffStatus | str, note: str
 ) -> Handoff:
-    """Handle or decline an open handoff, once. Who may not handle it is refused as
-    `handoff_handler_check` says; the requester may not handle their own request. The run
-    ends with the note (a credential pasted into it removed): COMPLETED (HANDLED_BY_PERSON) or
-    REFUSED (DECLINED_BY_PERSON)."""
+    """Handle or decline an open handoff, once. Who may not handle it (the requester among
+    them) is refused as `handoff_handler_check` says. The run ends with the note (a
+    credential pasted into it removed): COMPLETED (HANDLED_BY_PERSON) or REFUSED
+    (DECLINED_BY_PERSON)."""
     status, reason_code = HANDOFF_OUTCOMES[HandoffStatus(outcome)]
     note = secrets_removed(note)
     with transaction.atomic():
@@ -1035,8 +1039,6 @@ def handoff_resolve(
         handoff_handler_check(handoff=found, person=person)
         run = Run.objects.select_for_update().get(pk=found.run_id)
         handoff = Handoff.objects.select_for_update().get(pk=found.pk)
-        if person.pk == handoff.requester_id:
-            raise SelfApprovalForbidden("You may not handle a request you made.")
         # Raised after commit: the cancel is kept.
         cancelled = _cancel_taken_in(run)
         if not cancelled:

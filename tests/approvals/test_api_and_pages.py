@@ -133,12 +133,18 @@ def test_self_approval_is_403_and_other_tenants_see_404(demo):
     outsider = approver_in(globex)
 
     own = decide(api(demo.alice, demo.acme), action)
+    own_malformed = api(demo.alice, demo.acme).post(
+        f"/api/v1/approvals/{action.pk}/decision", {"decision": "maybe"}, format="json"
+    )
     foreign = api(outsider, globex).get(f"/api/v1/approvals/{action.pk}")
     foreign_decision = decide(api(outsider, globex), action)
     member_view = api(demo.alice, demo.acme).get("/api/v1/approvals/not-a-uuid")
 
     assert own.status_code == 403
     assert own.json()["error"]["code"] == "SELF_APPROVAL_FORBIDDEN"
+    # the requester is refused before the body is read, whatever it holds
+    assert own_malformed.status_code == 403
+    assert own_malformed.json()["error"]["code"] == "SELF_APPROVAL_FORBIDDEN"
     assert foreign.status_code == 404
     assert foreign_decision.status_code == 404
     assert member_view.status_code == 404

@@ -201,7 +201,7 @@ def test_a_credential_pasted_into_the_note_is_not_kept(demo, bob, handed_off):
     assert key not in json.dumps(events_of(handed_off, "handoff.resolved"))
 
 
-def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(demo, handed_off):
+def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(demo, bob, handed_off):
     handoff = Handoff.objects.get(run=handed_off)
     membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
     globex = Tenant.objects.get(slug="globex")
@@ -211,10 +211,16 @@ def test_only_other_people_of_the_tenant_with_an_approver_role_may_handle_it(dem
     own = resolve(api(demo.alice, demo.acme), handoff)
     foreign = resolve(api(outsider, globex), handoff)
     auditor = resolve(api(carol, demo.acme), handoff)
-    bad_outcome = resolve(api(demo.alice, demo.acme), handoff, outcome="open")
+    own_malformed = resolve(api(demo.alice, demo.acme), handoff, outcome="open")
+    bad_outcome = resolve(api(bob, demo.acme), handoff, outcome="open")
     no_uuid = api(demo.alice, demo.acme).get("/api/v1/handoffs/not-a-uuid")
 
     assert (own.status_code, own.json()["error"]["code"]) == (403, "SELF_APPROVAL_FORBIDDEN")
+    # the requester is refused before the body is read, whatever it holds
+    assert (own_malformed.status_code, own_malformed.json()["error"]["code"]) == (
+        403,
+        "SELF_APPROVAL_FORBIDDEN",
+    )
     assert foreign.status_code == 404
     assert api(outsider, globex).get("/api/v1/handoffs").json()["results"] == []
     # a person of the tenant without an approver role is told so, not that it does not exist
