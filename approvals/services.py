@@ -911,16 +911,13 @@ STALLED_AFTER = timedelta(minutes=5)
 
 def actions_resume_stalled() -> int:
     """Send the resume task again for approved or executing actions idle past
-    `STALLED_AFTER` (a lost task, a dead worker); returns how many."""
-    stalled = list(
-        BusinessAction.objects.filter(
-            status__in=[ActionStatus.APPROVED, ActionStatus.EXECUTING],
-            updated_at__lt=timezone.now() - STALLED_AFTER,
-        ).values_list("pk", flat=True)[:500]
-    )
-    for action_id in stalled:
-        tasks.action_resume.delay(action_id=str(action_id))
-    return len(stalled)
+    `STALLED_AFTER` (a lost task, a dead worker); returns how many were sent. One the broker
+    did not take stays stalled, for the next sweep."""
+    stalled = BusinessAction.objects.filter(
+        status__in=[ActionStatus.APPROVED, ActionStatus.EXECUTING],
+        updated_at__lt=timezone.now() - STALLED_AFTER,
+    ).values_list("pk", flat=True)[:500]
+    return sum(task_send(tasks.action_resume, action_id=str(action_id)) for action_id in stalled)
 
 
 def actions_reconcile_overdue() -> int:

@@ -16,6 +16,7 @@ from tests.approvals.conftest import accepted, approved_run, left_unknown
 from tests.celery_worker import queue_purge, queued_tasks
 
 RECONCILE = "approvals.tasks.action_reconcile"
+RESUME = "approvals.tasks.action_resume"
 
 
 def overdue(action: BusinessAction) -> None:
@@ -69,6 +70,29 @@ def test_an_unknown_action_whose_reconciliation_was_never_sent_is_reconciled_by_
     assert len(smtp_server.messages) == 1
     assert schedule(action) == (1, None)
     assert Run.objects.get(pk=run.pk).reason_code == "SENT"
+
+
+def test_a_sweep_with_the_broker_down_keeps_a_stalled_approval_for_the_next_one(
+    demo, bob, broker, caplog
+):
+    # given an approved action whose resume was lost
+    queue_purge()
+    _run, action = approved_run(demo, bob)
+    BusinessAction.objects.filter(pk=action.pk).update(
+        updated_at=timezone.now() - services.STALLED_AFTER - timedelta(seconds=1)
+    )
+
+    # when the sweep runs while the broker cannot be reached, it ends and sends nothing
+    broker.down()
+    assert tasks.actions_sweep() == {"expired": 0, "resumed": 0, "reconciled": 0}
+    assert f"{RESUME}{{'action_id': '{action.pk}'}} not sent" in caplog.text
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.APPROVED
+
+    # and once the broker is back, the next sweep sends its resume
+    broker.up()
+    assert tasks.actions_sweep() == {"expired": 0, "resumed": 1, "reconciled": 0}
+    assert queued_tasks() == [(RESUME, {"action_id": str(action.pk)})]
+    queue_purge()
 
 
 def test_an_unknown_action_whose_next_attempt_is_not_overdue_is_not_sent_again(
