@@ -17,8 +17,10 @@ from runs.choices import RunStatus
 def _where_user_decides(
     rows: QuerySet, *, user: AbstractBaseUser, tenant: Tenant | None
 ) -> QuerySet:
-    """`rows` of the tenants where `user` may decide approvals (of `tenant` only, if given)."""
-    rows = rows.filter(tenant__in=tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE))
+    """`rows` of the tenants where `user` may decide approvals (of `tenant` only, if given).
+    Nobody decides in an evaluation sandbox: its actions and requests are only observed."""
+    tenants = tenants_where_user_can(user=user, action=Action.APPROVAL_DECIDE)
+    rows = rows.filter(tenant__in=tenants.filter(sandbox_of__isnull=True))
     return rows if tenant is None else rows.filter(tenant=tenant)
 
 

@@ -214,7 +214,10 @@ def action_withdraw(*, run: Run, reason: str) -> BusinessAction | None:
 
 
 def _may_decide(action: BusinessAction, approver: AbstractBaseUser) -> bool:
-    """The approval queue (`selectors.actions_for_approver`) lists the same actions."""
+    """The approval queue (`selectors.actions_for_approver`) lists the same actions. Nobody
+    decides in an evaluation sandbox."""
+    if action.tenant.sandbox_of_id:
+        return False
     roles = user_roles(user=approver, tenant=action.tenant)
     if not user_can(
         user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant, roles=roles
@@ -987,7 +990,10 @@ def handoff_withdraw(*, run: Run, reason: str) -> Handoff | None:
 
 
 def may_handle(handoff: Handoff, person: AbstractBaseUser) -> bool:
-    """People with an approver role of the run's policy in the handoff's tenant."""
+    """People with an approver role of the run's policy in the handoff's tenant, which is no
+    evaluation sandbox."""
+    if handoff.tenant.sandbox_of_id:
+        return False
     if not user_can(user=person, action=Action.APPROVAL_DECIDE, tenant=handoff.tenant):
         return False
     if person.is_superuser:

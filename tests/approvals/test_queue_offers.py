@@ -1,10 +1,12 @@
 """The queues and pages offer a person only what they may decide: what the services would
 refuse them (their own request, a policy that names none of their roles, a deactivated
-tenant) is neither listed nor given a form."""
+tenant, an evaluation sandbox) is neither listed nor given a form."""
 
 from django.contrib.auth import get_user_model
 
-from approvals.models import Handoff
+from approvals.choices import ActionStatus
+from approvals.models import ApprovalDecision, BusinessAction, Handoff
+from evaluations.starter import suite_install
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant
@@ -12,6 +14,7 @@ from registry.services.tenancy import membership_add
 from tests.approvals.conftest import waiting_run
 from tests.approvals.test_api_and_pages import api, logged_in, without_csrf
 from tests.approvals.test_handoffs import handed_off  # noqa: F401 (fixture)
+from tests.evaluations.conftest import TINY_SUITE, dave, evaluate, suites  # noqa: F401 (fixtures)
 
 
 def test_a_requester_who_is_also_an_approver_is_not_offered_their_own_action(demo):
@@ -69,3 +72,26 @@ def test_a_deactivated_tenant_s_actions_leave_even_a_superuser_s_queue(demo):
     assert decided.status_code == 404
     assert f"/approvals/{action.pk}/" not in queue
     assert page.status_code == 404
+
+
+def test_an_evaluation_sandbox_s_actions_are_in_no_one_s_queue(demo, evaluate):  # noqa: F811
+    # given an eval run whose case left its run waiting for an approval in its sandbox
+    suite, _ = suite_install({**TINY_SUITE, "cases": TINY_SUITE["cases"][:1]})
+    sandbox = evaluate(suite).sandbox
+    action = BusinessAction.objects.get(tenant=sandbox, status=ActionStatus.WAITING_APPROVAL)
+    client = logged_in(demo.admin)
+
+    # when a platform admin opens the approval queue and the action, and decides it
+    queue = client.get("/approvals/?status=pending").content.decode()
+    page = client.get(f"/approvals/{action.pk}/")
+    decided = without_csrf(client).post(
+        f"/approvals/{action.pk}/", {"decision": "approve", "payload_hash": action.payload_hash}
+    )
+
+    # then nobody approves in a sandbox: it is neither listed nor found, and nothing is decided
+    assert f"/approvals/{action.pk}/" not in queue
+    assert sandbox.slug not in queue
+    assert page.status_code == 404
+    assert decided.status_code == 404
+    assert not ApprovalDecision.objects.filter(action=action).exists()
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
