@@ -12,6 +12,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from config.celery import task_send
 from config.queries import PreparedQuery
 from runs.choices import RunStatus
 from runs.loop import HOST_NODES, ModelTemporarilyUnavailable, model_error_output, run_execute
@@ -73,7 +74,7 @@ def run_advance(self, *, run_id: str) -> None:
         logger.info("run %s waits: its tenant has %s runs advancing", run_id, cap)
         countdown = _turn_wait()
         _lease_through(run_id, countdown)
-        run_advance.apply_async(kwargs={"run_id": run_id}, countdown=countdown)
+        task_send(run_advance, run_id=run_id, countdown=countdown)
         return
     try:
         _advance(self, run_id)
@@ -178,8 +179,8 @@ def runs_sweep() -> int:
     action sending or settling) is its action's to advance (`approvals.tasks`), never a
     step's: it is not sent. Then the cancel requests no step took in are taken in
     (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
-    longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were
-    re-enqueued."""
+    longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were sent
+    again; one the broker did not take stays stale, for the next sweep."""
     now = timezone.now()
     with transaction.atomic():
         stale = (
@@ -196,11 +197,10 @@ def runs_sweep() -> int:
             .exclude(state__has_key="node", state__node__in=HOST_NODES)
         )
         run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
-    for run_id in run_ids:
-        run_advance.delay(run_id=run_id)
+    sent = sum(task_send(run_advance, run_id=run_id) for run_id in run_ids)
     cancel_requests_take_in()
     waiting_runs_refuse_unauthorised()
-    return len(run_ids)
+    return sent
 
 
 @shared_task

@@ -817,9 +817,13 @@ def test_a_message_accepted_while_the_broker_is_down_is_sent_by_the_sweep(
     run = Run.objects.get()
     assert run.status == "QUEUED"
     assert f"runs.tasks.run_advance{{'run_id': '{run.pk}'}} not sent" in caplog.text
-    # and once the broker is back, the sweep sends it when its lease lapses
-    broker.up()
+    # and a sweep while the broker is still down sends nothing and fails nothing
     settings.RUN_LEASE_SECONDS = 0
+    caplog.clear()
+    assert runs_sweep() == 0
+    assert f"runs.tasks.run_advance{{'run_id': '{run.pk}'}} not sent" in caplog.text
+    # and once the broker is back, the next sweep sends it
+    broker.up()
     assert runs_sweep() == 1
     assert queued_run_ids() == [str(run.pk)]
     queue_purge()
