@@ -3,6 +3,8 @@
 from celery import shared_task
 from django.conf import settings
 
+from config.celery import task_send
+
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def eval_run_advance(*, eval_run_id: str) -> None:
@@ -20,15 +22,15 @@ def eval_run_advance(*, eval_run_id: str) -> None:
         eval_run_advance_failed(eval_run_id=eval_run_id, error=error)
         raise
     if more:
-        eval_run_advance.delay(eval_run_id=eval_run_id)
+        task_send(eval_run_advance, eval_run_id=eval_run_id)
 
 
 @shared_task(acks_late=True)
 def eval_runs_sweep() -> int:
-    """Advance again the eval runs whose worker died mid-case."""
+    """Advance again the eval runs whose worker died mid-case; returns how many were sent.
+    One the broker did not take stays stale, for the next sweep."""
     from evaluations.services import eval_runs_stale
 
-    stale = eval_runs_stale()
-    for eval_run_id in stale:
-        eval_run_advance.delay(eval_run_id=eval_run_id)
-    return len(stale)
+    return sum(
+        task_send(eval_run_advance, eval_run_id=eval_run_id) for eval_run_id in eval_runs_stale()
+    )

@@ -251,9 +251,15 @@ def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
     assert eval_run.status == EvalRunStatus.QUEUED
     assert "evaluations.tasks.eval_run_advance" in caplog.text and "not sent" in caplog.text
 
-    # then once the broker is back and its lease lapsed, the sweep sends it
-    broker.up()
+    # and once its lease lapsed, a sweep while the broker is still down sends nothing and
+    # fails nothing
     EvalRun.objects.filter(pk=eval_run.pk).update(lease_expires_at=timezone.now())
+    caplog.clear()
+    assert eval_runs_sweep() == 0
+    assert "evaluations.tasks.eval_run_advance" in caplog.text and "not sent" in caplog.text
+
+    # then once the broker is back, the next sweep sends it
+    broker.up()
     assert eval_runs_sweep() == 1
     assert queued_tasks() == [
         ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)})
