@@ -1,5 +1,6 @@
 """Evaluations in the admin, scoped like the registry: platform admins see everything, a
-tenant's publishers see (and edit the suites and thresholds of) their own tenant; eval runs and
+tenant's publishers see (and edit the suites and thresholds of) their own tenant, short of
+weakening a release gate, which needs a tenant admin (`evaluations.gates`); eval runs and
 overrides are measured evidence, read-only."""
 
 from typing import Any
@@ -8,6 +9,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from evaluations import services
 from evaluations.models import (
     EvalCase,
     EvalCaseResult,
@@ -42,6 +44,9 @@ class EvalSuiteAdmin(RegistryAdmin):
     search_fields = ("key", "name", "skill_name")
     inlines = (EvalCaseInline,)
 
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        services.eval_suite_save(suite=obj, actor=request.user, reason="saved in admin")
+
 
 @admin.register(EvalCase)
 class EvalCaseAdmin(RegistryAdmin):
@@ -51,6 +56,9 @@ class EvalCaseAdmin(RegistryAdmin):
     search_fields = ("key", "title", "payload")
     list_select_related = ("suite",)
 
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        services.eval_case_save(case=obj, actor=request.user, reason="saved in admin")
+
 
 @admin.register(EvalThreshold)
 class EvalThresholdAdmin(RegistryAdmin):
@@ -58,6 +66,9 @@ class EvalThresholdAdmin(RegistryAdmin):
     list_filter = ("tenant", "suite", "metric")
     search_fields = ("skill_name",)
     list_select_related = ("suite", "tenant")
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        services.eval_threshold_save(threshold=obj, actor=request.user, reason="saved in admin")
 
 
 class MeasuredAdmin:

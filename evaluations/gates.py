@@ -14,7 +14,7 @@ from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
 from registry.choices import Action
-from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion
+from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion, Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import agent_skills_reachable, skill_versions_served, user_can
 
@@ -111,13 +111,68 @@ def _described(failure: dict[str, Any]) -> str:
     )
 
 
-def may_override(*, actor: AbstractBaseUser, skill_version: SkillVersion) -> bool:
-    skill = skill_version.skill
+def may_override_gates_of(*, actor: AbstractBaseUser, tenant: Tenant | None) -> bool:
+    """Who may let a skill of `tenant` (a platform skill: None) through its release gate, or
+    weaken that gate: its tenant's admins, and the platform's."""
     if actor.is_superuser:
         return True
-    return skill.tenant is not None and user_can(
-        user=actor, action=Action.TENANT_ADMIN, tenant=skill.tenant
+    return tenant is not None and user_can(user=actor, action=Action.TENANT_ADMIN, tenant=tenant)
+
+
+def may_override(*, actor: AbstractBaseUser, skill_version: SkillVersion) -> bool:
+    return may_override_gates_of(actor=actor, tenant=skill_version.skill.tenant)
+
+
+# What names the gate a threshold is: the skill it holds back, what it measures and how.
+THRESHOLD_GATE_FIELDS = ("tenant", "skill_name", "suite", "metric", "comparator")
+
+
+def threshold_change_check(*, threshold: EvalThreshold, actor: AbstractBaseUser) -> list[str]:
+    """The fields of `threshold`, about to be saved, whose change weakens the gate its saved
+    row is: any of THRESHOLD_GATE_FIELDS (another skill, suite, metric or comparator is
+    another gate, and the saved one is gone) or a less strict value (a lower minimum, a
+    higher maximum). A new threshold only adds a gate, a stricter value only holds back more.
+    Raises when there are such fields and the actor may not override that gate. The saved
+    row stays locked until the caller's transaction ends."""
+    if threshold._state.adding:
+        return []
+    saved = EvalThreshold.objects.select_for_update().get(pk=threshold.pk)
+    weakened = [
+        field
+        for field in THRESHOLD_GATE_FIELDS
+        if getattr(saved, EvalThreshold._meta.get_field(field).attname)
+        != getattr(threshold, EvalThreshold._meta.get_field(field).attname)
+    ]
+    if threshold.value != saved.value and (weakened or not saved.is_met(threshold.value)):
+        weakened.append("value")
+    if weakened and not may_override_gates_of(actor=actor, tenant=saved.tenant):
+        raise PermissionDenied(
+            "Only a tenant admin or a platform admin may weaken a release gate: "
+            f"changing the {', '.join(weakened)} of {saved} weakens it.",
+            details={field: ["Changing it weakens a release gate."] for field in weakened},
+        )
+    return weakened
+
+
+def suite_change_check(*, suites: list[EvalSuite], actor: AbstractBaseUser) -> None:
+    """A change to what `suites` measure (a suite's kind, a case added, changed or moved)
+    changes every release gate measured on them, and may weaken it: a case that always
+    passes raises a pass rate, an expectation dropped lets any behaviour through. Raises when
+    one of those gates is one the actor may not override."""
+    refused = sorted(
+        {
+            f"{threshold.skill_name} ({threshold.tenant.slug if threshold.tenant else 'platform'})"
+            for threshold in EvalThreshold.objects.filter(suite__in=suites).select_related("tenant")
+            if not may_override_gates_of(actor=actor, tenant=threshold.tenant)
+        }
     )
+    if refused:
+        raise PermissionDenied(
+            "Only a tenant admin or a platform admin may change what a release gate measures: "
+            f"{', '.join(sorted(suite.key for suite in suites))} measures the release gate of "
+            f"{', '.join(refused)}.",
+            details={"release_gates": refused},
+        )
 
 
 def release_gate_check(

@@ -29,15 +29,22 @@ from config.errors import ApplicationError
 from evaluations import tasks
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
 from evaluations.errors import InvalidEvalRunTransition, PermissionDenied, ValidationFailed
-from evaluations.gates import skill_content_hash, suite_content_hash
+from evaluations.gates import (
+    SUITE_CASE_FIELDS,
+    skill_content_hash,
+    suite_change_check,
+    suite_content_hash,
+    threshold_change_check,
+)
 from evaluations.metrics import Outcome, case_failures, metrics_compute
-from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
+from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite, EvalThreshold
 from evaluations.observe import observe
 from examples.demo import projects_load
 from examples.models import Project
 from registry.choices import Role
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant
 from registry.selectors import tenant_has_grant, user_may_publish
+from registry.services.common import audited_save, full_clean_or_raise
 from registry.services.tenancy import membership_add, tenant_create
 from runs.choices import Channel
 from runs.loop import run_execute
@@ -80,6 +87,55 @@ def _transition(eval_run: EvalRun, status: EvalRunStatus, *, reason: str = "") -
             "cases_done",
         ]
     )
+
+
+def eval_threshold_save(
+    *, threshold: EvalThreshold, actor: AbstractBaseUser, reason: str = "saved"
+) -> EvalThreshold:
+    """Save a release gate's threshold. A change that weakens the gate (`threshold_change_check`)
+    needs the standing of an override, or a publisher could lower the bar and then publish
+    without one; its history record names the fields that weakened it."""
+    full_clean_or_raise(threshold)
+    with transaction.atomic():
+        weakened = threshold_change_check(threshold=threshold, actor=actor)
+        if weakened:
+            reason = f"{reason}; weakens the release gate: {', '.join(weakened)}"
+        audited_save(threshold, actor=actor, reason=reason)
+    return threshold
+
+
+def eval_suite_save(
+    *, suite: EvalSuite, actor: AbstractBaseUser, reason: str = "saved"
+) -> EvalSuite:
+    """Save a suite; another kind changes what the gates measured on it count."""
+    full_clean_or_raise(suite)
+    with transaction.atomic():
+        if not suite._state.adding:
+            saved = EvalSuite.objects.select_for_update().get(pk=suite.pk)
+            if saved.kind != suite.kind:
+                suite_change_check(suites=[saved], actor=actor)
+        audited_save(suite, actor=actor, reason=reason)
+    return suite
+
+
+def eval_case_save(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "saved") -> EvalCase:
+    """Save a case; a new one, or a change to what it is (`SUITE_CASE_FIELDS`, its suite),
+    changes the suites the gates measured on them count. Its title is only a label."""
+    full_clean_or_raise(case)
+    with transaction.atomic():
+        saved = (
+            None
+            if case._state.adding
+            else EvalCase.objects.select_for_update().select_related("suite").get(pk=case.pk)
+        )
+        if saved is None:
+            suite_change_check(suites=[case.suite], actor=actor)
+        elif saved.suite_id != case.suite_id:
+            suite_change_check(suites=[saved.suite, case.suite], actor=actor)
+        elif any(getattr(saved, field) != getattr(case, field) for field in SUITE_CASE_FIELDS):
+            suite_change_check(suites=[case.suite], actor=actor)
+        audited_save(case, actor=actor, reason=reason)
+    return case
 
 
 def eval_run_start(

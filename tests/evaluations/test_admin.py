@@ -4,6 +4,9 @@ could be measured against, a case the runner would misread."""
 import pytest
 
 from evaluations.models import EvalCase, EvalSuite, EvalThreshold
+from registry.choices import Role
+from registry.services.tenancy import membership_add
+from tests.registry.factories import UserFactory
 
 THRESHOLD_ADD = "/admin/evaluations/evalthreshold/add/"
 
@@ -158,3 +161,278 @@ def test_a_well_formed_case_is_saved(client, platform_admin, suite):
 
     assert response.status_code == 302, response.context["adminform"].form.errors
     assert EvalCase.objects.get().messages == ["Summarise this week."]
+
+
+# A release gate is weakened only with the standing an override needs: a publisher who may not
+# override could otherwise lower the bar and then publish without an override.
+
+
+@pytest.fixture
+def tenant_admin(acme):
+    user = UserFactory(username="ada", is_staff=True)
+    membership_add(actor=None, user=user, tenant=acme, role=Role.ADMIN)
+    return user
+
+
+@pytest.fixture
+def gate(suite) -> EvalThreshold:
+    """acme's weekly-summary gate: every case of `suite` passes."""
+    return EvalThreshold.objects.create(
+        tenant=suite.tenant,
+        skill_name="weekly-summary",
+        suite=suite,
+        metric="case_pass_rate",
+        comparator=">=",
+        value=1.0,
+    )
+
+
+def gate_form(gate: EvalThreshold, **overrides) -> dict:
+    return threshold_form(gate.suite, metric="case_pass_rate", comparator=">=", value="1.0") | {
+        key: str(value) for key, value in overrides.items()
+    }
+
+
+def threshold_change(gate: EvalThreshold) -> str:
+    return f"/admin/evaluations/evalthreshold/{gate.pk}/change/"
+
+
+@pytest.mark.parametrize(
+    ("change", "weakened"),
+    [
+        ({"value": "0.5"}, ["value"]),
+        ({"comparator": "<="}, ["comparator"]),
+        ({"metric": "completion_rate", "value": "0.9"}, ["metric", "value"]),
+        ({"skill_name": "weekly-summary-old"}, ["skill_name"]),
+    ],
+)
+def test_a_publisher_may_not_weaken_a_release_gate_in_the_admin(
+    client, publisher, gate, change, weakened
+):
+    client.force_login(publisher)
+    records = gate.history.count()
+
+    response = client.post(threshold_change(gate), gate_form(gate, **change))
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert sorted(errors) == sorted([*weakened, "__all__"])
+    assert errors["__all__"][0].startswith(
+        "Only a tenant admin or a platform admin may weaken a release gate"
+    )
+    gate.refresh_from_db()
+    assert (gate.skill_name, gate.metric, gate.comparator, gate.value) == (
+        "weekly-summary",
+        "case_pass_rate",
+        ">=",
+        1.0,
+    )
+    assert gate.history.count() == records
+
+
+def test_a_publisher_may_not_move_a_release_gate_to_another_suite(client, publisher, acme, gate):
+    other = EvalSuite.objects.create(
+        tenant=acme, key="easy", name="Easy", kind="task", skill_name="weekly-summary"
+    )
+    client.force_login(publisher)
+
+    response = client.post(threshold_change(gate), gate_form(gate, suite=other.pk))
+
+    assert response.status_code == 200
+    assert "suite" in response.context["adminform"].form.errors
+    gate.refresh_from_db()
+    assert gate.suite_id != other.pk
+
+
+def test_a_publisher_may_make_a_release_gate_stricter(client, publisher, suite):
+    gate = EvalThreshold.objects.create(
+        tenant=suite.tenant,
+        skill_name="weekly-summary",
+        suite=suite,
+        metric="injection_success_rate",
+        comparator="<=",
+        value=0.05,
+    )
+    client.force_login(publisher)
+
+    response = client.post(threshold_change(gate), threshold_form(suite, value="0.01"))
+
+    assert response.status_code == 302
+    gate.refresh_from_db()
+    assert gate.value == 0.01
+    assert gate.history.latest().history_change_reason == "saved in admin"
+
+
+def test_a_tenant_admin_weakens_a_release_gate_and_the_history_says_so(client, tenant_admin, gate):
+    client.force_login(tenant_admin)
+
+    response = client.post(threshold_change(gate), gate_form(gate, value="0.8"))
+
+    assert response.status_code == 302
+    gate.refresh_from_db()
+    assert gate.value == 0.8
+    record = gate.history.latest()
+    assert (record.history_user, record.history_change_reason, record.value) == (
+        tenant_admin,
+        "saved in admin; weakens the release gate: value",
+        0.8,
+    )
+
+
+def test_a_publisher_may_not_delete_a_release_gate(client, publisher, gate):
+    client.force_login(publisher)
+
+    response = client.post(f"/admin/evaluations/evalthreshold/{gate.pk}/delete/", {"post": "yes"})
+
+    assert response.status_code == 403
+    assert EvalThreshold.objects.filter(pk=gate.pk).exists()
+
+
+@pytest.fixture
+def case(suite) -> EvalCase:
+    return EvalCase.objects.create(
+        suite=suite,
+        key="week",
+        title="The weekly summary",
+        messages=["Summarise this week."],
+        metadata={"project_id": "apollo"},
+        fixture={"projects": [{"key": "apollo", "leads": [["dir-1", "Li", "", 1]]}]},
+        expected={"status": "WAITING_APPROVAL"},
+    )
+
+
+def case_change(case: EvalCase) -> str:
+    return f"/admin/evaluations/evalcase/{case.pk}/change/"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"expected": '{"status": "COMPLETED"}'},
+        {"messages": '["Anything at all."]'},
+        {"fixture": "{}"},
+    ],
+)
+def test_a_publisher_may_not_change_a_case_a_release_gate_measures(
+    client, publisher, gate, case, change
+):
+    client.force_login(publisher)
+
+    response = client.post(case_change(case), case_form(gate.suite, **change))
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["__all__"]
+    assert errors[0].startswith(
+        "Only a tenant admin or a platform admin may change what a release gate measures: "
+        "weekly measures the release gate of weekly-summary (acme)."
+    )
+    case.refresh_from_db()
+    assert (case.expected, case.messages) == (
+        {"status": "WAITING_APPROVAL"},
+        ["Summarise this week."],
+    )
+
+
+def test_a_publisher_may_not_add_a_case_to_a_suite_a_release_gate_measures(
+    client, publisher, gate, case
+):
+    client.force_login(publisher)
+
+    response = client.post(
+        CASE_ADD, case_form(gate.suite, key="always-passes", expected='{"status": "COMPLETED"}')
+    )
+
+    assert response.status_code == 200
+    assert "__all__" in response.context["adminform"].form.errors
+    assert list(EvalCase.objects.values_list("key", flat=True)) == ["week"]
+
+
+def test_a_publisher_may_not_move_a_case_out_of_a_suite_a_release_gate_measures(
+    client, publisher, acme, gate, case
+):
+    other = EvalSuite.objects.create(
+        tenant=acme, key="scratch", name="Scratch", kind="task", skill_name="weekly-summary"
+    )
+    client.force_login(publisher)
+
+    response = client.post(case_change(case), case_form(other))
+
+    assert response.status_code == 200
+    case.refresh_from_db()
+    assert case.suite == gate.suite
+
+
+def test_a_publisher_renames_a_case_and_edits_a_suite_no_gate_measures(
+    client, publisher, gate, case
+):
+    client.force_login(publisher)
+
+    renamed = client.post(case_change(case), case_form(gate.suite, title="Renamed"))
+    gate.delete()
+    changed = client.post(
+        case_change(case),
+        case_form(gate.suite, title="Renamed", expected='{"status": "COMPLETED"}'),
+    )
+
+    assert (renamed.status_code, changed.status_code) == (302, 302)
+    case.refresh_from_db()
+    assert (case.title, case.expected) == ("Renamed", {"status": "COMPLETED"})
+
+
+def test_a_tenant_admin_changes_a_case_a_release_gate_measures(client, tenant_admin, gate, case):
+    client.force_login(tenant_admin)
+
+    response = client.post(
+        case_change(case), case_form(gate.suite, expected='{"status": "COMPLETED"}')
+    )
+
+    assert response.status_code == 302
+    case.refresh_from_db()
+    assert case.expected == {"status": "COMPLETED"}
+    assert case.history.latest().history_user == tenant_admin
+
+
+def suite_form(suite: EvalSuite, **overrides) -> dict:
+    cases = list(suite.cases.all())
+    data = {
+        "tenant": suite.tenant_id,
+        "key": suite.key,
+        "name": suite.name,
+        "kind": suite.kind,
+        "description": suite.description,
+        "skill_name": suite.skill_name,
+        "cases-TOTAL_FORMS": len(cases),
+        "cases-INITIAL_FORMS": len(cases),
+        "cases-MIN_NUM_FORMS": 0,
+        "cases-MAX_NUM_FORMS": 1000,
+    }
+    for index, case in enumerate(cases):
+        data |= {f"cases-{index}-id": case.pk, f"cases-{index}-suite": suite.pk}
+    return data | overrides
+
+
+def test_a_publisher_may_not_change_the_kind_of_a_suite_a_release_gate_measures(
+    client, publisher, gate, case
+):
+    client.force_login(publisher)
+    page = f"/admin/evaluations/evalsuite/{gate.suite.pk}/change/"
+
+    refused = client.post(page, suite_form(gate.suite, kind="attack"))
+    renamed = client.post(page, suite_form(gate.suite, name="Weekly, renamed"))
+
+    assert refused.status_code == 200
+    assert "__all__" in refused.context["adminform"].form.errors
+    assert renamed.status_code == 302
+    gate.suite.refresh_from_db()
+    assert (gate.suite.kind, gate.suite.name) == ("task", "Weekly, renamed")
+
+
+def test_a_publisher_may_not_delete_a_case_of_a_suite_from_its_page(client, publisher, gate, case):
+    client.force_login(publisher)
+    page = f"/admin/evaluations/evalsuite/{gate.suite.pk}/change/"
+
+    client.post(page, suite_form(gate.suite, **{"cases-0-DELETE": "on"}))
+    deleted = client.post(f"/admin/evaluations/evalcase/{case.pk}/delete/", {"post": "yes"})
+
+    assert deleted.status_code == 403
+    assert EvalCase.objects.filter(pk=case.pk).exists()
