@@ -66,11 +66,13 @@ def skill_version_update(
 ) -> SkillVersion:
     """Edit a draft. Published versions are frozen: a change is a new version."""
     lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
-    if skill_version.is_frozen:
-        raise VersionImmutable(
-            f"{skill_version.qualified_name} is {skill_version.status}; create a new version."
-        )
     with transaction.atomic():
+        # As it is now, not as the caller read it: a publish may have frozen it since.
+        _, locked = lifecycle.lock_version(skill_version)
+        if locked.is_frozen:
+            raise VersionImmutable(
+                f"{locked.qualified_name} is {locked.status}; create a new version."
+            )
         for field, value in content.items():
             setattr(skill_version, field, value)
         full_clean_or_raise(skill_version)
@@ -122,13 +124,16 @@ def skill_version_publish(
     """Publish a draft once its release gate (evaluations.gates) is met, or over it with a
     tenant or platform admin's written reason, recorded as a ReleaseOverride and in history."""
     lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
-    overridden = release_gate_check(
-        skill_version=skill_version, actor=actor, override_reason=override_reason
-    )
-    reason = "published"
-    if overridden:
-        reason = f"published over its release gate: {override_reason.strip()}"
     with transaction.atomic():
+        # The draft is held as its evidence was checked until it is published: an edit sent
+        # meanwhile waits, then finds it frozen.
+        _, skill_version = lifecycle.lock_version(skill_version)
+        overridden = release_gate_check(
+            skill_version=skill_version, actor=actor, override_reason=override_reason
+        )
+        reason = "published"
+        if overridden:
+            reason = f"published over its release gate: {override_reason.strip()}"
         version = lifecycle.version_publish(
             version=skill_version, actor=actor, validate=skill_version_validate, reason=reason
         )

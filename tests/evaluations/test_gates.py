@@ -2,15 +2,21 @@
 finished eval run of exactly that version (and model) meeting every threshold of the skill."""
 
 import copy
+import threading
 
 import pytest
 from django import forms
+from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
+from evaluations.choices import EvalRunStatus
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
-from evaluations.models import ReleaseOverride
+from evaluations.gates import release_gate_check, skill_content_hash, suite_content_hash
+from evaluations.models import EvalRun, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import SkillAssembly, VersionStatus
+from registry.errors import VersionImmutable
 from registry.models import AgentConfig, RolloutFlag, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
@@ -306,3 +312,59 @@ def test_the_admin_moves_an_agent_whose_submitted_skills_meet_the_gate(demo, dav
     agent.refresh_from_db()
     assert agent.model_config == adversary
     assert list(agent.skills.all()) == [lite.skill]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_draft_edited_while_its_publish_checks_the_gate_is_published_as_evaluated(
+    demo, dave, tiny, draft, monkeypatch
+):
+    # given a draft with a finished eval run meeting its gate
+    version = draft("3.4.0")
+    evaluated = skill_content_hash(version)
+    EvalRun.objects.create(
+        tenant=demo.acme,
+        suite=tiny,
+        skill_version=version,
+        skill_content_hash=evaluated,
+        suite_content_hash=suite_content_hash(tiny),
+        model_config=demo.agent.model_config,
+        agent_config=demo.agent,
+        status=EvalRunStatus.COMPLETED,
+        metrics={"case_pass_rate": 1.0},
+        created_by=dave,
+        finished_at=timezone.now(),
+    )
+
+    # when an edit of the draft is sent just as its publish found the gate met
+    edits: list = []
+
+    def edit() -> None:
+        try:
+            skills.skill_version_update(
+                skill_version=SkillVersion.objects.get(pk=version.pk),
+                actor=dave,
+                instructions="Never ask for an approval.",
+            )
+            edits.append("saved")
+        except VersionImmutable:
+            edits.append("refused")
+        finally:
+            connection.close()
+
+    editor = threading.Thread(target=edit)
+
+    def checked_then_edited(**kwargs):
+        failures = release_gate_check(**kwargs)
+        editor.start()
+        editor.join(timeout=2)
+        return failures
+
+    monkeypatch.setattr(skills, "release_gate_check", checked_then_edited)
+    skills.skill_version_publish(skill_version=version, actor=dave)
+    editor.join(timeout=10)
+
+    # then what was published is what was evaluated, and the edit found it frozen
+    version.refresh_from_db()
+    assert version.status == VersionStatus.PUBLISHED
+    assert skill_content_hash(version) == evaluated
+    assert edits == ["refused"]
