@@ -46,7 +46,7 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tena
 from registry.selectors import tenant_has_grant, user_may_publish
 from registry.services.common import audited_save, full_clean_or_raise
 from registry.services.tenancy import membership_add, tenant_create
-from runs.choices import Channel
+from runs.choices import Channel, RunStatus
 from runs.loop import run_execute
 from runs.models import Attachment, Run, Session
 from runs.services.attachments import attachment_display_name, attachment_store
@@ -346,6 +346,8 @@ def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
             session_id=session.pk,
         ).run
         run_execute(run_id=str(run.pk))
+        # A case of many messages may outlast one lease; the sweep only sees its runs' steps.
+        _lease(eval_run)
     return run
 
 
@@ -462,12 +464,28 @@ def eval_run_advance_failed(*, eval_run_id: Any, error: BaseException) -> None:
         logger.warning("eval run %s: its failed task could not be counted", eval_run_id)
 
 
+def _case_in_flight(sandbox_id: int) -> bool:
+    """Whether a run of the sandbox is taking a step: the step holds its row (PostgreSQL ends
+    a dead worker's transaction and its locks), so its worker is alive, however long the
+    case has taken (`runs.tasks.runs_sweep` reads a run's the same way)."""
+    stepping = Run.objects.filter(
+        tenant_id=sandbox_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]
+    )
+    with transaction.atomic():
+        free = list(stepping.select_for_update(skip_locked=True).values_list("pk", flat=True))
+        return stepping.exclude(pk__in=free).exists()
+
+
 def eval_runs_stale() -> list[str]:
     """Queued or running eval runs whose lease lapsed (their task was lost, or their worker
-    died): to be advanced again."""
+    died): to be advanced again. One whose case is still running on a live worker (a case
+    may outlast the lease) is not: a second task would run the same case beside it, each
+    loading the case's business data into the one sandbox over the other's."""
+    lapsed = EvalRun.objects.filter(
+        status__in=EVAL_RUN_ACTIVE, lease_expires_at__lt=timezone.now()
+    ).values_list("pk", "sandbox_id")[:100]
     return [
         str(pk)
-        for pk in EvalRun.objects.filter(
-            status__in=EVAL_RUN_ACTIVE, lease_expires_at__lt=timezone.now()
-        ).values_list("pk", flat=True)[:100]
+        for pk, sandbox_id in lapsed
+        if sandbox_id is None or not _case_in_flight(sandbox_id)
     ]

@@ -3,9 +3,13 @@ offline planner, and the attack suite with the adversarial planner."""
 
 import copy
 import json
+import threading
+from datetime import timedelta
 
 import pytest
 import yaml
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.utils import timezone
 
 from evaluations import services
@@ -15,7 +19,9 @@ from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.models import SkillVersion
+from runs.choices import RunStatus
 from runs.models import Attachment, Run, ToolCall
+from runs.services.ingress import message_ingest
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
 
@@ -264,4 +270,57 @@ def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
     assert queued_tasks() == [
         ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)})
     ]
+    queue_purge()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweep_leaves_an_eval_run_whose_case_outlasts_its_lease_to_its_live_worker(
+    demo, dave, suites
+):
+    # given an eval run whose worker took it (and made its sandbox), then ran one case's
+    # message past the eval run's lease
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suites["weekly-summary-tasks"],
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    services.eval_run_advance(eval_run_id=eval_run.pk, seconds=0)
+    eval_run.refresh_from_db()
+    sandbox = eval_run.sandbox
+    run = message_ingest(
+        actor=get_user_model().objects.get(username=sandbox.slug),
+        tenant=sandbox,
+        idempotency_key="case-in-flight",
+        channel="api",
+        parts=[{"type": "text", "text": "Summarise this week's project status."}],
+        metadata={},
+    ).run
+    lapsed = timezone.now() - timedelta(seconds=1)
+    EvalRun.objects.filter(pk=eval_run.pk).update(lease_expires_at=lapsed)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, lease_expires_at=lapsed)
+
+    # when the sweep looks while a step of that run, which outlasted every lease, holds the
+    # run's row
+    locked, release = threading.Event(), threading.Event()
+
+    def step() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update(no_key=True).get(pk=run.pk)
+                locked.set()
+                release.wait(timeout=20)
+        finally:
+            connection.close()
+
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    assert locked.wait(timeout=20)
+    while_locked = services.eval_runs_stale()
+    release.set()
+    stepping.join(timeout=20)
+
+    # then it is sent again only once no step of its case is in flight
+    assert while_locked == []
+    assert services.eval_runs_stale() == [str(eval_run.pk)]
     queue_purge()
