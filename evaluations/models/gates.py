@@ -43,7 +43,20 @@ class EvalThreshold(models.Model):
 
     def clean(self) -> None:
         """A rate is a fraction: `<= 5` meant as 5% would always pass and `>= 90` never.
-        A cost or a time is never negative, so a threshold below 0 could never be met."""
+        A cost or a time is never negative, so a threshold below 0 could never be met. The
+        suite evaluates this skill and is the platform's or the skill's tenant's: no eval run
+        of the skill could be started on another (`eval_run_start`), so the gate would hold
+        back every version, or, with the skill's name mistyped, none."""
+        if self.suite_id is not None:
+            if self.suite.tenant_id not in (None, self.tenant_id):
+                raise ValidationError({"suite": f"{self.suite} belongs to another tenant."})
+            if self.skill_name and self.suite.skill_name != self.skill_name:
+                raise ValidationError(
+                    {
+                        "skill_name": f"{self.suite} evaluates {self.suite.skill_name}, "
+                        f"not {self.skill_name}."
+                    }
+                )
         if self.metric not in Metric.values or self.value is None:
             return  # the field's own check names what is wrong with it
         if self.metric in RATE_METRICS and not 0 <= self.value <= 1:

@@ -203,7 +203,6 @@ def threshold_change(gate: EvalThreshold) -> str:
         ({"value": "0.5"}, ["value"]),
         ({"comparator": "<="}, ["comparator"]),
         ({"metric": "completion_rate", "value": "0.9"}, ["metric", "value"]),
-        ({"skill_name": "weekly-summary-old"}, ["skill_name"]),
     ],
 )
 def test_a_publisher_may_not_weaken_a_release_gate_in_the_admin(
@@ -230,18 +229,27 @@ def test_a_publisher_may_not_weaken_a_release_gate_in_the_admin(
     assert gate.history.count() == records
 
 
-def test_a_publisher_may_not_move_a_release_gate_to_another_suite(client, publisher, acme, gate):
+@pytest.mark.parametrize(
+    ("skill_name", "weakened"),
+    [("weekly-summary", ["suite"]), ("weekly-summary-old", ["skill_name", "suite"])],
+)
+def test_a_publisher_may_not_move_a_release_gate_to_another_suite_or_skill(
+    client, publisher, acme, gate, skill_name, weakened
+):
     other = EvalSuite.objects.create(
-        tenant=acme, key="easy", name="Easy", kind="task", skill_name="weekly-summary"
+        tenant=acme, key="easy", name="Easy", kind="task", skill_name=skill_name
     )
+    measured_on = gate.suite_id
     client.force_login(publisher)
 
-    response = client.post(threshold_change(gate), gate_form(gate, suite=other.pk))
+    response = client.post(
+        threshold_change(gate), gate_form(gate, suite=other.pk, skill_name=skill_name)
+    )
 
     assert response.status_code == 200
-    assert "suite" in response.context["adminform"].form.errors
+    assert sorted(response.context["adminform"].form.errors) == ["__all__", *weakened]
     gate.refresh_from_db()
-    assert gate.suite_id != other.pk
+    assert (gate.suite_id, gate.skill_name) == (measured_on, "weekly-summary")
 
 
 def test_a_publisher_may_make_a_release_gate_stricter(client, publisher, suite):
@@ -436,3 +444,25 @@ def test_a_publisher_may_not_delete_a_case_of_a_suite_from_its_page(client, publ
 
     assert deleted.status_code == 403
     assert EvalCase.objects.filter(pk=case.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "errors"),
+    [
+        (
+            {"skill_name": "weekly-sumary"},
+            {"skill_name": ["weekly evaluates weekly-summary, not weekly-sumary."]},
+        ),
+        ({"tenant": ""}, {"suite": ["weekly belongs to another tenant."]}),
+    ],
+)
+def test_a_threshold_no_eval_run_of_its_skill_could_meet_is_refused(
+    client, platform_admin, suite, change, errors
+):
+    client.force_login(platform_admin)
+
+    response = client.post(THRESHOLD_ADD, threshold_form(suite, **change))
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == errors
+    assert not EvalThreshold.objects.exists()
