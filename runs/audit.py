@@ -23,7 +23,7 @@ from registry.models import ToolVersion
 from runs.context import RECIPIENT_FIELDS
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.redaction import REDACTED, redact
-from runs.selectors import contract_sensitive_fields, hidden_fields
+from runs.selectors import contract_sensitive_fields, hidden_fields, texts_under
 
 PAGE_SIZE = 50
 
@@ -150,10 +150,10 @@ def _waterfall(spans: list[Span], run: Run) -> list[dict[str, Any]]:
 SEEN_CHARS = 2000
 
 
-def _seen(entry: dict[str, Any], *, cleared: bool) -> dict[str, Any]:
+def _seen(entry: dict[str, Any], *, cleared: bool, texts: frozenset[str]) -> dict[str, Any]:
     """One transcript entry as a turn had it, redacted before it is cut (a cut through an
-    email address would leave its first part unmasked)."""
-    text = redact(entry.get("text") or entry.get("content") or "", cleared=cleared)
+    email address or a hidden text would leave its first part unmasked)."""
+    text = redact(entry.get("text") or entry.get("content") or "", cleared=cleared, texts=texts)
     return {
         "kind": entry.get("kind"),
         "name": entry.get("name", ""),
@@ -187,7 +187,11 @@ def _json_redacted(text: str, sensitive: frozenset[str]) -> str:
 
 
 def _turns(
-    events: list[RunEvent], transcript: list[dict[str, Any]], *, cleared: bool
+    events: list[RunEvent],
+    transcript: list[dict[str, Any]],
+    *,
+    cleared: bool,
+    texts: frozenset[str],
 ) -> list[dict[str, Any]]:
     """Per model turn: the context sections' sizes, the transcript entries it had (the
     builder may have cut old results to their sources within its budget), what it answered."""
@@ -209,7 +213,7 @@ def _turns(
     answers = [index for index, entry in enumerate(transcript) if entry.get("kind") == "assistant"]
     ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
     # Each turn had the entries before its answer: each entry is redacted once for them all.
-    seen = [_seen(entry, cleared=cleared) for entry in transcript]
+    seen = [_seen(entry, cleared=cleared, texts=texts) for entry in transcript]
     for number, turn in enumerate(ordered):
         end = answers[number] if number < len(answers) else len(transcript)
         turn["seen"] = seen[:end]
@@ -297,6 +301,17 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         fields = sensitive.get(call.tool_version_id, frozenset())
         if fields:
             hidden_in[call.call_id] = hidden_in[call.pk] = fields
+    sources = list(Source.objects.filter(run=run).order_by("fetched_at"))
+    # What those results hold under the hidden fields, masked inside any text of the record
+    # (`selectors.hidden_texts`, from the rows read here).
+    texts = frozenset().union(
+        *(texts_under(call.envelope, hidden_in[call.pk]) for call in calls if call.pk in hidden_in),
+        *(
+            texts_under(source.content, hidden_in[source.tool_call_id])
+            for source in sources
+            if source.tool_call_id in hidden_in
+        ),
+    )
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {
         "run": {
@@ -339,6 +354,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
                 for entry in run.transcript
             ],
             cleared=cleared,
+            texts=texts,
         ),
         "given": _given(run),
         "tool_calls": [
@@ -377,15 +393,16 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
                 if source.tool_call_id in hidden_in
                 else source.content,
             }
-            for source in Source.objects.filter(run=run).order_by("fetched_at")
+            for source in sources
         ],
         "actions": _actions(run, events),
         "spans": _waterfall(spans, run),
         "result": run.result,
     }
     # What the host copied from a tool's answer (a recipient into the result, the action,
-    # the events, a model's later call) is hidden as the answer is; each part is redacted
-    # once.
+    # the events, a model's later call) is hidden as the answer is, and what the answer held
+    # under those fields is masked in any text (a name the model wrote into a draft); each
+    # part is redacted once.
     hidden = hidden_fields(
         run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
     )
@@ -394,6 +411,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             value,
             cleared=cleared,
             sensitive=hidden if part in _COPIES_OF_ANSWERS else frozenset(),
+            texts=texts,
         )
         for part, value in record.items()
     }

@@ -2,11 +2,13 @@
 
 Two levels. Everything stored in a span, and everything anyone is shown, loses secrets:
 credential-like keys, bearer tokens, values that look like keys or tokens. A viewer without
-clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked and the fields a tool
-contract marks sensitive (`result_contract.sensitive_fields`) replaced.
+clearance (`Action.RUN_VIEW_SENSITIVE`) also sees email addresses masked, the fields a tool
+contract marks sensitive (`result_contract.sensitive_fields`) replaced, and what the run's tools
+returned under those fields masked where it was copied into text (a name in a draft's body).
 """
 
 import binascii
+import functools
 import re
 from typing import Any
 
@@ -250,9 +252,46 @@ def secrets_removed(text: str) -> str:
     return _ASSIGNED.sub(_assigned_secret, text)
 
 
-def _text(value: str, *, cleared: bool) -> str:
+# The shortest text of a sensitive field masked inside other text: a shorter one ("Li", "42")
+# is part of too many other words.
+HIDDEN_TEXT_MIN_CHARS = 3
+
+
+def sensitive_texts(value: Any) -> set[str]:
+    """The texts a sensitive field's value holds, as they are masked inside other text: its
+    strings and numbers (not booleans), in lists and objects too, each without the whitespace
+    around it, of HIDDEN_TEXT_MIN_CHARS characters or more."""
+    if isinstance(value, dict):
+        return set().union(*map(sensitive_texts, value.values()))
+    if isinstance(value, list | tuple):
+        return set().union(*map(sensitive_texts, value))
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        return set()
+    text = str(value).strip()
+    return {text} if len(text) >= HIDDEN_TEXT_MIN_CHARS else set()
+
+
+@functools.lru_cache(maxsize=256)
+def _texts_pattern(texts: frozenset[str]) -> re.Pattern | None:
+    """Any of `texts` as a whole word (no letter, digit or _ on either side), in any case and
+    with any run of whitespace between its words; the longest first, so that where both
+    "Li Wei" and "Li Wei Chen" are sensitive the longer is masked whole."""
+    ordered = sorted(texts, key=lambda text: (-len(text), text))
+    alternatives = [r"\s+".join(map(re.escape, text.split())) for text in ordered if text.strip()]
+    if not alternatives:
+        return None
+    return re.compile(rf"(?<!\w)(?:{'|'.join(alternatives)})(?!\w)", re.IGNORECASE)
+
+
+def texts_masked(text: str, texts: frozenset[str]) -> str:
+    """`text` with each of `texts` (from `sensitive_texts`) replaced where it is a whole word."""
+    pattern = _texts_pattern(texts) if texts else None
+    return text if pattern is None else pattern.sub(REDACTED, text)
+
+
+def _text(value: str, *, cleared: bool, texts: frozenset[str] = frozenset()) -> str:
     value = secrets_removed(value)
-    return value if cleared else mask_email(value)
+    return value if cleared else mask_email(texts_masked(value, texts))
 
 
 @cached_by_name
@@ -261,11 +300,19 @@ def key_shown(key: str, cleared: bool) -> tuple[str, bool]:
     return _text(key, cleared=cleared), secret_key(key)
 
 
-def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = frozenset()) -> Any:
-    """`value` with secrets removed everywhere (keys too) and, unless `cleared`, emails masked
-    and the `sensitive` keys replaced."""
+def redact(
+    value: Any,
+    *,
+    cleared: bool = False,
+    sensitive: frozenset[str] = frozenset(),
+    texts: frozenset[str] = frozenset(),
+) -> Any:
+    """`value` with secrets removed everywhere (keys too) and, unless `cleared`, emails masked,
+    the `sensitive` keys replaced and, inside every string value (not keys), each of `texts`
+    (`texts_masked`: what the run's tools returned under those keys) replaced by the same
+    marker."""
     if isinstance(value, str):
-        return _text(value, cleared=cleared)
+        return _text(value, cleared=cleared, texts=texts)
     if isinstance(value, dict):
         redacted = {}
         for key, item in value.items():
@@ -275,9 +322,11 @@ def redact(value: Any, *, cleared: bool = False, sensitive: frozenset[str] = fro
                 name, hidden = key, secret_key(str(key))
             hidden = hidden or (not cleared and key in sensitive)
             redacted[name] = (
-                REDACTED if hidden else redact(item, cleared=cleared, sensitive=sensitive)
+                REDACTED
+                if hidden
+                else redact(item, cleared=cleared, sensitive=sensitive, texts=texts)
             )
         return redacted
     if isinstance(value, list | tuple):
-        return [redact(item, cleared=cleared, sensitive=sensitive) for item in value]
+        return [redact(item, cleared=cleared, sensitive=sensitive, texts=texts) for item in value]
     return value

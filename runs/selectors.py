@@ -1,5 +1,9 @@
 """Reads of the data plane with tenant scope applied: another tenant's run is not found."""
 
+import json
+from collections.abc import Iterable
+from typing import Any
+
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Exists, OuterRef, Q, QuerySet
@@ -7,7 +11,8 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from registry.choices import ROLE_ACTIONS, Action
 from registry.models import Membership, Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
-from runs.models import Attachment, Run, RunEvent
+from runs.models import Attachment, Run, RunEvent, Source, ToolCall
+from runs.redaction import sensitive_texts
 
 
 def runs_visible(*, user: AbstractBaseUser, tenant: Tenant) -> QuerySet[Run]:
@@ -100,3 +105,47 @@ def hidden_fields(
         ):
             contracts[str(pk)] = contract_sensitive_fields(contract)
     return frozenset().union(*(contracts.get(pk, frozenset()) for pk in ids))
+
+
+def texts_under(result: Any, fields: frozenset[str]) -> set[str]:
+    """What a tool's result holds under `fields`, wherever they are in it, as
+    `redaction.sensitive_texts`; a result given as text (a source's content) is read as
+    JSON, and other text holds none that can be told apart."""
+    if isinstance(result, str):
+        try:
+            result = json.loads(result)
+        except ValueError:
+            return set()
+    found: set[str] = set()
+    if isinstance(result, dict):
+        for key, item in result.items():
+            found |= sensitive_texts(item) if key in fields else texts_under(item, fields)
+    elif isinstance(result, list):
+        for item in result:
+            found |= texts_under(item, fields)
+    return found
+
+
+def hidden_texts(
+    *, runs: Iterable[Run], contracts: dict[str, frozenset[str]]
+) -> dict[Any, frozenset[str]]:
+    """By run id: what a viewer without clearance does not see inside any text of the run
+    (`redaction.redact`'s `texts`), as the model or the host may copy it anywhere (a name
+    into a draft's body): what the run's tool calls returned under the fields their
+    versions' contracts mark sensitive, in their envelopes and in the sources they kept (a
+    result too large for its envelope is whole there). `contracts`: those fields by tool
+    version id, as `hidden_fields` read them for these runs. Two reads for any number of
+    runs, none where no version hides a field."""
+    runs = list(runs)
+    texts: dict[Any, set[str]] = {run.pk: set() for run in runs}
+    versions = [pk for pk, fields in contracts.items() if fields]
+    if runs and versions:
+        calls = ToolCall.objects.filter(run__in=runs, tool_version_id__in=versions)
+        sources = Source.objects.filter(run__in=runs, tool_call__tool_version_id__in=versions)
+        for rows in (
+            calls.values_list("run_id", "tool_version_id", "envelope"),
+            sources.values_list("run_id", "tool_call__tool_version_id", "content"),
+        ):
+            for run_id, version_id, result in rows:
+                texts[run_id] |= texts_under(result, contracts[str(version_id)])
+    return {pk: frozenset(found) for pk, found in texts.items()}

@@ -24,11 +24,10 @@ from registry.errors import NotFound
 from registry.models import Skill, SkillVersion, Tool, ToolVersion
 from registry.selectors import user_can, user_roles
 from runs import audit, charts, dashboards, selectors
-from runs.api.stream import event_stream
+from runs.api.stream import event_stream, viewer_shape
 from runs.choices import ACTIVE_STATUSES, EventType
 from runs.forms import DashboardFilterForm, RunFilterForm, ignored_filters
 from runs.models import MemoryItem, Run
-from runs.redaction import redact
 from runs.services import memory
 
 REGISTRY_HISTORY_ROWS = 200
@@ -133,13 +132,12 @@ class RunStreamView(View):
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
         run, cleared = _audited_run(request.user, run_id)
-        hidden = selectors.hidden_fields(run=run, cleared=cleared)
         after = request.headers.get("Last-Event-ID", "")
         return event_stream(
             request,
             run,
             int(after) if LAST_EVENT_ID.fullmatch(after) else 0,
-            shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
+            shape=viewer_shape(run, cleared=cleared),
             allowed=lambda: _still_audited(request, run.pk, cleared=cleared),
         )
 

@@ -1,5 +1,6 @@
 import re
 import unicodedata
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
@@ -185,13 +186,27 @@ def viewer_cleared(serializer: serializers.Serializer, run: Run) -> bool:
     return selectors.viewer_cleared(user=request.user, run=run, roles=roles.get(run.tenant_id))
 
 
-def viewer_redaction(serializer: serializers.Serializer, run: Run) -> dict[str, Any]:
-    """How `redact` shows the run to the requesting user: cleared or not, and the fields
-    hidden from them (`selectors.hidden_fields`, each tool version read once a request)."""
+def viewer_redaction(
+    serializer: serializers.Serializer, run: Run, *, page: Iterable[Run] | None = None
+) -> dict[str, Any]:
+    """How `redact` shows the run to the requesting user: cleared or not, the fields hidden
+    from them (`selectors.hidden_fields`, each tool version read once a request) and the
+    texts masked inside strings (`selectors.hidden_texts`, read at once for the runs of
+    `page`, the list being shown with `run`)."""
     cleared = viewer_cleared(serializer, run)
     contracts = serializer.context.setdefault("_contracts", {})
     sensitive = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
-    return {"cleared": cleared, "sensitive": sensitive}
+    texts = serializer.context.setdefault("_texts", {})
+    if not cleared and run.pk not in texts:
+        unread = {
+            other.pk: other
+            for other in (run, *(page or ()))
+            if other.pk not in texts and not viewer_cleared(serializer, other)
+        }
+        for other in unread.values():
+            selectors.hidden_fields(run=other, cleared=False, contracts=contracts)
+        texts.update(selectors.hidden_texts(runs=unread.values(), contracts=contracts))
+    return {"cleared": cleared, "sensitive": sensitive, "texts": texts.get(run.pk, frozenset())}
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -236,7 +251,8 @@ class RunSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance: Run) -> dict[str, Any]:
         data = super().to_representation(instance)
-        data["result"] = redact(data["result"], **viewer_redaction(self, instance))
+        page = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
+        data["result"] = redact(data["result"], **viewer_redaction(self, instance, page=page))
         return data
 
 

@@ -19,8 +19,10 @@ from django.http import HttpRequest, StreamingHttpResponse
 from django.utils.cache import add_never_cache_headers
 from rest_framework.renderers import BaseRenderer
 
-from runs.choices import TERMINAL_STATUSES
+from runs import selectors
+from runs.choices import TERMINAL_STATUSES, EventType
 from runs.models import Run, RunEvent
+from runs.redaction import redact
 
 POLL_SECONDS = 0.5
 KEEPALIVE_SECONDS = 15.0
@@ -43,12 +45,39 @@ class Poll:
     finished: bool
 
 
-Shape = Callable[[dict[str, Any]], dict[str, Any]]
+# What the viewer is shown of an event's payload.
+Shape = Callable[[RunEvent], dict[str, Any]]
 # Whether the viewer may still see the run, asked anew before the stream sends what it read.
 Allowed = Callable[[], bool]
 # What a stream ends with once its viewer may no longer see the run (a token revoked, a
 # session ended, a role removed): nothing written since is sent.
 ACCESS_ENDED = f"event: end\ndata: {json.dumps({'reason': 'ACCESS_ENDED'})}\n\n"
+
+
+def viewer_shape(run: Run, *, cleared: bool) -> Shape:
+    """Each payload as `redact` shows it to a viewer (`selectors.viewer_cleared`): without
+    clearance, with the fields the run's tools hide (`selectors.hidden_fields`) and, inside
+    its text, what they returned under them (`selectors.hidden_texts`). Those are read when
+    the stream opens, for the calls `run` had ended by then, and again after each call that
+    ends later, for what the model copies afterwards."""
+    contracts: dict[str, frozenset[str]] = {}
+    fields = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
+
+    def read() -> frozenset[str]:
+        if not fields:
+            return frozenset()
+        return selectors.hidden_texts(runs=[run], contracts=contracts)[run.pk]
+
+    texts, read_after = read(), run.last_event_seq
+
+    def shape(event: RunEvent) -> dict[str, Any]:
+        nonlocal texts, read_after
+        ended = event.type in (EventType.TOOL_COMPLETED, EventType.TOOL_FAILED)
+        if ended and event.seq > read_after:
+            texts, read_after = read(), event.seq
+        return redact(event.payload, cleared=cleared, sensitive=fields, texts=texts)
+
+    return shape
 
 
 def _status(run_id: str) -> str | None:
@@ -65,7 +94,7 @@ def _poll(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Poll:
         return Poll(frames=[ACCESS_ENDED], after=after, finished=True)
     frames = [
         f"id: {event.seq}\nevent: {event.type}\ndata: "
-        + json.dumps({"seq": event.seq, "type": event.type, "payload": shape(event.payload)})
+        + json.dumps({"seq": event.seq, "type": event.type, "payload": shape(event)})
         + "\n\n"
         for event in events
     ]

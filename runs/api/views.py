@@ -34,11 +34,10 @@ from runs.api.serializers import (
     RunEventSerializer,
     RunSerializer,
 )
-from runs.api.stream import EventStreamRenderer, event_stream
+from runs.api.stream import EventStreamRenderer, event_stream, viewer_shape
 from runs.api.throttles import IngressThrottled
 from runs.errors import IdempotencyKeyRequired, NotFound
 from runs.models import MemoryItem, Run
-from runs.redaction import redact
 from runs.services import memory
 from runs.services.attachments import attachment_store
 from runs.services.ingress import message_ingest
@@ -202,7 +201,6 @@ class RunViewSet(
         )
         query.is_valid(raise_exception=True)
         cleared = selectors.viewer_cleared(user=request.user, run=run)
-        hidden = selectors.hidden_fields(run=run, cleared=cleared)
         token, user = request.auth, request.user
 
         def allowed() -> bool:
@@ -220,7 +218,7 @@ class RunViewSet(
             request._request,
             run,
             query.validated_data["after"],
-            shape=lambda payload: redact(payload, cleared=cleared, sensitive=hidden),
+            shape=viewer_shape(run, cleared=cleared),
             allowed=allowed,
         )
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from django.core.management import call_command
+from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
@@ -17,7 +18,9 @@ from registry.models import ModelConfig
 from registry.services import tools as tool_services
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
+from runs.api.stream import viewer_shape
 from runs.loop import run_execute
+from runs.models import Run, RunEvent
 from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
 from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
@@ -79,11 +82,8 @@ def test_a_sensitive_field_is_hidden_from_an_auditor_wherever_the_run_shows_it(
     assert own["result"]["recipient"]["display_name"] == NAME
 
 
-def test_a_sensitive_field_a_model_copied_into_a_later_call_is_hidden_too(
-    demo_names_sensitive, model_server, monkeypatch, client
-):
-    # given a model that passes the name on as an argument of its next call
-    demo = demo_names_sensitive
+def fake_model(demo, model_server, monkeypatch) -> None:
+    """Point the demo's weekly-reporter at the fake provider."""
     monkeypatch.setenv(FAKE_CREDENTIAL_REF, FAKE_API_KEY)
     demo.agent.model_config = registry_object_save(
         instance=ModelConfig(
@@ -97,6 +97,14 @@ def test_a_sensitive_field_a_model_copied_into_a_later_call_is_hidden_too(
         actor=demo.admin,
     )
     registry_object_save(instance=demo.agent, actor=demo.admin, reason="fake model")
+
+
+def test_a_sensitive_field_a_model_copied_into_a_later_call_is_hidden_too(
+    demo_names_sensitive, model_server, monkeypatch, client
+):
+    # given a model that passes the name on as an argument of its next call
+    demo = demo_names_sensitive
+    fake_model(demo, model_server, monkeypatch)
     arguments = {"project_id": "apollo", "display_name": NAME}
     model_server.reply(
         openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
@@ -111,3 +119,77 @@ def test_a_sensitive_field_a_model_copied_into_a_later_call_is_hidden_too(
     assert NAME not in json.dumps(record, ensure_ascii=False)
     (copied,) = [call for call in record["tool_calls"] if call["call_id"] == "call_1"]
     assert copied["arguments"]["display_name"] == "[redacted]"
+
+
+def test_a_sensitive_value_the_model_wrote_into_text_is_masked_for_an_auditor_only(
+    demo_names_sensitive, model_server, monkeypatch, client, settings
+):
+    # given a model that writes the recipient's name, which the directory returned under a
+    # sensitive field, into the body of its draft
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    demo = demo_names_sensitive
+    fake_model(demo, model_server, monkeypatch)
+    model_server.reply(runs_fixtures.read_apollo())
+    draft = runs_fixtures.apollo_draft(body=f"Dear {NAME}, here is the week.")
+    model_server.reply(openai_completion(content=json.dumps(draft)))
+    run, _ = waiting_run(demo)
+
+    def shown(page: Client, api: APIClient) -> dict[str, str]:
+        return {
+            "page": page.get(reverse("runs:detail", args=[run.pk])).content.decode(),
+            "export": page.get(reverse("runs:export", args=[run.pk])).content.decode(),
+            "stream": b"".join(
+                page.get(reverse("runs:stream", args=[run.pk])).streaming_content
+            ).decode(),
+            "api.run": api.get(f"/api/v1/runs/{run.pk}").content.decode(),
+            "api.runs": api.get("/api/v1/runs").content.decode(),
+            "api.events": api.get(f"/api/v1/runs/{run.pk}/events").content.decode(),
+            "api.stream": b"".join(
+                api.get(
+                    f"/api/v1/runs/{run.pk}/stream", HTTP_ACCEPT="text/event-stream"
+                ).streaming_content
+            ).decode(),
+        }
+
+    # when the auditor without clearance reads the run anywhere, then the name is nowhere
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown(client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if NAME in text] == []
+    assert "Dear [redacted], here is the week." in by_carol["export"]
+    assert "Dear [redacted], here is the week." in by_carol["api.events"]
+    # and a viewer with clearance, and the run's requester, still read it
+    client.force_login(demo.admin)
+    by_admin = shown(client, api_as("admin"))
+    assert [where for where, text in by_admin.items() if NAME not in text] == []
+    own = api_as("alice")
+    for url in (f"/api/v1/runs/{run.pk}/events", f"/api/v1/runs/{run.pk}/stream"):
+        assert (
+            f"Dear {NAME}, here is the week."
+            in b"".join(
+                own.get(url, HTTP_ACCEPT="text/event-stream").streaming_content
+                if url.endswith("stream")
+                else [own.get(url).content]
+            ).decode()
+        )
+
+
+def test_a_stream_that_began_before_the_tools_answered_masks_what_the_model_copies_after(
+    demo_names_sensitive, model_server, monkeypatch
+):
+    # given a viewer without clearance who follows the run from before its first step
+    demo = demo_names_sensitive
+    fake_model(demo, model_server, monkeypatch)
+    model_server.reply(runs_fixtures.read_apollo())
+    draft = runs_fixtures.apollo_draft(body=f"Dear {NAME}, here is the week.")
+    model_server.reply(openai_completion(content=json.dumps(draft)))
+    run = runs_fixtures.demo_run(demo, project_id="apollo")
+    shape = viewer_shape(Run.objects.get(pk=run.pk), cleared=False)
+
+    # when the run writes the name the directory returned into its draft
+    run_execute(run_id=str(run.pk))
+
+    # then the events the stream sends, shaped in their order, do not hold it
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    shown = json.dumps([shape(event) for event in events], ensure_ascii=False)
+    assert "Dear [redacted], here is the week." in shown
+    assert NAME not in shown

@@ -22,6 +22,8 @@ from registry.models import McpServer, ModelConfig, SkillVersion, ToolVersion
 from registry.services.tenancy import api_token_issue
 from runs.loop import run_execute
 from runs.models import Run, TaskOccurrence
+from tests.approvals import test_sensitive_fields
+from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import demo_run
 from tests.runs.test_schedules import task_of
@@ -29,6 +31,7 @@ from tests.runs.test_schedules import task_of
 pytestmark = pytest.mark.django_db
 
 demo = runs_fixtures.demo
+demo_names_sensitive = test_sensitive_fields.demo_names_sensitive
 
 
 def _user(username: str):
@@ -98,6 +101,19 @@ def test_the_approvals_api_lists_decided_actions_in_fixed_queries(demo):
     _same_with_more_rows(
         lambda count: _decided(demo, count), lambda: _queries(client, "/api/v1/approvals")
     )
+
+
+def test_the_runs_api_masks_what_tools_returned_under_sensitive_fields_in_fixed_queries(
+    demo_names_sensitive,
+):
+    def add(count: int) -> None:
+        for _ in range(count):
+            waiting_run(demo_names_sensitive)
+
+    client = _api_client("carol")
+
+    _same_with_more_rows(add, lambda: _queries(client, "/api/v1/runs"))
+    assert "Li Wei" not in client.get("/api/v1/runs").content.decode()
 
 
 def test_the_evaluation_suites_api_and_admin_list_suites_in_fixed_queries(demo):

@@ -23,6 +23,29 @@ def test_fields_a_tool_contract_marks_sensitive_are_replaced_without_clearance()
     assert redact(envelope, cleared=True, sensitive=frozenset({"display_name"})) == envelope
 
 
+def test_what_a_tool_returned_under_a_sensitive_field_is_masked_inside_text_as_a_whole_word():
+    texts = frozenset(
+        redaction.sensitive_texts(["Li Wei", "Li Wei Chen", "Li", 120000, True, {"x": " Ann "}])
+    )
+    record = {
+        "body": "Dear Li Wei, and LI  WEI CHEN; Lin, Li Weiss, Ann-Marie, ANNa, 1200001, 120000.",
+        "Li Wei": "a key is left",
+    }
+
+    assert texts == {"Li Wei", "Li Wei Chen", "120000", "Ann"}
+    assert redact(record, texts=texts) == {
+        "body": "Dear [redacted], and [redacted]; Lin, Li Weiss, [redacted]-Marie, ANNa, 1200001, "
+        "[redacted].",
+        "Li Wei": "a key is left",
+    }
+    assert redact(record, cleared=True, texts=texts) == record
+    # as a refused argument is quoted in a tool.rejected event's reason
+    refused = {"reason": "project_id: 'Li Wei' is not of type 'integer'"}
+    assert redact(refused, texts=texts) == {
+        "reason": "project_id: '[redacted]' is not of type 'integer'"
+    }
+
+
 @pytest.mark.parametrize(
     "value",
     [
