@@ -63,6 +63,7 @@ RESOLVE_RECIPIENT = ["tool.requested", "tool.completed", "tools.assembled"]
 MODEL_TURN = ["context.built", "model.requested", "model.responded"]
 TOOL_RUN = ["tool.requested", "tool.completed"]
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
+CREDENTIAL_PROBLEM = "The draft holds a credential (a key, a token, a password): remove it."
 LI_WEI = {
     "record_id": "dir-1001",
     "display_name": "Li Wei",
@@ -1398,6 +1399,15 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
             {"risks": [{"text": "Vendor SDK delay", "source": {"project": "apollo"}}]},
             "Risk 1 has no source returned by a tool.",
         ),
+        (
+            {"body": "The staging gateway takes Bearer eyJ0eXAiOiJKV1Qi.abc.def-1234567890 now."},
+            CREDENTIAL_PROBLEM,
+        ),
+        ({"subject": "Apollo: key sk-live-4f9c2a7e1b8d6c3a5e0f rotated"}, CREDENTIAL_PROBLEM),
+        (
+            {"next_steps": [{"text": "Use password=Hunter2-Apollo!", "source": "x"}]},
+            CREDENTIAL_PROBLEM,
+        ),
     ],
     ids=[
         "subject-list",
@@ -1411,6 +1421,9 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
         "risks-not-list",
         "risk-source-list",
         "risk-source-object",
+        "body-bearer-token",
+        "subject-api-key",
+        "step-password",
     ],
 )
 def test_a_draft_that_could_never_be_sent_is_never_put_before_an_approver(
