@@ -11,7 +11,8 @@ from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from registry.admin.base import RegistryAdmin, ScopedInline
+from config.errors import ApplicationError
+from registry.admin.base import RegistryAdmin, ScopedInline, error_text
 from registry.admin.mcp import mcp_review_html
 from registry.choices import AdapterKind
 from registry.models import (
@@ -27,7 +28,7 @@ from registry.schemas import skill_version_errors, tool_version_errors
 from registry.selectors import mcp_drift, user_may_publish, version_diff
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
-from registry.services.skills import SKILL_CONTENT_FIELDS
+from registry.services.skills import SKILL_CONTENT_FIELDS, skill_pins_check
 from registry.services.tools import TOOL_CONTENT_FIELDS
 
 
@@ -298,8 +299,26 @@ class ToolVersionAdmin(VersionAdmin):
         return (*fields, "mcp_review") if obj is not None else fields
 
 
+class SkillToolPinFormSet(forms.BaseInlineFormSet):
+    """The pins as typed, held to what the services hold them to (`skill_pins_check`): the
+    formset saves them itself, past `skill_version_create` and `skill_version_update`."""
+
+    def clean(self) -> None:
+        super().clean()
+        pinned = [
+            form.cleaned_data["tool_version"]
+            for form in self.forms
+            if form.cleaned_data.get("tool_version") and not self._should_delete_form(form)
+        ]
+        try:
+            skill_pins_check(pinned)
+        except ApplicationError as error:
+            raise forms.ValidationError(error_text(error)) from error
+
+
 class SkillToolDependencyInline(ScopedInline, admin.TabularInline):
     model = SkillToolDependency
+    formset = SkillToolPinFormSet
     extra = 0
     autocomplete_fields = ("tool_version",)
 

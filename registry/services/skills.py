@@ -15,15 +15,21 @@ from registry.services import lifecycle
 from registry.services.common import audited_create, audited_save, full_clean_or_raise
 
 
-def _pin_tools(
-    *, skill_version: SkillVersion, tool_versions: Sequence[ToolVersion], actor: AbstractBaseUser
-) -> None:
+def skill_pins_check(tool_versions: Sequence[ToolVersion]) -> None:
+    """A skill version pins one version of each tool: a run's tools are known by name, and of
+    two versions of one tool, which one a run got would be left to the order of the rows."""
     tool_ids = [tool_version.tool_id for tool_version in tool_versions]
     if len(set(tool_ids)) != len(tool_ids):
         raise ValidationFailed(
             "A skill version pins one version of each tool.",
             details={"tool_dependencies": ["The same tool is pinned twice."]},
         )
+
+
+def _pin_tools(
+    *, skill_version: SkillVersion, tool_versions: Sequence[ToolVersion], actor: AbstractBaseUser
+) -> None:
+    skill_pins_check(tool_versions)
     skill_version.tool_dependencies.all().delete()
     for tool_version in tool_versions:
         audited_save(
@@ -93,13 +99,18 @@ def _validate_content(skill_version: SkillVersion) -> None:
 
 
 def skill_version_validate(skill_version: SkillVersion) -> None:
-    """Content contract, then every pinned tool version published and usable by the owner."""
+    """Content contract, one version of each tool pinned, then every pinned tool version
+    published and usable by the owner."""
     _validate_content(skill_version)
     skill = skill_version.skill
+    dependencies = list(
+        skill_version.tool_dependencies.select_related("tool_version__tool").select_for_update(
+            of=("tool_version",)
+        )
+    )
+    skill_pins_check([dependency.tool_version for dependency in dependencies])
     unavailable = {}
-    for dependency in skill_version.tool_dependencies.select_related(
-        "tool_version__tool"
-    ).select_for_update(of=("tool_version",)):
+    for dependency in dependencies:
         tool_version = dependency.tool_version
         if tool_version.status != VersionStatus.PUBLISHED:
             unavailable[str(tool_version)] = f"is {tool_version.status}, not published"

@@ -631,6 +631,38 @@ def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(client
     ]
 
 
+def test_add_skill_version_pinning_two_versions_of_one_tool_is_a_form_error(
+    client, publisher, world
+):
+    tools.tool_version_publish(tool_version=world.project_search_2, actor=publisher)
+    client.force_login(publisher)
+    content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
+    data = {
+        "skill": str(world.weekly_summary.pk),
+        "version": "3.3.0",
+        **{
+            field: value if isinstance(value, str) else json.dumps(value)
+            for field, value in content.items()
+        },
+        "tool_dependencies-TOTAL_FORMS": "2",
+        "tool_dependencies-INITIAL_FORMS": "0",
+        "tool_dependencies-MIN_NUM_FORMS": "0",
+        "tool_dependencies-MAX_NUM_FORMS": "1000",
+        "tool_dependencies-0-tool_version": str(world.project_search_1.pk),
+        "tool_dependencies-1-tool_version": str(world.project_search_2.pk),
+    }
+
+    response = client.post("/admin/registry/skillversion/add/", data)
+
+    assert response.status_code == 200
+    [formset] = response.context["inline_admin_formsets"]
+    assert formset.formset.non_form_errors() == [
+        "A skill version pins one version of each tool. tool_dependencies: The same tool is "
+        "pinned twice."
+    ]
+    assert not world.weekly_summary.versions.filter(version="3.3.0").exists()
+
+
 # --- compare -------------------------------------------------------------------------------
 
 

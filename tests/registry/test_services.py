@@ -12,7 +12,7 @@ from registry.errors import (
     VersionImmutable,
     VersionNotGreater,
 )
-from registry.models import SkillVersion, Tool, ToolVersion
+from registry.models import SkillToolDependency, SkillVersion, Tool, ToolVersion
 from registry.services import lifecycle, skills, tools
 from registry.services.tenancy import definition_grant
 
@@ -71,6 +71,23 @@ def test_a_published_version_cannot_be_changed_through_the_service(make_tool_ver
 
     published.refresh_from_db()
     assert published.description == "Reads a project's status. Does not change anything."
+
+
+def test_a_draft_pinning_two_versions_of_one_tool_is_not_published(
+    make_tool_version, make_skill_version, publisher
+):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    second = _published(make_tool_version, publisher, "1.1.0")
+    draft = make_skill_version(tool_versions=[first])
+    SkillToolDependency.objects.create(skill_version=draft, tool_version=second)
+
+    with pytest.raises(ValidationFailed) as refused:
+        skills.skill_version_publish(skill_version=draft, actor=publisher)
+
+    assert refused.value.details == {"tool_dependencies": ["The same tool is pinned twice."]}
+    draft.refresh_from_db()
+    assert draft.status == VersionStatus.DRAFT
+    assert draft.skill.current_version is None
 
 
 def test_semver_must_grow_over_every_released_version(make_tool_version, publisher):
