@@ -31,16 +31,16 @@ def audited_save(
     instance.save(**kwargs)
 
 
-def audited_create(
+def audited_unique_save(
     instance: models.Model,
     *,
     actor: AbstractBaseUser | None,
     reason: str,
     exclude: list[str] | None = None,
 ) -> None:
-    """Save a new row that `full_clean_or_raise` found unique. A concurrent request may have
-    saved the same one since: the unique constraint refuses this one, and the check, run
-    again, says why, as it would have had this request come second."""
+    """Save a row (a new one, or one renamed) that `full_clean_or_raise` found unique. A
+    concurrent request may have saved the same one since: the unique constraint refuses this
+    one, and the check, run again, says why, as it would have had this request come second."""
     try:
         with transaction.atomic():
             audited_save(instance, actor=actor, reason=reason)
@@ -66,7 +66,7 @@ def registry_object_save(
     if isinstance(instance, Tenant):
         _tenant_change_check(tenant=instance, actor=actor)
     with transaction.atomic():
-        audited_save(instance, actor=actor, reason=reason)
+        audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)
     return instance

@@ -21,7 +21,7 @@ from registry.errors import (
 from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
 from registry.selectors import user_may_publish
-from registry.services.common import audited_create, audited_save, full_clean_or_raise
+from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 
 V = TypeVar("V", bound=DefinitionVersion)
 D = TypeVar("D", bound=Definition)
@@ -44,7 +44,9 @@ def definition_get_or_create(
         require_publisher(actor=actor, definition=definition)
         full_clean_or_raise(definition, exclude=["current_version"])
         try:
-            audited_create(definition, actor=actor, reason="created", exclude=["current_version"])
+            audited_unique_save(
+                definition, actor=actor, reason="created", exclude=["current_version"]
+            )
         except ValidationFailed:
             definition = found.first()
             if definition is None:

@@ -12,7 +12,7 @@ from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.schemas import raise_if_errors, skill_version_errors
 from registry.selectors import tenant_has_grant
 from registry.services import lifecycle
-from registry.services.common import audited_create, audited_save, full_clean_or_raise
+from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 
 
 def skill_pins_check(tool_versions: Sequence[ToolVersion]) -> None:
@@ -58,7 +58,7 @@ def skill_version_create(
         skill_version = SkillVersion(skill=skill, version=version, created_by=actor, **content)
         full_clean_or_raise(skill_version)
         _validate_content(skill_version)
-        audited_create(skill_version, actor=actor, reason="draft created")
+        audited_unique_save(skill_version, actor=actor, reason="draft created")
         _pin_tools(skill_version=skill_version, tool_versions=tool_versions, actor=actor)
     return skill_version
 

@@ -14,7 +14,7 @@ from registry.models import ApiToken, Membership, Tenant
 from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key
 from registry.selectors import user_tenants
-from registry.services.common import audited_save, full_clean_or_raise
+from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 
 
 def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Tenant:
@@ -23,7 +23,7 @@ def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Te
         group, _ = Group.objects.get_or_create(name=f"tenant:{slug}")
         tenant = Tenant(slug=slug, name=name, grant_group=group)
         full_clean_or_raise(tenant)
-        audited_save(tenant, actor=actor, reason="created")
+        audited_unique_save(tenant, actor=actor, reason="created")
     return tenant
 
 

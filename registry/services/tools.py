@@ -10,7 +10,7 @@ from registry.models import Tenant, Tool, ToolVersion
 from registry.schemas import raise_if_errors, tool_version_errors
 from registry.selectors import mcp_drift, mcp_server_of
 from registry.services import lifecycle
-from registry.services.common import audited_create, audited_save, full_clean_or_raise
+from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 
 TOOL_CONTENT_FIELDS = (
     "description",
@@ -53,7 +53,7 @@ def tool_version_create(
         lifecycle.require_publisher(actor=actor, definition=tool)
         tool_version = ToolVersion(tool=tool, version=version, created_by=actor, **content)
         tool_version_check(tool_version)
-        audited_create(tool_version, actor=actor, reason="draft created")
+        audited_unique_save(tool_version, actor=actor, reason="draft created")
     return tool_version
 
 

@@ -2,11 +2,13 @@
 never a value PostgreSQL refuses (a server error) or a page that cannot be drawn."""
 
 import json
+import threading
 
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.db import connection
 from django_celery_beat.models import (
     ClockedSchedule,
     CrontabSchedule,
@@ -17,7 +19,8 @@ from django_celery_beat.models import (
 
 from evaluations.models import EvalCase, EvalSuite
 from registry.admin.base import SelectionKeysMixin
-from registry.models import Policy
+from registry.models import ModelConfig, Policy
+from registry.services import common
 from tests.registry.factories import skill_content
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
@@ -190,3 +193,50 @@ def test_every_admin_of_the_site_refuses_a_selection_that_is_not_even_an_id():
 
     assert models == []
     assert {ClockedSchedule, CrontabSchedule, SolarSchedule} <= set(admin.site._registry)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_name_another_request_saved_since_the_form_checked_it_is_a_form_error(
+    client, platform_admin, monkeypatch
+):
+    # given another admin adding a model named "planner" while this one does
+    check = common.full_clean_or_raise
+    raced = []
+
+    def check_then_race(instance, **kwargs):
+        check(instance, **kwargs)
+        if isinstance(instance, ModelConfig) and not raced:
+            raced.append(True)
+            thread = threading.Thread(target=_another_admin_adds_the_planner)
+            thread.start()
+            thread.join()
+
+    monkeypatch.setattr(common, "full_clean_or_raise", check_then_race)
+    client.force_login(platform_admin)
+
+    # when this admin saves it too
+    response = client.post(
+        "/admin/registry/modelconfig/add/",
+        {
+            "name": "planner",
+            "provider": "offline",
+            "model_name": "offline-planner",
+            "parameters": "{}",
+            "price_per_1k_input": "0",
+            "price_per_1k_output": "0",
+            "is_active": "on",
+        },
+    )
+
+    # then the form says the name is taken, and there is one model of that name
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.non_field_errors()
+    assert "Constraint “modelconfig_unique_platform_name” is violated." in errors
+    assert ModelConfig.objects.filter(name="planner").count() == 1
+
+
+def _another_admin_adds_the_planner() -> None:
+    try:
+        ModelConfig.objects.create(name="planner", provider="offline", model_name="offline-planner")
+    finally:
+        connection.close()
