@@ -12,8 +12,11 @@ their choosing. The grant is checked when the object is saved and again at every
 
 import os
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qsl, urlsplit
 
 from django.conf import settings
+
+from config.secret_names import secret_key
 
 if TYPE_CHECKING:
     from registry.models import Tenant
@@ -38,3 +41,29 @@ def credential_value(reference: str, *, owner: "Tenant | None") -> str | None:
     if credential_refusal(reference, owner=owner) is not None:
         return None
     return os.environ.get(reference)
+
+
+def url_secret_refusal(url: str | None) -> str | None:
+    """Why an endpoint's URL may not be stored (no reason for one that may): a password in it
+    (`https://user:sk-…@host`), or a query parameter named as a secret (`?api_key=…`), is the
+    secret itself, shown to whoever reads the row, its history and its list page."""
+    if not url:
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if "@" in parts.netloc:
+        return (
+            "A URL names no user or password; name the environment variable that holds the "
+            "secret in credential_ref instead."
+        )
+    named = sorted(
+        {name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if secret_key(name)}
+    )
+    if named:
+        return (
+            f"The query parameter {', '.join(named)} looks like a credential; name the "
+            "environment variable that holds the secret in credential_ref instead."
+        )
+    return None

@@ -4,7 +4,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from config.credentials import credential_refusal
+from config.credentials import credential_refusal, url_secret_refusal
 from config.history import history_records
 from config.secret_names import secret_key
 from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
@@ -73,6 +73,9 @@ class ModelConfig(models.Model):
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             raise ValidationError({"credential_ref": refusal})
+        refusal = url_secret_refusal(self.base_url)
+        if refusal:
+            raise ValidationError({"base_url": refusal})
         secret_like = sorted(_secret_paths(self.parameters))
         if secret_like:
             raise ValidationError(

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from config.credentials import credential_refusal
+from config.credentials import credential_refusal, url_secret_refusal
 from config.history import history_records
 from registry.choices import Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
@@ -122,6 +122,9 @@ class McpServer(models.Model):
                 errors["env"] = "An object of VARIABLE: SECRET_REFERENCE (upper-case names)."
         elif self.transport == self.Transport.STREAMABLE_HTTP and not self.url:
             errors["url"] = "A streamable HTTP server needs its endpoint URL."
+        refusal = url_secret_refusal(self.url)
+        if refusal:
+            errors["url"] = refusal
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             errors["credential_ref"] = refusal

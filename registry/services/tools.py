@@ -3,7 +3,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from config.credentials import credential_refusal
+from config.credentials import credential_refusal, url_secret_refusal
 from registry.choices import AdapterKind
 from registry.errors import ToolDefinitionChanged, ValidationFailed, VersionImmutable
 from registry.models import Tenant, Tool, ToolVersion
@@ -86,14 +86,14 @@ def tool_version_validate(tool_version: ToolVersion) -> None:
     values["version"] = tool_version.version
     errors = tool_version_errors(values)
     config = tool_version.adapter_config
-    reference = config.get("credential_ref") if isinstance(config, dict) else None
-    refusal = (
-        isinstance(reference, str)
-        and "adapter_config" not in errors
-        and credential_refusal(reference, owner=tool_version.tool.tenant)
-    )
-    if refusal:
-        errors["adapter_config"] = [refusal]
+    if isinstance(config, dict) and "adapter_config" not in errors:
+        reference = config.get("credential_ref")
+        refusal = (
+            isinstance(reference, str)
+            and credential_refusal(reference, owner=tool_version.tool.tenant)
+        ) or (isinstance(config.get("url"), str) and url_secret_refusal(config["url"]))
+        if refusal:
+            errors["adapter_config"] = [refusal]
     raise_if_errors(errors, f"{tool_version.qualified_name} breaks the tool contract: see details.")
 
 

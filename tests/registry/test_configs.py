@@ -65,6 +65,30 @@ def test_a_model_config_keeps_parameters_that_only_sound_like_credentials(platfo
     assert ModelConfig.objects.get(name="gemini").parameters["max_output_tokens"] == 512
 
 
+@pytest.mark.parametrize(
+    ("base_url", "refusal"),
+    [
+        ("https://acme:sk-live-123@llm.example/v1", "A URL names no user or password"),
+        ("https://llm.example/v1?api_key=sk-live-123", "The query parameter api_key looks like"),
+        ("https://llm.example/v1?api-version=2024-06-01", None),
+    ],
+    ids=["password", "secret-parameter", "plain-parameter"],
+)
+def test_a_model_config_refuses_a_secret_written_in_its_base_url(platform_admin, base_url, refusal):
+    config = ModelConfig(
+        name="gpt", provider="openai_compatible", model_name="gpt-x", base_url=base_url
+    )
+
+    if refusal is None:
+        registry_object_save(instance=config, actor=platform_admin)
+        assert ModelConfig.objects.get().base_url == base_url
+        return
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+    assert refused.value.details["base_url"][0].startswith(refusal)
+    assert not ModelConfig.objects.exists()
+
+
 def test_a_credential_reference_is_a_variable_name_not_a_secret(platform_admin):
     config = ModelConfig(
         name="gpt", provider="openai_compatible", model_name="gpt-x", credential_ref="sk-live-1"

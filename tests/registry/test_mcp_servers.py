@@ -98,3 +98,22 @@ def test_a_tenants_http_server_sends_only_a_credential_granted_to_the_tenant(
     assert "The credential SECRET_KEY is not granted to tenant acme" in refused.content.decode()
     assert accepted.status_code == 302
     assert McpServer.objects.get().credential_ref == "ACME_PROJECTS_TOKEN"
+
+
+def test_an_http_server_s_url_carries_no_secret(client, publisher, acme):
+    form = server_form_as(client, publisher, acme) | {"transport": "streamable_http"}
+    add = reverse("admin:registry_mcpserver_add")
+
+    with_password = client.post(add, {**form, "url": "https://ci:ghp_s3cret@mcp.example/mcp"})
+    with_token = client.post(add, {**form, "url": "https://mcp.example/mcp?access_token=s3cret"})
+
+    assert [response.status_code for response in (with_password, with_token)] == [200, 200]
+    assert with_password.context["adminform"].form.errors["url"] == [
+        "A URL names no user or password; name the environment variable that holds the secret "
+        "in credential_ref instead."
+    ]
+    assert with_token.context["adminform"].form.errors["url"] == [
+        "The query parameter access_token looks like a credential; name the environment "
+        "variable that holds the secret in credential_ref instead."
+    ]
+    assert not McpServer.objects.exists()

@@ -275,6 +275,28 @@ def test_a_skill_cannot_pin_another_tenants_tool(
     }
 
 
+@pytest.mark.parametrize(
+    "url",
+    ["https://bot:s3cret@fetch.internal/api", "https://fetch.internal/api?token=s3cret"],
+    ids=["password", "secret-parameter"],
+)
+def test_an_http_tool_s_url_carries_no_secret(make_tool_version, platform_admin, url):
+    with pytest.raises(ValidationFailed) as refused:
+        make_tool_version(
+            name="web_fetch",
+            actor=platform_admin,
+            tenant=None,
+            adapter_kind="http",
+            adapter_config={"url": url},
+        )
+
+    [refusal] = refused.value.details["adapter_config"]
+    assert refusal.endswith(
+        "name the environment variable that holds the secret in credential_ref instead."
+    )
+    assert not ToolVersion.objects.exists()
+
+
 def test_a_granted_platform_tool_may_be_pinned(
     make_tool_version, make_skill_version, publisher, platform_admin, acme
 ):
