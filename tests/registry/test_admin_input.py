@@ -240,3 +240,38 @@ def _another_admin_adds_the_planner() -> None:
         ModelConfig.objects.create(name="planner", provider="offline", model_name="offline-planner")
     finally:
         connection.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "data", "field"),
+    [
+        (
+            "/admin/django_celery_beat/crontabschedule/add/",
+            {
+                "minute": "-1",
+                "hour": "*",
+                "day_of_month": "*",
+                "month_of_year": "*",
+                "day_of_week": "*",
+                "timezone": "UTC",
+            },
+            "minute",
+        ),
+        (
+            "/admin/django_celery_beat/periodictask/add/",
+            {"name": "nightly", "task": "x" * 201, "args": "[]", "kwargs": "{}"},
+            "task",
+        ),
+    ],
+    ids=["negative-minute", "overlong-task"],
+)
+def test_a_schedule_the_beat_admins_refuse_is_a_form_error(
+    client, platform_admin, path, data, field
+):
+    client.force_login(platform_admin)
+
+    response = client.post(path, data)
+
+    assert response.status_code == 200
+    assert field in response.context["adminform"].form.errors
+    assert not (CrontabSchedule.objects.exists() or PeriodicTask.objects.exists())
