@@ -15,10 +15,11 @@ from django.db import models
 
 from config.credentials import credential_refusal, url_secret_refusal
 from config.history import history_records
-from registry.choices import Risk
+from registry.choices import FROZEN_STATUSES, AdapterKind, Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
 from registry.models.definitions import NAMESPACE_VALIDATOR
 from registry.models.tenancy import Tenant
+from registry.models.tools import ToolVersion
 
 
 class McpServer(models.Model):
@@ -128,8 +129,35 @@ class McpServer(models.Model):
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             errors["credential_ref"] = refusal
+        for field in self._identity_changed_under_released_tools():
+            errors[field] = (
+                "Tool versions released from this server call it by its owner and name "
+                "(registry.selectors.mcp_server_of): they no longer change."
+            )
         if errors:
             raise ValidationError(errors)
+
+    def _identity_changed_under_released_tools(self) -> list[str]:
+        """The fields of the server's owner and name changed since it was stored, when a
+        published, deprecated or revoked tool version calls it by them: renamed or moved, the
+        server would leave them calling nothing, or whatever server took the name next."""
+        if self._state.adding:
+            return []
+        stored = McpServer.objects.filter(pk=self.pk).values("tenant_id", "name").first()
+        if stored is None:
+            return []
+        changed = [
+            field
+            for field, attname in (("tenant", "tenant_id"), ("name", "name"))
+            if stored[attname] != getattr(self, attname)
+        ]
+        released = ToolVersion.objects.filter(
+            adapter_kind=AdapterKind.MCP,
+            tool__tenant_id=stored["tenant_id"],
+            adapter_config__server=stored["name"],
+            status__in=FROZEN_STATUSES,
+        )
+        return changed if changed and released.exists() else []
 
 
 class McpToolDefinition(models.Model):

@@ -2,9 +2,11 @@
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
-from registry.models import McpServer
-from registry.selectors import mcp_server_usable
+from registry.models import McpRemoteTool, McpServer, McpToolDefinition
+from registry.selectors import mcp_server_of, mcp_server_usable
+from registry.services import tools
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +119,44 @@ def test_an_http_server_s_url_carries_no_secret(client, publisher, acme):
         "variable that holds the secret in credential_ref instead."
     ]
     assert not McpServer.objects.exists()
+
+
+def test_a_server_a_published_tool_calls_keeps_its_name(client, publisher, acme, make_tool_version):
+    # given acme's server "projects", serving the tool a published version was made from
+    projects = server(tenant=acme)
+    definition = McpToolDefinition.objects.create(
+        server=projects,
+        remote_name="status",
+        definition_hash="a" * 64,
+        definition={"name": "status"},
+        proposed_risk="read",
+    )
+    McpRemoteTool.objects.create(
+        server=projects, remote_name="status", current=definition, last_seen_at=timezone.now()
+    )
+    status = make_tool_version(
+        name="status",
+        namespace="projects",
+        adapter_kind="mcp",
+        adapter_config={"server": "projects", "remote_name": "status", "definition_hash": "a" * 64},
+    )
+    tools.tool_version_publish(tool_version=status, actor=publisher)
+    form = server_form_as(client, publisher, acme) | {
+        "transport": "streamable_http",
+        "url": "http://127.0.0.1:8765/mcp",
+    }
+
+    # when its publisher renames the server
+    response = client.post(
+        reverse("admin:registry_mcpserver_change", args=[projects.pk]),
+        {**form, "name": "projects-old"},
+    )
+
+    # then the form refuses it, and the published version still calls its server
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["name"] == [
+        "Tool versions released from this server call it by its owner and name "
+        "(registry.selectors.mcp_server_of): they no longer change."
+    ]
+    assert mcp_server_of(status) == projects
+    assert McpServer.objects.get().name == "projects"
