@@ -16,13 +16,25 @@ from registry.services.common import audited_save, audited_unique_save, full_cle
 
 
 def skill_pins_check(tool_versions: Sequence[ToolVersion]) -> None:
-    """A skill version pins one version of each tool: a run's tools are known by name, and of
-    two versions of one tool, which one a run got would be left to the order of the rows."""
+    """A skill version pins one version of each tool, and one tool of each name: a run knows
+    its tools by name (the model calls `project_search`, whatever its namespace), and of two
+    pins of one name, which one a run got would be left to the order of the rows."""
     tool_ids = [tool_version.tool_id for tool_version in tool_versions]
     if len(set(tool_ids)) != len(tool_ids):
         raise ValidationFailed(
             "A skill version pins one version of each tool.",
             details={"tool_dependencies": ["The same tool is pinned twice."]},
+        )
+    names = [tool_version.tool.name for tool_version in tool_versions]
+    shared = sorted({name for name in names if names.count(name) > 1})
+    if shared:
+        raise ValidationFailed(
+            "A skill version pins one tool of each name: a run knows its tools by name.",
+            details={
+                "tool_dependencies": [
+                    f"Tools of two namespaces are named {', '.join(shared)}; pin one of them."
+                ]
+            },
         )
 
 

@@ -631,10 +631,27 @@ def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(client
     ]
 
 
-def test_add_skill_version_pinning_two_versions_of_one_tool_is_a_form_error(
-    client, publisher, world
+@pytest.mark.parametrize(
+    ("namespace", "error"),
+    [
+        (
+            "core",
+            "A skill version pins one version of each tool. tool_dependencies: The same "
+            "tool is pinned twice.",
+        ),
+        (
+            "crm",
+            "A skill version pins one tool of each name: a run knows its tools by name. "
+            "tool_dependencies: Tools of two namespaces are named project_search; pin one of them.",
+        ),
+    ],
+    ids=["one-tool", "one-name"],
+)
+def test_add_skill_version_pinning_two_tools_of_one_name_is_a_form_error(
+    client, publisher, make_tool_version, world, namespace, error
 ):
-    tools.tool_version_publish(tool_version=world.project_search_2, actor=publisher)
+    other = make_tool_version(version="2.1.0", namespace=namespace)
+    tools.tool_version_publish(tool_version=other, actor=publisher)
     client.force_login(publisher)
     content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
     data = {
@@ -649,17 +666,14 @@ def test_add_skill_version_pinning_two_versions_of_one_tool_is_a_form_error(
         "tool_dependencies-MIN_NUM_FORMS": "0",
         "tool_dependencies-MAX_NUM_FORMS": "1000",
         "tool_dependencies-0-tool_version": str(world.project_search_1.pk),
-        "tool_dependencies-1-tool_version": str(world.project_search_2.pk),
+        "tool_dependencies-1-tool_version": str(other.pk),
     }
 
     response = client.post("/admin/registry/skillversion/add/", data)
 
     assert response.status_code == 200
     [formset] = response.context["inline_admin_formsets"]
-    assert formset.formset.non_form_errors() == [
-        "A skill version pins one version of each tool. tool_dependencies: The same tool is "
-        "pinned twice."
-    ]
+    assert formset.formset.non_form_errors() == [error]
     assert not world.weekly_summary.versions.filter(version="3.3.0").exists()
 
 

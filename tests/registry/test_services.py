@@ -90,6 +90,21 @@ def test_a_draft_pinning_two_versions_of_one_tool_is_not_published(
     assert draft.skill.current_version is None
 
 
+def test_a_draft_pinning_two_tools_of_one_name_is_refused(
+    make_tool_version, make_skill_version, publisher
+):
+    core = _published(make_tool_version, publisher, "1.0.0")
+    crm = _published(make_tool_version, publisher, "1.0.0", namespace="crm")
+
+    with pytest.raises(ValidationFailed) as refused:
+        make_skill_version(tool_versions=[core, crm])
+
+    assert refused.value.details == {
+        "tool_dependencies": ["Tools of two namespaces are named project_search; pin one of them."]
+    }
+    assert not SkillVersion.objects.exists()
+
+
 def test_semver_must_grow_over_every_released_version(make_tool_version, publisher):
     _published(make_tool_version, publisher, "2.0.0")
     lower = make_tool_version(version="1.9.0")
