@@ -12,8 +12,8 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.core.exceptions import ValidationError
 from django.db.models import JSONField, Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
@@ -173,8 +173,9 @@ _IN_SOME_SCOPE = "_admin_in_some_scope"
 class SelectionKeysMixin:
     """An action on a selection that is not even a key of the model (`_selected_action=abc`)
     changes nothing and says so, as on an empty selection; Django filtered the rows by it and
-    failed with a server error. Every admin of the site uses it, Django's and third-party
-    ones included (registry/admin/site.py)."""
+    failed with a server error. So is a `_to_field` that names no field of the model. Every
+    admin of the site uses it, Django's and third-party ones included
+    (registry/admin/site.py)."""
 
     def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         key = self.model._meta.pk
@@ -189,6 +190,16 @@ class SelectionKeysMixin:
             )
             return None
         return super().response_action(request, queryset)
+
+    def to_field_allowed(self, request: HttpRequest, to_field: str) -> bool:
+        """A `_to_field` that names another model's relation to this one
+        (`/admin/auth/group/?_to_field=tenant`) is no field to refer by, refused as any
+        unknown one is; Django read it as a field and failed with a server error."""
+        try:
+            field = self.model._meta.get_field(to_field)
+        except FieldDoesNotExist:
+            return False
+        return field.concrete and super().to_field_allowed(request, to_field)
 
 
 class TenantScopedAdmin(SelectionKeysMixin, ScopedChoicesMixin, admin.ModelAdmin):

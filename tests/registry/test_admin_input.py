@@ -275,3 +275,21 @@ def test_a_schedule_the_beat_admins_refuse_is_a_form_error(
     assert response.status_code == 200
     assert field in response.context["adminform"].form.errors
     assert not (CrontabSchedule.objects.exists() or PeriodicTask.objects.exists())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/registry/tool/?_to_field=versions",
+        "/admin/registry/skillversion/?_popup=1&_to_field=tool_dependencies",
+        "/admin/registry/tenant/?_to_field=memberships",
+        "/admin/auth/group/?_popup=1&_to_field=tenant",
+        "/admin/django_celery_beat/periodictask/?_to_field=scheduled_task",
+    ],
+)
+def test_a_to_field_naming_a_relation_to_the_model_is_a_bad_request(client, platform_admin, path):
+    client.force_login(platform_admin)
+
+    response = client.get(path)
+
+    assert response.status_code == 400
