@@ -55,25 +55,33 @@ def api_as(username: str) -> APIClient:
     return client
 
 
+def shown_everywhere(run: Run, page: Client, api: APIClient) -> dict[str, str]:
+    """What a signed-in page client and an API client are shown of the run, by where."""
+    return {
+        "page": page.get(reverse("runs:detail", args=[run.pk])).content.decode(),
+        "export": page.get(reverse("runs:export", args=[run.pk])).content.decode(),
+        "stream": b"".join(
+            page.get(reverse("runs:stream", args=[run.pk])).streaming_content
+        ).decode(),
+        "api.run": api.get(f"/api/v1/runs/{run.pk}").content.decode(),
+        "api.runs": api.get("/api/v1/runs").content.decode(),
+        "api.events": api.get(f"/api/v1/runs/{run.pk}/events").content.decode(),
+        "api.stream": b"".join(
+            api.get(
+                f"/api/v1/runs/{run.pk}/stream", HTTP_ACCEPT="text/event-stream"
+            ).streaming_content
+        ).decode(),
+    }
+
+
 def test_a_sensitive_field_is_hidden_from_an_auditor_wherever_the_run_shows_it(
     demo_names_sensitive, client, settings
 ):
     settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
     run, _ = waiting_run(demo_names_sensitive)
     assert client.login(username="carol", password=DEMO_PASSWORD)
-    carol = api_as("carol")
 
-    shown = {
-        "page": client.get(reverse("runs:detail", args=[run.pk])).content.decode(),
-        "export": client.get(reverse("runs:export", args=[run.pk])).content.decode(),
-        "api.run": carol.get(f"/api/v1/runs/{run.pk}").content.decode(),
-        "api.events": carol.get(f"/api/v1/runs/{run.pk}/events").content.decode(),
-        "api.stream": b"".join(
-            carol.get(
-                f"/api/v1/runs/{run.pk}/stream", HTTP_ACCEPT="text/event-stream"
-            ).streaming_content
-        ).decode(),
-    }
+    shown = shown_everywhere(run, client, api_as("carol"))
 
     assert [where for where, text in shown.items() if NAME in text] == []
     record = json.loads(shown["export"])
@@ -134,32 +142,15 @@ def test_a_sensitive_value_the_model_wrote_into_text_is_masked_for_an_auditor_on
     model_server.reply(openai_completion(content=json.dumps(draft)))
     run, _ = waiting_run(demo)
 
-    def shown(page: Client, api: APIClient) -> dict[str, str]:
-        return {
-            "page": page.get(reverse("runs:detail", args=[run.pk])).content.decode(),
-            "export": page.get(reverse("runs:export", args=[run.pk])).content.decode(),
-            "stream": b"".join(
-                page.get(reverse("runs:stream", args=[run.pk])).streaming_content
-            ).decode(),
-            "api.run": api.get(f"/api/v1/runs/{run.pk}").content.decode(),
-            "api.runs": api.get("/api/v1/runs").content.decode(),
-            "api.events": api.get(f"/api/v1/runs/{run.pk}/events").content.decode(),
-            "api.stream": b"".join(
-                api.get(
-                    f"/api/v1/runs/{run.pk}/stream", HTTP_ACCEPT="text/event-stream"
-                ).streaming_content
-            ).decode(),
-        }
-
     # when the auditor without clearance reads the run anywhere, then the name is nowhere
     assert client.login(username="carol", password=DEMO_PASSWORD)
-    by_carol = shown(client, api_as("carol"))
+    by_carol = shown_everywhere(run, client, api_as("carol"))
     assert [where for where, text in by_carol.items() if NAME in text] == []
     assert "Dear [redacted], here is the week." in by_carol["export"]
     assert "Dear [redacted], here is the week." in by_carol["api.events"]
     # and a viewer with clearance, and the run's requester, still read it
     client.force_login(demo.admin)
-    by_admin = shown(client, api_as("admin"))
+    by_admin = shown_everywhere(run, client, api_as("admin"))
     assert [where for where, text in by_admin.items() if NAME not in text] == []
     own = api_as("alice")
     for url in (f"/api/v1/runs/{run.pk}/events", f"/api/v1/runs/{run.pk}/stream"):

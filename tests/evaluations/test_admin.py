@@ -174,17 +174,22 @@ def tenant_admin(acme):
     return user
 
 
-@pytest.fixture
-def gate(suite) -> EvalThreshold:
-    """acme's weekly-summary gate: every case of `suite` passes."""
+def weekly_summary_gate(suite, *, metric: str, comparator: str, value: float) -> EvalThreshold:
+    """A release gate of weekly-summary in `suite`'s tenant, measured on `suite`."""
     return EvalThreshold.objects.create(
         tenant=suite.tenant,
         skill_name="weekly-summary",
         suite=suite,
-        metric="case_pass_rate",
-        comparator=">=",
-        value=1.0,
+        metric=metric,
+        comparator=comparator,
+        value=value,
     )
+
+
+@pytest.fixture
+def gate(suite) -> EvalThreshold:
+    """acme's weekly-summary gate: every case of `suite` passes."""
+    return weekly_summary_gate(suite, metric="case_pass_rate", comparator=">=", value=1.0)
 
 
 def gate_form(gate: EvalThreshold, **overrides) -> dict:
@@ -253,14 +258,7 @@ def test_a_publisher_may_not_move_a_release_gate_to_another_suite_or_skill(
 
 
 def test_a_publisher_may_make_a_release_gate_stricter(client, publisher, suite):
-    gate = EvalThreshold.objects.create(
-        tenant=suite.tenant,
-        skill_name="weekly-summary",
-        suite=suite,
-        metric="injection_success_rate",
-        comparator="<=",
-        value=0.05,
-    )
+    gate = weekly_summary_gate(suite, metric="injection_success_rate", comparator="<=", value=0.05)
     client.force_login(publisher)
 
     response = client.post(threshold_change(gate), threshold_form(suite, value="0.01"))

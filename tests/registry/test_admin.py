@@ -604,24 +604,32 @@ def test_skill_version_publish_action_publishes(client, platform_admin, world):
     assert world.weekly_summary.current_version == world.weekly_summary_1_1
 
 
-def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(client, publisher, world):
-    client.force_login(publisher)
+def skill_version_added(world, pins: list) -> dict:
+    """The add form of weekly-summary@3.3.0, a draft pinning these tool versions."""
     content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
-    data = {
+    return {
         "skill": str(world.weekly_summary.pk),
         "version": "3.3.0",
         **{
             field: value if isinstance(value, str) else json.dumps(value)
             for field, value in content.items()
         },
-        "tool_dependencies-TOTAL_FORMS": "1",
+        "tool_dependencies-TOTAL_FORMS": str(len(pins)),
         "tool_dependencies-INITIAL_FORMS": "0",
         "tool_dependencies-MIN_NUM_FORMS": "0",
         "tool_dependencies-MAX_NUM_FORMS": "1000",
-        "tool_dependencies-0-tool_version": str(world.project_search_1.pk),
+        **{
+            f"tool_dependencies-{index}-tool_version": str(pin.pk) for index, pin in enumerate(pins)
+        },
     }
 
-    response = client.post("/admin/registry/skillversion/add/", data)
+
+def test_add_skill_version_with_a_pinned_tool_saves_the_draft_and_its_pin(client, publisher, world):
+    client.force_login(publisher)
+
+    response = client.post(
+        "/admin/registry/skillversion/add/", skill_version_added(world, [world.project_search_1])
+    )
 
     assert response.status_code == 302, response.context["adminform"].form.errors
     version = world.weekly_summary.versions.get(version="3.3.0")
@@ -653,23 +661,11 @@ def test_add_skill_version_pinning_two_tools_of_one_name_is_a_form_error(
     other = make_tool_version(version="2.1.0", namespace=namespace)
     tools.tool_version_publish(tool_version=other, actor=publisher)
     client.force_login(publisher)
-    content = skill_content(examples=[], instructions="Use the evidence.", workflow="")
-    data = {
-        "skill": str(world.weekly_summary.pk),
-        "version": "3.3.0",
-        **{
-            field: value if isinstance(value, str) else json.dumps(value)
-            for field, value in content.items()
-        },
-        "tool_dependencies-TOTAL_FORMS": "2",
-        "tool_dependencies-INITIAL_FORMS": "0",
-        "tool_dependencies-MIN_NUM_FORMS": "0",
-        "tool_dependencies-MAX_NUM_FORMS": "1000",
-        "tool_dependencies-0-tool_version": str(world.project_search_1.pk),
-        "tool_dependencies-1-tool_version": str(other.pk),
-    }
 
-    response = client.post("/admin/registry/skillversion/add/", data)
+    response = client.post(
+        "/admin/registry/skillversion/add/",
+        skill_version_added(world, [world.project_search_1, other]),
+    )
 
     assert response.status_code == 200
     [formset] = response.context["inline_admin_formsets"]
