@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 from django.conf import settings
 
-from config.secret_names import secret_key
+from config.secret_names import name_words, secret_key
+from runs.redaction import secrets_removed
 
 if TYPE_CHECKING:
     from registry.models import Tenant
@@ -67,3 +68,39 @@ def url_secret_refusal(url: str | None) -> str | None:
             "environment variable that holds the secret in credential_ref instead."
         )
     return None
+
+
+# The last word of an option that names where a secret is, not the secret: --token-file,
+# --password-env.
+_SECRET_ELSEWHERE = frozenset({"env", "file", "path", "var"})
+
+
+def args_secret_refusal(args: list[str]) -> str | None:
+    """Why a stdio server's arguments may not be stored (no reason for ones that may): an
+    argument that looks like a key or token (`sk-live-…`, `--api-key=sk-…`), or a value given
+    to an option named as a secret (`--password=…`, `--token ghp_…`), is the secret itself,
+    shown to whoever reads the row and its history. The error names the argument, never its
+    value."""
+    named = []
+    following = False  # whether the argument was read as the value of the option before it
+    for index, arg in enumerate(args):
+        if following:
+            following = False
+            continue
+        name, equals, value = arg.partition("=")
+        if not equals:
+            valued = index + 1 < len(args) and not args[index + 1].startswith("-")
+            name, value = (arg, args[index + 1]) if arg.startswith("-") and valued else ("", "")
+        option_holds_secret = (
+            bool(value) and secret_key(name) and name_words(name)[-1] not in _SECRET_ELSEWHERE
+        )
+        if option_holds_secret or any(secrets_removed(text) != text for text in (arg, value)):
+            named.append(name or f"#{index + 1}")
+            following = bool(value) and not equals
+    if not named:
+        return None
+    return (
+        f"The argument {', '.join(named)} looks like a credential; give the process the secret "
+        "in env instead, as VARIABLE: SECRET_REFERENCE, the host's environment variable that "
+        "holds it."
+    )

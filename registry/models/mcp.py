@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from config.credentials import credential_refusal, url_secret_refusal
+from config.credentials import args_secret_refusal, credential_refusal, url_secret_refusal
 from config.history import history_records
 from registry.choices import FROZEN_STATUSES, AdapterKind, Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
@@ -116,6 +116,8 @@ class McpServer(models.Model):
                 errors["command"] = "A stdio server needs the command that starts it."
             if not isinstance(self.args, list) or not all(isinstance(a, str) for a in self.args):
                 errors["args"] = "A list of strings."
+            elif refusal := args_secret_refusal(self.args):
+                errors["args"] = refusal
             if not isinstance(self.env, dict) or not all(
                 isinstance(value, str) and CREDENTIAL_REF_VALIDATOR.regex.match(value)
                 for value in self.env.values()

@@ -121,6 +121,51 @@ def test_an_http_server_s_url_carries_no_secret(client, publisher, acme):
     assert not McpServer.objects.exists()
 
 
+def test_a_stdio_server_s_arguments_carry_no_secret(client, platform_admin, acme):
+    # given a platform admin's add form of a platform-wide stdio server
+    form = server_form_as(client, platform_admin, acme) | {
+        "tenant": "",
+        "transport": "stdio",
+        "command": "/usr/bin/projects-mcp",
+    }
+    add = reverse("admin:registry_mcpserver_add")
+
+    # when its arguments hold a key, a password or a token, then only where the secret is
+    with_key = client.post(add, {**form, "args": '["serve", "--api-key=sk-live-4f9c2a7e1b3d5"]'})
+    with_password = client.post(add, {**form, "args": '["--password=hunter2"]'})
+    with_token = client.post(add, {**form, "args": '["--token", "ghp_4f9c2a7e1b3d5a6c"]'})
+    with_bare_key = client.post(add, {**form, "args": '["serve", "sk-live-4f9c2a7e1b3d5"]'})
+    accepted = client.post(
+        add,
+        {
+            **form,
+            "args": '["--token-file", "/run/secrets/projects", "--max-tokens", "100"]',
+            "env": '{"PROJECTS_TOKEN": "PROJECTS_TOKEN"}',
+        },
+    )
+
+    # then the arguments holding a secret are refused on the field, by name, not by value
+    pointer = (
+        "looks like a credential; give the process the secret in env instead, as VARIABLE: "
+        "SECRET_REFERENCE, the host's environment variable that holds it."
+    )
+    refused = (with_key, with_password, with_token, with_bare_key)
+    assert [response.status_code for response in refused] == [200, 200, 200, 200]
+    assert [response.context["adminform"].form.errors["args"] for response in refused] == [
+        [f"The argument --api-key {pointer}"],
+        [f"The argument --password {pointer}"],
+        [f"The argument --token {pointer}"],
+        [f"The argument #2 {pointer}"],
+    ]
+    assert accepted.status_code == 302
+    assert McpServer.objects.get().args == [
+        "--token-file",
+        "/run/secrets/projects",
+        "--max-tokens",
+        "100",
+    ]
+
+
 def test_a_server_a_published_tool_calls_keeps_its_name(client, publisher, acme, make_tool_version):
     # given acme's server "projects", serving the tool a published version was made from
     projects = server(tenant=acme)
