@@ -12,7 +12,8 @@ from config.credentials import credential_value
 from config.errors import PermissionDenied, ValidationFailed
 from evaluations.models import EvalSuite
 from registry.choices import Role
-from registry.models import ApiToken, Membership, ToolVersion
+from registry.models import ApiToken, Membership, RolloutFlag, ToolVersion
+from registry.services import skills
 from registry.services.common import registry_object_save
 from tests.conftest import _member
 from tests.registry.factories import UserFactory
@@ -228,3 +229,47 @@ def test_the_service_refuses_a_tenant_slug_change_by_anyone_but_a_platform_admin
     assert refused.value.details == {"fields": ["slug"]}
     acme.refresh_from_db()
     assert acme.slug == "acme"
+
+
+def test_a_tenant_admin_adds_a_rollout_key_another_tenant_uses_but_not_one_of_its_own(
+    client, tenant_admin, world, make_skill_version, globex_publisher
+):
+    # given acme's flag weekly-summary-canary, and globex's flag "globex-canary"
+    globex_version = skills.skill_version_publish(
+        skill_version=make_skill_version(tenant=world.globex, actor=globex_publisher),
+        actor=globex_publisher,
+    )
+    registry_object_save(
+        instance=RolloutFlag(
+            key="globex-canary",
+            skill=globex_version.skill,
+            skill_version=globex_version,
+            percentage=10,
+        ),
+        actor=globex_publisher,
+    )
+    client.force_login(tenant_admin)
+    form = {
+        "skill": world.weekly_summary.pk,
+        "skill_version": world.canary_flag.skill_version_id,
+        "percentage": 20,
+        "is_active": "on",
+    }
+    add = "/admin/registry/rolloutflag/add/"
+
+    # when acme's tenant admin adds a flag under each key
+    own = client.post(add, {**form, "key": "weekly-summary-canary"})
+    globex_s = client.post(add, {**form, "key": "globex-canary"})
+
+    # then acme's own key is refused on the field, and globex's is acme's to use too
+    assert own.status_code == 200
+    assert own.context["adminform"].form.errors["key"] == [
+        "This tenant already has a rollout flag with this key."
+    ]
+    assert globex_s.status_code == 302
+    assert sorted(RolloutFlag.objects.values_list("tenant__slug", "key", "percentage")) == [
+        ("acme", "globex-canary", 20),
+        ("acme", "weekly-summary-canary", 10),
+        ("acme", "weekly-summary-paused", 0),
+        ("globex", "globex-canary", 10),
+    ]

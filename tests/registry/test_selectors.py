@@ -10,11 +10,13 @@ from registry.selectors import (
     rollout_bucket,
     rollout_serves,
     skill_version_for_actor,
+    skill_versions_served,
     tool_version_resolve,
     tool_versions_visible,
     user_can,
 )
 from registry.services import skills, tools
+from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, membership_add
 from tests.registry.factories import UserFactory
 
@@ -85,6 +87,49 @@ def test_rollout_to_listed_tenants_only(two_skill_versions, acme, globex):
 
     assert skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id="a") == candidate
     assert skill_version_for_actor(skill=stable.skill, tenant=globex, actor_id="a") == stable
+
+
+def test_two_tenants_each_roll_out_under_one_key_and_each_run_gets_its_own(
+    make_skill_version, publisher, globex_publisher, platform_admin, acme, globex
+):
+    # given acme and globex, each with a stable and a candidate version of its own skill
+    def candidate_of(tenant, actor) -> tuple:
+        stable, candidate = (
+            skills.skill_version_publish(
+                skill_version=make_skill_version(version=version, tenant=tenant, actor=actor),
+                actor=actor,
+            )
+            for version in ("1.0.0", "1.1.0")
+        )
+        skills.skill_rollback(skill_version=stable, actor=actor)
+        stable.skill.refresh_from_db()
+        return stable.skill, candidate
+
+    acme_skill, acme_candidate = candidate_of(acme, publisher)
+    globex_skill, globex_candidate = candidate_of(globex, globex_publisher)
+
+    # when each rolls its candidate out to everyone under the same key
+    for skill, candidate in ((acme_skill, acme_candidate), (globex_skill, globex_candidate)):
+        registry_object_save(
+            instance=RolloutFlag(
+                key="canary", skill=skill, skill_version=candidate, percentage=100
+            ),
+            actor=platform_admin,
+        )
+
+    # then both flags exist, and each tenant's runs get only their own candidate
+    assert sorted(RolloutFlag.objects.values_list("tenant__slug", "key")) == [
+        ("acme", "canary"),
+        ("globex", "canary"),
+    ]
+    assert skill_version_for_actor(skill=acme_skill, tenant=acme, actor_id="a") == acme_candidate
+    assert (
+        skill_version_for_actor(skill=globex_skill, tenant=globex, actor_id="a") == globex_candidate
+    )
+    assert set(skill_versions_served(skills=[acme_skill], tenant=acme)) == {
+        acme_skill.current_version,
+        acme_candidate,
+    }
 
 
 def test_an_inactive_or_revoked_rollout_serves_current(two_skill_versions, acme, publisher):
