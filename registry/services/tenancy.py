@@ -3,7 +3,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import AbstractBaseUser, Group
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
@@ -18,13 +18,42 @@ from registry.services.common import audited_save, audited_unique_save, full_cle
 
 
 def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Tenant:
-    """A tenant with its own grant group for platform-wide tools and skills."""
+    """A tenant with its own grant group for platform-wide tools and skills.
+
+    The group is a new one: a group left with the name (by a tenant deleted, or renamed since)
+    keeps the grants it was given, and a new tenant is given none of them."""
+    tenant = Tenant(slug=slug, name=name)
+    full_clean_or_raise(tenant, exclude=["grant_group"])
+    group_name = grant_group_name(slug)
     with transaction.atomic():
-        group, _ = Group.objects.get_or_create(name=f"tenant:{slug}")
-        tenant = Tenant(slug=slug, name=name, grant_group=group)
-        full_clean_or_raise(tenant)
+        try:
+            with transaction.atomic():
+                tenant.grant_group = Group.objects.create(name=group_name)
+        except IntegrityError:
+            full_clean_or_raise(tenant, exclude=["grant_group"])
+            raise _grant_group_taken(slug) from None
         audited_unique_save(tenant, actor=actor, reason="created")
     return tenant
+
+
+def grant_group_name(slug: str) -> str:
+    return f"tenant:{slug}"
+
+
+def _grant_group_taken(slug: str) -> ValidationFailed:
+    group_name = grant_group_name(slug)
+    holder = Tenant.objects.filter(grant_group__name=group_name).first()
+    if holder is not None:
+        reason = (
+            f"The group {group_name} is the grant group of the tenant {holder.slug}, "
+            f"once named {slug}."
+        )
+    else:
+        reason = (
+            f"The group {group_name} exists already, left by a deleted tenant or made by hand, "
+            "with its grants. Delete it first, or choose another slug."
+        )
+    return ValidationFailed("The submitted values are not valid.", details={"slug": [reason]})
 
 
 def membership_add(

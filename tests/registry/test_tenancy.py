@@ -1,0 +1,78 @@
+import pytest
+from django.contrib.auth.models import Group
+
+from registry.errors import ValidationFailed
+from registry.models import Tenant, Tool
+from registry.selectors import definitions_visible
+from registry.services.tenancy import definition_grant, tenant_create
+
+
+@pytest.fixture
+def platform_tool(db):
+    return Tool.objects.create(tenant=None, name="web_fetch")
+
+
+def test_a_tenant_given_a_deleted_tenants_slug_inherits_none_of_its_grants(
+    platform_admin, platform_tool
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    initech.delete()
+
+    with pytest.raises(ValidationFailed) as refused:
+        tenant_create(actor=platform_admin, slug="initech", name="Initech again")
+
+    assert "tenant:initech" in refused.value.details["slug"][0]
+    assert "deleted tenant" in refused.value.details["slug"][0]
+    assert not Tenant.objects.filter(slug="initech").exists()
+
+
+def test_a_tenant_given_a_renamed_tenants_old_slug_is_refused_with_the_reason(
+    platform_admin, platform_tool
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    Tenant.objects.filter(pk=initech.pk).update(slug="initrode")
+
+    with pytest.raises(ValidationFailed) as refused:
+        tenant_create(actor=platform_admin, slug="initech", name="Initech again")
+
+    assert "tenant:initech" in refused.value.details["slug"][0]
+    assert "initrode" in refused.value.details["slug"][0]
+    initrode = Tenant.objects.get(slug="initrode")
+    assert list(definitions_visible(model=Tool, tenant=initrode)) == [platform_tool]
+
+
+def test_a_tenant_gets_a_grant_group_of_its_own(platform_admin, platform_tool):
+    Group.objects.create(name="tenant:initech")
+
+    with pytest.raises(ValidationFailed):
+        tenant_create(actor=platform_admin, slug="initech", name="Initech")
+
+    hooli = tenant_create(actor=platform_admin, slug="hooli", name="Hooli")
+    assert hooli.grant_group.name == "tenant:hooli"
+    assert list(definitions_visible(model=Tool, tenant=hooli)) == []
+
+
+def test_a_tenant_with_a_taken_slug_is_refused_for_its_slug(platform_admin, acme):
+    with pytest.raises(ValidationFailed) as refused:
+        tenant_create(actor=platform_admin, slug="acme", name="Acme again")
+
+    assert refused.value.details["slug"] == ["Tenant with this Slug already exists."]
+
+
+def test_the_admin_refuses_a_deleted_tenants_slug_on_the_slug_field(
+    client, platform_admin, platform_tool
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    initech.delete()
+    client.force_login(platform_admin)
+
+    response = client.post(
+        "/admin/registry/tenant/add/", {"slug": "initech", "name": "Initech", "is_active": "on"}
+    )
+
+    assert response.status_code == 200
+    assert "tenant:initech" in str(response.context["adminform"].form.errors["slug"])
+    assert not Tenant.objects.filter(slug="initech").exists()
