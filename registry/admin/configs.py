@@ -9,8 +9,9 @@ from evaluations.errors import ReleaseGateFailed
 from evaluations.gates import model_change_check
 from registry.admin.base import RegistryAdmin
 from registry.choices import Action
+from registry.errors import ValidationFailed
 from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag
-from registry.services.common import registry_object_save
+from registry.services.common import agent_skills_check, registry_object_save
 
 
 class ConfigAdmin(RegistryAdmin):
@@ -38,12 +39,18 @@ class ModelConfigAdmin(ConfigAdmin):
 
 
 class AgentConfigForm(forms.ModelForm):
-    """A move to another model that the release gates of the agent's skills, as submitted with
-    it, refuse is an error of the model field, shown with what was typed."""
+    """A skill the agent's tenant may not use is an error of the skills field; a move to another
+    model that the release gates of the agent's skills, as submitted with it, refuse is an error
+    of the model field; both shown with what was typed."""
 
     def _post_clean(self) -> None:
         super()._post_clean()
         if self.errors:
+            return
+        try:
+            agent_skills_check(agent_config=self.instance, skills=self.cleaned_data["skills"])
+        except ValidationFailed as refused:
+            self.add_error("skills", refused.details["skills"])
             return
         try:
             model_change_check(

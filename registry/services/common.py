@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from evaluations.gates import model_change_check
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import AgentConfig, Skill, Tenant
+from registry.selectors import tenant_has_grant
 
 
 def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
@@ -61,6 +62,8 @@ def registry_object_save(
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
     has when they are not given."""
     full_clean_or_raise(instance)
+    if isinstance(instance, AgentConfig) and skills is not None:
+        agent_skills_check(agent_config=instance, skills=skills)
     if isinstance(instance, AgentConfig):
         model_change_check(agent_config=instance, bound_skills=skills)
     if isinstance(instance, Tenant):
@@ -70,6 +73,21 @@ def registry_object_save(
         if skills is not None:
             instance.skills.set(skills)
     return instance
+
+
+def agent_skills_check(*, agent_config: AgentConfig, skills: QuerySet[Skill]) -> None:
+    """An agent is bound to skills of its tenant, and to platform-wide ones granted to it: a
+    run leaves out any other as not available."""
+    refused = []
+    for skill in skills.select_related("tenant").order_by("tenant__slug", "namespace", "name"):
+        if tenant_has_grant(tenant=agent_config.tenant, definition=skill):
+            continue
+        if skill.tenant_id is None:
+            refused.append(f"{skill} is not granted to {agent_config.tenant.slug}.")
+        else:
+            refused.append(f"{skill} belongs to another tenant.")
+    if refused:
+        raise ValidationFailed("The submitted values are not valid.", details={"skills": refused})
 
 
 # What only the platform's admins change on a tenant: its slug (credentials are granted by

@@ -5,10 +5,10 @@ import pytest
 from django.utils import timezone
 
 from registry.errors import ValidationFailed
-from registry.models import AgentConfig, ApiToken, ModelConfig, Policy, RolloutFlag
+from registry.models import AgentConfig, ApiToken, ModelConfig, Policy, RolloutFlag, Skill
 from registry.services import skills
 from registry.services.common import registry_object_save
-from registry.services.tenancy import api_token_issue, api_tokens_revoke
+from registry.services.tenancy import api_token_issue, api_tokens_revoke, definition_grant
 from tests.registry.factories import PASSWORD
 
 
@@ -211,3 +211,70 @@ def test_only_a_hash_of_the_token_is_stored(member, acme):
     stored = ApiToken.objects.filter(pk=token.pk).values().get()
     assert key not in {str(value) for value in stored.values()}
     assert token.prefix == key[:8]
+
+
+def test_an_agent_is_bound_only_to_its_tenants_skills_or_granted_platform_ones(
+    acme, globex, offline_model, platform_admin
+):
+    policy = Policy.objects.create(tenant=acme, name="default")
+    own = Skill.objects.create(tenant=acme, name="weekly-summary")
+    foreign = Skill.objects.create(tenant=globex, name="weekly-summary")
+    granted = Skill.objects.create(tenant=None, name="triage")
+    ungranted = Skill.objects.create(tenant=None, name="escalate")
+    definition_grant(actor=platform_admin, definition=granted, tenant=acme)
+    agent = AgentConfig(tenant=acme, name="reporter", model_config=offline_model, policy=policy)
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(
+            instance=agent,
+            actor=platform_admin,
+            skills=Skill.objects.filter(pk__in=[own.pk, foreign.pk, granted.pk, ungranted.pk]),
+        )
+
+    assert refused.value.details == {
+        "skills": [
+            "globex/core/weekly-summary belongs to another tenant.",
+            "platform/core/escalate is not granted to acme.",
+        ]
+    }
+    assert not AgentConfig.objects.exists()
+    registry_object_save(
+        instance=agent,
+        actor=platform_admin,
+        skills=Skill.objects.filter(pk__in=[own.pk, granted.pk]),
+    )
+    assert set(AgentConfig.objects.get().skills.all()) == {own, granted}
+
+
+def test_the_admin_refuses_another_tenants_skill_on_the_skills_field(
+    client, acme, globex, offline_model, platform_admin
+):
+    policy = Policy.objects.create(tenant=acme, name="default")
+    foreign = Skill.objects.create(tenant=globex, name="weekly-summary")
+    client.force_login(platform_admin)
+
+    response = client.post(
+        "/admin/registry/agentconfig/add/",
+        {
+            "tenant": acme.pk,
+            "name": "reporter",
+            "model_config": offline_model.pk,
+            "policy": policy.pk,
+            "skills": [foreign.pk],
+            "skill_assembly": "static",
+            "skill_min_score": "0.080",
+            "when_no_skill_matches": "answer",
+            "max_steps": 8,
+            "max_tool_calls": 16,
+            "max_seconds": 300,
+            "max_tokens": 60000,
+            "max_cost": "1.00",
+            "is_active": "on",
+        },
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["skills"] == [
+        "globex/core/weekly-summary belongs to another tenant."
+    ]
+    assert not AgentConfig.objects.exists()
