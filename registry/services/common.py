@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import QuerySet
@@ -72,7 +72,40 @@ def registry_object_save(
         audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)
+        if isinstance(instance, Tenant):
+            _grant_group_rename(instance)
     return instance
+
+
+def _grant_group_rename(tenant: Tenant) -> None:
+    """A renamed tenant's grant group takes the new slug's name, the one platform admins grant
+    to, and leaves the old one to a new tenant."""
+    name = grant_group_name(tenant.slug)
+    try:
+        with transaction.atomic():
+            Group.objects.filter(pk=tenant.grant_group_id).exclude(name=name).update(name=name)
+    except IntegrityError:
+        raise grant_group_taken(tenant.slug) from None
+
+
+def grant_group_name(slug: str) -> str:
+    return f"tenant:{slug}"
+
+
+def grant_group_taken(slug: str) -> ValidationFailed:
+    group_name = grant_group_name(slug)
+    holder = Tenant.objects.filter(grant_group__name=group_name).first()
+    if holder is not None:
+        reason = (
+            f"The group {group_name} is the grant group of the tenant {holder.slug}, "
+            f"once named {slug}."
+        )
+    else:
+        reason = (
+            f"The group {group_name} exists already, left by a deleted tenant or made by hand, "
+            "with its grants. Delete it first, or choose another slug."
+        )
+    return ValidationFailed("The submitted values are not valid.", details={"slug": [reason]})
 
 
 def agent_skills_check(*, agent_config: AgentConfig, skills: QuerySet[Skill]) -> None:

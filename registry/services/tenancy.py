@@ -14,7 +14,13 @@ from registry.models import ApiToken, Membership, Tenant
 from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key
 from registry.selectors import user_tenants
-from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
+from registry.services.common import (
+    audited_save,
+    audited_unique_save,
+    full_clean_or_raise,
+    grant_group_name,
+    grant_group_taken,
+)
 
 
 def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Tenant:
@@ -31,29 +37,9 @@ def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Te
                 tenant.grant_group = Group.objects.create(name=group_name)
         except IntegrityError:
             full_clean_or_raise(tenant, exclude=["grant_group"])
-            raise _grant_group_taken(slug) from None
+            raise grant_group_taken(slug) from None
         audited_unique_save(tenant, actor=actor, reason="created")
     return tenant
-
-
-def grant_group_name(slug: str) -> str:
-    return f"tenant:{slug}"
-
-
-def _grant_group_taken(slug: str) -> ValidationFailed:
-    group_name = grant_group_name(slug)
-    holder = Tenant.objects.filter(grant_group__name=group_name).first()
-    if holder is not None:
-        reason = (
-            f"The group {group_name} is the grant group of the tenant {holder.slug}, "
-            f"once named {slug}."
-        )
-    else:
-        reason = (
-            f"The group {group_name} exists already, left by a deleted tenant or made by hand, "
-            "with its grants. Delete it first, or choose another slug."
-        )
-    return ValidationFailed("The submitted values are not valid.", details={"slug": [reason]})
 
 
 def membership_add(

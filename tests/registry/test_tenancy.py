@@ -4,6 +4,7 @@ from django.contrib.auth.models import Group
 from registry.errors import ValidationFailed
 from registry.models import Tenant, Tool
 from registry.selectors import definitions_visible
+from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, tenant_create
 
 
@@ -76,3 +77,32 @@ def test_the_admin_refuses_a_deleted_tenants_slug_on_the_slug_field(
     assert response.status_code == 200
     assert "tenant:initech" in str(response.context["adminform"].form.errors["slug"])
     assert not Tenant.objects.filter(slug="initech").exists()
+
+
+def test_a_renamed_tenants_grant_group_follows_and_frees_the_old_slug(
+    platform_admin, platform_tool
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    initech.slug = "initrode"
+
+    registry_object_save(instance=initech, actor=platform_admin)
+    again = tenant_create(actor=platform_admin, slug="initech", name="Initech again")
+
+    assert Group.objects.get(tenant__slug="initrode").name == "tenant:initrode"
+    assert list(definitions_visible(model=Tool, tenant=initech)) == [platform_tool]
+    assert again.grant_group.name == "tenant:initech"
+    assert list(definitions_visible(model=Tool, tenant=again)) == []
+
+
+def test_a_tenant_is_not_renamed_to_a_slug_whose_group_name_is_taken(platform_admin):
+    Group.objects.create(name="tenant:initrode")
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    initech.slug = "initrode"
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=initech, actor=platform_admin)
+
+    assert "tenant:initrode" in refused.value.details["slug"][0]
+    assert Tenant.objects.get(pk=initech.pk).slug == "initech"
+    assert Group.objects.get(tenant=initech).name == "tenant:initech"
