@@ -1,7 +1,10 @@
 """Rate limits of the API and the sign-in pages: a sliding window kept in Redis (in
 production) and taken in one atomic step, so every web process counts the same requests and
 concurrent requests cannot slip through together; over the limit: 429 with Retry-After.
-Ingress is limited per actor and per tenant, password tries per client."""
+Ingress is limited per actor and per tenant, password tries per client. Only a request the view
+serves counts: OPTIONS (a browser's CORS preflight, a client learning what to send) and a method
+the view does not serve (405) do none of the work a limit guards, and must not spend a user's
+allowance or lock a client out of signing in."""
 
 from typing import ClassVar
 
@@ -12,13 +15,22 @@ from registry.models import ApiToken
 from runs.tools import limits
 
 
+def _served(request: Request, view) -> bool:
+    """Whether `view` answers the request with a handler of its own (a Django view of the
+    sign-in pages, given as None, decides which requests it counts)."""
+    if view is None:
+        return True
+    method = request.method.lower()
+    return method != "options" and method in view.http_method_names and hasattr(view, method)
+
+
 class _WindowThrottle(SimpleRateThrottle):
     retry_after: float | None = None
     # The window and the take of the request it let through.
     taken: tuple[str, str] | None = None
 
     def allow_request(self, request: Request, view) -> bool:
-        if self.rate is None:
+        if self.rate is None or not _served(request, view):
             return True
         ident = self.get_cache_key(request, view)
         if ident is None:

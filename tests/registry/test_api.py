@@ -240,6 +240,23 @@ def test_token_endpoint_is_throttled_with_retry_after(api, member, monkeypatch):
     assert 1 <= int(third["Retry-After"]) <= 60
 
 
+def test_asking_what_the_token_exchange_takes_uses_no_password_tries(api, member, monkeypatch):
+    # given a rate of two token requests a minute
+    monkeypatch.setattr(PasswordTries, "THROTTLE_RATES", {"auth_token": "2/min"})
+
+    # when a client (a browser's CORS preflight) asks what the exchange takes more often than
+    # that, and sends methods the exchange does not serve
+    described = [api.options(TOKEN_URL).status_code for _ in range(3)]
+    unserved = [api.generic(method, TOKEN_URL).status_code for method in ("HEAD", "GET", "PUT")]
+
+    # then it still has its two tries, and only those
+    credentials = {"username": "alice", "password": PASSWORD}
+    exchanges = [api.post(TOKEN_URL, credentials, format="json").status_code for _ in range(3)]
+    assert described == [200] * 3
+    assert unserved == [405] * 3
+    assert exchanges == [200, 200, 429]
+
+
 def test_a_forwarded_for_header_of_the_client_s_own_does_not_reset_the_throttle(
     api, member, monkeypatch
 ):

@@ -128,6 +128,21 @@ def test_a_request_the_tenants_rate_refuses_takes_nothing_from_the_actors_own(
     assert _post(frank, "f-6").status_code == 429
 
 
+@pytest.mark.parametrize("url", ["/api/v1/messages", "/api/v1/attachments"])
+def test_asking_what_ingress_takes_spends_none_of_the_rates(low_rates, alice, url):
+    # given alice at 2 messages a minute, in a tenant at 3
+    # when her client asks what an ingress endpoint takes (a CORS preflight) more often than
+    # that, and sends methods it does not serve
+    described = [alice.options(url).status_code for _ in range(4)]
+    unserved = [alice.generic(method, url).status_code for method in ("HEAD", "GET", "PUT")]
+
+    # then she still has her two messages, and only those
+    statuses = [_post(alice, f"key-{n}").status_code for n in range(3)]
+    assert described == [200] * 4
+    assert unserved == [405] * 3
+    assert statuses == [202, 202, 429]
+
+
 @pytest.fixture
 def private_root(settings, tmp_path):
     """Attachments go to a directory of this test, never into the repository."""
