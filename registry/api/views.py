@@ -11,7 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import BodiesDescribed, CommandSerializer
+from config.api import BodiesDescribed, BodyDescribed, CommandSerializer
 from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
@@ -30,18 +30,19 @@ from registry.services import skills, tenancy, tools
 from runs.api.throttles import PasswordTries
 
 
-class TokenView(APIView):
+class TokenView(BodyDescribed, APIView):
     """Exchange a username and password for a token acting in one tenant."""
 
     authentication_classes: ClassVar[list] = []
     permission_classes: ClassVar[list] = [AllowAny]
     throttle_classes: ClassVar[list] = [PasswordTries]
+    body_serializer = TokenRequestSerializer
 
     @extend_schema(
         tags=["auth"], request=TokenRequestSerializer, responses={200: TokenSerializer}, auth=[]
     )
     def post(self, request: Request) -> Response:
-        data = TokenRequestSerializer(data=request.data)
+        data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
         token, key = tenancy.api_token_issue(
             username=data.validated_data["username"],

@@ -16,7 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import BodiesDescribed, CommandSerializer
+from config.api import BodiesDescribed, BodyDescribed, CommandSerializer
 from registry.api.permissions import IsTenantMember
 from registry.authentication import token_usable
 from registry.choices import Action
@@ -47,8 +47,10 @@ IDEMPOTENCY_KEY_PATTERN = "^[!-~]{1,200}$"
 IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
-class MessageView(IngressThrottled, APIView):
+class MessageView(IngressThrottled, BodyDescribed, APIView):
     """A message in; a governed run out. The tenant and the actor come from the token."""
+
+    body_serializer = MessageSerializer
 
     @extend_schema(
         tags=["runs"],
@@ -71,7 +73,7 @@ class MessageView(IngressThrottled, APIView):
             raise IdempotencyKeyRequired(
                 "Send an Idempotency-Key header of 1-200 visible ASCII characters."
             )
-        data = MessageSerializer(data=request.data)
+        data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
         ingested = message_ingest(
             actor=request.user,
@@ -100,12 +102,13 @@ class CanStartRuns(BasePermission):
         )
 
 
-class AttachmentView(IngressThrottled, APIView):
+class AttachmentView(IngressThrottled, BodyDescribed, APIView):
     """A file in (multipart field `file`), checked and kept in private storage; messages refer
     to it by the returned id."""
 
     parser_classes = [MultiPartParser]
     permission_classes = [IsTenantMember, CanStartRuns]
+    body_serializer = AttachmentUploadSerializer
 
     @extend_schema(
         tags=["runs"],
@@ -116,7 +119,7 @@ class AttachmentView(IngressThrottled, APIView):
         responses={201: AttachmentSerializer},
     )
     def post(self, request: Request) -> Response:
-        data = AttachmentUploadSerializer(data=request.data)
+        data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = data.validated_data["file"]
         attachment = attachment_store(

@@ -8,7 +8,12 @@ import pytest
 from approvals.api.serializers import DecisionRequestSerializer, HandoffResolveSerializer
 from config.api import CommandSerializer
 from evaluations.api.serializers import EvalRunStartSerializer
-from runs.api.serializers import MemoryCreateSerializer
+from registry.api.serializers import TokenRequestSerializer
+from runs.api.serializers import (
+    AttachmentUploadSerializer,
+    MemoryCreateSerializer,
+    MessageSerializer,
+)
 
 SOME_ID = uuid.UUID(int=1)
 
@@ -22,6 +27,10 @@ SOME_ID = uuid.UUID(int=1)
         (f"/api/v1/handoffs/{SOME_ID}/resolve", HandoffResolveSerializer),
         ("/api/v1/evaluations/runs", EvalRunStartSerializer),
         (f"/api/v1/evaluations/runs/{SOME_ID}/cancel", CommandSerializer),
+        ("/api/v1/messages", MessageSerializer),
+        ("/api/v1/attachments", AttachmentUploadSerializer),
+        ("/api/v1/auth/token/", TokenRequestSerializer),
+        ("/api/v1/auth/token", TokenRequestSerializer),
     ],
 )
 def test_options_of_a_post_describes_the_body_it_reads(api, member, url, body):
