@@ -10,11 +10,12 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
 from evaluations.choices import EvalRunStatus
-from evaluations.errors import PermissionDenied, ReleaseGateFailed
+from evaluations.errors import PermissionDenied, ReleaseGateFailed, ValidationFailed
 from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion, Tenant
+from registry.models.configs import MODEL_IDENTITY_FIELDS
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import agent_skills_reachable, skill_versions_served, user_can
 
@@ -238,3 +239,50 @@ def model_change_check(
             + ".",
             details={"failures": failures},
         )
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def model_config_change_check(*, model_config: ModelConfig) -> None:
+    """A model config that agents use, or that eval runs measured with (the evidence of the
+    model-move gate), keeps calling the model it names: another provider, model name or base
+    URL (MODEL_IDENTITY_FIELDS) would move every agent on it to another model with no gate,
+    and make those runs evidence for a model they never asked. Another model is a new config,
+    which agents move to through `model_change_check`. Raises when such a field changes on a
+    config in use. The saved row stays locked until the caller's transaction ends: no agent
+    or eval run takes it up meanwhile."""
+    saved = ModelConfig.objects.select_for_update().filter(pk=model_config.pk).first()
+    if saved is None:
+        return
+    changed = [
+        field
+        for field in MODEL_IDENTITY_FIELDS
+        if getattr(saved, field) != getattr(model_config, field)
+    ]
+    if not changed:
+        return
+    uses = [
+        _counted(count, noun)
+        for count, noun in (
+            # An eval run's sandbox agent is counted as its eval run.
+            (saved.agent_configs.filter(tenant__sandbox_of__isnull=True).count(), "agent"),
+            (saved.eval_runs.count(), "eval run"),
+        )
+        if count
+    ]
+    if not uses:
+        return
+    raise ValidationFailed(
+        f"{saved.name} is used by {' and '.join(uses)}, so the model it calls cannot change: "
+        "create a new model config for the other model and move the agents to it, which "
+        "their release gates check.",
+        details={
+            field: [
+                "A model config in use keeps the model it calls: create a new model config "
+                "with this value and move the agents to it."
+            ]
+            for field in changed
+        },
+    )

@@ -16,6 +16,10 @@ CREDENTIAL_REF_VALIDATOR = RegexValidator(
 )
 
 
+# What names the model a config calls: another value of any of them is another model.
+MODEL_IDENTITY_FIELDS = ("provider", "model_name", "base_url")
+
+
 class ModelConfig(models.Model):
     """A model endpoint and its price. The credential is a reference resolved at call time."""
 

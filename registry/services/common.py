@@ -7,9 +7,9 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import QuerySet
 
-from evaluations.gates import model_change_check
+from evaluations.gates import model_change_check, model_config_change_check
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import AgentConfig, Skill, Tenant
+from registry.models import AgentConfig, ModelConfig, Skill, Tenant
 from registry.selectors import tenant_has_grant
 
 
@@ -60,7 +60,8 @@ def registry_object_save(
     """Validate and save a registry configuration row (model, agent, policy, rollout). An agent
     moves to another model only when the release gates of the skills it has after the save
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
-    has when they are not given."""
+    has when they are not given. A model config that agents or eval runs use keeps the model it
+    calls (`model_config_change_check`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
@@ -69,6 +70,8 @@ def registry_object_save(
     if isinstance(instance, Tenant):
         _tenant_change_check(tenant=instance, actor=actor)
     with transaction.atomic():
+        if isinstance(instance, ModelConfig):
+            model_config_change_check(model_config=instance)
         audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)

@@ -194,7 +194,10 @@ def test_a_model_config_edited_mid_run_is_not_asked_in_the_snapshots_name(demo, 
     assert run.capability["model"]["model"] == "fake-gpt"
     assert run_advance_step(run_id=str(run.pk), execution=Execution())
 
-    # when an admin points the same model config at another model before the first turn
+    # when, before the first turn, the agent moves to the offline planner and an admin points
+    # the model config it left, which nothing uses now, at another model
+    demo.agent.model_config = ModelConfig.objects.get(name="offline-planner")
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="offline again")
     config = ModelConfig.objects.get(pk=run.capability["model"]["id"])
     config.model_name = "fake-gpt-next"
     registry_object_save(instance=config, actor=demo.admin, reason="upgrade")

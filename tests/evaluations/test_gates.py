@@ -3,6 +3,7 @@ finished eval run of exactly that version (and model) meeting every threshold of
 
 import copy
 import threading
+from decimal import Decimal
 
 import pytest
 from django import forms
@@ -15,26 +16,33 @@ from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.gates import release_gate_check, skill_content_hash, suite_content_hash
 from evaluations.models import EvalRun, ReleaseOverride
 from evaluations.starter import suite_install
-from registry.choices import SkillAssembly, VersionStatus
-from registry.errors import VersionImmutable
-from registry.models import AgentConfig, RolloutFlag, SkillVersion
+from registry.choices import ModelProvider, SkillAssembly, VersionStatus
+from registry.errors import ValidationFailed, VersionImmutable
+from registry.models import AgentConfig, ModelConfig, RolloutFlag, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
 
 
-def admin_form_data(page: Client, agent: AgentConfig) -> dict:
-    """What the admin's change form of `agent` submits when saved as it is shown."""
-    form = page.get(f"/admin/registry/agentconfig/{agent.pk}/change/").context["adminform"].form
+def change_form_data(page: Client, row: AgentConfig | ModelConfig) -> dict:
+    """What the admin's change form of `row` submits when saved as it is shown."""
+    url = f"/admin/registry/{row._meta.model_name}/{row.pk}/change/"
+    form = page.get(url).context["adminform"].form
     data = {}
     for name, field in form.fields.items():
         value = form.initial.get(name)
         if isinstance(field, forms.BooleanField):
             data |= {name: "on"} if value else {}
         elif value is not None:
-            data[name] = field.widget.format_value(field.prepare_value(value))
-    return data | {"skills": [skill.pk for skill in agent.skills.all()]}
+            shown = field.widget.format_value(field.prepare_value(value))
+            data[name] = "" if shown is None else shown
+    return data
+
+
+def admin_form_data(page: Client, agent: AgentConfig) -> dict:
+    """What the admin's change form of `agent` submits when saved as it is shown."""
+    return change_form_data(page, agent) | {"skills": [skill.pk for skill in agent.skills.all()]}
 
 
 def publish_lite(demo, dave, **changes) -> SkillVersion:
@@ -312,6 +320,143 @@ def test_the_admin_moves_an_agent_whose_submitted_skills_meet_the_gate(demo, dav
     agent.refresh_from_db()
     assert agent.model_config == adversary
     assert list(agent.skills.all()) == [lite.skill]
+
+
+IN_USE_REFUSAL = "create a new model config for the other model and move the agents to it"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"model_name": "offline-deterministic-planner-2"},
+        {"provider": ModelProvider.ADVERSARIAL},
+        {"base_url": "https://llm.example/v1"},
+    ],
+    ids=["model_name", "provider", "base_url"],
+)
+def test_a_model_config_an_agent_uses_keeps_the_model_it_calls(demo, tiny, changes):
+    # given the agent on offline-planner, and weekly-summary's gate never met with another model
+    config = ModelConfig.objects.get(pk=demo.agent.model_config_id)
+    before = {field: getattr(config, field) for field in changes}
+
+    # when an admin points the config at another model
+    for field, value in changes.items():
+        setattr(config, field, value)
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=demo.admin, reason="another model")
+
+    # then it is refused on that field, and the agent still calls the model it did
+    assert "offline-planner is used by 1 agent" in refused.value.message
+    assert IN_USE_REFUSAL in refused.value.message
+    assert list(refused.value.details) == list(changes)
+    config.refresh_from_db()
+    assert {field: getattr(config, field) for field in changes} == before
+
+
+def test_the_evidence_of_one_model_is_not_moved_to_another_with_its_config(
+    evaluate, demo, tiny, adversary
+):
+    # given weekly-summary's gate met with the adversary, which no agent uses
+    assert evaluate(tiny, model_config=adversary).metrics["case_pass_rate"] == 1.0
+    assert not AgentConfig.objects.filter(model_config=adversary, tenant=demo.acme).exists()
+
+    # when an admin points the adversary's config at another model
+    adversary.provider, adversary.model_name = ModelProvider.OFFLINE, "another-model"
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=adversary, actor=demo.admin, reason="another model")
+
+    # then it is refused: the eval run measured the adversary, not that model
+    assert "adversary is used by 1 eval run" in refused.value.message
+    assert sorted(refused.value.details) == ["model_name", "provider"]
+    adversary.refresh_from_db()
+    assert (adversary.provider, adversary.model_name) == (
+        ModelProvider.ADVERSARIAL,
+        "adversarial-planner",
+    )
+
+
+def test_a_model_config_nothing_uses_may_call_another_model(demo, adversary):
+    adversary.provider, adversary.model_name = ModelProvider.OFFLINE, "another-model"
+    adversary.base_url = "https://llm.example/v1"
+
+    registry_object_save(instance=adversary, actor=demo.admin, reason="another model")
+
+    adversary.refresh_from_db()
+    assert (adversary.provider, adversary.model_name, adversary.base_url) == (
+        ModelProvider.OFFLINE,
+        "another-model",
+        "https://llm.example/v1",
+    )
+
+
+def test_what_does_not_change_the_model_stays_editable_on_a_config_in_use(demo, settings):
+    # given offline-planner, which the agent uses
+    settings.TENANT_CREDENTIALS = {}
+    config = ModelConfig.objects.get(pk=demo.agent.model_config_id)
+
+    # when an admin renames it, reprices it, gives it a timeout and a credential, switches it off
+    config.name = "offline-planner-renamed"
+    config.price_per_1k_input, config.price_per_1k_output = Decimal("0.5"), Decimal("1.5")
+    config.parameters = {"timeout_s": 30, "temperature": 0.2}
+    config.credential_ref = "OFFLINE_PLANNER_KEY"
+    config.is_active = False
+    registry_object_save(instance=config, actor=demo.admin, reason="tuned")
+
+    # then all of it is saved
+    config.refresh_from_db()
+    assert (config.name, config.price_per_1k_input, config.price_per_1k_output) == (
+        "offline-planner-renamed",
+        Decimal("0.5"),
+        Decimal("1.5"),
+    )
+    assert config.parameters == {"timeout_s": 30, "temperature": 0.2}
+    assert (config.credential_ref, config.is_active) == ("OFFLINE_PLANNER_KEY", False)
+
+
+def test_the_admin_shows_a_refused_model_change_on_the_form_with_what_was_typed(demo, tiny):
+    page = Client()
+    page.force_login(demo.admin)
+    config = ModelConfig.objects.get(pk=demo.agent.model_config_id)
+    data = change_form_data(page, config) | {
+        "model_name": "another-model",
+        "price_per_1k_input": "0.25",
+    }
+
+    response = page.post(f"/admin/registry/modelconfig/{config.pk}/change/", data)
+
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert "create a new model config with this value" in form.errors["model_name"][0]
+    assert IN_USE_REFUSAL in form.non_field_errors()[0]
+    assert form["model_name"].value() == "another-model"
+    config.refresh_from_db()
+    assert (config.model_name, config.price_per_1k_input) == (
+        "offline-deterministic-planner",
+        Decimal("0"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("in_use", "field", "typed", "saved"),
+    [
+        (True, "price_per_1k_input", "0.25", Decimal("0.25")),
+        (False, "model_name", "another-model", "another-model"),
+    ],
+    ids=["in-use-price", "unused-model"],
+)
+def test_the_admin_saves_a_model_config_change_that_moves_no_agent(
+    demo, adversary, in_use, field, typed, saved
+):
+    page = Client()
+    page.force_login(demo.admin)
+    config = ModelConfig.objects.get(pk=demo.agent.model_config_id) if in_use else adversary
+    data = change_form_data(page, config) | {field: typed}
+
+    response = page.post(f"/admin/registry/modelconfig/{config.pk}/change/", data)
+
+    assert response.status_code == 302
+    config.refresh_from_db()
+    assert getattr(config, field) == saved
 
 
 @pytest.mark.django_db(transaction=True)

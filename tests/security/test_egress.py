@@ -160,11 +160,17 @@ def test_a_name_with_any_denied_address_is_refused(report_service, monkeypatch, 
 def test_a_model_provider_is_called_only_at_the_address_checked(
     demo, fake_model, rebinding, provider
 ):
-    # given a provider whose name answers an allowed address first, then a denied one
+    # given the agent moved to a model config of the provider by a name that answers an
+    # allowed address first, then a denied one
     fake = fake_model(provider)
     config = demo.agent.model_config
+    config.pk, config._state.adding = None, True
+    config.name = f"{config.name}-by-name"
     config.base_url = config.base_url.replace(DENIED, REBINDING_HOST)
-    registry_object_save(instance=config, actor=demo.admin, reason="provider by name")
+    demo.agent.model_config = registry_object_save(
+        instance=config, actor=demo.admin, reason="provider by name"
+    )
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="provider by name")
     run = demo_run(demo, project_id="apollo")
 
     # then the turn went to the allowed address it checked, where nothing answers (a failure
