@@ -11,7 +11,7 @@ from registry.admin.base import RegistryAdmin, TenantScopedAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
 from registry.services.common import TENANT_PLATFORM_FIELDS, registry_object_save
-from registry.services.tenancy import api_tokens_revoke, tenant_create
+from registry.services.tenancy import api_tokens_revoke, tenant_create, tenants_delete
 
 
 class UsernameField(forms.ModelChoiceField):
@@ -52,6 +52,12 @@ class TenantAdmin(RegistryAdmin):
         created = tenant_create(actor=request.user, slug=obj.slug, name=obj.name)
         obj.pk, obj.grant_group = created.pk, created.grant_group
         obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: Tenant) -> None:
+        tenants_delete(actor=request.user, tenants=Tenant.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Tenant]) -> None:
+        tenants_delete(actor=request.user, tenants=queryset)
 
 
 @admin.register(Membership)

@@ -42,6 +42,23 @@ def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Te
     return tenant
 
 
+def tenants_delete(*, actor: AbstractBaseUser, tenants: QuerySet[Tenant]) -> int:
+    """Delete tenants with their grant groups. A group serves only its tenant: left behind,
+    it would keep the grants the tenant was given and hold the name a new tenant of the slug
+    needs. Returns how many tenants were deleted."""
+    if not actor.is_superuser:
+        raise PermissionDenied("Only platform admins delete tenants.")
+    deleted = 0
+    with transaction.atomic():
+        for tenant in tenants.order_by("pk").select_for_update():
+            tenant._history_user = actor
+            tenant._change_reason = "deleted"
+            tenant.delete()
+            Group.objects.filter(pk=tenant.grant_group_id).delete()
+            deleted += 1
+    return deleted
+
+
 def membership_add(
     *, actor: AbstractBaseUser | None, user: AbstractBaseUser, tenant: Tenant, role: Role | str
 ) -> Membership:

@@ -106,3 +106,39 @@ def test_a_tenant_is_not_renamed_to_a_slug_whose_group_name_is_taken(platform_ad
     assert "tenant:initrode" in refused.value.details["slug"][0]
     assert Tenant.objects.get(pk=initech.pk).slug == "initech"
     assert Group.objects.get(tenant=initech).name == "tenant:initech"
+
+
+def test_a_tenant_deleted_in_the_admin_leaves_its_slug_to_a_new_tenant(
+    client, platform_admin, platform_tool
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    client.force_login(platform_admin)
+
+    response = client.post(f"/admin/registry/tenant/{initech.pk}/delete/", {"post": "yes"})
+    again = tenant_create(actor=platform_admin, slug="initech", name="Initech again")
+
+    assert response.status_code == 302
+    assert not Group.objects.filter(pk=initech.grant_group_id).exists()
+    assert again.grant_group.name == "tenant:initech"
+    assert list(definitions_visible(model=Tool, tenant=again)) == []
+
+
+def test_tenants_deleted_from_the_admin_list_take_their_grant_groups_with_them(
+    client, platform_admin, platform_tool, acme
+):
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    hooli = tenant_create(actor=platform_admin, slug="hooli", name="Hooli")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    client.force_login(platform_admin)
+
+    response = client.post(
+        "/admin/registry/tenant/",
+        {"action": "delete_selected", "_selected_action": [initech.pk, hooli.pk], "post": "yes"},
+    )
+
+    assert response.status_code == 302
+    assert list(Tenant.objects.values_list("slug", flat=True)) == ["acme"]
+    assert not Group.objects.filter(name__in=["tenant:initech", "tenant:hooli"]).exists()
+    assert Group.objects.filter(pk=acme.grant_group_id).exists()
+    assert tenant_create(actor=platform_admin, slug="hooli", name="Hooli").pk != hooli.pk
