@@ -1,4 +1,7 @@
+import importlib
+
 import pytest
+from django.apps import apps
 from django.contrib.auth.models import Group
 
 from registry.errors import ValidationFailed
@@ -6,6 +9,8 @@ from registry.models import Tenant, Tool
 from registry.selectors import definitions_visible
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, tenant_create
+
+GRANT_GROUPS_NAMED = importlib.import_module("registry.migrations.0013_grant_groups_named_by_slug")
 
 
 @pytest.fixture
@@ -142,3 +147,36 @@ def test_tenants_deleted_from_the_admin_list_take_their_grant_groups_with_them(
     assert not Group.objects.filter(name__in=["tenant:initech", "tenant:hooli"]).exists()
     assert Group.objects.filter(pk=acme.grant_group_id).exists()
     assert tenant_create(actor=platform_admin, slug="hooli", name="Hooli").pk != hooli.pk
+
+
+def test_the_migration_names_the_grant_groups_of_tenants_renamed_before_by_their_slugs(
+    platform_admin, platform_tool, acme, globex
+):
+    # given tenants renamed as before their groups were renamed with them: initech to
+    # initrode, acme and globex to each other's slug, hooli to a slug whose group name a
+    # group made by hand holds
+    initech = tenant_create(actor=platform_admin, slug="initech", name="Initech")
+    hooli = tenant_create(actor=platform_admin, slug="hooli", name="Hooli")
+    definition_grant(actor=platform_admin, definition=platform_tool, tenant=initech)
+    by_hand = Group.objects.create(name="tenant:pied-piper")
+    Tenant.objects.filter(pk=initech.pk).update(slug="initrode")
+    Tenant.objects.filter(pk=acme.pk).update(slug="swapping")
+    Tenant.objects.filter(pk=globex.pk).update(slug="acme")
+    Tenant.objects.filter(pk=acme.pk).update(slug="globex")
+    Tenant.objects.filter(pk=hooli.pk).update(slug="pied-piper")
+
+    # when the migration runs
+    GRANT_GROUPS_NAMED.grant_groups_named_by_slug(apps, None)
+
+    # then each group is named by its tenant's slug, but for the one whose name is taken
+    groups = dict(Tenant.objects.values_list("slug", "grant_group__name"))
+    assert groups == {
+        "acme": "tenant:acme",
+        "globex": "tenant:globex",
+        "initrode": "tenant:initrode",
+        "pied-piper": "tenant:hooli",
+    }
+    assert Group.objects.get(tenant__slug="acme").pk == globex.grant_group_id
+    assert Group.objects.get(pk=by_hand.pk).name == "tenant:pied-piper"
+    initrode = Tenant.objects.get(slug="initrode")
+    assert list(definitions_visible(model=Tool, tenant=initrode)) == [platform_tool]
