@@ -3,6 +3,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.db import models
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from evaluations.errors import ReleaseGateFailed
@@ -10,7 +11,8 @@ from evaluations.gates import model_change_check
 from registry.admin.base import RegistryAdmin
 from registry.choices import Action
 from registry.errors import ValidationFailed
-from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag
+from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag, Skill
+from registry.selectors import definitions_visible
 from registry.services.common import agent_skills_check, registry_object_save
 
 
@@ -41,10 +43,30 @@ class ModelConfigAdmin(ConfigAdmin):
 class AgentConfigForm(forms.ModelForm):
     """A skill the agent's tenant may not use is an error of the skills field; a move to another
     model that the release gates of the agent's skills, as submitted with it, refuse is an error
-    of the model field; both shown with what was typed."""
+    of the model field; both shown with what was typed.
+
+    Once the agent's tenant is known (an agent's page, a form drawn again), the skills offered
+    are those the tenant may use, and those chosen: a skill chosen that the tenant may not use
+    stays in view with its error, and is still refused by the check, with its reason."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.is_bound and self.instance.tenant_id is not None:
+            self._offer_skills(self.instance.skills.all())
+
+    def _offer_skills(self, chosen: QuerySet[Skill]) -> None:
+        field = self.fields.get("skills")
+        if field is None:
+            return
+        usable = definitions_visible(model=Skill, tenant=self.instance.tenant)
+        field.queryset = field.queryset.filter(
+            Q(pk__in=usable.values("pk")) | Q(pk__in=chosen.values("pk"))
+        )
 
     def _post_clean(self) -> None:
         super()._post_clean()
+        if self.instance.tenant_id is not None:
+            self._offer_skills(self.cleaned_data.get("skills", Skill.objects.none()))
         if self.errors:
             return
         try:

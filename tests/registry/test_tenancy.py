@@ -1,11 +1,12 @@
 import importlib
+from types import SimpleNamespace
 
 import pytest
 from django.apps import apps
 from django.contrib.auth.models import Group
 
 from registry.errors import ValidationFailed
-from registry.models import Tenant, Tool
+from registry.models import AgentConfig, ModelConfig, Policy, Skill, Tenant, Tool
 from registry.selectors import definitions_visible
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, tenant_create
@@ -180,3 +181,84 @@ def test_the_migration_names_the_grant_groups_of_tenants_renamed_before_by_their
     assert Group.objects.get(pk=by_hand.pk).name == "tenant:pied-piper"
     initrode = Tenant.objects.get(slug="initrode")
     assert list(definitions_visible(model=Tool, tenant=initrode)) == [platform_tool]
+
+
+@pytest.fixture
+def acme_skills(acme, globex, platform_admin):
+    """acme's own skill, a platform skill granted to acme, one granted to globex only, and
+    globex's own."""
+    own = Skill.objects.create(tenant=acme, name="weekly-summary")
+    granted = Skill.objects.create(tenant=None, name="triage")
+    ungranted = Skill.objects.create(tenant=None, name="escalate")
+    foreign = Skill.objects.create(tenant=globex, name="weekly-summary")
+    definition_grant(actor=platform_admin, definition=granted, tenant=acme)
+    definition_grant(actor=platform_admin, definition=ungranted, tenant=globex)
+    return SimpleNamespace(own=own, granted=granted, ungranted=ungranted, foreign=foreign)
+
+
+def _offered_skills(response) -> set[str]:
+    field = response.context["adminform"].form.fields["skills"]
+    return {label for _, label in field.widget.choices}
+
+
+def test_an_agents_page_offers_the_skills_its_tenant_may_use(
+    client, acme, platform_admin, acme_skills
+):
+    policy = Policy.objects.create(tenant=acme, name="default")
+    model = ModelConfig.objects.create(name="offline", provider="offline", model_name="planner")
+    agent = AgentConfig.objects.create(
+        tenant=acme, name="reporter", model_config=model, policy=policy
+    )
+    withdrawn = Skill.objects.create(tenant=None, name="archive")
+    definition_grant(actor=platform_admin, definition=withdrawn, tenant=acme)
+    agent.skills.add(withdrawn)
+    definition_grant(actor=platform_admin, definition=withdrawn, tenant=acme, granted=False)
+    client.force_login(platform_admin)
+
+    response = client.get(f"/admin/registry/agentconfig/{agent.pk}/change/")
+
+    assert response.status_code == 200
+    assert _offered_skills(response) == {
+        "acme/core/weekly-summary",
+        "platform/core/triage",
+        "platform/core/archive",
+    }
+
+
+def test_an_agent_form_drawn_again_offers_the_skills_of_the_tenant_chosen(
+    client, acme, platform_admin, acme_skills
+):
+    policy = Policy.objects.create(tenant=acme, name="default")
+    model = ModelConfig.objects.create(name="offline", provider="offline", model_name="planner")
+    client.force_login(platform_admin)
+
+    response = client.post(
+        "/admin/registry/agentconfig/add/",
+        {
+            "tenant": acme.pk,
+            "name": "reporter",
+            "model_config": model.pk,
+            "policy": policy.pk,
+            "skills": [acme_skills.own.pk, acme_skills.ungranted.pk],
+            "skill_assembly": "static",
+            "skill_min_score": "0.080",
+            "when_no_skill_matches": "answer",
+            "max_steps": 8,
+            "max_tool_calls": 16,
+            "max_seconds": 300,
+            "max_tokens": 60000,
+            "max_cost": "1.00",
+            "is_active": "on",
+        },
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["skills"] == [
+        "platform/core/escalate is not granted to acme."
+    ]
+    assert _offered_skills(response) == {
+        "acme/core/weekly-summary",
+        "platform/core/triage",
+        "platform/core/escalate",
+    }
+    assert not AgentConfig.objects.exists()
