@@ -9,7 +9,9 @@ returned under those fields masked where it was copied into text (a name in a dr
 
 import binascii
 import functools
+import html.entities
 import re
+import unicodedata
 from typing import Any
 
 from config.secret_names import cached_by_name, name_words, secret_key
@@ -271,16 +273,87 @@ def sensitive_texts(value: Any) -> set[str]:
     return {text} if len(text) >= HIDDEN_TEXT_MIN_CHARS else set()
 
 
+# Where text holds a character escaped rather than as itself: JSON's escapes (\u00eb, \",
+# \/; escaped once or more, as JSON text inside JSON text is) and HTML's character references
+# (&euml;, &#235;, &#xeb;).
+_JSON_BACKSLASHED = frozenset('"/\\')
+# Whitespace between the words of a text, as itself or escaped so.
+_SPACE = (
+    r"(?:\s|\\+[nrt]|\\+u(?:0020|00a0|2002|2009|202f|3000)"
+    r"|&(?:nbsp|ensp|thinsp|#0*(?:32|160)|#x0*(?:20|a0));)+"
+)
+# Where a word starts: after no letter, digit or _, or after an escaped whitespace; and where
+# it ends: before none, nor before a combining mark (an accent written apart from its letter).
+_WORD_START = r"(?:(?<!\w)|(?<=\\[nrt])|(?<=\\u(?:0020|00a0|2002|2009|202f|3000)))"
+_WORD_END = r"(?![\w\u0300-\u036f])"
+
+
+@functools.cache
+def _html_names() -> dict[str, tuple[str, ...]]:
+    """By character: the names HTML5 gives it (euml; and euml for ë)."""
+    names: dict[str, list[str]] = {}
+    for name, char in html.entities.html5.items():
+        if len(char) == 1:
+            names.setdefault(char, []).append(name)
+    return {char: tuple(found) for char, found in names.items()}
+
+
+@functools.cache
+def _char_pattern(char: str) -> str:
+    """`char` as text may hold it: an ASCII letter or digit as itself only; any other also
+    JSON-escaped and as an HTML character reference, in either case, and a composed letter
+    (ë) as its canonical decomposition too (e and a combining diaeresis), each part in any of
+    these forms."""
+    if char.isascii() and char.isalnum():
+        return re.escape(char)
+    forms = {re.escape(char)}
+    for variant in {char, char.lower(), char.upper()}:
+        if len(variant) != 1:
+            continue
+        code = ord(variant)
+        if code > 0xFFFF:
+            high, low = divmod(code - 0x10000, 0x400)
+            forms.add(rf"\\+u{0xD800 + high:04x}\\+u{0xDC00 + low:04x}")
+        else:
+            forms.add(rf"\\+u{code:04x}")
+        forms |= {rf"&#0*{code};", rf"&#x0*{code:x};"}
+        forms |= {re.escape(f"&{name}") for name in _html_names().get(variant, ())}
+    if char in _JSON_BACKSLASHED:
+        forms.add(r"\\+" + re.escape(char))
+    decomposed = unicodedata.normalize("NFD", char)
+    if decomposed != char:
+        forms.add("".join(map(_char_pattern, decomposed)))
+    return f"(?:{'|'.join(sorted(forms, key=lambda form: (-len(form), form)))})"
+
+
 @functools.lru_cache(maxsize=256)
 def _texts_pattern(texts: frozenset[str]) -> re.Pattern | None:
     """Any of `texts` as a whole word (no letter, digit or _ on either side), in any case and
     with any run of whitespace between its words; the longest first, so that where both
-    "Li Wei" and "Li Wei Chen" are sensitive the longer is masked whole."""
-    ordered = sorted(texts, key=lambda text: (-len(text), text))
-    alternatives = [r"\s+".join(map(re.escape, text.split())) for text in ordered if text.strip()]
+    "Li Wei" and "Li Wei Chen" are sensitive the longer is masked whole. A text is found in
+    either Unicode normal form (NFC, NFD) and however its characters beyond ASCII letters
+    and digits are written in JSON or HTML text (`_char_pattern`): "Zoë" in a draft the model
+    wrote as JSON with "Zo\\u00eb", or as HTML with "Zo&euml;"."""
+    ordered = sorted(
+        {unicodedata.normalize("NFC", text.strip()) for text in texts if text.strip()},
+        key=lambda text: (-len(text), text),
+    )
+    alternatives = [
+        _SPACE.join("".join(map(_char_pattern, word)) for word in text.split()) for text in ordered
+    ]
     if not alternatives:
         return None
-    return re.compile(rf"(?<!\w)(?:{'|'.join(alternatives)})(?!\w)", re.IGNORECASE)
+    # The characters a match can start with, looked for first: most places in text start none.
+    starts = {
+        form for text in ordered for form in (text[0], unicodedata.normalize("NFD", text[0])[0])
+    }
+    if not all(char.isascii() and char.isalnum() for char in starts):
+        starts |= {"\\", "&"}
+    return re.compile(
+        rf"(?=[{''.join(map(re.escape, sorted(starts)))}]){_WORD_START}"
+        rf"(?:{'|'.join(alternatives)}){_WORD_END}",
+        re.IGNORECASE,
+    )
 
 
 def texts_masked(text: str, texts: frozenset[str]) -> str:

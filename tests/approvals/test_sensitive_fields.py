@@ -3,8 +3,11 @@
 (the recipient in the result, the action, the events), on the page, in the export, in the API
 and in the stream. Its requester sees it."""
 
+import html
 import io
 import json
+import re
+import unicodedata
 
 import pytest
 from django.core.management import call_command
@@ -12,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from examples.models import DirectoryRecord
 from registry.choices import ModelProvider
 from registry.demo import DEMO_PASSWORD
 from registry.models import ModelConfig
@@ -184,3 +188,65 @@ def test_a_stream_that_began_before_the_tools_answered_masks_what_the_model_copi
     shown = json.dumps([shape(event) for event in events], ensure_ascii=False)
     assert "Dear [redacted], here is the week." in shown
     assert NAME not in shown
+
+
+ACCENTED = "Zoë Brandt"
+READ = ACCENTED.casefold()
+
+
+def revealed(text: str) -> str:
+    """`text` as a reader takes it in: JSON's \\u escapes and HTML's character references
+    read (as often as they were applied: a page escapes the HTML a draft holds), in one
+    Unicode normal form (NFC) and one case."""
+    while True:
+        read = html.unescape(
+            re.sub(r"\\+u([0-9a-fA-F]{4})", lambda match: chr(int(match.group(1), 16)), text)
+        )
+        if read == text:
+            return unicodedata.normalize("NFC", text).casefold()
+        text = read
+
+
+@pytest.mark.parametrize(
+    ("written", "content"),
+    [
+        # a model that answers JSON with every letter beyond ASCII escaped: "Zo\u00eb"
+        (ACCENTED, lambda draft: json.dumps(draft)),
+        # the same letter as "e" and a combining diaeresis (NFD)
+        (unicodedata.normalize("NFD", ACCENTED), lambda draft: json.dumps(draft)),
+        (
+            unicodedata.normalize("NFD", ACCENTED),
+            lambda draft: json.dumps(draft, ensure_ascii=False),
+        ),
+        # an HTML body: "Zo&euml; Brandt", "Zo&#235; Brandt"
+        ("Zo&euml; Brandt", lambda draft: json.dumps(draft, ensure_ascii=False)),
+        ("ZO&#xCB; brandt", lambda draft: json.dumps(draft, ensure_ascii=False)),
+    ],
+    ids=["json-escaped", "nfd-json-escaped", "nfd", "html-named", "html-numeric"],
+)
+def test_a_sensitive_value_beyond_ascii_is_masked_in_any_form_the_model_wrote_it(
+    demo_names_sensitive, model_server, monkeypatch, client, settings, written, content
+):
+    # given a directory that returns a name with a letter beyond ASCII, under the sensitive
+    # field, and a model that writes it into its draft escaped or in another normal form
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    demo = demo_names_sensitive
+    DirectoryRecord.objects.filter(display_name=NAME).update(display_name=ACCENTED)
+    fake_model(demo, model_server, monkeypatch)
+    model_server.reply(runs_fixtures.read_apollo())
+    draft = runs_fixtures.apollo_draft(body=f"Dear {written}, here is the week.")
+    model_server.reply(openai_completion(content=content(draft)))
+    run, _ = waiting_run(demo)
+
+    # when the auditor without clearance reads the run anywhere, then the name is nowhere,
+    # in no form
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(run, client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if READ in revealed(text)] == []
+    record = json.loads(by_carol["export"])
+    (drafted,) = [event for event in record["events"] if event["type"] == "draft.created"]
+    assert drafted["payload"]["draft"]["body"] == "Dear [redacted], here is the week."
+    # and a viewer with clearance reads it as the model wrote it
+    client.force_login(demo.admin)
+    by_admin = shown_everywhere(run, client, api_as("admin"))
+    assert [where for where, text in by_admin.items() if READ not in revealed(text)] == []

@@ -47,6 +47,41 @@ def test_what_a_tool_returned_under_a_sensitive_field_is_masked_inside_text_as_a
 
 
 @pytest.mark.parametrize(
+    "written",
+    [
+        # NFD: "e" and a combining diaeresis
+        "Zoe\u0308 Brandt",
+        # as JSON text holds it, escaped once or twice (JSON inside JSON), in either case
+        "Zo\\u00eb Brandt",
+        "ZO\\\\u00CB\\nBRANDT",
+        "Zoe\\u0308\\u00a0Brandt",
+        # as HTML holds it
+        "Zo&euml; Brandt",
+        "Zo&#235;&nbsp;Brandt",
+        "zo&#xEB; brandt",
+    ],
+)
+def test_a_sensitive_text_beyond_ascii_is_masked_however_the_text_writes_it(written):
+    texts = frozenset(redaction.sensitive_texts(["Zoë Brandt"]))
+
+    assert redaction.texts_masked(f"Dear {written}, hi", texts) == "Dear [redacted], hi"
+    assert redaction.texts_masked(f'"{written}\\n"', texts) == '"[redacted]\\n"'
+
+
+def test_a_sensitive_text_is_masked_in_its_escaped_forms_as_a_whole_word_only():
+    texts = frozenset(redaction.sensitive_texts(["O'Hara", "Zoe", "Zoë"]))
+
+    assert redaction.texts_masked(
+        "O&#x27;Hara, O\\u0027hara, O&apos;Hara; \\nZoe, Zoe\u0308, Zoe\u0301, Zoës, "
+        "Zo\\u00ebs, Zoey",
+        texts,
+    ) == (
+        "[redacted], [redacted], [redacted]; \\n[redacted], [redacted], Zoe\u0301, Zoës, "
+        "Zo\\u00ebs, Zoey"
+    )
+
+
+@pytest.mark.parametrize(
     "value",
     [
         "Bearer abcdefghijklmnop",
