@@ -4,6 +4,7 @@ threshold of the skill. A blocked publish names the failing metric and value; a 
 platform admin may publish anyway with a written reason, kept as a ReleaseOverride and in the
 version's history."""
 
+import json
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -15,7 +16,7 @@ from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverrid
 from registry.canonical import canonical_hash
 from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion, Tenant
-from registry.models.configs import MODEL_IDENTITY_FIELDS
+from registry.models.configs import MODEL_IDENTITY_FIELDS, MODEL_OPERATIONAL_PARAMETERS
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import agent_skills_reachable, skill_versions_served, user_can
 
@@ -245,23 +246,59 @@ def _counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
+def _listed(words: list[str]) -> str:
+    return " and ".join(filter(None, [", ".join(words[:-1]), words[-1]]))
+
+
+def _answer_parameters_changed(saved: ModelConfig, model_config: ModelConfig) -> list[str]:
+    """The parameters, other than MODEL_OPERATIONAL_PARAMETERS, that `model_config` adds,
+    removes or sets to another JSON value than `saved` (1 and 1.0, or true and 1, differ)."""
+    before, after = saved.parameters, model_config.parameters
+    return sorted(
+        key
+        for key in (before.keys() | after.keys()) - MODEL_OPERATIONAL_PARAMETERS
+        if key not in before
+        or key not in after
+        or json.dumps(before[key], sort_keys=True) != json.dumps(after[key], sort_keys=True)
+    )
+
+
 def model_config_change_check(*, model_config: ModelConfig) -> None:
     """A model config that agents use, or that eval runs measured with (the evidence of the
-    model-move gate), keeps calling the model it names: another provider, model name or base
-    URL (MODEL_IDENTITY_FIELDS) would move every agent on it to another model with no gate,
-    and make those runs evidence for a model they never asked. Another model is a new config,
-    which agents move to through `model_change_check`. Raises when such a field changes on a
-    config in use. The saved row stays locked until the caller's transaction ends: no agent
-    or eval run takes it up meanwhile."""
+    model-move gate), keeps calling the model it names the way it was measured: another
+    provider, model name or base URL (MODEL_IDENTITY_FIELDS), or another value of a parameter
+    sent with each call (all but MODEL_OPERATIONAL_PARAMETERS, such as `timeout_s`), would
+    move every agent on it to another model or other answers with no gate, and make those runs
+    evidence for what they never measured. It keeps its tenant too: moved, the agents of its
+    tenant (or of every tenant, for a platform-wide one) would call a config someone else
+    owns, under another credential grant. Another model is a new config, which agents move to
+    through `model_change_check`. Raises when such a field changes on a config in use. The
+    saved row stays locked until the caller's transaction ends: no agent or eval run takes it
+    up meanwhile."""
     saved = ModelConfig.objects.select_for_update().filter(pk=model_config.pk).first()
     if saved is None:
         return
-    changed = [
-        field
+    refusals = {
+        field: "A model config in use keeps the model it calls: create a new model config "
+        "with this value and move the agents to it."
         for field in MODEL_IDENTITY_FIELDS
         if getattr(saved, field) != getattr(model_config, field)
-    ]
-    if not changed:
+    }
+    if saved.tenant_id != model_config.tenant_id:
+        refusals["tenant"] = (
+            "A model config in use keeps its tenant: its agents would call a model config "
+            "someone else owns, under another credential grant. Create a new model config "
+            "for the other tenant instead."
+        )
+    parameters = _answer_parameters_changed(saved, model_config)
+    if parameters:
+        refusals["parameters"] = (
+            "A model config in use keeps the parameters its model answers with: "
+            f"{', '.join(parameters)} cannot change, only "
+            f"{', '.join(sorted(MODEL_OPERATIONAL_PARAMETERS))} can. Create a new model "
+            "config with these parameters and move the agents to it."
+        )
+    if not refusals:
         return
     uses = [
         _counted(count, noun)
@@ -274,15 +311,10 @@ def model_config_change_check(*, model_config: ModelConfig) -> None:
     ]
     if not uses:
         return
+    fields = [str(ModelConfig._meta.get_field(field).verbose_name) for field in refusals]
     raise ValidationFailed(
-        f"{saved.name} is used by {' and '.join(uses)}, so the model it calls cannot change: "
-        "create a new model config for the other model and move the agents to it, which "
-        "their release gates check.",
-        details={
-            field: [
-                "A model config in use keeps the model it calls: create a new model config "
-                "with this value and move the agents to it."
-            ]
-            for field in changed
-        },
+        f"{saved.name} is used by {' and '.join(uses)}, so its {_listed(fields)} cannot "
+        "change: create a new model config with the new values and move the agents to it, "
+        "which their release gates check.",
+        details={field: [refusal] for field, refusal in refusals.items()},
     )

@@ -18,6 +18,10 @@ CREDENTIAL_REF_VALIDATOR = RegexValidator(
 
 # What names the model a config calls: another value of any of them is another model.
 MODEL_IDENTITY_FIELDS = ("provider", "model_name", "base_url")
+# The parameters that only bound how a call is made, never what the model answers: the model
+# client reads them itself and sends none to the provider. Every other parameter goes with each
+# call (temperature, top_p, a router's `models` or `route`) and shapes the answer.
+MODEL_OPERATIONAL_PARAMETERS = frozenset({"timeout_s"})
 
 
 class ModelConfig(models.Model):

@@ -61,7 +61,7 @@ def registry_object_save(
     moves to another model only when the release gates of the skills it has after the save
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
     has when they are not given. A model config that agents or eval runs use keeps the model it
-    calls (`model_config_change_check`)."""
+    calls, the parameters sent with each call and its tenant (`model_config_change_check`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)

@@ -8,6 +8,7 @@ from typing import Any
 from config.credentials import credential_refusal, credential_value
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
+from registry.models.configs import MODEL_OPERATIONAL_PARAMETERS
 from runs.model_clients.adversarial import AdversarialPlanner
 from runs.model_clients.anthropic_messages import AnthropicClient
 from runs.model_clients.base import ModelClient, ModelError
@@ -37,8 +38,12 @@ def model_client_for(model_config: ModelConfig) -> ModelClient:
             f"{model_config.provider!r}.",
             retryable=False,
         )
-    parameters = dict(model_config.parameters)
-    timeout_s = _timeout_s(model_config, parameters.pop(TIMEOUT_PARAMETER, DEFAULT_TIMEOUT_S))
+    configured = model_config.parameters
+    timeout_s = _timeout_s(model_config, configured.get(TIMEOUT_PARAMETER, DEFAULT_TIMEOUT_S))
+    # What only bounds the call stays here; the rest goes to the provider with each call.
+    parameters = {
+        key: value for key, value in configured.items() if key not in MODEL_OPERATIONAL_PARAMETERS
+    }
     return client_class(
         model_config,
         api_key=_credential(model_config),

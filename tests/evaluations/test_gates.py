@@ -322,7 +322,7 @@ def test_the_admin_moves_an_agent_whose_submitted_skills_meet_the_gate(demo, dav
     assert list(agent.skills.all()) == [lite.skill]
 
 
-IN_USE_REFUSAL = "create a new model config for the other model and move the agents to it"
+IN_USE_REFUSAL = "create a new model config with the new values and move the agents to it"
 
 
 @pytest.mark.parametrize(
@@ -397,7 +397,7 @@ def test_what_does_not_change_the_model_stays_editable_on_a_config_in_use(demo, 
     # when an admin renames it, reprices it, gives it a timeout and a credential, switches it off
     config.name = "offline-planner-renamed"
     config.price_per_1k_input, config.price_per_1k_output = Decimal("0.5"), Decimal("1.5")
-    config.parameters = {"timeout_s": 30, "temperature": 0.2}
+    config.parameters = {"timeout_s": 30}
     config.credential_ref = "OFFLINE_PLANNER_KEY"
     config.is_active = False
     registry_object_save(instance=config, actor=demo.admin, reason="tuned")
@@ -409,7 +409,7 @@ def test_what_does_not_change_the_model_stays_editable_on_a_config_in_use(demo, 
         Decimal("0.5"),
         Decimal("1.5"),
     )
-    assert config.parameters == {"timeout_s": 30, "temperature": 0.2}
+    assert config.parameters == {"timeout_s": 30}
     assert (config.credential_ref, config.is_active) == ("OFFLINE_PLANNER_KEY", False)
 
 
@@ -457,6 +457,117 @@ def test_the_admin_saves_a_model_config_change_that_moves_no_agent(
     assert response.status_code == 302
     config.refresh_from_db()
     assert getattr(config, field) == saved
+
+
+def acme_planner(demo) -> ModelConfig:
+    """An offline planner of acme's own, which acme's agent is moved to."""
+    config = registry_object_save(
+        instance=ModelConfig(
+            tenant=demo.acme,
+            name="acme-planner",
+            provider=ModelProvider.OFFLINE,
+            model_name="offline-deterministic-planner",
+        ),
+        actor=demo.admin,
+    )
+    demo.agent.model_config = config
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="acme's own planner")
+    return config
+
+
+@pytest.mark.parametrize("owned_by_acme", [False, True], ids=["to-globex", "to-platform"])
+def test_a_model_config_in_use_keeps_its_tenant(demo, owned_by_acme):
+    # given acme's agent on a platform-wide config, or on one of acme's own
+    if owned_by_acme:
+        config, before, after = acme_planner(demo), demo.acme, None
+    else:
+        config, before, after = demo.agent.model_config, None, demo.globex
+
+    # when an admin moves the config to globex, or makes it platform-wide
+    config.tenant = after
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=demo.admin, reason="another owner")
+
+    # then it is refused on the tenant, and acme's agent still uses a config acme may use
+    assert f"{config.name} is used by 1 agent, so its tenant cannot change" in (
+        refused.value.message
+    )
+    assert list(refused.value.details) == ["tenant"]
+    assert "keeps its tenant" in refused.value.details["tenant"][0]
+    config.refresh_from_db()
+    assert config.tenant == before
+
+
+ROUTED = {"timeout_s": 10, "temperature": 0.2, "models": ["model-a", "model-b"]}
+
+
+@pytest.mark.parametrize(
+    ("parameters", "changed"),
+    [
+        (ROUTED | {"temperature": 0.7}, "temperature"),
+        (ROUTED | {"top_p": 0.5}, "top_p"),
+        ({"timeout_s": 10, "temperature": 0.2}, "models"),
+        (ROUTED | {"models": ["model-b", "model-a"]}, "models"),
+        (ROUTED | {"timeout_s": 30, "temperature": 1}, "temperature"),
+    ],
+    ids=["value", "added", "removed", "route-order", "with-timeout"],
+)
+def test_a_model_config_in_use_keeps_the_parameters_its_model_answers_with(
+    demo, parameters, changed
+):
+    # given acme's agent on a config that samples at 0.2 and routes to model-a, then model-b
+    config = acme_planner(demo)
+    ModelConfig.objects.filter(pk=config.pk).update(parameters=ROUTED)
+    config.refresh_from_db()
+
+    # when an admin changes a parameter sent with each call
+    config.parameters = parameters
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=demo.admin, reason="retuned")
+
+    # then it is refused on the parameters, naming the one that changed, and nothing is saved
+    assert "acme-planner is used by 1 agent, so its parameters cannot change" in (
+        refused.value.message
+    )
+    assert list(refused.value.details) == ["parameters"]
+    assert f"{changed} cannot change, only timeout_s can" in refused.value.details["parameters"][0]
+    config.refresh_from_db()
+    assert config.parameters == ROUTED
+
+
+def test_the_timeout_of_a_model_config_in_use_stays_editable(demo):
+    config = acme_planner(demo)
+    ModelConfig.objects.filter(pk=config.pk).update(parameters=ROUTED)
+    config.refresh_from_db()
+
+    config.parameters = {"models": ["model-a", "model-b"], "temperature": 0.2, "timeout_s": 45}
+    registry_object_save(instance=config, actor=demo.admin, reason="slower provider")
+
+    config.refresh_from_db()
+    assert config.parameters == ROUTED | {"timeout_s": 45}
+
+
+@pytest.mark.parametrize(
+    ("field", "typed"),
+    [
+        ("tenant", lambda demo: str(demo.globex.pk)),
+        ("parameters", lambda demo: '{"timeout_s": 30, "temperature": 0.7}'),
+    ],
+)
+def test_the_admin_shows_a_refused_tenant_or_parameters_change_on_its_field(demo, field, typed):
+    page = Client()
+    page.force_login(demo.admin)
+    config = ModelConfig.objects.get(pk=demo.agent.model_config_id)
+    data = change_form_data(page, config) | {field: typed(demo)}
+
+    response = page.post(f"/admin/registry/modelconfig/{config.pk}/change/", data)
+
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert "A model config in use keeps" in form.errors[field][0]
+    assert IN_USE_REFUSAL in form.non_field_errors()[0]
+    config.refresh_from_db()
+    assert (config.tenant, config.parameters) == (None, {})
 
 
 @pytest.mark.django_db(transaction=True)
