@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from runs.model_clients.base import ModelError
+from runs.model_clients.base import ModelError, Usage
 from runs.model_clients.provider_errors import status_error
 
 # Tokens one turn may count: ten times the largest context a model offers today. A provider
@@ -98,6 +98,17 @@ def _error_status(error: Mapping[str, Any]) -> int:
         if (status := _ERROR_KIND_STATUS.get(text(error.get(key)))) is not None:
             return status
     return _UNKNOWN_ERROR_STATUS
+
+
+def no_turn(provider: str, *, missing: str, usage: Usage) -> ModelError:
+    """An answer that holds no turn at all: a Chat Completions answer without a choice, a
+    Messages answer without a content list (a content filter's, a gateway's). Final, as the
+    same request meets it again, and paid for, as the provider bills the prompt all the same.
+    A turn with nothing in it (a choice without content, Claude's `"content": []`) is another
+    matter: it is a turn, which the run answers like any other."""
+    return ModelError(
+        f"{provider} answered without a turn (no {missing}).", retryable=False, usage=usage
+    )
 
 
 def arguments(value: Any) -> Any:

@@ -79,9 +79,21 @@ class AnthropicClient:
 
 def model_response(message: Mapping[str, Any]) -> ModelResponse:
     """The turn a Messages answer holds (`runs.model_clients.answers`): its text blocks and
-    tool_use blocks in order; cached input tokens count as input."""
-    blocks = [answers.mapping(block) for block in answers.items(message.get("content"))]
-    usage = answers.mapping(message.get("usage"))
+    tool_use blocks in order; cached input tokens count as input. An empty content list is
+    an empty turn (Claude ends a turn so, right after tool results); none is no turn."""
+    reported = answers.mapping(message.get("usage"))
+    usage = Usage(
+        input_tokens=answers.tokens(
+            reported.get("input_tokens"),
+            reported.get("cache_creation_input_tokens"),
+            reported.get("cache_read_input_tokens"),
+        ),
+        output_tokens=answers.tokens(reported.get("output_tokens")),
+    )
+    content = message.get("content")
+    if not isinstance(content, list):
+        raise answers.no_turn(PROVIDER, missing="content list", usage=usage)
+    blocks = [answers.mapping(block) for block in content]
     return ModelResponse(
         text="".join(
             answers.text(block.get("text")) for block in blocks if block.get("type") == "text"
@@ -95,14 +107,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
             for block in blocks
             if block.get("type") == "tool_use"
         ),
-        usage=Usage(
-            input_tokens=answers.tokens(
-                usage.get("input_tokens"),
-                usage.get("cache_creation_input_tokens"),
-                usage.get("cache_read_input_tokens"),
-            ),
-            output_tokens=answers.tokens(usage.get("output_tokens")),
-        ),
+        usage=usage,
         stop_reason=answers.text(message.get("stop_reason")),
         model=answers.text(message.get("model")),
         reasoning=tuple(

@@ -13,7 +13,6 @@ from registry.models import ModelConfig
 from runs.model_clients import answers
 from runs.model_clients.base import (
     AssistantTurn,
-    ModelError,
     ModelRequest,
     ModelResponse,
     ToolCall,
@@ -100,7 +99,7 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
     )
     choices = answers.items(completion.get("choices"))
     if not choices or not isinstance(choices[0], Mapping):
-        raise ModelError(f"{PROVIDER} answered without any choice.", retryable=False, usage=usage)
+        raise answers.no_turn(PROVIDER, missing="choice", usage=usage)
     choice = choices[0]
     message = answers.mapping(choice.get("message"))
     content = message.get("content")

@@ -180,22 +180,48 @@ def test_a_final_provider_error_keeps_the_provider_s_reason_and_never_the_key(de
     assert API_KEY not in json.dumps(run.result)
 
 
-def test_an_answer_without_a_choice_ends_the_run_and_its_tokens_are_paid_for(demo, fake_model):
-    """A provider bills the prompt of an answer it gave no choice for (a content filter's,
-    say): the run, its budgets and the tenant's day count it like any turn."""
-    fake = fake_model()
-    reply = openai_completion(content="unused")
-    reply["choices"] = []
-    reply["usage"] = {"prompt_tokens": 1200, "completion_tokens": 0}
-    fake.reply(reply)
-    ModelConfig.objects.filter(name="fake-openai").update(
+def _without_a_turn(provider: str) -> dict:
+    """An answer that bills 1200 prompt tokens and holds no turn: a Chat Completions answer
+    with no choice, a Messages answer with no content list."""
+    if provider == OPENAI:
+        reply = openai_completion(content="unused")
+        reply["choices"] = []
+        reply["usage"] = {"prompt_tokens": 1200, "completion_tokens": 0}
+        return reply
+    reply = anthropic_message(text="unused")
+    del reply["content"]
+    reply["usage"] = {"input_tokens": 1200, "output_tokens": 0}
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("provider", "missing"),
+    [
+        (OPENAI, "OpenAI-compatible provider answered without a turn (no choice)."),
+        (ANTHROPIC, "Anthropic answered without a turn (no content list)."),
+    ],
+    ids=["openai", "anthropic"],
+)
+def test_an_answer_without_a_turn_ends_the_run_and_its_tokens_are_paid_for(
+    demo, fake_model, provider, missing
+):
+    """A provider bills the prompt of an answer it gave no turn for (a content filter's,
+    say): the run, its budgets and the tenant's day count it like any turn. Both providers'
+    answers end the run alike, FAILED_FINAL with MODEL_ERROR, and nothing is asked again."""
+    fake = fake_model(provider)
+    fake.reply(_without_a_turn(provider))
+    ModelConfig.objects.filter(name__startswith="fake-").update(
         price_per_1k_input=Decimal("0.50"), price_per_1k_output=Decimal("1.50")
     )
 
     run = advanced(demo_run(demo, project_id="apollo"))
 
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_ERROR")
-    assert "without any choice" in run.result["output"]["model_error"]
+    assert run.result["output"] == {"model_error": missing, "status_code": None}
+    finished = run.events.get(type="run.finished").payload
+    assert finished == {"status": "FAILED_FINAL", "reason_code": "MODEL_ERROR"}
+    assert not run.events.filter(type="model.responded").exists()
+    assert len(fake.requests) == 1
     assert (run.tokens_used, run.cost) == (1200, Decimal("0.6"))
     assert quotas.tenant_cost_today(demo.acme.pk) == Decimal("0.6")
     span = run.spans.get(name="model.turn")
