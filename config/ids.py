@@ -10,11 +10,24 @@ shaped like the event log (`scripts/bench_ids.py`): about a sixth of the WAL per
 tells when its row was made, as the row's own timestamps do, and is no easier to guess.
 """
 
+import re
 import uuid
 
+from django.urls.converters import UUIDConverter
 from uuid_utils.compat import uuid7
+
+# The one spelling of an id a URL takes, the pages' (Django's `uuid` path converter) and the
+# API's alike: lowercase and hyphenated, as ids are written out. `uuid.UUID` also reads
+# uppercase, braces, a `urn:uuid:` prefix and no hyphens, which would give a row as many URLs,
+# each its own key to caches, logs and ETags.
+_ID_IN_URL = re.compile(UUIDConverter.regex)
 
 
 def time_ordered_id() -> uuid.UUID:
     """A new version 7 UUID, of the standard library's type."""
     return uuid7()
+
+
+def is_id_in_url(text: str) -> bool:
+    """Whether `text` is an id as a URL spells it (`_ID_IN_URL`)."""
+    return _ID_IN_URL.fullmatch(text) is not None

@@ -1,5 +1,3 @@
-from uuid import UUID
-
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, viewsets
@@ -18,6 +16,7 @@ from approvals.api.serializers import (
 from approvals.errors import NotFound
 from approvals.models import BusinessAction, Handoff
 from config.api import BodiesDescribed
+from config.ids import is_id_in_url
 
 
 @extend_schema(tags=["approvals"])
@@ -47,10 +46,8 @@ class ApprovalViewSet(
         return {"decision": DecisionRequestSerializer}
 
     def get_object(self) -> BusinessAction:
-        try:
-            UUID(self.kwargs["pk"])
-        except ValueError as error:
-            raise NotFound("No such approval.") from error
+        if not is_id_in_url(self.kwargs["pk"]):
+            raise NotFound("No such approval.")
         return super().get_object()
 
     @extend_schema(
@@ -101,10 +98,8 @@ class HandoffViewSet(
         return {"resolve": HandoffResolveSerializer}
 
     def get_object(self) -> Handoff:
-        try:
-            UUID(self.kwargs["pk"])
-        except ValueError as error:
-            raise NotFound("No such handoff.") from error
+        if not is_id_in_url(self.kwargs["pk"]):
+            raise NotFound("No such handoff.")
         return super().get_object()
 
     @extend_schema(

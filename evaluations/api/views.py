@@ -1,5 +1,3 @@
-from uuid import UUID
-
 from django.db.models import F, Q, QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -8,6 +6,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from config.api import BodiesDescribed, CommandSerializer
+from config.ids import is_id_in_url
 from evaluations import selectors, services
 from evaluations.api.serializers import (
     EvalCaseResultSerializer,
@@ -28,10 +27,8 @@ class _UUIDLookup:
     not_found = "Not found."
 
     def get_object(self):
-        try:
-            UUID(self.kwargs["pk"])
-        except ValueError as error:
-            raise NotFound(self.not_found) from error
+        if not is_id_in_url(self.kwargs["pk"]):
+            raise NotFound(self.not_found)
         return super().get_object()
 
 

@@ -1,6 +1,5 @@
 from collections.abc import Callable
 from typing import Any, ClassVar
-from uuid import UUID
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema, extend_schema_view
@@ -12,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import BodiesDescribed, BodyDescribed, CommandSerializer
+from config.ids import is_id_in_url
 from registry import selectors
 from registry.api import filters
 from registry.api.serializers import (
@@ -103,10 +103,8 @@ class VersionViewSet(
         return self.create_serializer if self.action == "create" else self.output_serializer
 
     def get_object(self) -> DefinitionVersion:
-        try:
-            UUID(self.kwargs["pk"])
-        except ValueError as error:
-            raise NotFound("No such version.") from error
+        if not is_id_in_url(self.kwargs["pk"]):
+            raise NotFound("No such version.")
         return super().get_object()
 
     def _created(self, data: dict[str, Any]) -> DefinitionVersion:

@@ -1,6 +1,5 @@
 import re
 from typing import Any
-from uuid import UUID
 
 from django.conf import settings
 from django.db.models import QuerySet
@@ -17,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api import BodiesDescribed, BodyDescribed, CommandSerializer
+from config.ids import is_id_in_url
 from registry.api.permissions import IsTenantMember
 from registry.authentication import token_usable
 from registry.choices import Action
@@ -163,10 +163,8 @@ class RunViewSet(
         return {"cancel": CommandSerializer}
 
     def get_object(self) -> Run:
-        try:
-            UUID(self.kwargs["pk"])
-        except ValueError as error:
-            raise NotFound("No such run.") from error
+        if not is_id_in_url(self.kwargs["pk"]):
+            raise NotFound("No such run.")
         return super().get_object()
 
     @extend_schema(
@@ -282,9 +280,7 @@ class MemoryViewSet(
 
     @extend_schema(summary="Forget one item.")
     def destroy(self, request: Request, pk: str) -> Response:
-        try:
-            UUID(pk)
-        except ValueError as error:
-            raise NotFound("No such memory.") from error
+        if not is_id_in_url(pk):
+            raise NotFound("No such memory.")
         memory.memory_delete(tenant=request.auth.tenant, user=request.user, item_id=pk)
         return Response(status=status.HTTP_204_NO_CONTENT)

@@ -266,6 +266,10 @@ def test_the_api_keeps_lists_and_forgets_only_your_own(acme, member, auditor, cl
     item_id = created.json()["id"]
     assert carol.delete(f"{MEMORIES}/{item_id}").status_code == 404
     assert alice.delete(f"{MEMORIES}/not-an-id").status_code == 404
+    # an id is taken only as the API writes it (lowercase, hyphenated)
+    assert alice.delete(f"{MEMORIES}/{item_id.upper()}").status_code == 404
+    assert alice.delete(f"{MEMORIES}/{item_id.replace('-', '')}").status_code == 404
+    assert MemoryItem.objects.count() == 1
     assert alice.delete(f"{MEMORIES}/{item_id}").status_code == 204
     assert not MemoryItem.objects.exists()
 

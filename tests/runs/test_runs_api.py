@@ -199,6 +199,41 @@ def test_an_unknown_or_malformed_run_id_is_not_found(alice, run_id, method, suff
     assert _error(response)["code"] == "NOT_FOUND"
 
 
+def odd_spellings(run_id) -> list[str]:
+    """Spellings of a UUID that `uuid.UUID` reads, other than the one the API writes."""
+    return [
+        str(run_id).upper(),
+        f"{{{run_id}}}",
+        f"urn:uuid:{run_id}",
+        run_id.hex,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("method", "suffix"),
+    [("get", ""), ("get", "/events"), ("get", "/stream"), ("post", "/cancel")],
+)
+def test_a_run_answers_at_its_id_as_written_and_at_no_other_spelling_of_it(
+    alice, member, start_run, acme_agent, method, suffix
+):
+    # given a run, whose id the API writes lowercase and hyphenated
+    run = start_run(member)
+    before = _state(run)
+
+    # when its id is spelled uppercase, in braces, as a URN or without hyphens
+    responses = [
+        getattr(alice, method)(f"{RUNS}/{spelling}{suffix}") for spelling in odd_spellings(run.pk)
+    ]
+
+    # then each is not found, as a page's URL is, and nothing changed
+    assert [response.status_code for response in responses] == [404] * 4
+    assert {response.json()["error"]["code"] for response in responses} == {"NOT_FOUND"}
+    assert _state(run) == before
+    # while the id as written answers
+    if method == "get":
+        assert alice.get(f"{RUNS}/{run.pk}{suffix}", HTTP_ACCEPT="*/*").status_code == 200
+
+
 @pytest.mark.parametrize("suffix", ["", "/events", "/stream"])
 def test_a_format_the_api_does_not_serve_is_not_acceptable_for_a_run_that_exists(
     alice, member, start_run, acme_agent, suffix
