@@ -530,9 +530,24 @@ def _mcp_answer_size(result: Any) -> int:
 
 def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]) -> None:
     """Gate 3 for Python handlers; an HTTP service or an MCP server authorises the identity
-    the host sends, once the host found the MCP server available to the run's tenant."""
+    the host sends, once the host found the MCP server available to the run's tenant (the
+    platform's own rows). A handler's check is its own code, which may ask a database or a
+    service: it runs within the tool's timeout, as the call does, so a slow check fails the
+    call TIMEOUT, before anything ran, instead of holding the step and its run's lock."""
     if tool_version.adapter_kind == AdapterKind.PYTHON:
-        python_handler(tool_version).authorize(context, arguments)
+        handler = python_handler(tool_version)
+        try:
+            _handler_within(
+                tool_version, context, handler.authorize, arguments, doing="authorise the call"
+            )
+        except threads.Overran:
+            raise ToolFailed(
+                f"The handler of {tool_version.qualified_name} did not authorise the call "
+                f"within {tool_version.timeout_s} s.",
+                category=ErrorCategory.TIMEOUT,
+                retryable=True,
+                attempted=False,
+            ) from None
     elif tool_version.adapter_kind == AdapterKind.MCP:
         _mcp_server(tool_version, context)
 

@@ -63,8 +63,21 @@ class SlowWrite:
         return ToolOutput(business_status="ok", raw={"written": True})
 
 
+class SlowToAuthorise:
+    """project_search's own handler, whose authorisation check (gate 3) hangs for the call
+    ids in HANGS, as a check that asks a slow service would."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        _hang_if_asked(context)
+        project_search.authorize(context, arguments)
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        return project_search(context, arguments)
+
+
 slow_project_search = SlowProjectSearch()
 slow_write = SlowWrite()
+slow_to_authorise = SlowToAuthorise()
 
 
 def _abandoned_handlers_end() -> None:
@@ -94,10 +107,22 @@ def retry_policy() -> dict[str, Any]:
 def slow_reads(demo, hanging, retry_policy) -> ToolVersion:
     """weekly-summary 3.3.0 pins project_search 2.1.0: the same tool with a 1 s timeout and
     `retry_policy`, whose handler hangs when asked."""
+    return _project_search_pinned(demo, handler="slow_project_search", retry_policy=retry_policy)
+
+
+@pytest.fixture
+def slow_check(demo, hanging) -> ToolVersion:
+    """As `slow_reads`, with a handler whose authorisation check hangs when asked."""
+    return _project_search_pinned(
+        demo, handler="slow_to_authorise", retry_policy={"max_attempts": 1}
+    )
+
+
+def _project_search_pinned(demo, *, handler: str, retry_policy: dict[str, Any]) -> ToolVersion:
     seeded = seeded_tool(demo, "project_search")
     content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
     content |= {
-        "adapter_config": {"handler": f"{__name__}.slow_project_search"},
+        "adapter_config": {"handler": f"{__name__}.{handler}"},
         "timeout_s": 1,
         "retry_policy": retry_policy,
     }
@@ -179,6 +204,51 @@ def test_a_handler_past_its_timeout_fails_its_call_timeout_and_the_run_goes_on(
     assert (slow.status, slow.error_category) == ("failed", "TIMEOUT")
     assert list(RunEvent.objects.filter(run=run).values_list("seq", "type")) == events
     assert set(Source.objects.filter(run=run).values_list("pk", flat=True)) == sources
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the_run_goes_on(
+    demo, fake_model, slow_check, caplog
+):
+    # given a model that calls project_search, whose authorisation check (gate 3) hangs,
+    # then calls it again in its next turn, then drafts
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(tool_calls=(week_search("call_week"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    name = slow_check.qualified_name
+    HANGS["call_slow"] = 1
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+    elapsed = time.monotonic() - started
+
+    # then the call was turned away TIMEOUT once the tool's second was up, without running,
+    # instead of holding the step until the check returned
+    run.refresh_from_db()
+    assert elapsed < 5
+    slow = ToolCall.objects.get(run=run, call_id="call_slow")
+    assert (slow.status, slow.error_category) == ("rejected", "TIMEOUT")
+    assert slow.envelope["error"] == {
+        "category": "TIMEOUT",
+        "message": f"The handler of {name} did not authorise the call within 1 s.",
+    }
+    rejected = RunEvent.objects.get(run=run, type="tool.rejected").payload
+    assert (rejected["call_id"], rejected["category"]) == ("call_slow", "TIMEOUT")
+    assert f"{name}: the handler did not authorise the call within 1 s" in caplog.text
+    # and the model's next turn was told, its next call was checked and ran, and the run
+    # went on to its draft
+    answered = [
+        message
+        for message in fake.requests[1].body["messages"]
+        if message["role"] == "tool" and message["tool_call_id"] == "call_slow"
+    ]
+    assert len(answered) == 1 and "TIMEOUT" in answered[0]["content"]
+    week = ToolCall.objects.get(run=run, call_id="call_week")
+    assert (week.status, week.attempts) == ("completed", 1)
+    assert run.status == "WAITING_APPROVAL"
 
 
 @pytest.mark.django_db(transaction=True)
