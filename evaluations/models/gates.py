@@ -4,6 +4,7 @@ from django.db import models
 
 from config.history import history_records
 from evaluations.choices import RATE_METRICS, Comparator, Metric
+from registry.models import Skill
 
 
 class EvalThreshold(models.Model):
@@ -46,7 +47,18 @@ class EvalThreshold(models.Model):
         A cost or a time is never negative, so a threshold below 0 could never be met. The
         suite evaluates this skill and is the platform's or the skill's tenant's: no eval run
         of the skill could be started on another (`eval_run_start`), so the gate would hold
-        back every version, or, with the skill's name mistyped, none."""
+        back every version, or, with the skill's name mistyped, none. A tenant's threshold
+        gates that tenant's skill of the name: a platform skill's versions are published by
+        the platform on the platform's thresholds, so a tenant without a skill of its own of
+        that name would add a gate no publish checks."""
+        if self.tenant_id is not None and self.skill_name and self._gates_a_platform_skill():
+            raise ValidationError(
+                {
+                    "skill_name": f"{self.skill_name} is a platform skill: a tenant cannot gate "
+                    f"it, its release gate is the platform's thresholds. "
+                    f"{self.tenant} has no skill of its own named {self.skill_name}."
+                }
+            )
         if self.suite_id is not None:
             if self.suite.tenant_id not in (None, self.tenant_id):
                 raise ValidationError({"suite": f"{self.suite} belongs to another tenant."})
@@ -68,6 +80,13 @@ class EvalThreshold(models.Model):
             )
         if self.value < 0:
             raise ValidationError({"value": f"{self.metric} is never negative, not {self.value}."})
+
+    def _gates_a_platform_skill(self) -> bool:
+        skills = Skill.objects.filter(name=self.skill_name)
+        return (
+            skills.filter(tenant__isnull=True).exists()
+            and not skills.filter(tenant_id=self.tenant_id).exists()
+        )
 
     def is_met(self, measured: float | None) -> bool:
         if measured is None:

@@ -5,6 +5,7 @@ import pytest
 
 from evaluations.models import EvalCase, EvalSuite, EvalThreshold
 from registry.choices import Role
+from registry.models import Skill
 from registry.services.tenancy import membership_add
 from tests.registry.factories import UserFactory
 
@@ -90,6 +91,48 @@ def test_a_threshold_in_the_metric_s_range_is_saved(client, platform_admin, suit
     assert response.status_code == 302, response.context["adminform"].form.errors
     threshold = EvalThreshold.objects.get()
     assert (threshold.metric, threshold.value) == (metric, float(value))
+
+
+@pytest.fixture
+def board_pack_suite(db) -> EvalSuite:
+    """A platform skill, board-pack, and the platform's suite evaluating it."""
+    Skill.objects.create(tenant=None, name="board-pack")
+    return EvalSuite.objects.create(
+        tenant=None, key="board", name="Board", kind="task", skill_name="board-pack"
+    )
+
+
+def test_a_tenant_cannot_gate_a_platform_skill(client, tenant_admin, acme, board_pack_suite):
+    client.force_login(tenant_admin)
+
+    response = client.post(
+        THRESHOLD_ADD,
+        threshold_form(board_pack_suite, tenant=acme.pk, skill_name="board-pack"),
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "skill_name": [
+            "board-pack is a platform skill: a tenant cannot gate it, its release gate is the "
+            "platform's thresholds. acme has no skill of its own named board-pack."
+        ]
+    }
+    assert not EvalThreshold.objects.exists()
+
+
+def test_a_tenant_gates_its_own_skill_of_a_platform_skill_s_name(
+    client, tenant_admin, acme, board_pack_suite
+):
+    Skill.objects.create(tenant=acme, name="board-pack")
+    client.force_login(tenant_admin)
+
+    response = client.post(
+        THRESHOLD_ADD,
+        threshold_form(board_pack_suite, tenant=acme.pk, skill_name="board-pack"),
+    )
+
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert EvalThreshold.objects.get().tenant == acme
 
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
