@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
-from evaluations.choices import EvalRunStatus
+from evaluations.choices import EVAL_RUN_ACTIVE, EvalRunStatus
 from evaluations.errors import PermissionDenied, ReleaseGateFailed, ValidationFailed
 from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
@@ -62,12 +62,22 @@ def suite_content_hash(suite: EvalSuite) -> str:
     )
 
 
+def suite_changed(*, suites: list[EvalSuite]) -> None:
+    """What `suites` measure is changing (a case added, changed or moved, the kind): each
+    eval run of them queued or running is marked `suite_changed`, as its cases from here on
+    are measured against another suite than the one it started on. Holds the suites' rows
+    until the caller's transaction ends, so a start (`eval_run_start`) either hashes the suite
+    as changed or is marked."""
+    list(EvalSuite.objects.select_for_update().filter(pk__in=[s.pk for s in suites]).values("pk"))
+    EvalRun.objects.filter(suite__in=suites, status__in=EVAL_RUN_ACTIVE).update(suite_changed=True)
+
+
 def release_gate_failures(
     *, skill_version: SkillVersion, model_config: ModelConfig | None = None
 ) -> list[dict[str, Any]]:
     """Each threshold of the skill that the latest finished eval run of its suite, as the
-    suite is now, on this version (with this model, if given) does not meet, or that no such
-    run measured."""
+    suite is now and unchanged while it ran, on this version (with this model, if given) does
+    not meet, or that no such run measured."""
     skill = skill_version.skill
     content_hash = skill_content_hash(skill_version)
     thresholds = EvalThreshold.objects.filter(
@@ -81,6 +91,7 @@ def release_gate_failures(
         runs = EvalRun.objects.filter(
             suite=threshold.suite,
             suite_content_hash=suite_hashes[threshold.suite_id],
+            suite_changed=False,
             skill_version=skill_version,
             skill_content_hash=content_hash,
             status=EvalRunStatus.COMPLETED,

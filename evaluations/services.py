@@ -33,6 +33,7 @@ from evaluations.gates import (
     SUITE_CASE_FIELDS,
     skill_content_hash,
     suite_change_check,
+    suite_changed,
     suite_content_hash,
     threshold_change_check,
 )
@@ -114,6 +115,7 @@ def eval_suite_save(
             saved = EvalSuite.objects.select_for_update().get(pk=suite.pk)
             if saved.kind != suite.kind:
                 suite_change_check(suites=[saved], actor=actor)
+                suite_changed(suites=[saved])
         audited_save(suite, actor=actor, reason=reason)
     return suite
 
@@ -129,11 +131,16 @@ def eval_case_save(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "sa
             else EvalCase.objects.select_for_update().select_related("suite").get(pk=case.pk)
         )
         if saved is None:
-            suite_change_check(suites=[case.suite], actor=actor)
+            changed = [case.suite]
         elif saved.suite_id != case.suite_id:
-            suite_change_check(suites=[saved.suite, case.suite], actor=actor)
+            changed = [saved.suite, case.suite]
         elif any(getattr(saved, field) != getattr(case, field) for field in SUITE_CASE_FIELDS):
-            suite_change_check(suites=[case.suite], actor=actor)
+            changed = [case.suite]
+        else:
+            changed = []
+        if changed:
+            suite_change_check(suites=changed, actor=actor)
+            suite_changed(suites=changed)
         audited_save(case, actor=actor, reason=reason)
     return case
 
@@ -174,6 +181,8 @@ def eval_run_start(
     with transaction.atomic():
         # Starts of one version wait for each other here: one of two at once finds the other.
         list(SkillVersion.objects.select_for_update().filter(pk=skill_version.pk).values("pk"))
+        # A change to the suite (`suite_changed`) either comes before the hash or marks the run.
+        list(EvalSuite.objects.select_for_update().filter(pk=suite.pk).values("pk"))
         measured = {
             "suite": suite,
             "skill_version": skill_version,
@@ -182,7 +191,9 @@ def eval_run_start(
             "model_config": model_config,
             "agent_config": agent_config,
         }
-        active = EvalRun.objects.filter(**measured, status__in=EVAL_RUN_ACTIVE).first()
+        active = EvalRun.objects.filter(
+            **measured, status__in=EVAL_RUN_ACTIVE, suite_changed=False
+        ).first()
         if active is not None:
             return active, False
         eval_run = EvalRun.objects.create(

@@ -9,6 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from evaluations.errors import ValidationFailed
+from evaluations.gates import suite_changed, suite_content_hash
 from evaluations.models import EvalCase, EvalSuite
 
 SUITES = Path(__file__).resolve().parent / "suites"
@@ -41,8 +42,14 @@ def _case_fields(case: dict[str, Any], projects: dict[str, dict]) -> dict[str, A
 
 def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
     """A platform suite and its cases as the document says. A case the document no longer
-    lists is kept: past eval runs refer to it. Returns the suite and whether it is new."""
+    lists is kept: past eval runs refer to it. An eval run of the suite queued or running
+    while what it measures changes no longer counts for a release gate (`suite_changed`).
+    Returns the suite and whether it is new."""
     with transaction.atomic():
+        installed = (
+            EvalSuite.objects.select_for_update().filter(tenant=None, key=document["key"]).first()
+        )
+        before = suite_content_hash(installed) if installed else None
         suite, created = EvalSuite.objects.update_or_create(
             tenant=None,
             key=document["key"],
@@ -71,6 +78,8 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
                 + "; ".join(f"{where}: {' '.join(found)}" for where, found in problems.items()),
                 details=problems,
             )
+        if before is not None and suite_content_hash(suite) != before:
+            suite_changed(suites=[suite])
     return suite, created
 
 

@@ -34,6 +34,14 @@ class EvalRun(models.Model):
         help_text="sha256 of the suite's cases when the run started: a suite whose cases "
         "changed since is not what this run measured.",
     )
+    suite_changed = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="A case of the suite was added, changed or moved, or its kind changed, while "
+        "the run was queued or running: its cases were measured against no one suite (a change "
+        "undone before it ended gives back the hash it started with), and no release gate "
+        "counts it.",
+    )
     model_config = models.ForeignKey(
         "registry.ModelConfig", on_delete=models.PROTECT, related_name="eval_runs"
     )

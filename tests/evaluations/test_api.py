@@ -76,6 +76,26 @@ def test_a_start_sent_again_gets_the_eval_run_still_queued_instead_of_a_second(
     assert later.json()["id"] not in (first.json()["id"], other_model.json()["id"])
 
 
+def test_a_start_sent_again_after_the_suite_changed_and_changed_back_starts_a_new_eval_run(
+    demo, suites
+):
+    client = api_as("dave", demo.acme)
+    first = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+
+    # when a case of the suite is changed and changed back while the first eval run is queued
+    case = suites["weekly-summary-tasks"].cases.get(key="complete-en")
+    messages = case.messages
+    case.messages = ["Summarise Apollo's week."]
+    services.eval_case_save(case=case, actor=demo.admin)
+    case.messages = messages
+    services.eval_case_save(case=case, actor=demo.admin)
+    again = client.post("/api/v1/evaluations/runs", start_body(suites), format="json")
+
+    # then the first, which no release gate counts, is not given for the second start
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.json()["id"] != first.json()["id"]
+
+
 def test_bad_references_are_400_and_start_nothing(demo, suites):
     client = api_as("dave", demo.acme)
 

@@ -11,10 +11,11 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from evaluations import services
 from evaluations.choices import EvalRunStatus
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.gates import release_gate_check, skill_content_hash, suite_content_hash
-from evaluations.models import EvalRun, ReleaseOverride
+from evaluations.models import EvalCase, EvalRun, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider, SkillAssembly, VersionStatus
 from registry.errors import ValidationFailed, VersionImmutable
@@ -147,6 +148,62 @@ def test_an_eval_run_of_the_suite_before_a_case_was_added_no_longer_meets_the_ga
     assert "no finished eval run of tiny as it is" in blocked.value.message
     version.refresh_from_db()
     assert version.status == VersionStatus.DRAFT
+
+
+def tiny_complete_expects(demo, expected: dict, *, by: str) -> None:
+    """Tiny's "complete" case expects `expected`: saved in the admin, or installed."""
+    if by == "admin":
+        case = EvalCase.objects.get(suite__key="tiny", key="complete")
+        case.expected = expected
+        services.eval_case_save(case=case, actor=demo.admin)
+    else:
+        document = copy.deepcopy(TINY_SUITE)
+        document["cases"][0]["expected"] = expected
+        suite_install(document)
+
+
+@pytest.mark.parametrize("by", ["admin", "install"])
+def test_an_eval_run_whose_suite_changed_while_it_ran_is_no_evidence_once_changed_back(
+    demo, dave, tiny, draft, by
+):
+    # given a version that fails tiny's "complete" case (it never asks for an approval), and
+    # an eval run of it started on tiny as it is
+    version = draft("3.5.0", workflow="")
+    eval_run, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+
+    # when the case expects only a step limit while the run measures it, then as before
+    tiny_complete_expects(demo, {"max_steps": 100}, by=by)
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+    tiny_complete_expects(demo, TINY_SUITE["cases"][0]["expected"], by=by)
+
+    # then the run passed every case, on the suite's hash as it is, but counts for no publish
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.metrics["case_pass_rate"]) == ("completed", 1.0)
+    assert eval_run.suite_content_hash == suite_content_hash(tiny)
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+    assert "no finished eval run of tiny as it is" in blocked.value.message
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
+
+
+def test_a_case_changed_back_before_an_eval_run_started_leaves_its_evidence(
+    evaluate, demo, dave, tiny, draft
+):
+    # given tiny's "complete" case changed and changed back
+    tiny_complete_expects(demo, {"max_steps": 100}, by="admin")
+    tiny_complete_expects(demo, TINY_SUITE["cases"][0]["expected"], by="admin")
+
+    # when a version is evaluated after
+    version = draft("3.4.0")
+    evaluate(tiny, version=version)
+
+    # then it is published on that eval run
+    skills.skill_version_publish(skill_version=version, actor=dave)
+    version.refresh_from_db()
+    assert version.status == VersionStatus.PUBLISHED
 
 
 def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail(
