@@ -6,8 +6,10 @@ stripped; the whole response of a call cut to fit stays in a Source the model ca
 reference (`executor._record`).
 """
 
+import bisect
 import functools
 import json
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -83,24 +85,57 @@ def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:
     return jsontext.storable_text(shown), hidden
 
 
+# A token of JSON text: a string, a number or literal, a bracket, a comma or a colon.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[^\s"{}\[\],:]+|[{}\[\],:]')
+_KEY_FOLLOWS = re.compile(r"\s*:")
+
+
+def _value_ends(text: str, limit: int) -> list[int]:
+    """Where a preview of the JSON `text` may end, up to `limit`, in ascending order: at its
+    start, after an opening bracket or after a whole value (a string that is no key, a
+    number, a literal, a closing bracket); never inside a string or a number, so that each
+    value a preview shows is whole, as masking finds it (a sensitive name cut to "Zoë Br"
+    would be found nowhere)."""
+    ends = [0]
+    for token in _JSON_TOKEN.finditer(text):
+        if token.end() > limit:
+            break
+        first = token.group()[0]
+        if first in ",:" or (first == '"' and _KEY_FOLLOWS.match(text, token.end())):
+            continue
+        ends.append(token.end())
+    return ends
+
+
 def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
-    """Replace `part` (raw or normalized) with a preview of its JSON text, as long as the
-    envelope allows; returns whether the envelope fits now."""
-    preview = json.dumps(getattr(envelope, part), ensure_ascii=False, default=str)
-    while True:
-        setattr(envelope, part, {"preview": preview})
+    """Replace `part` (raw or normalized) with a preview of its JSON text, halved as long as
+    the envelope allows and ending after a whole value (`_value_ends`); returns whether the
+    envelope fits now."""
+    text = json.dumps(getattr(envelope, part), ensure_ascii=False, default=str)
+    setattr(envelope, part, {"preview": text})
+    if envelope.size() <= max_bytes:
+        return True
+    # A preview of more characters than the envelope's bytes cannot fit: its ends are not
+    # looked for.
+    ends = _value_ends(text, max_bytes)
+    length = len(text)
+    while length:
+        length //= 2
+        if length > max_bytes:
+            continue
+        length = ends[bisect.bisect_right(ends, length) - 1]
+        setattr(envelope, part, {"preview": text[:length]})
         if envelope.size() <= max_bytes:
             return True
-        if not preview:
-            return False
-        preview = preview[: len(preview) // 2]
+    return False
 
 
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
     """Keep the envelope under `max_bytes`: the raw response is cut first, then the normalised
-    fields (each to a preview of its JSON text; the full response stays in a Source of the
-    call), then the error's message; then, should the references alone be too many, the last
-    of them (their Sources stay). The statuses, the error category and the call are never cut."""
+    fields (each to a preview of its JSON text that ends after a whole value; the full
+    response stays in a Source of the call), then the error's message; then, should the
+    references alone be too many, the last of them (their Sources stay). The statuses, the
+    error category and the call are never cut."""
     if envelope.size() <= max_bytes:
         return envelope
     envelope.truncated = True

@@ -45,6 +45,24 @@ def test_a_large_raw_response_is_cut_to_a_preview_first():
     assert envelope.normalized == {"count": 200}
 
 
+def test_a_preview_ends_after_a_whole_value_wherever_the_limit_falls():
+    # given records whose names a viewer without clearance is not shown: a name cut in two
+    # ("Zoë Br") is no name masking finds
+    rows = [{"name": f"Zoë Brandt {index}", "age": 1000 + index} for index in range(100)]
+    text = json.dumps({"rows": rows}, ensure_ascii=False)
+
+    for limit in range(400, 3000, 7):
+        envelope = fit(_envelope(raw={"rows": rows}), max_bytes=limit)
+
+        # then the preview is the start of the JSON text, up to the end of a whole value (no
+        # string, number or key cut), within the limit
+        preview = envelope.raw["preview"]
+        assert envelope.size() <= limit
+        assert text.startswith(preview)
+        assert preview.endswith(("{", "[")) or text[len(preview)] in ",]}"
+        assert preview or limit < 500
+
+
 @pytest.mark.parametrize(
     "parts",
     [

@@ -5,6 +5,7 @@ the envelope (DESIGN.md, gate 7)."""
 import gzip
 import json
 import logging
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from runs.models import Run, Source, ToolCall
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory
+from tests.approvals.test_sensitive_fields import revealed
 from tests.loopback import loopback_server
 from tests.runs.conftest import demo_run, event_types, events_of
 from tests.runs.test_loop import http_reader_add
@@ -607,6 +609,36 @@ def test_an_auditor_without_clearance_sees_no_sensitive_field_nor_email_anywhere
         assert "L7-EUR-183500" not in text
         assert "li.wei@acme.example" not in text
     assert "l***@acme.example" in export
+
+
+def test_an_answer_cut_to_fit_its_envelope_shows_an_auditor_no_part_of_a_sensitive_value(
+    demo, report_service, client
+):
+    # given a directory service whose answer is far larger than an envelope may carry, most of
+    # it names, under a field its contract marks sensitive: the envelope's cut falls in one
+    people = [
+        {"record_id": f"dir-{index:04d}", "display_name": f"Zoë Brandt-Nakamura {index:03d}"}
+        for index in range(600)
+    ]
+    report_service.body = json.dumps({"business_status": "ok", "data": {"people": people}}).encode()
+    run = report_read(demo, report_service, result_contract={"sensitive_fields": ["display_name"]})
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["truncated"] is True
+
+    # when carol, without clearance, reads the run and exports it
+    page, export = auditor_page_and_export(client, run)
+
+    # then no name is there, whole or in part: not in the call's envelope nor in the turns
+    # where the model read it
+    for text in (page, export):
+        assert "zoë" not in revealed(text)
+        assert "brandt" not in revealed(text)
+    # and the preview, as the model read it, holds whole records only
+    preview = record.envelope["raw"]["preview"]
+    shown = re.findall(r'"display_name": "([^"]*)"', preview)
+    assert shown == [person["display_name"] for person in people[: len(shown)]]
+    assert shown
+    assert preview.endswith(("}", '"'))
 
 
 @pytest.mark.parametrize(("status", "opens"), [(404, False), (422, False), (503, True)])
