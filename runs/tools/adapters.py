@@ -356,11 +356,20 @@ def http_call(
         raw=payload.get("data", payload),
         normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[
-            SourceDraft(reference=str(item.get("reference")), content=str(item.get("content", "")))
+            SourceDraft(reference=str(item.get("reference")), content=_source_text(item))
             for item in (sources if isinstance(sources, list) else [])
             if isinstance(item, dict) and item.get("reference")
         ],
     )
+
+
+def _source_text(source: dict[str, Any]) -> str:
+    """A source's content as the run keeps it: text as given, none (missing or null) as no
+    text, and any other JSON value (an object, a list, a number) as its JSON text."""
+    content = source.get("content")
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else jsontext.dumps(content)
 
 
 MCP_META_PREFIX = "agentgov/"

@@ -641,6 +641,46 @@ def test_an_answer_cut_to_fit_its_envelope_shows_an_auditor_no_part_of_a_sensiti
     assert preview.endswith(("}", '"'))
 
 
+def test_a_source_the_service_gives_as_an_object_is_kept_as_its_json_text(
+    demo, report_service, client
+):
+    # given a service that gives its evidence as an object, with a name under a field its
+    # contract marks sensitive
+    content = {"project": "apollo", "health": "green", "owner": {"display_name": "Zoë Brandt"}}
+    report_service.body = json.dumps(
+        {
+            "business_status": "ok",
+            "data": {"health": "green"},
+            "sources": [{"reference": "report:apollo", "content": content}],
+        }
+    ).encode()
+
+    # when
+    run = report_read(demo, report_service, result_contract={"sensitive_fields": ["display_name"]})
+
+    # then the run keeps the object as JSON text, which a viewer with clearance reads in the
+    # export as the service gave it
+    (source,) = Source.objects.filter(run=run, reference="report:apollo")
+    assert json.loads(source.content) == content
+    client.force_login(demo.admin)
+    (exported,) = [
+        item
+        for item in client.get(reverse("runs:export", args=[run.pk])).json()["sources"]
+        if item["reference"] == "report:apollo"
+    ]
+    assert json.loads(exported["content"]) == content
+    # and an auditor without clearance reads it too, the sensitive field hidden
+    _, export = auditor_page_and_export(client, run)
+    (audited,) = [
+        item for item in json.loads(export)["sources"] if item["reference"] == "report:apollo"
+    ]
+    assert json.loads(audited["content"]) == {
+        "project": "apollo",
+        "health": "green",
+        "owner": {"display_name": "[redacted]"},
+    }
+
+
 @pytest.mark.parametrize(("status", "opens"), [(404, False), (422, False), (503, True)])
 def test_only_the_tool_s_own_faults_open_its_circuit(demo, report_service, status, opens):
     """A caller's mistake is an answer: counted as a fault, a few bad arguments of one tenant
