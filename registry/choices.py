@@ -57,6 +57,8 @@ VERSION_TRANSITIONS: dict[str, frozenset[str]] = {
 FROZEN_STATUSES = frozenset(
     {VersionStatus.PUBLISHED, VersionStatus.DEPRECATED, VersionStatus.REVOKED}
 )
+# Versions a run may call: a deprecated one still serves the skills that pin it.
+CALLABLE_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
 # Versions a client may see without the right to view unpublished work.
 LISTED_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
 

@@ -15,7 +15,7 @@ from django.db import models
 
 from config.credentials import args_secret_refusal, credential_refusal, url_secret_refusal
 from config.history import history_records
-from registry.choices import FROZEN_STATUSES, AdapterKind, Risk
+from registry.choices import CALLABLE_STATUSES, FROZEN_STATUSES, AdapterKind, Risk
 from registry.models.configs import CREDENTIAL_REF_VALIDATOR
 from registry.models.definitions import NAMESPACE_VALIDATOR
 from registry.models.tenancy import Tenant
@@ -136,16 +136,41 @@ class McpServer(models.Model):
                 "Tool versions released from this server call it by its owner and name "
                 "(registry.selectors.mcp_server_of): they no longer change."
             )
+        for field, calling in self._endpoint_changed_under_callable_tools().items():
+            errors[field] = (
+                f"Published or deprecated tool versions call this server ({calling}): a new "
+                "endpoint would answer their calls unreviewed. Register a new server at the "
+                "new endpoint and publish its tools, or revoke these versions first."
+            )
         if errors:
             raise ValidationError(errors)
+
+    # Where the calls of the server's tools go: its endpoint, or the process that serves them.
+    ENDPOINT_FIELDS = ("transport", "url", "command", "args")
+
+    def _stored(self) -> dict | None:
+        if self._state.adding:
+            return None
+        return (
+            McpServer.objects.filter(pk=self.pk)
+            .values("tenant_id", "name", *self.ENDPOINT_FIELDS)
+            .first()
+        )
+
+    @staticmethod
+    def _versions_calling(stored: dict, statuses: frozenset[str]) -> models.QuerySet:
+        return ToolVersion.objects.filter(
+            adapter_kind=AdapterKind.MCP,
+            tool__tenant_id=stored["tenant_id"],
+            adapter_config__server=stored["name"],
+            status__in=statuses,
+        )
 
     def _identity_changed_under_released_tools(self) -> list[str]:
         """The fields of the server's owner and name changed since it was stored, when a
         published, deprecated or revoked tool version calls it by them: renamed or moved, the
         server would leave them calling nothing, or whatever server took the name next."""
-        if self._state.adding:
-            return []
-        stored = McpServer.objects.filter(pk=self.pk).values("tenant_id", "name").first()
+        stored = self._stored()
         if stored is None:
             return []
         changed = [
@@ -153,13 +178,26 @@ class McpServer(models.Model):
             for field, attname in (("tenant", "tenant_id"), ("name", "name"))
             if stored[attname] != getattr(self, attname)
         ]
-        released = ToolVersion.objects.filter(
-            adapter_kind=AdapterKind.MCP,
-            tool__tenant_id=stored["tenant_id"],
-            adapter_config__server=stored["name"],
-            status__in=FROZEN_STATUSES,
-        )
+        released = self._versions_calling(stored, FROZEN_STATUSES)
         return changed if changed and released.exists() else []
+
+    def _endpoint_changed_under_callable_tools(self) -> dict[str, str]:
+        """The endpoint fields changed since the server was stored, each with the published or
+        deprecated versions that call it: a new endpoint would answer their calls with no new
+        version reviewed (drift compares definitions, not endpoints). Revoked ones call no more."""
+        stored = self._stored()
+        if stored is None:
+            return {}
+        changed = [field for field in self.ENDPOINT_FIELDS if stored[field] != getattr(self, field)]
+        if not changed:
+            return {}
+        calling = ", ".join(
+            str(version)
+            for version in self._versions_calling(stored, CALLABLE_STATUSES)
+            .select_related("tool")
+            .order_by("tool__name", "version")
+        )
+        return dict.fromkeys(changed, calling) if calling else {}
 
 
 class McpToolDefinition(models.Model):

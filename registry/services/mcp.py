@@ -68,7 +68,12 @@ def mcp_server_save(
         )
     if server._state.adding and server.created_by_id is None:
         server.created_by = actor
-    return registry_object_save(instance=server, actor=actor, reason=reason)
+    with transaction.atomic():
+        # Checked with the server locked: a tool version published meanwhile (it locks its
+        # server, `mcp_version_publish_check`) is seen, and waits for this save.
+        if not server._state.adding:
+            list(McpServer.objects.select_for_update().filter(pk=server.pk).values_list("pk"))
+        return registry_object_save(instance=server, actor=actor, reason=reason)
 
 
 @dataclass

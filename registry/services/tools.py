@@ -6,7 +6,7 @@ from django.db import transaction
 from config.credentials import credential_refusal, url_secret_refusal
 from registry.choices import AdapterKind
 from registry.errors import ToolDefinitionChanged, ValidationFailed, VersionImmutable
-from registry.models import Tenant, Tool, ToolVersion
+from registry.models import McpServer, Tenant, Tool, ToolVersion
 from registry.schemas import raise_if_errors, tool_version_errors
 from registry.selectors import mcp_drift, mcp_server_of
 from registry.services import lifecycle
@@ -101,6 +101,10 @@ def mcp_version_publish_check(tool_version: ToolVersion) -> None:
     """A version is published only against the definition its server serves now."""
     config = tool_version.adapter_config
     server = mcp_server_of(tool_version)
+    if server is not None:
+        # Locked until the version is published: a change of its endpoint, or its deletion,
+        # waits, and then sees the version that calls it.
+        server = McpServer.objects.select_for_update().filter(pk=server.pk).first()
     if server is None:
         raise ValidationFailed(
             f"No MCP server named {config.get('server')} belongs to the tool's owner."

@@ -17,7 +17,7 @@ from rest_framework.test import APIClient
 from examples.mcp_server import server as example_server
 from registry.demo import DEMO_PASSWORD
 from registry.errors import PermissionDenied, ToolDefinitionChanged, ValidationFailed
-from registry.models import McpRemoteTool, McpToolDefinition, ToolVersion
+from registry.models import McpRemoteTool, McpServer, McpToolDefinition, ToolVersion
 from registry.services import tools
 from registry.services.mcp import mcp_server_discover, mcp_server_save
 from registry.services.tenancy import api_token_issue
@@ -240,11 +240,13 @@ def test_a_server_that_is_down_fails_the_call_and_the_run_still_ends(
     demo, projects, published_status, transport
 ):
     published_status()
-    if transport == "stdio":
-        projects.args = ["-c", "import sys; sys.exit(3)"]
-    else:
-        projects.url = "http://127.0.0.1:9/mcp"
-    mcp_server_save(server=projects, actor=demo.admin)
+    # the server goes down where it is: nothing answers at its endpoint any more
+    down = (
+        {"args": ["-c", "import sys; sys.exit(3)"]}
+        if transport == "stdio"
+        else {"url": "http://127.0.0.1:9/mcp"}
+    )
+    McpServer.objects.filter(pk=projects.pk).update(**down)
     run = ask(demo)
 
     run_execute(run_id=str(run.pk))
@@ -343,6 +345,77 @@ def test_a_removed_remote_tool_blocks_calls_and_a_stale_draft_cannot_be_publishe
         tools.tool_version_publish(
             tool_version=draft_of(projects, "project_note_add"), actor=demo.admin
         )
+
+
+# --- changing and deleting a server ---------------------------------------------------------
+
+
+def server_form(server: McpServer, **changes) -> dict:
+    """The admin change form of `server` as it is stored, changed as given."""
+    values = {
+        "tenant": server.tenant_id or "",
+        "name": server.name,
+        "description": server.description,
+        "transport": server.transport,
+        "command": server.command,
+        "args": json.dumps(server.args),
+        "env": json.dumps(server.env),
+        "url": server.url,
+        "credential_ref": server.credential_ref,
+        "timeout_s": server.timeout_s,
+        "is_enabled": "on",
+        **{
+            f"{prefix}-{field}": 0
+            for prefix in ("remote_tools", "prompts", "resources")
+            for field in ("TOTAL_FORMS", "INITIAL_FORMS")
+        },
+    }
+    return values | {
+        field: json.dumps(value) if isinstance(value, list) else value
+        for field, value in changes.items()
+    }
+
+
+def test_a_server_published_tools_call_keeps_its_endpoint_until_they_are_revoked(
+    demo, projects, published_status, transport, client
+):
+    # given acme's projects server, whose project_status 1.0.0 is published and pinned
+    version = published_status()
+    field, elsewhere = {
+        "http": ("url", "http://127.0.0.1:9/mcp"),
+        "stdio": ("args", ["-m", "examples.another_server"]),
+    }[transport]
+    refusal = (
+        "Published or deprecated tool versions call this server (project_status@1.0.0): a new "
+        "endpoint would answer their calls unreviewed. Register a new server at the new "
+        "endpoint and publish its tools, or revoke these versions first."
+    )
+    change = reverse("admin:registry_mcpserver_change", args=[projects.pk])
+    client.force_login(demo.admin)
+
+    # when a platform admin points the server elsewhere, in the admin and in the services
+    response = client.post(change, server_form(projects, **{field: elsewhere}))
+    moved = McpServer.objects.get(pk=projects.pk)
+    setattr(moved, field, elsewhere)
+    with pytest.raises(ValidationFailed) as refused:
+        mcp_server_save(server=moved, actor=demo.admin)
+
+    # then both refuse it on that field, and the published version's calls go where they went
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors[field] == [refusal]
+    assert refused.value.details[field] == [refusal]
+    projects.refresh_from_db()
+    assert getattr(projects, field) != elsewhere
+    run = ask(demo)
+    run_execute(run_id=str(run.pk))
+    assert only_call(run).status == "completed"
+
+    # once the version is revoked, no call goes through the server: it may move
+    tools.tool_version_revoke(tool_version=version, actor=demo.admin, reason="moving")
+    response = client.post(change, server_form(projects, **{field: elsewhere}))
+    assert response.status_code == 302
+    projects.refresh_from_db()
+    assert getattr(projects, field) == elsewhere
 
 
 # --- poisoning -------------------------------------------------------------------------------
