@@ -8,16 +8,22 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import models
+from django.db import models, transaction
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html, format_html_join
 
 from config.errors import ApplicationError
 from registry.admin.base import RegistryAdmin, error_text
 from registry.mcp.review import visible
 from registry.models import McpPrompt, McpRemoteTool, McpResource, McpServer
-from registry.services.mcp import mcp_drift_of_servers, mcp_server_discover, mcp_server_save
+from registry.selectors import mcp_server_callers
+from registry.services.mcp import (
+    mcp_drift_of_servers,
+    mcp_server_delete,
+    mcp_server_discover,
+    mcp_server_save,
+)
 
 
 def flags_html(flags: list[dict[str, str]]) -> str:
@@ -130,6 +136,46 @@ class McpServerAdmin(RegistryAdmin):
         if not change:
             obj.created_by = request.user
         mcp_server_save(server=obj, actor=request.user, reason="saved in admin")
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple:
+        """A server that published or deprecated tool versions call is not deleted: the page
+        (templates/admin/registry/mcpserver/) lists them, to be revoked first."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        callers = [
+            f"{version} ({version.get_status_display().lower()}) calls {server}"
+            for server in objs
+            for version in mcp_server_callers(server)
+        ]
+        return deleted, counts, perms_needed, [*protected, *callers]
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        mcp_server_delete(server=obj, actor=request.user, reason="deleted in admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for server in queryset:
+            mcp_server_delete(server=server, actor=request.user, reason="deleted in admin")
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        """A version published since the page was read refuses the deletion: the page is
+        drawn again, with the refusal, and lists it."""
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Deleting the selected servers deletes all of them or, refused for one, none."""
+        if request.POST.get("action") != "delete_selected":
+            return super().response_action(request, queryset)
+        try:
+            with transaction.atomic():
+                return super().response_action(request, queryset)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return None
 
     def has_discover_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)

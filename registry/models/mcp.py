@@ -228,7 +228,8 @@ class McpRemoteTool(models.Model):
 
     server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="remote_tools")
     remote_name = models.CharField(max_length=200)
-    current = models.ForeignKey(McpToolDefinition, on_delete=models.PROTECT, related_name="+")
+    # Kept while a remote tool serves it; both go when their server is deleted.
+    current = models.ForeignKey(McpToolDefinition, on_delete=models.RESTRICT, related_name="+")
     last_seen_at = models.DateTimeField()
     removed_at = models.DateTimeField(null=True, blank=True)
 

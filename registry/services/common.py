@@ -32,6 +32,13 @@ def audited_save(
     instance.save(**kwargs)
 
 
+def audited_delete(instance: models.Model, *, actor: AbstractBaseUser | None, reason: str) -> None:
+    """Delete and have django-simple-history record who did it and why."""
+    instance._history_user = actor
+    instance._change_reason = reason
+    instance.delete()
+
+
 def audited_unique_save(
     instance: models.Model,
     *,

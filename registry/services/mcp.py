@@ -24,6 +24,7 @@ from config import jsontext
 from registry.choices import READ_RISKS, AdapterKind, ApprovalRule, VersionStatus
 from registry.errors import (
     McpServerUnavailable,
+    NotFound,
     PermissionDenied,
     ValidationFailed,
 )
@@ -49,8 +50,13 @@ from registry.models import (
     Tool,
     ToolVersion,
 )
-from registry.selectors import mcp_drift
-from registry.services.common import audited_save, full_clean_or_raise, registry_object_save
+from registry.selectors import mcp_drift, mcp_server_callers
+from registry.services.common import (
+    audited_delete,
+    audited_save,
+    full_clean_or_raise,
+    registry_object_save,
+)
 from registry.services.tools import tool_version_check
 
 logger = logging.getLogger(__name__)
@@ -74,6 +80,27 @@ def mcp_server_save(
         if not server._state.adding:
             list(McpServer.objects.select_for_update().filter(pk=server.pk).values_list("pk"))
         return registry_object_save(instance=server, actor=actor, reason=reason)
+
+
+def mcp_server_delete(
+    *, server: McpServer, actor: AbstractBaseUser, reason: str = "deleted"
+) -> None:
+    """Delete a server with what discovery recorded on it (its remote tool definitions, prompts
+    and resources); its history keeps who deleted it. Refused while published or deprecated
+    tool versions call it: they would call nothing, or whatever server took its name next.
+    The drafts made from it stay, unpublishable until a server of its name serves them."""
+    with transaction.atomic():
+        locked = McpServer.objects.select_for_update().filter(pk=server.pk).first()
+        if locked is None:
+            raise NotFound("No such MCP server.")
+        callers = [str(version) for version in mcp_server_callers(locked)]
+        if callers:
+            raise ValidationFailed(
+                f"Published tool versions call {locked}: revoke them (deprecated ones too) "
+                "before deleting the server.",
+                details={"tool_versions": callers},
+            )
+        audited_delete(locked, actor=actor, reason=reason)
 
 
 @dataclass

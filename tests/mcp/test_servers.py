@@ -19,7 +19,7 @@ from registry.demo import DEMO_PASSWORD
 from registry.errors import PermissionDenied, ToolDefinitionChanged, ValidationFailed
 from registry.models import McpRemoteTool, McpServer, McpToolDefinition, ToolVersion
 from registry.services import tools
-from registry.services.mcp import mcp_server_discover, mcp_server_save
+from registry.services.mcp import mcp_server_delete, mcp_server_discover, mcp_server_save
 from registry.services.tenancy import api_token_issue
 from runs.loop import run_execute
 from runs.models import Run, RunEvent, Source, ToolCall
@@ -416,6 +416,68 @@ def test_a_server_published_tools_call_keeps_its_endpoint_until_they_are_revoked
     assert response.status_code == 302
     projects.refresh_from_db()
     assert getattr(projects, field) == elsewhere
+
+
+@pytest.mark.parametrize("transport", ["stdio"], indirect=True)
+def test_a_discovered_server_no_published_tool_calls_is_deleted_with_its_remote_tools(
+    demo, projects, client
+):
+    # given acme's projects server, discovered: its tools are drafts, none published
+    mcp_server_discover(server=projects, actor=demo.admin)
+    delete = reverse("admin:registry_mcpserver_delete", args=[projects.pk])
+    client.force_login(demo.admin)
+
+    # when a platform admin deletes it in the admin
+    page = client.get(delete)
+    response = client.post(delete, {"post": "yes"})
+
+    # then it is gone with what discovery recorded on it, and its history says who deleted it
+    assert (page.context["title"], page.context["protected"]) == ("Delete", [])
+    assert response.status_code == 302
+    assert not McpServer.objects.filter(pk=projects.pk).exists()
+    assert not McpRemoteTool.objects.filter(server_id=projects.pk).exists()
+    assert not McpToolDefinition.objects.filter(server_id=projects.pk).exists()
+    deleted = McpServer.history.filter(id=projects.pk).latest("history_date")
+    assert (deleted.history_type, deleted.history_user, deleted.history_change_reason) == (
+        "-",
+        demo.admin,
+        "deleted in admin",
+    )
+
+
+@pytest.mark.parametrize("transport", ["stdio"], indirect=True)
+def test_a_server_published_tools_call_is_deleted_only_once_they_are_revoked(
+    demo, projects, published_status, client
+):
+    # given acme's projects server, whose project_status 1.0.0 is published, then deprecated
+    version = published_status()
+    tools.tool_version_deprecate(tool_version=version, actor=demo.admin, reason="superseded")
+    delete = reverse("admin:registry_mcpserver_delete", args=[projects.pk])
+    servers = reverse("admin:registry_mcpserver_changelist")
+    selected = {"action": "delete_selected", "_selected_action": [str(projects.pk)]}
+    client.force_login(demo.admin)
+
+    # when a platform admin deletes it, on its page, from the list, or by the services
+    page = client.get(delete)
+    confirmed = client.post(delete, {"post": "yes"})
+    listed = client.post(servers, {**selected, "post": "yes"})
+    with pytest.raises(ValidationFailed) as refused:
+        mcp_server_delete(server=projects, actor=demo.admin)
+
+    # then each refuses it, naming the version that calls it and what to do
+    assert page.context["title"] == "Cannot delete MCP server"
+    assert page.context["protected"] == ["project_status@1.0.0 (deprecated) calls acme/projects"]
+    assert "Revoke these versions first, then delete the server." in page.content.decode()
+    assert confirmed.status_code == 200
+    assert "Revoke these versions first, then delete the servers." in listed.content.decode()
+    assert refused.value.details == {"tool_versions": ["project_status@1.0.0"]}
+    assert McpServer.objects.filter(pk=projects.pk).exists()
+
+    # once the version is revoked, the server is deleted from the list
+    tools.tool_version_revoke(tool_version=version, actor=demo.admin, reason="retired")
+    response = client.post(servers, {**selected, "post": "yes"})
+    assert response.status_code == 302
+    assert not McpServer.objects.filter(pk=projects.pk).exists()
 
 
 # --- poisoning -------------------------------------------------------------------------------
