@@ -25,7 +25,6 @@ from guardian.shortcuts import get_objects_for_group
 
 from config.queries import PreparedQuery
 from registry.choices import (
-    CALLABLE_STATUSES,
     FROZEN_STATUSES,
     LISTED_STATUSES,
     ROLE_ACTIONS,
@@ -423,16 +422,7 @@ def mcp_server_of(tool_version: ToolVersion) -> McpServer | None:
 
 def mcp_server_callers(server: McpServer) -> QuerySet[ToolVersion]:
     """The published and deprecated tool versions that call `server` (`mcp_server_of`)."""
-    return (
-        ToolVersion.objects.filter(
-            adapter_kind=AdapterKind.MCP,
-            tool__tenant_id=server.tenant_id,
-            adapter_config__server=server.name,
-            status__in=CALLABLE_STATUSES,
-        )
-        .select_related("tool")
-        .order_by("tool__name", "version")
-    )
+    return McpServer.versions_calling(tenant_id=server.tenant_id, name=server.name)
 
 
 def mcp_server_usable(*, server: McpServer | None, tenant: Tenant) -> bool:

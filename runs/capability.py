@@ -22,7 +22,12 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from config.queries import PreparedQuery
 from registry.canonical import canonical_hash
-from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, SkillAssembly, VersionStatus
+from registry.choices import (
+    CALLABLE_STATUSES,
+    DATA_CLASSIFICATION_LEVELS,
+    AdapterKind,
+    SkillAssembly,
+)
 from registry.generation import registry_cached
 from registry.models import (
     AgentConfig,
@@ -46,8 +51,6 @@ from runs.tools.limits import circuit_state
 from runs.workflows import WORKFLOWS
 
 SNAPSHOT_SCHEMA = 1
-# A pinned tool version serves its existing pins while published or deprecated; never revoked.
-USABLE_PIN_STATUSES = frozenset({VersionStatus.PUBLISHED, VersionStatus.DEPRECATED})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -90,7 +93,7 @@ def _tool_exclusion(
     tool_version: ToolVersion, *, tenant: Tenant, max_level: int, chosen: dict[str, dict]
 ) -> str | None:
     """Why a pinned tool version stays out of this run, or None if it may enter."""
-    if tool_version.status not in USABLE_PIN_STATUSES:
+    if tool_version.status not in CALLABLE_STATUSES:
         return f"VERSION_{tool_version.status.upper()}"
     if not tenant_has_grant(tenant=tenant, definition=tool_version.tool):
         return "NOT_GRANTED"

@@ -158,12 +158,20 @@ class McpServer(models.Model):
         )
 
     @staticmethod
-    def _versions_calling(stored: dict, statuses: frozenset[str]) -> models.QuerySet:
-        return ToolVersion.objects.filter(
-            adapter_kind=AdapterKind.MCP,
-            tool__tenant_id=stored["tenant_id"],
-            adapter_config__server=stored["name"],
-            status__in=statuses,
+    def versions_calling(
+        *, tenant_id: int | None, name: str, statuses: frozenset[str] = CALLABLE_STATUSES
+    ) -> models.QuerySet:
+        """The tool versions in `statuses` that call the server of this owner and name, by
+        name and version (`registry.selectors.mcp_server_of`)."""
+        return (
+            ToolVersion.objects.filter(
+                adapter_kind=AdapterKind.MCP,
+                tool__tenant_id=tenant_id,
+                adapter_config__server=name,
+                status__in=statuses,
+            )
+            .select_related("tool")
+            .order_by("tool__name", "version")
         )
 
     def _identity_changed_under_released_tools(self) -> list[str]:
@@ -178,7 +186,9 @@ class McpServer(models.Model):
             for field, attname in (("tenant", "tenant_id"), ("name", "name"))
             if stored[attname] != getattr(self, attname)
         ]
-        released = self._versions_calling(stored, FROZEN_STATUSES)
+        released = self.versions_calling(
+            tenant_id=stored["tenant_id"], name=stored["name"], statuses=FROZEN_STATUSES
+        )
         return changed if changed and released.exists() else []
 
     def _endpoint_changed_under_callable_tools(self) -> dict[str, str]:
@@ -193,9 +203,7 @@ class McpServer(models.Model):
             return {}
         calling = ", ".join(
             str(version)
-            for version in self._versions_calling(stored, CALLABLE_STATUSES)
-            .select_related("tool")
-            .order_by("tool__name", "version")
+            for version in self.versions_calling(tenant_id=stored["tenant_id"], name=stored["name"])
         )
         return dict.fromkeys(changed, calling) if calling else {}
 
