@@ -24,6 +24,7 @@ from registry.selectors import user_can
 from registry.services.common import audited_save, full_clean_or_raise
 from runs.errors import PermissionDenied, ValidationFailed
 from runs.models import ScheduledTask
+from runs.redaction import secrets_removed
 
 FIRE_TASK = "runs.tasks.scheduled_task_fire"
 MIN_INTERVAL_SECONDS = 60
@@ -93,6 +94,12 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
         errors["max_attempts"] = [f"Between 1 and {MAX_ATTEMPTS}."]
     if not task.goal.strip():
         errors["goal"] = ["The goal is the message every run starts from; it cannot be empty."]
+    elif secrets_removed(task.goal) != task.goal:
+        errors["goal"] = [
+            "The goal holds what looks like a credential (a key, a token, a password). Its runs "
+            "never get it, and the task, its history and its occurrences would show it to "
+            "whoever reads them: remove it, and give the credential to the tool that needs it."
+        ]
     return errors
 
 
@@ -136,7 +143,8 @@ def scheduled_task_save(
 ) -> ScheduledTask:
     """Create or change a task and its beat schedule in one transaction. The actor is a
     tenant admin; the owner a member who may start runs, with an email; the agent one of
-    the tenant's active agents; the schedule an interval or a valid crontab."""
+    the tenant's active agents; the schedule an interval or a valid crontab; the goal holds
+    no credential."""
     _may_manage(actor=actor, task=task)
     task.crontab = task.crontab.strip()
     errors = scheduled_task_errors(task)

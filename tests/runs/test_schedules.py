@@ -198,6 +198,18 @@ def _globex_agent(demo) -> AgentConfig:
             {"agent_config": "model off"}, "agent_config", "model that is not active", id="model"
         ),
         pytest.param({"deadline_seconds": 10}, "deadline_seconds", "60", id="short-deadline"),
+        pytest.param(
+            {"goal": f"{RUNNING_EXAMPLE_TEXT} api_key=sk-live-4f9c2a7e81b3d605"},
+            "goal",
+            "looks like a credential",
+            id="secret-in-goal",
+        ),
+        pytest.param(
+            {"goal": f"{RUNNING_EXAMPLE_TEXT}，邮箱密码是 Tr0ub4dor3"},  # noqa: RUF001
+            "goal",
+            "looks like a credential",
+            id="secret-in-goal-zh",
+        ),
     ],
 )
 def test_an_invalid_task_is_refused_field_by_field_and_nothing_is_scheduled(

@@ -110,6 +110,18 @@ def test_the_admin_form_shows_each_refusal_next_to_its_field_and_saves_nothing(c
     assert not PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").exists()
 
 
+def test_a_goal_holding_a_credential_is_a_form_error_and_is_kept_nowhere(client, demo):
+    client.force_login(demo.admin)
+    goal = f"{RUNNING_EXAMPLE_TEXT} Authorization: Bearer 9f8e7d6c5b4a39281706f5e4"
+
+    response = client.post(f"{TASKS}add/", task_form(demo, goal=goal))
+
+    assert response.status_code == 200
+    assert "looks like a credential" in response.context["adminform"].form.errors["goal"][0]
+    assert not ScheduledTask.objects.exists()
+    assert not ScheduledTask.history.exists()
+
+
 def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(client, demo):
     task = saved_task(demo)
     client.force_login(demo.admin)
