@@ -136,6 +136,11 @@ class ScheduledTaskAdmin(RegistryAdmin):
         url = reverse("admin:runs_taskoccurrence_changelist") + f"?task__id__exact={obj.pk}"
         return format_html('<a href="{}">{} occurrences</a>', url, obj.occurrences.count())
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        """A saved task keeps its tenant (`scheduled_task_errors`)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return ("tenant", *fields) if obj is not None else fields
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any):
         """Owners and agents are offered from the tenants this user administers only."""
         if not request.user.is_superuser:

@@ -67,6 +67,13 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
     """What is wrong with a task, field by field; empty when nothing is. The admin form shows
     these next to the fields; `scheduled_task_save` refuses a task that has any."""
     errors = _schedule_errors(task)
+    if not task._state.adding:
+        saved = ScheduledTask.objects.filter(pk=task.pk).values_list("tenant_id", flat=True)
+        if saved.first() not in (None, task.tenant_id):
+            errors["tenant"] = [
+                "A task stays in the tenant it was created in: its occurrences and their runs "
+                "are that tenant's record. Create the task in the other tenant instead."
+            ]
     if task.tenant_id and task.owner_id:
         owner = task.owner
         if not user_can(user=owner, action=Action.RUN_CREATE, tenant=task.tenant):

@@ -250,6 +250,24 @@ def test_only_a_tenant_admin_schedules_tasks(demo):
     assert not ScheduledTask.objects.exists()
 
 
+def test_a_task_stays_in_its_tenant_with_its_occurrences(demo):
+    # given acme's task, fired once, and a platform admin moving it to globex
+    task = task_of(demo)
+    occurrence = scheduled_task_fire(task_id=task.pk)
+    moved = ScheduledTask.objects.get(pk=task.pk)
+    moved.tenant = demo.globex
+    moved.agent_config = _globex_agent(demo)
+    moved.owner = type(demo.alice).objects.get(username="erin")
+
+    # when it is saved, then it is refused on its tenant and stays acme's
+    with pytest.raises(ValidationFailed) as refused:
+        scheduled_task_save(actor=demo.admin, task=moved)
+
+    assert "stays in the tenant it was created in" in refused.value.details["tenant"][0]
+    assert ScheduledTask.objects.get(pk=task.pk).tenant == demo.acme
+    assert TaskOccurrence.objects.filter(task__tenant=demo.acme).get() == occurrence
+
+
 # --- slots -------------------------------------------------------------------------------
 
 

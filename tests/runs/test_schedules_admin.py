@@ -122,6 +122,18 @@ def test_a_goal_holding_a_credential_is_a_form_error_and_is_kept_nowhere(client,
     assert not ScheduledTask.history.exists()
 
 
+def test_a_saved_tasks_tenant_is_shown_and_not_offered_for_change(client, demo):
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+
+    page = client.get(f"{TASKS}{task.pk}/change/")
+    response = client.post(f"{TASKS}{task.pk}/change/", task_form(demo, tenant=str(demo.globex.pk)))
+
+    assert "tenant" not in page.context["adminform"].form.fields
+    assert response.status_code == 302
+    assert ScheduledTask.objects.get(pk=task.pk).tenant == demo.acme
+
+
 def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(client, demo):
     task = saved_task(demo)
     client.force_login(demo.admin)
