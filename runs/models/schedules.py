@@ -14,8 +14,9 @@ class ScheduledTask(models.Model):
     The goal, project, recipient record and deadline are fixed here, on the server; a run of
     the task takes them from its occurrence and never from a model's arguments or a later
     message. `periodic_task` is the django-celery-beat row that fires it, kept in step by
-    `runs.services.schedules.scheduled_task_save`; exactly one of `interval_seconds` and
-    `crontab` is set.
+    `runs.services.schedules.scheduled_task_save`, and not deleted while the task is (nor its
+    crontab or interval row): a task is paused, never left enabled with nothing to fire it.
+    Exactly one of `interval_seconds` and `crontab` is set.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -62,7 +63,7 @@ class ScheduledTask(models.Model):
     is_enabled = models.BooleanField(default=True, help_text="Off: paused, nothing fires.")
     periodic_task = models.OneToOneField(
         "django_celery_beat.PeriodicTask",
-        on_delete=models.SET_NULL,
+        on_delete=models.PROTECT,
         null=True,
         blank=True,
         editable=False,

@@ -152,6 +152,28 @@ def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(clie
     assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
 
 
+@pytest.mark.parametrize("row", ["periodictask", "crontabschedule"])
+def test_the_beat_rows_a_task_fires_by_are_not_deleted_from_under_it(client, demo, row):
+    # given a task, and a platform admin deleting in the beat's admin the row that fires it,
+    # or the crontab that row runs on
+    task = saved_task(demo)
+    periodic = task.periodic_task
+    pk = periodic.pk if row == "periodictask" else periodic.crontab_id
+    client.force_login(demo.admin)
+
+    response = client.post(f"/admin/django_celery_beat/{row}/{pk}/delete/", {"post": "yes"})
+
+    # then it is refused for the scheduled task that needs it, and the task still fires by it
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<h1>Cannot delete" in html
+    assert "<li>scheduled task</li>" in html
+    task.refresh_from_db()
+    assert task.periodic_task == periodic
+    assert PeriodicTask.objects.get(scheduled_task=task).crontab_id == periodic.crontab_id
+    assert periodic.enabled is True
+
+
 def test_a_tenant_admin_sees_and_offers_only_their_tenants_tasks_owners_and_agents(client, demo):
     acme_admin = get_user_model().objects.create_user(
         username="ada", password="x", email="ada@example.com", is_staff=True
