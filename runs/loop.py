@@ -1043,7 +1043,13 @@ def _agent_answer(run: Run, text: str) -> None:
     retryably when a tool was only unavailable for a while, and is PARTIAL otherwise; the
     answer stays in the result either way. The result names the failed tools of the run's
     snapshot and only counts calls of names it does not have: a name the model wrote is
-    not repeated as if it were a tool."""
+    not repeated as if it were a tool. An empty last word answers nothing: the model is told
+    so once, and the run ends PARTIAL (ANSWER_CONTRACT_NOT_MET) if it answers empty again."""
+    if not text.strip():
+        _contract_missed(
+            run, ["The answer is empty."], what="answer", reason_code="ANSWER_CONTRACT_NOT_MET"
+        )
+        return
     if (question := _clarification(text)) is not None:
         _finish(
             run,
@@ -1092,18 +1098,26 @@ def _final(run: Run, text: str) -> None:
     problems = _draft_problems(draft, evidence)
     if not problems:
         _await_approval(run, draft)
-    elif run.state["corrections"] >= 1:
+    else:
+        _contract_missed(run, problems, what="draft", reason_code="DRAFT_CONTRACT_NOT_MET")
+
+
+def _contract_missed(run: Run, problems: list[str], *, what: str, reason_code: str) -> None:
+    """A last word (`what`: the draft, the answer) that misses its node's output contract:
+    the model is told once what is wrong and gets another turn; missed again, the run ends
+    PARTIAL with `reason_code` and the problems."""
+    if run.state["corrections"] >= 1:
         _finish(
             run,
             status=RunStatus.PARTIAL,
-            reason_code="DRAFT_CONTRACT_NOT_MET",
+            reason_code=reason_code,
             output={"problems": problems},
         )
-    else:
-        run.state["corrections"] += 1
-        run.transcript.append(
-            user_entry("The draft does not meet the output contract: " + " ".join(problems))
-        )
+        return
+    run.state["corrections"] += 1
+    run.transcript.append(
+        user_entry(f"The {what} does not meet the output contract: " + " ".join(problems))
+    )
 
 
 def _await_approval(run: Run, draft: dict[str, Any]) -> None:

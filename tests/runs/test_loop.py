@@ -27,7 +27,7 @@ from approvals.models import BusinessAction
 from config.errors import ValidationFailed
 from examples.handlers import project_search
 from examples.models import Project, ProjectUpdate
-from registry.choices import AdapterKind, Risk
+from registry.choices import AdapterKind, ModelProvider, Risk
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills, tools
@@ -55,7 +55,7 @@ from tests.runs.conftest import (
     update_reference,
 )
 from tests.runs.conftest import demo_run as start
-from tests.runs.fake_provider import openai_completion
+from tests.runs.fake_provider import anthropic_message, openai_completion
 
 INGRESS = ["message.received", "message.normalized", "session.loaded", "capability.resolved"]
 START = [*INGRESS, "route.selected", "skill.activated", "tools.assembled"]
@@ -1226,6 +1226,79 @@ def test_a_model_asks_the_user_with_a_clarification_and_nothing_else(
         assert result["output"] == {"answer": json.dumps(answer)}
     (system,) = [m for m in fake.requests[0].body["messages"] if m["role"] == "system"]
     assert '{"clarification": "<the question for the user>"}' in system["content"]
+
+
+EMPTY_ANSWER_CORRECTION = "The answer does not meet the output contract: The answer is empty."
+
+
+def _agent_replies(provider: str, *texts: str | None) -> list[dict]:
+    """Last words with no tool call: None or "" is a turn with no content at all (a choice
+    whose content is null; a Messages answer whose content list is empty)."""
+    if provider == ModelProvider.OPENAI_COMPATIBLE:
+        return [openai_completion(content=text) for text in texts]
+    return [anthropic_message(text=text) for text in texts]
+
+
+@pytest.mark.parametrize(
+    "provider",
+    [ModelProvider.OPENAI_COMPATIBLE, ModelProvider.ANTHROPIC],
+    ids=["openai", "anthropic"],
+)
+def test_the_generic_agent_is_told_once_that_its_answer_is_empty_and_answers(
+    demo, fake_model, provider
+):
+    # given the generic agent on a model that first ends its turn with no content at all,
+    # then answers once told
+    fake = fake_model(provider)
+    for reply in _agent_replies(provider, None, "Apollo's SDK slips by a week."):
+        fake.reply(reply)
+    project_assistant_on_the_demo_model(demo)
+    run = start(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the user gets the answer, not an empty one
+    result = assert_terminal(run, "COMPLETED", "ANSWERED")
+    assert result["output"] == {"answer": "Apollo's SDK slips by a week."}
+    # and the model's second turn was told what was wrong, with no empty message sent back
+    assert len(fake.requests) == 2
+    messages = fake.requests[1].body["messages"]
+    assert EMPTY_ANSWER_CORRECTION in json.dumps(messages[-1])
+    assert all(message["content"] for message in messages)
+
+
+@pytest.mark.parametrize(
+    ("provider", "empty"),
+    [
+        (ModelProvider.OPENAI_COMPATIBLE, None),
+        (ModelProvider.OPENAI_COMPATIBLE, ""),
+        (ModelProvider.ANTHROPIC, None),
+    ],
+    ids=["openai-null", "openai-empty-string", "anthropic-no-content"],
+)
+def test_a_generic_agent_that_answers_empty_twice_ends_partial_not_completed(
+    demo, fake_model, provider, empty
+):
+    # given the generic agent on a model that ends its turns with no content at all
+    fake = fake_model(provider)
+    for reply in _agent_replies(provider, empty, empty, "unused"):
+        fake.reply(reply)
+    project_assistant_on_the_demo_model(demo)
+    run = start(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the run says it did not answer, after one correction, instead of a blank COMPLETED
+    result = assert_terminal(run, "PARTIAL", "ANSWER_CONTRACT_NOT_MET")
+    assert result["output"] == {"problems": ["The answer is empty."]}
+    assert len(fake.requests) == 2
+    assert EMPTY_ANSWER_CORRECTION in json.dumps(fake.requests[1].body["messages"][-1])
 
 
 def test_an_answer_to_the_agent_s_question_reaches_the_model_with_the_question(demo, fake_model):
