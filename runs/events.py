@@ -148,11 +148,19 @@ def tool_requested(
     )
 
 
-def tool_rejected(run: Run, *, call_id: str, name: str, category: str, reason: str) -> RunEvent:
+def tool_rejected(
+    run: Run, *, call_id: str, name: str, category: str, reason: str, retryable: bool
+) -> RunEvent:
     return _append(
         run,
         EventType.TOOL_REJECTED,
-        {"call_id": call_id, "name": name, "category": category, "reason": reason},
+        {
+            "call_id": call_id,
+            "name": name,
+            "category": category,
+            "reason": reason,
+            "retryable": retryable,
+        },
     )
 
 

@@ -72,7 +72,16 @@ class StepCalls:
     sources: list[Source] = field(default_factory=list)
 
 
-def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str) -> ToolCall:
+def _reject(
+    record: ToolCall,
+    run: Run,
+    *,
+    category: ErrorCategory,
+    message: str,
+    retryable: bool = False,
+) -> ToolCall:
+    """The call turned away before it ran, never executed; `retryable` when the refusal may
+    pass (an authorisation check that did not answer within the tool's timeout)."""
     envelope = fit(
         Envelope(
             call_id=record.call_id,
@@ -80,6 +89,7 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
             protocol_status="rejected",
             business_status="not_executed",
             error={"category": category, "message": message},
+            retryable=retryable,
         ),
         max_bytes=settings.TOOL_RESULT_MAX_BYTES,
     )
@@ -88,7 +98,12 @@ def _reject(record: ToolCall, run: Run, *, category: ErrorCategory, message: str
     record.error_category = category
     record.envelope = envelope.as_dict()
     events.tool_rejected(
-        run, call_id=record.call_id, name=record.name, category=category, reason=message
+        run,
+        call_id=record.call_id,
+        name=record.name,
+        category=category,
+        reason=message,
+        retryable=retryable,
     )
     tracing.span_add(
         run,
@@ -263,7 +278,13 @@ def _admit(
         run=run, call_id=call.call_id, tool_version=tool_version, resources=authorised
     )
     if (refusal := _authorization_refusal(tool_version, context, call.arguments)) is not None:
-        return _reject(record, run, category=refusal.category, message=str(refusal))
+        return _reject(
+            record,
+            run,
+            category=refusal.category,
+            message=str(refusal),
+            retryable=isinstance(refusal, ToolFailed) and refusal.retryable,
+        )
     if not node.side_effects and tool_version.risk not in READ_RISKS:
         return _reject(
             record,

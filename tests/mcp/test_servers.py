@@ -148,6 +148,7 @@ def test_an_unpublished_tool_is_never_callable(demo, projects, fake_model):
             "name": "project_status",
             "category": "NOT_FOUND",
             "reason": "project_status is not available in this step.",
+            "retryable": False,
         }
     ]
     assert only_call(run).status == "rejected"

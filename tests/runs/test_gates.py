@@ -224,8 +224,10 @@ def test_a_gate_rejects_the_call_unexecuted_and_answers_the_model_paired_by_call
     assert rejected.envelope["raw"] is None
     assert rejected.envelope["error"]["category"] == category
     assert reason in rejected.envelope["error"]["message"]
+    assert rejected.envelope["retryable"] is False
     (event,) = events_of(run, "tool.rejected")
     assert (event["call_id"], event["name"], event["category"]) == ("call_bad", name, category)
+    assert event["retryable"] is False
     assert reason in event["reason"]
     assert event_types(run) == [
         *START,

@@ -235,8 +235,14 @@ def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the
         "category": "TIMEOUT",
         "message": f"The handler of {name} did not authorise the call within 1 s.",
     }
+    # and the call, which did not run, is said to be worth trying again
+    assert slow.envelope["retryable"] is True
     rejected = RunEvent.objects.get(run=run, type="tool.rejected").payload
-    assert (rejected["call_id"], rejected["category"]) == ("call_slow", "TIMEOUT")
+    assert (rejected["call_id"], rejected["category"], rejected["retryable"]) == (
+        "call_slow",
+        "TIMEOUT",
+        True,
+    )
     assert f"{name}: the handler did not authorise the call within 1 s" in caplog.text
     # and the model's next turn was told, its next call was checked and ran, and the run
     # went on to its draft
@@ -246,6 +252,8 @@ def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the
         if message["role"] == "tool" and message["tool_call_id"] == "call_slow"
     ]
     assert len(answered) == 1 and "TIMEOUT" in answered[0]["content"]
+    told = json.loads(json.loads(answered[0]["content"])["untrusted_data"]["content"])
+    assert (told["error"]["category"], told["retryable"]) == ("TIMEOUT", True)
     week = ToolCall.objects.get(run=run, call_id="call_week")
     assert (week.status, week.attempts) == ("completed", 1)
     assert run.status == "WAITING_APPROVAL"
