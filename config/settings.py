@@ -142,7 +142,12 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # them, and the platform reads them only through the "attachments" storage.
 PRIVATE_STORAGE_ROOT = Path(
     env.str("PRIVATE_STORAGE_ROOT", default=str(BASE_DIR / "var" / "attachments"))
-)
+).resolve()
+if PRIVATE_STORAGE_ROOT.is_relative_to(STATIC_ROOT.resolve()):
+    raise ImproperlyConfigured(
+        f"PRIVATE_STORAGE_ROOT ({PRIVATE_STORAGE_ROOT}) must lie outside STATIC_ROOT "
+        f"({STATIC_ROOT}): every file there is served to anyone under {STATIC_ROUTE}."
+    )
 
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

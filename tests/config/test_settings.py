@@ -99,6 +99,32 @@ def test_tenant_credentials_are_read_as_json_and_refused_in_any_other_shape():
     assert "TENANT_CREDENTIALS is a JSON object" in refused.stderr
 
 
+@pytest.mark.parametrize(
+    "root",
+    [str(BASE_DIR / "staticfiles"), str(BASE_DIR / "staticfiles" / "attachments"), "staticfiles/x"],
+    ids=["static-root", "inside-static-root", "relative-inside-static-root"],
+)
+def test_attachments_may_not_be_stored_where_static_files_are_served(root):
+    # every file under STATIC_ROOT is served to anyone at /static/, unauthenticated
+    result = _run("-c", "import config.settings", DEBUG="1", PRIVATE_STORAGE_ROOT=root)
+
+    assert result.returncode != 0
+    assert "PRIVATE_STORAGE_ROOT" in result.stderr
+    assert "must lie outside STATIC_ROOT" in result.stderr
+
+
+def test_attachments_may_be_stored_beside_the_static_files():
+    show = "from django.conf import settings; print(settings.STORAGES['attachments'])"
+    root = BASE_DIR / "staticfiles-private"
+
+    result = _run(
+        "-c", "import django; django.setup(); " + show, DEBUG="1", PRIVATE_STORAGE_ROOT=str(root)
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert f"'location': '{root}'" in result.stdout
+
+
 def test_debug_is_off_unless_asked_for():
     # given no DEBUG at all, a secret key is still required: DEBUG defaults to off
     result = _run("-c", "import config.settings")
