@@ -8,7 +8,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
@@ -24,6 +23,7 @@ from registry.models import ApiToken
 from registry.selectors import user_can
 from runs import selectors
 from runs.api.filters import RunFilter
+from runs.api.parsers import UploadParser
 from runs.api.serializers import (
     AttachmentSerializer,
     AttachmentUploadSerializer,
@@ -106,7 +106,7 @@ class AttachmentView(IngressThrottled, BodyDescribed, APIView):
     """A file in (multipart field `file`), checked and kept in private storage; messages refer
     to it by the returned id."""
 
-    parser_classes = [MultiPartParser]
+    parser_classes = [UploadParser]
     permission_classes = [IsTenantMember, CanStartRuns]
     body_serializer = AttachmentUploadSerializer
 

@@ -178,6 +178,35 @@ def test_the_uploaders_file_name_is_kept_clean_and_bounded(api, member, acme):
     assert original_name.endswith(".csv")
 
 
+def _multipart_named(name: bytes, content: bytes, media_type: bytes) -> bytes:
+    """A body whose file part has the name as sent, which the test client would refuse."""
+    boundary = BOUNDARY.encode()
+    return (
+        b"--" + boundary + b"\r\n"
+        b'Content-Disposition: form-data; name="file"; filename="' + name + b'"\r\n'
+        b"Content-Type: " + media_type + b"\r\n\r\n" + content + b"\r\n"
+        b"--" + boundary + b"--\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "name",
+    [b"..", b"/", b"a/", b"..\\", b"\x01\x02", b"&#46;&#46;"],
+    ids=["dots", "slash", "directory", "backslash", "controls", "entities"],
+)
+def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
+    api, member, acme, private_root, name
+):
+    body = _multipart_named(name, TEXT, b"text/plain")
+
+    response = api.as_user(member, acme).generic("POST", URL, body, content_type=MULTIPART_CONTENT)
+
+    assert response.status_code == 201, response.json()
+    attachment = Attachment.objects.get()
+    assert attachment.original_name == "attachment"
+    assert (private_root / attachment.file.name).read_bytes() == TEXT
+
+
 @pytest.mark.parametrize(
     ("content", "media_type", "detected"),
     [

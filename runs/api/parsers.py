@@ -1,0 +1,38 @@
+"""The upload's multipart parser: a file part is a file whatever its name."""
+
+from typing import Any
+
+from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
+from django.http.multipartparser import MultiPartParserError
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import DataAndFiles, MultiPartParser, get_encoding
+
+UNNAMED = "attachment"
+
+
+class _NamedFileParser(DjangoMultiPartParser):
+    """Django drops a file part whose name sanitises to nothing ("..", "/", only control
+    characters), as if no file had been sent; the name is only shown, so such a file is
+    kept under a neutral one."""
+
+    def sanitize_file_name(self, file_name: str) -> str:
+        return super().sanitize_file_name(file_name) or UNNAMED
+
+
+class UploadParser(MultiPartParser):
+    """DRF's multipart parser, reading the body with `_NamedFileParser`."""
+
+    def parse(
+        self, stream: Any, media_type: str | None = None, parser_context: dict | None = None
+    ) -> DataAndFiles:
+        parser_context = parser_context or {}
+        request = parser_context["request"]
+        meta = request.META.copy()
+        meta["CONTENT_TYPE"] = media_type
+        try:
+            parser = _NamedFileParser(
+                meta, stream, request.upload_handlers, get_encoding(parser_context)
+            )
+            return DataAndFiles(*parser.parse())
+        except MultiPartParserError as exc:
+            raise ParseError(f"Multipart form parse error - {exc}") from exc
