@@ -3,18 +3,19 @@ field by field, paused and resumed by actions, scoped to the tenants one adminis
 occurrences are read-only."""
 
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from registry.choices import Role
 from registry.services.tenancy import membership_add
 from runs.models import ScheduledTask, TaskOccurrence
 from runs.services.scheduler import scheduled_task_fire
-from runs.services.schedules import scheduled_task_save
+from runs.services.schedules import scheduled_task_pause, scheduled_task_save
 from tests.runs.conftest import RUNNING_EXAMPLE_TEXT
 
 TASKS = "/admin/runs/scheduledtask/"
@@ -172,6 +173,124 @@ def test_the_beat_rows_a_task_fires_by_are_not_deleted_from_under_it(client, dem
     assert task.periodic_task == periodic
     assert PeriodicTask.objects.get(scheduled_task=task).crontab_id == periodic.crontab_id
     assert periodic.enabled is True
+
+
+BEAT = "/admin/django_celery_beat"
+NO_PERIODIC_TASKS = {
+    "periodictask_set-TOTAL_FORMS": "0",
+    "periodictask_set-INITIAL_FORMS": "0",
+    "periodictask_set-MIN_NUM_FORMS": "0",
+    "periodictask_set-MAX_NUM_FORMS": "1000",
+}
+
+
+def beat_change(task, row: str) -> tuple[str, dict, Callable[[], object]]:
+    """The change page of a beat row the task fires by, a valid form moving the task's
+    firing elsewhere, and what of the row that form would change."""
+    periodic = task.periodic_task
+    if row == "periodictask":
+        form = {
+            "name": periodic.name,
+            "task": periodic.task,
+            "description": "",
+            "crontab": str(periodic.crontab_id or ""),
+            "interval": str(periodic.interval_id or ""),
+            "args": "[]",
+            "kwargs": periodic.kwargs,
+            "headers": "{}",
+        }
+        return (
+            f"{BEAT}/periodictask/{periodic.pk}/change/",
+            form,
+            lambda: PeriodicTask.objects.get(pk=periodic.pk).enabled,
+        )
+    if row == "crontabschedule":
+        crontab = periodic.crontab
+        form = {
+            "minute": "30",
+            "hour": "9",
+            "day_of_month": "*",
+            "month_of_year": "*",
+            "day_of_week": "1",
+            "timezone": "Europe/Paris",
+            **NO_PERIODIC_TASKS,
+        }
+        return (
+            f"{BEAT}/crontabschedule/{crontab.pk}/change/",
+            form,
+            lambda: CrontabSchedule.objects.values_list("minute", "timezone").get(pk=crontab.pk),
+        )
+    interval = periodic.interval
+    return (
+        f"{BEAT}/intervalschedule/{interval.pk}/change/",
+        {"every": "7200", "period": "seconds", **NO_PERIODIC_TASKS},
+        lambda: IntervalSchedule.objects.values_list("every", flat=True).get(pk=interval.pk),
+    )
+
+
+@pytest.mark.parametrize("row", ["periodictask", "crontabschedule", "intervalschedule"])
+def test_the_beat_rows_a_task_fires_by_are_shown_read_only_and_not_changed(client, demo, row):
+    # given a task, and a platform admin changing in the beat's admin the row that fires it
+    # (switching it off), or the crontab or interval it runs on
+    task = saved_task(demo)
+    if row == "intervalschedule":
+        task.crontab, task.interval_seconds = "", 3600
+        task = scheduled_task_save(actor=demo.admin, task=task)
+    page, form, state = beat_change(task, row)
+    before = state()
+    client.force_login(demo.admin)
+
+    shown = client.get(page)
+    response = client.post(page, form, follow=True)
+
+    # then the page shows the row read-only and says the task's page changes it, and a change
+    # posted anyway is refused with that message: the task fires as its page says
+    link = f'<a href="{TASKS}{task.pk}/change/">apollo weekly (acme)</a>'
+    assert shown.status_code == 200
+    assert shown.context["has_change_permission"] is False
+    assert [(level, text) for level, text in messages_of(shown) if link in text]
+    assert response.redirect_chain == [(page, 302)]
+    error = [text for level, text in messages_of(response) if level == "error"]
+    assert len(error) == 1 and error[0].startswith("Nothing was changed.") and link in error[0]
+    assert state() == before
+    assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
+
+
+@pytest.mark.parametrize("action", ["disable_tasks", "toggle_tasks", "enable_tasks", "run_tasks"])
+def test_the_beats_bulk_actions_leave_a_tasks_periodic_task_alone_and_say_so(client, demo, action):
+    # given a task, paused or not, and another periodic task, both selected for a bulk action
+    task = saved_task(demo)
+    if action == "enable_tasks":
+        task = scheduled_task_pause(actor=demo.admin, task=task)
+    enabled = task.periodic_task.enabled
+    other = PeriodicTask.objects.create(
+        name="nightly",
+        task="runs.tasks.memories_expire",
+        interval=IntervalSchedule.objects.create(every=1, period=IntervalSchedule.DAYS),
+        enabled=action != "enable_tasks",
+    )
+    selection = [str(task.periodic_task.pk)] + ([] if action == "run_tasks" else [str(other.pk)])
+    client.force_login(demo.admin)
+
+    response = client.post(
+        f"{BEAT}/periodictask/", {"action": action, "_selected_action": selection}, follow=True
+    )
+
+    # then the task's periodic task is skipped with a message pointing to the task's page,
+    # and the other one is handled
+    assert PeriodicTask.objects.get(pk=task.periodic_task.pk).enabled is enabled
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is enabled
+    said = messages_of(response)
+    assert said[0] == (
+        "warning",
+        f'Skipped the periodic tasks of the scheduled tasks <a href="{TASKS}{task.pk}/change/">'
+        "apollo weekly (acme)</a>: pause, resume or change a scheduled task on its own page.",
+    )
+    if action == "run_tasks":
+        assert said == said[:1]
+    else:
+        assert PeriodicTask.objects.get(pk=other.pk).enabled is (action == "enable_tasks")
+        assert len(said) == 2
 
 
 def test_a_tenant_admin_sees_and_offers_only_their_tenants_tasks_owners_and_agents(client, demo):
