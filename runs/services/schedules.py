@@ -115,33 +115,41 @@ def _may_manage(*, actor: AbstractBaseUser, task: ScheduledTask) -> None:
         raise PermissionDenied("Only a tenant admin manages the tenant's scheduled tasks.")
 
 
-def _interval(seconds: int) -> IntervalSchedule:
-    schedule = IntervalSchedule.objects.filter(every=seconds, period=IntervalSchedule.SECONDS)
-    return schedule.order_by("pk").first() or IntervalSchedule.objects.create(
-        every=seconds, period=IntervalSchedule.SECONDS
-    )
+def _interval(current: IntervalSchedule | None, seconds: int) -> IntervalSchedule:
+    wanted = {"every": seconds, "period": IntervalSchedule.SECONDS}
+    if current is not None and {name: getattr(current, name) for name in wanted} == wanted:
+        return current
+    return IntervalSchedule.objects.create(**wanted)
 
 
-def _crontab(expression: str) -> CrontabSchedule:
-    fields = dict(zip(CRONTAB_FIELDS, expression.split(), strict=True))
-    schedule = CrontabSchedule.objects.filter(**fields, timezone="UTC")
-    return schedule.order_by("pk").first() or CrontabSchedule.objects.create(
-        **fields, timezone="UTC"
-    )
+def _crontab(current: CrontabSchedule | None, expression: str) -> CrontabSchedule:
+    wanted = {**dict(zip(CRONTAB_FIELDS, expression.split(), strict=True)), "timezone": "UTC"}
+    if current is not None and {name: str(getattr(current, name)) for name in wanted} == wanted:
+        return current
+    return CrontabSchedule.objects.create(**wanted)
 
 
 def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
-    """The beat's row for the task: its schedule, its switch, the task id it fires with."""
+    """The beat's row for the task: its schedule, its switch, the task id it fires with.
+
+    The crontab or interval row it runs on is the task's own, made for it: the beat's admin
+    shows the rows a task fires by read-only, and taking a row another periodic task runs on
+    would lock that one too. A row the task no longer runs on, and nothing else does, is
+    deleted."""
     periodic = task.periodic_task or PeriodicTask(name=f"scheduled-task:{task.pk}")
+    before = (periodic.interval, periodic.crontab)
     periodic.task = FIRE_TASK
     periodic.kwargs = json.dumps({"task_id": str(task.pk)})
     periodic.description = f"{task.tenant.slug}: {task.name}"
     periodic.enabled = task.is_enabled
     if task.interval_seconds:
-        periodic.interval, periodic.crontab = _interval(task.interval_seconds), None
+        periodic.interval, periodic.crontab = _interval(before[0], task.interval_seconds), None
     else:
-        periodic.interval, periodic.crontab = None, _crontab(task.crontab)
+        periodic.interval, periodic.crontab = None, _crontab(before[1], task.crontab)
     periodic.save()
+    for schedule in before:
+        if schedule is not None and not schedule.periodictask_set.exists():
+            schedule.delete()
     return periodic
 
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import OperationalError
 from django.utils import timezone
-from django_celery_beat.models import PeriodicTask
+from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from approvals import services as approvals
 from approvals.choices import ActionStatus, Decision
@@ -162,6 +162,25 @@ def test_changing_the_schedule_to_an_interval_changes_the_same_beat_row(demo):
         None,
     )
     assert PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").count() == 1
+
+
+def test_a_task_keeps_its_schedule_row_until_its_schedule_changes_and_then_deletes_it(demo):
+    # given two tasks on the same crontab
+    task = task_of(demo)
+    other = task_of(demo, name="apollo monthly")
+    crontab = task.periodic_task.crontab
+
+    # then each runs on a crontab row of its own, kept while its schedule stays
+    assert other.periodic_task.crontab != crontab
+    task.goal = f"{RUNNING_EXAMPLE_TEXT} Keep it short."
+    assert scheduled_task_save(actor=demo.admin, task=task).periodic_task.crontab == crontab
+
+    # and changed to an interval, the task's crontab row goes, the other task's stays
+    task.crontab, task.interval_seconds = "", 900
+    scheduled_task_save(actor=demo.admin, task=task)
+
+    assert not CrontabSchedule.objects.filter(pk=crontab.pk).exists()
+    assert CrontabSchedule.objects.filter(pk=other.periodic_task.crontab_id).exists()
 
 
 def _globex_agent(demo) -> AgentConfig:

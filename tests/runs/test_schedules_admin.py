@@ -293,6 +293,41 @@ def test_the_beats_bulk_actions_leave_a_tasks_periodic_task_alone_and_say_so(cli
         assert len(said) == 2
 
 
+def test_a_crontab_the_platform_runs_on_stays_its_to_change_when_a_task_has_the_same(client, demo):
+    # given a platform periodic task on Mondays at 09:00, then a task on the same crontab
+    platform = PeriodicTask.objects.create(
+        name="monday report",
+        task="runs.tasks.memories_expire",
+        crontab=CrontabSchedule.objects.create(minute="0", hour="9", day_of_week="1"),
+    )
+    task = saved_task(demo)
+    page = f"{BEAT}/crontabschedule/{platform.crontab_id}/change/"
+    form = {
+        "minute": "30",
+        "hour": "9",
+        "day_of_month": "*",
+        "month_of_year": "*",
+        "day_of_week": "1",
+        "timezone": "UTC",
+        "periodictask_set-TOTAL_FORMS": "1",
+        "periodictask_set-INITIAL_FORMS": "1",
+        "periodictask_set-MIN_NUM_FORMS": "0",
+        "periodictask_set-MAX_NUM_FORMS": "1000",
+        "periodictask_set-0-id": str(platform.pk),
+        "periodictask_set-0-crontab": str(platform.crontab_id),
+    }
+    client.force_login(demo.admin)
+
+    # when the platform admin moves their crontab to 09:30
+    response = client.post(page, form)
+
+    # then it moves, and the task, on a crontab of its own, still fires at 09:00
+    assert response.status_code == 302
+    assert CrontabSchedule.objects.get(pk=platform.crontab_id).minute == "30"
+    crontab = PeriodicTask.objects.get(scheduled_task=task).crontab
+    assert (crontab.minute, crontab.hour, crontab.day_of_week) == ("0", "9", "1")
+
+
 def test_a_tenant_admin_sees_and_offers_only_their_tenants_tasks_owners_and_agents(client, demo):
     acme_admin = get_user_model().objects.create_user(
         username="ada", password="x", email="ada@example.com", is_staff=True
