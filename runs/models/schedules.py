@@ -122,7 +122,9 @@ class TaskOccurrence(models.Model):
     )
     detail = models.TextField(blank=True, help_text="Why it ended as it did: a reason code.")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
-    message = models.JSONField(help_text="The parts and metadata the run is started with.")
+    message = models.JSONField(
+        help_text="The parts and metadata the run is started with, and its agent's id."
+    )
     attempts = models.PositiveSmallIntegerField(default=0)
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)

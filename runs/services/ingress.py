@@ -70,6 +70,11 @@ _AGENT_NAMED = PreparedQuery(
     tenant_id=int,
     name=str,
 )
+_AGENT_OF_ID = PreparedQuery(
+    lambda tenant_id, pk: _ACTIVE_AGENTS.filter(tenant_id=tenant_id, pk=pk).order_by()[:1],
+    tenant_id=int,
+    pk=int,
+)
 _AGENT_DEFAULT = PreparedQuery(
     lambda tenant_id: _ACTIVE_AGENTS.filter(tenant_id=tenant_id).order_by("name")[:1],
     tenant_id=int,
@@ -89,10 +94,20 @@ def _session(
 
 
 def _agent_config(
-    *, tenant: Tenant, name: str | None, generation: int | None
+    *, tenant: Tenant, name: str | None, agent_id: int | None, generation: int | None
 ) -> AgentConfig | None:
-    """The active agent named, or the tenant's first; kept while the registry's generation
-    stays the same (`registry.generation`), as one instance the runs share and never change."""
+    """The active agent of the id the server gave, or else named, or else the tenant's
+    first; kept while the registry's generation stays the same (`registry.generation`), as
+    one instance the runs share and never change."""
+    if agent_id is not None:
+        agent = registry_cached(
+            generation,
+            ("agent id", tenant.pk, agent_id),
+            lambda: _AGENT_OF_ID.first(tenant_id=tenant.pk, pk=agent_id),
+        )
+        if agent is None:
+            raise NotFound("No such agent in this tenant.", details={"agent_config_id": agent_id})
+        return agent
     agent = registry_cached(
         generation,
         ("agent", tenant.pk, name or None),
@@ -144,6 +159,7 @@ def message_ingest(
     parts: list[dict[str, Any]],
     metadata: dict[str, Any],
     session_id: UUID | None = None,
+    agent_config_id: int | None = None,
 ) -> Ingested:
     """Accept a message: the same key and body give the same run; the same key with another
     body is refused; concurrent duplicates make one run (the ingress unique constraint). A
@@ -152,7 +168,10 @@ def message_ingest(
     to a model; the key's request hash is of the body as sent.
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content. Resource references must name a resource an
-    MCP server available to the tenant listed."""
+    MCP server available to the tenant listed.
+    The agent is one of the tenant's active agents: the one of `agent_config_id`, which only
+    the server gives (a scheduled task's, by its key, so a renamed agent stays the task's),
+    or else the one `metadata.agent` names, or else the tenant's first."""
     roles, generation = user_roles_and_generation(user=actor, tenant=tenant)
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
@@ -181,6 +200,7 @@ def message_ingest(
                 parts=normalized_parts,
                 metadata=redact(metadata, cleared=True),
                 session_id=session_id,
+                agent_config_id=agent_config_id,
                 roles=roles,
                 generation=generation,
             )
@@ -206,6 +226,7 @@ def _create_run(
     parts: list[dict[str, Any]],
     metadata: dict[str, Any],
     session_id: UUID | None,
+    agent_config_id: int | None,
     roles: frozenset[str],
     generation: int | None,
 ) -> Run:
@@ -215,7 +236,9 @@ def _create_run(
     taken, as the key's first request was answered (or as a reused key)."""
     run_id = time_ordered_id()
     started_at = timezone.now()
-    agent_config = _agent_config(tenant=tenant, name=metadata.get("agent"), generation=generation)
+    agent_config = _agent_config(
+        tenant=tenant, name=metadata.get("agent"), agent_id=agent_config_id, generation=generation
+    )
     session, is_new = _session(tenant=tenant, actor=actor, session_id=session_id, channel=channel)
     message = _normalized(
         run_id=run_id,

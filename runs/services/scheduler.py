@@ -56,7 +56,10 @@ def _lease_until(now: datetime) -> datetime:
 
 def _message(task: ScheduledTask, *, occurrence_id: Any, slot: datetime) -> dict[str, Any]:
     """The message every attempt of the occurrence posts: the task's goal, and metadata only
-    the server writes (the agent, the project, the recipient record, which task and slot)."""
+    the server writes (the agent, the project, the recipient record, which task and slot).
+    The run's agent is the task's, by its key (`agent_config_id`): by name, a start after the
+    agent was renamed (a start again, after a worker died) would take whichever agent has
+    the name now."""
     metadata: dict[str, Any] = {
         "agent": task.agent_config.name,
         "task": {
@@ -70,7 +73,11 @@ def _message(task: ScheduledTask, *, occurrence_id: Any, slot: datetime) -> dict
         metadata["project_id"] = task.project_id
     if task.recipient_record_id:
         metadata["recipient_record_id"] = task.recipient_record_id
-    return {"parts": [{"type": "text", "text": task.goal}], "metadata": metadata}
+    return {
+        "parts": [{"type": "text", "text": task.goal}],
+        "metadata": metadata,
+        "agent_config_id": task.agent_config_id,
+    }
 
 
 def scheduled_task_fire(
@@ -135,6 +142,7 @@ def occurrence_start(*, occurrence_id: Any, lease_owner: str) -> TaskOccurrence 
                 channel=Channel.TASK,
                 parts=occurrence.message["parts"],
                 metadata=occurrence.message["metadata"],
+                agent_config_id=occurrence.message["agent_config_id"],
             )
         except ApplicationError as error:
             return occurrence_transition(

@@ -390,6 +390,75 @@ def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_without_
     assert not Run.objects.exists()
 
 
+def _agent_renamed_and_its_name_taken(demo, *, is_active: bool = True) -> AgentConfig:
+    """demo.agent renamed (and switched off unless `is_active`), and a new agent of acme
+    under the name it had."""
+    demo.agent.name, demo.agent.is_active = "weekly-reporter-2025", is_active
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="renamed")
+    return registry_object_save(
+        instance=AgentConfig(
+            tenant=demo.acme,
+            name="weekly-reporter",
+            model_config=demo.agent.model_config,
+            policy=demo.agent.policy,
+        ),
+        actor=demo.admin,
+    )
+
+
+def test_a_start_again_after_the_tasks_agent_was_renamed_runs_with_that_agent(demo, monkeypatch):
+    # given a start that died inside the ingress, and the task's agent renamed before the
+    # sweep starts it again, a new agent taking the name it had
+    crash_first_starts(monkeypatch, crashes=1)
+    task = task_of(demo)
+    now = timezone.now()
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task.pk, now=now)
+    _agent_renamed_and_its_name_taken(demo)
+
+    assert occurrences_sweep(now=now + LEASE)["restarted"] == 1
+
+    # then the run is the task's agent's, not the one now of that name
+    run = refreshed(TaskOccurrence.objects.get()).run
+    assert run.agent_config == demo.agent
+    assert run.agent_config.name == "weekly-reporter-2025"
+
+
+def test_a_start_again_after_the_tasks_agent_was_switched_off_fails_though_its_name_was_taken(
+    demo, monkeypatch
+):
+    crash_first_starts(monkeypatch, crashes=1)
+    task = task_of(demo)
+    now = timezone.now()
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task.pk, now=now)
+    _agent_renamed_and_its_name_taken(demo, is_active=False)
+
+    occurrences_sweep(now=now + LEASE)
+
+    occurrence = refreshed(TaskOccurrence.objects.get())
+    assert occurrence.status == OccurrenceStatus.FAILED
+    assert occurrence.detail == "NOT_FOUND: No such agent in this tenant."
+    assert occurrence.run is None
+    assert not Run.objects.exists()
+
+
+def test_a_client_cannot_choose_an_agent_by_id_in_the_metadata(demo):
+    # given two agents of acme, and a client naming one and giving the other's id
+    other = _agent_renamed_and_its_name_taken(demo)
+
+    response = alice_client().post(
+        MESSAGES,
+        message_body(metadata={"agent": "weekly-reporter-2025", "agent_config_id": other.pk}),
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="agent-by-id",
+    )
+
+    # then the run has the agent the client named: only the server gives an agent by id
+    assert response.status_code == 202, response.json()
+    assert Run.objects.get(pk=response.json()["run_id"]).agent_config == demo.agent
+
+
 def test_a_start_whose_worker_died_is_restarted_once_its_lease_lapsed_and_makes_one_run(
     demo, monkeypatch
 ):
