@@ -100,8 +100,6 @@ _COST = Run._meta.get_field("cost")
 COST_MAX = Decimal(10) ** (_COST.max_digits - _COST.decimal_places) - Decimal(10) ** -(
     _COST.decimal_places
 )
-# Failures of a read tool that may pass: a run without evidence because of them may be retried.
-TRANSIENT_CATEGORIES = ("TIMEOUT", "UPSTREAM_ERROR", "RATE_LIMITED")
 # A skill that lists this among its required inputs gets the user's memory in its context.
 MEMORY_INPUT = "memory"
 
@@ -660,7 +658,7 @@ def _resolve_recipient(run: Run) -> None:
             _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
         elif category == "PERMISSION_DENIED":
             _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
-        elif category in TRANSIENT_CATEGORIES:
+        elif executor.unavailable_for_a_while(outcome):
             _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
         else:
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code=f"DIRECTORY_{category}")
@@ -996,16 +994,14 @@ _EVIDENCE_REFERENCES = PreparedQuery(
 
 
 def _ended_unavailable(run: Run, **output: Any) -> bool:
-    """End the run FAILED_RETRYABLE (EVIDENCE_UNAVAILABLE) if a tool call of it failed in a
-    way that may pass (a retry may reach the tool), with `output` and those tools; returns
-    whether it did."""
-    unavailable = sorted(
-        set(
-            run.tool_calls.filter(
-                status=ToolCallRecord.Status.FAILED, error_category__in=TRANSIENT_CATEGORIES
-            ).values_list("name", flat=True)
-        )
-    )
+    """End the run FAILED_RETRYABLE (EVIDENCE_UNAVAILABLE) if a tool call of it failed, or
+    was turned away, in a way that may pass (a retry may reach the tool), with `output` and
+    those tools; returns whether it did."""
+    calls = run.tool_calls.filter(
+        status__in=[ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED],
+        error_category__in=executor.TRANSIENT_CATEGORIES,
+    ).only("name", "status", "error_category", "envelope")
+    unavailable = sorted({call.name for call in calls if executor.unavailable_for_a_while(call)})
     if unavailable:
         _finish(
             run,

@@ -41,8 +41,9 @@ from runs.workflows import Node
 
 logger = logging.getLogger(__name__)
 
-# Faults of a sandbox that a real system could recover from; a retry policy applies to them.
-SANDBOX_TRANSIENT_FAULTS = frozenset(
+# Failures of a tool that may pass: another try may reach it. A sandbox's faults of these
+# categories are retryable, as a real system's would be; a retry policy applies to them.
+TRANSIENT_CATEGORIES = frozenset(
     {ErrorCategory.TIMEOUT, ErrorCategory.UPSTREAM_ERROR, ErrorCategory.RATE_LIMITED}
 )
 
@@ -50,7 +51,7 @@ SANDBOX_TRANSIENT_FAULTS = frozenset(
 # mistake (NOT_FOUND, INVALID_ARGUMENT, PERMISSION_DENIED) is an answer: the tool is up.
 # Counted as a failure, a few bad arguments of one tenant opened a platform-wide tool's
 # circuit for every tenant.
-TOOL_FAULTS = SANDBOX_TRANSIENT_FAULTS | {ErrorCategory.UNKNOWN}
+TOOL_FAULTS = TRANSIENT_CATEGORIES | {ErrorCategory.UNKNOWN}
 
 
 @dataclass
@@ -70,6 +71,19 @@ class StepCalls:
 
     records: list[ToolCall] = field(default_factory=list)
     sources: list[Source] = field(default_factory=list)
+
+
+def unavailable_for_a_while(record: ToolCall) -> bool:
+    """Whether a call's outcome says its tool was only unavailable for a while, so that a
+    run left without a result by it may be retried: the call failed in a way that may pass,
+    or was turned away, before it ran, by a refusal that may pass (its authorisation check
+    did not answer within the tool's timeout), which its envelope says is retryable. How
+    both workflows tell a tool that may answer another time from one that will not."""
+    if record.error_category not in TRANSIENT_CATEGORIES:
+        return False
+    if record.status == ToolCall.Status.FAILED:
+        return True
+    return record.status == ToolCall.Status.REJECTED and record.envelope.get("retryable") is True
 
 
 def _reject(
@@ -481,7 +495,7 @@ def _sandboxed(admitted: Admitted) -> ToolOutput | None:
         raise ToolFailed(
             f"{tool_version.qualified_name} failed ({fault}) as the sandbox says.",
             category=fault,
-            retryable=fault in SANDBOX_TRANSIENT_FAULTS,
+            retryable=fault in TRANSIENT_CATEGORIES,
         )
     if tool_version.risk in READ_RISKS:
         return None

@@ -24,7 +24,13 @@ from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
 from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import openai_completion
-from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
+from tests.runs.test_loop import (
+    assert_terminal,
+    project_assistant_on_the_demo_model,
+    publish_skill,
+    publish_tool,
+    seeded_tool,
+)
 
 # How long a hanging handler waits at most, should a test never release it.
 HANG_MAX_SECONDS = 30
@@ -257,6 +263,65 @@ def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the
     week = ToolCall.objects.get(run=run, call_id="call_week")
     assert (week.status, week.attempts) == ("completed", 1)
     assert run.status == "WAITING_APPROVAL"
+
+
+def assistant_question(demo, search: ToolVersion):
+    """A question to the project-assistant, whose generic agent may call `search` only."""
+    project_assistant_on_the_demo_model(demo, search=search)
+    return demo_run(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_generic_agent_whose_calls_were_turned_away_by_a_slow_check_may_be_retried(
+    demo, fake_model, slow_check
+):
+    # given the generic agent on a model that calls project_search, whose authorisation
+    # check hangs, then answers without a result
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(content="The search did not answer."))
+    HANGS["call_slow"] = 1
+    run = assistant_question(demo, slow_check)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call was turned away, retryably, and the run says a retry may get the
+    # answer, as it does when the call itself timed out, instead of a PARTIAL with no result
+    slow = ToolCall.objects.get(run=run, call_id="call_slow")
+    assert (slow.status, slow.error_category, slow.envelope["retryable"]) == (
+        "rejected",
+        "TIMEOUT",
+        True,
+    )
+    result = assert_terminal(run, "FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")
+    assert result["output"] == {
+        "answer": "The search did not answer.",
+        "unavailable_tools": ["project_search"],
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_weekly_summary_whose_searches_were_turned_away_by_a_slow_check_may_be_retried(
+    demo, fake_model, slow_check
+):
+    # given a weekly summary whose only search is turned away by an authorisation check
+    # that hangs, and a model that drafts anyway
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    HANGS["call_slow"] = 1
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the run, without evidence, says a retry may find it, instead of failing for good
+    assert ToolCall.objects.get(run=run, call_id="call_slow").status == "rejected"
+    result = assert_terminal(run, "FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")
+    assert result["output"] == {"unavailable_tools": ["project_search"]}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1087,14 +1087,17 @@ def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypa
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
 
 
-def project_assistant_add(demo, *, required_inputs=("project_scope",)) -> AgentConfig:
+def project_assistant_add(
+    demo, *, required_inputs=("project_scope",), search: ToolVersion | None = None
+) -> AgentConfig:
     """acme's project-assistant: a skill that binds no workflow and pins project_search only
-    (so the generic agent answers it), on the offline planner."""
+    (`search`, or the seeded version), so the generic agent answers it, on the offline
+    planner."""
     skill_version = publish_skill(
         demo,
         "project-brief",
         "1.0.0",
-        tool_versions=[seeded_tool(demo, "project_search")],
+        tool_versions=[search or seeded_tool(demo, "project_search")],
         workflow="",
         required_inputs=list(required_inputs),
         rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
@@ -1102,10 +1105,10 @@ def project_assistant_add(demo, *, required_inputs=("project_scope",)) -> AgentC
     return add_agent(demo, "project-assistant", skill_version)
 
 
-def project_assistant_on_the_demo_model(demo) -> AgentConfig:
+def project_assistant_on_the_demo_model(demo, *, search: ToolVersion | None = None) -> AgentConfig:
     """The project-assistant on the demo agent's model config (a fake provider in a test
     that starts one) instead of the offline planner."""
-    agent = project_assistant_add(demo)
+    agent = project_assistant_add(demo, search=search)
     agent.model_config = demo.agent.model_config
     return registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
 
