@@ -1040,8 +1040,14 @@ def _agent_answer(run: Run, text: str) -> None:
     answer stays in the result either way. The result names the failed tools of the run's
     snapshot and only counts calls of names it does not have: a name the model wrote is
     not repeated as if it were a tool. An empty last word answers nothing: the model is told
-    so once, and the run ends PARTIAL (ANSWER_CONTRACT_NOT_MET) if it answers empty again."""
+    so once, and the run ends PARTIAL (ANSWER_CONTRACT_NOT_MET) if it answers empty again,
+    unless its calls all failed or were refused and a tool was only unavailable for a while:
+    then it fails retryably, as with an answer."""
+    results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
+    grounded = not results or not all(entry["is_error"] for entry in results)
     if not text.strip():
+        if _corrected(run) and not grounded and _ended_unavailable(run):
+            return
         _contract_missed(
             run, ["The answer is empty."], what="answer", reason_code="ANSWER_CONTRACT_NOT_MET"
         )
@@ -1054,8 +1060,7 @@ def _agent_answer(run: Run, text: str) -> None:
             question=question,
         )
         return
-    results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
-    if not results or not all(entry["is_error"] for entry in results):
+    if grounded:
         _finish(run, status=RunStatus.COMPLETED, reason_code="ANSWERED", output={"answer": text})
         return
     if _ended_unavailable(run, answer=text):
@@ -1098,11 +1103,16 @@ def _final(run: Run, text: str) -> None:
         _contract_missed(run, problems, what="draft", reason_code="DRAFT_CONTRACT_NOT_MET")
 
 
+def _corrected(run: Run) -> bool:
+    """Whether the model was told once already that its last word missed its contract."""
+    return run.state["corrections"] >= 1
+
+
 def _contract_missed(run: Run, problems: list[str], *, what: str, reason_code: str) -> None:
     """A last word (`what`: the draft, the answer) that misses its node's output contract:
     the model is told once what is wrong and gets another turn; missed again, the run ends
     PARTIAL with `reason_code` and the problems."""
-    if run.state["corrections"] >= 1:
+    if _corrected(run):
         _finish(
             run,
             status=RunStatus.PARTIAL,

@@ -304,6 +304,32 @@ def test_a_generic_agent_whose_calls_were_turned_away_by_a_slow_check_may_be_ret
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("slow", ["slow_reads", "slow_check"], ids=["failed", "turned-away"])
+def test_a_generic_agent_that_answers_empty_after_its_calls_timed_out_may_be_retried(
+    demo, fake_model, request, slow
+):
+    # given the generic agent on a model that calls project_search, whose handler (or its
+    # authorisation check) hangs, then ends its turns with no content, even once told
+    search = request.getfixturevalue(slow)
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(content=None))
+    fake.reply(openai_completion(content=None))
+    HANGS["call_slow"] = 1
+    run = assistant_question(demo, search)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then, after one correction, the run says a retry may reach the tool, as it does when
+    # the model answers something, instead of a PARTIAL that blames the empty answer alone
+    assert len(fake.requests) == 3
+    assert "The answer is empty." in json.dumps(fake.requests[2].body["messages"][-1])
+    result = assert_terminal(run, "FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")
+    assert result["output"] == {"unavailable_tools": ["project_search"]}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_weekly_summary_whose_searches_were_turned_away_by_a_slow_check_may_be_retried(
     demo, fake_model, slow_check
 ):
