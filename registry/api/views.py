@@ -2,6 +2,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from django.db.models import QuerySet
+from django.utils.cache import add_never_cache_headers
 from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -50,7 +51,10 @@ class TokenView(BodyDescribed, APIView):
             tenant_slug=data.validated_data.get("tenant"),
         )
         output = {"token": key, "tenant": token.tenant.slug, "expires_at": token.expires_at}
-        return Response(TokenSerializer(output).data)
+        response = Response(TokenSerializer(output).data)
+        # The answer holds the key: no browser or proxy keeps it (RFC 6749, 5.1).
+        add_never_cache_headers(response)
+        return response
 
 
 @extend_schema_view(post=extend_schema(exclude=True))

@@ -123,6 +123,16 @@ def test_token_is_issued_for_the_only_tenant_of_a_user(api, member):
     assert api.get(TOOLS).status_code == 200
 
 
+def test_the_answer_carrying_a_token_is_never_cached(api, member):
+    # when alice exchanges her password for a token
+    response = api.post(TOKEN_URL, {"username": "alice", "password": PASSWORD}, format="json")
+
+    # then neither her browser nor a proxy on the way keeps the answer, which holds the key
+    assert response.status_code == 200
+    assert "no-store" in response["Cache-Control"]
+    assert "private" in response["Cache-Control"]
+
+
 @pytest.mark.parametrize("debug", [False, True])
 def test_a_token_is_issued_at_the_path_without_its_slash_too(api, member, settings, debug):
     settings.DEBUG = debug
