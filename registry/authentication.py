@@ -20,7 +20,8 @@ def _usable_tokens() -> QuerySet[ApiToken]:
 
 def token_usable(token: ApiToken) -> bool:
     """Whether `token` would still authenticate (a long answer, such as a stream, asks again)."""
-    return _usable_tokens().filter(pk=token.pk).exists()
+    current = _usable_tokens().select_related("user").filter(pk=token.pk).first()
+    return current is not None and current.is_password_unchanged
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
@@ -46,6 +47,10 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
         )
         if token is None:
             raise exceptions.AuthenticationFailed("Invalid or expired token.")
+        if not token.is_password_unchanged:
+            raise exceptions.AuthenticationFailed(
+                "The password changed after this token was issued; ask for a new token."
+            )
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

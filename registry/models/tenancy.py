@@ -5,6 +5,7 @@ from django.conf import settings
 from django.contrib.auth.models import Group
 from django.core.validators import MinValueValidator
 from django.db import models
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from config.history import history_records
 from registry.choices import Role
@@ -108,6 +109,18 @@ def hash_token(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def password_fingerprints(password: str) -> list[str]:
+    """What a token keeps of its user's password hash, under SECRET_KEY and under each of
+    SECRET_KEY_FALLBACKS (the first is the one to keep): a token whose fingerprint is none of
+    them was issued before the password changed."""
+    return [
+        salted_hmac(
+            "registry.ApiToken.password_fingerprint", password, secret=secret, algorithm="sha256"
+        ).hexdigest()
+        for secret in [settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS]
+    ]
+
+
 def new_token_key() -> str:
     return "agt_" + secrets.token_urlsafe(32)
 
@@ -127,9 +140,23 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     revoked_at = models.DateTimeField(null=True, blank=True)
+    password_fingerprint = models.CharField(
+        max_length=64,
+        editable=False,
+        help_text="Of the user's password when the token was issued: changing the password "
+        "ends the token, as it ends the user's sessions.",
+    )
 
     class Meta:
         ordering = ["-created_at"]
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.user} in {self.tenant})"
+
+    @property
+    def is_password_unchanged(self) -> bool:
+        """Whether the user's password is still the one the token was exchanged for."""
+        return any(
+            constant_time_compare(self.password_fingerprint, fingerprint)
+            for fingerprint in password_fingerprints(self.user.password)
+        )

@@ -12,7 +12,7 @@ from registry.choices import Role
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import ApiToken, Membership, Tenant
 from registry.models.definitions import Definition
-from registry.models.tenancy import hash_token, new_token_key
+from registry.models.tenancy import hash_token, new_token_key, password_fingerprints
 from registry.selectors import user_tenants
 from registry.services.common import (
     audited_save,
@@ -122,6 +122,7 @@ def api_token_issue(
         user=user,
         tenant=tenant,
         expires_at=timezone.now() + timedelta(hours=settings.API_TOKEN_TTL_HOURS),
+        password_fingerprint=password_fingerprints(user.password)[0],
     )
     return token, key
 

@@ -1246,6 +1246,46 @@ def test_a_token_of_a_deactivated_tenant_is_asked_to_authenticate(api, acme, mem
     assert _error(response)["code"] == "AUTHENTICATION_REQUIRED"
 
 
+def test_a_token_issued_before_its_user_s_password_changed_is_asked_to_authenticate(api, member):
+    # given alice's token, then her password is changed (she fears it was seen)
+    client = api.as_user(member)
+    member.set_password("a new password, never seen")
+    member.save()
+
+    # when the token is used
+    response = client.get(TOOLS)
+
+    # then it no longer authenticates, and says why
+    assert response.status_code == 401
+    assert response.json()["error"] == {
+        "code": "AUTHENTICATION_REQUIRED",
+        "message": "The password changed after this token was issued; ask for a new token.",
+        "details": {},
+    }
+    # and a token exchanged for the new password works
+    fresh = api.post(
+        TOKEN_URL,
+        {"username": "alice", "password": "a new password, never seen"},
+        format="json",
+    )
+    api.credentials(HTTP_AUTHORIZATION=f"Token {fresh.json()['token']}")
+    assert api.get(TOOLS).status_code == 200
+
+
+def test_a_token_outlives_its_user_signing_in_and_other_changes_to_the_user(client, api, member):
+    # given alice's token
+    token_client = api.as_user(member)
+
+    # when she signs in on the pages (her last sign-in is recorded) and her e-mail changes
+    assert client.post("/accounts/login/", {"username": "alice", "password": PASSWORD}).status_code
+    member.refresh_from_db()
+    member.email = "alice@new.example"
+    member.save()
+
+    # then the token still authenticates
+    assert token_client.get(TOOLS).status_code == 200
+
+
 def test_lifecycle_command_with_an_unknown_field_is_refused(api, catalog, publisher):
     version = catalog["tools"]["published"]
     before = _registry_state()

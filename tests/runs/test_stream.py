@@ -270,7 +270,7 @@ def _stream_until_access_ends(response, run: Run, end_access) -> list[dict[str, 
 ACCESS_ENDED = [{"event": "end", "data": json.dumps({"reason": "ACCESS_ENDED"})}]
 
 
-@pytest.mark.parametrize("ended_by", ["revoked token", "removed role"])
+@pytest.mark.parametrize("ended_by", ["revoked token", "removed role", "changed password"])
 def test_a_viewer_whose_access_ends_mid_stream_is_sent_nothing_more(
     db, client, monkeypatch, settings, ended_by
 ):
@@ -285,6 +285,9 @@ def test_a_viewer_whose_access_ends_mid_stream_is_sent_nothing_more(
     def end_access() -> None:
         if ended_by == "revoked token":
             assert api_tokens_revoke(tokens=ApiToken.objects.filter(user=run.actor)) == 1
+        elif ended_by == "changed password":
+            run.actor.set_password("a new password, never seen")
+            run.actor.save()
         else:
             Membership.objects.filter(user=run.actor, tenant=run.tenant).delete()
 
