@@ -28,7 +28,7 @@ urlpatterns = [
     path("admin/login/", sign_in_throttled(admin.site.login)),
     path("admin/", admin.site.urls),
     path("accounts/login/", sign_in_throttled(LoginView.as_view()), name="login"),
-    path("accounts/logout/", LogoutView.as_view(), name="logout"),
+    path("accounts/logout/", LogoutView.as_view(next_page="login"), name="logout"),
     path("api/v1/", include("registry.api.urls")),
     path("api/v1/", include("runs.api.urls")),
     path("api/v1/", include("approvals.api.urls")),

@@ -1,7 +1,10 @@
 """The sign-in pages count password tries with the API's token exchange: a client that used up
 its allowance on any of them is refused on all of them, before its password is checked."""
 
+import re
+
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from runs.api.throttles import PasswordTries
@@ -70,3 +73,31 @@ def test_with_redis_down_a_sign_in_is_refused_503(client, alice, settings):
     assert refused.status_code == 503
     assert int(refused["Retry-After"]) > 0
     assert "_auth_user_id" not in client.session
+
+
+def test_a_person_signed_in_on_the_pages_signs_out_from_them(alice):
+    # given alice, signed in on the pages (a browser: CSRF is checked)
+    browser = Client(enforce_csrf_checks=True)
+    browser.get("/accounts/login/")
+    sign_in_form = {"csrfmiddlewaretoken": browser.cookies["csrftoken"].value}
+    browser.post("/accounts/login/", {**sign_in_form, "username": "alice", "password": PASSWORD})
+    assert "_auth_user_id" in browser.session
+
+    # when she uses the sign-out button a page shows her
+    page = browser.get("/memories/")
+    html = page.content.decode()
+    form = re.search(r'<form method="post" action="([^"]+)"[^>]*>(.*?)</form>', html, re.S)
+    assert form is not None, "no sign-out form"
+    assert "Sign out" in form.group(2)
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.group(2)).group(1)
+    signed_out = browser.post(form.group(1), {"csrfmiddlewaretoken": token})
+
+    # then she is signed out and back at the sign-in page
+    assert signed_out.status_code == 302
+    assert signed_out["Location"] == "/accounts/login/"
+    assert "_auth_user_id" not in browser.session
+    assert browser.get("/memories/").status_code == 302
+
+
+def test_the_sign_in_page_shows_no_sign_out_button(client):
+    assert b"Sign out" not in client.get("/accounts/login/").content
