@@ -25,13 +25,15 @@ def token_usable(token: ApiToken) -> bool:
 
 
 class ApiTokenAuthentication(authentication.BaseAuthentication):
-    """`Authorization: Token <key>`; sets request.auth to the ApiToken, which names the tenant."""
+    """`Authorization: Token <key>`, or `Bearer <key>` as most HTTP clients send a token; sets
+    request.auth to the ApiToken, which names the tenant."""
 
     keyword = "Token"
+    schemes = (b"token", b"bearer")
 
     def authenticate(self, request: Request) -> tuple | None:
         header = authentication.get_authorization_header(request).split()
-        if not header or header[0].lower() != self.keyword.lower().encode():
+        if not header or header[0].lower() not in self.schemes:
             return None
         if len(header) != 2:
             raise exceptions.AuthenticationFailed("Malformed Authorization header.")
@@ -66,5 +68,5 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):
             "type": "apiKey",
             "in": "header",
             "name": "Authorization",
-            "description": 'Send "Token <key>" from POST /api/v1/auth/token/.',
+            "description": 'Send "Token <key>" (or "Bearer <key>") from POST /api/v1/auth/token/.',
         }

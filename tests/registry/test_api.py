@@ -431,6 +431,20 @@ def test_a_bad_token_is_asked_to_authenticate(api, catalog, kind, authorization)
     assert _error(response)["code"] == "AUTHENTICATION_REQUIRED"
 
 
+@pytest.mark.parametrize(
+    "authorization",
+    ["Token {key}", "token {key}", "Bearer {key}", "bearer  {key} "],
+    ids=["token", "lowercase", "bearer", "bearer-lowercase-spaced"],
+)
+def test_the_key_authenticates_under_either_scheme(api, member, authorization):
+    # given alice's key, sent as a bearer token as most HTTP clients send one
+    _, key = tenancy.api_token_issue(username="alice", password=PASSWORD)
+    api.credentials(HTTP_AUTHORIZATION=authorization.format(key=key))
+
+    # then it authenticates as the documented "Token" scheme does
+    assert api.get(TOOLS).status_code == 200
+
+
 @pytest.mark.parametrize("field", ["expires_at", "revoked_at"])
 def test_an_expired_or_revoked_token_is_asked_to_authenticate(api, member, field):
     client = api.as_user(member)

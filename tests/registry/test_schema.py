@@ -111,7 +111,7 @@ def test_schema_declares_token_authentication(schema):
         "type": "apiKey",
         "in": "header",
         "name": "Authorization",
-        "description": 'Send "Token <key>" from POST /api/v1/auth/token/.',
+        "description": 'Send "Token <key>" (or "Bearer <key>") from POST /api/v1/auth/token/.',
     }
     # every registry operation asks for the token; getting one asks for nothing
     for path in V1_PATHS[1:]:
