@@ -490,12 +490,26 @@ def skills_recallable(*, tenant: Tenant) -> QuerySet[Skill]:
     )
 
 
+def skill_under_test(*, tenant: Tenant) -> Skill | None:
+    """In an evaluation sandbox, the skill whose version is under test. It stands there for
+    every skill of its name, the tenant's own or the platform's, whether a request recalls
+    one or a workflow node loads one by name: an eval run measures the version under test
+    and counts for it alone."""
+    version = tenant.sandbox_skill_version
+    return version.skill if version is not None else None
+
+
 def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, Skill]:
     """The skill of each name that a workflow node naming it loads in `tenant`: of two skills
     of one name, the tenant's own before the platform's, then by namespace, as skills are
     recalled, so that which one a run loads is never left to the database. A skill with
-    drafts only (no current version) hides nothing: no run can have it."""
+    drafts only (no current version) hides nothing: no run can have it. In an evaluation
+    sandbox, the skill under test for its name (`skill_under_test`), drafts only or not."""
+    names = set(names)
     found: dict[str, Skill] = {}
+    under_test = skill_under_test(tenant=tenant)
+    if under_test is not None and under_test.name in names:
+        found[under_test.name] = under_test
     for skill in (
         definitions_visible(model=Skill, tenant=tenant)
         .filter(name__in=names, current_version__isnull=False)

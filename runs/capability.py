@@ -4,7 +4,8 @@ It is computed from the actor's roles, the tenant's grants, the agent's skills (
 statically, or recalled from the registry for the request and kept when they score above the
 agent's threshold and all their tools are usable; in either case the version a rollout serves
 this actor, else the current one), the skills the nodes of the routed skill's workflow load,
-their pinned tool versions and the policy. What is
+their pinned tool versions and the policy. In an evaluation sandbox, the skill under test, at
+the version under test, takes the place of every other skill of its name. What is
 unpublished, revoked, not granted to the tenant or above the policy's data classification
 never enters it, whatever the message says; nor does an MCP tool whose server is not
 available to the tenant or no longer serves the reviewed definition. The snapshot is
@@ -41,6 +42,7 @@ from registry.selectors import (
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
+    skill_under_test,
     skill_version_for_actor,
     skills_loaded_by_name,
     skills_recall,
@@ -174,7 +176,8 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
     """The skills the nodes of the routed skill's workflow load by name (explicit workflow
     assembly), each once, held to what any skill is held to; those of them the run has
     already carry no entry of their own. An entry says which node loads it. Of two skills of
-    one name, the tenant's own is loaded (`skills_loaded_by_name`)."""
+    one name, the tenant's own is loaded (`skills_loaded_by_name`); in an evaluation sandbox,
+    the skill under test."""
     workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
     have = {skill["name"] for skill in skills}
     loading = {
@@ -196,6 +199,25 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
     return entries
 
 
+def _under_test_in_place(
+    candidates: list[tuple[Skill, float | None]], tenant: Tenant
+) -> list[tuple[Skill, float | None]]:
+    """In an evaluation sandbox, the skill under test in place of the first candidate of its
+    name (`skill_under_test`), and no other of that name: the tenant's own skill or the
+    platform's of the same name never enters a run that measures the version under test."""
+    under_test = skill_under_test(tenant=tenant)
+    if under_test is None:
+        return candidates
+    placed, taken = [], False
+    for skill, score in candidates:
+        if skill.name != under_test.name:
+            placed.append((skill, score))
+        elif not taken:
+            placed.append((under_test, score))
+            taken = True
+    return placed
+
+
 def _candidates(
     agent_config: AgentConfig, *, tenant: Tenant, request_text: str
 ) -> tuple[list[tuple[Skill, float | None]], dict[str, Any]]:
@@ -203,7 +225,8 @@ def _candidates(
     skills, or those recalled for the request that score at least the agent's threshold."""
     if agent_config.skill_assembly == SkillAssembly.STATIC:
         bound = _BOUND_SKILLS(agent_config_id=agent_config.pk)
-        return [(skill, None) for skill in bound], {"mode": SkillAssembly.STATIC}
+        candidates = [(skill, None) for skill in bound]
+        return _under_test_in_place(candidates, tenant), {"mode": SkillAssembly.STATIC}
     recalled = skills_recall(tenant=tenant, text=request_text)
     threshold = float(agent_config.skill_min_score)
     assembly = {
@@ -212,7 +235,8 @@ def _candidates(
         "when_no_skill_matches": agent_config.when_no_skill_matches,
         "recalled": [{"skill": item.skill.name, "score": item.score} for item in recalled],
     }
-    return [(item.skill, item.score) for item in recalled if item.score >= threshold], assembly
+    candidates = [(item.skill, item.score) for item in recalled if item.score >= threshold]
+    return _under_test_in_place(candidates, tenant), assembly
 
 
 def capability_resolve(

@@ -5,6 +5,7 @@ import copy
 import json
 import threading
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 import yaml
@@ -18,12 +19,18 @@ from evaluations.models import EvalRun
 from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
-from registry.models import SkillVersion
+from registry.choices import SkillAssembly
+from registry.models import RolloutFlag, SkillVersion
+from registry.models.skills import SKILL_CONTENT_FIELDS
+from registry.services import skills
+from registry.services.common import registry_object_save
+from registry.services.tenancy import definition_grant
 from runs.choices import RunStatus
 from runs.models import Attachment, Run, ToolCall
 from runs.services.ingress import message_ingest
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
+from tests.runs.conftest import events_of
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -324,3 +331,135 @@ def test_the_sweep_leaves_an_eval_run_whose_case_outlasts_its_lease_to_its_live_
     assert while_locked == []
     assert services.eval_runs_stale() == [str(eval_run.pk)]
     queue_purge()
+
+
+def weekly_summary_version(demo, tenant, version: str, *, publish: bool, **changes):
+    """A version of `tenant`'s weekly-summary (the platform's, when None, granted to acme)
+    with the seeded content changed as given, published or a draft."""
+    seeded = SkillVersion.objects.get(
+        skill__tenant=demo.acme, skill__name="weekly-summary", version="3.2.0"
+    )
+    content = {field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS} | changes
+    created = skills.skill_version_create(
+        actor=demo.admin,
+        tenant=tenant,
+        name="weekly-summary",
+        version=version,
+        tool_versions=[dep.tool_version for dep in seeded.tool_dependencies.all()]
+        if tenant is not None
+        else [],
+        **content,
+    )
+    if tenant is None:
+        definition_grant(actor=demo.admin, definition=created.skill, tenant=demo.acme)
+    if publish:
+        return skills.skill_version_publish(skill_version=created, actor=demo.admin)
+    return created
+
+
+def platform_under_test(demo):
+    """The platform's weekly-summary 9.0.0, recalled alike as acme's own (acme's comes first)."""
+    return weekly_summary_version(demo, None, "9.0.0", publish=True)
+
+
+def acme_draft_under_test(demo):
+    """acme's draft 3.4.0, while acme's current 3.3.0 has triggers the request does not
+    match: the platform's weekly-summary is recalled first."""
+    weekly_summary_version(demo, None, "9.0.0", publish=True)
+    weekly_summary_version(demo, demo.acme, "3.3.0", publish=True, triggers=["board pack"])
+    return weekly_summary_version(demo, demo.acme, "3.4.0", publish=False)
+
+
+def platform_under_test_acme_rollout(demo):
+    """The platform's weekly-summary 9.0.0, while a rollout flag serves acme's 3.3.0 to
+    everyone."""
+    under_test = platform_under_test(demo)
+    acme_current = SkillVersion.objects.get(
+        skill__tenant=demo.acme, skill__name="weekly-summary", version="3.2.0"
+    )
+    canary = weekly_summary_version(demo, demo.acme, "3.3.0", publish=True)
+    skills.skill_rollback(skill_version=acme_current, actor=demo.admin)
+    registry_object_save(
+        instance=RolloutFlag(
+            key="acme-canary",
+            skill=canary.skill,
+            skill_version=canary,
+            percentage=100,
+        ),
+        actor=demo.admin,
+    )
+    return under_test
+
+
+def platform_under_test_loaded_by_a_node(demo):
+    """The platform's weekly-summary 9.0.0 and acme's current 3.3.0, both with triggers and a
+    description the request matches below the agent's threshold, and acme's
+    weekly-summary-lite, which it matches above: the run is routed to lite alone, whose
+    workflow's draft node loads weekly-summary by name."""
+    demo.agent.skill_min_score = Decimal("0.3")
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="threshold")
+    unmatched = {"triggers": ["board pack"], "description": "Board packs for the quarter."}
+    under_test = weekly_summary_version(demo, None, "9.0.0", publish=True, **unmatched)
+    weekly_summary_version(demo, demo.acme, "3.3.0", publish=True, **unmatched)
+    seeded = SkillVersion.objects.get(
+        skill__tenant=demo.acme, skill__name="weekly-summary", version="3.2.0"
+    )
+    lite = skills.skill_version_create(
+        actor=demo.admin,
+        tenant=demo.acme,
+        name="weekly-summary-lite",
+        version="1.0.0",
+        tool_versions=[
+            dep.tool_version
+            for dep in seeded.tool_dependencies.all()
+            if dep.tool_version.tool.name != "project_search"
+        ],
+        **{field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS}
+        | {"triggers": ["summarise apollo's week for the lead", *seeded.triggers]},
+    )
+    skills.skill_version_publish(skill_version=lite, actor=demo.admin)
+    return under_test
+
+
+@pytest.mark.parametrize(
+    "under_test",
+    [
+        platform_under_test,
+        acme_draft_under_test,
+        platform_under_test_acme_rollout,
+        platform_under_test_loaded_by_a_node,
+    ],
+    ids=["platform-version", "tenant-version", "tenant-rollout", "node-load"],
+)
+def test_every_run_of_an_eval_run_has_the_version_under_test_of_its_skill_s_name(demo, under_test):
+    # given acme's agent recalling its skills, and two skills named weekly-summary it may
+    # use, acme's own and the platform's
+    demo.agent.skill_assembly = SkillAssembly.RETRIEVAL
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="retrieval")
+    version = under_test(demo)
+    suite, _ = suite_install(TINY_SUITE)
+
+    # when one of them is evaluated in acme's sandbox
+    eval_run, _ = services.eval_run_start(
+        actor=demo.admin, suite=suite, skill_version=version, agent_config=demo.agent
+    )
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+
+    # then whatever the request recalled and whichever node loads weekly-summary, each run
+    # had the version under test, never the other skill of its name
+    runs = Run.objects.filter(tenant__sandbox_eval_run=eval_run)
+    assert runs.count() == 2
+    entered = [
+        skill["id"]
+        for run in runs
+        for skill in run.capability["skills"]
+        if skill["name"] == "weekly-summary"
+    ]
+    assert set(entered) == {str(version.pk)}, [run.capability["skills"] for run in runs]
+    activated = {
+        event["skill"]
+        for run in runs
+        for event in events_of(run, "skill.activated")
+        if event["skill"].startswith("weekly-summary@")
+    }
+    assert activated == {version.qualified_name}
