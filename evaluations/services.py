@@ -120,16 +120,31 @@ def eval_suite_save(
     return suite
 
 
+def _case_locked(case: EvalCase) -> EvalCase:
+    """The stored case, locked after the rows of the suites it is in and goes to, in the
+    order of their keys: suite rows first, as an install (`suite_install`) and an eval run's
+    start lock them, so that a save and an install of its suite wait for each other rather
+    than deadlock."""
+    while True:
+        stored = EvalCase.objects.filter(pk=case.pk).values_list("suite_id", flat=True).first()
+        suites = {case.suite_id, stored} - {None}
+        list(
+            EvalSuite.objects.select_for_update().filter(pk__in=suites).order_by("pk").values("pk")
+        )
+        saved = (
+            EvalCase.objects.select_for_update(of=("self",)).select_related("suite").get(pk=case.pk)
+        )
+        # Moved meanwhile to a suite not locked here: lock that one too and read it again.
+        if saved.suite_id in suites:
+            return saved
+
+
 def eval_case_save(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "saved") -> EvalCase:
     """Save a case; a new one, or a change to what it is (`SUITE_CASE_FIELDS`, its suite),
     changes the suites the gates measured on them count. Its title is only a label."""
     full_clean_or_raise(case)
     with transaction.atomic():
-        saved = (
-            None
-            if case._state.adding
-            else EvalCase.objects.select_for_update().select_related("suite").get(pk=case.pk)
-        )
+        saved = None if case._state.adding else _case_locked(case)
         if saved is None:
             changed = [case.suite]
         elif saved.suite_id != case.suite_id:

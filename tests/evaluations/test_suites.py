@@ -1,14 +1,20 @@
 """Installing a suite checks each case's definition as the runner reads it: a malformed case
-is refused naming the case and the field, before anything is saved."""
+is refused naming the case and the field, before anything is saved. A case saved while its
+suite is installed waits for the install."""
 
 import copy
+import threading
+import time
 from io import StringIO
 
 import pytest
 import yaml
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
+from django.db import DatabaseError, connection
 
 from config.errors import ValidationFailed
+from evaluations import services, starter
 from evaluations.models import EvalCase, EvalSuite
 from evaluations.starter import SUITES, suite_install
 from tests.evaluations.conftest import TINY_SUITE
@@ -68,3 +74,77 @@ def test_the_install_command_names_the_malformed_case(db, tmp_path, monkeypatch)
         call_command("eval_suites_install", stdout=StringIO())
 
     assert not EvalCase.objects.exists()
+
+
+def _waiting_on(backend_pid: int) -> bool:
+    """Whether another session waits for a lock this session holds (read afresh: in a
+    transaction, the activity views keep what they showed first)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))",
+            [backend_pid],
+        )
+        return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_saved(
+    monkeypatch,
+):
+    # given the tiny suite, an install of it changing its first case's message, and an admin
+    # changing what that case expects
+    suite, _ = suite_install(TINY_SUITE)
+    admin = get_user_model().objects.create_superuser(username="root", password="not-used")
+    case = EvalCase.objects.get(suite=suite, key="complete")
+    case.expected = {"status": "NEEDS_CLARIFICATION"}
+    document = copy.deepcopy(TINY_SUITE)
+    document["cases"][0]["messages"] = ["Summarise Apollo's week for the lead."]
+    outcomes: dict[str, str] = {}
+    suite_held, waited = threading.Event(), []
+    hashed = starter.suite_content_hash
+
+    def hash_once_the_save_waits(installed):
+        # the install holds the suite's row here, and goes on to the cases once the save
+        # waits for it
+        if suite_held.is_set():
+            return hashed(installed)
+        suite_held.set()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend_pid = cursor.fetchone()[0]
+        for _ in range(2000):
+            if _waiting_on(backend_pid):
+                waited.append(True)
+                break
+            time.sleep(0.005)
+        return hashed(installed)
+
+    def install() -> None:
+        try:
+            suite_install(document)
+            outcomes["install"] = "installed"
+        except DatabaseError as error:
+            outcomes["install"] = type(error.__cause__ or error).__name__
+        finally:
+            suite_held.set()
+            connection.close()
+
+    monkeypatch.setattr(starter, "suite_content_hash", hash_once_the_save_waits)
+    installer = threading.Thread(target=install)
+    installer.start()
+    assert suite_held.wait(timeout=30)
+
+    # when the admin saves the case while the install holds the suite
+    try:
+        services.eval_case_save(case=case, actor=admin)
+        outcomes["save"] = "saved"
+    except DatabaseError as error:
+        outcomes["save"] = type(error.__cause__ or error).__name__
+    installer.join(timeout=30)
+
+    # then neither is aborted as a deadlock: the save waited for the install, then was saved
+    assert waited == [True]
+    assert outcomes == {"install": "installed", "save": "saved"}
+    case.refresh_from_db()
+    assert case.expected == {"status": "NEEDS_CLARIFICATION"}
