@@ -131,12 +131,13 @@ class McpServer(models.Model):
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             errors["credential_ref"] = refusal
-        for field in self._identity_changed_under_released_tools():
+        stored = self._stored()
+        for field in self._identity_changed_under_released_tools(stored):
             errors[field] = (
                 "Tool versions released from this server call it by its owner and name "
                 "(registry.selectors.mcp_server_of): they no longer change."
             )
-        for field, calling in self._endpoint_changed_under_callable_tools().items():
+        for field, calling in self._endpoint_changed_under_callable_tools(stored).items():
             errors[field] = (
                 f"Published or deprecated tool versions call this server ({calling}): a new "
                 "endpoint would answer their calls unreviewed. Register a new server at the "
@@ -149,6 +150,7 @@ class McpServer(models.Model):
     ENDPOINT_FIELDS = ("transport", "url", "command", "args")
 
     def _stored(self) -> dict | None:
+        """The server's owner, name and endpoint as stored; none for a new server."""
         if self._state.adding:
             return None
         return (
@@ -174,11 +176,10 @@ class McpServer(models.Model):
             .order_by("tool__name", "version")
         )
 
-    def _identity_changed_under_released_tools(self) -> list[str]:
+    def _identity_changed_under_released_tools(self, stored: dict | None) -> list[str]:
         """The fields of the server's owner and name changed since it was stored, when a
         published, deprecated or revoked tool version calls it by them: renamed or moved, the
         server would leave them calling nothing, or whatever server took the name next."""
-        stored = self._stored()
         if stored is None:
             return []
         changed = [
@@ -191,11 +192,10 @@ class McpServer(models.Model):
         )
         return changed if changed and released.exists() else []
 
-    def _endpoint_changed_under_callable_tools(self) -> dict[str, str]:
+    def _endpoint_changed_under_callable_tools(self, stored: dict | None) -> dict[str, str]:
         """The endpoint fields changed since the server was stored, each with the published or
         deprecated versions that call it: a new endpoint would answer their calls with no new
         version reviewed (drift compares definitions, not endpoints). Revoked ones call no more."""
-        stored = self._stored()
         if stored is None:
             return {}
         changed = [field for field in self.ENDPOINT_FIELDS if stored[field] != getattr(self, field)]

@@ -94,3 +94,21 @@ __all__ = [
     "tool_content",
     "valid_input_schema",
 ]
+
+
+def agent_form_data(**fields) -> dict:
+    """The admin's add form of an agent, filled in as a platform admin would; `fields` (the
+    tenant, model config, policy and skills at least) are the rest, or replace these."""
+    return {
+        "name": "reporter",
+        "skill_assembly": "static",
+        "skill_min_score": "0.080",
+        "when_no_skill_matches": "answer",
+        "max_steps": 8,
+        "max_tool_calls": 16,
+        "max_seconds": 300,
+        "max_tokens": 60000,
+        "max_cost": "1.00",
+        "is_active": "on",
+        **fields,
+    }

@@ -9,7 +9,7 @@ from registry.models import AgentConfig, ApiToken, ModelConfig, Policy, RolloutF
 from registry.services import skills
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, api_tokens_revoke, definition_grant
-from tests.registry.factories import PASSWORD
+from tests.registry.factories import PASSWORD, agent_form_data
 
 
 @pytest.fixture
@@ -255,22 +255,9 @@ def test_the_admin_refuses_another_tenants_skill_on_the_skills_field(
 
     response = client.post(
         "/admin/registry/agentconfig/add/",
-        {
-            "tenant": acme.pk,
-            "name": "reporter",
-            "model_config": offline_model.pk,
-            "policy": policy.pk,
-            "skills": [foreign.pk],
-            "skill_assembly": "static",
-            "skill_min_score": "0.080",
-            "when_no_skill_matches": "answer",
-            "max_steps": 8,
-            "max_tool_calls": 16,
-            "max_seconds": 300,
-            "max_tokens": 60000,
-            "max_cost": "1.00",
-            "is_active": "on",
-        },
+        agent_form_data(
+            tenant=acme.pk, model_config=offline_model.pk, policy=policy.pk, skills=[foreign.pk]
+        ),
     )
 
     assert response.status_code == 200

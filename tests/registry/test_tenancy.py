@@ -10,6 +10,7 @@ from registry.models import AgentConfig, ModelConfig, Policy, Skill, Tenant, Too
 from registry.selectors import definitions_visible
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, tenant_create
+from tests.registry.factories import agent_form_data
 
 GRANT_GROUPS_NAMED = importlib.import_module("registry.migrations.0013_grant_groups_named_by_slug")
 
@@ -234,22 +235,12 @@ def test_an_agent_form_drawn_again_offers_the_skills_of_the_tenant_chosen(
 
     response = client.post(
         "/admin/registry/agentconfig/add/",
-        {
-            "tenant": acme.pk,
-            "name": "reporter",
-            "model_config": model.pk,
-            "policy": policy.pk,
-            "skills": [acme_skills.own.pk, acme_skills.ungranted.pk],
-            "skill_assembly": "static",
-            "skill_min_score": "0.080",
-            "when_no_skill_matches": "answer",
-            "max_steps": 8,
-            "max_tool_calls": 16,
-            "max_seconds": 300,
-            "max_tokens": 60000,
-            "max_cost": "1.00",
-            "is_active": "on",
-        },
+        agent_form_data(
+            tenant=acme.pk,
+            model_config=model.pk,
+            policy=policy.pk,
+            skills=[acme_skills.own.pk, acme_skills.ungranted.pk],
+        ),
     )
 
     assert response.status_code == 200

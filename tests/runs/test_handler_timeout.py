@@ -148,24 +148,29 @@ def week_search(call_id: str) -> tuple[str, str, str]:
     return call_id, "project_search", json.dumps(arguments)
 
 
+def _search_twice_the_first_hanging(demo, fake_model):
+    """A run whose model calls project_search (call_slow, which hangs once), calls it again
+    in its next turn (call_week), then drafts: the run as it is once executed, the fake
+    model and how long the execution took."""
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(tool_calls=(week_search("call_week"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    HANGS["call_slow"] = 1
+    run = demo_run(demo, project_id="apollo")
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+    return run, fake, time.monotonic() - started
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_handler_past_its_timeout_fails_its_call_timeout_and_the_run_goes_on(
     demo, fake_model, slow_reads, caplog
 ):
     # given a model that calls project_search, whose handler hangs, then calls it again in
-    # its next turn, then drafts
-    fake = fake_model()
-    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
-    fake.reply(openai_completion(tool_calls=(week_search("call_week"),)))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    # its next turn, then drafts; when the run executes
     name = slow_reads.qualified_name
-    HANGS["call_slow"] = 1
-    run = demo_run(demo, project_id="apollo")
-
-    # when
-    started = time.monotonic()
-    run_execute(run_id=str(run.pk))
-    elapsed = time.monotonic() - started
+    run, fake, elapsed = _search_twice_the_first_hanging(demo, fake_model)
 
     # then the hanging call failed TIMEOUT once its second was up, retryable, with no side
     # effect (a read), and the run went on to its draft
@@ -217,19 +222,9 @@ def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the
     demo, fake_model, slow_check, caplog
 ):
     # given a model that calls project_search, whose authorisation check (gate 3) hangs,
-    # then calls it again in its next turn, then drafts
-    fake = fake_model()
-    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
-    fake.reply(openai_completion(tool_calls=(week_search("call_week"),)))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    # then calls it again in its next turn, then drafts; when the run executes
     name = slow_check.qualified_name
-    HANGS["call_slow"] = 1
-    run = demo_run(demo, project_id="apollo")
-
-    # when
-    started = time.monotonic()
-    run_execute(run_id=str(run.pk))
-    elapsed = time.monotonic() - started
+    run, fake, elapsed = _search_twice_the_first_hanging(demo, fake_model)
 
     # then the call was turned away TIMEOUT once the tool's second was up, without running,
     # instead of holding the step until the check returned
