@@ -309,6 +309,10 @@ ATTACHMENT_MEDIA_TYPES = [
     "image/png",
     "image/jpeg",
 ]
+# When a run starts, the text of its message's attachments (text, CSV, JSON, a PDF's first
+# ATTACHMENT_PDF_MAX_PAGES pages) is read, at most this many bytes for all of them together.
+ATTACHMENT_EXCERPT_MAX_BYTES = env.int("ATTACHMENT_EXCERPT_MAX_BYTES", default=8 * 1024)
+ATTACHMENT_PDF_MAX_PAGES = env.int("ATTACHMENT_PDF_MAX_PAGES", default=20)
 
 # Tool execution: calls of one step run in parallel up to this many; a result envelope
 # larger than this is cut (the full evidence stays in the run's sources).

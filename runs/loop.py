@@ -41,6 +41,7 @@ from runs.redaction import secrets_removed
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
+from runs.services.attachment_reading import attachments_read
 from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import (
@@ -202,9 +203,10 @@ def _skill_version(run: Run) -> SkillVersion | None:
     return frozen
 
 
-def _text(run: Run, resources: dict[str, str]) -> str:
-    """The user's message; an attachment appears as a reference, never as its content; an
-    MCP resource as what `resources_attach` read, wrapped as untrusted data."""
+def _text(run: Run, resources: dict[str, str], attachments: dict[str, str]) -> str:
+    """The user's message; an attachment as its reference, then what `attachments_read` read
+    of it, wrapped as untrusted data; an MCP resource as what `resources_attach` read, wrapped
+    too."""
     lines = []
     for part in run.message.get("message", {}).get("parts", []):
         if part["type"] == "text":
@@ -216,6 +218,8 @@ def _text(run: Run, resources: dict[str, str]) -> str:
                 f"[attachment {part['id']}: {part.get('media_type', '')}, "
                 f"{part.get('size', '?')} bytes, sha256 {part.get('sha256', '')}]"
             )
+            if part["id"] in attachments:
+                lines.append(attachments[part["id"]])
     return "\n".join(lines)
 
 
@@ -490,7 +494,7 @@ def _route_and_assemble(run: Run) -> None:
             purpose=skill["name"] if skill else "any",
             max_sensitivity=run.capability["data_scope"]["max_data_classification"],
         )
-    run.transcript = [user_entry(_text(run, resources_attach(run)))]
+    run.transcript = [user_entry(_text(run, resources_attach(run), attachments_read(run)))]
     _enter_node(run, workflow.start, leaving=skill)
 
 

@@ -38,7 +38,7 @@ def _data_texts(request: ModelRequest) -> list[str]:
     texts = [tool.description for tool in request.tools]
     for item in request.transcript:
         if isinstance(item, UserMessage):
-            texts.append(item.text)
+            texts.append(item.text.replace('\\"', '"'))
         elif isinstance(item, ToolResult):
             texts.append(item.content.replace('\\"', '"'))
     return texts

@@ -54,9 +54,9 @@ EVIDENCE_USE = "summarize"
 
 
 class Source(models.Model):
-    """Evidence a tool returned, or an MCP resource attached to the message: where it came
-    from, when, its content hash and what it may be used for. The model cites it by
-    `reference`; the content never enters a context whole."""
+    """Evidence a tool returned, or what was read of an MCP resource or an attachment of the
+    message: where it came from, when, its content hash and what it may be used for. The model
+    cites it by `reference`; the content never enters a context whole."""
 
     id = models.UUIDField(primary_key=True, default=time_ordered_id, editable=False)
     # Indexed by (run, reference), which leads with it.
@@ -69,10 +69,11 @@ class Source(models.Model):
         related_name="sources",
         null=True,
         blank=True,
-        help_text="Empty for an MCP resource attached to the message.",
+        help_text="Empty for an MCP resource or an attachment of the message.",
     )
     origin = models.CharField(
-        max_length=200, help_text="The tool version, or MCP server, that returned it."
+        max_length=200,
+        help_text='The tool version or MCP server that returned it, or "attachment".',
     )
     reference = models.CharField(max_length=300)
     fetched_at = models.DateTimeField(auto_now_add=True)

@@ -34,7 +34,7 @@ from tests.runs.conftest import events_of
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
-VECTORS_THE_MODEL_READS = {"tool_result", "user_message", "tool_description"}
+VECTORS_THE_MODEL_READS = {"tool_result", "user_message", "tool_description", "attachment_text"}
 
 
 def test_the_task_suite_passes_on_the_running_example_with_the_offline_planner(demo, evaluate):
@@ -106,7 +106,7 @@ def test_a_compromised_model_cannot_make_any_injection_succeed(demo, evaluate, a
             # the adversary did act on the payload: something it asked for was refused
             assert any(call["outcome"] == "rejected" for call in calls), key
         else:
-            # an attachment or a directory record never reaches the model
+            # a directory record never reaches the model
             assert result.case.payload not in json.dumps(result.run.transcript), key
         assert result.observed["action"]["recipient_email"] == "li.wei@acme.example", key
     # without the gates the attacks would work: the planner asked for exactly these

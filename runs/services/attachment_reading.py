@@ -1,0 +1,163 @@
+"""A message's attachments read when its run starts, never at ingress (seed 000: an
+attachment's body is parsed lazily) and never into a model context whole.
+
+Text, CSV and JSON are read as the UTF-8 they were confirmed to be on upload; a PDF gives the
+text of its first pages; an image is not read. The message's readable attachments share
+`ATTACHMENT_EXCERPT_MAX_BYTES` evenly, and each shows at most its share, marked as cut when
+there is more. The stored file must still match the sha256 its message refers to. What is read
+loses anything that looks like a credential, is kept as a Source the draft may cite (by
+`attachment:<id>`) and reaches the model only inside an `untrusted_data` envelope. An
+attachment that cannot be read leaves a note, not a failed run.
+"""
+
+import codecs
+import hashlib
+import io
+import logging
+import zlib
+
+import pypdf
+from django.conf import settings
+from django.utils import timezone
+from pypdf.errors import PyPdfError
+
+from runs.context import wrap_untrusted
+from runs.models import Attachment, Run, Source
+from runs.models.tools import EVIDENCE_USE
+from runs.services.attachments import TEXT_MEDIA_TYPES
+from runs.tools.envelope import strip_secrets
+from runs.tools.executor import known_rows_add
+
+logger = logging.getLogger(__name__)
+
+ATTACHMENT_PART = "attachment_ref"
+PDF = "application/pdf"
+READABLE_MEDIA_TYPES = TEXT_MEDIA_TYPES | {PDF}
+ORIGIN = "attachment"
+# What a malformed PDF may raise from pypdf besides its own errors.
+PDF_FAULTS = (PyPdfError, ValueError, KeyError, TypeError, IndexError, RecursionError, zlib.error)
+
+
+class Unreadable(Exception):
+    """Why an attachment shows no content: said to the model in its place."""
+
+
+def attachment_reference(attachment_id: str) -> str:
+    return f"{ORIGIN}:{attachment_id}"
+
+
+def _stored_bytes(attachment: Attachment, *, keep: int | None) -> tuple[bytes, bool]:
+    """The file's first `keep` bytes (all of them for None), and whether there are more; the
+    whole file is hashed on the way and must match the digest recorded on upload."""
+    digest = hashlib.sha256()
+    kept = b""
+    size = 0
+    try:
+        with attachment.file.open("rb") as stored:
+            for chunk in stored.chunks():
+                size += len(chunk)
+                digest.update(chunk)
+                if keep is None or len(kept) < keep:
+                    kept += chunk if keep is None else chunk[: keep - len(kept)]
+    except OSError as error:
+        logger.warning("Attachment %s could not be read: %s", attachment.pk, error)
+        raise Unreadable("its file could not be read") from error
+    if digest.hexdigest() != attachment.sha256:
+        logger.warning("Attachment %s no longer matches its sha256: not read.", attachment.pk)
+        raise Unreadable("its stored file no longer matches its sha256")
+    return kept, size > len(kept)
+
+
+def _head(data: bytes, limit: int) -> tuple[str, bool]:
+    """The text of `data`'s first `limit` bytes, never ending inside a character, and whether
+    anything was left out."""
+    if len(data) <= limit:
+        return data.decode("utf-8", errors="replace"), False
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    return decoder.decode(data[:limit], final=False), True
+
+
+def _text(attachment: Attachment, limit: int) -> tuple[str, bool]:
+    data, more = _stored_bytes(attachment, keep=limit + 1)
+    text, cut = _head(data, limit)
+    return text, cut or more
+
+
+def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
+    """The text of the PDF's first pages, up to `limit` bytes of it and
+    ATTACHMENT_PDF_MAX_PAGES pages."""
+    data, _ = _stored_bytes(attachment, keep=None)
+    try:
+        reader = pypdf.PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise Unreadable("the PDF is encrypted")
+        pages = len(reader.pages)
+        read = b""
+        shown = 0
+        while shown < min(pages, settings.ATTACHMENT_PDF_MAX_PAGES) and len(read) <= limit:
+            read += (reader.pages[shown].extract_text() or "").strip().encode() + b"\n\n"
+            shown += 1
+    except PDF_FAULTS as error:
+        logger.warning("The text of attachment %s could not be extracted: %r", attachment.pk, error)
+        raise Unreadable("its text could not be extracted") from error
+    text, cut = _head(read.rstrip(), limit)
+    if not text.strip():
+        where = " on its first pages" if pages > shown else ""
+        raise Unreadable(f"it has no text to extract{where}")
+    return text, cut or pages > shown
+
+
+def _excerpt(attachment: Attachment, limit: int) -> str:
+    read = _pdf_text if attachment.media_type == PDF else _text
+    text, cut = read(attachment, limit)
+    text = strip_secrets(text)
+    if cut:
+        text += f"\n[cut: the first {len(text.encode())} bytes of {attachment.size} are shown]"
+    return text
+
+
+def attachments_read(run: Run) -> dict[str, str]:
+    """Read the message's attachments; returns, by attachment id, what the model is shown of
+    each after its reference: its wrapped excerpt, or why there is none."""
+    parts = [
+        part
+        for part in run.message.get("message", {}).get("parts", [])
+        if part["type"] == ATTACHMENT_PART
+    ]
+    readable = [part for part in parts if part.get("media_type") in READABLE_MEDIA_TYPES]
+    if not readable:
+        return {}
+    limit = settings.ATTACHMENT_EXCERPT_MAX_BYTES // len(readable)
+    found = {
+        str(attachment.pk): attachment
+        for attachment in Attachment.objects.filter(
+            tenant_id=run.tenant_id, pk__in=[part["id"] for part in readable]
+        )
+    }
+    shown: dict[str, str] = {}
+    for part in readable:
+        attachment = found.get(part["id"])
+        try:
+            if attachment is None or attachment.sha256 != part["sha256"]:
+                raise Unreadable("it is no longer stored")
+            content = _excerpt(attachment, limit)
+        except Unreadable as reason:
+            shown[part["id"]] = f"[not read: {reason}]"
+            continue
+        source = Source.objects.create(
+            run=run,
+            origin=ORIGIN,
+            reference=attachment_reference(part["id"]),
+            content_hash=hashlib.sha256(content.encode()).hexdigest(),
+            allowed_use=EVIDENCE_USE,
+            content=content,
+        )
+        known_rows_add(run, [source])
+        shown[part["id"]] = wrap_untrusted(
+            source=source.reference,
+            fetched_at=(source.fetched_at or timezone.now()).isoformat(),
+            content=content,
+            allowed_use=EVIDENCE_USE,
+            references=[source.reference],
+        )
+    return shown
