@@ -3,25 +3,22 @@ the admin action and the periodic Celery task."""
 
 import json
 import uuid
-from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.urls import reverse
-from django.utils import timezone
 from rest_framework.test import APIClient
 
-from examples.models import DirectoryRecord
 from registry.demo import DEMO_PASSWORD
 from registry.models import McpServer, Skill, ToolVersion
 from registry.services.mcp import mcp_server_discover
 from registry.services.tenancy import api_token_issue
 from registry.tasks import mcp_servers_discover
-from runs.loop import RECIPIENT_ROLE, Execution, run_advance_step, run_execute
-from runs.models import Run, Session, Source
+from runs.loop import Execution, run_advance_step, run_execute
+from runs.models import Run, Source
 from tests.mcp.conftest import assistant
 from tests.registry.test_admin import messages_of
-from tests.runs.conftest import RUNS, apollo_draft, events_of
+from tests.runs.conftest import RUNS, apollo_draft, events_of, recipient_confirmed
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import seeded_tool
 
@@ -119,22 +116,7 @@ def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
     response = post(alice_api, message)
     run = Run.objects.get(pk=response.json()["run_id"])
     # and a recipient alice confirmed earlier in the session: the start calls no tool
-    lead = DirectoryRecord.objects.get(project__key="apollo", role=RECIPIENT_ROLE)
-    Session.objects.filter(pk=run.session_id).update(
-        state={
-            "recipient": {
-                "project_id": "apollo",
-                "role": RECIPIENT_ROLE,
-                "snapshot": {
-                    "record_id": lead.record_id,
-                    "display_name": lead.display_name,
-                    "corporate_email": lead.corporate_email,
-                    "record_version": lead.version,
-                },
-                "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
-            }
-        }
-    )
+    recipient_confirmed(run.session_id)
 
     # when the run is executed at once, or its start by an execution that ends there (a
     # worker lost after the start) and the rest by another

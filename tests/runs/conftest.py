@@ -18,13 +18,13 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from examples.models import ProjectUpdate
+from examples.models import DirectoryRecord, ProjectUpdate
 from registry.choices import DataClassification, ModelProvider, Role
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant, ToolVersion
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, membership_add
-from runs.loop import run_advance_step
+from runs.loop import RECIPIENT_ROLE, run_advance_step
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
@@ -369,6 +369,27 @@ def fake_model(demo, model_server, monkeypatch) -> Callable[..., FakeProvider]:
         return model_server
 
     return use
+
+
+def recipient_confirmed(session_id) -> None:
+    """The session holds apollo's R&D lead as a recipient its user confirmed an hour ago: a
+    weekly summary in it starts without looking the lead up."""
+    lead = DirectoryRecord.objects.get(project__key="apollo", role=RECIPIENT_ROLE)
+    Session.objects.filter(pk=session_id).update(
+        state={
+            "recipient": {
+                "project_id": "apollo",
+                "role": RECIPIENT_ROLE,
+                "snapshot": {
+                    "record_id": lead.record_id,
+                    "display_name": lead.display_name,
+                    "corporate_email": lead.corporate_email,
+                    "record_version": lead.version,
+                },
+                "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
+            }
+        }
+    )
 
 
 def apollo_draft(**overrides: Any) -> dict:

@@ -4,20 +4,17 @@ as untrusted data and kept as evidence, or a note saying why there is none."""
 import copy
 import json
 import uuid
-from datetime import timedelta
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.utils import timezone
 from rest_framework.test import APIClient
 
-from examples.models import DirectoryRecord
 from registry.demo import DEMO_PASSWORD
 from registry.services.tenancy import api_token_issue
-from runs.loop import RECIPIENT_ROLE, Execution, run_advance_step, run_execute
-from runs.models import Attachment, Run, Session, Source
+from runs.loop import Execution, run_advance_step, run_execute
+from runs.models import Attachment, Run, Source
 from tests.mcp.conftest import assistant
-from tests.runs.conftest import apollo_draft
+from tests.runs.conftest import apollo_draft, recipient_confirmed
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_attachments import PNG
 from tests.runs.test_loop import seeded_tool
@@ -299,22 +296,7 @@ def test_a_weekly_summary_may_cite_an_attachment_of_its_message(
         text="Summarise this week's project status and mail it to the R&D lead.",
         project_id="apollo",
     )
-    lead = DirectoryRecord.objects.get(project__key="apollo", role=RECIPIENT_ROLE)
-    Session.objects.filter(pk=run.session_id).update(
-        state={
-            "recipient": {
-                "project_id": "apollo",
-                "role": RECIPIENT_ROLE,
-                "snapshot": {
-                    "record_id": lead.record_id,
-                    "display_name": lead.display_name,
-                    "corporate_email": lead.corporate_email,
-                    "record_version": lead.version,
-                },
-                "expires_at": (timezone.now() + timedelta(hours=1)).isoformat(),
-            }
-        }
-    )
+    recipient_confirmed(run.session_id)
 
     # when the run is executed at once, or its start by one execution and the rest by another
     if redelivered:
