@@ -212,6 +212,10 @@ CELERY_BEAT_SCHEDULE = {
     "runs-sweep": {"task": "runs.tasks.runs_sweep", "schedule": 30.0},
     "actions-sweep": {"task": "approvals.tasks.actions_sweep", "schedule": 60.0},
     "memories-expire": {"task": "runs.tasks.memories_expire", "schedule": 3600.0},
+    "attachment-orphans-remove": {
+        "task": "runs.tasks.attachment_orphans_remove",
+        "schedule": 3600.0,
+    },
     "scheduled-tasks-sweep": {"task": "runs.tasks.scheduled_tasks_sweep", "schedule": 30.0},
     "eval-runs-sweep": {"task": "evaluations.tasks.eval_runs_sweep", "schedule": 60.0},
     "mcp-discover": {
@@ -313,6 +317,10 @@ ATTACHMENT_MEDIA_TYPES = [
 # ATTACHMENT_PDF_MAX_PAGES pages) is read, at most this many bytes for all of them together.
 ATTACHMENT_EXCERPT_MAX_BYTES = env.int("ATTACHMENT_EXCERPT_MAX_BYTES", default=8 * 1024)
 ATTACHMENT_PDF_MAX_PAGES = env.int("ATTACHMENT_PDF_MAX_PAGES", default=20)
+# A stored file no Attachment row names (its upload died before the row, or the row was rolled
+# back) is removed by the hourly sweep once it is this old: longer than any upload, with the
+# transaction around it, takes, so a file whose row is still to commit is never touched.
+ATTACHMENT_ORPHAN_GRACE_SECONDS = env.int("ATTACHMENT_ORPHAN_GRACE_SECONDS", default=3600)
 
 # Tool execution: calls of one step run in parallel up to this many; a result envelope
 # larger than this is cut (the full evidence stays in the run's sources).

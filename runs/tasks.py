@@ -17,7 +17,7 @@ from config.queries import PreparedQuery
 from runs.choices import RunStatus
 from runs.loop import HOST_NODES, ModelTemporarilyUnavailable, model_error_output, run_execute
 from runs.models import Run
-from runs.services import memory
+from runs.services import attachments, memory
 from runs.services.runs import (
     cancel_request_take_in,
     cancel_requests_take_in,
@@ -207,6 +207,13 @@ def runs_sweep() -> int:
 def memories_expire() -> int:
     """Remove memory items past their TTL."""
     return memory.memories_expire()
+
+
+@shared_task(acks_late=True)
+def attachment_orphans_remove() -> int:
+    """Remove the stored attachment files no row names, once past their grace period. Safe to
+    deliver twice: a file already removed is not counted again."""
+    return attachments.attachment_orphans_remove()
 
 
 @before_task_publish.connect(sender=FIRE_TASK)

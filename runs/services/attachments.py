@@ -1,19 +1,25 @@
 """Attachments: an upload checked (size, media type shown by its content, sha256) and kept in
-private storage; and the message parts that refer to one, bound to it by id and digest only."""
+private storage; the message parts that refer to one, bound to it by id and digest only; and
+the sweep of stored files no row names."""
 
 import codecs
 import hashlib
 import json
+import logging
 import os
 import unicodedata
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import filetype
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
 from django.core.files import File
-from django.db import transaction
+from django.core.files.storage import Storage
+from django.db import models, transaction
+from django.utils import timezone
 
 from registry.choices import Action
 from registry.models import Tenant
@@ -22,6 +28,9 @@ from runs.errors import PayloadTooLarge, PermissionDenied, UnsupportedMediaType,
 from runs.models import Attachment
 from runs.models.attachments import attachment_path
 from runs.selectors import attachments_usable
+from runs.storage import attachment_storage
+
+logger = logging.getLogger(__name__)
 
 # Types recognised by their content being UTF-8 text without NUL (JSON must also parse);
 # every other allowed type is recognised by its magic bytes.
@@ -30,6 +39,8 @@ TEXT = "text/plain"
 UNKNOWN = "application/octet-stream"
 SIGNATURE_BYTES = 8192  # as many leading bytes as `filetype` looks at
 MAX_EXTENSION_CHARS = 16
+# Stored names whose rows one query of the orphan sweep looks up, at most.
+ORPHAN_SWEEP_BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -194,3 +205,65 @@ def attachment_parts_resolve(
     return [
         _part(usable[part["id"]]) if part["type"] == "attachment_ref" else part for part in parts
     ]
+
+
+def _is_written_as(field: models.Field, segment: str) -> bool:
+    """Whether a path segment is a value of this field spelled as `attachment_path` spells it
+    ("7", never "07"; a lowercase hyphenated UUID)."""
+    try:
+        return str(field.to_python(segment)) == segment
+    except ValidationError:
+        return False
+
+
+def _orphans_remove(*, storage: Storage, directory: str, names: list[str], cutoff: datetime) -> int:
+    """Remove the files among `directory/name` that no row names and that were last modified
+    before `cutoff`. One query: a path is named after its row's own id (`attachment_path`),
+    so the rows of these ids, found by primary key, are the only ones that may name them."""
+    named = set(Attachment.objects.filter(pk__in=names).values_list("file", flat=True))
+    removed = 0
+    for path in (f"{directory}/{name}" for name in names):
+        if path in named:
+            continue
+        try:
+            is_old = storage.get_modified_time(path) < cutoff
+        except FileNotFoundError:
+            continue  # removed meanwhile (a sweep running beside this one)
+        if is_old:
+            storage.delete(path)
+            removed += 1
+    return removed
+
+
+def attachment_orphans_remove() -> int:
+    """Remove the files of the "attachments" storage that no Attachment row names and that are
+    older than ATTACHMENT_ORPHAN_GRACE_SECONDS: the upload's process died between the file and
+    the row, or a transaction around `attachment_store` rolled the row back. A younger file may
+    belong to an upload in flight and is kept; so is anything not shaped `<tenant id>/<attachment
+    id>` (another file put there, a name the storage changed), which no upload writes. Safe to
+    run twice at once. Reads one tenant directory's names at a time and looks up their rows
+    ORPHAN_SWEEP_BATCH at a time. Returns how many files it removed."""
+    storage = attachment_storage()
+    cutoff = timezone.now() - timedelta(seconds=settings.ATTACHMENT_ORPHAN_GRACE_SECONDS)
+    tenant_id = Attachment._meta.get_field("tenant").target_field
+    attachment_id = Attachment._meta.pk
+    removed = 0
+    try:
+        directories, _files = storage.listdir("")
+    except FileNotFoundError:
+        return 0  # nothing was ever uploaded
+    for directory in directories:
+        if not _is_written_as(tenant_id, directory):
+            continue
+        _subdirectories, files = storage.listdir(directory)
+        names = [name for name in files if _is_written_as(attachment_id, name)]
+        for start in range(0, len(names), ORPHAN_SWEEP_BATCH):
+            removed += _orphans_remove(
+                storage=storage,
+                directory=directory,
+                names=names[start : start + ORPHAN_SWEEP_BATCH],
+                cutoff=cutoff,
+            )
+    if removed:
+        logger.info("Removed %d attachment files that no attachment names.", removed)
+    return removed
