@@ -1003,8 +1003,8 @@ def _ended_unavailable(run: Run, **output: Any) -> bool:
     those tools; returns whether it did."""
     calls = run.tool_calls.filter(
         status__in=[ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED],
-        error_category__in=executor.TRANSIENT_CATEGORIES,
-    ).only("name", "status", "error_category", "envelope")
+        envelope__retryable=True,
+    ).only("name", "status", "envelope")
     unavailable = sorted({call.name for call in calls if executor.unavailable_for_a_while(call)})
     if unavailable:
         _finish(

@@ -75,15 +75,16 @@ class StepCalls:
 
 def unavailable_for_a_while(record: ToolCall) -> bool:
     """Whether a call's outcome says its tool was only unavailable for a while, so that a
-    run left without a result by it may be retried: the call failed in a way that may pass,
-    or was turned away, before it ran, by a refusal that may pass (its authorisation check
-    did not answer within the tool's timeout), which its envelope says is retryable. How
-    both workflows tell a tool that may answer another time from one that will not."""
-    if record.error_category not in TRANSIENT_CATEGORIES:
-        return False
-    if record.status == ToolCall.Status.FAILED:
-        return True
-    return record.status == ToolCall.Status.REJECTED and record.envelope.get("retryable") is True
+    run left without a result by it may be retried: the call failed, or was turned away
+    before it ran, and its envelope says another try may pass (`retryable`). The envelope's
+    flag decides, never the error category alone: a tool that answers UPSTREAM_ERROR or
+    TIMEOUT and says a retry will not help is not one to try again later, and one that
+    says it may is. How both workflows tell a tool that may answer another time from one
+    that will not."""
+    return (
+        record.status in (ToolCall.Status.FAILED, ToolCall.Status.REJECTED)
+        and record.envelope.get("retryable") is True
+    )
 
 
 def _reject(

@@ -160,10 +160,10 @@ def test_a_redirect_answer_is_a_failed_call_not_a_successful_one(demo, report_se
     results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
     assert [(entry["call_id"], entry["is_error"]) for entry in results] == [(record.call_id, True)]
     assert run.result["sources"] == []
-    # so the agent's answer rests on no result: the run does not claim it completed, and
-    # says which tool may answer another time (an upstream error may pass)
-    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")
-    assert run.result["output"]["unavailable_tools"] == ["report_read"]
+    # so the agent's answer rests on no result: the run does not claim it completed, nor
+    # that a retry may help (the envelope says another identical try would not)
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["output"]["failed_tools"] == ["report_read"]
     assert run.result["output"]["answer"]
 
 

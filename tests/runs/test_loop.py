@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from approvals.models import BusinessAction
 from config.errors import ValidationFailed
-from examples.handlers import project_search
+from examples.handlers import ProjectSearch, project_search
 from examples.models import Project, ProjectUpdate
 from registry.choices import AdapterKind, ModelProvider, Risk
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant, ToolVersion
@@ -41,6 +41,8 @@ from runs.models import Run, RunEvent, Source, ToolCall
 from runs.services.runs import run_cancel
 from runs.tasks import MODEL_RETRIES, STEP_FAILURES_MAX, run_advance, runs_sweep
 from runs.tools import executor, limits
+from runs.tools.adapters import ToolFailed
+from runs.tools.envelope import ErrorCategory
 from runs.workflows import WEEKLY_SUMMARY_SEND, WORKFLOWS
 from tests.celery_worker import queue_purge
 from tests.loopback import loopback_server
@@ -1447,6 +1449,47 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
     assert "approval.required" not in event_types(run)
     assert "draft.created" not in event_types(run)
     assert not ToolCall.objects.filter(run=run, name="project_search").exists()
+
+
+@pytest.mark.parametrize(
+    ("category", "is_retryable", "ending"),
+    [
+        (ErrorCategory.UPSTREAM_ERROR, True, ("FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")),
+        (ErrorCategory.UPSTREAM_ERROR, False, ("FAILED_FINAL", "NO_EVIDENCE")),
+        (ErrorCategory.TIMEOUT, False, ("FAILED_FINAL", "NO_EVIDENCE")),
+        (ErrorCategory.NOT_FOUND, True, ("FAILED_RETRYABLE", "EVIDENCE_UNAVAILABLE")),
+    ],
+)
+def test_a_run_left_without_evidence_says_to_retry_only_when_the_failure_was_retryable(
+    demo, fake_model, monkeypatch, category, is_retryable, ending
+):
+    # given a weekly summary whose only project_search fails with `category`, its envelope
+    # saying whether another try may pass, and a model that drafts anyway
+    def failing(self, context, arguments):
+        raise ToolFailed("The project store said no.", category=category, retryable=is_retryable)
+
+    monkeypatch.setattr(ProjectSearch, "__call__", failing)
+    monkeypatch.setattr("runs.tools.executor.time.sleep", lambda seconds: None)
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call's envelope says what the tool said, and the run tells the user to try
+    # again only when that envelope says another try may pass, whatever the category
+    call = ToolCall.objects.get(run=run, call_id="call_read")
+    assert (call.status, call.error_category, call.envelope["retryable"]) == (
+        "failed",
+        category,
+        is_retryable,
+    )
+    result = assert_terminal(run, *ending)
+    if is_retryable:
+        assert result["output"] == {"unavailable_tools": ["project_search"]}
+    assert "approval.required" not in event_types(run)
 
 
 @pytest.mark.parametrize(

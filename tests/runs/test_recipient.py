@@ -189,9 +189,38 @@ def test_a_confirmed_recipient_is_not_used_once_the_directory_tool_is_revoked(de
             ("FAILED_RETRYABLE", "DIRECTORY_UPSTREAM_ERROR"),
         ),
         (RuntimeError("a bug in the handler"), ("FAILED_FINAL", "DIRECTORY_UNKNOWN")),
+        (
+            ToolFailed(
+                "The directory refuses this project's lookups.",
+                category=ErrorCategory.UPSTREAM_ERROR,
+                retryable=False,
+            ),
+            ("FAILED_FINAL", "DIRECTORY_UPSTREAM_ERROR"),
+        ),
+        (
+            ToolFailed(
+                "The directory's export job timed out and is disabled.",
+                category=ErrorCategory.TIMEOUT,
+                retryable=False,
+            ),
+            ("FAILED_FINAL", "DIRECTORY_TIMEOUT"),
+        ),
+        (
+            ToolFailed(
+                "The directory is being re-indexed.", category=ErrorCategory.UNKNOWN, retryable=True
+            ),
+            ("FAILED_RETRYABLE", "DIRECTORY_UNKNOWN"),
+        ),
+    ],
+    ids=[
+        "retryable-upstream",
+        "handler-bug",
+        "final-upstream",
+        "final-timeout",
+        "retryable-unknown",
     ],
 )
-def test_only_a_transient_directory_failure_tells_the_user_to_try_again(
+def test_only_a_directory_failure_its_envelope_calls_retryable_tells_the_user_to_try_again(
     demo, monkeypatch, failure, ending
 ):
     def failing(self, context, arguments):
