@@ -19,6 +19,9 @@ from config import jsontext
 from config.secret_names import secret_key
 from runs.redaction import REDACTED, key_shown, secrets_removed
 
+# What ends an error message cut to fit its envelope.
+ENVELOPE_CUT_MARKER = "…"
+
 
 class ErrorCategory(models.TextChoices):
     TIMEOUT = "TIMEOUT"
@@ -130,22 +133,46 @@ def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
     return False
 
 
+def _message_cut(envelope: Envelope, max_bytes: int) -> bool:
+    """Cut the error's message to its longest start that fits the envelope, in bytes as the
+    envelope is stored, followed by ENVELOPE_CUT_MARKER; whole characters only. No message
+    at all when not even the marker fits. Returns whether the envelope fits now."""
+    error = envelope.error
+    message = error.get("message", "")
+
+    def fits(length: int) -> bool:
+        envelope.error = {**error, "message": message[:length] + ENVELOPE_CUT_MARKER}
+        return envelope.size() <= max_bytes
+
+    if not message:
+        return envelope.size() <= max_bytes
+    if not fits(0):
+        envelope.error = {**error, "message": ""}
+        return envelope.size() <= max_bytes
+    # Each character adds at least a byte: the longest start that fits is found by bisection.
+    shortest, longest = 0, len(message) - 1
+    while shortest < longest:
+        middle = (shortest + longest + 1) // 2
+        if fits(middle):
+            shortest = middle
+        else:
+            longest = middle - 1
+    return fits(shortest)
+
+
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
     """Keep the envelope under `max_bytes`: the raw response is cut first, then the normalised
     fields (each to a preview of its JSON text that ends after a whole value; the full
-    response stays in a Source of the call), then the error's message; then, should the
-    references alone be too many, the last of them (their Sources stay). The statuses, the
-    error category and the call are never cut."""
+    response stays in a Source of the call), then the error's message (to all of it that
+    fits, marked as cut); then, should the references alone be too many, the last of them
+    (their Sources stay). The statuses, the error category and the call are never cut."""
     if envelope.size() <= max_bytes:
         return envelope
     envelope.truncated = True
     if _cut(envelope, "raw", max_bytes) or _cut(envelope, "normalized", max_bytes):
         return envelope
-    if envelope.error is not None:
-        message = envelope.error.get("message", "")
-        while envelope.size() > max_bytes and message:
-            message = message[: len(message) // 2]
-            envelope.error = {**envelope.error, "message": message}
+    if envelope.error is not None and _message_cut(envelope, max_bytes):
+        return envelope
     while envelope.size() > max_bytes and envelope.sources:
         envelope.sources.pop()
     return envelope

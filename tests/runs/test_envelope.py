@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from runs.tools.envelope import Envelope, fit
+from runs.tools.envelope import ENVELOPE_CUT_MARKER, Envelope, fit
 
 LIMIT = 2048
 
@@ -21,7 +21,12 @@ def _envelope(**parts) -> Envelope:
 
 
 def _size(envelope: Envelope) -> int:
-    return len(json.dumps(envelope.as_dict(), separators=(",", ":"), default=str).encode())
+    """Bytes of the envelope as compact JSON in UTF-8."""
+    return len(
+        json.dumps(
+            envelope.as_dict(), separators=(",", ":"), ensure_ascii=False, default=str
+        ).encode()
+    )
 
 
 def test_an_envelope_that_fits_is_kept_whole():
@@ -92,3 +97,45 @@ def test_whatever_part_is_large_the_envelope_keeps_under_the_limit(parts):
     if "sources" in parts:
         assert envelope.sources == parts["sources"][: len(envelope.sources)]
         assert envelope.sources
+
+
+# A message of one-, two-, three- and four-byte characters (UTF-8), a quote and a newline
+# (two bytes each as JSON): wherever the limit falls, it falls inside some character's bytes.
+LONG_MESSAGE = 'Upstream refused: naïve café 日本語 "quoted"\nline 🙂 ' * 400
+
+
+def _failed(message: str) -> Envelope:
+    return _envelope(error={"category": "UPSTREAM_ERROR", "message": message})
+
+
+@pytest.mark.parametrize("limit", range(300, 1400, 13))
+def test_a_long_error_message_is_cut_to_all_that_fits_with_a_marker(limit):
+    # when an envelope whose error message alone is too large is fitted under `limit`
+    envelope = fit(_failed(LONG_MESSAGE), max_bytes=limit)
+
+    # then the message is the start of the original, whole characters only, marked as cut
+    message = envelope.error["message"]
+    assert message.endswith(ENVELOPE_CUT_MARKER)
+    kept = message.removesuffix(ENVELOPE_CUT_MARKER)
+    assert LONG_MESSAGE.startswith(kept)
+    message.encode("utf-8")
+    # and it is as long as the limit allows (in bytes of UTF-8 JSON, as the envelope is
+    # stored): one more character would not fit
+    assert _size(envelope) <= limit
+    longer = LONG_MESSAGE[: len(kept) + 1] + ENVELOPE_CUT_MARKER
+    envelope.error = {**envelope.error, "message": longer}
+    assert _size(envelope) > limit
+    assert (envelope.error["category"], envelope.truncated) == ("UPSTREAM_ERROR", True)
+
+
+def test_an_error_message_that_fits_exactly_is_not_cut():
+    # given a message whose envelope is exactly the limit
+    limit = _size(_failed(LONG_MESSAGE[:500]))
+
+    # then it is kept whole, unmarked; one byte less and it is cut
+    assert (
+        fit(_failed(LONG_MESSAGE[:500]), max_bytes=limit).error["message"] == (LONG_MESSAGE[:500])
+    )
+    cut = fit(_failed(LONG_MESSAGE[:500]), max_bytes=limit - 1).error["message"]
+    assert cut.endswith(ENVELOPE_CUT_MARKER)
+    assert LONG_MESSAGE.startswith(cut.removesuffix(ENVELOPE_CUT_MARKER))
