@@ -356,11 +356,19 @@ def http_call(
         raw=payload.get("data", payload),
         normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[
-            SourceDraft(reference=str(item.get("reference")), content=_source_text(item))
+            SourceDraft(reference=_source_reference(item), content=_source_text(item))
             for item in (sources if isinstance(sources, list) else [])
             if isinstance(item, dict) and item.get("reference")
         ],
     )
+
+
+def _source_reference(source: dict[str, Any]) -> str:
+    """A source's reference as the run keeps it: text as given, and any other JSON value (an
+    object, a list, a number, a literal) as its canonical JSON text (compact, keys sorted),
+    so that the same value is always the same reference for the model to cite."""
+    reference = source["reference"]
+    return reference if isinstance(reference, str) else jsontext.dumps(reference, sort_keys=True)
 
 
 def _source_text(source: dict[str, Any]) -> str:

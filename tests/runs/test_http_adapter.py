@@ -701,3 +701,38 @@ def test_only_the_tool_s_own_faults_open_its_circuit(demo, report_service, statu
     assert len(report_service.requests) == 3
     tool_version = ToolVersion.objects.get(tool__name="report_read")
     assert limits.circuit_state(tool_version) == ("open" if opens else "closed")
+
+
+@pytest.mark.parametrize(
+    ("reference", "kept"),
+    [
+        ({"update": 7, "project": "apollo"}, '{"project":"apollo","update":7}'),
+        (["apollo", 7, {"b": 2, "a": 1}], '["apollo",7,{"a":1,"b":2}]'),
+        (7, "7"),
+        (True, "true"),
+        ("report:apollo", "report:apollo"),
+    ],
+    ids=["object", "list", "number", "literal", "text"],
+)
+def test_a_source_reference_the_service_gives_as_another_json_value_is_kept_as_its_json_text(
+    demo, report_service, reference, kept
+):
+    # given a service that names its evidence by a JSON value that is not text, its keys in
+    # any order
+    report_service.body = json.dumps(
+        {
+            "data": {"health": "green"},
+            "sources": [{"reference": reference, "content": "Apollo is green."}],
+        }
+    ).encode()
+
+    # when a run reads it
+    run = report_read(demo, report_service)
+
+    # then the Source, the envelope and the event name it by the value's canonical JSON text
+    # (keys sorted, compact), the same text every time, never by Python's spelling of it
+    (source,) = Source.objects.filter(run=run, origin="report_read@1.0.0")
+    assert source.reference == kept
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert [item["reference"] for item in record.envelope["sources"]] == [kept]
+    assert events_of(run, "tool.completed")[0]["sources"] == [kept]
