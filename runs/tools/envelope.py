@@ -6,10 +6,10 @@ stripped; the whole response of a call cut to fit stays in a Source the model ca
 reference (`executor._record`).
 """
 
-import bisect
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -110,10 +110,27 @@ def _value_ends(text: str, limit: int) -> list[int]:
     return ends
 
 
+def _longest_that_fits(fits: Callable[[int], bool], longest: int) -> int | None:
+    """The largest n in 0..`longest` for which `fits(n)`, found by bisection (each longer
+    cut is as large or larger), after which the envelope holds that cut; None when not even
+    n = 0 fits."""
+    if not fits(0):
+        return None
+    shortest = 0
+    while shortest < longest:
+        middle = (shortest + longest + 1) // 2
+        if fits(middle):
+            shortest = middle
+        else:
+            longest = middle - 1
+    fits(shortest)
+    return shortest
+
+
 def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
-    """Replace `part` (raw or normalized) with a preview of its JSON text, halved as long as
-    the envelope allows and ending after a whole value (`_value_ends`); returns whether the
-    envelope fits now."""
+    """Replace `part` (raw or normalized) with a preview of its JSON text: the longest start
+    of it that the envelope allows, ending after a whole value (`_value_ends`); returns
+    whether the envelope fits now."""
     text = json.dumps(getattr(envelope, part), ensure_ascii=False, default=str)
     setattr(envelope, part, {"preview": text})
     if envelope.size() <= max_bytes:
@@ -121,16 +138,12 @@ def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
     # A preview of more characters than the envelope's bytes cannot fit: its ends are not
     # looked for.
     ends = _value_ends(text, max_bytes)
-    length = len(text)
-    while length:
-        length //= 2
-        if length > max_bytes:
-            continue
-        length = ends[bisect.bisect_right(ends, length) - 1]
-        setattr(envelope, part, {"preview": text[:length]})
-        if envelope.size() <= max_bytes:
-            return True
-    return False
+
+    def fits(index: int) -> bool:
+        setattr(envelope, part, {"preview": text[: ends[index]]})
+        return envelope.size() <= max_bytes
+
+    return _longest_that_fits(fits, len(ends) - 1) is not None
 
 
 def _message_cut(envelope: Envelope, max_bytes: int) -> bool:
@@ -139,25 +152,17 @@ def _message_cut(envelope: Envelope, max_bytes: int) -> bool:
     at all when not even the marker fits. Returns whether the envelope fits now."""
     error = envelope.error
     message = error.get("message", "")
+    if not message:
+        return envelope.size() <= max_bytes
 
     def fits(length: int) -> bool:
         envelope.error = {**error, "message": message[:length] + ENVELOPE_CUT_MARKER}
         return envelope.size() <= max_bytes
 
-    if not message:
-        return envelope.size() <= max_bytes
-    if not fits(0):
-        envelope.error = {**error, "message": ""}
-        return envelope.size() <= max_bytes
-    # Each character adds at least a byte: the longest start that fits is found by bisection.
-    shortest, longest = 0, len(message) - 1
-    while shortest < longest:
-        middle = (shortest + longest + 1) // 2
-        if fits(middle):
-            shortest = middle
-        else:
-            longest = middle - 1
-    return fits(shortest)
+    if _longest_that_fits(fits, len(message) - 1) is not None:
+        return True
+    envelope.error = {**error, "message": ""}
+    return envelope.size() <= max_bytes
 
 
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:

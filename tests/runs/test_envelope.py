@@ -66,6 +66,10 @@ def test_a_preview_ends_after_a_whole_value_wherever_the_limit_falls():
         assert text.startswith(preview)
         assert preview.endswith(("{", "[")) or text[len(preview)] in ",]}"
         assert preview or limit < 500
+        # and it is as long as the limit allows: what is left unused is less than one more
+        # record would take in the envelope (as JSON text within JSON text)
+        record = json.dumps(f", {json.dumps(rows[-1], ensure_ascii=False)}", ensure_ascii=False)
+        assert limit - _size(envelope) < len(record.encode()) - len('""')
 
 
 @pytest.mark.parametrize(
