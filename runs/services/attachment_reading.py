@@ -34,8 +34,19 @@ ATTACHMENT_PART = "attachment_ref"
 PDF = "application/pdf"
 READABLE_MEDIA_TYPES = TEXT_MEDIA_TYPES | {PDF}
 ORIGIN = "attachment"
-# What a malformed PDF may raise from pypdf besides its own errors.
-PDF_FAULTS = (PyPdfError, ValueError, KeyError, TypeError, IndexError, RecursionError, zlib.error)
+# What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
+# not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError).
+PDF_FAULTS = (
+    PyPdfError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+    ArithmeticError,
+    NotImplementedError,
+    RecursionError,
+    zlib.error,
+)
 
 
 class Unreadable(Exception):

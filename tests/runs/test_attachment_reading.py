@@ -24,8 +24,12 @@ pytestmark = pytest.mark.django_db
 NOTES = "Apollo notes: the load test moved to Thursday.\n"
 
 
-def pdf(*pages: str) -> bytes:
-    """A PDF whose pages show these lines of text in Helvetica."""
+HELVETICA = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+
+
+def pdf(*pages: str, font: bytes = HELVETICA, stream_filter: bytes = b"") -> bytes:
+    """A PDF whose pages show these lines of text in `font` (Helvetica), their content
+    streams declaring `stream_filter` if given."""
     objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b""]
     kids = []
     for text in pages:
@@ -35,8 +39,10 @@ def pdf(*pages: str) -> bytes:
             b"/Resources << /Font << /F1 %d 0 R >> >> >>" % (len(objects) + 2, len(objects) + 3)
         )
         kids.append(len(objects))
-        objects.append(b"<< /Length %d >>\nstream\n%s\nendstream" % (len(stream), stream))
-        objects.append(b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>")
+        objects.append(
+            b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(stream), stream_filter, stream)
+        )
+        objects.append(font)
     objects[1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
         b" ".join(b"%d 0 R" % kid for kid in kids),
         len(kids),
@@ -233,8 +239,31 @@ def test_credentials_in_an_attachment_never_reach_the_model(answered, alice_api)
             "its text could not be extracted",
         ),
         (pdf(""), "application/pdf", b"", "it has no text to extract"),
+        (
+            pdf("Apollo", stream_filter=b"/Filter /NoSuchFilter"),
+            "application/pdf",
+            b"",
+            "its text could not be extracted",
+        ),
+        (
+            pdf(
+                "Apollo",
+                font=b"<< /Type /Font /Subtype /TrueType /BaseFont /Arial "
+                b"/FirstChar 99999999999 /Widths [500 500] >>",
+            ),
+            "application/pdf",
+            b"",
+            "its text could not be extracted",
+        ),
     ],
-    ids=["changed-after-upload", "file-gone", "malformed-pdf", "pdf-without-text"],
+    ids=[
+        "changed-after-upload",
+        "file-gone",
+        "malformed-pdf",
+        "pdf-without-text",
+        "pdf-with-an-unknown-filter",
+        "pdf-with-a-font-past-any-character",
+    ],
 )
 def test_an_attachment_that_cannot_be_read_leaves_a_note_and_the_run_goes_on(
     answered, alice_api, private_root, content, media_type, change, note
