@@ -52,6 +52,13 @@ RECIPIENT_MARKER = (
 )
 
 
+def message_max_tokens() -> int:
+    """What a message may take of the context (its text, and the excerpts of its attachments):
+    three quarters of CONTEXT_MAX_TOKENS. The context never cuts the task, so the rest is left
+    for the rules, the tools and the evidence."""
+    return settings.CONTEXT_MAX_TOKENS * 3 // 4
+
+
 def section_hash(text: str) -> str:
     """The keyed hash a section's text is recorded with."""
     return salted_hmac("runs.context.section", text, algorithm="sha256").hexdigest()

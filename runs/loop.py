@@ -41,7 +41,7 @@ from runs.redaction import secrets_removed
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
-from runs.services.attachment_reading import attachments_read
+from runs.services.attachment_reading import attachment_line, attachments_read
 from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import (
@@ -214,10 +214,7 @@ def _text(run: Run, resources: dict[str, str], attachments: dict[str, str]) -> s
         elif part["type"] == RESOURCE_PART:
             lines.append(resources[part["uri"]])
         else:
-            lines.append(
-                f"[attachment {part['id']}: {part.get('media_type', '')}, "
-                f"{part.get('size', '?')} bytes, sha256 {part.get('sha256', '')}]"
-            )
+            lines.append(attachment_line(part))
             if part["id"] in attachments:
                 lines.append(attachments[part["id"]])
     return "\n".join(lines)

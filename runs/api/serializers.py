@@ -3,7 +3,6 @@ import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
-from django.conf import settings
 from django.http import QueryDict
 from django.urls import reverse
 from drf_spectacular.utils import extend_schema_field
@@ -14,6 +13,7 @@ from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
 from runs.choices import CLIENT_CHANNELS
+from runs.context import message_max_tokens
 from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
 from runs.tokens import estimate_tokens
@@ -144,10 +144,8 @@ class MessageSerializer(StrictSerializer):
         texts = [part["text"] for part in value if part["type"] == "text"]
         if not any(map(_visible, texts)):
             raise serializers.ValidationError("A message needs at least one non-empty text part.")
-        # The message is the task, which the context never cuts: it must leave room for the
-        # rules, the tools and the evidence (a character of Chinese is a token, of English
-        # a quarter of one).
-        limit = settings.CONTEXT_MAX_TOKENS * 3 // 4
+        # A character of Chinese is a token, of English a quarter of one.
+        limit = message_max_tokens()
         if (tokens := sum(map(estimate_tokens, texts))) > limit:
             raise serializers.ValidationError(
                 f"The text is too long for the model's context: about {tokens} tokens, at most "

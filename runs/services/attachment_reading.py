@@ -3,8 +3,9 @@ attachment's body is parsed lazily) and never into a model context whole.
 
 Text, CSV and JSON are read as the UTF-8 they were confirmed to be on upload; a PDF gives the
 text of its first pages; an image is not read. The message's readable attachments share
-`ATTACHMENT_EXCERPT_MAX_BYTES` evenly, and each shows at most its share, marked as cut when
-there is more. The stored file must still match the sha256 its message refers to. What is read
+`ATTACHMENT_EXCERPT_MAX_BYTES` evenly, and the tokens the message's text leaves of what a
+message may take of the context; each shows at most its share, marked as cut when there is
+more. The stored file must still match the sha256 its message refers to. What is read
 loses anything that looks like a credential, is kept as a Source the draft may cite (by
 `attachment:<id>`) and reaches the model only inside an `untrusted_data` envelope. An
 attachment that cannot be read leaves a note, not a failed run.
@@ -15,16 +16,20 @@ import hashlib
 import io
 import logging
 import zlib
+from collections.abc import Callable
+from typing import Any
 
 import pypdf
 from django.conf import settings
 from django.utils import timezone
 from pypdf.errors import PyPdfError
 
-from runs.context import wrap_untrusted
+from config import jsontext
+from runs.context import message_max_tokens, wrap_untrusted
 from runs.models import Attachment, Run, Source
 from runs.models.tools import EVIDENCE_USE
 from runs.services.attachments import TEXT_MEDIA_TYPES
+from runs.tokens import estimate_tokens
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
 
@@ -34,6 +39,8 @@ ATTACHMENT_PART = "attachment_ref"
 PDF = "application/pdf"
 READABLE_MEDIA_TYPES = TEXT_MEDIA_TYPES | {PDF}
 ORIGIN = "attachment"
+# As long as any `fetched_at` an envelope shows: an excerpt is measured before its Source is.
+LONGEST_TIMESTAMP = "0000-00-00T00:00:00.000000+00:00"
 # What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
 # not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError).
 PDF_FAULTS = (
@@ -118,27 +125,85 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     return text, cut or pages > shown
 
 
-def _excerpt(attachment: Attachment, limit: int) -> str:
+def attachment_line(part: dict[str, Any]) -> str:
+    """How the message refers to an attachment, whether or not its content is shown."""
+    return (
+        f"[attachment {part['id']}: {part.get('media_type', '')}, "
+        f"{part.get('size', '?')} bytes, sha256 {part.get('sha256', '')}]"
+    )
+
+
+def _wrapped(reference: str, fetched_at: str, content: str) -> str:
+    return wrap_untrusted(
+        source=reference,
+        fetched_at=fetched_at,
+        content=content,
+        allowed_use=EVIDENCE_USE,
+        references=[reference],
+    )
+
+
+def _fits(part: dict[str, Any], tokens: int) -> Callable[[str], bool]:
+    """Whether an excerpt of the attachment, with its reference and envelope, takes at most
+    `tokens` of the context as part of the user's message (counted as the context builder
+    counts it, in JSON)."""
+    reference = attachment_reference(part["id"])
+
+    def fits(content: str) -> bool:
+        shown = attachment_line(part) + "\n" + _wrapped(reference, LONGEST_TIMESTAMP, content)
+        return estimate_tokens(jsontext.dumps(shown)) <= tokens
+
+    return fits
+
+
+def _longest_start(text: str, fits: Callable[[str], bool]) -> str:
+    """The longest start of `text` that `fits`, which holds for every shorter start too."""
+    low, high = 0, len(text)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if fits(text[:middle]):
+            low = middle
+        else:
+            high = middle - 1
+    return text[:low]
+
+
+def _excerpt(attachment: Attachment, *, limit: int, fits: Callable[[str], bool]) -> str:
+    """At most `limit` bytes of the attachment's text, and no more of it than `fits`, marked
+    as cut when there is more."""
     read = _pdf_text if attachment.media_type == PDF else _text
     text, cut = read(attachment, limit)
     text = strip_secrets(text)
-    if cut:
-        text += f"\n[cut: the first {len(text.encode())} bytes of {attachment.size} are shown]"
-    return text
+    if not cut and fits(text):
+        return text
+
+    def noted(kept: str) -> str:
+        return f"{kept}\n[cut: the first {len(kept.encode())} bytes of {attachment.size} are shown]"
+
+    kept = _longest_start(text, lambda start: fits(noted(start)))
+    if not kept.strip():
+        raise Unreadable("the message's text leaves it no room in the model's context")
+    return noted(kept)
 
 
 def attachments_read(run: Run) -> dict[str, str]:
     """Read the message's attachments; returns, by attachment id, what the model is shown of
-    each after its reference: its wrapped excerpt, or why there is none."""
-    parts = [
+    each after its reference: its wrapped excerpt, or why there is none.
+
+    The readable attachments share ATTACHMENT_EXCERPT_MAX_BYTES, and what the message's text
+    leaves of the tokens it may take (`message_max_tokens`): the context never cuts the user's
+    message, so excerpts past that share would push the turn past CONTEXT_MAX_TOKENS."""
+    parts = run.message.get("message", {}).get("parts", [])
+    readable = [
         part
-        for part in run.message.get("message", {}).get("parts", [])
-        if part["type"] == ATTACHMENT_PART
+        for part in parts
+        if part["type"] == ATTACHMENT_PART and part.get("media_type") in READABLE_MEDIA_TYPES
     ]
-    readable = [part for part in parts if part.get("media_type") in READABLE_MEDIA_TYPES]
     if not readable:
         return {}
     limit = settings.ATTACHMENT_EXCERPT_MAX_BYTES // len(readable)
+    text_tokens = sum(estimate_tokens(part["text"]) for part in parts if part["type"] == "text")
+    tokens = (message_max_tokens() - text_tokens) // len(readable)
     found = {
         str(attachment.pk): attachment
         for attachment in Attachment.objects.filter(
@@ -151,7 +216,7 @@ def attachments_read(run: Run) -> dict[str, str]:
         try:
             if attachment is None or attachment.sha256 != part["sha256"]:
                 raise Unreadable("it is no longer stored")
-            content = _excerpt(attachment, limit)
+            content = _excerpt(attachment, limit=limit, fits=_fits(part, tokens))
         except Unreadable as reason:
             shown[part["id"]] = f"[not read: {reason}]"
             continue
@@ -164,11 +229,7 @@ def attachments_read(run: Run) -> dict[str, str]:
             content=content,
         )
         known_rows_add(run, [source])
-        shown[part["id"]] = wrap_untrusted(
-            source=source.reference,
-            fetched_at=(source.fetched_at or timezone.now()).isoformat(),
-            content=content,
-            allowed_use=EVIDENCE_USE,
-            references=[source.reference],
+        shown[part["id"]] = _wrapped(
+            source.reference, (source.fetched_at or timezone.now()).isoformat(), content
         )
     return shown

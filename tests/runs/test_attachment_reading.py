@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
@@ -337,3 +338,37 @@ def test_a_weekly_summary_may_cite_an_attachment_of_its_message(
     assert run.skill.startswith("weekly-summary")
     assert run.status == "WAITING_APPROVAL", run.result
     assert Source.objects.filter(run=run, reference=reference).count() == 1
+
+
+@pytest.mark.parametrize("repeats", [300, 370], ids=["room-for-part", "no-room"])
+def test_a_chinese_attachment_takes_only_what_the_message_leaves_of_the_context(
+    demo, alice_api, repeats
+):
+    # given a Chinese message of 4800 tokens, or as long as the ingress takes (a character is
+    # a token), and a Chinese attachment of 8 KB, about 2700 tokens
+    text = "汇总本周项目状态并发给研发负责人" * repeats
+    notes = upload(alice_api, ("阿波罗项目的负载测试改到周四。" * 1000).encode(), "text/plain")
+
+    run = ask(alice_api, notes, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then every turn's context stays within the budget, and the draft is still made
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("WAITING_APPROVAL", ""), run.result
+    turns = run.events.filter(type="context.built")
+    assert turns.count() == 2
+    for turn in turns:
+        tokens = sum(section["tokens"] for section in turn.payload["sections"].values())
+        assert tokens <= settings.CONTEXT_MAX_TOKENS
+    # with what the text leaves shown, marked as cut, or a note where it leaves nothing
+    (message,) = [entry["text"] for entry in run.transcript if entry["kind"] == "user"][:1]
+    shown = envelopes(message)
+    if repeats == 300:
+        (wrapped,) = shown
+        assert wrapped["content"].startswith("阿波罗项目的负载测试改到周四。")
+        assert wrapped["content"].endswith(f" bytes of {notes['size']} are shown]")
+        assert Source.objects.get(run=run, origin="attachment").content == wrapped["content"]
+    else:
+        assert shown == []
+        assert "[not read: the message's text leaves it no room in the model's context]" in message
+        assert not Source.objects.filter(run=run, origin="attachment").exists()
