@@ -317,6 +317,8 @@ ATTACHMENT_MEDIA_TYPES = [
 # ATTACHMENT_PDF_MAX_PAGES pages) is read, at most this many bytes for all of them together.
 ATTACHMENT_EXCERPT_MAX_BYTES = env.int("ATTACHMENT_EXCERPT_MAX_BYTES", default=8 * 1024)
 ATTACHMENT_PDF_MAX_PAGES = env.int("ATTACHMENT_PDF_MAX_PAGES", default=20)
+# Extracting a PDF's text stops after this long, and the model is told it was not read.
+ATTACHMENT_PDF_MAX_SECONDS = env.float("ATTACHMENT_PDF_MAX_SECONDS", default=10.0)
 # A stored file no Attachment row names (its upload died before the row, or the row was rolled
 # back) is removed by the hourly sweep once it is this old: longer than any upload, with the
 # transaction around it, takes, so a file whose row is still to commit is never touched.

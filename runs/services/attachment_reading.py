@@ -15,6 +15,7 @@ import codecs
 import hashlib
 import io
 import logging
+import time
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -54,6 +55,15 @@ PDF_FAULTS = (
     RecursionError,
     zlib.error,
 )
+# What any one stream of a PDF may decode to: interpreting it takes seconds a megabyte, before
+# the deadline can be checked. pypdf's own limits (75 MB) would take minutes.
+PDF_STREAM_MAX_BYTES = 2 * 1024 * 1024
+PDF_STREAM_LIMITS = {
+    "zlib_maximum_output_length": PDF_STREAM_MAX_BYTES,
+    "lzw_maximum_output_length": PDF_STREAM_MAX_BYTES,
+    "run_length_maximum_output_length": PDF_STREAM_MAX_BYTES,
+    "array_based_stream_maximum_output_length": PDF_STREAM_MAX_BYTES,
+}
 
 
 class Unreadable(Exception):
@@ -101,20 +111,37 @@ def _text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     return text, cut or more
 
 
+def _in_time(deadline: float) -> Callable[..., None]:
+    """What pypdf calls before each operation it interprets, forms included: past the
+    deadline, the extraction stops."""
+
+    def check(*_operation: Any) -> None:
+        if time.monotonic() > deadline:
+            raise Unreadable("its text takes too long to extract")
+
+    return check
+
+
 def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     """The text of the PDF's first pages, up to `limit` bytes of it and
-    ATTACHMENT_PDF_MAX_PAGES pages."""
+    ATTACHMENT_PDF_MAX_PAGES pages, within ATTACHMENT_PDF_MAX_SECONDS: a stream that decodes
+    past PDF_STREAM_MAX_BYTES is not interpreted, and the deadline is checked on every
+    operation, so a small file that draws a large form thousands of times stops in time."""
     data, _ = _stored_bytes(attachment, keep=None)
+    in_time = _in_time(time.monotonic() + settings.ATTACHMENT_PDF_MAX_SECONDS)
     try:
-        reader = pypdf.PdfReader(io.BytesIO(data))
-        if reader.is_encrypted:
-            raise Unreadable("the PDF is encrypted")
-        pages = len(reader.pages)
-        read = b""
-        shown = 0
-        while shown < min(pages, settings.ATTACHMENT_PDF_MAX_PAGES) and len(read) <= limit:
-            read += (reader.pages[shown].extract_text() or "").strip().encode() + b"\n\n"
-            shown += 1
+        with pypdf.apply_configuration(**PDF_STREAM_LIMITS):
+            reader = pypdf.PdfReader(io.BytesIO(data))
+            if reader.is_encrypted:
+                raise Unreadable("the PDF is encrypted")
+            pages = len(reader.pages)
+            read = b""
+            shown = 0
+            while shown < min(pages, settings.ATTACHMENT_PDF_MAX_PAGES) and len(read) <= limit:
+                page = reader.pages[shown]
+                read += (page.extract_text(visitor_operand_before=in_time) or "").strip().encode()
+                read += b"\n\n"
+                shown += 1
     except PDF_FAULTS as error:
         logger.warning("The text of attachment %s could not be extracted: %r", attachment.pk, error)
         raise Unreadable("its text could not be extracted") from error

@@ -3,7 +3,9 @@ as untrusted data and kept as evidence, or a note saying why there is none."""
 
 import copy
 import json
+import time
 import uuid
+import zlib
 
 import pytest
 from django.conf import settings
@@ -28,26 +30,8 @@ NOTES = "Apollo notes: the load test moved to Thursday.\n"
 HELVETICA = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
 
 
-def pdf(*pages: str, font: bytes = HELVETICA, stream_filter: bytes = b"") -> bytes:
-    """A PDF whose pages show these lines of text in `font` (Helvetica), their content
-    streams declaring `stream_filter` if given."""
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b""]
-    kids = []
-    for text in pages:
-        stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
-        objects.append(
-            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
-            b"/Resources << /Font << /F1 %d 0 R >> >> >>" % (len(objects) + 2, len(objects) + 3)
-        )
-        kids.append(len(objects))
-        objects.append(
-            b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(stream), stream_filter, stream)
-        )
-        objects.append(font)
-    objects[1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
-        b" ".join(b"%d 0 R" % kid for kid in kids),
-        len(kids),
-    )
+def document(objects: list[bytes]) -> bytes:
+    """A PDF of these objects, numbered from 1, the first its catalog."""
     body = b"%PDF-1.4\n"
     offsets = []
     for number, content in enumerate(objects, start=1):
@@ -61,6 +45,54 @@ def pdf(*pages: str, font: bytes = HELVETICA, stream_filter: bytes = b"") -> byt
         xref,
     )
     return body
+
+
+def stream_object(data: bytes, entries: bytes = b"") -> bytes:
+    return b"<< /Length %d %s >>\nstream\n%s\nendstream" % (len(data), entries, data)
+
+
+def pdf(*pages: str | bytes, font: bytes = HELVETICA, stream_filter: bytes = b"") -> bytes:
+    """A PDF whose pages show these lines of text in `font` (Helvetica), or have these bytes
+    as their content streams, which declare `stream_filter` if given."""
+    objects = [b"<< /Type /Catalog /Pages 2 0 R >>", b""]
+    kids = []
+    for page in pages:
+        stream = (
+            page if isinstance(page, bytes) else f"BT /F1 12 Tf 72 720 Td ({page}) Tj ET".encode()
+        )
+        objects.append(
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+            b"/Resources << /Font << /F1 %d 0 R >> >> >>" % (len(objects) + 2, len(objects) + 3)
+        )
+        kids.append(len(objects))
+        objects.append(stream_object(stream, stream_filter))
+        objects.append(font)
+    objects[1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (
+        b" ".join(b"%d 0 R" % kid for kid in kids),
+        len(kids),
+    )
+    return document(objects)
+
+
+def pdf_drawing_a_form(times: int, form_operations: int) -> bytes:
+    """A one-page PDF that draws one form `times` times, the form showing "Apollo" and then
+    `form_operations` more operations: a few kilobytes that take long to interpret."""
+    form = b"BT /F1 12 Tf (Apollo) Tj ET\n" + b"1 0 0 1 0 0 cm\n" * form_operations
+    return document(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> /XObject << /X0 6 0 R >> >> >>",
+            stream_object(zlib.compress(b"/X0 Do\n" * times), b"/Filter /FlateDecode"),
+            HELVETICA,
+            stream_object(
+                zlib.compress(form),
+                b"/Filter /FlateDecode /Type /XObject /Subtype /Form /BBox [0 0 612 792] "
+                b"/Resources << /Font << /F1 5 0 R >> >>",
+            ),
+        ]
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -287,6 +319,41 @@ def test_an_attachment_that_cannot_be_read_leaves_a_note_and_the_run_goes_on(
     assert f"[not read: {note}]" in user
     assert envelopes(user) == []
     assert "exfil" not in user
+    assert not Source.objects.filter(run=run).exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "note"),
+    [
+        (
+            pdf(
+                zlib.compress(b"BT /F1 12 Tf (Apollo) Tj ET\n" + b"1 0 0 1 0 0 cm\n" * 300_000),
+                stream_filter=b"/Filter /FlateDecode",
+            ),
+            "its text could not be extracted",
+        ),
+        (pdf_drawing_a_form(times=400, form_operations=1000), "its text takes too long to extract"),
+    ],
+    ids=["a-page-of-4-mb-in-9-kb", "a-form-drawn-400-times"],
+)
+def test_reading_a_pdf_stops_in_time_however_much_work_it_asks_for(
+    answered, alice_api, settings, content, note
+):
+    # given a PDF of a few kilobytes whose text would take many seconds to extract
+    settings.ATTACHMENT_PDF_MAX_SECONDS = 0.5
+    attachment = upload(alice_api, content, "application/pdf")
+    run = ask(alice_api, attachment)
+
+    # when its run starts
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then it is not read, the run goes on, and the reading stopped within a second or so
+    assert time.monotonic() - started < 3
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    _, user = user_message(answered)
+    assert f"[not read: {note}]" in user
     assert not Source.objects.filter(run=run).exists()
 
 
