@@ -40,6 +40,9 @@ ATTACHMENT_PART = "attachment_ref"
 PDF = "application/pdf"
 READABLE_MEDIA_TYPES = TEXT_MEDIA_TYPES | {PDF}
 ORIGIN = "attachment"
+# How much more than its share of an attachment is read, so that a credential its share
+# would end inside is seen whole and removed before the cut.
+SECRET_MARGIN_BYTES = 1024
 # As long as any `fetched_at` an envelope shows: an excerpt is measured before its Source is.
 LONGEST_TIMESTAMP = "0000-00-00T00:00:00.000000+00:00"
 # What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
@@ -199,8 +202,10 @@ def _excerpt(attachment: Attachment, *, limit: int, fits: Callable[[str], bool])
     """At most `limit` bytes of the attachment's text, and no more of it than `fits`, marked
     as cut when there is more."""
     read = _pdf_text if attachment.media_type == PDF else _text
-    text, cut = read(attachment, limit)
-    text = strip_secrets(text)
+    text, cut = read(attachment, limit + SECRET_MARGIN_BYTES)
+    # Credentials are removed before the cut: a token cut in half is no longer recognised.
+    text, shortened = _head(strip_secrets(text).encode(), limit)
+    cut = cut or shortened
     if not cut and fits(text):
         return text
 

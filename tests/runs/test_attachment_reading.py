@@ -255,6 +255,23 @@ def test_credentials_in_an_attachment_never_reach_the_model(answered, alice_api)
     assert key not in Source.objects.get(run=run).content
 
 
+def test_a_credential_the_excerpt_would_end_inside_is_removed_whole(answered, alice_api, settings):
+    # given an attachment whose share of the excerpt ends inside a token
+    settings.ATTACHMENT_EXCERPT_MAX_BYTES = 1000
+    token = "ghp_" + "k" * 36
+    attachment = upload(alice_api, ("x" * 990 + " " + token + " rest\n").encode(), "text/plain")
+
+    run = ask(alice_api, attachment)
+    run_execute(run_id=str(run.pk))
+
+    # then not even the start of the token reaches the model or the evidence
+    _, user = user_message(answered)
+    (wrapped,) = envelopes(user)
+    assert wrapped["content"].startswith("x" * 990 + " [redacted]"[:10])
+    assert "ghp_" not in user
+    assert "ghp_" not in Source.objects.get(run=run).content
+
+
 @pytest.mark.parametrize(
     ("content", "media_type", "change", "note"),
     [
