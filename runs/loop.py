@@ -42,6 +42,8 @@ from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
 from runs.services.attachment_reading import attachment_line, attachments_read
+from runs.services.attachment_reading import is_read as attachment_is_read
+from runs.services.excerpts import tokens_each
 from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
 from runs.services.runs import (
@@ -491,7 +493,14 @@ def _route_and_assemble(run: Run) -> None:
             purpose=skill["name"] if skill else "any",
             max_sensitivity=run.capability["data_scope"]["max_data_classification"],
         )
-    run.transcript = [user_entry(_text(run, resources_attach(run), attachments_read(run)))]
+    parts = run.message.get("message", {}).get("parts", [])
+    read = sum(part["type"] == RESOURCE_PART or attachment_is_read(part) for part in parts)
+    tokens = tokens_each(parts, read=read)
+    run.transcript = [
+        user_entry(
+            _text(run, resources_attach(run, tokens=tokens), attachments_read(run, tokens=tokens))
+        )
+    ]
     _enter_node(run, workflow.start, leaving=skill)
 
 

@@ -11,7 +11,7 @@ loses anything that looks like a credential, is kept as a Source the draft may c
 attachment that cannot be read leaves a note, not a failed run.
 """
 
-import codecs
+import functools
 import hashlib
 import io
 import logging
@@ -25,12 +25,11 @@ from django.conf import settings
 from django.utils import timezone
 from pypdf.errors import PyPdfError
 
-from config import jsontext
-from runs.context import message_max_tokens, wrap_untrusted
+from runs.context import wrap_untrusted
 from runs.models import Attachment, Run, Source
 from runs.models.tools import EVIDENCE_USE
 from runs.services.attachments import TEXT_MEDIA_TYPES
-from runs.tokens import estimate_tokens
+from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
 
@@ -43,8 +42,6 @@ ORIGIN = "attachment"
 # How much more than its share of an attachment is read, so that a credential its share
 # would end inside is seen whole and removed before the cut.
 SECRET_MARGIN_BYTES = 1024
-# As long as any `fetched_at` an envelope shows: an excerpt is measured before its Source is.
-LONGEST_TIMESTAMP = "0000-00-00T00:00:00.000000+00:00"
 # What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
 # not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError).
 PDF_FAULTS = (
@@ -99,18 +96,9 @@ def _stored_bytes(attachment: Attachment, *, keep: int | None) -> tuple[bytes, b
     return kept, size > len(kept)
 
 
-def _head(data: bytes, limit: int) -> tuple[str, bool]:
-    """The text of `data`'s first `limit` bytes, never ending inside a character, and whether
-    anything was left out."""
-    if len(data) <= limit:
-        return data.decode("utf-8", errors="replace"), False
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    return decoder.decode(data[:limit], final=False), True
-
-
 def _text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     data, more = _stored_bytes(attachment, keep=limit + 1)
-    text, cut = _head(data, limit)
+    text, cut = head(data, limit)
     return text, cut or more
 
 
@@ -148,7 +136,7 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     except PDF_FAULTS as error:
         logger.warning("The text of attachment %s could not be extracted: %r", attachment.pk, error)
         raise Unreadable("its text could not be extracted") from error
-    text, cut = _head(read.rstrip(), limit)
+    text, cut = head(read.rstrip(), limit)
     if not text.strip():
         where = " on its first pages" if pages > shown else ""
         raise Unreadable(f"it has no text to extract{where}")
@@ -173,29 +161,15 @@ def _wrapped(reference: str, fetched_at: str, content: str) -> str:
     )
 
 
-def _fits(part: dict[str, Any], tokens: int) -> Callable[[str], bool]:
-    """Whether an excerpt of the attachment, with its reference and envelope, takes at most
-    `tokens` of the context as part of the user's message (counted as the context builder
-    counts it, in JSON)."""
+def _shown(part: dict[str, Any], content: str) -> str:
+    """How the user's message shows an excerpt of the attachment (at its longest timestamp)."""
     reference = attachment_reference(part["id"])
-
-    def fits(content: str) -> bool:
-        shown = attachment_line(part) + "\n" + _wrapped(reference, LONGEST_TIMESTAMP, content)
-        return estimate_tokens(jsontext.dumps(shown)) <= tokens
-
-    return fits
+    return attachment_line(part) + "\n" + _wrapped(reference, LONGEST_TIMESTAMP, content)
 
 
-def _longest_start(text: str, fits: Callable[[str], bool]) -> str:
-    """The longest start of `text` that `fits`, which holds for every shorter start too."""
-    low, high = 0, len(text)
-    while low < high:
-        middle = (low + high + 1) // 2
-        if fits(text[:middle]):
-            low = middle
-        else:
-            high = middle - 1
-    return text[:low]
+def is_read(part: dict[str, Any]) -> bool:
+    """Whether the run reads this part of its message as an attachment with text."""
+    return part["type"] == ATTACHMENT_PART and part.get("media_type") in READABLE_MEDIA_TYPES
 
 
 def _excerpt(attachment: Attachment, *, limit: int, fits: Callable[[str], bool]) -> str:
@@ -204,38 +178,22 @@ def _excerpt(attachment: Attachment, *, limit: int, fits: Callable[[str], bool])
     read = _pdf_text if attachment.media_type == PDF else _text
     text, cut = read(attachment, limit + SECRET_MARGIN_BYTES)
     # Credentials are removed before the cut: a token cut in half is no longer recognised.
-    text, shortened = _head(strip_secrets(text).encode(), limit)
-    cut = cut or shortened
-    if not cut and fits(text):
-        return text
-
-    def noted(kept: str) -> str:
-        return f"{kept}\n[cut: the first {len(kept.encode())} bytes of {attachment.size} are shown]"
-
-    kept = _longest_start(text, lambda start: fits(noted(start)))
-    if not kept.strip():
-        raise Unreadable("the message's text leaves it no room in the model's context")
-    return noted(kept)
+    text, shortened = head(strip_secrets(text).encode(), limit)
+    excerpt = fitted(text, cut=cut or shortened, size=attachment.size, fits=fits)
+    if excerpt is None:
+        raise Unreadable(NO_ROOM)
+    return excerpt
 
 
-def attachments_read(run: Run) -> dict[str, str]:
+def attachments_read(run: Run, *, tokens: int) -> dict[str, str]:
     """Read the message's attachments; returns, by attachment id, what the model is shown of
-    each after its reference: its wrapped excerpt, or why there is none.
-
-    The readable attachments share ATTACHMENT_EXCERPT_MAX_BYTES, and what the message's text
-    leaves of the tokens it may take (`message_max_tokens`): the context never cuts the user's
-    message, so excerpts past that share would push the turn past CONTEXT_MAX_TOKENS."""
-    parts = run.message.get("message", {}).get("parts", [])
-    readable = [
-        part
-        for part in parts
-        if part["type"] == ATTACHMENT_PART and part.get("media_type") in READABLE_MEDIA_TYPES
-    ]
+    each after its reference: its wrapped excerpt, or why there is none. The readable
+    attachments share ATTACHMENT_EXCERPT_MAX_BYTES, and each shows at most `tokens` of the
+    context (`excerpts.tokens_each`)."""
+    readable = [part for part in run.message.get("message", {}).get("parts", []) if is_read(part)]
     if not readable:
         return {}
     limit = settings.ATTACHMENT_EXCERPT_MAX_BYTES // len(readable)
-    text_tokens = sum(estimate_tokens(part["text"]) for part in parts if part["type"] == "text")
-    tokens = (message_max_tokens() - text_tokens) // len(readable)
     found = {
         str(attachment.pk): attachment
         for attachment in Attachment.objects.filter(
@@ -248,7 +206,9 @@ def attachments_read(run: Run) -> dict[str, str]:
         try:
             if attachment is None or attachment.sha256 != part["sha256"]:
                 raise Unreadable("it is no longer stored")
-            content = _excerpt(attachment, limit=limit, fits=_fits(part, tokens))
+            content = _excerpt(
+                attachment, limit=limit, fits=within(tokens, functools.partial(_shown, part))
+            )
         except Unreadable as reason:
             shown[part["id"]] = f"[not read: {reason}]"
             continue

@@ -5,6 +5,7 @@ envelope with its URI as source, is kept as a Source the draft may cite, and is 
 `MCP_RESOURCE_MAX_BYTES`. A resource that cannot be read leaves a note, not a failed run.
 """
 
+import functools
 import hashlib
 from typing import Any
 
@@ -25,6 +26,7 @@ from registry.selectors import mcp_server_usable
 from runs.context import wrap_untrusted
 from runs.models import Run, Source
 from runs.models.tools import EVIDENCE_USE
+from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
 
@@ -81,15 +83,30 @@ def _content(result: Any) -> str:
     return "\n".join(texts)
 
 
-def _cut(text: str, max_bytes: int) -> str:
-    encoded = text.encode()
-    if len(encoded) <= max_bytes:
-        return text
-    return encoded[:max_bytes].decode(errors="ignore") + "\n[cut]"
+def _shown(uri: str, content: str, fetched_at: str = LONGEST_TIMESTAMP) -> str:
+    """How the user's message shows an excerpt of the resource (measured at the longest
+    timestamp an envelope shows)."""
+    return wrap_untrusted(
+        source=uri,
+        fetched_at=fetched_at,
+        content=content,
+        allowed_use=EVIDENCE_USE,
+        references=[uri[:300]],
+    )
 
 
-def resources_attach(run: Run) -> dict[str, str]:
-    """Read the message's resources; returns, by URI, what the model is shown for each."""
+def _excerpt(text: str, *, uri: str, tokens: int) -> str | None:
+    """At most MCP_RESOURCE_MAX_BYTES of the resource's text, and no more than `tokens` of the
+    context, marked as cut when there is more; None when there is no room for any."""
+    data = text.encode()
+    kept, cut = head(data, settings.MCP_RESOURCE_MAX_BYTES)
+    fits = within(tokens, functools.partial(_shown, uri))
+    return fitted(kept, cut=cut, size=len(data), fits=fits)
+
+
+def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
+    """Read the message's resources; returns, by URI, what the model is shown for each. Each
+    shows at most `tokens` of the context (`excerpts.tokens_each`)."""
     shown: dict[str, str] = {}
     for part in run.message.get("message", {}).get("parts", []):
         if part["type"] != RESOURCE_PART:
@@ -105,10 +122,12 @@ def resources_attach(run: Run) -> dict[str, str]:
         except (McpUnavailable, McpTimeout, McpRemoteError):
             shown[uri] = f"[resource {uri}: could not be read from {server.name}]"
             continue
-        content = _cut(
-            strip_secrets(_content(result), secrets=endpoint.secrets),
-            settings.MCP_RESOURCE_MAX_BYTES,
+        content = _excerpt(
+            strip_secrets(_content(result), secrets=endpoint.secrets), uri=uri, tokens=tokens
         )
+        if content is None:
+            shown[uri] = f"[resource {uri}: not read: {NO_ROOM}]"
+            continue
         source = Source.objects.create(
             run=run,
             origin=f"mcp:{server.name}",
@@ -118,11 +137,5 @@ def resources_attach(run: Run) -> dict[str, str]:
             content=content,
         )
         known_rows_add(run, [source])
-        shown[uri] = wrap_untrusted(
-            source=uri,
-            fetched_at=(source.fetched_at or timezone.now()).isoformat(),
-            content=content,
-            allowed_use=EVIDENCE_USE,
-            references=[source.reference],
-        )
+        shown[uri] = _shown(uri, content, (source.fetched_at or timezone.now()).isoformat())
     return shown

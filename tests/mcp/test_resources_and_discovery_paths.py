@@ -1,11 +1,14 @@
 """MCP resources attached to a run as untrusted evidence, and the two ways discovery runs:
 the admin action and the periodic Celery task."""
 
+import copy
 import json
+import re
 import uuid
 
 import pytest
 from django.conf import settings
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from rest_framework.test import APIClient
 
@@ -93,6 +96,52 @@ def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
     assert "Vendor SDK delay" in wrapped["content"]
     assert {"reference": APOLLO, "origin": "mcp:projects"} in run.result["sources"]
     assert events_of(run, "run.finished")[0]["status"] == "COMPLETED"
+
+
+def test_a_resource_and_an_attachment_share_what_the_message_leaves_of_the_context(
+    demo, projects, fake_model, alice_api, settings, tmp_path
+):
+    # given a context of 2000 tokens, a message that takes most of the 1500 it may, and
+    # apollo's resource and a text file attached, each longer than half of what is left
+    settings.CONTEXT_MAX_TOKENS = 2000
+    storages = copy.deepcopy(settings.STORAGES)
+    storages["attachments"]["OPTIONS"]["location"] = str(tmp_path)
+    settings.STORAGES = storages
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
+    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+    notes = alice_api.post(
+        "/api/v1/attachments",
+        {"file": SimpleUploadedFile("notes.txt", b"Load test moved. " * 200, "text/plain")},
+        format="multipart",
+    ).json()
+    message = resource_message()
+    message["parts"][0]["text"] += " Be brief." * 460
+    message["parts"].append({"type": "attachment_ref", "id": notes["id"]})
+
+    run = Run.objects.get(pk=post(alice_api, message).json()["run_id"])
+    run_execute(run_id=str(run.pk))
+
+    # then the turn stays within the budget: each shows the start of its text, marked as cut
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    (turn,) = run.events.filter(type="context.built")
+    assert sum(s["tokens"] for s in turn.payload["sections"].values()) <= 2000
+    user_message = fake.requests[0].body["messages"][1]["content"]
+    shown = [
+        json.loads(line)["untrusted_data"]
+        for line in user_message.splitlines()
+        if line.startswith('{"untrusted_data"')
+    ]
+    assert [wrapped["source"] for wrapped in shown] == [APOLLO, f"attachment:{notes['id']}"]
+    for wrapped in shown:
+        assert re.search(r"\n\[cut: the first \d+ bytes of \d+ are shown\]$", wrapped["content"])
+    assert shown[1]["content"].startswith("Load test moved.")
+    # and the evidence kept is what the model was shown
+    assert {source.content for source in Source.objects.filter(run=run)} == {
+        wrapped["content"] for wrapped in shown
+    }
 
 
 @pytest.mark.parametrize("redelivered", [False, True], ids=["one-execution", "redelivered"])
