@@ -31,6 +31,17 @@ from tests.registry.factories import (
 from tests.security.fuzzing import FUZZ_COUNTS, fuzz_count_lines
 
 
+@pytest.fixture
+def private_root(settings, tmp_path):
+    """Attachments go to a directory of this test, never into the repository."""
+    root = tmp_path / "private" / "attachments"
+    storages = copy.deepcopy(settings.STORAGES)
+    storages["attachments"]["OPTIONS"]["location"] = str(root)
+    settings.STORAGES = storages
+    settings.PRIVATE_STORAGE_ROOT = root
+    return root
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings():
     """A test database of this process's own, so two test sessions never share one."""

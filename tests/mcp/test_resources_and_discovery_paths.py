@@ -1,7 +1,6 @@
 """MCP resources attached to a run as untrusted evidence, and the two ways discovery runs:
 the admin action and the periodic Celery task."""
 
-import copy
 import json
 import re
 import uuid
@@ -99,14 +98,11 @@ def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
 
 
 def test_a_resource_and_an_attachment_share_what_the_message_leaves_of_the_context(
-    demo, projects, fake_model, alice_api, settings, tmp_path
+    demo, projects, fake_model, alice_api, settings, private_root
 ):
     # given a context of 2000 tokens, a message that takes most of the 1500 it may, and
     # apollo's resource and a text file attached, each longer than half of what is left
     settings.CONTEXT_MAX_TOKENS = 2000
-    storages = copy.deepcopy(settings.STORAGES)
-    storages["attachments"]["OPTIONS"]["location"] = str(tmp_path)
-    settings.STORAGES = storages
     mcp_server_discover(server=projects, actor=demo.admin)
     fake = fake_model()
     assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)

@@ -2,7 +2,6 @@
 or an outer transaction rolled the row back): removed once past the grace period, never an
 upload in flight, a file a row names, or a file that is not shaped like an attachment."""
 
-import copy
 import io
 import os
 import time
@@ -23,14 +22,7 @@ from runs.tasks import attachment_orphans_remove as attachment_orphans_remove_ta
 TEXT = b"Weekly notes: Apollo ships on Friday.\n"
 
 
-@pytest.fixture(autouse=True)
-def private_root(settings, tmp_path):
-    """Attachments go to a directory of this test, never into the repository."""
-    root = tmp_path / "attachments"
-    storages = copy.deepcopy(settings.STORAGES)
-    storages["attachments"]["OPTIONS"]["location"] = str(root)
-    settings.STORAGES = storages
-    return root
+pytestmark = pytest.mark.usefixtures("private_root")
 
 
 def _stored_files(root) -> set[str]:

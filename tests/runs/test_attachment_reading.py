@@ -1,7 +1,6 @@
 """A message's attachments read when its run starts: a bounded excerpt of their text, wrapped
 as untrusted data and kept as evidence, or a note saying why there is none."""
 
-import copy
 import json
 import time
 import uuid
@@ -22,7 +21,7 @@ from tests.runs.fake_provider import openai_completion
 from tests.runs.test_attachments import PNG
 from tests.runs.test_loop import seeded_tool
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("private_root")]
 
 NOTES = "Apollo notes: the load test moved to Thursday.\n"
 
@@ -93,16 +92,6 @@ def pdf_drawing_a_form(times: int, form_operations: int) -> bytes:
             ),
         ]
     )
-
-
-@pytest.fixture(autouse=True)
-def private_root(settings, tmp_path):
-    """Attachments go to a directory of this test, never into the repository."""
-    root = tmp_path / "attachments"
-    storages = copy.deepcopy(settings.STORAGES)
-    storages["attachments"]["OPTIONS"]["location"] = str(root)
-    settings.STORAGES = storages
-    return root
 
 
 @pytest.fixture

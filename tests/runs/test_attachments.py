@@ -2,7 +2,6 @@
 their content, bounded bodies (with or without Content-Length, under WSGI and ASGI), private
 storage, and nothing left behind on refusal."""
 
-import copy
 import hashlib
 import io
 import json
@@ -71,15 +70,9 @@ def _zip() -> bytes:
 
 
 @pytest.fixture(autouse=True)
-def private_root(settings, tmp_path):
-    """Attachments go to a directory of this test, never into the repository."""
-    root = tmp_path / "private" / "attachments"
-    storages = copy.deepcopy(settings.STORAGES)
-    storages["attachments"]["OPTIONS"]["location"] = str(root)
-    settings.STORAGES = storages
-    settings.PRIVATE_STORAGE_ROOT = root
+def small_files(private_root, settings):
+    """Attachments of this test go to its own directory and may take MAX_BYTES."""
     settings.ATTACHMENT_MAX_BYTES = MAX_BYTES
-    return root
 
 
 def _stored_files(root) -> list:

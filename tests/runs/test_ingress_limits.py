@@ -1,7 +1,6 @@
 """Ingress rate limits per actor and per tenant (Redis under `make test`), and the skill
 filter of the runs list."""
 
-import copy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
@@ -141,15 +140,6 @@ def test_asking_what_ingress_takes_spends_none_of_the_rates(low_rates, alice, ur
     assert described == [200] * 4
     assert unserved == [405] * 3
     assert statuses == [202, 202, 429]
-
-
-@pytest.fixture
-def private_root(settings, tmp_path):
-    """Attachments go to a directory of this test, never into the repository."""
-    storages = copy.deepcopy(settings.STORAGES)
-    storages["attachments"]["OPTIONS"]["location"] = str(tmp_path / "attachments")
-    settings.STORAGES = storages
-    settings.PRIVATE_STORAGE_ROOT = tmp_path / "attachments"
 
 
 def _upload(client):
