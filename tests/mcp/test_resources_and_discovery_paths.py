@@ -16,11 +16,17 @@ from registry.models import McpServer, Skill, ToolVersion
 from registry.services.mcp import mcp_server_discover
 from registry.services.tenancy import api_token_issue
 from registry.tasks import mcp_servers_discover
-from runs.loop import Execution, run_advance_step, run_execute
+from runs.loop import run_execute
 from runs.models import Run, Source
 from tests.mcp.conftest import assistant
 from tests.registry.test_admin import messages_of
-from tests.runs.conftest import RUNS, apollo_draft, events_of, recipient_confirmed
+from tests.runs.conftest import (
+    RUNS,
+    apollo_draft,
+    events_of,
+    recipient_confirmed,
+    weekly_summary_executed,
+)
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import seeded_tool
 
@@ -165,14 +171,9 @@ def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
 
     # when the run is executed at once, or its start by an execution that ends there (a
     # worker lost after the start) and the rest by another
-    if redelivered:
-        assert run_advance_step(run_id=str(run.pk), execution=Execution())
-    run_execute(run_id=str(run.pk))
+    weekly_summary_executed(run, redelivered=redelivered)
 
     # then the resource is the run's evidence: the draft waits for approval
-    run.refresh_from_db()
-    assert run.skill.startswith("weekly-summary")
-    assert run.status == "WAITING_APPROVAL", run.result
     assert run.tool_call_count == 0
     assert len(fake.requests) == 1
 

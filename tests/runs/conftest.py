@@ -24,7 +24,7 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tena
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, membership_add
-from runs.loop import RECIPIENT_ROLE, run_advance_step
+from runs.loop import RECIPIENT_ROLE, Execution, run_advance_step, run_execute
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
@@ -369,6 +369,18 @@ def fake_model(demo, model_server, monkeypatch) -> Callable[..., FakeProvider]:
         return model_server
 
     return use
+
+
+def weekly_summary_executed(run, *, redelivered: bool) -> None:
+    """Execute the run at once, or its start by an execution that ends there (a worker lost
+    after the start) and the rest by another; then it is a weekly summary waiting for its
+    approval."""
+    if redelivered:
+        assert run_advance_step(run_id=str(run.pk), execution=Execution())
+    run_execute(run_id=str(run.pk))
+    run.refresh_from_db()
+    assert run.skill.startswith("weekly-summary")
+    assert run.status == "WAITING_APPROVAL", run.result
 
 
 def recipient_confirmed(session_id) -> None:

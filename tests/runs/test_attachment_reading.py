@@ -13,10 +13,10 @@ from rest_framework.test import APIClient
 
 from registry.demo import DEMO_PASSWORD
 from registry.services.tenancy import api_token_issue
-from runs.loop import Execution, run_advance_step, run_execute
+from runs.loop import run_execute
 from runs.models import Attachment, Run, Source
 from tests.mcp.conftest import assistant
-from tests.runs.conftest import apollo_draft, recipient_confirmed
+from tests.runs.conftest import apollo_draft, recipient_confirmed, weekly_summary_executed
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_attachments import PNG
 from tests.runs.test_loop import seeded_tool
@@ -402,14 +402,9 @@ def test_a_weekly_summary_may_cite_an_attachment_of_its_message(
     recipient_confirmed(run.session_id)
 
     # when the run is executed at once, or its start by one execution and the rest by another
-    if redelivered:
-        assert run_advance_step(run_id=str(run.pk), execution=Execution())
-    run_execute(run_id=str(run.pk))
+    weekly_summary_executed(run, redelivered=redelivered)
 
     # then the attachment is the draft's evidence, read once
-    run.refresh_from_db()
-    assert run.skill.startswith("weekly-summary")
-    assert run.status == "WAITING_APPROVAL", run.result
     assert Source.objects.filter(run=run, reference=reference).count() == 1
 
 
