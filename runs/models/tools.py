@@ -1,3 +1,5 @@
+import hashlib
+
 from django.db import models
 from django.utils import timezone
 
@@ -51,6 +53,20 @@ class ToolCall(models.Model):
 
 # What evidence a draft may cite is marked with this use.
 EVIDENCE_USE = "summarize"
+# The longest reference a Source keeps, and how a longer one is kept distinct from others
+# that start the same: its start, then a digest of the whole.
+REFERENCE_MAX_CHARS = 300
+REFERENCE_DIGEST_CHARS = 12
+
+
+def source_reference(reference: str) -> str:
+    """How a Source, and everything that names it, refers to `reference`: as it is, or, when
+    it is longer than REFERENCE_MAX_CHARS, its start followed by "…#" and the first hex digits
+    of its sha256, so that two long references that start alike stay two."""
+    if len(reference) <= REFERENCE_MAX_CHARS:
+        return reference
+    digest = hashlib.sha256(reference.encode()).hexdigest()[:REFERENCE_DIGEST_CHARS]
+    return f"{reference[: REFERENCE_MAX_CHARS - REFERENCE_DIGEST_CHARS - 2]}…#{digest}"
 
 
 class Source(models.Model):
@@ -75,7 +91,7 @@ class Source(models.Model):
         max_length=200,
         help_text='The tool version or MCP server that returned it, or "attachment".',
     )
-    reference = models.CharField(max_length=300)
+    reference = models.CharField(max_length=REFERENCE_MAX_CHARS)
     fetched_at = models.DateTimeField(auto_now_add=True)
     content_hash = models.CharField(max_length=64)
     allowed_use = models.CharField(max_length=64, default=EVIDENCE_USE)

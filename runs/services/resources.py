@@ -25,7 +25,7 @@ from registry.models import McpResource, McpServer, Tenant
 from registry.selectors import mcp_server_usable
 from runs.context import wrap_untrusted
 from runs.models import Run, Source
-from runs.models.tools import EVIDENCE_USE
+from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
@@ -91,7 +91,7 @@ def _shown(uri: str, content: str, fetched_at: str = LONGEST_TIMESTAMP) -> str:
         fetched_at=fetched_at,
         content=content,
         allowed_use=EVIDENCE_USE,
-        references=[uri[:300]],
+        references=[source_reference(uri)],
     )
 
 
@@ -131,7 +131,7 @@ def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
         source = Source.objects.create(
             run=run,
             origin=f"mcp:{server.name}",
-            reference=uri[:300],
+            reference=source_reference(uri),
             content_hash=hashlib.sha256(content.encode()).hexdigest(),
             allowed_use=EVIDENCE_USE,
             content=content,

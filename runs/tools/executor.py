@@ -33,7 +33,7 @@ from runs import events, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
-from runs.models.tools import EVIDENCE_USE
+from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
@@ -723,7 +723,7 @@ def _record(
                 run_id=run.pk,
                 tool_call_id=record.pk,
                 origin=tool_version.qualified_name,
-                reference=draft.reference[:300],
+                reference=source_reference(draft.reference),
                 content_hash=hashlib.sha256(draft.content.encode()).hexdigest(),
                 allowed_use=draft.allowed_use,
                 content=draft.content,

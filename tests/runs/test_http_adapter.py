@@ -3,6 +3,7 @@ and which are a failed call, with the error category, retryable and may_have_sid
 the envelope (DESIGN.md, gate 7)."""
 
 import gzip
+import hashlib
 import json
 import logging
 import re
@@ -737,3 +738,36 @@ def test_a_source_reference_the_service_gives_as_another_json_value_is_kept_as_i
     record = ToolCall.objects.get(run=run, name="report_read")
     assert [item["reference"] for item in record.envelope["sources"]] == [kept]
     assert events_of(run, "tool.completed")[0]["sources"] == [kept]
+
+
+def test_long_references_that_start_alike_stay_distinct_and_citable(demo, report_service):
+    # given a service that names two pieces of evidence by long references that differ only
+    # after their first 300 characters
+    stem = "report:apollo/" + "section/" * 40
+    long_references = [stem + "risks", stem + "milestones"]
+    report_service.body = json.dumps(
+        {
+            "data": {"health": "green"},
+            "sources": [
+                {"reference": reference, "content": f"Apollo {index}."}
+                for index, reference in enumerate([*long_references, "report:short"])
+            ],
+        }
+    ).encode()
+
+    # when a run reads it
+    run = report_read(demo, report_service)
+
+    # then each long reference keeps its start and a digest of the whole, within the column,
+    # the same in the Source rows, the envelope and the event; a short one is kept as it is
+    kept = [
+        stem[:286] + "…#" + hashlib.sha256(reference.encode()).hexdigest()[:12]
+        for reference in long_references
+    ] + ["report:short"]
+    assert all(len(reference) <= 300 for reference in kept)
+    assert len(set(kept)) == 3
+    record = ToolCall.objects.get(run=run, name="report_read")
+    references = Source.objects.filter(tool_call=record).values_list("reference", flat=True)
+    assert sorted(references) == sorted(kept)
+    assert [item["reference"] for item in record.envelope["sources"]] == kept
+    assert events_of(run, "tool.completed")[0]["sources"] == kept
