@@ -165,14 +165,39 @@ def _message_cut(envelope: Envelope, max_bytes: int) -> bool:
     return envelope.size() <= max_bytes
 
 
+def _part_size(envelope: Envelope, part: str) -> int:
+    """The bytes `part` takes in the envelope: the raw response, the normalised fields or the
+    error's message; none for a part that is absent."""
+    if part == "message":
+        value = (envelope.error or {}).get("message") or None
+    else:
+        value = getattr(envelope, part)
+    return 0 if value is None else len(jsontext.dumps_bytes(value, default=str))
+
+
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
-    """Keep the envelope under `max_bytes`: the raw response is cut first, then the normalised
-    fields (each to a preview of its JSON text that ends after a whole value; the full
-    response stays in a Source of the call), then the error's message (to all of it that
-    fits, marked as cut); then, should the references alone be too many, the last of them
-    (their Sources stay). The statuses, the error category and the call are never cut."""
+    """Keep the envelope under `max_bytes`: of the raw response, the normalised fields and the
+    error's message, the largest is cut first, then the next, until the envelope fits; a part
+    that is absent (a failed call's raw response) stays absent. The raw response and the
+    normalised fields are cut to a preview of their JSON text that ends after a whole value
+    (the full response stays in a Source of the call), the message to all of it that fits,
+    marked as cut. Then, should the references alone be too many, the last of them go (their
+    Sources stay). The statuses, the error category and the call are never cut."""
     if envelope.size() <= max_bytes:
         return envelope
+    envelope.truncated = True
+    cuts = {
+        "raw": lambda: _cut(envelope, "raw", max_bytes),
+        "normalized": lambda: _cut(envelope, "normalized", max_bytes),
+        "message": lambda: _message_cut(envelope, max_bytes),
+    }
+    sizes = {part: _part_size(envelope, part) for part in cuts}
+    for part in sorted((part for part in cuts if sizes[part]), key=sizes.get, reverse=True):
+        if cuts[part]():
+            return envelope
+    while envelope.size() > max_bytes and envelope.sources:
+        envelope.sources.pop()
+    return envelope
     envelope.truncated = True
     if _cut(envelope, "raw", max_bytes) or _cut(envelope, "normalized", max_bytes):
         return envelope

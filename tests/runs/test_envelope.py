@@ -143,3 +143,39 @@ def test_an_error_message_that_fits_exactly_is_not_cut():
     cut = fit(_failed(LONG_MESSAGE[:500]), max_bytes=limit - 1).error["message"]
     assert cut.endswith(ENVELOPE_CUT_MARKER)
     assert LONG_MESSAGE.startswith(cut.removesuffix(ENVELOPE_CUT_MARKER))
+
+
+@pytest.mark.parametrize(
+    ("parts", "cut", "whole"),
+    [
+        (
+            {"raw": {"location": "https://sso.example/login"}, "normalized": {"status": 302}},
+            ["message"],
+            ["raw", "normalized"],
+        ),
+        ({"raw": None, "normalized": None}, ["message"], ["raw", "normalized"]),
+        (
+            {"raw": {"rows": ["x" * 60] * 60}, "normalized": {"status": 500}},
+            ["raw"],
+            ["normalized"],
+        ),
+    ],
+    ids=["small-parts-beside-a-long-message", "absent-parts", "raw-larger-than-the-message"],
+)
+def test_the_largest_part_is_cut_first_and_small_ones_stay_whole(parts, cut, whole):
+    # given a failed call's envelope, too large by its message or by its raw response
+    message = "Upstream refused: " + "the gateway said no. " * (40 if "message" in cut else 5)
+    envelope = _envelope(error={"category": "UPSTREAM_ERROR", "message": message}, **parts)
+    assert _size(envelope) > 1000
+
+    # when it is fitted
+    fitted = fit(envelope, max_bytes=1000)
+
+    # then only the largest part was cut; the others, absent ones included, are as they were
+    assert _size(fitted) <= 1000
+    assert fitted.truncated is True
+    assert fitted.error["message"].endswith(ENVELOPE_CUT_MARKER) == ("message" in cut)
+    assert ("preview" in (fitted.raw or {})) == ("raw" in cut)
+    for part in whole:
+        value = fitted.error["message"] if part == "message" else getattr(fitted, part)
+        assert value == (message if part == "message" else parts[part])
