@@ -14,6 +14,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import transaction
 from django.db.models import JSONField, Model, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from guardian.admin import GuardedModelAdmin
@@ -408,6 +409,29 @@ class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
         form = super().get_form(request, obj, change, **kwargs)
         refusal = getattr(request, _REFUSAL, None)
         return form if refusal is None else _refused(form, refusal)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        """A deletion the services refuse (a tenant's last admin, a server whose tool versions
+        are still published) deletes nothing and logs nothing: the page is drawn again, with
+        the refusal, not a server error."""
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Deleting the selected rows deletes all of them or, the services refusing one, none."""
+        if request.POST.get("action") != "delete_selected":
+            return super().response_action(request, queryset)
+        try:
+            with transaction.atomic():
+                return super().response_action(request, queryset)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return None
 
     def run_service(self, request: HttpRequest, call: Any, success: str) -> bool:
         """Run one service call; a domain refusal becomes a readable admin message."""

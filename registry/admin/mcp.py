@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db import models, transaction
+from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from config.errors import ApplicationError
@@ -154,28 +154,6 @@ class McpServerAdmin(RegistryAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
         for server in queryset:
             mcp_server_delete(server=server, actor=request.user, reason="deleted in admin")
-
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: Any = None
-    ) -> HttpResponse:
-        """A version published since the page was read refuses the deletion: the page is
-        drawn again, with the refusal, and lists it."""
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except ApplicationError as error:
-            self.message_user(request, error_text(error), level=messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
-
-    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        """Deleting the selected servers deletes all of them or, refused for one, none."""
-        if request.POST.get("action") != "delete_selected":
-            return super().response_action(request, queryset)
-        try:
-            with transaction.atomic():
-                return super().response_action(request, queryset)
-        except ApplicationError as error:
-            self.message_user(request, error_text(error), level=messages.ERROR)
-            return None
 
     def has_discover_permission(self, request: HttpRequest) -> bool:
         return self._allowed(request)
