@@ -11,7 +11,12 @@ from registry.admin.base import RegistryAdmin, TenantScopedAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
 from registry.services.common import TENANT_PLATFORM_FIELDS, registry_object_save
-from registry.services.tenancy import api_tokens_revoke, tenant_create, tenants_delete
+from registry.services.tenancy import (
+    api_tokens_revoke,
+    membership_remove,
+    tenant_create,
+    tenants_delete,
+)
 
 
 class UsernameField(forms.ModelChoiceField):
@@ -63,7 +68,8 @@ class TenantAdmin(RegistryAdmin):
 @admin.register(Membership)
 class MembershipAdmin(RegistryAdmin):
     """Platform admins search every user; a tenant's admins, who may not list other tenants'
-    people, name the person by exact username."""
+    people, name the person by exact username. A tenant's admins remove its people too, one
+    or a selection at once, under the rules of `membership_remove`."""
 
     required_action = Action.TENANT_ADMIN
     list_display = ("user", "tenant", "role", "created_at")
@@ -86,6 +92,17 @@ class MembershipAdmin(RegistryAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj)
+
+    def delete_model(self, request: HttpRequest, obj: Membership) -> None:
+        membership_remove(actor=request.user, membership=obj, reason="removed in admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        """One removal after another, taking the tenants' locks in the order of their keys."""
+        for membership in queryset.order_by("tenant_id", "pk"):
+            membership_remove(actor=request.user, membership=membership, reason="removed in admin")
 
 
 @admin.register(ApiToken)

@@ -8,13 +8,14 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
-from registry.choices import Role
+from registry.choices import ROLE_ACTIONS, Action, Role
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import ApiToken, Membership, Tenant
 from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key, password_fingerprints
-from registry.selectors import user_tenants
+from registry.selectors import user_can, user_tenants
 from registry.services.common import (
+    audited_delete,
     audited_save,
     audited_unique_save,
     full_clean_or_raise,
@@ -67,6 +68,57 @@ def membership_add(
         membership = Membership(user=user, tenant=tenant, role=role)
         audited_save(membership, actor=actor, reason="role granted")
     return membership
+
+
+# The roles that administer their tenant.
+ADMIN_ROLES = frozenset(
+    role for role, actions in ROLE_ACTIONS.items() if Action.TENANT_ADMIN in actions
+)
+
+
+def membership_remove(
+    *, actor: AbstractBaseUser, membership: Membership, reason: str = "role removed"
+) -> None:
+    """Remove a person's role in a tenant, on behalf of an admin of that tenant (platform
+    admins, of any). The tenant keeps an active admin: removing its last one is refused.
+
+    Roles are read again on every request and at every step of a run, so what the role
+    allowed stops with it. A person left with no role in the tenant also loses their API
+    tokens for it, which would otherwise still authenticate them there; one who keeps another
+    role keeps them. Removals in one tenant take turns (its row is locked), so two admins
+    removing each other cannot both succeed. A membership removed already is left as it is."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=membership.tenant_id)
+        if not (
+            actor.is_superuser or user_can(user=actor, action=Action.TENANT_ADMIN, tenant=tenant)
+        ):
+            raise PermissionDenied("Only the tenant's admins remove its members.")
+        current = Membership.objects.select_related("user").filter(pk=membership.pk).first()
+        if current is None:
+            return
+        if _is_last_admin(current):
+            raise ValidationFailed(
+                f"{current.user} is the last admin of {tenant}: a tenant keeps at least one. "
+                "Make another member its admin first."
+            )
+        audited_delete(current, actor=actor, reason=reason)
+        if not Membership.objects.filter(user_id=current.user_id, tenant=tenant).exists():
+            api_tokens_revoke(
+                tokens=ApiToken.objects.filter(user_id=current.user_id, tenant=tenant)
+            )
+
+
+def _is_last_admin(membership: Membership) -> bool:
+    """Whether removing `membership` leaves its tenant with no active admin."""
+    if membership.role not in ADMIN_ROLES or not membership.user.is_active:
+        return False
+    return not (
+        Membership.objects.filter(
+            tenant_id=membership.tenant_id, role__in=ADMIN_ROLES, user__is_active=True
+        )
+        .exclude(pk=membership.pk)
+        .exists()
+    )
 
 
 def definition_grant(

@@ -1,0 +1,242 @@
+"""Removing people from a tenant: its own admins do it in the admin, one at a time or a
+selection at once, through the service platform admins go through too. The tenant keeps an
+admin, and a person left with no role in it loses their API access to it at once."""
+
+import pytest
+
+from config.errors import PermissionDenied, ValidationFailed
+from registry.choices import Role
+from registry.models import ApiToken, Membership
+from registry.services.tenancy import api_token_issue, membership_add, membership_remove
+from tests.conftest import _member
+from tests.registry.factories import PASSWORD
+from tests.registry.test_admin import messages_of
+
+MEMBERSHIPS = "/admin/registry/membership/"
+
+
+@pytest.fixture
+def tenant_admin(acme):
+    """tina: acme's only tenant admin, staff, not a platform admin."""
+    return _member("tina", acme, Role.ADMIN, is_staff=True)
+
+
+def membership_of(user, tenant) -> Membership:
+    return Membership.objects.get(user=user, tenant=tenant)
+
+
+def token_of(user, tenant) -> str:
+    _, key = api_token_issue(username=user.username, password=PASSWORD, tenant_slug=tenant.slug)
+    return key
+
+
+def runs_with(client, key: str) -> int:
+    return client.get("/api/v1/runs", HTTP_AUTHORIZATION=f"Token {key}").status_code
+
+
+def delete_in_admin(client, membership: Membership):
+    return client.post(f"{MEMBERSHIPS}{membership.pk}/delete/", {"post": "yes"}, follow=True)
+
+
+def delete_selected(client, *memberships: Membership):
+    return client.post(
+        MEMBERSHIPS,
+        {
+            "action": "delete_selected",
+            "post": "yes",
+            "_selected_action": [membership.pk for membership in memberships],
+        },
+        follow=True,
+    )
+
+
+def test_a_tenant_admin_removes_a_member_whose_token_stops_at_once(
+    client, tenant_admin, member, acme
+):
+    # given alice, a member of acme, using the API with a token for acme
+    membership = membership_of(member, acme)
+    key = token_of(member, acme)
+    assert runs_with(client, key) == 200
+    client.force_login(tenant_admin)
+
+    # when acme's admin deletes her membership from its change page
+    page = client.get(f"{MEMBERSHIPS}{membership.pk}/change/")
+    response = delete_in_admin(client, membership)
+
+    # then she is gone, the history says who removed her, and her token authenticates nothing
+    assert f"{MEMBERSHIPS}{membership.pk}/delete/" in page.content.decode()
+    assert response.status_code == 200
+    assert not Membership.objects.filter(pk=membership.pk).exists()
+    removal = Membership.history.filter(id=membership.pk).latest("history_date")
+    assert (removal.history_type, removal.history_user, removal.history_change_reason) == (
+        "-",
+        tenant_admin,
+        "removed in admin",
+    )
+    assert ApiToken.objects.get(user=member).revoked_at is not None
+    client.logout()
+    assert runs_with(client, key) == 401
+
+
+def test_a_person_who_keeps_another_role_in_the_tenant_keeps_their_token(
+    client, tenant_admin, member, acme
+):
+    # given alice, a member and an auditor of acme, with a token for acme
+    membership_add(actor=tenant_admin, user=member, tenant=acme, role=Role.AUDITOR)
+    auditing = Membership.objects.get(user=member, tenant=acme, role=Role.AUDITOR)
+    key = token_of(member, acme)
+
+    # when acme's admin removes her auditor role
+    membership_remove(actor=tenant_admin, membership=auditing)
+
+    # then she is still a member, and her token still answers
+    assert list(Membership.objects.filter(user=member, tenant=acme).values_list("role")) == [
+        (Role.MEMBER,)
+    ]
+    assert ApiToken.objects.get(user=member).revoked_at is None
+    assert runs_with(client, key) == 200
+
+
+def test_a_tenant_admin_cannot_remove_a_membership_of_another_tenant(
+    client, tenant_admin, globex_member, globex
+):
+    # given erin, a member of globex only, with a token for globex
+    membership = membership_of(globex_member, globex)
+    key = token_of(globex_member, globex)
+    client.force_login(tenant_admin)
+
+    # when acme's admin posts the deletion of erin's membership, and calls the service for it
+    response = delete_in_admin(client, membership)
+    with pytest.raises(PermissionDenied):
+        membership_remove(actor=tenant_admin, membership=membership)
+
+    # then it is not found for her, and erin keeps her membership and her token
+    assert messages_of(response) == [
+        (
+            "warning",
+            f"membership with ID “{membership.pk}” doesn’t exist. Perhaps it was deleted?",  # noqa: RUF001
+        )
+    ]
+    assert Membership.objects.filter(pk=membership.pk).exists()
+    client.logout()
+    assert runs_with(client, key) == 200
+
+
+def test_the_last_admin_of_a_tenant_is_not_removed(client, tenant_admin, acme):
+    # given tina, acme's only admin, with a token for acme
+    membership = membership_of(tenant_admin, acme)
+    key = token_of(tenant_admin, acme)
+    client.force_login(tenant_admin)
+
+    # when she deletes her own admin membership
+    response = delete_in_admin(client, membership)
+
+    # then it stays, with her token, and the page says why
+    assert response.status_code == 200
+    assert messages_of(response) == [
+        (
+            "error",
+            "tina is the last admin of acme: a tenant keeps at least one. "
+            "Make another member its admin first.",
+        )
+    ]
+    assert Membership.objects.filter(pk=membership.pk).exists()
+    client.logout()
+    assert runs_with(client, key) == 200
+
+
+def test_an_admin_leaves_once_the_tenant_has_another(client, tenant_admin, acme):
+    # given a second admin of acme
+    _member("uma", acme, Role.ADMIN, is_staff=True)
+    membership = membership_of(tenant_admin, acme)
+    client.force_login(tenant_admin)
+
+    # when tina deletes her own admin membership
+    delete_in_admin(client, membership)
+
+    # then she is no longer acme's admin
+    assert not Membership.objects.filter(pk=membership.pk).exists()
+
+
+def test_a_bulk_delete_removes_the_selected_members_of_the_admin_s_tenant_only(
+    client, tenant_admin, member, auditor, globex_member, acme, globex
+):
+    # given alice and carol of acme, erin of globex, each with a token
+    keys = [token_of(member, acme), token_of(auditor, acme)]
+    erin = membership_of(globex_member, globex)
+    client.force_login(tenant_admin)
+
+    # when acme's admin deletes a selection naming all three
+    response = delete_selected(
+        client, membership_of(member, acme), membership_of(auditor, acme), erin
+    )
+
+    # then alice and carol are removed and their tokens end; erin, not in acme's list, stays
+    assert messages_of(response) == [("success", "Successfully deleted 2 memberships.")]
+    assert set(Membership.objects.filter(tenant=acme).values_list("user__username")) == {("tina",)}
+    assert Membership.objects.filter(pk=erin.pk).exists()
+    removals = Membership.history.filter(history_type="-")
+    assert {record.history_user for record in removals} == {tenant_admin}
+    client.logout()
+    assert [runs_with(client, key) for key in keys] == [401, 401]
+
+
+def test_a_bulk_delete_that_would_remove_the_last_admin_removes_nobody(
+    client, tenant_admin, member, acme
+):
+    # given alice, a member of acme, with a token
+    key = token_of(member, acme)
+    client.force_login(tenant_admin)
+
+    # when acme's only admin deletes a selection of alice and herself
+    response = delete_selected(
+        client, membership_of(member, acme), membership_of(tenant_admin, acme)
+    )
+
+    # then nobody is removed, alice's token still answers, and the page says why
+    assert messages_of(response) == [
+        (
+            "error",
+            "tina is the last admin of acme: a tenant keeps at least one. "
+            "Make another member its admin first.",
+        )
+    ]
+    assert Membership.objects.filter(tenant=acme).count() == 2
+    assert not Membership.history.filter(history_type="-").exists()
+    client.logout()
+    assert runs_with(client, key) == 200
+
+
+def test_a_platform_admin_removes_through_the_same_rules(
+    client, platform_admin, tenant_admin, member, acme
+):
+    # given alice with a token for acme, and tina, acme's only admin
+    key = token_of(member, acme)
+    client.force_login(platform_admin)
+
+    # when a platform admin deletes alice's membership, then tina's
+    delete_in_admin(client, membership_of(member, acme))
+    refused = delete_in_admin(client, membership_of(tenant_admin, acme))
+
+    # then alice is removed by them and her token ends; acme keeps its last admin
+    removal = Membership.history.get(history_type="-")
+    assert (removal.user_id, removal.history_user) == (member.pk, platform_admin)
+    assert [level for level, _ in messages_of(refused)] == ["error"]
+    assert Membership.objects.filter(user=tenant_admin, tenant=acme).exists()
+    client.logout()
+    assert runs_with(client, key) == 401
+
+
+def test_the_service_refuses_the_last_admin_to_a_platform_admin_too(
+    platform_admin, tenant_admin, acme
+):
+    membership = membership_of(tenant_admin, acme)
+
+    with pytest.raises(ValidationFailed) as refused:
+        membership_remove(actor=platform_admin, membership=membership)
+
+    assert refused.value.message == (
+        "tina is the last admin of acme: a tenant keeps at least one. "
+        "Make another member its admin first."
+    )
+    assert Membership.objects.filter(pk=membership.pk).exists()
