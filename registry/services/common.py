@@ -8,8 +8,9 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import QuerySet
 
 from evaluations.gates import model_change_check, model_config_change_check
+from registry.choices import ROLE_ACTIONS, Action
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import AgentConfig, ModelConfig, Skill, Tenant
+from registry.models import AgentConfig, Membership, ModelConfig, Skill, Tenant
 from registry.selectors import tenant_has_grant
 
 
@@ -68,7 +69,8 @@ def registry_object_save(
     moves to another model only when the release gates of the skills it has after the save
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
     has when they are not given. A model config that agents or eval runs use keeps the model it
-    calls, the parameters sent with each call and its tenant (`model_config_change_check`)."""
+    calls, the parameters sent with each call and its tenant (`model_config_change_check`).
+    A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
@@ -79,12 +81,53 @@ def registry_object_save(
     with transaction.atomic():
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
+        if isinstance(instance, Membership):
+            _membership_change_check(membership=instance)
         audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)
         if isinstance(instance, Tenant):
             _grant_group_rename(instance)
     return instance
+
+
+# The roles that administer their tenant.
+ADMIN_ROLES = frozenset(
+    role for role, actions in ROLE_ACTIONS.items() if Action.TENANT_ADMIN in actions
+)
+
+
+def tenant_admin_kept_check(*, leaving: Membership) -> None:
+    """Refuses to let `leaving`, a saved membership, go when its tenant would be left with no
+    active admin. The caller holds the lock of the tenant's row, so that two admins leaving
+    at once cannot both find the other."""
+    if leaving.role not in ADMIN_ROLES or not leaving.user.is_active:
+        return
+    others = (
+        Membership.objects.filter(
+            tenant_id=leaving.tenant_id, role__in=ADMIN_ROLES, user__is_active=True
+        )
+        .exclude(pk=leaving.pk)
+        .exists()
+    )
+    if not others:
+        raise ValidationFailed(
+            f"{leaving.user} is the last admin of {leaving.tenant}: a tenant keeps at least "
+            "one. Make another member its admin first."
+        )
+
+
+def _membership_change_check(*, membership: Membership) -> None:
+    """A membership changed to another role or tenant leaves its tenant's admins as
+    `tenant_admin_kept_check` allows."""
+    if membership._state.adding:
+        return
+    saved = Membership.objects.select_related("user", "tenant").filter(pk=membership.pk).first()
+    if saved is None:
+        return
+    Tenant.objects.select_for_update().get(pk=saved.tenant_id)
+    if membership.role not in ADMIN_ROLES or membership.tenant_id != saved.tenant_id:
+        tenant_admin_kept_check(leaving=saved)
 
 
 def _grant_group_rename(tenant: Tenant) -> None:

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from guardian.shortcuts import assign_perm, remove_perm
 
-from registry.choices import ROLE_ACTIONS, Action, Role
+from registry.choices import Action, Role
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import ApiToken, Membership, Tenant
 from registry.models.definitions import Definition
@@ -21,6 +21,7 @@ from registry.services.common import (
     full_clean_or_raise,
     grant_group_name,
     grant_group_taken,
+    tenant_admin_kept_check,
 )
 
 
@@ -70,12 +71,6 @@ def membership_add(
     return membership
 
 
-# The roles that administer their tenant.
-ADMIN_ROLES = frozenset(
-    role for role, actions in ROLE_ACTIONS.items() if Action.TENANT_ADMIN in actions
-)
-
-
 def membership_remove(
     *, actor: AbstractBaseUser, membership: Membership, reason: str = "role removed"
 ) -> None:
@@ -93,32 +88,17 @@ def membership_remove(
             actor.is_superuser or user_can(user=actor, action=Action.TENANT_ADMIN, tenant=tenant)
         ):
             raise PermissionDenied("Only the tenant's admins remove its members.")
-        current = Membership.objects.select_related("user").filter(pk=membership.pk).first()
+        current = (
+            Membership.objects.select_related("user", "tenant").filter(pk=membership.pk).first()
+        )
         if current is None:
             return
-        if _is_last_admin(current):
-            raise ValidationFailed(
-                f"{current.user} is the last admin of {tenant}: a tenant keeps at least one. "
-                "Make another member its admin first."
-            )
+        tenant_admin_kept_check(leaving=current)
         audited_delete(current, actor=actor, reason=reason)
         if not Membership.objects.filter(user_id=current.user_id, tenant=tenant).exists():
             api_tokens_revoke(
                 tokens=ApiToken.objects.filter(user_id=current.user_id, tenant=tenant)
             )
-
-
-def _is_last_admin(membership: Membership) -> bool:
-    """Whether removing `membership` leaves its tenant with no active admin."""
-    if membership.role not in ADMIN_ROLES or not membership.user.is_active:
-        return False
-    return not (
-        Membership.objects.filter(
-            tenant_id=membership.tenant_id, role__in=ADMIN_ROLES, user__is_active=True
-        )
-        .exclude(pk=membership.pk)
-        .exists()
-    )
 
 
 def definition_grant(

@@ -240,3 +240,39 @@ def test_the_service_refuses_the_last_admin_to_a_platform_admin_too(
         "Make another member its admin first."
     )
     assert Membership.objects.filter(pk=membership.pk).exists()
+
+
+def test_the_last_admin_of_a_tenant_keeps_the_admin_role(client, tenant_admin, acme):
+    # given tina, acme's only admin
+    membership = membership_of(tenant_admin, acme)
+    client.force_login(tenant_admin)
+
+    # when she changes her own role to member on the membership's page
+    response = client.post(
+        f"{MEMBERSHIPS}{membership.pk}/change/",
+        {"user": "tina", "tenant": acme.pk, "role": Role.MEMBER},
+    )
+
+    # then the form is drawn again with the reason, and she is still acme's admin
+    assert response.status_code == 200
+    assert response.context["adminform"].form.non_field_errors() == [
+        "tina is the last admin of acme: a tenant keeps at least one. "
+        "Make another member its admin first."
+    ]
+    membership.refresh_from_db()
+    assert membership.role == Role.ADMIN
+
+
+def test_an_admin_becomes_a_member_once_the_tenant_has_another(client, tenant_admin, acme):
+    _member("uma", acme, Role.ADMIN, is_staff=True)
+    membership = membership_of(tenant_admin, acme)
+    client.force_login(tenant_admin)
+
+    response = client.post(
+        f"{MEMBERSHIPS}{membership.pk}/change/",
+        {"user": "tina", "tenant": acme.pk, "role": Role.MEMBER},
+    )
+
+    assert response.status_code == 302
+    membership.refresh_from_db()
+    assert membership.role == Role.MEMBER
