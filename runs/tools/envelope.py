@@ -111,9 +111,8 @@ def _value_ends(text: str, limit: int) -> list[int]:
 
 
 def _longest_that_fits(fits: Callable[[int], bool], longest: int) -> int | None:
-    """The largest n in 0..`longest` for which `fits(n)`, found by bisection (each longer
-    cut is as large or larger), after which the envelope holds that cut; None when not even
-    n = 0 fits."""
+    """The largest n in 0..`longest` for which `fits(n)`, found by bisection (each larger n
+    fits no better); None when not even n = 0 fits."""
     if not fits(0):
         return None
     shortest = 0
@@ -123,86 +122,88 @@ def _longest_that_fits(fits: Callable[[int], bool], longest: int) -> int | None:
             shortest = middle
         else:
             longest = middle - 1
-    fits(shortest)
     return shortest
 
 
-def _cut(envelope: Envelope, part: str, max_bytes: int) -> bool:
-    """Replace `part` (raw or normalized) with a preview of its JSON text: the longest start
-    of it that the envelope allows, ending after a whole value (`_value_ends`); returns
-    whether the envelope fits now."""
-    text = json.dumps(getattr(envelope, part), ensure_ascii=False, default=str)
-    setattr(envelope, part, {"preview": text})
-    if envelope.size() <= max_bytes:
-        return True
-    # A preview of more characters than the envelope's bytes cannot fit: its ends are not
-    # looked for.
+def _size(value: Any) -> int:
+    """Bytes of `value` as compact JSON (UTF-8), as the envelope stores it."""
+    return len(jsontext.dumps_bytes(value, default=str))
+
+
+class _Part:
+    """A part of the envelope that may be cut, with its cuts from the smallest to the whole:
+    `cut(bound)` is its longest cut of at most `bound` bytes, or its smallest cut when none
+    is that small; a part no larger than its smallest cut is never cut."""
+
+    def __init__(self, whole: Any, cuts: Callable[[int], Any], count: int) -> None:
+        self.whole = whole
+        self._cuts = cuts
+        self._count = count
+        self._smallest = _size(cuts(0))
+        self.size = _size(whole)
+
+    def cut(self, bound: int) -> Any:
+        if self.size <= max(bound, self._smallest):
+            return self.whole
+        index = _longest_that_fits(lambda index: _size(self._cuts(index)) <= bound, self._count)
+        return self._cuts(index or 0)
+
+
+def _preview(value: Any, max_bytes: int) -> _Part:
+    """The raw response or the normalised fields, cut to a preview of its JSON text that ends
+    after a whole value (`_value_ends`); a preview of more characters than the envelope's
+    bytes cannot fit, so its ends are not looked for."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
     ends = _value_ends(text, max_bytes)
-
-    def fits(index: int) -> bool:
-        setattr(envelope, part, {"preview": text[: ends[index]]})
-        return envelope.size() <= max_bytes
-
-    return _longest_that_fits(fits, len(ends) - 1) is not None
+    return _Part(value, lambda index: {"preview": text[: ends[index]]}, len(ends) - 1)
 
 
-def _message_cut(envelope: Envelope, max_bytes: int) -> bool:
-    """Cut the error's message to its longest start that fits the envelope, in bytes as the
-    envelope is stored, followed by ENVELOPE_CUT_MARKER; whole characters only. No message
-    at all when not even the marker fits. Returns whether the envelope fits now."""
-    error = envelope.error
-    message = error.get("message", "")
-    if not message:
-        return envelope.size() <= max_bytes
+def _message(message: str, max_bytes: int) -> _Part:
+    """The error's message, cut to its start in whole characters followed by
+    ENVELOPE_CUT_MARKER, or to no message at all when not even the marker fits; a start of
+    more characters than the envelope's bytes cannot fit, so none is tried."""
 
-    def fits(length: int) -> bool:
-        envelope.error = {**error, "message": message[:length] + ENVELOPE_CUT_MARKER}
-        return envelope.size() <= max_bytes
+    def cuts(length: int) -> str:
+        return message[: length - 1] + ENVELOPE_CUT_MARKER if length else ""
 
-    if _longest_that_fits(fits, len(message) - 1) is not None:
-        return True
-    envelope.error = {**error, "message": ""}
-    return envelope.size() <= max_bytes
-
-
-def _part_size(envelope: Envelope, part: str) -> int:
-    """The bytes `part` takes in the envelope: the raw response, the normalised fields or the
-    error's message; none for a part that is absent."""
-    if part == "message":
-        value = (envelope.error or {}).get("message") or None
-    else:
-        value = getattr(envelope, part)
-    return 0 if value is None else len(jsontext.dumps_bytes(value, default=str))
+    return _Part(message, cuts, min(len(message), max_bytes))
 
 
 def fit(envelope: Envelope, *, max_bytes: int) -> Envelope:
     """Keep the envelope under `max_bytes`: of the raw response, the normalised fields and the
-    error's message, the largest is cut first, then the next, until the envelope fits; a part
-    that is absent (a failed call's raw response) stays absent. The raw response and the
-    normalised fields are cut to a preview of their JSON text that ends after a whole value
-    (the full response stays in a Source of the call), the message to all of it that fits,
-    marked as cut. Then, should the references alone be too many, the last of them go (their
+    error's message, every part larger than one bound is cut to at most that bound, the
+    largest bound with which the envelope fits, so the largest parts are cut first, the parts
+    cut share the room alike, and a part no larger than the bound (or absent: a failed call's
+    null raw response) stays whole. The raw response and the normalised fields are cut to a
+    preview of their JSON text that ends after a whole value (the full response stays in a
+    Source of the call), the message to its start, marked as cut. Should the references be
+    too many even with every part cut to its smallest, the last of them go first (their
     Sources stay). The statuses, the error category and the call are never cut."""
     if envelope.size() <= max_bytes:
         return envelope
     envelope.truncated = True
-    cuts = {
-        "raw": lambda: _cut(envelope, "raw", max_bytes),
-        "normalized": lambda: _cut(envelope, "normalized", max_bytes),
-        "message": lambda: _message_cut(envelope, max_bytes),
+    error = envelope.error or {}
+    parts = {
+        "raw": _preview(envelope.raw, max_bytes),
+        "normalized": _preview(envelope.normalized, max_bytes),
     }
-    sizes = {part: _part_size(envelope, part) for part in cuts}
-    for part in sorted((part for part in cuts if sizes[part]), key=sizes.get, reverse=True):
-        if cuts[part]():
-            return envelope
-    while envelope.size() > max_bytes and envelope.sources:
+    if error.get("message"):
+        parts["message"] = _message(error["message"], max_bytes)
+
+    def fits(bound: int) -> bool:
+        envelope.raw = parts["raw"].cut(bound)
+        envelope.normalized = parts["normalized"].cut(bound)
+        if "message" in parts:
+            envelope.error = {**error, "message": parts["message"].cut(bound)}
+        return envelope.size() <= max_bytes
+
+    references = len(envelope.sources)
+    while not fits(0) and envelope.sources:
         envelope.sources.pop()
-    return envelope
-    envelope.truncated = True
-    if _cut(envelope, "raw", max_bytes) or _cut(envelope, "normalized", max_bytes):
-        return envelope
-    if envelope.error is not None and _message_cut(envelope, max_bytes):
-        return envelope
-    while envelope.size() > max_bytes and envelope.sources:
-        envelope.sources.pop()
+    # An envelope marked as cut has something cut: a part, when no reference went (the mark
+    # alone can make an envelope one byte over its limit fit).
+    largest = max(part.size for part in parts.values())
+    if len(envelope.sources) == references:
+        largest -= 1
+    fits(_longest_that_fits(fits, min(largest, max_bytes)) or 0)
     return envelope

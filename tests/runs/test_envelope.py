@@ -159,8 +159,18 @@ def test_an_error_message_that_fits_exactly_is_not_cut():
             ["raw"],
             ["normalized"],
         ),
+        (
+            {"raw": {"rows": ["x" * 60] * 60}, "normalized": {"status": 500}},
+            ["raw", "message"],
+            ["normalized"],
+        ),
     ],
-    ids=["small-parts-beside-a-long-message", "absent-parts", "raw-larger-than-the-message"],
+    ids=[
+        "small-parts-beside-a-long-message",
+        "absent-parts",
+        "raw-larger-than-the-message",
+        "raw-and-message-both-too-large",
+    ],
 )
 def test_the_largest_part_is_cut_first_and_small_ones_stay_whole(parts, cut, whole):
     # given a failed call's envelope, too large by its message or by its raw response
@@ -179,3 +189,24 @@ def test_the_largest_part_is_cut_first_and_small_ones_stay_whole(parts, cut, who
     for part in whole:
         value = fitted.error["message"] if part == "message" else getattr(fitted, part)
         assert value == (message if part == "message" else parts[part])
+    # and every part cut keeps a share of the room, none is cut to nothing for another
+    if "raw" in cut:
+        assert len(fitted.raw["preview"]) > 200
+    if "message" in cut:
+        assert len(fitted.error["message"]) > 200
+
+
+def test_too_many_references_leave_small_parts_whole():
+    # given a call whose small raw response and normalised fields fit, but not its references
+    references = [{"id": str(index), "reference": f"report:{index}"} for index in range(200)]
+    raw, normalized = {"location": "https://sso.example/login"}, {"status": 302}
+    envelope = _envelope(raw=raw, normalized=normalized, sources=list(references))
+
+    # when it is fitted
+    fitted = fit(envelope, max_bytes=1000)
+
+    # then only the last references go; the raw response and the normalised fields are whole
+    assert _size(fitted) <= 1000
+    assert (fitted.raw, fitted.normalized) == (raw, normalized)
+    assert fitted.sources == references[: len(fitted.sources)]
+    assert len(fitted.sources) > 20
