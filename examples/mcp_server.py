@@ -19,7 +19,8 @@ Environment:
   credential comes back as a leaking server would send it: `true` in the result's note,
   `"error"` quoted in the message of a failed call, `"protocol_error"` in the message of a
   JSON-RPC error answering `tools/call`, `"resource_uri"` in the URI of a resource the result
-  embeds), `crash` (the process exits mid-call).
+  embeds), `crash` (the process exits mid-call), `resource_note_chars` (a resource read
+  carries a note of this many characters, as a project with a long log would).
 """
 
 import argparse
@@ -238,7 +239,10 @@ def _register_resource(tenant: str, key: str, name: str) -> None:
         mime_type="application/json",
     )
     def read() -> str:
-        return _status(tenant, key, None).model_dump_json()
+        status = _status(tenant, key, None)
+        chars = _overrides().get("resource_note_chars", 0)
+        status.note = ("Log line. " * chars)[:chars]
+        return status.model_dump_json()
 
 
 for _key, _name, *_rest in PROJECTS.get(TENANT, []):

@@ -16,8 +16,10 @@ from registry.models import McpServer, Skill, ToolVersion
 from registry.services.mcp import mcp_server_discover
 from registry.services.tenancy import api_token_issue
 from registry.tasks import mcp_servers_discover
+from runs.context import message_max_tokens
 from runs.loop import run_execute
 from runs.models import Run, Source
+from runs.tokens import estimate_tokens
 from tests.mcp.conftest import assistant
 from tests.registry.test_admin import messages_of
 from tests.runs.conftest import (
@@ -144,6 +146,65 @@ def test_a_resource_and_an_attachment_share_what_the_message_leaves_of_the_conte
     assert {source.content for source in Source.objects.filter(run=run)} == {
         wrapped["content"] for wrapped in shown
     }
+
+
+def test_a_long_resource_takes_only_what_the_message_leaves_of_the_context(
+    demo, projects, overrides, fake_model, alice_api
+):
+    # given the default context (8000 tokens, 6000 of them for a message), a Chinese message
+    # that leaves some 100 of them, and apollo's resource carrying a 60,000-character log
+    overrides(resource_note_chars=60_000)
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
+    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+    message = resource_message()
+    message["parts"][0]["text"] = "请总结本周项目的风险。" * 536
+
+    run = Run.objects.get(pk=post(alice_api, message).json()["run_id"])
+    run_execute(run_id=str(run.pk))
+
+    # then the first turn stays within the budget, the message within its three quarters
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    (turn,) = run.events.filter(type="context.built")
+    assert (
+        sum(s["tokens"] for s in turn.payload["sections"].values()) <= settings.CONTEXT_MAX_TOKENS
+    )
+    user_message = fake.requests[0].body["messages"][1]["content"]
+    assert estimate_tokens(user_message) <= message_max_tokens()
+    # and the model is shown the start of the resource, marked as cut, which is what is kept
+    wrapped = json.loads(user_message.rsplit("\n", 1)[1])["untrusted_data"]
+    assert wrapped["source"] == APOLLO
+    assert wrapped["content"].startswith('{"project_id":"apollo"')
+    assert re.search(r"\n\[cut: the first \d+ bytes of \d+ are shown\]$", wrapped["content"])
+    (source,) = Source.objects.filter(run=run)
+    assert source.content == wrapped["content"]
+
+
+def test_a_resource_the_message_leaves_no_room_for_is_a_note_and_no_source(
+    demo, projects, fake_model, alice_api, settings
+):
+    # given a message whose text takes all the 1500 tokens a message may of 2000
+    settings.CONTEXT_MAX_TOKENS = 2000
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
+    fake.reply(openai_completion(content="Nothing to go on."))
+    message = resource_message()
+    message["parts"][0]["text"] = "Be brief. " * 600
+
+    run = Run.objects.get(pk=post(alice_api, message).json()["run_id"])
+    run_execute(run_id=str(run.pk))
+
+    # then the model is told the resource was not read, and no evidence is kept of it
+    user_message = fake.requests[0].body["messages"][1]["content"]
+    assert user_message.endswith(
+        f"\n[resource {APOLLO}: not read: the message's text leaves it no room in the model's "
+        "context]"
+    )
+    assert '"untrusted_data"' not in user_message
+    assert not Source.objects.filter(run=run).exists()
 
 
 @pytest.mark.parametrize("redelivered", [False, True], ids=["one-execution", "redelivered"])
