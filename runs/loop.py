@@ -1007,11 +1007,14 @@ def _ended_unavailable(run: Run, **output: Any) -> bool:
     """End the run FAILED_RETRYABLE (EVIDENCE_UNAVAILABLE) if a tool call of it failed, or
     was turned away, in a way that may pass (a retry may reach the tool), with `output` and
     those tools; returns whether it did."""
-    calls = run.tool_calls.filter(
-        status__in=[ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED],
-        envelope__retryable=True,
-    ).only("name", "status", "envelope")
-    unavailable = sorted({call.name for call in calls if executor.unavailable_for_a_while(call)})
+    unavailable = sorted(
+        set(
+            run.tool_calls.filter(
+                status__in=[ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED],
+                envelope__retryable=True,
+            ).values_list("name", flat=True)
+        )
+    )
     if unavailable:
         _finish(
             run,

@@ -28,14 +28,13 @@ from pypdf.errors import PyPdfError
 from runs.context import wrap_untrusted
 from runs.models import Attachment, Run, Source
 from runs.models.tools import EVIDENCE_USE
-from runs.services.attachments import TEXT_MEDIA_TYPES
+from runs.services.attachments import ATTACHMENT_PART, TEXT_MEDIA_TYPES
 from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
 
 logger = logging.getLogger(__name__)
 
-ATTACHMENT_PART = "attachment_ref"
 PDF = "application/pdf"
 READABLE_MEDIA_TYPES = TEXT_MEDIA_TYPES | {PDF}
 ORIGIN = "attachment"
@@ -78,22 +77,21 @@ def _stored_bytes(attachment: Attachment, *, keep: int | None) -> tuple[bytes, b
     """The file's first `keep` bytes (all of them for None), and whether there are more; the
     whole file is hashed on the way and must match the digest recorded on upload."""
     digest = hashlib.sha256()
-    kept = b""
+    kept = bytearray()
     size = 0
     try:
         with attachment.file.open("rb") as stored:
             for chunk in stored.chunks():
                 size += len(chunk)
                 digest.update(chunk)
-                if keep is None or len(kept) < keep:
-                    kept += chunk if keep is None else chunk[: keep - len(kept)]
+                kept += chunk if keep is None else chunk[: max(keep - len(kept), 0)]
     except OSError as error:
         logger.warning("Attachment %s could not be read: %s", attachment.pk, error)
         raise Unreadable("its file could not be read") from error
     if digest.hexdigest() != attachment.sha256:
         logger.warning("Attachment %s no longer matches its sha256: not read.", attachment.pk)
         raise Unreadable("its stored file no longer matches its sha256")
-    return kept, size > len(kept)
+    return bytes(kept), size > len(kept)
 
 
 def _text(attachment: Attachment, limit: int) -> tuple[str, bool]:

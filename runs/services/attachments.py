@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 # every other allowed type is recognised by its magic bytes.
 TEXT_MEDIA_TYPES = frozenset({"text/plain", "text/csv", "application/json"})
 TEXT = "text/plain"
+# The message part that refers to an attachment.
+ATTACHMENT_PART = "attachment_ref"
 UNKNOWN = "application/octet-stream"
 SIGNATURE_BYTES = 8192  # as many leading bytes as `filetype` looks at
 MAX_EXTENSION_CHARS = 16
@@ -172,7 +174,7 @@ def attachment_store(
 def _part(attachment: Attachment) -> dict[str, Any]:
     """How a message carries an attachment: what it is and its digest, never its content."""
     return {
-        "type": "attachment_ref",
+        "type": ATTACHMENT_PART,
         "id": str(attachment.pk),
         "media_type": attachment.media_type,
         "size": attachment.size,
@@ -186,7 +188,7 @@ def attachment_parts_resolve(
     """The message parts with each attachment reference bound to the actor's own upload in
     this tenant. A reference to anything else (another tenant's or user's upload, an unknown
     id) is refused the same way, so it tells nothing about what exists."""
-    ids = [part["id"] for part in parts if part["type"] == "attachment_ref"]
+    ids = [part["id"] for part in parts if part["type"] == ATTACHMENT_PART]
     if not ids:
         return parts
     usable = {
@@ -196,14 +198,14 @@ def attachment_parts_resolve(
     unknown = [
         {"index": index, "id": part["id"], "message": "No such attachment."}
         for index, part in enumerate(parts)
-        if part["type"] == "attachment_ref" and part["id"] not in usable
+        if part["type"] == ATTACHMENT_PART and part["id"] not in usable
     ]
     if unknown:
         raise ValidationFailed(
             "A part refers to an attachment you cannot use.", details={"parts": unknown}
         )
     return [
-        _part(usable[part["id"]]) if part["type"] == "attachment_ref" else part for part in parts
+        _part(usable[part["id"]]) if part["type"] == ATTACHMENT_PART else part for part in parts
     ]
 
 

@@ -54,6 +54,16 @@ def post(client, body: dict):
     )
 
 
+def answering(demo, projects, fake_model, answer: str):
+    """project-assistant on the fake provider, which answers `answer` at once, with the
+    resources of acme's `projects` server discovered."""
+    mcp_server_discover(server=projects, actor=demo.admin)
+    fake = fake_model()
+    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
+    fake.reply(openai_completion(content=answer))
+    return fake
+
+
 @pytest.fixture
 def alice_api(demo, client_for_demo):
     return client_for_demo("alice")
@@ -73,10 +83,7 @@ def client_for_demo(demo):
 def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
     demo, projects, fake_model, alice_api
 ):
-    mcp_server_discover(server=projects, actor=demo.admin)
-    fake = fake_model()
-    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
-    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+    fake = answering(demo, projects, fake_model, "One open risk: the vendor SDK.")
 
     response = post(alice_api, resource_message())
 
@@ -111,10 +118,7 @@ def test_a_resource_and_an_attachment_share_what_the_message_leaves_of_the_conte
     # given a context of 2000 tokens, a message that takes most of the 1500 it may, and
     # apollo's resource and a text file attached, each longer than half of what is left
     settings.CONTEXT_MAX_TOKENS = 2000
-    mcp_server_discover(server=projects, actor=demo.admin)
-    fake = fake_model()
-    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
-    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+    fake = answering(demo, projects, fake_model, "One open risk: the vendor SDK.")
     notes = alice_api.post(
         "/api/v1/attachments",
         {"file": SimpleUploadedFile("notes.txt", b"Load test moved. " * 200, "text/plain")},
@@ -154,10 +158,7 @@ def test_a_long_resource_takes_only_what_the_message_leaves_of_the_context(
     # given the default context (8000 tokens, 6000 of them for a message), a Chinese message
     # that leaves some 100 of them, and apollo's resource carrying a 60,000-character log
     overrides(resource_note_chars=60_000)
-    mcp_server_discover(server=projects, actor=demo.admin)
-    fake = fake_model()
-    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
-    fake.reply(openai_completion(content="One open risk: the vendor SDK."))
+    fake = answering(demo, projects, fake_model, "One open risk: the vendor SDK.")
     message = resource_message()
     message["parts"][0]["text"] = "请总结本周项目的风险。" * 536
 
@@ -187,10 +188,7 @@ def test_a_resource_the_message_leaves_no_room_for_is_a_note_and_no_source(
 ):
     # given a message whose text takes all the 1500 tokens a message may of 2000
     settings.CONTEXT_MAX_TOKENS = 2000
-    mcp_server_discover(server=projects, actor=demo.admin)
-    fake = fake_model()
-    assistant(demo, [seeded_tool(demo, "project_search")], model_config=demo.agent.model_config)
-    fake.reply(openai_completion(content="Nothing to go on."))
+    fake = answering(demo, projects, fake_model, "Nothing to go on.")
     message = resource_message()
     message["parts"][0]["text"] = "Be brief. " * 600
 
