@@ -43,6 +43,7 @@ from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rul
 from runs.selectors import requester_standing
 from runs.services.attachment_reading import attachment_line, attachments_read
 from runs.services.attachment_reading import is_read as attachment_is_read
+from runs.services.attachments import ATTACHMENT_PART
 from runs.services.excerpts import tokens_each
 from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resources_attach
@@ -92,6 +93,8 @@ UNREAD_INPUT_QUESTIONS = (
 )
 # An earlier run's reply (its question, or its answer) is kept in the history up to this long.
 REPLY_CHARS = 2000
+# An earlier message's attachments named in the history, at most; the rest are counted.
+HISTORY_ATTACHMENTS = 3
 DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
@@ -223,7 +226,39 @@ def _text(run: Run, resources: dict[str, str], attachments: dict[str, str]) -> s
 
 
 def _message_text(message: dict[str, Any]) -> str:
-    return " ".join(part.get("text", "") for part in message["message"]["parts"])
+    """What the user wrote: the message's text parts, without what it attached or referred to."""
+    return " ".join(part["text"] for part in message["message"]["parts"] if part["type"] == "text")
+
+
+def _attachment_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
+    return [part for part in message["message"]["parts"] if part["type"] == ATTACHMENT_PART]
+
+
+def _attachments_noun(count: int) -> str:
+    return "attachment" if count == 1 else "attachments"
+
+
+def _history_attachments(message: dict[str, Any]) -> dict[str, list[str]]:
+    """An earlier message's attachments as the reference lines its own run showed (id, media
+    type, size, digest: what the platform recorded, never the uploader's file name), the first
+    HISTORY_ATTACHMENTS of them and how many more. Their content is read only in their own
+    run: a later run is told they exist, so the model can ask for them again."""
+    parts = _attachment_parts(message)
+    if not parts:
+        return {}
+    shown = parts[:HISTORY_ATTACHMENTS]
+    lines = [attachment_line(part) for part in shown]
+    if more := len(parts) - len(shown):
+        lines.append(f"(+{more} more {_attachments_noun(more)})")
+    return {"attachments": lines}
+
+
+def _summary_line(entry: dict[str, Any]) -> str:
+    """An older run in the rolling summary: the start of its message, how many attachments it
+    had, how it ended."""
+    count = len(_attachment_parts(entry["message"]))
+    attachments = f" (+{count} {_attachments_noun(count)})" if count else ""
+    return f"{_message_text(entry['message'])[:SUMMARY_CHARS]}{attachments} -> {entry['status']}"
 
 
 _EARLIER_RUNS = PreparedQuery(
@@ -247,8 +282,9 @@ _EARLIER_RUNS = PreparedQuery(
 
 def _history(run: Run) -> list[dict[str, Any]]:
     """The session's earlier messages and how their runs ended, newest last: the last
-    HISTORY_RUNS as they were, and before them a rolling summary of up to SUMMARY_RUNS older
-    ones, marked with when it was generated and which runs it covers. A session its run's
+    HISTORY_RUNS as they were (with the attachments each message referred to), and before
+    them a rolling summary of up to SUMMARY_RUNS older ones (counting their attachments),
+    marked with when it was generated and which runs it covers. A session its run's
     ingest created (written in the same statement, after the run's row took its time) has no
     earlier run to read."""
     if run.session.created_at >= run.created_at:
@@ -260,10 +296,7 @@ def _history(run: Run) -> list[dict[str, Any]]:
         oldest, newest = older[-1], older[0]
         history.append(
             {
-                "summary": "; ".join(
-                    f"{_message_text(entry['message'])[:SUMMARY_CHARS]} -> {entry['status']}"
-                    for entry in reversed(older)
-                ),
+                "summary": "; ".join(_summary_line(entry) for entry in reversed(older)),
                 "generated_at": timezone.now().isoformat(),
                 "source": {
                     "runs": len(older),
@@ -277,6 +310,7 @@ def _history(run: Run) -> list[dict[str, Any]]:
     return history + [
         {
             "message": _message_text(entry["message"]),
+            **_history_attachments(entry["message"]),
             "status": entry["status"],
             "reason_code": entry["reason_code"],
             **({"reply": reply[:REPLY_CHARS]} if (reply := _reply(entry)) else {}),
