@@ -42,8 +42,10 @@ ORIGIN = "attachment"
 # would end inside is seen whole and removed before the cut.
 SECRET_MARGIN_BYTES = 1024
 # What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
-# not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError).
+# not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError;
+# an object said to lie in a stream that is no object stream fails one of its `assert`s).
 PDF_FAULTS = (
+    AssertionError,
     PyPdfError,
     ValueError,
     KeyError,
@@ -132,7 +134,12 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
                 read += b"\n\n"
                 shown += 1
     except PDF_FAULTS as error:
-        logger.warning("The text of attachment %s could not be extracted: %r", attachment.pk, error)
+        # The fault's type only: pypdf's messages quote the PDF's own dictionaries and names.
+        logger.warning(
+            "The text of attachment %s could not be extracted: %s",
+            attachment.pk,
+            type(error).__name__,
+        )
         raise Unreadable("its text could not be extracted") from error
     text, cut = head(read.rstrip(), limit)
     if not text.strip():

@@ -2,6 +2,7 @@
 as untrusted data and kept as evidence, or a note saying why there is none."""
 
 import json
+import struct
 import time
 import uuid
 import zlib
@@ -92,6 +93,32 @@ def pdf_drawing_a_form(times: int, form_operations: int) -> bytes:
             ),
         ]
     )
+
+
+def pdf_with_an_xref_stream(entries: bytes, rows: list[tuple[int, int, int]]) -> bytes:
+    """A PDF 1.5 of one catalog whose cross-reference stream, its last object, has these
+    dictionary `entries` and lists objects 0 (free) and 1 (the catalog), these `rows`
+    (type and two fields each), then itself."""
+    body = b"%PDF-1.5\n"
+    catalog = len(body)
+    body += b"1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n"
+    xref = len(body)
+    data = b"".join(
+        struct.pack(">BIH", *row) for row in [(0, 0, 65535), (1, catalog, 0), *rows, (1, xref, 0)]
+    )
+    body += (
+        b"%d 0 obj\n<< /Type /XRef /W [1 4 2] /Root 1 0 R %s /Length %d >>\nstream\n%s\n"
+        b"endstream\nendobj\nstartxref\n%d\n%%%%EOF\n"
+        % (len(rows) + 2, entries, len(data), data, xref)
+    )
+    return body
+
+
+def pdf_with_a_misfiled_page_tree() -> bytes:
+    """A PDF whose cross-reference stream says its page tree is the first object of object
+    stream 3, which is the cross-reference stream itself: counting its pages fails an
+    `assert` of pypdf."""
+    return pdf_with_an_xref_stream(b"/Size 4", rows=[(2, 3, 0)])
 
 
 @pytest.fixture
@@ -285,6 +312,12 @@ def test_a_credential_the_excerpt_would_end_inside_is_removed_whole(answered, al
             b"",
             "its text could not be extracted",
         ),
+        (
+            pdf_with_a_misfiled_page_tree(),
+            "application/pdf",
+            b"",
+            "its text could not be extracted",
+        ),
         (pdf(""), "application/pdf", b"", "it has no text to extract"),
         (
             pdf("Apollo", stream_filter=b"/Filter /NoSuchFilter"),
@@ -307,6 +340,7 @@ def test_a_credential_the_excerpt_would_end_inside_is_removed_whole(answered, al
         "changed-after-upload",
         "file-gone",
         "malformed-pdf",
+        "pdf-failing-an-assertion-of-its-reader",
         "pdf-without-text",
         "pdf-with-an-unknown-filter",
         "pdf-with-a-font-past-any-character",
@@ -334,6 +368,28 @@ def test_an_attachment_that_cannot_be_read_leaves_a_note_and_the_run_goes_on(
     assert envelopes(user) == []
     assert "exfil" not in user
     assert not Source.objects.filter(run=run).exists()
+
+
+def test_a_pdf_that_cannot_be_read_is_logged_without_its_content(answered, alice_api, caplog):
+    # given a PDF whose cross-reference stream lacks its /Size, a fault pypdf words by quoting
+    # that stream's dictionary, which holds a password
+    content = pdf_with_an_xref_stream(b"/Note (vault password hunter2-of-the-pdf)", rows=[])
+    attachment = upload(alice_api, content, "application/pdf")
+    run = ask(alice_api, attachment)
+
+    # when its run starts
+    run_execute(run_id=str(run.pk))
+
+    # then the run goes on with a note, and the log names the kind of fault, not its words
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    _, user = user_message(answered)
+    assert "[not read: its text could not be extracted]" in user
+    assert (
+        f"The text of attachment {attachment['id']} could not be extracted: PdfReadError"
+        in caplog.text
+    )
+    assert "hunter2" not in caplog.text
 
 
 @pytest.mark.parametrize(
