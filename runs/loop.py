@@ -36,7 +36,7 @@ from runs.model_clients.base import ModelError, ToolCall, ToolSpec, Usage, respo
 from runs.model_clients.factory import model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
-from runs.models.tools import EVIDENCE_USE
+from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.redaction import secrets_removed
 from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
@@ -986,6 +986,25 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     _final(run, response.text)
 
 
+def _citations_kept(draft: Any) -> Any:
+    """The draft, each of its items citing its source as the run keeps that reference
+    (`source_reference`): a tool's raw answer shows the model a long reference whole, and
+    the Source, its envelope entry and its events hold it shortened. A citation of the whole
+    reference is then one of the run's Source; any other reference stays unknown."""
+    if not isinstance(draft, dict):
+        return draft
+    return draft | {
+        name: [
+            item | {"source": source_reference(item["source"])}
+            if isinstance(item, dict) and isinstance(item.get("source"), str)
+            else item
+            for item in draft[name]
+        ]
+        for name in DRAFT_SECTIONS
+        if isinstance(draft.get(name), list)
+    }
+
+
 def _draft_problems(draft: Any, known: set[str]) -> list[str]:
     if not isinstance(draft, dict):
         return ["The draft is not a JSON object."]
@@ -1143,6 +1162,7 @@ def _final(run: Run, text: str) -> None:
         draft = jsontext.loads_bounded(text)
     except ValueError:
         draft = text
+    draft = _citations_kept(draft)
     problems = _draft_problems(draft, evidence)
     if not problems:
         _await_approval(run, draft)

@@ -20,15 +20,24 @@ from django.urls import reverse
 from registry.choices import AdapterKind, Risk
 from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant, ToolVersion
+from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import run_execute
 from runs.models import Run, Source, ToolCall
+from runs.models.tools import source_reference
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory
 from tests.approvals.test_sensitive_fields import revealed
 from tests.loopback import loopback_server
-from tests.runs.conftest import demo_run, event_types, events_of
-from tests.runs.test_loop import http_reader_add
+from tests.runs.conftest import (
+    apollo_draft,
+    demo_run,
+    event_types,
+    events_of,
+    read_apollo,
+)
+from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import http_reader_add, publish_skill, publish_tool, seeded_tool
 
 SSO_LOGIN = "/sso/login"
 
@@ -771,3 +780,74 @@ def test_long_references_that_start_alike_stay_distinct_and_citable(demo, report
     assert sorted(references) == sorted(kept)
     assert [item["reference"] for item in record.envelope["sources"]] == kept
     assert events_of(run, "tool.completed")[0]["sources"] == kept
+
+
+def project_search_served_by(demo, url: str) -> None:
+    """weekly-summary 3.3.0 pins project_search 2.1.0: the seeded contract, answered by the
+    service at `url`."""
+    seeded = seeded_tool(demo, "project_search")
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
+    content |= {"adapter_kind": AdapterKind.HTTP, "adapter_config": {"url": url}}
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            publish_tool(demo, "project_search", "2.1.0", **content),
+            seeded_tool(demo, "directory_lookup"),
+            seeded_tool(demo, "mail_send"),
+        ],
+    )
+
+
+LONG_REFERENCE = "report:apollo/" + "section/" * 40 + "risks"
+
+
+@pytest.mark.parametrize(
+    ("cited", "status"),
+    [
+        (LONG_REFERENCE, "WAITING_APPROVAL"),
+        (LONG_REFERENCE[:-5] + "milestones", "PARTIAL"),
+        (source_reference(LONG_REFERENCE), "WAITING_APPROVAL"),
+    ],
+    ids=["as-the-service-gave-it", "one-the-service-never-gave", "as-the-run-keeps-it"],
+)
+def test_a_weekly_summary_may_cite_a_long_reference_as_the_service_gave_it(
+    demo, report_service, fake_model, cited, status
+):
+    # given project_search served over HTTP, answering without `data`: the envelope shows
+    # the model the whole answer, its long reference as the service gave it
+    project_search_served_by(demo, report_service.url)
+    report_service.body = json.dumps(
+        {
+            "business_status": "ok",
+            "sources": [{"reference": LONG_REFERENCE, "content": "The vendor SDK slips."}],
+        }
+    ).encode()
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(
+        progress=[], next_steps=[], risks=[{"text": "Vendor SDK slips", "source": cited}]
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then a draft citing the run's Source, by its reference whole or as the run keeps it,
+    # waits for its approval, its risk citing the Source; one citing a reference no tool
+    # returned is refused
+    run.refresh_from_db()
+    record = ToolCall.objects.get(run=run, name="project_search")
+    assert record.envelope["raw"]["sources"][0]["reference"] == LONG_REFERENCE
+    (source,) = Source.objects.filter(tool_call=record)
+    assert source.reference == source_reference(LONG_REFERENCE)
+    assert run.status == status, run.result
+    if status == "WAITING_APPROVAL":
+        assert run.state["draft"]["risks"] == [
+            {"text": "Vendor SDK slips", "source": source.reference}
+        ]
+    else:
+        assert run.result["output"] == {"problems": ["Risk 1 has no source returned by a tool."]}
