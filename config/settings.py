@@ -450,8 +450,13 @@ LOGGING = {
     # At DEBUG the MCP SDK logs whole protocol messages (tool results included), the model
     # SDKs their requests, and httpcore every header of every answer (an upstream may echo a
     # credential): never kept.
+    # pypdf's warnings and errors quote a PDF's own dictionaries (an uploaded attachment's
+    # words): never kept; a PDF that cannot be read is logged by the kind of its fault.
     "loggers": {
-        name: {"level": "INFO"}
-        for name in ("mcp", "openai", "anthropic", "httpcore", "httpcore2", "hpack")
+        **{
+            name: {"level": "INFO"}
+            for name in ("mcp", "openai", "anthropic", "httpcore", "httpcore2", "hpack")
+        },
+        "pypdf": {"level": "CRITICAL"},
     },
 }

@@ -2,6 +2,7 @@
 as untrusted data and kept as evidence, or a note saying why there is none."""
 
 import json
+import logging
 import struct
 import time
 import uuid
@@ -119,6 +120,34 @@ def pdf_with_a_misfiled_page_tree() -> bytes:
     stream 3, which is the cross-reference stream itself: counting its pages fails an
     `assert` of pypdf."""
     return pdf_with_an_xref_stream(b"/Size 4", rows=[(2, 3, 0)])
+
+
+def pdf_with_a_broken_previous_trailer(entries: bytes) -> bytes:
+    """A PDF of an empty page tree whose trailer points back (/Prev) to a cross-reference
+    stream with these dictionary `entries` and no /Size: a fault pypdf reads past, warning
+    with that stream's dictionary."""
+    body = b"%PDF-1.5\n"
+    catalog = len(body)
+    body += b"1 0 obj\n<< /Type /Catalog /Pages 2 0 R >>\nendobj\n"
+    pages = len(body)
+    body += b"2 0 obj\n<< /Type /Pages /Kids [] /Count 0 >>\nendobj\n"
+    previous = len(body)
+    data = struct.pack(">BIH", 0, 0, 65535)
+    body += (
+        b"3 0 obj\n<< /Type /XRef /W [1 4 2] %s /Length %d >>\nstream\n%s\nendstream\nendobj\n"
+        % (
+            entries,
+            len(data),
+            data,
+        )
+    )
+    xref = len(body)
+    body += b"xref\n0 3\n0000000000 65535 f \n%010d 00000 n \n%010d 00000 n \n" % (catalog, pages)
+    body += b"trailer\n<< /Size 3 /Root 1 0 R /Prev %d >>\nstartxref\n%d\n%%%%EOF\n" % (
+        previous,
+        xref,
+    )
+    return body
 
 
 @pytest.fixture
@@ -389,6 +418,23 @@ def test_a_pdf_that_cannot_be_read_is_logged_without_its_content(answered, alice
         f"The text of attachment {attachment['id']} could not be extracted: PdfReadError"
         in caplog.text
     )
+    assert "hunter2" not in caplog.text
+
+
+def test_what_pypdf_warns_of_a_pdf_is_not_logged(answered, alice_api, caplog):
+    # given a PDF pypdf reads past a fault of, warning with a dictionary that holds a password
+    content = pdf_with_a_broken_previous_trailer(b"/Note (vault password hunter2-of-the-pdf)")
+    run = ask(alice_api, upload(alice_api, content, "application/pdf"))
+
+    # when its run starts
+    with caplog.at_level(logging.DEBUG):
+        run_execute(run_id=str(run.pk))
+
+    # then the run goes on with a note, and nothing of the PDF's words reaches the log
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    _, user = user_message(answered)
+    assert "[not read: it has no text to extract]" in user
     assert "hunter2" not in caplog.text
 
 
