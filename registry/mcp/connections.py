@@ -357,7 +357,12 @@ class _Connection:
     def __init__(self, endpoint: Endpoint) -> None:
         self.endpoint = endpoint
         self.fingerprint = endpoint.fingerprint
+        # The handshake's outcome, for the requests waiting on it (each through a shield). A
+        # failure whose waiters all gave up (timed out, cancelled) is read by `_forget`, not
+        # reported by the loop as lost: each waiter has told its caller already, and the
+        # connection keeps the failure as `error`.
         self.ready: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
+        self.ready.add_done_callback(_forget)
         self.closing = asyncio.Event()
         self.broken = False
         self.error: BaseException | None = None
@@ -448,10 +453,12 @@ def _too_late(endpoint: Endpoint, deadline: Deadline) -> McpTimeout:
     return McpTimeout(f"{endpoint.label} did not answer in {deadline.timeout_s:g} s.")
 
 
-def _forget(task: asyncio.Task) -> None:
-    """Retrieve what a request abandoned to its cancellation ended with."""
-    if not task.cancelled():
-        task.exception()
+def _forget(future: asyncio.Future) -> None:
+    """Retrieve what a future nobody may wait for any more ended with (a request abandoned to
+    its cancellation, a handshake its callers gave up on), which the loop would otherwise log
+    as an error nobody read."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _refused(error: BaseException | None) -> EgressRefused | None:

@@ -2,6 +2,8 @@
 paired with their requests, a crashed server is replaced on the next call, and a server that
 never completes its handshake costs a bounded wait and leaves nothing behind."""
 
+import gc
+import logging
 import os
 import sys
 import time
@@ -19,6 +21,12 @@ IDENTITY = {"agentgov/tenant": "acme", "agentgov/actor": "alice"}
 
 def example_servers() -> list[int]:
     """Pids of the stdio example servers this process spawned (not the HTTP one)."""
+    return children(b"examples.mcp_server", but_not=b"--http")
+
+
+def children(argument: bytes, *, but_not: bytes | None = None) -> list[int]:
+    """Pids of the processes this process spawned with `argument` (and not `but_not`) on
+    their command line."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -29,7 +37,11 @@ def example_servers() -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"examples.mcp_server" in cmdline and b"--http" not in cmdline:
+        if (
+            parent == os.getpid()
+            and argument in cmdline
+            and (but_not is None or but_not not in cmdline)
+        ):
             found.append(int(entry.name))
     return found
 
@@ -94,6 +106,29 @@ def test_a_server_that_never_completes_its_handshake_costs_one_timeout(overrides
 
     assert time.monotonic() - started < 4
     assert str(silent.pk) not in connections._connections
+
+
+def test_a_handshake_given_up_on_leaves_no_unread_failure_behind(overrides, caplog):
+    """The caller is told once that the handshake did not complete; the connection it waited
+    for, ended for it, must not leave its own failure unread for the event loop to log as an
+    error when it is collected (a real failure would be lost among such lines)."""
+    silent = McpServer(
+        name="silent",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=["-c", "import time; time.sleep(60)"],
+        timeout_s=1,
+    )
+    caplog.set_level(logging.ERROR, logger="asyncio")
+
+    with pytest.raises(McpUnavailable, match="did not complete the handshake"):
+        connections.tools(endpoint_for(silent))
+    connections.close_all()
+    gc.collect()
+
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
+    assert connections._closing == set()
+    assert children(b"import time; time.sleep(60)") == []
 
 
 def test_an_endpoint_never_shows_its_secrets(endpoint):
