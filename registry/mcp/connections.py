@@ -634,12 +634,17 @@ class McpConnections:
         if deadline is not None and deadline.left() < wait_s:
             wait_s, timeout_s = deadline.left(), deadline.timeout_s
         request = asyncio.ensure_future(operation(session))
-        done, _ = await asyncio.wait(
-            {request, connection.task}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
-        )
+        try:
+            done, _ = await asyncio.wait(
+                {request, connection.task}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            # Whatever ended the wait (the connection failing, the timeout, or this coroutine
+            # cancelled because its caller stopped waiting) ends the request with it.
+            if not request.done():
+                request.cancel()
+                request.add_done_callback(_forget)
         if request not in done:
-            request.cancel()
-            request.add_done_callback(_forget)
             if connection.task not in done:
                 raise self._timed_out(connection, timeout_s)
             self._discard(connection)

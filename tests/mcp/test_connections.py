@@ -2,6 +2,7 @@
 paired with their requests, a crashed server is replaced on the next call, and a server that
 never completes its handshake costs a bounded wait and leaves nothing behind."""
 
+import asyncio
 import gc
 import logging
 import os
@@ -129,6 +130,34 @@ def test_a_handshake_given_up_on_leaves_no_unread_failure_behind(overrides, capl
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
     assert connections._closing == set()
     assert children(b"import time; time.sleep(60)") == []
+
+
+def test_a_request_whose_caller_stopped_waiting_ends_with_it(endpoint, overrides, caplog):
+    """A caller whose wait for an answer expired cancels its request (as `_run` does): the
+    request to the server ends with it instead of running on unobserved, so that closing the
+    session later leaves no task behind and no failure unread."""
+    assert status_of(endpoint, "apollo") == "apollo"
+    overrides(delay_s=30)
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    loop = connections._running_loop()
+
+    async def status(session):
+        return await session.call_tool("project_status", {"project_id": "apollo"}, meta=IDENTITY)
+
+    waiting = asyncio.run_coroutine_threadsafe(
+        connections._on_session(endpoint, status, 10, None), loop
+    )
+    time.sleep(1)
+    waiting.cancel()
+    connections.close_all()
+    gc.collect()
+
+    async def others() -> list[asyncio.Task]:
+        return [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+
+    assert asyncio.run_coroutine_threadsafe(others(), loop).result(5) == []
+    assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
+    assert example_servers() == []
 
 
 def test_an_endpoint_never_shows_its_secrets(endpoint):
