@@ -9,7 +9,7 @@ import logging
 import operator
 import re
 import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
@@ -46,7 +46,7 @@ from runs.services.attachment_reading import is_read as attachment_is_read
 from runs.services.attachments import ATTACHMENT_PART
 from runs.services.excerpts import tokens_each
 from runs.services.memory import memories_kept, memory_retrieve
-from runs.services.resources import RESOURCE_PART, resources_attach
+from runs.services.resources import RESOURCE_PART, resource_line, resources_attach
 from runs.services.runs import (
     REQUESTER_NO_LONGER_AUTHORISED,
     cancel_request_take_in,
@@ -93,8 +93,9 @@ UNREAD_INPUT_QUESTIONS = (
 )
 # An earlier run's reply (its question, or its answer) is kept in the history up to this long.
 REPLY_CHARS = 2000
-# An earlier message's attachments named in the history, at most; the rest are counted.
-HISTORY_ATTACHMENTS = 3
+# An earlier message's attachments, and its resources, named in the history at most; the rest
+# are counted.
+HISTORY_REFERRED = 3
 DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
@@ -230,35 +231,59 @@ def _message_text(message: dict[str, Any]) -> str:
     return " ".join(part["text"] for part in message["message"]["parts"] if part["type"] == "text")
 
 
-def _attachment_parts(message: dict[str, Any]) -> list[dict[str, Any]]:
-    return [part for part in message["message"]["parts"] if part["type"] == ATTACHMENT_PART]
+@dataclass(frozen=True)
+class _Referred:
+    """A kind of input a message refers to rather than writes: the part type, the key of the
+    history entry that names them, the noun that counts them, and the line that names one."""
+
+    part_type: str
+    key: str
+    noun: str
+    line: Callable[[dict[str, Any]], str]
 
 
-def _attachments_noun(count: int) -> str:
-    return "attachment" if count == 1 else "attachments"
+_REFERRED = (
+    _Referred(ATTACHMENT_PART, "attachments", "attachment", attachment_line),
+    _Referred(RESOURCE_PART, "resources", "resource", resource_line),
+)
 
 
-def _history_attachments(message: dict[str, Any]) -> dict[str, list[str]]:
-    """An earlier message's attachments as the reference lines its own run showed (id, media
-    type, size, digest: what the platform recorded, never the uploader's file name), the first
-    HISTORY_ATTACHMENTS of them and how many more. Their content is read only in their own
-    run: a later run is told they exist, so the model can ask for them again."""
-    parts = _attachment_parts(message)
-    if not parts:
-        return {}
-    shown = parts[:HISTORY_ATTACHMENTS]
-    lines = [attachment_line(part) for part in shown]
-    if more := len(parts) - len(shown):
-        lines.append(f"(+{more} more {_attachments_noun(more)})")
-    return {"attachments": lines}
+def _referred_parts(message: dict[str, Any]) -> Iterator[tuple[_Referred, list[dict[str, Any]]]]:
+    """Each kind of input the message referred to, with its parts (attachments first)."""
+    parts = message["message"]["parts"]
+    for kind in _REFERRED:
+        if found := [part for part in parts if part["type"] == kind.part_type]:
+            yield kind, found
+
+
+def _counted(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _history_referred(message: dict[str, Any]) -> dict[str, list[str]]:
+    """An earlier message's referred inputs (its attachments, its MCP resources) by the
+    reference lines that name them: the platform's record of an attachment (id, media type,
+    size, digest, never the uploader's file name), a resource's URI and media type as its
+    server listed them. Of each kind the first HISTORY_REFERRED, then how many more. Their
+    content is read only in their own run: a later run is told they exist, so the model can
+    ask for them again. The lines are data of the user's turn, like the message itself."""
+    referred = {}
+    for kind, parts in _referred_parts(message):
+        lines = [kind.line(part) for part in parts[:HISTORY_REFERRED]]
+        if (more := len(parts) - HISTORY_REFERRED) > 0:
+            lines.append(f"(+{_counted(more, f'more {kind.noun}')})")
+        referred[kind.key] = lines
+    return referred
 
 
 def _summary_line(entry: dict[str, Any]) -> str:
-    """An older run in the rolling summary: the start of its message, how many attachments it
-    had, how it ended."""
-    count = len(_attachment_parts(entry["message"]))
-    attachments = f" (+{count} {_attachments_noun(count)})" if count else ""
-    return f"{_message_text(entry['message'])[:SUMMARY_CHARS]}{attachments} -> {entry['status']}"
+    """An older run in the rolling summary: the start of its message, how many of each kind
+    of input it referred to, how it ended."""
+    counts = ", ".join(
+        f"+{_counted(len(parts), kind.noun)}" for kind, parts in _referred_parts(entry["message"])
+    )
+    referred = f" ({counts})" if counts else ""
+    return f"{_message_text(entry['message'])[:SUMMARY_CHARS]}{referred} -> {entry['status']}"
 
 
 _EARLIER_RUNS = PreparedQuery(
@@ -282,8 +307,8 @@ _EARLIER_RUNS = PreparedQuery(
 
 def _history(run: Run) -> list[dict[str, Any]]:
     """The session's earlier messages and how their runs ended, newest last: the last
-    HISTORY_RUNS as they were (with the attachments each message referred to), and before
-    them a rolling summary of up to SUMMARY_RUNS older ones (counting their attachments),
+    HISTORY_RUNS as they were (with the attachments and resources each message referred
+    to), and before them a rolling summary of up to SUMMARY_RUNS older ones (counting those),
     marked with when it was generated and which runs it covers. A session its run's
     ingest created (written in the same statement, after the run's row took its time) has no
     earlier run to read."""
@@ -310,7 +335,7 @@ def _history(run: Run) -> list[dict[str, Any]]:
     return history + [
         {
             "message": _message_text(entry["message"]),
-            **_history_attachments(entry["message"]),
+            **_history_referred(entry["message"]),
             "status": entry["status"],
             "reason_code": entry["reason_code"],
             **({"reply": reply[:REPLY_CHARS]} if (reply := _reply(entry)) else {}),

@@ -33,6 +33,13 @@ from runs.tools.executor import known_rows_add
 RESOURCE_PART = "resource_ref"
 
 
+def resource_line(part: dict[str, Any]) -> str:
+    """How an earlier message of the session refers to a resource: its URI and media type as
+    its server listed them, and the server; never its content, which only its own run reads."""
+    media_type = part.get("mime_type") or "unknown type"
+    return f"[resource {part['uri']}: {media_type}, from {part['server']}]"
+
+
 def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
     """The resource as the tenant's own server lists it, else a granted platform server."""
     candidates = (
