@@ -10,7 +10,7 @@ import json
 from django.conf import settings
 
 from config import jsontext
-from runs.context import RECIPIENT_MARKER, context_build, wrap_untrusted
+from runs.context import RECIPIENT_MARKER, context_build, message_max_tokens, wrap_untrusted
 from runs.loop import run_execute
 from runs.model_clients.base import ToolCall, ToolResult, ToolSpec
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, merge_rules
@@ -310,3 +310,24 @@ def test_a_chinese_message_as_long_as_the_ingress_takes_still_gets_its_draft(dem
 
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("WAITING_APPROVAL", ""), run.result
+
+
+def test_a_budget_the_fixed_sections_alone_fill_still_ends_the_running_example_in_a_draft(
+    demo, settings
+):
+    """At 1200 tokens, the rules, the skill, the task, the tool schemas and the recipient
+    (some 600 tokens) take more than the quarter the message leaves them: they are never cut,
+    so the turns go past the budget rather than fail, and the run ends as at any budget."""
+    settings.CONTEXT_MAX_TOKENS = 1200
+
+    text = "Summarise this week's project status and mail it to the R&D lead."
+    run = demo_run(demo, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("WAITING_APPROVAL", ""), run.result
+    turns = [event.payload["sections"] for event in run.events.filter(type="context.built")]
+    assert len(turns) == 2
+    fixed = sum(turns[0][name]["tokens"] for name in (*FIXED, "recipient"))
+    assert fixed > 1200 - message_max_tokens()
+    assert all(turn[name] == turns[0][name] for turn in turns for name in FIXED)
