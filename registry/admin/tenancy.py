@@ -10,13 +10,12 @@ from django.http import HttpRequest
 from registry.admin.base import RegistryAdmin, TenantScopedAdmin
 from registry.choices import Action
 from registry.models import ApiToken, Membership, Tenant
-from registry.services.common import TENANT_PLATFORM_FIELDS, registry_object_save
-from registry.services.tenancy import (
+from registry.services.common import (
+    TENANT_PLATFORM_FIELDS,
     api_tokens_revoke,
-    membership_remove,
-    tenant_create,
-    tenants_delete,
+    registry_object_save,
 )
+from registry.services.tenancy import membership_remove, tenant_create, tenants_delete
 
 
 class UsernameField(forms.ModelChoiceField):

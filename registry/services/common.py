@@ -6,11 +6,12 @@ from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from evaluations.gates import model_change_check, model_config_change_check
 from registry.choices import ROLE_ACTIONS, Action
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import AgentConfig, Membership, ModelConfig, Skill, Tenant
+from registry.models import AgentConfig, ApiToken, Membership, ModelConfig, Skill, Tenant
 from registry.selectors import tenant_has_grant
 
 
@@ -70,7 +71,9 @@ def registry_object_save(
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
     has when they are not given. A model config that agents or eval runs use keeps the model it
     calls, the parameters sent with each call and its tenant (`model_config_change_check`).
-    A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`)."""
+    A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`);
+    one given to another person or tenant ends the API access of the person it leaves with no
+    role in its former tenant (`api_tokens_revoke_unless_member`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
@@ -81,13 +84,16 @@ def registry_object_save(
     with transaction.atomic():
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
+        left = None
         if isinstance(instance, Membership):
-            _membership_change_check(membership=instance)
+            left = _membership_change_check(membership=instance)
         audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)
         if isinstance(instance, Tenant):
             _grant_group_rename(instance)
+        if left is not None:
+            api_tokens_revoke_unless_member(user_id=left.user_id, tenant_id=left.tenant_id)
     return instance
 
 
@@ -117,17 +123,35 @@ def tenant_admin_kept_check(*, leaving: Membership) -> None:
         )
 
 
-def _membership_change_check(*, membership: Membership) -> None:
-    """A membership changed to another role or tenant leaves its tenant's admins as
-    `tenant_admin_kept_check` allows."""
+def _membership_change_check(*, membership: Membership) -> Membership | None:
+    """A membership changed to another role, person or tenant leaves its tenant's admins as
+    `tenant_admin_kept_check` allows. Returns the membership as it was saved when the change
+    gives it to another person or tenant, whose former holder may have no role left there."""
     if membership._state.adding:
-        return
+        return None
     saved = Membership.objects.select_related("user", "tenant").filter(pk=membership.pk).first()
     if saved is None:
-        return
+        return None
     Tenant.objects.select_for_update().get(pk=saved.tenant_id)
-    if membership.role not in ADMIN_ROLES or membership.tenant_id != saved.tenant_id:
+    moved = (membership.user_id, membership.tenant_id) != (saved.user_id, saved.tenant_id)
+    if membership.role not in ADMIN_ROLES or moved:
         tenant_admin_kept_check(leaving=saved)
+    return saved if moved else None
+
+
+def api_tokens_revoke(*, tokens: QuerySet[ApiToken]) -> int:
+    """Revoke tokens at once; a revoked token authenticates nothing. Returns how many."""
+    return tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def api_tokens_revoke_unless_member(*, user_id: int, tenant_id: int) -> int:
+    """A person left with no role in a tenant (a membership removed, or given to another
+    person or tenant) loses their API tokens for it, which would otherwise still authenticate
+    them there; one who keeps another role keeps them. Run in the transaction that took the
+    role away. Returns how many were revoked."""
+    if Membership.objects.filter(user_id=user_id, tenant_id=tenant_id).exists():
+        return 0
+    return api_tokens_revoke(tokens=ApiToken.objects.filter(user_id=user_id, tenant_id=tenant_id))
 
 
 def _grant_group_rename(tenant: Tenant) -> None:

@@ -15,6 +15,7 @@ from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key, password_fingerprints
 from registry.selectors import user_can, user_tenants
 from registry.services.common import (
+    api_tokens_revoke_unless_member,
     audited_delete,
     audited_save,
     audited_unique_save,
@@ -78,10 +79,10 @@ def membership_remove(
     admins, of any). The tenant keeps an active admin: removing its last one is refused.
 
     Roles are read again on every request and at every step of a run, so what the role
-    allowed stops with it. A person left with no role in the tenant also loses their API
-    tokens for it, which would otherwise still authenticate them there; one who keeps another
-    role keeps them. Removals in one tenant take turns (its row is locked), so two admins
-    removing each other cannot both succeed. A membership removed already is left as it is."""
+    allowed stops with it, and a person left with no role in the tenant loses their API
+    tokens for it (`api_tokens_revoke_unless_member`). Removals in one tenant take turns (its
+    row is locked), so two admins removing each other cannot both succeed. A membership
+    removed already is left as it is."""
     with transaction.atomic():
         tenant = Tenant.objects.select_for_update().get(pk=membership.tenant_id)
         if not (
@@ -95,10 +96,7 @@ def membership_remove(
             return
         tenant_admin_kept_check(leaving=current)
         audited_delete(current, actor=actor, reason=reason)
-        if not Membership.objects.filter(user_id=current.user_id, tenant=tenant).exists():
-            api_tokens_revoke(
-                tokens=ApiToken.objects.filter(user_id=current.user_id, tenant=tenant)
-            )
+        api_tokens_revoke_unless_member(user_id=current.user_id, tenant_id=tenant.pk)
 
 
 def definition_grant(
@@ -157,8 +155,3 @@ def api_token_issue(
         password_fingerprint=password_fingerprints(user.password)[0],
     )
     return token, key
-
-
-def api_tokens_revoke(*, tokens: QuerySet[ApiToken]) -> int:
-    """Revoke tokens at once; a revoked token authenticates nothing. Returns how many."""
-    return tokens.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())

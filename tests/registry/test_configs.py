@@ -7,8 +7,8 @@ from django.utils import timezone
 from registry.errors import ValidationFailed
 from registry.models import AgentConfig, ApiToken, ModelConfig, Policy, RolloutFlag, Skill
 from registry.services import skills
-from registry.services.common import registry_object_save
-from registry.services.tenancy import api_token_issue, api_tokens_revoke, definition_grant
+from registry.services.common import api_tokens_revoke, registry_object_save
+from registry.services.tenancy import api_token_issue, definition_grant
 from tests.registry.factories import PASSWORD, agent_form_data
 
 

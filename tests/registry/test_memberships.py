@@ -1,6 +1,7 @@
 """Removing people from a tenant: its own admins do it in the admin, one at a time or a
-selection at once, through the service platform admins go through too. The tenant keeps an
-admin, and a person left with no role in it loses their API access to it at once."""
+selection at once, through the service platform admins go through too, or by giving a
+membership to another person or tenant. The tenant keeps an admin, and a person left with no
+role in it loses their API access to it at once."""
 
 import pytest
 
@@ -9,7 +10,7 @@ from registry.choices import Role
 from registry.models import ApiToken, Membership
 from registry.services.tenancy import api_token_issue, membership_add, membership_remove
 from tests.conftest import _member
-from tests.registry.factories import PASSWORD
+from tests.registry.factories import PASSWORD, UserFactory
 from tests.registry.test_admin import messages_of
 
 MEMBERSHIPS = "/admin/registry/membership/"
@@ -276,3 +277,105 @@ def test_an_admin_becomes_a_member_once_the_tenant_has_another(client, tenant_ad
     assert response.status_code == 302
     membership.refresh_from_db()
     assert membership.role == Role.MEMBER
+
+
+def change_in_admin(client, membership: Membership, *, user, tenant, role=Role.MEMBER):
+    return client.post(
+        f"{MEMBERSHIPS}{membership.pk}/change/",
+        {"user": user, "tenant": tenant.pk, "role": role},
+    )
+
+
+def test_a_membership_given_to_another_person_ends_the_former_holder_s_token(
+    client, tenant_admin, member, acme
+):
+    # given alice, a member of acme with a token for acme, and bob, in no tenant yet
+    UserFactory(username="bob")
+    membership = membership_of(member, acme)
+    key = token_of(member, acme)
+    client.force_login(tenant_admin)
+
+    # when acme's admin gives alice's membership to bob on its change page
+    response = change_in_admin(client, membership, user="bob", tenant=acme)
+
+    # then bob is the member, and alice, with no role left in acme, has no access to it
+    assert response.status_code == 302
+    membership.refresh_from_db()
+    assert membership.user.username == "bob"
+    assert ApiToken.objects.get(user=member).revoked_at is not None
+    client.logout()
+    assert runs_with(client, key) == 401
+
+
+def test_a_membership_moved_to_another_tenant_ends_the_token_for_the_old_one(
+    client, platform_admin, member, acme, globex
+):
+    # given alice, a member of acme with a token for acme
+    membership = membership_of(member, acme)
+    key = token_of(member, acme)
+    client.force_login(platform_admin)
+
+    # when a platform admin moves her membership to globex
+    response = change_in_admin(client, membership, user=member.pk, tenant=globex)
+
+    # then she is a member of globex only, and her token for acme authenticates nothing
+    assert response.status_code == 302
+    assert list(Membership.objects.filter(user=member).values_list("tenant__slug")) == [("globex",)]
+    client.logout()
+    assert runs_with(client, key) == 401
+    assert runs_with(client, token_of(member, globex)) == 200
+
+
+def test_a_person_who_keeps_another_role_keeps_their_token_when_one_is_given_away(
+    client, tenant_admin, member, acme
+):
+    # given alice, a member and an auditor of acme, with a token for acme
+    UserFactory(username="bob")
+    membership_add(actor=tenant_admin, user=member, tenant=acme, role=Role.AUDITOR)
+    auditing = Membership.objects.get(user=member, tenant=acme, role=Role.AUDITOR)
+    key = token_of(member, acme)
+    client.force_login(tenant_admin)
+
+    # when acme's admin gives her auditor role to bob
+    response = change_in_admin(client, auditing, user="bob", tenant=acme, role=Role.AUDITOR)
+
+    # then she is still a member, and her token still answers
+    assert response.status_code == 302
+    assert list(Membership.objects.filter(user=member, tenant=acme).values_list("role")) == [
+        (Role.MEMBER,)
+    ]
+    assert ApiToken.objects.get(user=member).revoked_at is None
+    client.logout()
+    assert runs_with(client, key) == 200
+
+
+def test_a_change_of_role_only_keeps_the_member_s_token(client, tenant_admin, member, acme):
+    membership = membership_of(member, acme)
+    key = token_of(member, acme)
+    client.force_login(tenant_admin)
+
+    response = change_in_admin(client, membership, user="alice", tenant=acme, role=Role.AUDITOR)
+
+    assert response.status_code == 302
+    assert ApiToken.objects.get(user=member).revoked_at is None
+    client.logout()
+    assert runs_with(client, key) == 200
+
+
+def test_a_refused_move_keeps_the_former_holder_s_token(client, tenant_admin, member, acme):
+    # given bob, a member of acme already, and alice with a token for acme
+    _member("bob", acme, Role.MEMBER)
+    membership = membership_of(member, acme)
+    key = token_of(member, acme)
+    client.force_login(tenant_admin)
+
+    # when acme's admin gives alice's membership to bob, who holds that role already
+    response = change_in_admin(client, membership, user="bob", tenant=acme)
+
+    # then the form says why, and alice keeps her membership and her token
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors
+    assert membership_of(member, acme).pk == membership.pk
+    assert ApiToken.objects.get(user=member).revoked_at is None
+    client.logout()
+    assert runs_with(client, key) == 200

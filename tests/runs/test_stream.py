@@ -14,7 +14,8 @@ from django.urls import resolve
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import ApiToken, Membership
-from registry.services.tenancy import api_token_issue, api_tokens_revoke, membership_add
+from registry.services.common import api_tokens_revoke
+from registry.services.tenancy import api_token_issue, membership_add
 from runs.api import stream
 from runs.loop import run_advance_step, run_execute
 from runs.models import Run
