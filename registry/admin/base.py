@@ -321,7 +321,63 @@ class HistoryAdmin(SimpleHistoryAdmin):
             raise Http404("No such history record.") from denied
 
 
-class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
+class ServiceRefusalsMixin:
+    """A save or a deletion the services refuse is shown as the admin shows a mistake, with
+    the refusal's words, and changes nothing: not a server error. Registry admins use it, and
+    Django's user admin (registry/admin/site.py), whose saves and deletions keep every tenant
+    an admin."""
+
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> HttpResponse:
+        """A save the services refuse (a release gate, a version that exists already) is
+        undone, and the form is drawn again with what was typed and the refusal as its error
+        (`get_form`), not a server error."""
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except ApplicationError as error:
+            if request.method != "POST" or hasattr(request, _REFUSAL):
+                self.message_user(request, error_text(error), level=messages.ERROR)
+                return HttpResponseRedirect(request.get_full_path())
+            setattr(request, _REFUSAL, error)
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(
+        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm]:
+        form = super().get_form(request, obj, change=change, **kwargs)
+        refusal = getattr(request, _REFUSAL, None)
+        return form if refusal is None else _refused(form, refusal)
+
+    def delete_view(
+        self, request: HttpRequest, object_id: str, extra_context: Any = None
+    ) -> HttpResponse:
+        """A deletion the services refuse (a tenant's last admin, a server whose tool versions
+        are still published) deletes nothing and logs nothing: the page is drawn again, with
+        the refusal, not a server error."""
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+        """Deleting the selected rows deletes all of them or, the services refusing one, none."""
+        if request.POST.get("action") != "delete_selected":
+            return super().response_action(request, queryset)
+        try:
+            with transaction.atomic():
+                return super().response_action(request, queryset)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return None
+
+
+class RegistryAdmin(ServiceRefusalsMixin, TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
     """A registry object's admin: tenant scope, history, object permissions."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -383,55 +439,6 @@ class RegistryAdmin(TenantScopedAdmin, HistoryAdmin, GuardedModelAdmin):
                 "admin/change_form.html",
             ]
         return response
-
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: Any = None,
-    ) -> HttpResponse:
-        """A save the services refuse (a release gate, a version that exists already) is
-        undone, and the form is drawn again with what was typed and the refusal as its error
-        (`get_form`), not a server error."""
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as error:
-            if request.method != "POST" or hasattr(request, _REFUSAL):
-                self.message_user(request, error_text(error), level=messages.ERROR)
-                return HttpResponseRedirect(request.get_full_path())
-            setattr(request, _REFUSAL, error)
-            return super().changeform_view(request, object_id, form_url, extra_context)
-
-    def get_form(
-        self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any
-    ) -> type[forms.ModelForm]:
-        form = super().get_form(request, obj, change, **kwargs)
-        refusal = getattr(request, _REFUSAL, None)
-        return form if refusal is None else _refused(form, refusal)
-
-    def delete_view(
-        self, request: HttpRequest, object_id: str, extra_context: Any = None
-    ) -> HttpResponse:
-        """A deletion the services refuse (a tenant's last admin, a server whose tool versions
-        are still published) deletes nothing and logs nothing: the page is drawn again, with
-        the refusal, not a server error."""
-        try:
-            return super().delete_view(request, object_id, extra_context)
-        except ApplicationError as error:
-            self.message_user(request, error_text(error), level=messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
-
-    def response_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-        """Deleting the selected rows deletes all of them or, the services refusing one, none."""
-        if request.POST.get("action") != "delete_selected":
-            return super().response_action(request, queryset)
-        try:
-            with transaction.atomic():
-                return super().response_action(request, queryset)
-        except ApplicationError as error:
-            self.message_user(request, error_text(error), level=messages.ERROR)
-            return None
 
     def run_service(self, request: HttpRequest, call: Any, success: str) -> bool:
         """Run one service call; a domain refusal becomes a readable admin message."""

@@ -34,11 +34,23 @@ from django_celery_beat.models import (
     SolarSchedule,
 )
 
-from registry.admin.base import SelectionKeysMixin
+from registry.admin.base import SelectionKeysMixin, ServiceRefusalsMixin
+from registry.services.tenancy import user_save, users_delete
 
 
-class PlatformUserAdmin(SelectionKeysMixin, UserAdmin):
-    """Django's user admin."""
+class PlatformUserAdmin(ServiceRefusalsMixin, SelectionKeysMixin, UserAdmin):
+    """Django's user admin. A person is deactivated, or deleted (one, or a selection at
+    once), only while every tenant they are an active admin of keeps another: the services
+    refuse it otherwise, naming the tenants, and nothing is changed."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        user_save(user=obj)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        users_delete(users=self.model._default_manager.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        users_delete(users=queryset)
 
 
 class PlatformGroupAdmin(SelectionKeysMixin, GroupAdmin):

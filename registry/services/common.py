@@ -5,7 +5,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
 from evaluations.gates import model_change_check, model_config_change_check
@@ -117,9 +117,53 @@ def tenant_admin_kept_check(*, leaving: Membership) -> None:
         .exists()
     )
     if not others:
-        raise ValidationFailed(
-            f"{leaving.user} is the last admin of {leaving.tenant}: a tenant keeps at least "
-            "one. Make another member its admin first."
+        raise _last_admins_refusal(f"{leaving.user} is the last admin of {leaving.tenant}")
+
+
+def _last_admins_refusal(lasts: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"{lasts}: a tenant keeps at least one. Make another member its admin first."
+    )
+
+
+def tenant_admins_kept_check(*, users: QuerySet[AbstractBaseUser]) -> None:
+    """Refuses to let `users` go, deactivated or deleted with their memberships, when a tenant
+    would be left with no active admin: when its active admins are all among them. The rows of
+    the tenants they are active admins of are locked, in key order, as for
+    `tenant_admin_kept_check`: two admins let go at once, or one let go while the other's
+    membership is removed, cannot both find the other still there."""
+    administering = Membership.objects.filter(
+        user__in=users, user__is_active=True, role__in=ADMIN_ROLES
+    )
+    tenant_ids = list(
+        Tenant.objects.select_for_update()
+        .filter(pk__in=administering.values("tenant_id"))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    kept = Membership.objects.filter(
+        tenant_id=OuterRef("tenant_id"), role__in=ADMIN_ROLES, user__is_active=True
+    ).exclude(user__in=users)
+    last = (
+        administering.filter(tenant_id__in=tenant_ids)
+        .exclude(Exists(kept))
+        .select_related("user", "tenant")
+        .order_by("tenant__slug", "user__username")
+    )
+    admins_of: dict[str, list[str]] = {}
+    for membership in last:
+        admins_of.setdefault(str(membership.tenant), []).append(str(membership.user))
+    tenants_of: dict[tuple[str, ...], list[str]] = {}
+    for tenant, admins in admins_of.items():
+        tenants_of.setdefault(tuple(admins), []).append(tenant)
+    if tenants_of:
+        raise _last_admins_refusal(
+            "; ".join(
+                f"{admins[0]} is the last admin of {', '.join(tenants)}"
+                if len(admins) == 1
+                else f"{' and '.join(admins)} are the last admins of {', '.join(tenants)}"
+                for admins, tenants in tenants_of.items()
+            )
         )
 
 

@@ -1,7 +1,7 @@
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth import authenticate
+from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
@@ -23,6 +23,7 @@ from registry.services.common import (
     grant_group_name,
     grant_group_taken,
     tenant_admin_kept_check,
+    tenant_admins_kept_check,
 )
 
 
@@ -97,6 +98,24 @@ def membership_remove(
         tenant_admin_kept_check(leaving=current)
         audited_delete(current, actor=actor, reason=reason)
         api_tokens_revoke_unless_member(user_id=current.user_id, tenant_id=tenant.pk)
+
+
+def user_save(*, user: AbstractBaseUser) -> None:
+    """Save a person changed on the user admin. One deactivated (who logs in nowhere, and
+    whose API tokens authenticate nothing) is no longer an admin of their tenants, so a
+    tenant whose only active admin they are keeps them (`tenant_admins_kept_check`)."""
+    with transaction.atomic():
+        if not user.is_active:
+            tenant_admins_kept_check(users=get_user_model()._default_manager.filter(pk=user.pk))
+        user.save()
+
+
+def users_delete(*, users: QuerySet[AbstractBaseUser]) -> None:
+    """Delete people with their memberships and API tokens, all of them or, a tenant being
+    left with no active admin, none (`tenant_admins_kept_check`)."""
+    with transaction.atomic():
+        tenant_admins_kept_check(users=users)
+        users.delete()
 
 
 def definition_grant(

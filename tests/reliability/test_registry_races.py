@@ -6,10 +6,12 @@ from collections.abc import Callable
 import pytest
 from django.db import close_old_connections
 
-from config.errors import ApplicationError
-from registry.choices import VersionStatus
-from registry.models import Tool, ToolVersion
+from config.errors import ApplicationError, ValidationFailed
+from registry.choices import Role, VersionStatus
+from registry.models import Membership, Tool, ToolVersion
 from registry.services import tools
+from registry.services.tenancy import membership_remove, user_save
+from tests.conftest import _member
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -85,3 +87,44 @@ def test_revoke_racing_rollback_never_leaves_a_revoked_version_current(
     tool = Tool.objects.select_related("current_version").get(pk=first.tool_id)
     assert ToolVersion.objects.get(pk=first.pk).status == VersionStatus.REVOKED
     assert tool.current_version.version == "2.0.0"
+
+
+def _deactivated(user):
+    user = type(user).objects.get(pk=user.pk)
+    user.is_active = False
+    return user
+
+
+def test_a_tenant_s_two_admins_deactivated_at_once_leave_it_one(acme):
+    tina = _member("tina", acme, Role.ADMIN, is_staff=True)
+    uma = _member("uma", acme, Role.ADMIN, is_staff=True)
+
+    outcomes = _race(
+        lambda: user_save(user=_deactivated(tina)),
+        lambda: user_save(user=_deactivated(uma)),
+    )
+
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == [
+        "NoneType",
+        ValidationFailed.__name__,
+    ]
+    assert Membership.objects.filter(tenant=acme, user__is_active=True).count() == 1
+
+
+def test_an_admin_deactivated_while_the_other_is_removed_leaves_the_tenant_one(
+    acme, platform_admin
+):
+    tina = _member("tina", acme, Role.ADMIN, is_staff=True)
+    uma = _member("uma", acme, Role.ADMIN, is_staff=True)
+    uma_admin = Membership.objects.get(user=uma, tenant=acme)
+
+    outcomes = _race(
+        lambda: user_save(user=_deactivated(tina)),
+        lambda: membership_remove(actor=platform_admin, membership=uma_admin),
+    )
+
+    assert sorted(type(outcome).__name__ for outcome in outcomes) == [
+        "NoneType",
+        ValidationFailed.__name__,
+    ]
+    assert Membership.objects.filter(tenant=acme, user__is_active=True).count() == 1
