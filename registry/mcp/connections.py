@@ -47,6 +47,15 @@ T = TypeVar("T")
 
 LIST_PAGES_MAX = 100
 CLOSE_TIMEOUT_S = 5.0
+# A request's answer is waited for this long past its timeout (the SDK's own read timeout,
+# where the operation sets one, ends it first).
+ANSWER_GRACE_S = 1.0
+# A session the server no longer knows is opened again once for the same request
+# (`McpConnections._on_session`): an operation may make that many handshakes and requests.
+SESSION_ATTEMPTS = 2
+# How long a synchronous caller waits past the longest an operation may take
+# (`McpConnections._longest_s`), for the event loop to hand over the operation's own outcome.
+LOOP_GRACE_S = 2.0
 # What the SDK answers a request with when the server no longer knows the session (HTTP 404:
 # it restarted, or expired the session): the request was not run.
 SESSION_TERMINATED = 32600
@@ -512,15 +521,20 @@ class McpConnections:
         deadline: Deadline | None = None,
     ) -> T:
         """`operation` on the endpoint's session, answered within `timeout_s` once the session
-        is open (within the server's timeout); all of it, opening included, before `deadline`."""
+        is open (within the server's timeout); all of it, opening included, before `deadline`.
+
+        The caller is told the operation's own outcome (its answer, or the error naming the
+        server and what ended it), which comes within `_longest_s`, the session opened again
+        included. Only an operation the event loop has not ended LOOP_GRACE_S after that (the
+        loop stalled) is cancelled and reported as not answered in time. A call thus takes at
+        most SESSION_ATTEMPTS * (connect_timeout_s + timeout_s + ANSWER_GRACE_S) +
+        LOOP_GRACE_S seconds, and with a deadline no longer than LOOP_GRACE_S past it."""
         if deadline is not None and not deadline.left():
             raise _too_late(endpoint, deadline)
+        wait_s = self._longest_s(endpoint, timeout_s, deadline) + LOOP_GRACE_S
         future = asyncio.run_coroutine_threadsafe(
             self._on_session(endpoint, operation, timeout_s, deadline), self._running_loop()
         )
-        wait_s = endpoint.connect_timeout_s + timeout_s + 5
-        if deadline is not None:
-            wait_s = min(wait_s, deadline.left() + 2)
         try:
             return future.result(wait_s)
         except concurrent.futures.TimeoutError as error:
@@ -528,6 +542,17 @@ class McpConnections:
             if deadline is not None:
                 raise _too_late(endpoint, deadline) from error
             raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+
+    @staticmethod
+    def _longest_s(endpoint: Endpoint, timeout_s: float, deadline: Deadline | None) -> float:
+        """How long `_on_session` may take, every wait it makes included: for each of its
+        SESSION_ATTEMPTS, a handshake (within the server's timeout, `_session`) and the
+        request (within `timeout_s` and ANSWER_GRACE_S, `_request`); and each of those waits
+        ends by `deadline`, if any."""
+        longest_s = SESSION_ATTEMPTS * (endpoint.connect_timeout_s + timeout_s + ANSWER_GRACE_S)
+        if deadline is not None:
+            longest_s = min(longest_s, deadline.left())
+        return longest_s
 
     async def _session(
         self, endpoint: Endpoint, deadline: Deadline | None
@@ -592,14 +617,16 @@ class McpConnections:
         deadline: Deadline | None,
     ) -> T:
         """`operation` on the endpoint's session. A session the server no longer knows is
-        opened again, once, for the same request (the server did not run it)."""
-        try:
-            return await self._on_one_session(endpoint, operation, timeout_s, deadline)
-        except _SessionTerminated:
+        opened again for the same request (the server did not run it), up to
+        SESSION_ATTEMPTS sessions in all."""
+        attempt = 1
+        while True:
             try:
                 return await self._on_one_session(endpoint, operation, timeout_s, deadline)
             except _SessionTerminated as error:
-                raise McpUnavailable(f"{endpoint.label} ended the session.") from error
+                if attempt >= SESSION_ATTEMPTS:
+                    raise McpUnavailable(f"{endpoint.label} ended the session.") from error
+                attempt += 1
 
     async def _on_one_session(
         self,
@@ -630,7 +657,7 @@ class McpConnections:
         status, an answer that could not be read) fails the request at once instead of
         leaving it waiting for an answer that will not come."""
         endpoint = connection.endpoint
-        wait_s = timeout_s + 1
+        wait_s = timeout_s + ANSWER_GRACE_S
         if deadline is not None and deadline.left() < wait_s:
             wait_s, timeout_s = deadline.left(), deadline.timeout_s
         request = asyncio.ensure_future(operation(session))

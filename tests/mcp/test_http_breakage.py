@@ -1,8 +1,9 @@
 """MCP servers over streamable HTTP that break mid-session: one restarted (a deploy) is
-reached again; a call that timed out leaves no request open; an answer that cannot be read,
-or an HTTP error, fails the call at once; an answer outside the protocol is the server's
-fault; one far past the response limit, or compressed, is not read to its end; and nothing
-the SDK logs quotes what a server sent."""
+reached again; a request it no longer knows the session of is sent again on a new one, its
+caller told how that ended; a call that timed out leaves no request open; an answer that
+cannot be read, or an HTTP error, fails the call at once; an answer outside the protocol is
+the server's fault; one far past the response limit, or compressed, is not read to its end;
+and nothing the SDK logs quotes what a server sent."""
 
 import json
 import os
@@ -16,7 +17,13 @@ from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
 
-from registry.mcp.connections import Deadline, McpTimeout, connections, endpoint_for
+from registry.mcp.connections import (
+    Deadline,
+    McpTimeout,
+    McpUnavailable,
+    connections,
+    endpoint_for,
+)
 from registry.models import McpServer
 from registry.services.mcp import mcp_server_save
 from runs.loop import run_execute
@@ -319,3 +326,24 @@ def test_a_compressed_answer_is_not_inflated(demo, hostile_http, settings):
     assert call.envelope["error"]["message"] == (
         "acme/projects answered in gzip encoding, which was not asked for."
     )
+
+
+def test_a_request_sent_again_on_a_new_session_is_waited_for_to_its_own_outcome(
+    demo, hostile_http, settings, tmp_path
+):
+    """A request the server answers, late, with "no such session" (HTTP 404) is sent again
+    once on a new session; its caller waits for both, and is told how the second ended. The
+    two answers come late enough that together they take longer than one handshake and one
+    request may: a caller that waited only that long would be told that the server did not
+    answer in time, not what it answered. (Hence the test's length: about 13 s.)"""
+    url, answer = hostile_http
+    server = _over_http(demo, url, settings)
+    server.timeout_s = 1
+    endpoint = endpoint_for(server)
+    answer(method="resources/read", status=404, body="", delay_s=6.5)
+
+    with pytest.raises(McpUnavailable) as raised:
+        connections.read_resource(endpoint, "projects://apollo/notes", timeout_s=6.5)
+
+    assert str(raised.value) == "acme/projects ended the session."
+    assert (tmp_path / "calls.log").read_text() == "call\ncall\n"
