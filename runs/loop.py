@@ -56,6 +56,7 @@ from runs.services.runs import (
 from runs.tokens import estimate_tokens
 from runs.tools import executor
 from runs.tools.adapters import one_line
+from runs.tools.envelope import BUSINESS_OK
 from runs.transcript import (
     HOST_CALL_PREFIX,
     assistant_entry,
@@ -1125,15 +1126,16 @@ def _clarification(text: str) -> str | None:
 def _agent_answer(run: Run, text: str) -> None:
     """The generic agent's last word. A question for an input its tools need ends the run
     NEEDS_CLARIFICATION. Otherwise it is the run's answer when the agent needed no tool or
-    one of its calls returned a result. After calls that all failed or were refused, the
-    answer rests on nothing its node asks for ("grounded in tool results"): the run fails,
-    retryably when a tool was only unavailable for a while, and is PARTIAL otherwise; the
-    answer stays in the result either way. The result names the failed tools of the run's
-    snapshot and only counts calls of names it does not have: a name the model wrote is
-    not repeated as if it were a tool. An empty last word answers nothing: the model is told
-    so once, and the run ends PARTIAL (ANSWER_CONTRACT_NOT_MET) if it answers empty again,
-    unless its calls all failed or were refused and a tool was only unavailable for a while:
-    then it fails retryably, as with an answer."""
+    one of its calls returned a result that is not an error (`_tool_turn`). After calls that
+    all failed or were refused, by the host or by the business (a tool's own refusal in a
+    result), the answer rests on nothing its node asks for ("grounded in tool results"): the
+    run fails, retryably when a tool was only unavailable for a while, and is PARTIAL
+    otherwise; the answer stays in the result either way. The result names the failed tools
+    of the run's snapshot and only counts calls of names it does not have: a name the model
+    wrote is not repeated as if it were a tool. An empty last word answers nothing: the model
+    is told so once, and the run ends PARTIAL (ANSWER_CONTRACT_NOT_MET) if it answers empty
+    again, unless its calls all failed or were refused and a tool was only unavailable for a
+    while: then it fails retryably, as with an answer."""
     results = [entry for entry in run.transcript if entry.get("kind") == "tool_result"]
     grounded = not results or not all(entry["is_error"] for entry in results)
     if not text.strip():
@@ -1280,7 +1282,10 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
 
 
 def _tool_turn(run: Run) -> None:
-    """Gates 1-8 for the calls of the last model turn that have no result yet."""
+    """Gates 1-8 for the calls of the last model turn that have no result yet. A result is an
+    error, for the model and for what an answer rests on (`_agent_answer`), when its call did
+    not complete or completed with a business status other than BUSINESS_OK: HTTP 200 with a
+    business refusal is not success (gate 7)."""
     node = _effective_node(run)
     pending = pending_calls(run.transcript)
     budget_left = run.capability["budgets"]["max_tool_calls"] - run.tool_call_count
@@ -1299,7 +1304,8 @@ def _tool_turn(run: Run) -> None:
                     allowed_use="evidence",
                     references=[s["reference"] for s in record.envelope.get("sources", [])],
                 ),
-                is_error=record.status != ToolCallRecord.Status.COMPLETED,
+                is_error=record.status != ToolCallRecord.Status.COMPLETED
+                or record.envelope["business_status"] != BUSINESS_OK,
             )
         )
     if len(within) < len(pending):

@@ -42,7 +42,7 @@ from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
 from runs.tools import threads
-from runs.tools.envelope import ErrorCategory, strip_secrets
+from runs.tools.envelope import BUSINESS_OK, ErrorCategory, strip_secrets
 
 logger = logging.getLogger(__name__)
 
@@ -352,7 +352,7 @@ def http_call(
     # Sources are a list; of any other value (a number, a word) there are none.
     sources = payload.get("sources")
     return ToolOutput(
-        business_status=str(payload.get("business_status", "ok")),
+        business_status=str(payload.get("business_status", BUSINESS_OK)),
         raw=payload.get("data", payload),
         normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[
@@ -436,7 +436,7 @@ def _mcp_output(
         ),
     )
     return ToolOutput(
-        business_status="ok",
+        business_status=BUSINESS_OK,
         raw=raw,
         normalized=raw["structuredContent"] if isinstance(structured, dict) else {},
         sources=[

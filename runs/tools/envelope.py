@@ -19,6 +19,12 @@ from config import jsontext
 from config.secret_names import secret_key
 from runs.redaction import REDACTED, key_shown, secrets_removed
 
+# The business status of a call that did what it was asked: what a Python handler or an MCP
+# tool that succeeded answers, and what the HTTP adapter takes when the service says none.
+# Any other business status (an MCP tool's `isError`, a service's 200 with "refused") is a
+# result the model is told is an error, on which no answer rests (`runs.loop._tool_turn`).
+BUSINESS_OK = "ok"
+
 # What ends an error message cut to fit its envelope.
 ENVELOPE_CUT_MARKER = "…"
 

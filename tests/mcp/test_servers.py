@@ -200,7 +200,50 @@ def test_is_error_is_a_business_failure_not_a_protocol_failure(demo, projects, p
     assert "No such project, or no access to it." in call.envelope["raw"]["content"][0]["text"]
     assert not Source.objects.filter(run=run).exists()
     assert events_of(run, "tool.completed")[0]["business_status"] == "failed"
-    assert finished(run).status == "COMPLETED"
+    # the model is told the result is an error, and an answer resting on it alone is kept
+    # but not taken as the run's completion
+    run = finished(run)
+    (result,) = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
+    assert result["is_error"] is True
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["output"]["failed_tools"] == ["project_status"]
+    assert run.result["output"]["answer"]
+
+
+def test_one_result_among_is_error_answers_grounds_the_answer(
+    demo, projects, published_status, fake_model
+):
+    # given the generic agent on a model that asks about atlas (alice may not see it: the
+    # server says isError), then about apollo, then answers
+    fake = fake_model()
+    published_status(model_config=demo.agent.model_config)
+    for project_id in ("atlas", "apollo"):
+        fake.reply(
+            openai_completion(
+                tool_calls=(
+                    (
+                        f"call_{project_id}",
+                        "project_status",
+                        json.dumps({"project_id": project_id}),
+                    ),
+                )
+            )
+        )
+    fake.reply(openai_completion(content="Apollo's vendor SDK slips; atlas is not visible."))
+    run = ask(demo)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the refusal is an error result and apollo's a result: the answer is grounded
+    run = finished(run)
+    results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
+    assert [(entry["call_id"], entry["is_error"]) for entry in results] == [
+        ("call_atlas", True),
+        ("call_apollo", False),
+    ]
+    assert (run.status, run.reason_code) == ("COMPLETED", "ANSWERED")
+    assert run.result["output"] == {"answer": "Apollo's vendor SDK slips; atlas is not visible."}
 
 
 def test_an_answer_larger_than_the_response_limit_fails_the_call(

@@ -17,9 +17,10 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
-from registry.choices import AdapterKind, Risk
+from registry.choices import AdapterKind, ModelProvider, Risk
 from registry.demo import DEMO_PASSWORD
-from registry.models import Tenant, ToolVersion
+from registry.models import AgentConfig, Tenant, ToolVersion
+from registry.services.common import registry_object_save
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import run_execute
 from runs.models import Run, Source, ToolCall
@@ -36,7 +37,7 @@ from tests.runs.conftest import (
     events_of,
     read_apollo,
 )
-from tests.runs.fake_provider import openai_completion
+from tests.runs.fake_provider import anthropic_message, openai_completion
 from tests.runs.test_loop import http_reader_add, publish_skill, publish_tool, seeded_tool
 
 SSO_LOGIN = "/sso/login"
@@ -175,6 +176,85 @@ def test_a_redirect_answer_is_a_failed_call_not_a_successful_one(demo, report_se
     assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
     assert run.result["output"]["failed_tools"] == ["report_read"]
     assert run.result["output"]["answer"]
+
+
+REFUSAL = {"business_status": "refused", "data": {"reason": "Apollo's report is sealed."}}
+
+
+def test_an_answer_resting_on_a_business_refusal_is_not_a_grounded_completion(demo, report_service):
+    # given a service that answers 200, refusing the business request in its payload
+    report_service.body = json.dumps(REFUSAL).encode()
+
+    # when the generic agent reads the report, then answers
+    run = report_read(demo, report_service)
+
+    # then the call completed at the protocol level with the service's refusal kept
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.status == "completed"
+    assert (record.envelope["protocol_status"], record.envelope["business_status"]) == (
+        "ok",
+        "refused",
+    )
+    assert record.envelope["raw"] == REFUSAL["data"]
+    # and the model was given it as an error result
+    results = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
+    assert [(entry["call_id"], entry["is_error"]) for entry in results] == [(record.call_id, True)]
+    # so the answer rests on no result: kept, but not the run's completion (a refusal does
+    # not pass by trying again)
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["output"]["failed_tools"] == ["report_read"]
+    assert run.result["output"]["unknown_tool_calls"] == 0
+    assert run.result["output"]["answer"]
+
+
+@pytest.mark.parametrize(
+    "provider", [ModelProvider.ANTHROPIC, ModelProvider.OPENAI_COMPATIBLE], ids=str
+)
+def test_the_model_is_told_a_business_refusal_is_an_error(
+    demo, report_service, fake_model, provider
+):
+    # given the generic agent on a provider's model that reads the report, then answers,
+    # and a service that refuses the request in a 200 answer
+    report_service.body = json.dumps(REFUSAL).encode()
+    fake = fake_model(provider)
+    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader")
+    agent = AgentConfig.objects.get(tenant=demo.acme, name="report-reader")
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    arguments = {"project_id": "apollo"}
+    if provider == ModelProvider.ANTHROPIC:
+        fake.reply(anthropic_message(tool_uses=(("toolu_1", "report_read", arguments),)))
+        fake.reply(anthropic_message(text="Apollo's report is sealed."))
+    else:
+        fake.reply(
+            openai_completion(tool_calls=(("call_1", "report_read", json.dumps(arguments)),))
+        )
+        fake.reply(openai_completion(content="Apollo's report is sealed."))
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the model got the result flagged as an error where its API has the flag (Anthropic
+    # Messages), and with the refusal in its content either way
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["output"]["answer"] == "Apollo's report is sealed."
+    messages = fake.requests[1].body["messages"]
+    if provider == ModelProvider.ANTHROPIC:
+        (result,) = [
+            block
+            for message in messages
+            if isinstance(message["content"], list)
+            for block in message["content"]
+            if block["type"] == "tool_result"
+        ]
+        assert (result["tool_use_id"], result["is_error"]) == ("toolu_1", True)
+    else:
+        (result,) = [message for message in messages if message["role"] == "tool"]
+        assert result["tool_call_id"] == "call_1"
+    envelope = json.loads(json.loads(result["content"])["untrusted_data"]["content"])
+    assert envelope["business_status"] == "refused"
 
 
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
