@@ -2,6 +2,7 @@
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, models, transaction
@@ -128,10 +129,18 @@ def _last_admins_refusal(lasts: str) -> ValidationFailed:
 
 def tenant_admins_kept_check(*, users: QuerySet[AbstractBaseUser]) -> None:
     """Refuses to let `users` go, deactivated or deleted with their memberships, when a tenant
-    would be left with no active admin: when its active admins are all among them. The rows of
-    the tenants they are active admins of are locked, in key order, as for
+    would be left with no active admin: when its active admins are all among them. Their rows,
+    then the rows of the tenants they are active admins of, are locked, in key order, as for
     `tenant_admin_kept_check`: two admins let go at once, or one let go while the other's
-    membership is removed, cannot both find the other still there."""
+    membership is removed, cannot both find the other still there, and one given a tenant's
+    last admin role meanwhile is found its admin (`_membership_change_check`)."""
+    list(
+        get_user_model()
+        ._default_manager.select_for_update(no_key=True)
+        .filter(pk__in=users.values("pk"))
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
     administering = Membership.objects.filter(
         user__in=users, user__is_active=True, role__in=ADMIN_ROLES
     )
@@ -169,17 +178,34 @@ def tenant_admins_kept_check(*, users: QuerySet[AbstractBaseUser]) -> None:
 
 def _membership_change_check(*, membership: Membership) -> Membership | None:
     """A membership changed to another role, person or tenant leaves its tenant's admins as
-    `tenant_admin_kept_check` allows. Returns the membership as it was saved when the change
-    gives it to another person or tenant, whose former holder may have no role left there."""
+    `tenant_admin_kept_check` allows: the tenant stays administered through the change when the
+    membership stays an admin one of it, held by an active person (the same or another one).
+    Returns the membership as it was saved when the change gives it to another person or
+    tenant, whose former holder may have no role left there.
+
+    The row of the person it is given to is locked before the tenant's, in the order
+    `tenant_admins_kept_check` takes them: that person deactivated or deleted at the same time
+    is either seen inactive here, or seen there as the tenant's admin they have become."""
     if membership._state.adding:
         return None
+    holder_is_active = (
+        get_user_model()
+        ._default_manager.select_for_update(no_key=True)
+        .filter(pk=membership.user_id, is_active=True)
+        .exists()
+    )
     saved = Membership.objects.select_related("user", "tenant").filter(pk=membership.pk).first()
     if saved is None:
         return None
     Tenant.objects.select_for_update().get(pk=saved.tenant_id)
-    moved = (membership.user_id, membership.tenant_id) != (saved.user_id, saved.tenant_id)
-    if membership.role not in ADMIN_ROLES or moved:
+    still_administers = (
+        holder_is_active
+        and membership.role in ADMIN_ROLES
+        and membership.tenant_id == saved.tenant_id
+    )
+    if not still_administers:
         tenant_admin_kept_check(leaving=saved)
+    moved = (membership.user_id, membership.tenant_id) != (saved.user_id, saved.tenant_id)
     return saved if moved else None
 
 

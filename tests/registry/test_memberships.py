@@ -3,17 +3,32 @@ selection at once, through the service platform admins go through too, or by giv
 membership to another person or tenant. The tenant keeps an admin, and a person left with no
 role in it loses their API access to it at once."""
 
-import pytest
+import threading
+import time
 
-from config.errors import PermissionDenied, ValidationFailed
+import pytest
+from django.db import connection, transaction
+
+from config.errors import ApplicationError, PermissionDenied, ValidationFailed
 from registry.choices import Role
 from registry.models import ApiToken, Membership
-from registry.services.tenancy import api_token_issue, membership_add, membership_remove
+from registry.services.common import registry_object_save
+from registry.services.tenancy import (
+    api_token_issue,
+    membership_add,
+    membership_remove,
+    user_save,
+)
 from tests.conftest import _member
 from tests.registry.factories import PASSWORD, UserFactory
 from tests.registry.test_admin import messages_of
 
 MEMBERSHIPS = "/admin/registry/membership/"
+
+LAST_ADMIN_OF_ACME = (
+    "tina is the last admin of acme: a tenant keeps at least one. "
+    "Make another member its admin first."
+)
 
 
 @pytest.fixture
@@ -379,3 +394,159 @@ def test_a_refused_move_keeps_the_former_holder_s_token(client, tenant_admin, me
     assert ApiToken.objects.get(user=member).revoked_at is None
     client.logout()
     assert runs_with(client, key) == 200
+
+
+@pytest.mark.parametrize(
+    ("user", "tenant", "role", "saved"),
+    [
+        pytest.param("tina", "acme", Role.ADMIN, True, id="unchanged"),
+        pytest.param("tina", "acme", Role.MEMBER, False, id="role-changed"),
+        pytest.param("uma", "acme", Role.ADMIN, True, id="handed-over"),
+        pytest.param("ivy", "acme", Role.ADMIN, False, id="handed-over-to-an-inactive-person"),
+        pytest.param("uma", "acme", Role.MEMBER, False, id="handed-over-as-member"),
+        pytest.param("tina", "globex", Role.ADMIN, False, id="moved"),
+        pytest.param("uma", "globex", Role.ADMIN, False, id="handed-over-and-moved"),
+        pytest.param("tina", "globex", Role.MEMBER, False, id="moved-as-member"),
+    ],
+)
+def test_the_last_admin_s_membership_changes_only_when_the_tenant_keeps_an_active_admin(
+    client, platform_admin, tenant_admin, acme, globex, user, tenant, role, saved
+):
+    # given tina, acme's only admin; uma, an active auditor of acme; ivy, a deactivated member
+    people = {
+        "tina": tenant_admin,
+        "uma": _member("uma", acme, Role.AUDITOR, is_staff=True),
+        "ivy": _member("ivy", acme, Role.MEMBER, is_active=False),
+    }
+    tenants = {"acme": acme, "globex": globex}
+    membership = membership_of(tenant_admin, acme)
+    client.force_login(platform_admin)
+
+    # when a platform admin changes tina's admin membership on its page
+    response = change_in_admin(
+        client, membership, user=people[user].pk, tenant=tenants[tenant], role=role
+    )
+
+    # then it is saved when acme still has an active admin after the save, and is refused
+    # with the reason otherwise, tina keeping it
+    membership.refresh_from_db()
+    if saved:
+        assert response.status_code == 302
+        assert (membership.user, membership.tenant, membership.role) == (
+            people[user],
+            tenants[tenant],
+            role,
+        )
+    else:
+        assert response.status_code == 200
+        assert response.context["adminform"].form.non_field_errors() == [LAST_ADMIN_OF_ACME]
+        assert (membership.user, membership.tenant, membership.role) == (
+            tenant_admin,
+            acme,
+            Role.ADMIN,
+        )
+
+
+def test_the_last_admin_hands_their_admin_role_over_and_loses_their_token(
+    client, tenant_admin, acme
+):
+    # given tina, acme's only admin, with a token for acme, and uma, a member of acme
+    uma = _member("uma", acme, Role.MEMBER, is_staff=True)
+    membership = membership_of(tenant_admin, acme)
+    key = token_of(tenant_admin, acme)
+    client.force_login(tenant_admin)
+
+    # when tina gives her admin membership to uma on its change page
+    response = change_in_admin(client, membership, user="uma", tenant=acme, role=Role.ADMIN)
+
+    # then uma is acme's admin, and tina, with no role left in acme, has no access to it
+    assert response.status_code == 302
+    assert list(
+        Membership.objects.filter(tenant=acme, role=Role.ADMIN).values_list("user__username")
+    ) == [("uma",)]
+    assert not Membership.objects.filter(user=tenant_admin).exists()
+    assert ApiToken.objects.get(user=tenant_admin).revoked_at is not None
+    client.logout()
+    assert runs_with(client, key) == 401
+    assert runs_with(client, token_of(uma, acme)) == 200
+
+
+def _waiting_on_locks() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+        )
+        return cursor.fetchone()[0]
+
+
+def _until(condition) -> None:
+    deadline = time.monotonic() + 20
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_person_deactivated_while_given_the_last_admin_role_leaves_the_tenant_an_admin(
+    platform_admin, acme
+):
+    # given tina, acme's only admin, with a token for acme; uma, an auditor of acme; and a
+    # transaction holding tina's token, which giving her role away revokes before it commits
+    tenant_admin = _member("tina", acme, Role.ADMIN, is_staff=True)
+    uma = _member("uma", acme, Role.AUDITOR, is_staff=True)
+    token_of(tenant_admin, acme)
+    handover = membership_of(tenant_admin, acme)
+    handover.user = uma
+    deactivated = type(uma).objects.get(pk=uma.pk)
+    deactivated.is_active = False
+    held, released = threading.Event(), threading.Event()
+    outcomes: dict[str, object] = {}
+
+    def hold() -> None:
+        with transaction.atomic():
+            list(ApiToken.objects.select_for_update().filter(user=tenant_admin))
+            held.set()
+            released.wait(timeout=20)
+
+    def run(name: str, work) -> None:
+        try:
+            outcomes[name] = work()
+        except ApplicationError as error:
+            outcomes[name] = error
+        finally:
+            connection.close()
+
+    holding = threading.Thread(target=run, args=("hold", hold))
+    holding.start()
+    assert held.wait(timeout=20)
+
+    # when tina's admin membership is given to uma, and uma is deactivated while that change
+    # waits to commit
+    handing_over = threading.Thread(
+        target=run,
+        args=("handover", lambda: registry_object_save(instance=handover, actor=platform_admin)),
+    )
+    handing_over.start()
+    _until(lambda: _waiting_on_locks() == 1)
+    deactivating = threading.Thread(
+        target=run, args=("deactivation", lambda: user_save(user=deactivated))
+    )
+    deactivating.start()
+    _until(lambda: not deactivating.is_alive() or _waiting_on_locks() == 2)
+    released.set()
+    for thread in (holding, handing_over, deactivating):
+        thread.join(timeout=30)
+
+    # then uma became acme's admin, and her deactivation, which came second, was refused
+    assert isinstance(outcomes["handover"], Membership)
+    assert isinstance(outcomes["deactivation"], ValidationFailed)
+    assert outcomes["deactivation"].message == (
+        "uma is the last admin of acme: a tenant keeps at least one. "
+        "Make another member its admin first."
+    )
+    assert list(
+        Membership.objects.filter(tenant=acme, role=Role.ADMIN).values_list(
+            "user__username", "user__is_active"
+        )
+    ) == [("uma", True)]
