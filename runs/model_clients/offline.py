@@ -59,14 +59,18 @@ def _question(missing: dict[str, list[str]]) -> str:
 
 
 def _evidence(results: list[ToolResult]) -> Iterator[dict[str, Any]]:
-    """What the tools that succeeded returned, in order, read as the draft asks for it."""
+    """What the tools that succeeded returned, in order, read as the draft asks for it. A
+    result the host flags as an error (a call that failed, or a tool's business refusal in
+    a 200 answer) returned nothing to draft from."""
     for result in results:
+        if result.is_error:
+            continue
         wrapped = json.loads(result.content).get("untrusted_data", {})
         try:
             envelope = json.loads(wrapped.get("content", "{}"))
         except ValueError:
             continue
-        if envelope.get("protocol_status") == "ok" and isinstance(envelope.get("raw"), dict):
+        if isinstance(envelope.get("raw"), dict):
             yield envelope["raw"]
 
 

@@ -22,7 +22,8 @@ from runs.redaction import REDACTED, key_shown, secrets_removed
 # The business status of a call that did what it was asked: what a Python handler or an MCP
 # tool that succeeded answers, and what the HTTP adapter takes when the service says none.
 # Any other business status (an MCP tool's `isError`, a service's 200 with "refused") is a
-# result the model is told is an error, on which no answer rests (`runs.loop._tool_turn`).
+# result the model is told is an error, on which no answer rests (`runs.loop._tool_turn`),
+# and whose sources are no evidence: none is kept (`runs.tools.executor._record`).
 BUSINESS_OK = "ok"
 
 # What ends an error message cut to fit its envelope.

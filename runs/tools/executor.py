@@ -36,7 +36,7 @@ from runs.models import Run, Source, ToolCall
 from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
-from runs.tools.envelope import Envelope, ErrorCategory, fit, strip_secrets
+from runs.tools.envelope import BUSINESS_OK, Envelope, ErrorCategory, fit, strip_secrets
 from runs.workflows import Node
 
 logger = logging.getLogger(__name__)
@@ -673,7 +673,11 @@ def _record(
     duration_ms: int,
     step_calls: StepCalls,
 ) -> None:
-    """Gate 7: the envelope, secrets stripped and size-limited; evidence kept as Sources."""
+    """Gate 7: the envelope, secrets stripped and size-limited; evidence kept as Sources.
+    Only a call that completed with the business status BUSINESS_OK returned evidence: the
+    sources of a business refusal (HTTP 200 with "refused") are not kept, as none are for a
+    failed call or an MCP tool's `isError`. What the refusal said stays in the envelope, so
+    that no draft cites it and no run rests on it (`runs.loop._final`, NO_EVIDENCE)."""
     record, tool_version = admitted.record, admitted.tool_version
     secrets = tuple(filter(None, [admitted.context.credential]))
     envelope = Envelope(
@@ -698,8 +702,10 @@ def _record(
         envelope.business_status = strip_secrets(outcome.business_status, secrets=secrets)[:64]
         envelope.raw = strip_secrets(outcome.raw, secrets=secrets)
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
-        kept = outcome.sources[: settings.TOOL_RESULT_MAX_SOURCES]
-        envelope.truncated = len(kept) < len(outcome.sources)
+        succeeded = envelope.business_status == BUSINESS_OK
+        evidence = outcome.sources if succeeded else []
+        kept = evidence[: settings.TOOL_RESULT_MAX_SOURCES]
+        envelope.truncated = len(kept) < len(evidence)
         drafts = [
             SourceDraft(
                 reference=strip_secrets(draft.reference, secrets=secrets),
@@ -708,7 +714,7 @@ def _record(
             )
             for draft in kept
         ]
-        if envelope.size() > settings.TOOL_RESULT_MAX_BYTES:
+        if succeeded and envelope.size() > settings.TOOL_RESULT_MAX_BYTES:
             # The envelope will be cut: the whole response stays as evidence of its own.
             whole = {"raw": envelope.raw, "normalized": envelope.normalized}
             drafts.append(

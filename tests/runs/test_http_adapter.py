@@ -36,6 +36,7 @@ from tests.runs.conftest import (
     event_types,
     events_of,
     read_apollo,
+    this_week,
 )
 from tests.runs.fake_provider import anthropic_message, openai_completion
 from tests.runs.test_loop import http_reader_add, publish_skill, publish_tool, seeded_tool
@@ -545,15 +546,16 @@ def report_token(monkeypatch, settings) -> str:
     return "svc-77d0c1e9a4b25f68"
 
 
+@pytest.mark.parametrize("business_status", ["ok", "refused for {secret}"])
 def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
-    demo, report_service, report_token
+    demo, report_service, report_token, business_status
 ):
     # given a service that names its evidence by the URL it fetched, credential included, and
-    # echoes it in its business status
+    # succeeds, or echoes the credential in the business status it refuses with
     secret = report_token
     report_service.body = json.dumps(
         {
-            "business_status": f"ok for {secret}",
+            "business_status": business_status.format(secret=secret),
             "data": {"health": "green"},
             "sources": [
                 {"reference": f"https://status.example/apollo?token={secret}", "content": "green"}
@@ -564,16 +566,21 @@ def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
     # when
     run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
 
-    # then the service got the credential, and it is nowhere in what the run keeps or shows
+    # then the service got the credential, and it is nowhere in what the run keeps or shows:
+    # a success keeps its source, its reference stripped; a refusal keeps none
     record = ToolCall.objects.get(run=run, name="report_read")
-    assert record.envelope["business_status"] == "ok for [redacted]"
-    (source,) = Source.objects.filter(run=run, tool_call=record)
-    assert source.reference == "https://status.example/apollo?token=[redacted]"
+    assert record.envelope["business_status"] == business_status.format(secret="[redacted]")
+    references = list(
+        Source.objects.filter(run=run, tool_call=record).values_list("reference", flat=True)
+    )
+    assert references == (
+        ["https://status.example/apollo?token=[redacted]"] if business_status == "ok" else []
+    )
     stored = json.dumps(
         [
             list(run.events.values_list("payload", flat=True)),
             record.envelope,
-            source.reference,
+            references,
             run.transcript,
             run.result,
         ]
@@ -931,3 +938,161 @@ def test_a_weekly_summary_may_cite_a_long_reference_as_the_service_gave_it(
         ]
     else:
         assert run.result["output"] == {"problems": ["Risk 1 has no source returned by a tool."]}
+
+
+def apollo_report(business_status: str) -> bytes:
+    """project_search's answer over HTTP: apollo's week with the evidence it rests on, under
+    `business_status`."""
+    monday, sunday = this_week()
+    return json.dumps(
+        {
+            "business_status": business_status,
+            "data": {
+                "project": "apollo",
+                "name": "Project Apollo",
+                "from": monday,
+                "to": sunday,
+                "tasks": [
+                    {
+                        "title": "API gateway migration",
+                        "status": "done",
+                        "detail": "",
+                        "date": monday,
+                        "source": "report:apollo/gateway",
+                    }
+                ],
+                "milestones": [],
+                "risks": [
+                    {
+                        "title": "Vendor SDK delay",
+                        "status": "open",
+                        "detail": "The payments SDK slips by a week.",
+                        "date": monday,
+                        "source": "report:apollo/sdk",
+                    }
+                ],
+            },
+            "sources": [
+                {"reference": "report:apollo/gateway", "content": "API gateway migration done."},
+                {"reference": "report:apollo/sdk", "content": "The payments SDK slips."},
+            ],
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize("business_status", ["ok", "refused"])
+def test_a_weekly_summary_rests_only_on_what_project_search_answered_with_success(
+    demo, report_service, fake_model, business_status
+):
+    # given project_search served over HTTP, answering 200 with apollo's week and its
+    # sources under `business_status`, and a model that drafts citing one of them
+    project_search_served_by(demo, report_service.url)
+    report_service.body = apollo_report(business_status)
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(
+        progress=[],
+        next_steps=[],
+        risks=[{"text": "Vendor SDK slips", "source": "report:apollo/sdk"}],
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then a success's sources are the run's evidence and the draft citing one waits for its
+    # approval; a refusal's are no evidence: its answer is kept in the call's envelope only,
+    # and the run ends with no evidence, no draft put before anyone
+    run.refresh_from_db()
+    record = ToolCall.objects.get(run=run, name="project_search")
+    assert record.status == "completed"
+    assert record.envelope["business_status"] == business_status
+    assert record.envelope["raw"]["risks"][0]["source"] == "report:apollo/sdk"
+    kept = sorted(Source.objects.filter(tool_call=record).values_list("reference", flat=True))
+    if business_status == "ok":
+        assert kept == ["report:apollo/gateway", "report:apollo/sdk"]
+        assert run.status == "WAITING_APPROVAL", run.result
+        assert run.state["draft"]["risks"] == draft["risks"]
+    else:
+        assert kept == []
+        assert record.envelope["sources"] == []
+        assert (run.status, run.reason_code) == ("FAILED_FINAL", "NO_EVIDENCE")
+        assert "draft.created" not in event_types(run)
+        assert "approval.required" not in event_types(run)
+        assert not [s for s in run.result["sources"] if s["reference"].startswith("report:")]
+
+
+def test_a_refusal_too_large_for_its_envelope_is_no_evidence_either(
+    demo, report_service, fake_model, settings
+):
+    # given project_search answering 200 with a refusal far larger than an envelope may
+    # carry (a success's whole answer would stay as a Source of its own)
+    project_search_served_by(demo, report_service.url)
+    rows = [{"row": index, "text": f"line {index} " + "x" * 40} for index in range(900)]
+    report_service.body = json.dumps(
+        {"business_status": "refused", "data": {"rows": rows}}
+    ).encode()
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(
+        progress=[],
+        next_steps=[],
+        risks=[{"text": "Rows", "source": "tool-result:call_read"}],
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    run = demo_run(demo, project_id="apollo")
+
+    # when the model drafts citing the whole answer's reference
+    run_execute(run_id=str(run.pk))
+
+    # then the envelope is cut to size, and the run has no evidence
+    run.refresh_from_db()
+    record = ToolCall.objects.get(run=run, name="project_search")
+    assert envelope_size(record.envelope) <= settings.TOOL_RESULT_MAX_BYTES
+    assert not Source.objects.filter(tool_call=record).exists()
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "NO_EVIDENCE")
+
+
+NOTHING_TO_REPORT = {"answer": "The tools returned nothing to report on."}
+
+
+@pytest.mark.parametrize(
+    ("status", "business_status"),
+    [(200, "ok"), (200, "refused"), (400, "ok")],
+    ids=["success", "business-refusal", "failed-call"],
+)
+def test_the_offline_planner_drafts_only_from_what_a_tool_answered_with_success(
+    demo, report_service, status, business_status
+):
+    # given the weekly summary on the offline planner, project_search served over HTTP
+    # answering apollo's week with its sources: with success, as a business refusal, or
+    # with an error status
+    project_search_served_by(demo, report_service.url)
+    report_service.status = status
+    report_service.body = apollo_report(business_status)
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then it drafts from a success; a refusal it reads as a failed call: it has nothing
+    # to report on, and the run ends with no evidence
+    run.refresh_from_db()
+    (result,) = [entry for entry in run.transcript if entry["kind"] == "tool_result"]
+    last_word = json.loads(run.transcript[-1]["text"])
+    if (status, business_status) == (200, "ok"):
+        assert result["is_error"] is False
+        assert run.status == "WAITING_APPROVAL", run.result
+        assert last_word["risks"] == [
+            {
+                "text": "Vendor SDK delay: The payments SDK slips by a week.",
+                "source": "report:apollo/sdk",
+            }
+        ]
+    else:
+        assert result["is_error"] is True
+        assert last_word == NOTHING_TO_REPORT
+        assert (run.status, run.reason_code) == ("FAILED_FINAL", "NO_EVIDENCE")
