@@ -51,7 +51,7 @@ from runs.services.runs import (
 )
 from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
-from runs.tools.envelope import ErrorCategory, strip_secrets
+from runs.tools.envelope import BUSINESS_OK, DRY_RUN, ErrorCategory, strip_secrets
 from runs.workflows import WORKFLOWS
 
 logger = logging.getLogger(__name__)
@@ -707,6 +707,22 @@ def action_execute(*, action_id: Any) -> None:
     _run_and_record(action_id, admitted)
 
 
+def _unconfirmed(output: ToolOutput) -> ToolFailed | None:
+    """An answer that does not say the action was done, as a failure that may have done it:
+    a business status other than BUSINESS_OK (or a sandbox's dry run). HTTP 200 with a
+    business refusal is not success, and a send its system only queued or held may still
+    go out: neither is taken for sent, nor for failed (the user could ask again and send it
+    twice). The action stays unknown until its key settles it (`action_reconcile`)."""
+    if output.business_status in (BUSINESS_OK, DRY_RUN):
+        return None
+    return ToolFailed(
+        "The tool answered without saying the action was done.",
+        category=ErrorCategory.UPSTREAM_ERROR,
+        retryable=False,
+        may_have_side_effect=True,
+    )
+
+
 def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
     """Execute an action's call outside any transaction, then record what came back. An
     action another delivery marked unknown meanwhile (its reconciliation could not tell
@@ -719,6 +735,8 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
         admitted.record = ToolCall.objects.get(pk=admitted.record.pk)
         executor.side_effect_record(run, admitted, outcome, attempts, duration_ms)
         secrets = (admitted.context.credential,)
+        if isinstance(outcome, ToolOutput):
+            outcome = _unconfirmed(outcome) or outcome
         if isinstance(outcome, ToolOutput):
             _succeed(run, action, outcome, reconciled=False, secrets=secrets)
         elif outcome.may_have_side_effect:
@@ -810,6 +828,8 @@ def action_reconcile(*, action_id: Any, attempt: int | None = None) -> str:
         secrets = (context.credential,)
         try:
             output = adapters.reconcile(tool_version, context)
+            if (unconfirmed := _unconfirmed(output)) is not None:
+                raise unconfirmed
         except ToolFailed as failure:
             held_back = _not_started_now(run, action)
             if failure.category == ErrorCategory.NOT_FOUND and held_back is not None:

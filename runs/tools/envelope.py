@@ -25,6 +25,9 @@ from runs.redaction import REDACTED, key_shown, secrets_removed
 # result the model is told is an error, on which no answer rests (`runs.loop._tool_turn`),
 # and whose sources are no evidence: none is kept (`runs.tools.executor._record`).
 BUSINESS_OK = "ok"
+# The business status of a call an evaluation sandbox kept from its system: it answers what
+# it would have done (`runs.tools.executor._sandboxed`).
+DRY_RUN = "dry_run"
 
 # What ends an error message cut to fit its envelope.
 ENVELOPE_CUT_MARKER = "…"

@@ -36,7 +36,14 @@ from runs.models import Run, Source, ToolCall
 from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
-from runs.tools.envelope import BUSINESS_OK, Envelope, ErrorCategory, fit, strip_secrets
+from runs.tools.envelope import (
+    BUSINESS_OK,
+    DRY_RUN,
+    Envelope,
+    ErrorCategory,
+    fit,
+    strip_secrets,
+)
 from runs.workflows import Node
 
 logger = logging.getLogger(__name__)
@@ -501,7 +508,7 @@ def _sandboxed(admitted: Admitted) -> ToolOutput | None:
     if tool_version.risk in READ_RISKS:
         return None
     return ToolOutput(
-        business_status="dry_run",
+        business_status=DRY_RUN,
         raw={"dry_run": True, "would_call": tool_version.qualified_name},
         normalized={"arguments": admitted.arguments},
     )

@@ -489,7 +489,7 @@ def test_a_send_whose_tool_echoes_its_credential_keeps_no_copy_of_it(
                 retryable=False,
             )
         return ToolOutput(
-            business_status="sent",
+            business_status="ok",
             raw={"accepted_with": context.credential},
             normalized={"message_id": f"<{context.credential}@relay>"},
         )
@@ -513,6 +513,51 @@ def test_a_send_whose_tool_echoes_its_credential_keeps_no_copy_of_it(
     )
     assert ECHOED_CREDENTIAL not in kept
     assert "[redacted]" in kept
+
+
+@pytest.mark.parametrize("answer", ["rejected", "queued"])
+def test_a_send_answered_with_a_business_status_but_ok_is_not_taken_for_sent(
+    demo, bob, smtp_server, monkeypatch, answer
+):
+    # given an approved send whose mail system answers without error but with a business
+    # status other than "ok": it refused the mail, or took it without saying it went out
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    sending = handlers.MailSend.__call__
+    monkeypatch.setattr(
+        handlers.MailSend,
+        "__call__",
+        lambda self, context, arguments: ToolOutput(business_status=answer, raw={"status": answer}),
+    )
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then the action is not taken for done: its outcome is unknown until its key settles it
+    action.refresh_from_db()
+    run = Run.objects.get(pk=run.pk)
+    assert action.status == ActionStatus.UNKNOWN
+    assert (run.status, run.result["next_step"]) == ("RUNNING", services.SETTLING)
+    assert event_types(run)[-2:] == ["tool.completed", "action.unknown"]
+    assert ToolCall.objects.get(run=run, name="mail_send").envelope["business_status"] == answer
+
+    # and a reconciliation answered the same way leaves it unknown, nothing sent
+    settling = handlers.MailSend.reconcile
+    monkeypatch.setattr(
+        handlers.MailSend,
+        "reconcile",
+        lambda self, context: ToolOutput(business_status=answer, raw={"status": answer}),
+    )
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.UNKNOWN
+    assert smtp_server.messages == []
+
+    # and the reconciliation, which finds no delivery under its key, sends it once
+    monkeypatch.setattr(handlers.MailSend, "reconcile", settling)
+    monkeypatch.setattr(handlers.MailSend, "__call__", sending)
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    assert len(smtp_server.messages) == 1
 
 
 def test_a_run_whose_action_is_unknown_is_left_to_the_action_by_the_runs_sweep(
