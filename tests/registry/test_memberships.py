@@ -4,7 +4,6 @@ membership to another person or tenant. The tenant keeps an admin, and a person 
 role in it loses their API access to it at once."""
 
 import threading
-import time
 
 import pytest
 from django.db import connection, transaction
@@ -20,6 +19,7 @@ from registry.services.tenancy import (
     user_save,
 )
 from tests.conftest import _member
+from tests.locks import until, waiting_on_locks
 from tests.registry.factories import PASSWORD, UserFactory
 from tests.registry.test_admin import messages_of
 
@@ -471,22 +471,6 @@ def test_the_last_admin_hands_their_admin_role_over_and_loses_their_token(
     assert runs_with(client, token_of(uma, acme)) == 200
 
 
-def _waiting_on_locks() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return cursor.fetchone()[0]
-
-
-def _until(condition) -> None:
-    deadline = time.monotonic() + 20
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_person_deactivated_while_given_the_last_admin_role_leaves_the_tenant_an_admin(
     platform_admin, acme
@@ -528,12 +512,12 @@ def test_a_person_deactivated_while_given_the_last_admin_role_leaves_the_tenant_
         args=("handover", lambda: registry_object_save(instance=handover, actor=platform_admin)),
     )
     handing_over.start()
-    _until(lambda: _waiting_on_locks() == 1)
+    until(lambda: waiting_on_locks() == 1)
     deactivating = threading.Thread(
         target=run, args=("deactivation", lambda: user_save(user=deactivated))
     )
     deactivating.start()
-    _until(lambda: not deactivating.is_alive() or _waiting_on_locks() == 2)
+    until(lambda: not deactivating.is_alive() or waiting_on_locks() == 2)
     released.set()
     for thread in (holding, handing_over, deactivating):
         thread.join(timeout=30)

@@ -28,6 +28,7 @@ from runs.models import MemoryItem, Run, RunEvent
 from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
 from runs.services.runs import run_transition
+from tests.locks import until, waiting_on_locks
 from tests.registry.factories import PASSWORD
 from tests.runs.conftest import demo_run, step_in_thread
 from tests.runs.fake_provider import openai_completion
@@ -513,22 +514,6 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
     assert _memory_of(run) == ["summary_language"]
 
 
-def _waiting_on_a_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity"
-            " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-        )
-        return cursor.fetchone()[0] > 0
-
-
-def _until(condition) -> None:
-    deadline = time.monotonic() + 20
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-
-
 @pytest.mark.django_db(transaction=True)
 def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(demo, held_planner):
     # given two of alice's runs carrying two items, both waiting for approval, and the first
@@ -571,7 +556,7 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
         )
     )
     threads[1].start()
-    _until(_waiting_on_a_lock)
+    until(waiting_on_locks)
     run_transition(run=Run.objects.get(pk=resumed.pk), status=RunStatus.RUNNING)
     threads.append(
         threading.Thread(target=in_thread, args=(lambda: run_advance_step(run_id=str(resumed.pk)),))
@@ -579,7 +564,7 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
     threads[2].start()
     assert held_planner.asked.wait(timeout=20)
     released.set()
-    _until(_waiting_on_a_lock)
+    until(waiting_on_locks)
     held_planner.let_go.set()
     for thread in threads:
         thread.join(timeout=30)
