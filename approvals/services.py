@@ -51,7 +51,7 @@ from runs.services.runs import (
 )
 from runs.tools import adapters, executor
 from runs.tools.adapters import ToolFailed, ToolOutput
-from runs.tools.envelope import BUSINESS_OK, DRY_RUN, ErrorCategory, strip_secrets
+from runs.tools.envelope import ErrorCategory, business_done, strip_secrets
 from runs.workflows import WORKFLOWS
 
 logger = logging.getLogger(__name__)
@@ -709,11 +709,11 @@ def action_execute(*, action_id: Any) -> None:
 
 def _unconfirmed(output: ToolOutput) -> ToolFailed | None:
     """An answer that does not say the action was done, as a failure that may have done it:
-    a business status other than BUSINESS_OK (or a sandbox's dry run). HTTP 200 with a
-    business refusal is not success, and a send its system only queued or held may still
-    go out: neither is taken for sent, nor for failed (the user could ask again and send it
-    twice). The action stays unknown until its key settles it (`action_reconcile`)."""
-    if output.business_status in (BUSINESS_OK, DRY_RUN):
+    a business status that is not `business_done`. HTTP 200 with a business refusal is not
+    success, and a send its system only queued or held may still go out: neither is taken
+    for sent, nor for failed (the user could ask again and send it twice). The action stays
+    unknown until its key settles it (`action_reconcile`)."""
+    if business_done(output.business_status):
         return None
     return ToolFailed(
         "The tool answered without saying the action was done.",

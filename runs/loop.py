@@ -56,7 +56,7 @@ from runs.services.runs import (
 from runs.tokens import estimate_tokens
 from runs.tools import executor
 from runs.tools.adapters import one_line
-from runs.tools.envelope import BUSINESS_OK
+from runs.tools.envelope import business_done
 from runs.transcript import (
     HOST_CALL_PREFIX,
     assistant_entry,
@@ -1284,7 +1284,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
 def _tool_turn(run: Run) -> None:
     """Gates 1-8 for the calls of the last model turn that have no result yet. A result is an
     error, for the model and for what an answer rests on (`_agent_answer`), when its call did
-    not complete or completed with a business status other than BUSINESS_OK: HTTP 200 with a
+    not complete or completed with a business status that is not `business_done`: HTTP 200 with a
     business refusal is not success (gate 7)."""
     node = _effective_node(run)
     pending = pending_calls(run.transcript)
@@ -1305,7 +1305,7 @@ def _tool_turn(run: Run) -> None:
                     references=[s["reference"] for s in record.envelope.get("sources", [])],
                 ),
                 is_error=record.status != ToolCallRecord.Status.COMPLETED
-                or record.envelope["business_status"] != BUSINESS_OK,
+                or not business_done(record.envelope["business_status"]),
             )
         )
     if len(within) < len(pending):

@@ -21,13 +21,20 @@ from runs.redaction import REDACTED, key_shown, secrets_removed
 
 # The business status of a call that did what it was asked: what a Python handler or an MCP
 # tool that succeeded answers, and what the HTTP adapter takes when the service says none.
-# Any other business status (an MCP tool's `isError`, a service's 200 with "refused") is a
-# result the model is told is an error, on which no answer rests (`runs.loop._tool_turn`),
-# and whose sources are no evidence: none is kept (`runs.tools.executor._record`).
 BUSINESS_OK = "ok"
 # The business status of a call an evaluation sandbox kept from its system: it answers what
 # it would have done (`runs.tools.executor._sandboxed`).
 DRY_RUN = "dry_run"
+
+
+def business_done(status: str) -> bool:
+    """Whether a call that answered with this business status did what it was asked (in a
+    sandbox, would have). Any other status (an MCP tool's `isError`, a service's 200 with
+    "refused" or "queued") is a result the model is told is an error, on which no answer rests
+    (`runs.loop._tool_turn`), whose sources are no evidence (`runs.tools.executor._record`),
+    and which does not settle an approved action (`approvals.services._unconfirmed`)."""
+    return status in (BUSINESS_OK, DRY_RUN)
+
 
 # What ends an error message cut to fit its envelope.
 ENVELOPE_CUT_MARKER = "…"

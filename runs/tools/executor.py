@@ -37,10 +37,10 @@ from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import SourceDraft, ToolContext, ToolFailed, ToolOutput, ToolRefused
 from runs.tools.envelope import (
-    BUSINESS_OK,
     DRY_RUN,
     Envelope,
     ErrorCategory,
+    business_done,
     fit,
     strip_secrets,
 )
@@ -681,10 +681,11 @@ def _record(
     step_calls: StepCalls,
 ) -> None:
     """Gate 7: the envelope, secrets stripped and size-limited; evidence kept as Sources.
-    Only a call that completed with the business status BUSINESS_OK returned evidence: the
-    sources of a business refusal (HTTP 200 with "refused") are not kept, as none are for a
-    failed call or an MCP tool's `isError`. What the refusal said stays in the envelope, so
-    that no draft cites it and no run rests on it (`runs.loop._final`, NO_EVIDENCE)."""
+    Only a call whose business status says it did what it was asked (`business_done`)
+    returned evidence: the sources of a business refusal (HTTP 200 with "refused") are not
+    kept, as none are for a failed call or an MCP tool's `isError`. What the refusal said
+    stays in the envelope, so that no draft cites it and no run rests on it
+    (`runs.loop._final`, NO_EVIDENCE)."""
     record, tool_version = admitted.record, admitted.tool_version
     secrets = tuple(filter(None, [admitted.context.credential]))
     envelope = Envelope(
@@ -709,7 +710,7 @@ def _record(
         envelope.business_status = strip_secrets(outcome.business_status, secrets=secrets)[:64]
         envelope.raw = strip_secrets(outcome.raw, secrets=secrets)
         envelope.normalized = strip_secrets(outcome.normalized, secrets=secrets)
-        succeeded = envelope.business_status == BUSINESS_OK
+        succeeded = business_done(envelope.business_status)
         evidence = outcome.sources if succeeded else []
         kept = evidence[: settings.TOOL_RESULT_MAX_SOURCES]
         envelope.truncated = len(kept) < len(evidence)
