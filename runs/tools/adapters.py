@@ -41,6 +41,7 @@ from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
+from runs.models.tools import EVIDENCE_USE
 from runs.tools import threads
 from runs.tools.envelope import BUSINESS_OK, ErrorCategory, strip_secrets
 
@@ -63,7 +64,7 @@ class ToolContext:
 class SourceDraft:
     reference: str
     content: str
-    allowed_use: str = "summarize"
+    allowed_use: str = EVIDENCE_USE
 
 
 @dataclass
@@ -413,7 +414,7 @@ def _mcp_output(
             uri, text = str(block.resource.uri), getattr(block.resource, "text", None)
             blocks.append({"type": "resource", "uri": uri, "mimeType": block.resource.mimeType})
             if text:
-                sources.append(SourceDraft(reference=uri, content=text, allowed_use="evidence"))
+                sources.append(SourceDraft(reference=uri, content=text))
         elif block.type == "resource_link":
             blocks.append({"type": "resource_link", "uri": str(block.uri), "name": block.name})
         else:
@@ -432,7 +433,6 @@ def _mcp_output(
         SourceDraft(
             reference=f"mcp://{server.name}/{remote_name}#{context.call_id}",
             content=content,
-            allowed_use="evidence",
         ),
     )
     return ToolOutput(

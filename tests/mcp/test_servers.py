@@ -23,6 +23,7 @@ from registry.services.mcp import mcp_server_delete, mcp_server_discover, mcp_se
 from registry.services.tenancy import api_token_issue
 from runs.loop import run_execute
 from runs.models import Run, RunEvent, Source, ToolCall
+from runs.models.tools import EVIDENCE_USE
 from tests.mcp.conftest import TOKEN, ask, assistant, draft_of
 from tests.runs.conftest import demo_run, event_types, events_of
 from tests.runs.fake_provider import openai_completion
@@ -181,6 +182,8 @@ def test_a_published_tool_is_called_through_the_gates_and_its_result_is_sourced(
     assert source.reference == f"mcp://projects/project_status#{call.call_id}"
     assert source.origin == "project_status@1.0.0"
     assert "Vendor SDK delay" in source.content
+    # evidence a draft may cite, as a Python or HTTP tool's sources are
+    assert source.allowed_use == EVIDENCE_USE
     assert envelope["sources"] == [
         {"id": str(source.pk), "reference": source.reference, "content_hash": source.content_hash}
     ]
