@@ -451,21 +451,36 @@ def _figure(label: str, value: object) -> None:
     print(f"   {label:<48} {value}")
 
 
-def _statements_per_run(alice, acme, *, count: int = 5) -> float:
-    """SQL statements (transaction control included) that ingest and execute send per run on
-    the run's connection; the handlers' own queries, on their threads' connections, are not
-    counted (they are the tools' work)."""
-    statements = 0
+def _round_trips_per_run(alice, acme, *, count: int = 5) -> dict[str, float]:
+    """What ingest and execute send per run: SQL statements and transactions on the run's
+    connection (each transaction also sends a BEGIN and a COMMIT of its own, which the
+    statements do not count), and Redis commands (the limits' scripts and the task's
+    publish). The handlers' own queries, on their threads' connections, are not counted
+    (they are the tools' work)."""
+    sent = dict.fromkeys(("statements", "transactions", "redis"), 0)
 
     def counting(execute, sql, params, many, context):
-        nonlocal statements
-        statements += 1
+        sent["statements"] += 1
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(counting):
-        for _ in range(count):
-            run_execute(run_id=str(_ingest(alice, acme, metadata={"project_id": "apollo"}).pk))
-    return statements / count
+    def committing(commit=connection.commit):
+        sent["transactions"] += 1
+        commit()
+
+    def redis_command(client, *args, **options):
+        sent["redis"] += 1
+        return execute_command(client, *args, **options)
+
+    execute_command = redis.Redis.execute_command
+    connection.commit, redis.Redis.execute_command = committing, redis_command
+    try:
+        with connection.execute_wrapper(counting):
+            for _ in range(count):
+                run_execute(run_id=str(_ingest(alice, acme, metadata={"project_id": "apollo"}).pk))
+    finally:
+        del connection.commit
+        redis.Redis.execute_command = execute_command
+    return {kind: number / count for kind, number in sent.items()}
 
 
 def _cpu_check() -> float:
@@ -528,7 +543,10 @@ def main() -> None:
     print("   to WAITING_APPROVAL; overhead = wall time - the tool handlers' own time")
     _figure("tool calls per run", f"{tool_calls / RUNS:.2f}")
     _figure("events per run", f"{events / RUNS:.2f}")
-    _figure("SQL statements per run (not the tools')", f"{_statements_per_run(alice, acme):.1f}")
+    sent = _round_trips_per_run(alice, acme)
+    _figure("SQL statements per run (not the tools')", f"{sent['statements']:.1f}")
+    _figure("  transactions (each also a BEGIN and a COMMIT)", f"{sent['transactions']:.1f}")
+    _figure("Redis commands per run", f"{sent['redis']:.1f}")
     _figure("ingest per run (ms)", _ms(measured["ingest"] / RUNS))
     _figure("run_execute per run (ms)", _ms(measured["execute"] / RUNS))
     _figure("tool handlers' own work per run (ms)", _ms(measured["handler"] / RUNS))
