@@ -301,6 +301,16 @@ def approval_decide(
                 "This approval expired; the run ended without sending.",
                 details={"expires_at": action.expires_at.isoformat()},
             )
+        if action.status != ActionStatus.WAITING_APPROVAL and action.decided_at is None:
+            # Withdrawn with its run (cancelled, say) before anyone decided it.
+            raise AlreadyDecided(
+                "The run ended before anyone decided this action; it will not run.",
+                details={
+                    "status": action.status,
+                    "reason": action.status_reason,
+                    "run_status": run.status,
+                },
+            )
         if action.status != ActionStatus.WAITING_APPROVAL:
             raise AlreadyDecided(
                 "This action was already decided.", details={"status": action.status}

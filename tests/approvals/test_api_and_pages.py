@@ -126,6 +126,30 @@ def test_a_second_decision_is_409_already_decided(demo, bob):
     assert response.json()["error"]["code"] == "ALREADY_DECIDED"
 
 
+@pytest.mark.parametrize("decision", ["approve", "reject"])
+def test_deciding_an_action_whose_run_was_cancelled_says_the_run_ended_first(demo, bob, decision):
+    # given alice's run waiting for approval, cancelled by alice through the API
+    run, action = waiting_run(demo)
+    assert api(demo.alice, demo.acme).post(f"/api/v1/runs/{run.pk}/cancel").status_code == 200
+
+    # when bob decides it
+    response = decide(api(bob, demo.acme), action, decision=decision)
+
+    # then he is told that the run ended before anyone decided it, not that someone did
+    assert response.status_code == 409
+    assert response.json()["error"] == {
+        "code": "ALREADY_DECIDED",
+        "message": "The run ended before anyone decided this action; it will not run.",
+        "details": {
+            "status": ActionStatus.INVALIDATED,
+            "reason": "CANCELLED_BY_USER",
+            "run_status": "CANCELLED",
+        },
+    }
+    assert not ApprovalDecision.objects.exists()
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+
+
 def test_self_approval_is_403_and_other_tenants_see_404(demo):
     _run, action = waiting_run(demo)
     membership_add(actor=None, user=demo.alice, tenant=demo.acme, role=Role.APPROVER)
