@@ -14,13 +14,24 @@ class OneValueForm(forms.Form):
                 self.add_error(name, "Give one value.")
         return cleaned
 
+    def refusal(self) -> str:
+        """Why the post was refused, field by field, for the page to say: the text a person
+        typed is not kept across the redirect, so they need to know what to change."""
+        problems = [
+            *self.non_field_errors(),
+            *(f"{field.label}: {' '.join(field.errors)}" for field in self if field.errors),
+        ]
+        return " ".join(["Nothing was recorded.", *problems])
+
 
 class DecisionForm(OneValueForm):
     """The decision posts back the hash of the payload the page showed."""
 
     decision = forms.ChoiceField(choices=Decision.choices, widget=forms.HiddenInput)
     payload_hash = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
-    comment = forms.CharField(required=False, max_length=2000, widget=forms.Textarea)
+    comment = forms.CharField(
+        required=False, max_length=2000, widget=forms.Textarea(attrs={"rows": 3, "cols": 60})
+    )
 
 
 class QueueFilterForm(forms.Form):
@@ -39,4 +50,4 @@ class HandoffForm(OneValueForm):
         ],
         widget=forms.HiddenInput,
     )
-    note = forms.CharField(max_length=4000, widget=forms.Textarea)
+    note = forms.CharField(max_length=4000, widget=forms.Textarea(attrs={"rows": 4, "cols": 60}))

@@ -56,6 +56,7 @@ def _action_page(
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),
         "can_decide": services.approval_may_decide(action=action, approver=request.user),
+        "form": DecisionForm(),
     }
     return render(request, "approvals/action.html", context, status=status)
 
@@ -72,7 +73,7 @@ class ActionView(View):
         action = _action_or_404(request, action_id)
         form = DecisionForm(request.POST)
         if not form.is_valid():
-            messages.error(request, "The decision was incomplete; nothing was recorded.")
+            messages.error(request, form.refusal())
             return redirect("approvals:action", action_id=action.pk)
         try:
             services.approval_decide(
@@ -100,7 +101,7 @@ def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
 
 def _handoff_context(request: HttpRequest, handoff: Handoff) -> dict:
     can_handle = services.handoff_may_handle(handoff=handoff, person=request.user)
-    return {"handoff": handoff, "can_handle": can_handle}
+    return {"handoff": handoff, "can_handle": can_handle, "form": HandoffForm()}
 
 
 @method_decorator(login_required, name="dispatch")
@@ -125,7 +126,7 @@ class HandoffView(View):
         handoff = _handoff_or_404(request, handoff_id)
         form = HandoffForm(request.POST)
         if not form.is_valid():
-            messages.error(request, "Write what was done (or why not); nothing was recorded.")
+            messages.error(request, form.refusal())
             return redirect("approvals:handoff", handoff_id=handoff.pk)
         try:
             services.handoff_resolve(

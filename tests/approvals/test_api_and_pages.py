@@ -347,6 +347,37 @@ def test_a_decision_posted_with_a_field_given_twice_records_nothing(demo, bob, t
     assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
 
 
+def test_a_comment_over_the_limit_is_refused_with_the_reason_and_the_form_bounds_it(demo, bob):
+    # given bob on the action's page, whose comment box holds at most 2000 characters
+    run, action = waiting_run(demo)
+    client = logged_in(bob)
+    page = client.get(f"/approvals/{action.pk}/").content.decode()
+    assert '<textarea name="comment" cols="60" rows="3" maxlength="2000" id="id_comment">' in page
+
+    # when a post with a longer comment reaches the server anyway
+    posted = client.post(
+        f"/approvals/{action.pk}/",
+        {
+            "decision": "reject",
+            "payload_hash": action.payload_hash,
+            "comment": "x" * 2001,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+        follow=True,
+    )
+
+    # then the page says why nothing was recorded, and nothing was
+    html = posted.content.decode()
+    assert posted.redirect_chain == [(f"/approvals/{action.pk}/", 302)]
+    assert (
+        "Nothing was recorded. Comment: Ensure this value has at most 2000 characters "
+        "(it has 2001)." in html
+    )
+    assert not ApprovalDecision.objects.exists()
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+    assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
+
+
 def test_a_late_decision_on_the_page_shows_the_action_expired_without_its_form(demo, bob):
     # given an approval past its expiry, its page open with the form
     _run, action = waiting_run(demo)

@@ -139,6 +139,40 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
 
 
+def test_a_note_over_the_limit_is_refused_with_the_reason_and_the_form_bounds_it(
+    demo, bob, handed_off
+):
+    # given bob on the request's page, whose note box holds at most 4000 characters
+    handoff = Handoff.objects.get(run=handed_off)
+    client = logged_in(bob)
+    page = client.get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+    box = '<textarea name="note" cols="60" rows="4" maxlength="4000" required id="id_note">'
+    assert box in page
+    events_before = event_types(handed_off)
+
+    # when a post with a longer note reaches the server anyway
+    posted = client.post(
+        f"/approvals/handoffs/{handoff.pk}/",
+        {
+            "outcome": "handled",
+            "note": "x" * 4001,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+        follow=True,
+    )
+
+    # then the page says why nothing was recorded, and neither the request nor the run changes
+    html = posted.content.decode()
+    assert posted.redirect_chain == [(f"/approvals/handoffs/{handoff.pk}/", 302)]
+    assert (
+        "Nothing was recorded. Note: Ensure this value has at most 4000 characters "
+        "(it has 4001)." in html
+    )
+    assert Handoff.objects.get(pk=handoff.pk).status == "open"
+    assert Run.objects.get(pk=handed_off.pk).status == RunStatus.WAITING_APPROVAL
+    assert event_types(handed_off) == events_before
+
+
 @pytest.mark.parametrize(
     "outcome", ["withdrawn", "open", "maybe", ["handled", "declined"]], ids=str
 )
