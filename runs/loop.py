@@ -715,6 +715,7 @@ def _resolve_recipient(run: Run) -> None:
             _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
             return
         run.state["recipient"] = {**confirmed, "confirmed": True}
+        _remember(run, project_id=inputs["project_id"])
         _enter_node(run, next_node, leaving=_skill(run))
         return
     outcome = executor.calls_run(run=run, calls=[call], node=node, step=run.steps)[0]

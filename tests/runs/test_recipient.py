@@ -112,6 +112,28 @@ def test_a_new_choice_in_the_session_replaces_the_confirmed_recipient(demo):
     assert confirmation["snapshot"]["record_id"] == "dir-2001"
 
 
+def test_a_project_named_again_with_its_confirmed_recipient_is_the_session_s_project(demo):
+    """Before, a run that reused a confirmation left the session on the project named before
+    it, so the next message without a project was about that other project."""
+    # given alice confirmed dir-2002 for hermes, then worked on apollo in the same session
+    session = ask(demo, project_id="hermes").session_id
+    assert ask(demo, session_id=session, recipient_record_id="dir-2002").status == (
+        "WAITING_APPROVAL"
+    )
+    assert ask(demo, session_id=session, project_id="apollo").status == "WAITING_APPROVAL"
+
+    # when she names hermes again, whose recipient she confirmed
+    again = ask(demo, session_id=session, project_id="hermes")
+    assert again.status == "WAITING_APPROVAL", again.result
+    assert not looked_up(again)
+
+    # then hermes is the session's project: a message naming none is about hermes
+    assert Session.objects.get(pk=session).state["project_id"] == "hermes"
+    later = ask(demo, session_id=session)
+    assert later.state["inputs"]["project_id"] == "hermes"
+    assert later.state["recipient"]["record_id"] == "dir-2002"
+
+
 def test_a_named_recipient_who_is_not_the_projects_one_lead_is_asked_about(demo):
     """Before, the one lead was used, and the user's choice dropped without a word."""
     run = ask(demo, project_id="apollo", recipient_record_id="dir-2001")
