@@ -128,11 +128,11 @@ class NoteReceipt(BaseModel):
 NOTES: dict[str, list[str]] = {}
 
 
-def _project(tenant: str, project_id: str, actor: str | None) -> tuple[str, str, list]:
+def _project(tenant: str, project_id: str, actor: str) -> tuple[str, str, list]:
     if tenant != TENANT:
         raise ToolError(NO_ACCESS)
     for key, name, viewers, updates, _leads in PROJECTS[TENANT]:
-        if key == project_id and (actor is None or actor in viewers):
+        if key == project_id and actor in viewers:
             return key, name, updates
     raise ToolError(NO_ACCESS)
 
@@ -146,7 +146,7 @@ def _identity(ctx: Context) -> tuple[str, str]:
     return tenant, actor
 
 
-def _status(tenant: str, project_id: str, actor: str | None) -> ProjectStatus:
+def _status(tenant: str, project_id: str, actor: str) -> ProjectStatus:
     key, name, updates = _project(tenant, project_id, actor)
 
     def of(kind: str, *statuses: str) -> list[Update]:
@@ -239,7 +239,9 @@ def _register_resource(tenant: str, key: str, name: str) -> None:
         mime_type="application/json",
     )
     def read() -> str:
-        status = _status(tenant, key, None)
+        # Only a project the identity asking may see is read, as by `project_status`.
+        asking_tenant, actor = _identity(server.get_context())
+        status = _status(asking_tenant, key, actor)
         chars = _overrides().get("resource_note_chars", 0)
         status.note = ("Log line. " * chars)[:chars]
         return status.model_dump_json()

@@ -800,10 +800,19 @@ class McpConnections:
         return self._run(endpoint, call, timeout_s=deadline.timeout_s, deadline=deadline)
 
     def read_resource(
-        self, endpoint: Endpoint, uri: str, *, timeout_s: float
+        self, endpoint: Endpoint, uri: str, *, meta: dict[str, Any], timeout_s: float
     ) -> mcp_types.ReadResourceResult:
+        """`resources/read`, with who is asking in `_meta`, as `call_tool` sends it (the SDK's
+        own `read_resource` sends none)."""
+
         async def read(session: ClientSession) -> mcp_types.ReadResourceResult:
-            return await session.read_resource(uri)
+            params = mcp_types.ReadResourceRequestParams(
+                uri=uri, _meta=mcp_types.RequestParams.Meta(**meta)
+            )
+            return await session.send_request(
+                mcp_types.ClientRequest(mcp_types.ReadResourceRequest(params=params)),
+                mcp_types.ReadResourceResult,
+            )
 
         return self._run(endpoint, read, timeout_s=timeout_s)
 

@@ -343,7 +343,7 @@ def test_a_request_sent_again_on_a_new_session_is_waited_for_to_its_own_outcome(
     answer(method="resources/read", status=404, body="", delay_s=6.5)
 
     with pytest.raises(McpUnavailable) as raised:
-        connections.read_resource(endpoint, "projects://apollo/notes", timeout_s=6.5)
+        connections.read_resource(endpoint, "projects://apollo/notes", meta={}, timeout_s=6.5)
 
     assert str(raised.value) == "acme/projects ended the session."
     assert (tmp_path / "calls.log").read_text() == "call\ncall\n"

@@ -368,6 +368,26 @@ def test_a_resource_nobody_listed_is_refused_and_leaves_no_run(
     assert alice_api.get(RUNS).json()["count"] == 0
 
 
+def test_a_resource_of_a_project_the_actor_may_not_see_is_not_read_into_their_run(
+    demo, projects, fake_model, alice_api
+):
+    """atlas is acme's, and alice holds no grant on it: its resource, which acme's server
+    lists, gave her run atlas's status as evidence."""
+    fake = answering(demo, projects, fake_model, "Nothing I may read.")
+    atlas = "project://acme/atlas"
+
+    response = post(alice_api, resource_message(atlas))
+
+    assert response.status_code == 202, response.json()
+    run = Run.objects.get(pk=response.json()["run_id"])
+    run_execute(run_id=str(run.pk))
+    assert not Source.objects.filter(run=run).exists()
+    assert "Budget review" not in json.dumps(fake.requests[0].body)
+    assert f"[resource {atlas}: could not be read from projects]" in json.dumps(
+        fake.requests[0].body
+    )
+
+
 def test_another_tenants_server_resources_are_refused_alike(demo, projects, client_for_demo):
     mcp_server_discover(server=projects, actor=demo.admin)
 
