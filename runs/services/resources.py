@@ -27,7 +27,7 @@ from runs.context import wrap_untrusted
 from runs.models import Run, Source
 from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
-from runs.tools.adapters import MCP_META_PREFIX
+from runs.tools.adapters import mcp_identity
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
 
@@ -112,16 +112,6 @@ def _excerpt(text: str, *, uri: str, tokens: int) -> str | None:
     return fitted(kept, cut=cut, size=len(data), fits=fits)
 
 
-def _identity(run: Run) -> dict[str, str]:
-    """Who reads the resource, in the request's `_meta` as a tool call sends it: the server
-    answers what the run's requester may see, as its tools do."""
-    return {
-        f"{MCP_META_PREFIX}tenant": run.tenant.slug,
-        f"{MCP_META_PREFIX}actor": run.actor.get_username(),
-        f"{MCP_META_PREFIX}run_id": str(run.pk),
-    }
-
-
 def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
     """Read the message's resources, each as the run's requester; returns, by URI, what the
     model is shown for each. Each shows at most `tokens` of the context
@@ -138,7 +128,10 @@ def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
         try:
             endpoint = endpoint_for(server)
             result = connections.read_resource(
-                endpoint, uri, meta=_identity(run), timeout_s=server.timeout_s
+                endpoint,
+                uri,
+                meta=mcp_identity(tenant=run.tenant, actor=run.actor, run_id=str(run.pk)),
+                timeout_s=server.timeout_s,
             )
         except (McpUnavailable, McpTimeout, McpRemoteError):
             shown[uri] = f"[resource {uri}: could not be read from {server.name}]"

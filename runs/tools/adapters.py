@@ -384,6 +384,16 @@ def _source_text(source: dict[str, Any]) -> str:
 MCP_META_PREFIX = "agentgov/"
 
 
+def mcp_identity(*, tenant: Tenant, actor: AbstractBaseUser, run_id: str) -> dict[str, str]:
+    """Who asks, in an MCP request's `_meta`: the run's tenant and requester, and the run. A
+    server answers a tool call or a resource read with what that person may see."""
+    return {
+        f"{MCP_META_PREFIX}tenant": tenant.slug,
+        f"{MCP_META_PREFIX}actor": actor.get_username(),
+        f"{MCP_META_PREFIX}run_id": run_id,
+    }
+
+
 def _mcp_server(tool_version: ToolVersion, context: ToolContext) -> McpServer:
     """The call's server, if it is available to the run's tenant. Gate 3 finds it and keeps
     it in the call's resources; the call itself reuses it."""
@@ -484,9 +494,7 @@ def mcp_call(
             remote_name,
             arguments,
             meta={
-                f"{MCP_META_PREFIX}tenant": context.tenant.slug,
-                f"{MCP_META_PREFIX}actor": context.actor.get_username(),
-                f"{MCP_META_PREFIX}run_id": context.run_id,
+                **mcp_identity(tenant=context.tenant, actor=context.actor, run_id=context.run_id),
                 f"{MCP_META_PREFIX}call_id": context.call_id,
                 f"{MCP_META_PREFIX}idempotency_key": context.idempotency_key,
             },
