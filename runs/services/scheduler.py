@@ -84,9 +84,11 @@ def scheduled_task_fire(
     *, task_id: Any, now: datetime | None = None, sent_at: datetime | None = None
 ) -> TaskOccurrence | None:
     """Fire an enabled task for the slot of `sent_at` (when the beat sent the firing), or of
-    `now`: create its occurrence with the first attempt's lease, then start it. Returns None
-    when the task is paused or gone, or when another beat or delivery already created this
-    slot's occurrence."""
+    `now`: create its occurrence with the first attempt's lease, then start it. The deadline
+    counts from when the beat sent it: a firing delivered after its deadline (a backlog, the
+    workers down) is recorded `deadline_passed` and starts nothing. Returns None when the
+    task is paused or gone, or when another beat or delivery already created this slot's
+    occurrence."""
     now = now or timezone.now()
     task = (
         ScheduledTask.objects.select_related("agent_config")
@@ -95,24 +97,34 @@ def scheduled_task_fire(
     )
     if task is None:
         return None
-    slot = schedule_slot(task, sent_at or now)
+    fired_at = sent_at or now
+    slot = schedule_slot(task, fired_at)
+    deadline_at = fired_at + timedelta(seconds=task.deadline_seconds)
     lease_owner = _lease_owner()
+    if deadline_at <= now:
+        start = {
+            "status": OccurrenceStatus.DEADLINE_PASSED,
+            "detail": DEADLINE_PASSED,
+            "finished_at": now,
+        }
+    else:
+        start = {"attempts": 1, "lease_owner": lease_owner, "lease_expires_at": _lease_until(now)}
     occurrence_id = uuid4()
     try:
         with transaction.atomic():
-            TaskOccurrence.objects.create(
+            occurrence = TaskOccurrence.objects.create(
                 id=occurrence_id,
                 task=task,
                 slot=slot,
                 owner_id=task.owner_id,
                 message=_message(task, occurrence_id=occurrence_id, slot=slot),
-                attempts=1,
-                lease_owner=lease_owner,
-                lease_expires_at=_lease_until(now),
-                deadline_at=now + timedelta(seconds=task.deadline_seconds),
+                deadline_at=deadline_at,
+                **start,
             )
     except IntegrityError:
         return None
+    if occurrence.status == OccurrenceStatus.DEADLINE_PASSED:
+        return occurrence
     return occurrence_start(occurrence_id=occurrence_id, lease_owner=lease_owner)
 
 

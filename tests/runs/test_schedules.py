@@ -672,6 +672,46 @@ def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_witho
     assert not Run.objects.exists()
 
 
+def test_a_firing_delivered_late_has_the_deadline_counted_from_when_the_beat_sent_it(demo):
+    task = task_of(demo, crontab="", interval_seconds=3600)
+    now = timezone.now()
+    sent_at = now - timedelta(minutes=20)
+
+    occurrence = refreshed(scheduled_task_fire(task_id=task.pk, now=now, sent_at=sent_at))
+
+    assert occurrence.deadline_at == sent_at + timedelta(seconds=3600)
+    assert occurrence.run.status == RunStatus.QUEUED
+
+
+def test_a_firing_delivered_after_its_deadline_ends_deadline_passed_without_a_run(demo):
+    # given a firing the beat sent longer ago than the task's deadline (a backlog, a broker
+    # or every worker down), delivered now, and again
+    task = task_of(demo, crontab="", interval_seconds=3600)
+    now = timezone.now()
+    sent_at = now - PAST_DEADLINE
+
+    late = scheduled_task_fire(task_id=task.pk, now=now, sent_at=sent_at)
+    again = scheduled_task_fire(task_id=task.pk, now=now, sent_at=sent_at)
+
+    # then its occurrence is recorded as past its deadline, and nothing ran
+    assert again is None
+    occurrence = refreshed(late)
+    assert (occurrence.slot, occurrence.status, occurrence.detail) == (
+        schedule_slot(task, sent_at),
+        OccurrenceStatus.DEADLINE_PASSED,
+        "DEADLINE_PASSED",
+    )
+    assert (occurrence.attempts, occurrence.run, occurrence.finished_at is not None) == (
+        0,
+        None,
+        True,
+    )
+    assert occurrence.deadline_at == sent_at + timedelta(seconds=3600)
+    assert not Run.objects.exists()
+    assert not IngressRecord.objects.exists()
+    assert occurrences_sweep(now=now) == {"deadline_passed": 0, "restarted": 0, "notified": 0}
+
+
 def test_a_deadline_that_passed_before_its_sweep_came_still_sends_nothing(demo, bob, smtp_server):
     """The sweep comes every 30 s: an approval given and executed before it, after the
     deadline, sent the mail."""

@@ -109,9 +109,10 @@ def test_beats_firing_one_slot_at_once_make_one_occurrence_and_one_run(celery_qu
 
 
 def test_a_firing_is_for_the_slot_the_beat_sent_it_in_however_late_it_is_delivered(celery_queue):
-    # given an hourly task, and what the beat sends for it an hour ago and now
+    # given an hourly task with a deadline of two hours, and what the beat sends for it an
+    # hour ago and now
     example_seed()
-    task = weekly_task(crontab="", interval_seconds=3600)
+    task = weekly_task(crontab="", interval_seconds=3600, deadline_seconds=7200)
     queue_purge()
     periodic = task.periodic_task
     before = timezone.now()
