@@ -145,12 +145,19 @@ def skill_version_publish(
     *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
 ) -> SkillVersion:
     """Publish a draft once its release gate (evaluations.gates) is met, or over it with a
-    tenant or platform admin's written reason, recorded as a ReleaseOverride and in history."""
+    tenant or platform admin's written reason, recorded as a ReleaseOverride and in history.
+    A version that is no longer a draft is answered by its status alone: one published is left
+    as it is (a publish sent again), its gate checked when it was published and nothing
+    published over it now; a deprecated or revoked one cannot be published again."""
     lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
     with transaction.atomic():
         # The draft is held as its evidence was checked until it is published: an edit sent
         # meanwhile waits, then finds it frozen.
         _, skill_version = lifecycle.lock_version(skill_version)
+        if skill_version.status != VersionStatus.DRAFT:
+            return lifecycle.version_publish(
+                version=skill_version, actor=actor, validate=skill_version_validate
+            )
         overridden = release_gate_check(
             skill_version=skill_version, actor=actor, override_reason=override_reason
         )

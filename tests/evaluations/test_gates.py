@@ -12,10 +12,10 @@ from django.test import Client
 from django.utils import timezone
 
 from evaluations import services
-from evaluations.choices import EvalRunStatus
+from evaluations.choices import Comparator, EvalRunStatus, Metric
 from evaluations.errors import PermissionDenied, ReleaseGateFailed
 from evaluations.gates import release_gate_check, skill_content_hash, suite_content_hash
-from evaluations.models import EvalCase, EvalRun, ReleaseOverride
+from evaluations.models import EvalCase, EvalRun, EvalThreshold, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider, SkillAssembly, VersionStatus
 from registry.errors import ValidationFailed, VersionImmutable
@@ -236,6 +236,55 @@ def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail
     page = Client()
     page.force_login(demo.admin)
     assert "published over its release gate" in page.get("/registry/history/").content.decode()
+
+
+def test_publishing_a_published_version_again_is_answered_as_done_whatever_its_gate_says_now(
+    evaluate, demo, dave, tiny, draft
+):
+    # given a version published on its gate, and a threshold added to the gate since, on
+    # a metric its task suite does not measure
+    version = draft("3.4.0")
+    evaluate(tiny, version=version)
+    skills.skill_version_publish(skill_version=version, actor=dave)
+    published = SkillVersion.objects.get(pk=version.pk)
+    EvalThreshold.objects.create(
+        tenant=demo.acme,
+        skill_name="weekly-summary",
+        suite=tiny,
+        metric=Metric.INJECTION_SUCCESS_RATE,
+        comparator=Comparator.AT_MOST,
+        value=0.0,
+    )
+
+    # when its publish is sent again (a retried request), by its publisher and by an admin
+    # with an override reason
+    again = api_as("dave", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish", {}, format="json"
+    )
+    overridden = api_as("admin", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish",
+        {"override_reason": "Publish it whatever the gate says."},
+        format="json",
+    )
+
+    # then both find it published, and nothing is recorded as published over the gate
+    assert (again.status_code, again.json()["status"]) == (200, "published")
+    assert (overridden.status_code, overridden.json()["status"]) == (200, "published")
+    version.refresh_from_db()
+    assert (version.status, version.published_at) == ("published", published.published_at)
+    assert not ReleaseOverride.objects.exists()
+    assert version.history.filter(history_change_reason__contains="release gate").count() == 0
+
+    # and once deprecated, its publish is refused for what it is, not for its gate
+    skills.skill_version_deprecate(skill_version=version, actor=dave)
+    deprecated = api_as("admin", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish",
+        {"override_reason": "Publish it whatever the gate says."},
+        format="json",
+    )
+    assert deprecated.status_code == 409
+    assert deprecated.json()["error"]["code"] == "INVALID_STATUS_TRANSITION"
+    assert not ReleaseOverride.objects.exists()
 
 
 def test_moving_an_agent_needs_the_gate_met_for_the_version_a_rollout_serves_its_tenant(
