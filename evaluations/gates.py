@@ -72,12 +72,23 @@ def suite_changed(*, suites: list[EvalSuite]) -> None:
     EvalRun.objects.filter(suite__in=suites, status__in=EVAL_RUN_ACTIVE).update(suite_changed=True)
 
 
+def skill_version_changed(*, skill_version: SkillVersion) -> None:
+    """The draft `skill_version` was edited: each eval run of it queued or running on other
+    content than it has now is marked `skill_version_changed`, as a sandbox reads a draft as
+    it is at each step, so its cases from here on measure another content than the one it
+    started on. The caller holds the version's row, as `eval_run_start` does before it
+    hashes the content: a start either hashes the edited content or is marked."""
+    EvalRun.objects.filter(skill_version=skill_version, status__in=EVAL_RUN_ACTIVE).exclude(
+        skill_content_hash=skill_content_hash(skill_version)
+    ).update(skill_version_changed=True)
+
+
 def release_gate_failures(
     *, skill_version: SkillVersion, model_config: ModelConfig | None = None
 ) -> list[dict[str, Any]]:
     """Each threshold of the skill that the latest finished eval run of its suite, as the
-    suite is now and unchanged while it ran, on this version (with this model, if given) does
-    not meet, or that no such run measured."""
+    suite is now and unchanged while it ran, on this version as it is now and unchanged while
+    it ran (with this model, if given) does not meet, or that no such run measured."""
     skill = skill_version.skill
     content_hash = skill_content_hash(skill_version)
     thresholds = EvalThreshold.objects.filter(
@@ -94,6 +105,7 @@ def release_gate_failures(
             suite_changed=False,
             skill_version=skill_version,
             skill_content_hash=content_hash,
+            skill_version_changed=False,
             status=EvalRunStatus.COMPLETED,
         )
         if model_config is not None:

@@ -195,6 +195,8 @@ def eval_run_start(
         raise ValidationFailed("The eval run cannot start.", details=problems)
     with transaction.atomic():
         # Starts of one version wait for each other here: one of two at once finds the other.
+        # An edit of the draft (`skill_version_changed`) either comes before the hash or marks
+        # the run.
         list(SkillVersion.objects.select_for_update().filter(pk=skill_version.pk).values("pk"))
         # A change to the suite (`suite_changed`) either comes before the hash or marks the run.
         list(EvalSuite.objects.select_for_update().filter(pk=suite.pk).values("pk"))
@@ -207,7 +209,10 @@ def eval_run_start(
             "agent_config": agent_config,
         }
         active = EvalRun.objects.filter(
-            **measured, status__in=EVAL_RUN_ACTIVE, suite_changed=False
+            **measured,
+            status__in=EVAL_RUN_ACTIVE,
+            suite_changed=False,
+            skill_version_changed=False,
         ).first()
         if active is not None:
             return active, False

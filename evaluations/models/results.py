@@ -42,6 +42,13 @@ class EvalRun(models.Model):
         "undone before it ended gives back the hash it started with), and no release gate "
         "counts it.",
     )
+    skill_version_changed = models.BooleanField(
+        default=False,
+        editable=False,
+        help_text="The draft under test was edited (its content or pinned tools) while the "
+        "run was queued or running: its cases measured more than one content (an edit undone "
+        "before it ended gives back the hash it started with), and no release gate counts it.",
+    )
     model_config = models.ForeignKey(
         "registry.ModelConfig", on_delete=models.PROTECT, related_name="eval_runs"
     )

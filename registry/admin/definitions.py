@@ -12,6 +12,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from config.errors import ApplicationError
+from evaluations.gates import skill_version_changed
 from registry.admin.base import RegistryAdmin, ScopedInline, error_text
 from registry.admin.mcp import mcp_review_html
 from registry.choices import AdapterKind
@@ -353,3 +354,10 @@ class SkillVersionAdmin(VersionAdmin):
         "revoke": skills.skill_version_revoke,
         "rollback": skills.skill_rollback,
     }
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        """The pins the inline saves are the draft's content too, as an edit through
+        `skill_version_update` is: an eval run of it under way is marked when they change."""
+        super().save_related(request, form, formsets, change)
+        if change:
+            skill_version_changed(skill_version=form.instance)

@@ -4,7 +4,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
 
-from evaluations.gates import release_gate_check, release_override_record
+from evaluations.gates import (
+    release_gate_check,
+    release_override_record,
+    skill_version_changed,
+)
 from registry.choices import VersionStatus
 from registry.errors import DependencyUnavailable, ValidationFailed, VersionImmutable
 from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
@@ -98,6 +102,7 @@ def skill_version_update(
         audited_save(skill_version, actor=actor, reason="draft edited")
         if tool_versions is not None:
             _pin_tools(skill_version=skill_version, tool_versions=tool_versions, actor=actor)
+        skill_version_changed(skill_version=skill_version)
     return skill_version
 
 

@@ -189,6 +189,108 @@ def test_an_eval_run_whose_suite_changed_while_it_ran_is_no_evidence_once_change
     assert version.status == VersionStatus.DRAFT
 
 
+def test_an_eval_run_whose_draft_was_edited_while_it_ran_is_no_evidence_once_changed_back(
+    demo, dave, tiny, draft
+):
+    # given a draft that fails tiny's "complete" case (it never asks for an approval), and an
+    # eval run of it started on the draft as it is
+    version = draft("3.5.0", workflow="")
+    evaluated = skill_content_hash(version)
+    eval_run, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+
+    # when the draft asks for an approval while the run measures it, then no longer does
+    passing = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0").workflow
+    skills.skill_version_update(skill_version=version, actor=dave, workflow=passing)
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+    skills.skill_version_update(skill_version=version, actor=dave, workflow="")
+
+    # then the run passed every case, on the content it started with, but counts for no
+    # publish of that content, and a start of it again is a new run
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.metrics["case_pass_rate"]) == ("completed", 1.0)
+    assert eval_run.skill_content_hash == skill_content_hash(version) == evaluated
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+    assert "no finished eval run of tiny as it is, on this version as it is" in (
+        blocked.value.message
+    )
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
+
+
+def test_an_eval_run_under_way_when_its_draft_is_edited_is_not_given_to_a_start_again(
+    demo, dave, tiny, draft
+):
+    version = draft("3.5.0", workflow="")
+    first, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+    passing = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0").workflow
+    skills.skill_version_update(skill_version=version, actor=dave, workflow=passing)
+    skills.skill_version_update(skill_version=version, actor=dave, workflow="")
+
+    again, created = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+
+    assert created and again.pk != first.pk
+
+
+def draft_pins_saved_in_admin(page: Client, version: SkillVersion, pins: list) -> None:
+    """Save `version`'s change page as shown, its pinned tool versions replaced by `pins`."""
+    current = list(version.tool_dependencies.all())
+    data = change_form_data(page, version) | {
+        "tool_dependencies-TOTAL_FORMS": str(len(current) + len(pins)),
+        "tool_dependencies-INITIAL_FORMS": str(len(current)),
+        "tool_dependencies-MIN_NUM_FORMS": "0",
+        "tool_dependencies-MAX_NUM_FORMS": "1000",
+    }
+    for index, pin in enumerate(current):
+        data |= {
+            f"tool_dependencies-{index}-id": str(pin.pk),
+            f"tool_dependencies-{index}-skill_version": str(version.pk),
+            f"tool_dependencies-{index}-tool_version": str(pin.tool_version_id),
+            f"tool_dependencies-{index}-DELETE": "on",
+        }
+    for index, tool_version in enumerate(pins, start=len(current)):
+        data[f"tool_dependencies-{index}-tool_version"] = str(tool_version.pk)
+    response = page.post(f"/admin/registry/skillversion/{version.pk}/change/", data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+
+
+def test_an_eval_run_whose_draft_pins_changed_in_the_admin_while_it_ran_is_no_evidence(
+    demo, dave, tiny, draft
+):
+    # given a draft and an eval run of it started as it is
+    version = draft("3.4.0")
+    pins = [dependency.tool_version for dependency in version.tool_dependencies.all()]
+    eval_run, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+    page = Client()
+    page.force_login(dave)
+
+    # when one of its tools is unpinned in the admin while the run measures it, then pinned
+    # again through the API's service
+    draft_pins_saved_in_admin(page, version, pins[1:])
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+    skills.skill_version_update(
+        skill_version=SkillVersion.objects.get(pk=version.pk), actor=dave, tool_versions=pins
+    )
+
+    # then the run is not the draft's evidence, whatever it measured
+    eval_run.refresh_from_db()
+    assert eval_run.status == "completed"
+    assert eval_run.skill_content_hash == skill_content_hash(version)
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+    assert "no finished eval run of tiny as it is, on this version as it is" in (
+        blocked.value.message
+    )
+
+
 def test_a_case_changed_back_before_an_eval_run_started_leaves_its_evidence(
     evaluate, demo, dave, tiny, draft
 ):
