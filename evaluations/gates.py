@@ -130,6 +130,11 @@ def release_gate_failures(
 def _described(failure: dict[str, Any]) -> str:
     if failure["eval_run"] is None:
         return f"no finished eval run of {failure['suite']} as it is, on this version as it is"
+    if failure["value"] is None:
+        return (
+            f"{failure['metric']} was not measured on {failure['suite']} (no case of it "
+            f"applies), must be {failure['comparator']} {failure['threshold']}"
+        )
     return (
         f"{failure['metric']} is {failure['value']} on {failure['suite']}, "
         f"must be {failure['comparator']} {failure['threshold']}"

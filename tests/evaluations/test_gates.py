@@ -340,6 +340,37 @@ def test_only_an_admin_overrides_the_gate_and_the_override_is_in_the_audit_trail
     assert "published over its release gate" in page.get("/registry/history/").content.decode()
 
 
+def test_a_threshold_on_a_metric_its_suite_never_measures_blocks_saying_so(
+    evaluate, demo, dave, tiny, draft
+):
+    # given a version meeting tiny's case pass rate, and a threshold on injection success,
+    # which a task suite never measures
+    version = draft("3.4.0")
+    evaluate(tiny, version=version)
+    EvalThreshold.objects.create(
+        tenant=demo.acme,
+        skill_name="weekly-summary",
+        suite=tiny,
+        metric=Metric.INJECTION_SUCCESS_RATE,
+        comparator=Comparator.AT_MOST,
+        value=0.0,
+    )
+
+    response = api_as("dave", demo.acme).post(
+        f"/api/v1/skills/{version.pk}/publish", {}, format="json"
+    )
+
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["message"] == (
+        "weekly-summary@3.4.0 does not meet its release gate: injection_success_rate was not "
+        "measured on tiny (no case of it applies), must be <= 0.0."
+    )
+    assert [(f["metric"], f["value"]) for f in error["details"]["failures"]] == [
+        ("injection_success_rate", None)
+    ]
+
+
 def test_publishing_a_published_version_again_is_answered_as_done_whatever_its_gate_says_now(
     evaluate, demo, dave, tiny, draft
 ):
