@@ -8,8 +8,11 @@ from django.db import connection
 
 
 def waiting_on_locks() -> int:
-    """How many connections to the test database are waiting for a lock."""
+    """How many connections to the test database are waiting for a lock. Asked within a
+    transaction too: PostgreSQL would otherwise answer from the snapshot of activity it took
+    at the transaction's first question."""
     with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity"
             " WHERE wait_event_type = 'Lock' AND datname = current_database()"

@@ -62,14 +62,17 @@ def tool_version_update(
 ) -> ToolVersion:
     """Edit a draft. Published versions are frozen: a change is a new version."""
     lifecycle.require_publisher(actor=actor, definition=tool_version.tool)
-    if tool_version.is_frozen:
-        raise VersionImmutable(
-            f"{tool_version.qualified_name} is {tool_version.status}; create a new version."
-        )
-    for field, value in content.items():
-        setattr(tool_version, field, value)
-    tool_version_check(tool_version)
-    audited_save(tool_version, actor=actor, reason="draft edited")
+    with transaction.atomic():
+        # As it is now, not as the caller read it: a publish may have frozen it since.
+        _, locked = lifecycle.lock_version(tool_version)
+        if locked.is_frozen:
+            raise VersionImmutable(
+                f"{locked.qualified_name} is {locked.status}; create a new version."
+            )
+        for field, value in content.items():
+            setattr(tool_version, field, value)
+        tool_version_check(tool_version)
+        audited_save(tool_version, actor=actor, reason="draft edited")
     return tool_version
 
 

@@ -3,6 +3,7 @@ services, content validation in forms, frozen published versions, history and di
 
 import json
 import re
+import threading
 from collections import Counter
 from html import escape
 
@@ -24,6 +25,7 @@ from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, definition_grant, membership_add
 from registry.services.tools import TOOL_CONTENT_FIELDS
+from tests.locks import until, waiting_on_locks
 from tests.registry.factories import (
     PASSWORD,
     TenantFactory,
@@ -909,6 +911,53 @@ def test_draft_change_page_refuses_an_invalid_schema(client, publisher, world):
     ]
     draft.refresh_from_db()
     assert draft.input_schema == valid_input_schema()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_draft_published_while_its_change_page_is_saved_stays_published(
+    client, publisher, world, monkeypatch
+):
+    # given a draft whose change page one publisher saves
+    client.force_login(publisher)
+    draft = world.project_search_2
+    data = tool_version_form(version="2.0.0", description="Reads a project's milestones.")
+
+    # when another publisher publishes it just as the edit is about to be written
+    editor = threading.current_thread()
+    check_change_allowed = ToolVersion._check_change_allowed
+
+    def publish() -> None:
+        try:
+            tools.tool_version_publish(tool_version=draft, actor=publisher)
+        finally:
+            connection.close()
+
+    publishing = threading.Thread(target=publish)
+
+    def published_meanwhile(version: ToolVersion) -> None:
+        check_change_allowed(version)
+        if threading.current_thread() is editor and not publishing.is_alive():
+            publishing.start()
+            until(lambda: not publishing.is_alive() or waiting_on_locks())
+
+    monkeypatch.setattr(ToolVersion, "_check_change_allowed", published_meanwhile)
+    response = client.post(f"{TOOL_VERSIONS}{draft.pk}/change/", data)
+    publishing.join(timeout=10)
+
+    # then the edit and the publish happen one after the other: the edited draft is published
+    # and current, never the published row written back to a draft
+    assert response.status_code == 302
+    draft.refresh_from_db()
+    world.project_search.refresh_from_db()
+    assert (draft.status, draft.description) == (
+        VersionStatus.PUBLISHED,
+        "Reads a project's milestones.",
+    )
+    assert draft.published_at is not None
+    assert world.project_search.current_version == draft
+    assert [record.history_change_reason for record in draft.history.order_by("history_date")][
+        -2:
+    ] == ["draft edited", "published"]
 
 
 def test_published_version_change_page_shows_content_read_only(client, platform_admin, world):
