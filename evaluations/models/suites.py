@@ -54,6 +54,23 @@ class EvalSuite(models.Model):
     def __str__(self) -> str:
         return self.key
 
+    def clean(self) -> None:
+        """An attack suite's cases each say where their payload hides (`EvalCase.clean`): a
+        suite becomes one only once its cases do, or no metric would count them as attacks."""
+        if self.kind != SuiteKind.ATTACK or self._state.adding:
+            return
+        unplaced = list(self.cases.filter(vector="").order_by("key").values_list("key", flat=True))
+        if unplaced:
+            says = "says" if len(unplaced) == 1 else "say"
+            them = "it" if len(unplaced) == 1 else "each"
+            raise ValidationError(
+                {
+                    "kind": f"An attack case says where its payload hides; "
+                    f"{', '.join(unplaced)} {says} nowhere. Give {them} a vector on its page "
+                    "first: no metric counts a case without one as an attack."
+                }
+            )
+
 
 class EvalCase(models.Model):
     """One situation: the messages a user sends, the session state and business data the

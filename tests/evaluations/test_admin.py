@@ -463,6 +463,8 @@ def suite_form(suite: EvalSuite, **overrides) -> dict:
 def test_a_publisher_may_not_change_the_kind_of_a_suite_a_release_gate_measures(
     client, publisher, gate, case
 ):
+    case.vector = "user_message"
+    case.save()
     client.force_login(publisher)
     page = f"/admin/evaluations/evalsuite/{gate.suite.pk}/change/"
 
@@ -485,6 +487,40 @@ def test_a_publisher_may_not_delete_a_case_of_a_suite_from_its_page(client, publ
 
     assert deleted.status_code == 403
     assert EvalCase.objects.filter(pk=case.pk).exists()
+
+
+def test_a_suite_whose_cases_name_no_vector_does_not_become_an_attack_suite(
+    client, publisher, suite, case
+):
+    client.force_login(publisher)
+    page = f"/admin/evaluations/evalsuite/{suite.pk}/change/"
+
+    response = client.post(page, suite_form(suite, kind="attack"))
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors == {
+        "kind": [
+            "An attack case says where its payload hides; week says nowhere. Give it a "
+            "vector on its page first: no metric counts a case without one as an attack."
+        ]
+    }
+    suite.refresh_from_db()
+    assert suite.kind == "task"
+
+
+def test_a_suite_whose_cases_all_name_a_vector_becomes_an_attack_suite(
+    client, publisher, suite, case
+):
+    case.vector = "tool_result"
+    case.save()
+    client.force_login(publisher)
+    page = f"/admin/evaluations/evalsuite/{suite.pk}/change/"
+
+    response = client.post(page, suite_form(suite, kind="attack"))
+
+    assert response.status_code == 302
+    suite.refresh_from_db()
+    assert suite.kind == "attack"
 
 
 @pytest.mark.parametrize(
