@@ -5,6 +5,7 @@ overrides are measured evidence, read-only."""
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -22,8 +23,19 @@ from registry.admin.base import EvidenceAdmin, ReadOnlyAdminMixin, RegistryAdmin
 from registry.choices import Action
 
 
+class ListedCaseForm(forms.ModelForm):
+    """A case as its suite's page lists it: shown, or deleted, never edited there. It is not
+    checked again as a case: that check (`EvalCase.clean`) is of fields this form does not
+    have, and its errors (a case deleted meanwhile, a suite changed to attack around a case
+    with no vector) failed the page with a server error. The case's own page checks it."""
+
+    def _post_clean(self) -> None:
+        return
+
+
 class EvalCaseInline(admin.TabularInline):
     model = EvalCase
+    form = ListedCaseForm
     fields = ("key", "title", "vector")
     readonly_fields = fields
     extra = 0

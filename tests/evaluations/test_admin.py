@@ -508,6 +508,50 @@ def test_a_suite_whose_cases_name_no_vector_does_not_become_an_attack_suite(
     assert suite.kind == "task"
 
 
+def test_a_platform_admin_is_refused_the_attack_kind_on_a_page_listing_the_cases(
+    client, platform_admin, suite, case
+):
+    client.force_login(platform_admin)
+    page = f"/admin/evaluations/evalsuite/{suite.pk}/change/"
+
+    response = client.post(page, suite_form(suite, kind="attack"))
+
+    assert response.status_code == 200
+    assert list(response.context["adminform"].form.errors) == ["kind"]
+    suite.refresh_from_db()
+    assert suite.kind == "task"
+
+
+def test_a_suite_page_listing_a_case_deleted_meanwhile_saves_the_suite(
+    client, platform_admin, suite, case
+):
+    client.force_login(platform_admin)
+    page = f"/admin/evaluations/evalsuite/{suite.pk}/change/"
+    listed = suite_form(suite, name="Weekly, renamed")
+    deleting = suite_form(suite, **{"cases-0-DELETE": "on"})
+    case.delete()
+
+    renamed = client.post(page, listed)
+    deleted_again = client.post(page, deleting)
+
+    assert (renamed.status_code, deleted_again.status_code) == (200, 302)
+    assert renamed.context["inline_admin_formsets"][0].formset.errors == [
+        {"id": ["Select a valid choice. That choice is not one of the available choices."]}
+    ]
+    suite.refresh_from_db()
+    assert suite.name == "Weekly"
+
+
+def test_a_platform_admin_deletes_a_case_from_its_suite_s_page(client, platform_admin, suite, case):
+    client.force_login(platform_admin)
+    page = f"/admin/evaluations/evalsuite/{suite.pk}/change/"
+
+    response = client.post(page, suite_form(suite, **{"cases-0-DELETE": "on"}))
+
+    assert response.status_code == 302
+    assert not EvalCase.objects.exists()
+
+
 def test_a_suite_whose_cases_all_name_a_vector_becomes_an_attack_suite(
     client, publisher, suite, case
 ):
