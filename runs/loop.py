@@ -895,7 +895,18 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             },
         )
         return
-    client = model_client_for(model_config)
+    try:
+        client = model_client_for(model_config)
+    except ModelError as error:
+        # A credential not set or not granted, a bad setting: wrong until an operator fixes
+        # it, so no retry; nothing was asked of the provider.
+        _finish(
+            run,
+            status=RunStatus.FAILED_FINAL,
+            reason_code="MODEL_ERROR",
+            output=model_error_output(error),
+        )
+        return
     context_started = timezone.now()
     node = _effective_node(run)
     skill = _skill(run)

@@ -20,7 +20,12 @@ from runs.model_clients.answers import TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
 from runs.tasks import run_advance, runs_sweep
 from tests.runs.conftest import apollo_draft, demo_run, this_week
-from tests.runs.fake_provider import API_KEY, anthropic_message, openai_completion
+from tests.runs.fake_provider import (
+    API_KEY,
+    CREDENTIAL_REF,
+    anthropic_message,
+    openai_completion,
+)
 
 OPENAI, ANTHROPIC = ModelProvider.OPENAI_COMPATIBLE, ModelProvider.ANTHROPIC
 PROXY_PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
@@ -314,3 +319,21 @@ def test_anthropic_thinking_blocks_go_back_with_their_tool_calls(demo, fake_mode
         "tool_use",
     ]
     assert assistant["content"][:2] == [thinking, redacted]
+
+
+def test_a_model_credential_missing_at_run_time_ends_the_run_final_naming_the_variable(
+    demo, fake_model, monkeypatch
+):
+    """An operator who removed the model's key from the environment (or never set it on this
+    worker) has a model error, which no retry mends: the run says which variable to set."""
+    fake = fake_model()
+    monkeypatch.delenv(CREDENTIAL_REF)
+    run = demo_run(demo, project_id="apollo")
+
+    run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "MODEL_ERROR")
+    assert CREDENTIAL_REF in run.result["output"]["model_error"]
+    assert run.attempts == 0
+    assert fake.requests == []
