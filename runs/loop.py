@@ -1021,7 +1021,29 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     if calls:
         run.state["phase"] = "tools"
         return
+    if response.is_cut_off:
+        _cut_off(run, limit=request.max_output_tokens, model_limit=built.request.max_output_tokens)
+        return
     _final(run, response.text)
+
+
+def _cut_off(run: Run, *, limit: int, model_limit: int) -> None:
+    """A last word the provider stopped at the output limit (`limit`), which may end
+    midway, is neither an answer nor a draft. Where the run's token budget set the limit
+    below the model's own (`model_limit`), the budget ran out; otherwise the model is told
+    once to keep within the limit, and the run ends PARTIAL if it is cut off again."""
+    if limit < model_limit:
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOKEN_BUDGET")
+        return
+    what, reason_code = (
+        ("answer", "ANSWER_CONTRACT_NOT_MET")
+        if _workflow(run) is AGENT
+        else ("draft", "DRAFT_CONTRACT_NOT_MET")
+    )
+    problem = (
+        f"The {what} was cut off at the output limit of {limit} tokens: it must fit within it."
+    )
+    _contract_missed(run, [problem], what=what, reason_code=reason_code)
 
 
 def _citations_kept(draft: Any) -> Any:

@@ -24,6 +24,8 @@ from runs.model_clients.transport import http_client
 PROVIDER = "Anthropic"
 # Set by the client from the request; parameters may not replace them.
 CLIENT_FIELDS = frozenset({"model", "system", "messages", "tools", "max_tokens", "stream"})
+# Stop reasons of a turn ended at the output limit or at the model's context window.
+CUT_OFF_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
 # Blocks of extended thinking, sent back verbatim with their turn (their signature is checked).
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -110,6 +112,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         usage=usage,
         stop_reason=answers.text(message.get("stop_reason")),
         model=answers.text(message.get("model")),
+        is_cut_off=answers.text(message.get("stop_reason")) in CUT_OFF_STOP_REASONS,
         reasoning=tuple(
             dict(block) for block in blocks if answers.text(block.get("type")) in REASONING_BLOCKS
         ),

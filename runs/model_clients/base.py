@@ -77,6 +77,9 @@ class ModelResponse:
     reasoning: tuple[dict[str, Any], ...] = ()
     """The provider's own record of its reasoning, which it wants back, unchanged, with the
     turn it belongs to: Anthropic's thinking blocks (signed) when extended thinking is on."""
+    is_cut_off: bool = False
+    """The provider stopped the turn at the request's output limit (`max_output_tokens`), or
+    at the model's context window: its text, or its last call's arguments, may end midway."""
 
 
 def response_kept(response: ModelResponse) -> ModelResponse:

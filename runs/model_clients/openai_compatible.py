@@ -27,6 +27,8 @@ from runs.model_clients.transport import http_client
 
 PROVIDER = "OpenAI-compatible provider"
 OFFICIAL_API_HOST = "api.openai.com"
+# The finish reason of a choice ended at the output limit.
+CUT_OFF_FINISH_REASON = "length"
 # Set by the client from the request; parameters may not replace them.
 CLIENT_FIELDS = frozenset(
     {"model", "messages", "tools", "max_tokens", "max_completion_tokens", "stream"}
@@ -124,6 +126,7 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
         usage=usage,
         stop_reason=answers.text(choice.get("finish_reason")),
         model=answers.text(completion.get("model")),
+        is_cut_off=choice.get("finish_reason") == CUT_OFF_FINISH_REASON,
     )
 
 

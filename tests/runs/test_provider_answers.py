@@ -13,7 +13,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from registry.choices import ModelProvider
-from registry.models import ModelConfig
+from registry.models import AgentConfig, ModelConfig
+from registry.services.common import registry_object_save
 from runs import quotas
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.model_clients.answers import TURN_TOKENS_MAX
@@ -26,6 +27,7 @@ from tests.runs.fake_provider import (
     anthropic_message,
     openai_completion,
 )
+from tests.runs.test_loop import context_tokens, project_assistant_on_the_demo_model
 
 OPENAI, ANTHROPIC = ModelProvider.OPENAI_COMPATIBLE, ModelProvider.ANTHROPIC
 PROXY_PAGE = b"<html><body><h1>502 Bad Gateway</h1></body></html>"
@@ -337,3 +339,86 @@ def test_a_model_credential_missing_at_run_time_ends_the_run_final_naming_the_va
     assert CREDENTIAL_REF in run.result["output"]["model_error"]
     assert run.attempts == 0
     assert fake.requests == []
+
+
+def _cut(provider: str, text: str) -> dict:
+    """A last word the provider ended at the request's output limit."""
+    if provider == OPENAI:
+        reply = openai_completion(content=text)
+        reply["choices"][0]["finish_reason"] = "length"
+        return reply
+    return {**anthropic_message(text=text), "stop_reason": "max_tokens"}
+
+
+def _answer(provider: str, text: str) -> dict:
+    return openai_completion(content=text) if provider == OPENAI else anthropic_message(text=text)
+
+
+def _ask_the_agent(demo) -> Run:
+    project_assistant_on_the_demo_model(demo)
+    return demo_run(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+def test_an_answer_cut_at_the_output_limit_is_not_the_run_s_answer(demo, fake_model, provider):
+    # given the generic agent on a model whose first answer stops at the output limit
+    fake = fake_model(provider)
+    fake.reply(_cut(provider, "Apollo's payments SDK slips by"))
+    fake.reply(_answer(provider, "Apollo's payments SDK slips by a week."))
+    run = _ask_the_agent(demo)
+
+    # when
+    run = advanced(run)
+
+    # then the model is told once that its answer was cut, and the user gets the whole one
+    assert (run.status, run.reason_code) == ("COMPLETED", "ANSWERED")
+    assert run.result["output"] == {"answer": "Apollo's payments SDK slips by a week."}
+    assert len(fake.requests) == 2
+    told = json.dumps(fake.requests[1].body["messages"][-1])
+    assert "The answer was cut off at the output limit of 2048 tokens" in told
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+def test_an_answer_cut_at_the_output_limit_twice_ends_partial(demo, fake_model, provider):
+    fake = fake_model(provider)
+    fake.reply(_cut(provider, "Apollo's payments SDK slips by"))
+    fake.reply(_cut(provider, "Apollo's payments"))
+    run = _ask_the_agent(demo)
+
+    run = advanced(run)
+
+    assert (run.status, run.reason_code) == ("PARTIAL", "ANSWER_CONTRACT_NOT_MET")
+    assert run.result["output"] == {
+        "problems": [
+            "The answer was cut off at the output limit of 2048 tokens: it must fit within it."
+        ]
+    }
+    assert len(fake.requests) == 2
+
+
+def test_an_answer_cut_where_the_token_budget_ran_out_ends_the_run_budget_exhausted(
+    demo, fake_model
+):
+    # given a token budget that leaves the agent's first turn 100 output tokens, fewer than
+    # the model's limit, and a model that answers up to them
+    fake = fake_model()
+    fake.reply(_answer(OPENAI, "Apollo's payments SDK slips by a week."))
+    probe = advanced(_ask_the_agent(demo))
+    agent = AgentConfig.objects.get(name="project-assistant")
+    agent.max_tokens = context_tokens(probe)[0] + 100
+    registry_object_save(instance=agent, actor=demo.admin, reason="budget under test")
+    fake.reply(_cut(OPENAI, "Apollo's payments SDK slips by"))
+    run = demo_run(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+    # when
+    run = advanced(run)
+
+    # then the cut answer is no answer: the run's tokens ran out
+    assert fake.requests[1].body["max_tokens"] == 100
+    assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOKEN_BUDGET")
+    assert "answer" not in run.result["output"]
+    assert len(fake.requests) == 2
