@@ -1018,6 +1018,16 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     if (reason := _budget_overrun(run)) is not None:
         _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
         return
+    if response.is_refused:
+        # Asked again, the model or its filter would refuse again, and be paid again; what
+        # the turn holds (in `model.responded`) is neither acted on nor shown as an answer.
+        _finish(
+            run,
+            status=RunStatus.REFUSED,
+            reason_code="MODEL_REFUSED",
+            output={"stop_reason": response.stop_reason},
+        )
+        return
     if calls:
         run.state["phase"] = "tools"
         return

@@ -26,6 +26,8 @@ PROVIDER = "Anthropic"
 CLIENT_FIELDS = frozenset({"model", "system", "messages", "tools", "max_tokens", "stream"})
 # Stop reasons of a turn ended at the output limit or at the model's context window.
 CUT_OFF_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
+# The stop reason of a turn Claude's safety classifiers stopped.
+REFUSAL_STOP_REASON = "refusal"
 # Blocks of extended thinking, sent back verbatim with their turn (their signature is checked).
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -113,6 +115,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         stop_reason=answers.text(message.get("stop_reason")),
         model=answers.text(message.get("model")),
         is_cut_off=answers.text(message.get("stop_reason")) in CUT_OFF_STOP_REASONS,
+        is_refused=message.get("stop_reason") == REFUSAL_STOP_REASON,
         reasoning=tuple(
             dict(block) for block in blocks if answers.text(block.get("type")) in REASONING_BLOCKS
         ),

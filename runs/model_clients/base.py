@@ -80,6 +80,9 @@ class ModelResponse:
     is_cut_off: bool = False
     """The provider stopped the turn at the request's output limit (`max_output_tokens`), or
     at the model's context window: its text, or its last call's arguments, may end midway."""
+    is_refused: bool = False
+    """The model refused the request, or its provider withheld the turn (a content filter):
+    what the turn holds is no answer, and the same request meets the same refusal."""
 
 
 def response_kept(response: ModelResponse) -> ModelResponse:

@@ -29,6 +29,8 @@ PROVIDER = "OpenAI-compatible provider"
 OFFICIAL_API_HOST = "api.openai.com"
 # The finish reason of a choice ended at the output limit.
 CUT_OFF_FINISH_REASON = "length"
+# The finish reason of a choice the provider's content filter withheld (in part).
+FILTERED_FINISH_REASON = "content_filter"
 # Set by the client from the request; parameters may not replace them.
 CLIENT_FIELDS = frozenset(
     {"model", "messages", "tools", "max_tokens", "max_completion_tokens", "stream"}
@@ -93,7 +95,8 @@ class OpenAICompatibleClient:
 def model_response(completion: Mapping[str, Any]) -> ModelResponse:
     """The turn a Chat Completions answer holds (`runs.model_clients.answers`): the first
     choice's text, given as a string or as a list of parts, and its function calls, also
-    those of servers that leave out `"type": "function"`."""
+    those of servers that leave out `"type": "function"`. A refusal (the message's
+    `refusal`, with no content) is the turn's text."""
     reported = answers.mapping(completion.get("usage"))
     usage = Usage(
         input_tokens=answers.tokens(reported.get("prompt_tokens")),
@@ -105,6 +108,9 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
     choice = choices[0]
     message = answers.mapping(choice.get("message"))
     content = message.get("content")
+    refusal = answers.text(message.get("refusal"))
+    if refusal and not content:
+        content = refusal
     return ModelResponse(
         text=(
             content
@@ -127,6 +133,7 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
         stop_reason=answers.text(choice.get("finish_reason")),
         model=answers.text(completion.get("model")),
         is_cut_off=choice.get("finish_reason") == CUT_OFF_FINISH_REASON,
+        is_refused=bool(refusal) or choice.get("finish_reason") == FILTERED_FINISH_REASON,
     )
 
 

@@ -422,3 +422,40 @@ def test_an_answer_cut_where_the_token_budget_ran_out_ends_the_run_budget_exhaus
     assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOKEN_BUDGET")
     assert "answer" not in run.result["output"]
     assert len(fake.requests) == 2
+
+
+def _refusal(kind: str) -> dict:
+    if kind == "openai-refusal-field":
+        return openai_with(content=None, refusal="I can't help with that.")
+    if kind == "openai-content-filter":
+        reply = openai_completion(content="Apollo's payments")
+        reply["choices"][0]["finish_reason"] = "content_filter"
+        return reply
+    return {**anthropic_message(text="Apollo's payments"), "stop_reason": "refusal"}
+
+
+@pytest.mark.parametrize(
+    ("kind", "provider", "stop_reason"),
+    [
+        ("openai-refusal-field", OPENAI, "stop"),
+        ("openai-content-filter", OPENAI, "content_filter"),
+        ("anthropic-refusal", ANTHROPIC, "refusal"),
+    ],
+)
+def test_a_turn_the_model_or_its_provider_refused_ends_the_run_refused(
+    demo, fake_model, kind, provider, stop_reason
+):
+    # given the generic agent on a model that refuses, or whose provider withholds the rest
+    fake = fake_model(provider)
+    fake.reply(_refusal(kind))
+    fake.reply(_answer(provider, "unused"))
+    run = _ask_the_agent(demo)
+
+    # when
+    run = advanced(run)
+
+    # then the run says it was refused, is not asked again, and shows no withheld text as
+    # its answer
+    assert (run.status, run.reason_code) == ("REFUSED", "MODEL_REFUSED")
+    assert run.result["output"] == {"stop_reason": stop_reason}
+    assert len(fake.requests) == 1
