@@ -1,3 +1,4 @@
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.db import models
@@ -9,6 +10,29 @@ from runs.errors import EventLogIsAppendOnly
 
 
 class RunEventQuerySet(models.QuerySet):
+    """Refuses every write but an insert; the model's default and base manager, so that no
+    path of the ORM (a related manager, saving, deleting) reaches the rows without it."""
+
+    def bulk_create(
+        self,
+        objs: Iterable["RunEvent"],
+        batch_size: int | None = None,
+        ignore_conflicts: bool = False,
+        update_conflicts: bool = False,
+        update_fields: Sequence[str] | None = None,
+        unique_fields: Sequence[str] | None = None,
+    ) -> list["RunEvent"]:
+        # ON CONFLICT DO UPDATE would rewrite the stored event an insert collides with.
+        if update_conflicts:
+            raise EventLogIsAppendOnly("Run events are never updated.")
+        return super().bulk_create(
+            objs,
+            batch_size=batch_size,
+            ignore_conflicts=ignore_conflicts,
+            update_fields=update_fields,
+            unique_fields=unique_fields,
+        )
+
     def update(self, **kwargs: Any) -> int:
         raise EventLogIsAppendOnly("Run events are never updated.")
 
@@ -37,6 +61,7 @@ class RunEvent(models.Model):
     objects = RunEventQuerySet.as_manager()
 
     class Meta:
+        base_manager_name = "objects"
         ordering = ["run_id", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="runevent_unique_seq"),

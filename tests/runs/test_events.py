@@ -101,6 +101,35 @@ def test_a_bulk_update_is_refused(run):
     assert _log_state(run) == before
 
 
+def test_an_upsert_cannot_rewrite_an_event(run):
+    before = _log_state(run)
+    existing = RunEvent.objects.get(run=run, seq=1)
+    rewritten = RunEvent(id=existing.pk, run=run, seq=1, type="run.finished", payload={"x": 1})
+
+    with pytest.raises(EventLogIsAppendOnly), transaction.atomic():
+        RunEvent.objects.bulk_create(
+            [rewritten],
+            update_conflicts=True,
+            unique_fields=["run", "seq"],
+            update_fields=["type", "payload"],
+        )
+
+    assert _log_state(run) == before
+
+
+def test_the_base_manager_refuses_updates_and_deletes_too(run):
+    # Django reaches rows through the base manager where the default one is not used
+    # (related objects, saving): it is the same append-only one.
+    before = _log_state(run)
+
+    with pytest.raises(EventLogIsAppendOnly):
+        RunEvent._base_manager.filter(run=run, seq=3).update(payload={})
+    with pytest.raises(EventLogIsAppendOnly):
+        RunEvent._base_manager.filter(run=run).delete()
+
+    assert _log_state(run) == before
+
+
 def test_update_or_create_cannot_rewrite_an_event(run):
     before = _log_state(run)
 
