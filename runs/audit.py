@@ -23,7 +23,12 @@ from registry.models import ToolVersion
 from runs.context import RECIPIENT_FIELDS
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.redaction import REDACTED, redact
-from runs.selectors import contract_sensitive_fields, hidden_fields, texts_under
+from runs.selectors import (
+    contract_sensitive_fields,
+    hidden_fields,
+    recipient_texts,
+    texts_under,
+)
 
 PAGE_SIZE = 50
 
@@ -312,6 +317,12 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             if source.tool_call_id in hidden_in
         ),
     )
+    # What the host copied from a tool's answer (a recipient into the result, the action,
+    # the events, a model's later call) is hidden as the answer is.
+    hidden = hidden_fields(
+        run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
+    )
+    texts |= recipient_texts(run=run, fields=hidden)
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {
         "run": {
@@ -399,13 +410,8 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         "spans": _waterfall(spans, run),
         "result": run.result,
     }
-    # What the host copied from a tool's answer (a recipient into the result, the action,
-    # the events, a model's later call) is hidden as the answer is, and what the answer held
-    # under those fields is masked in any text (a name the model wrote into a draft); each
-    # part is redacted once.
-    hidden = hidden_fields(
-        run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
-    )
+    # What the answers held under those fields is masked in any text (a name the model wrote
+    # into a draft); each part is redacted once.
     return {
         part: redact(
             value,

@@ -126,6 +126,13 @@ def texts_under(result: Any, fields: frozenset[str]) -> set[str]:
     return found
 
 
+def recipient_texts(*, run: Run, fields: frozenset[str]) -> set[str]:
+    """What the run's recipient snapshot holds under `fields`: a copy of the directory's
+    answer, which a run that reuses the recipient confirmed in its session took from an
+    earlier run, with no call of its own that returned it."""
+    return texts_under(run.state.get("recipient"), fields) if fields else set()
+
+
 def hidden_texts(
     *, runs: Iterable[Run], contracts: dict[str, frozenset[str]]
 ) -> dict[Any, frozenset[str]]:
@@ -133,11 +140,24 @@ def hidden_texts(
     (`redaction.redact`'s `texts`), as the model or the host may copy it anywhere (a name
     into a draft's body): what the run's tool calls returned under the fields their
     versions' contracts mark sensitive, in their envelopes and in the sources they kept (a
-    result too large for its envelope is whole there). `contracts`: those fields by tool
-    version id, as `hidden_fields` read them for these runs. Two reads for any number of
-    runs, none where no version hides a field."""
+    result too large for its envelope is whole there), and what its recipient snapshot holds
+    under the fields its snapshot's tools hide (`recipient_texts`). `contracts`: those
+    fields by tool version id, as `hidden_fields` read them for these runs. Two reads for
+    any number of runs, none where no version hides a field."""
     runs = list(runs)
-    texts: dict[Any, set[str]] = {run.pk: set() for run in runs}
+    texts: dict[Any, set[str]] = {
+        run.pk: recipient_texts(
+            run=run,
+            fields=frozenset().union(
+                *(
+                    contracts.get(str(entry["id"]), frozenset())
+                    for entry in run.capability.get("tools", [])
+                    if "id" in entry
+                )
+            ),
+        )
+        for run in runs
+    }
     versions = [pk for pk, fields in contracts.items() if fields]
     if runs and versions:
         calls = ToolCall.objects.filter(run__in=runs, tool_version_id__in=versions)

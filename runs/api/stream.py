@@ -58,14 +58,17 @@ def viewer_shape(run: Run, *, cleared: bool) -> Shape:
     """Each payload as `redact` shows it to a viewer (`selectors.viewer_cleared`): without
     clearance, with the fields the run's tools hide (`selectors.hidden_fields`) and, inside
     its text, what they returned under them (`selectors.hidden_texts`). Those are read when
-    the stream opens, for the calls `run` had ended by then, and again after each call that
-    ends later, for what the model copies afterwards."""
+    the stream opens, for the calls `run` had ended by then and the recipient it had, and
+    again after each call that ends later, with the run's state as it is then (a recipient
+    reused from the session came with no call), for what the model copies afterwards."""
     contracts: dict[str, frozenset[str]] = {}
     fields = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
 
-    def read() -> frozenset[str]:
+    def read(*, again: bool = False) -> frozenset[str]:
         if not fields:
             return frozenset()
+        if again:
+            run.refresh_from_db(fields=["state"])
         return selectors.hidden_texts(runs=[run], contracts=contracts)[run.pk]
 
     texts, read_after = read(), run.last_event_seq
@@ -74,7 +77,7 @@ def viewer_shape(run: Run, *, cleared: bool) -> Shape:
         nonlocal texts, read_after
         ended = event.type in (EventType.TOOL_COMPLETED, EventType.TOOL_FAILED)
         if ended and event.seq > read_after:
-            texts, read_after = read(), event.seq
+            texts, read_after = read(again=True), event.seq
         return redact(event.payload, cleared=cleared, sensitive=fields, texts=texts)
 
     return shape

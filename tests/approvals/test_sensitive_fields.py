@@ -24,7 +24,7 @@ from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
 from runs.api.stream import viewer_shape
 from runs.loop import run_execute
-from runs.models import Run, RunEvent
+from runs.models import Run, RunEvent, ToolCall
 from tests.approvals.conftest import waiting_run
 from tests.runs import conftest as runs_fixtures
 from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
@@ -188,6 +188,42 @@ def test_a_stream_that_began_before_the_tools_answered_masks_what_the_model_copi
     shown = json.dumps([shape(event) for event in events], ensure_ascii=False)
     assert "Dear [redacted], here is the week." in shown
     assert NAME not in shown
+
+
+def test_a_recipient_confirmed_in_an_earlier_run_of_the_session_is_masked_in_text_too(
+    demo_names_sensitive, model_server, monkeypatch, client, settings
+):
+    # given alice chose the recipient in an earlier run of her session: the directory
+    # returned the name there, and the next run reuses the confirmation without a lookup
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    demo = demo_names_sensitive
+    first = runs_fixtures.demo_run(demo, project_id="apollo", recipient_record_id="dir-1001")
+    run_execute(run_id=str(first.pk))
+    fake_model(demo, model_server, monkeypatch)
+    model_server.reply(runs_fixtures.read_apollo())
+    draft = runs_fixtures.apollo_draft(body=f"Dear {NAME}, here is the week.")
+    model_server.reply(openai_completion(content=json.dumps(draft)))
+    run = runs_fixtures.demo_run(demo, session_id=first.session_id)
+    followed = viewer_shape(Run.objects.get(pk=run.pk), cleared=False)
+
+    # when the model writes the name into the draft of that next run
+    run_execute(run_id=str(run.pk))
+
+    # then the auditor without clearance reads it nowhere, nor in a stream that began first
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "WAITING_APPROVAL"
+    assert not ToolCall.objects.filter(run=run, call_id="host-recipient").exists()
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(run, client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if NAME in text] == []
+    assert "Dear [redacted], here is the week." in by_carol["export"]
+    events = RunEvent.objects.filter(run=run).order_by("seq")
+    assert NAME not in json.dumps([followed(event) for event in events], ensure_ascii=False)
+    # and the requester still reads it
+    assert (
+        f"Dear {NAME}, here is the week."
+        in api_as("alice").get(f"/api/v1/runs/{run.pk}/events").content.decode()
+    )
 
 
 ACCENTED = "Zoë Brandt"
