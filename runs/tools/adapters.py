@@ -271,6 +271,19 @@ def _answer(
     return response, b"".join(chunks)
 
 
+def _json(content: bytes, charset: str | None) -> Any:
+    """The JSON of a service's answer: in UTF-8 (or UTF-16, UTF-32), as RFC 8259 has it and
+    whatever charset it declares, or else in the charset it declares (a service sending
+    ISO-8859-1 or Shift_JIS). Read as text instead, its business status would be lost, and a
+    refusal taken for a success."""
+    try:
+        return json.loads(content)
+    except UnicodeDecodeError:
+        if not charset:
+            raise
+        return json.loads(content.decode(text_encoding(charset)).removeprefix("\ufeff"))
+
+
 def http_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
@@ -317,7 +330,7 @@ def http_call(
             may_have_side_effect=tool_version.risk not in READ_RISKS,
         ) from error
     try:
-        payload = json.loads(content)
+        payload = _json(content, response.charset_encoding)
     except (ValueError, RecursionError):
         # Not JSON, or nested too deep to parse: kept as text. From a 2xx it is still the
         # service's answer (untrusted data, like any raw response); a service states a business

@@ -337,6 +337,50 @@ def test_a_text_answer_in_a_charset_of_no_text_is_read_as_utf_8(report_service, 
     assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
 
 
+@pytest.mark.parametrize(
+    ("charset", "reason"),
+    [
+        ("iso-8859-1", "Adresse refusée"),
+        ("windows-1252", "Empfänger gesperrt"),
+        ("shift_jis", "宛先拒否"),
+    ],
+)
+def test_a_json_answer_in_the_charset_it_declares_keeps_its_business_status(
+    demo, report_service, charset, reason
+):
+    # given a service that refuses in JSON encoded in the charset its answer declares, not
+    # UTF-8, and names a source
+    report_service.headers = {"Content-Type": f"application/json; charset={charset}"}
+    report_service.body = json.dumps(
+        {
+            "business_status": "refused",
+            "data": {"reason": reason},
+            "sources": [{"reference": "report:apollo", "content": reason}],
+        },
+        ensure_ascii=False,
+    ).encode(charset)
+
+    # when
+    run = report_read(demo, report_service)
+
+    # then the refusal is the call's business status, with the service's words, and no evidence
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.envelope["business_status"], record.envelope["raw"]) == (
+        "refused",
+        {"reason": reason},
+    )
+    assert not Source.objects.filter(tool_call=record).exists()
+
+
+def test_a_json_answer_that_declares_a_charset_but_is_utf_8_is_read_as_utf_8(report_service):
+    report_service.headers = {"Content-Type": "application/json; charset=iso-8859-1"}
+    report_service.body = '{"data": {"owner": "Zoë"}}'.encode()
+
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    assert output == ToolOutput(business_status="ok", raw={"owner": "Zoë"})
+
+
 @pytest.mark.parametrize("sources", [5, 1.5, True, "report:apollo", {"reference": "r"}])
 def test_sources_that_are_not_a_list_are_none_and_the_answer_is_the_result(report_service, sources):
     # given a service whose 200 gives its sources as something other than a list
