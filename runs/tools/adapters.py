@@ -284,11 +284,27 @@ def _json(content: bytes, charset: str | None) -> Any:
         return json.loads(content.decode(text_encoding(charset)).removeprefix("\ufeff"))
 
 
+def _header_value(text: str) -> bool:
+    """Whether `text` may be sent in an HTTP header as it is: printable ASCII, no space at
+    either end (a secret's variable set from a file often ends in a line break)."""
+    return text.isascii() and text.isprintable() and text == text.strip()
+
+
 def http_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
     """POST the arguments as JSON; the host adds identity, idempotency key and credential."""
     headers = {"Idempotency-Key": context.idempotency_key, "Accept-Encoding": "identity"}
+    if context.credential and not _header_value(context.credential):
+        # Sent, it would fail as an answer that broke off (after the call went out, so a
+        # write would be taken as maybe done), with the credential in the client's error.
+        raise ToolFailed(
+            f"The credential {tool_version.adapter_config.get('credential_ref')} is no valid "
+            "HTTP header value (a line break, a space at either end, or a character outside "
+            "printable ASCII); nothing was sent.",
+            category=ErrorCategory.PERMISSION_DENIED,
+            retryable=False,
+        )
     if context.credential:
         headers["Authorization"] = f"Bearer {context.credential}"
     body = {

@@ -9,7 +9,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -451,6 +451,38 @@ def test_a_service_that_cannot_be_reached_had_no_effect():
 
     assert str(raised.value) == "The service could not be reached."
     assert raised.value.may_have_side_effect is False
+
+
+@pytest.mark.parametrize(
+    "credential", ["svc-77d0c1e9a4b25f68\n", "svc-77d0c1e9a4b25f68 ", "svc-77d0c1é9a4b25f68"]
+)
+def test_a_credential_no_header_can_carry_fails_the_call_before_anything_is_sent(
+    report_service, credential
+):
+    # given a write tool whose credential variable was set with a trailing line break or
+    # space, or with a character outside ASCII
+    tool = report_tool(report_service.url)
+    tool.risk = Risk.EXTERNAL_SIDE_EFFECT
+    tool.adapter_config["credential_ref"] = "REPORT_SERVICE_TOKEN"
+    context = replace(call_context(), credential=credential)
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(tool, context, {"project_id": "apollo"})
+
+    # then nothing was sent, nothing may have happened, another try would fail the same, and
+    # the operator is told which variable to fix, not its value
+    failure = raised.value
+    assert report_service.requests == []
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        ErrorCategory.PERMISSION_DENIED,
+        False,
+        False,
+    )
+    assert str(failure) == (
+        "The credential REPORT_SERVICE_TOKEN is no valid HTTP header value (a line break, a "
+        "space at either end, or a character outside printable ASCII); nothing was sent."
+    )
 
 
 def test_a_compressed_answer_nobody_asked_for_fails_the_call_before_it_is_inflated(
