@@ -41,6 +41,7 @@ from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
+from runs.model_clients.provider_errors import retry_after
 from runs.models.tools import EVIDENCE_USE
 from runs.tools import threads
 from runs.tools.envelope import BUSINESS_OK, ErrorCategory, strip_secrets
@@ -100,15 +101,18 @@ class ToolFailed(Exception):
         may_have_side_effect: bool = False,
         raw: Any = None,
         attempted: bool = True,
+        retry_after: float | None = None,
     ) -> None:
         """`attempted` is False when a limit turned the call away before the tool was
-        called: nothing happened, whatever the tool does."""
+        called: nothing happened, whatever the tool does. `retry_after`: the seconds the tool
+        asked to wait before another try (an HTTP service's Retry-After)."""
         super().__init__(message)
         self.category = category
         self.retryable = retryable
         self.may_have_side_effect = may_have_side_effect
         self.raw = raw
         self.attempted = attempted
+        self.retry_after = retry_after
 
 
 class Handler(Protocol):
@@ -375,6 +379,7 @@ def http_call(
             retryable=response.status_code == 429 or response.status_code >= 500,
             may_have_side_effect=response.status_code >= 500,
             raw=payload,
+            retry_after=retry_after(response.headers),
         )
     if not isinstance(payload, dict):
         payload = {"data": payload}

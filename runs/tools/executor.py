@@ -602,14 +602,28 @@ def _run_with_retries(
         try:
             output, passage = _attempt(admitted, entered if attempt == 1 else None)
         except ToolFailed as failure:
-            if not (failure.retryable and repeatable and attempt < max_attempts):
+            wait = _retry_wait(policy, attempt, failure)
+            if not (failure.retryable and repeatable and attempt < max_attempts) or wait is None:
                 return failure, attempt, int((time.monotonic() - started) * 1000), None
         else:
             return output, attempt, int((time.monotonic() - started) * 1000), passage
-        backoff = min(
-            policy.get("backoff_s", 0.2) * 2 ** (attempt - 1), policy.get("max_backoff_s", 2)
-        )
-        time.sleep(random.uniform(0, backoff) if policy.get("jitter", True) else backoff)
+        time.sleep(wait)
+
+
+def _retry_wait(policy: dict[str, Any], attempt: int, failure: ToolFailed) -> float | None:
+    """Seconds to wait after the `attempt`-th failed: the policy's backoff (exponential, at
+    most its max_backoff_s, jittered unless it says not), or longer when the tool asked for
+    a longer wait (Retry-After). None when it asked for more than max_backoff_s: a try
+    sooner would be turned away again, and the run is not held longer than its policy says."""
+    longest = policy.get("max_backoff_s", 2)
+    backoff = min(policy.get("backoff_s", 0.2) * 2 ** (attempt - 1), longest)
+    if policy.get("jitter", True):
+        backoff = random.uniform(0, backoff)
+    if failure.retry_after is None:
+        return backoff
+    if failure.retry_after > longest:
+        return None
+    return max(backoff, failure.retry_after)
 
 
 def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:

@@ -877,6 +877,67 @@ def test_only_the_tool_s_own_faults_open_its_circuit(demo, report_service, statu
     assert limits.circuit_state(tool_version) == ("open" if opens else "closed")
 
 
+def rate_limited_once(retry_after: str) -> tuple[type[BaseHTTPRequestHandler], list[float]]:
+    """A service that answers its first call 429 asking to wait `retry_after` (Retry-After)
+    and every later one 200, with the times the calls came (monotonic seconds)."""
+    arrivals: list[float] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            arrivals.append(time.monotonic())
+            limited = len(arrivals) == 1
+            body = b'{"error": "slow down"}' if limited else b'{"data": {"health": "green"}}'
+            self.send_response(429 if limited else 200)
+            if limited:
+                self.send_header("Retry-After", retry_after)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler, arrivals
+
+
+RETRIES_WITHIN_5_S = {"max_attempts": 3, "backoff_s": 0.05, "max_backoff_s": 5, "jitter": False}
+
+
+def test_a_retry_waits_as_long_as_the_service_asked(demo):
+    # given a read tool retried after 0.05 s, whose service asks the first call to wait 1 s
+    handler, arrivals = rate_limited_once("1")
+    with loopback_server(handler) as port:
+        service = ReportService(url=f"http://127.0.0.1:{port}/report")
+
+        # when
+        run = report_read(demo, service, retry_policy=RETRIES_WITHIN_5_S)
+
+    # then it was called again once the second had passed, and answered
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(arrivals)) == ("completed", 2, 2)
+    assert arrivals[1] - arrivals[0] >= 1
+
+
+def test_a_service_that_asks_for_a_longer_wait_than_the_retry_policy_s_is_not_called_again(demo):
+    # given a read tool retried within 5 s, whose service asks the first call to wait 30 s
+    handler, arrivals = rate_limited_once("30")
+    with loopback_server(handler) as port:
+        service = ReportService(url=f"http://127.0.0.1:{port}/report")
+
+        # when
+        run = report_read(demo, service, retry_policy=RETRIES_WITHIN_5_S)
+
+    # then the call failed at once, as one another try may pass later
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(arrivals)) == ("failed", 1, 1)
+    assert (record.envelope["error"]["category"], record.envelope["retryable"]) == (
+        "RATE_LIMITED",
+        True,
+    )
+
+
 @pytest.mark.parametrize(
     ("reference", "kept"),
     [
