@@ -41,7 +41,7 @@ from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
-from runs.model_clients.provider_errors import retry_after
+from runs.model_clients.provider_errors import is_retryable_status, retry_after
 from runs.models.tools import EVIDENCE_USE
 from runs.tools import threads
 from runs.tools.envelope import BUSINESS_OK, ErrorCategory, strip_secrets
@@ -192,6 +192,7 @@ _HTTP_CATEGORIES = {
     401: ErrorCategory.PERMISSION_DENIED,
     403: ErrorCategory.PERMISSION_DENIED,
     404: ErrorCategory.NOT_FOUND,
+    408: ErrorCategory.TIMEOUT,
     422: ErrorCategory.INVALID_ARGUMENT,
     429: ErrorCategory.RATE_LIMITED,
 }
@@ -376,7 +377,7 @@ def http_call(
         raise ToolFailed(
             f"The service answered {response.status_code}.",
             category=_HTTP_CATEGORIES.get(response.status_code, ErrorCategory.UPSTREAM_ERROR),
-            retryable=response.status_code == 429 or response.status_code >= 500,
+            retryable=is_retryable_status(response.status_code),
             may_have_side_effect=response.status_code >= 500,
             raw=payload,
             retry_after=retry_after(response.headers),

@@ -285,6 +285,7 @@ def test_every_redirect_status_is_a_final_upstream_error_without_side_effect(
         (400, ErrorCategory.INVALID_ARGUMENT, False, False),
         (403, ErrorCategory.PERMISSION_DENIED, False, False),
         (404, ErrorCategory.NOT_FOUND, False, False),
+        (408, ErrorCategory.TIMEOUT, True, False),
         (429, ErrorCategory.RATE_LIMITED, True, False),
         (503, ErrorCategory.UPSTREAM_ERROR, True, True),
     ],
