@@ -94,7 +94,27 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
 def _text_stripped(text: str, *, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         text = text.replace(secret, REDACTED)
+        if "%" in text:
+            text = _percent_encoded(secret).sub(REDACTED, text)
     return jsontext.storable_text(secrets_removed(text))
+
+
+def _percent_hex(byte: int) -> str:
+    return "%" + "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02X}")
+
+
+@functools.lru_cache(maxsize=64)
+def _percent_encoded(secret: str) -> re.Pattern:
+    """The secret as a URL or a form carries it: any of its characters percent-encoded (hex
+    in either case), a space as +. A service echoes a credential in a link as readily as
+    verbatim."""
+    characters = []
+    for character in secret:
+        forms = [re.escape(character), "".join(map(_percent_hex, character.encode()))]
+        if character == " ":
+            forms.append(r"\+")
+        characters.append(f"(?:{'|'.join(forms)})")
+    return re.compile("".join(characters))
 
 
 def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:

@@ -665,6 +665,47 @@ def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
     assert secret not in stored
 
 
+def test_a_credential_the_service_echoes_url_encoded_is_stripped(
+    demo, report_service, report_token, monkeypatch
+):
+    # given a credential with characters a URL encodes, which the service echoes in the
+    # links of its answer, encoded as a URL and as a form would (hex in either case)
+    secret = "Zk8+q2/Lm9xR=Tv4wB7nH1s"
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
+    links = [
+        "https://status.example/retry?auth=Zk8%2Bq2%2FLm9xR%3DTv4wB7nH1s",
+        "https://status.example/retry/Zk8%2bq2/Lm9xR%3dTv4wB7nH1s",
+    ]
+    report_service.body = json.dumps(
+        {
+            "business_status": "ok",
+            "data": {"health": "green", "links": links},
+            "sources": [{"reference": links[0], "content": f"green, see {links[1]}"}],
+        }
+    ).encode()
+
+    # when
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    # then the service got the credential, and no encoding of it is in what the run keeps
+    assert report_service.requests
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["raw"]["links"] == [
+        "https://status.example/retry?auth=[redacted]",
+        "https://status.example/retry/[redacted]",
+    ]
+    stored = json.dumps(
+        [
+            list(run.events.values_list("payload", flat=True)),
+            record.envelope,
+            list(Source.objects.filter(run=run).values_list("reference", "content")),
+            run.transcript,
+            run.result,
+        ]
+    )
+    assert "Tv4wB7nH1s" not in stored
+
+
 def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(
     demo, report_service, report_token
 ):
