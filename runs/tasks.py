@@ -31,9 +31,13 @@ logger = logging.getLogger(__name__)
 
 MODEL_RETRIES = 4
 MODEL_RETRY_AFTER_MAX_S = 300
+# The run's limits, when a step may advance it: queued or running, and not resting at a host
+# node (its action's to advance, `approvals.tasks`).
 _RUN_LIMITS = PreparedQuery(
     lambda run_id: (
-        Run.objects.filter(pk=run_id)
+        Run.objects.filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+        # (with the key: a node of NULL, in SQL, would exclude every run without one)
+        .exclude(state__has_key="node", state__node__in=HOST_NODES)
         .order_by()
         .values("tenant_id", "tenant__max_concurrent_runs", "capability__budgets__max_seconds")[:1]
     ),
@@ -59,9 +63,13 @@ def _model_wait(retries: int, retry_after: float | None) -> float:
 def run_advance(self, *, run_id: str) -> None:
     """Advance a run until it pauses or ends. Safe to deliver twice: each step locks the run
     and skips work already checkpointed. A run whose tenant has as many runs advancing as its
-    `max_concurrent_runs` waits its turn: the task comes back a little later."""
+    `max_concurrent_runs` waits its turn: the task comes back a little later. A late copy of
+    the task, for a run that ended or waits for people, is done with at once: it takes no
+    slot and never comes back to wait for one."""
     run = _RUN_LIMITS.first(run_id=run_id)
-    cap = run["tenant__max_concurrent_runs"] if run else None
+    if run is None:
+        return
+    cap = run["tenant__max_concurrent_runs"]
     # Eager (the embedded default) runs each task inline in its request: nothing to queue.
     if cap is None or settings.CELERY_TASK_ALWAYS_EAGER:
         _advance(self, run_id)

@@ -44,7 +44,7 @@ from runs.tools import executor, limits
 from runs.tools.adapters import ToolFailed
 from runs.tools.envelope import ErrorCategory
 from runs.workflows import WEEKLY_SUMMARY_SEND, WORKFLOWS
-from tests.celery_worker import queue_purge
+from tests.celery_worker import queue_purge, queued_run_ids
 from tests.loopback import loopback_server
 from tests.runs.conftest import (
     FAKE_API_KEY,
@@ -1683,6 +1683,37 @@ def test_a_run_waiting_its_tenant_s_turn_gets_no_copy_of_its_task_from_the_sweep
         assert runs_sweep() == 0
     finally:
         limits.tenant_run_slot_release(tenant_id=run.tenant_id, run_id="another-run")
+        queue_purge()
+
+
+def test_a_late_delivery_of_a_run_that_no_step_advances_does_not_wait_for_its_tenant_s_turn(
+    demo, settings
+):
+    # given a run waiting for its approval, and a run that ended, whose tenant's one slot
+    # another run holds
+    waiting = start(demo, project_id="apollo")
+    run_execute(run_id=str(waiting.pk))
+    assert finished(waiting).status == "WAITING_APPROVAL"
+    ended = start(demo, project_id="apollo")
+    run_cancel(run=ended, actor=demo.alice)
+    assert finished(ended).status == "CANCELLED"
+    Tenant.objects.filter(pk=demo.acme.pk).update(max_concurrent_runs=1)
+    assert limits.tenant_run_slot_take(
+        tenant_id=demo.acme.pk, cap=1, run_id="another-run", seconds=60
+    )
+    try:
+        # when a late copy of each one's task is delivered
+        for run in (waiting, ended):
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+        # then each is done with: no task comes back to wait for a turn it has no use for
+        assert queued_run_ids() == []
+        assert (finished(waiting).status, finished(ended).status) == (
+            "WAITING_APPROVAL",
+            "CANCELLED",
+        )
+    finally:
+        limits.tenant_run_slot_release(tenant_id=demo.acme.pk, run_id="another-run")
         queue_purge()
 
 
