@@ -357,6 +357,9 @@ CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
 RECIPIENT_CONFIRMATION_SECONDS = env.int("RECIPIENT_CONFIRMATION_SECONDS", default=7 * 24 * 3600)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.
 RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
+# A run's task starts no step after this long and hands the run to a new task: far enough
+# within the task's soft time limit for a step begun just before (a slow model turn) to end.
+RUN_TASK_SECONDS = env.int("RUN_TASK_SECONDS", default=240)
 # A cancel waits this long for a run another transaction holds (PostgreSQL; 0: not at all):
 # a short writer (an approval decision, a session's next message) lets go within it; a step
 # asking a model does not, and the cancel is kept beside the run for the step's boundary.

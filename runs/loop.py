@@ -8,6 +8,7 @@ import json
 import logging
 import operator
 import re
+import time
 import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -1554,8 +1555,12 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
     return run.status == RunStatus.RUNNING
 
 
-def run_execute(*, run_id: str) -> None:
-    """Advance the run until it pauses, ends, or needs a retry."""
+def run_execute(*, run_id: str, seconds: float | None = None) -> bool:
+    """Advance the run until it pauses, ends, or needs a retry, starting no step after about
+    `seconds` (None: no bound). Returns whether steps remain."""
     execution = Execution()
+    started = time.monotonic()
     while run_advance_step(run_id=run_id, execution=execution):
-        pass
+        if seconds is not None and time.monotonic() - started >= seconds:
+            return True
+    return False

@@ -156,8 +156,14 @@ def _lease_through(run_id: str, seconds: float) -> None:
 
 
 def _advance(task, run_id: str) -> None:
+    """Advance the run for at most RUN_TASK_SECONDS, then hand it to a new task (its last step
+    renewed its lease, so the sweep sends no copy meanwhile): a run of many slow steps would
+    otherwise meet the task's soft time limit mid-step, its step's work lost (a model turn
+    paid for and asked again) and the run left for the sweep. Eager (the embedded default)
+    runs it to its pause or end."""
+    seconds = None if settings.CELERY_TASK_ALWAYS_EAGER else settings.RUN_TASK_SECONDS
     try:
-        run_execute(run_id=run_id)
+        more = run_execute(run_id=run_id, seconds=seconds)
     except ModelTemporarilyUnavailable as error:
         if task.request.retries >= task.max_retries:
             with transaction.atomic():
@@ -176,6 +182,8 @@ def _advance(task, run_id: str) -> None:
     except Exception:
         _step_failed(run_id)
         raise
+    if more:
+        task_send(run_advance, run_id=run_id)
 
 
 @shared_task(acks_late=True)

@@ -1717,6 +1717,35 @@ def test_a_late_delivery_of_a_run_that_no_step_advances_does_not_wait_for_its_te
         queue_purge()
 
 
+def test_a_run_longer_than_its_task_s_time_goes_on_in_a_new_task_between_steps(demo, settings):
+    # given a run, and a task's time for steps already spent once a step is done (as a run of
+    # many slow model turns spends it, which the task's soft time limit would cut mid-step)
+    settings.RUN_TASK_SECONDS = 0
+    run = start(demo, project_id="apollo")
+    try:
+        # when its task is delivered
+        run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+        # then it took one step, committed, and handed the rest to a new task, its lease held
+        # so that the sweep sends no copy
+        advanced = finished(run)
+        assert (advanced.status, advanced.attempts) == ("RUNNING", 0)
+        assert event_types(advanced) == [*START, *RESOLVE_RECIPIENT]
+        assert queued_run_ids() == [str(run.pk)]
+        assert runs_sweep() == 0
+
+        # and the tasks that follow take it to its approval, a step each
+        deliveries = 1
+        while queued_run_ids():
+            queue_purge()
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+            deliveries += 1
+        assert finished(run).status == "WAITING_APPROVAL"
+        assert deliveries == 4
+    finally:
+        queue_purge()
+
+
 def test_a_step_that_keeps_raising_ends_the_run_instead_of_being_sent_forever(demo, monkeypatch):
     # given a run whose model turn has a bug
     def broken(run, model_config):
