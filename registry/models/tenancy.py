@@ -1,5 +1,6 @@
 import hashlib
 import secrets
+from decimal import Decimal
 
 from django.conf import settings
 from django.contrib.auth.models import Group
@@ -29,8 +30,9 @@ class Tenant(models.Model):
         decimal_places=4,
         null=True,
         blank=True,
+        validators=[MinValueValidator(Decimal(0))],
         help_text="Model cost the tenant's runs may spend per day; a run that finds it spent "
-        "ends BUDGET_EXHAUSTED. Empty: no quota.",
+        "ends BUDGET_EXHAUSTED. Empty: no quota; 0: no model turn at all.",
     )
     max_concurrent_runs = models.PositiveIntegerField(
         null=True,
@@ -71,6 +73,12 @@ class Tenant(models.Model):
 
     class Meta:
         ordering = ["slug"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(daily_cost_quota__gte=0),
+                name="tenant_daily_cost_quota_not_negative",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.slug

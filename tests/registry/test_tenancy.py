@@ -1,9 +1,11 @@
 import importlib
+from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
 from django.apps import apps
 from django.contrib.auth.models import Group
+from django.db import IntegrityError, transaction
 
 from registry.errors import ValidationFailed
 from registry.models import AgentConfig, ModelConfig, Policy, Skill, Tenant, Tool
@@ -253,3 +255,36 @@ def test_an_agent_form_drawn_again_offers_the_skills_of_the_tenant_chosen(
         "platform/core/escalate",
     }
     assert not AgentConfig.objects.exists()
+
+
+def test_the_admin_refuses_a_negative_daily_cost_quota_on_its_field(client, platform_admin, acme):
+    client.force_login(platform_admin)
+
+    response = client.post(
+        f"/admin/registry/tenant/{acme.pk}/change/",
+        {"slug": "acme", "name": acme.name, "is_active": "on", "daily_cost_quota": "-1"},
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["daily_cost_quota"] == [
+        "Ensure this value is greater than or equal to 0."
+    ]
+    acme.refresh_from_db()
+    assert acme.daily_cost_quota is None
+
+
+def test_the_service_refuses_a_negative_daily_cost_quota(platform_admin, acme):
+    acme.daily_cost_quota = Decimal("-0.0001")
+
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=acme, actor=platform_admin)
+
+    assert refused.value.details == {
+        "daily_cost_quota": ["Ensure this value is greater than or equal to 0."]
+    }
+    assert Tenant.objects.get(pk=acme.pk).daily_cost_quota is None
+
+
+def test_the_database_refuses_a_negative_daily_cost_quota(acme):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Tenant.objects.filter(pk=acme.pk).update(daily_cost_quota=Decimal("-5"))
