@@ -849,7 +849,7 @@ def _spend(
     However much a provider claims, the totals stay within their columns; the budgets end
     the run long before."""
     cost = _cost(prices, input_tokens, output_tokens)
-    quotas.tenant_cost_add(run.tenant_id, cost)
+    quotas.tenant_cost_add(quotas.payer_id(run.tenant), cost)
     run.tokens_used = min(run.tokens_used + input_tokens + output_tokens, TOKENS_USED_MAX)
     run.cost = min(run.cost + cost, COST_MAX)
     return cost

@@ -1,5 +1,7 @@
 """Daily cost quotas per tenant, counted in the cache (Redis in production, so every worker
-adds to and reads the same figure). The day is the platform's local day."""
+adds to and reads the same figure). The day is the platform's local day. An evaluation
+sandbox's runs call its tenant's models with its tenant's credentials: they spend, and are
+held to, its tenant's quota."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -15,6 +17,11 @@ KEPT_SECONDS = 2 * 24 * 3600
 
 def _key(tenant_id: int) -> str:
     return f"tenant-cost:{tenant_id}:{timezone.localdate().isoformat()}"
+
+
+def payer_id(tenant: Tenant) -> int:
+    """The tenant whose quota the runs of `tenant` spend."""
+    return tenant.sandbox_of_id or tenant.pk
 
 
 def tenant_cost_add(tenant_id: int, cost: Decimal) -> None:
@@ -35,7 +42,9 @@ def tenant_cost_today(tenant_id: int) -> Decimal:
 
 
 def tenant_quota_spent(tenant: Tenant) -> dict | None:
-    """None while the tenant may still spend today; otherwise what the run's result says."""
+    """None while the tenant (a sandbox's: its tenant) may still spend today; otherwise what
+    the run's result says."""
+    tenant = tenant.registry_owner
     if tenant.daily_cost_quota is None:
         return None
     spent = tenant_cost_today(tenant.pk)

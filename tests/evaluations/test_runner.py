@@ -20,11 +20,12 @@ from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.choices import SkillAssembly
-from registry.models import RolloutFlag, SkillVersion
+from registry.models import ModelConfig, RolloutFlag, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant
+from runs import quotas
 from runs.choices import RunStatus
 from runs.models import Attachment, Run, ToolCall
 from runs.services.ingress import message_ingest
@@ -463,3 +464,38 @@ def test_every_run_of_an_eval_run_has_the_version_under_test_of_its_skill_s_name
         if event["skill"].startswith("weekly-summary@")
     }
     assert activated == {version.qualified_name}
+
+
+def test_the_model_turns_of_an_eval_run_count_toward_its_tenant_s_daily_quota(demo, evaluate, tiny):
+    # given a priced model and acme's quota, of which some is left
+    ModelConfig.objects.filter(name="offline-planner").update(
+        price_per_1k_input=Decimal("0.01"), price_per_1k_output=Decimal("0.02")
+    )
+    demo.acme.daily_cost_quota = Decimal("1.00")
+    demo.acme.save()
+
+    # when a publisher evaluates a version
+    eval_run = evaluate(tiny)
+
+    # then what its cases' model turns cost is acme's spend of the day
+    spent = sum(run.cost for run in Run.objects.filter(tenant=eval_run.sandbox))
+    assert spent > 0
+    assert quotas.tenant_cost_today(demo.acme.pk) == spent
+    assert quotas.tenant_cost_today(eval_run.sandbox.pk) == 0
+
+
+def test_an_eval_run_of_a_tenant_whose_quota_is_spent_pays_for_no_model_turn(demo, evaluate, tiny):
+    demo.acme.daily_cost_quota = Decimal("1.00")
+    demo.acme.save()
+    quotas.tenant_cost_add(demo.acme.pk, Decimal("1.00"))
+
+    eval_run = evaluate(tiny)
+
+    # the case the host answers itself (no project named) asks for it without a model turn
+    runs = Run.objects.filter(tenant=eval_run.sandbox).order_by("created_at")
+    assert [(run.status, run.reason_code) for run in runs] == [
+        ("BUDGET_EXHAUSTED", "TENANT_DAILY_COST_QUOTA"),
+        ("NEEDS_CLARIFICATION", "MISSING_PROJECT_SCOPE"),
+    ]
+    assert [events_of(run, "model.requested") for run in runs] == [[], []]
+    assert quotas.tenant_cost_today(demo.acme.pk) == Decimal("1.00")
