@@ -7,7 +7,7 @@ import rfc8785
 import semver
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import best_match
 from jsonschema_specifications import REGISTRY as META_SCHEMAS
 from referencing.exceptions import Unresolvable
@@ -133,9 +133,22 @@ def _message(error: Any) -> str:
     return f"{location}: {error.message}" if location else error.message
 
 
+def _is_whole_number(checker: Any, instance: Any) -> bool:
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+# JSON Schema counts 60.0 an integer; what reads a document's integers does not (Redis takes
+# an expiry of "61.0" for no number, Python's range refuses a float), so a document's integer
+# is written as one.
+_DocumentValidator = validators.extend(
+    Draft202012Validator,
+    type_checker=Draft202012Validator.TYPE_CHECKER.redefine("integer", _is_whole_number),
+)
+
+
 def document_errors(document: Any, schema: dict[str, Any]) -> list[str]:
     """Every way `document` breaks `schema`, as readable lines."""
-    validator = Draft202012Validator(schema)
+    validator = _DocumentValidator(schema)
     return sorted(_message(error) for error in validator.iter_errors(document))
 
 

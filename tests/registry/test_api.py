@@ -1009,6 +1009,31 @@ def test_a_circuit_breaker_reset_longer_than_a_day_is_refused(api, publisher):
 
 
 @pytest.mark.parametrize(
+    "field, value, where",
+    [
+        ("rate_limit", {"requests": 5, "per_seconds": 60.0}, "per_seconds"),
+        ("rate_limit", {"requests": 5.0, "per_seconds": 60}, "requests"),
+        ("circuit_breaker", {"failure_threshold": 3, "reset_after_s": 30.0}, "reset_after_s"),
+        ("retry_policy", {"max_attempts": 3.0}, "max_attempts"),
+    ],
+)
+def test_a_limit_s_whole_number_written_as_a_decimal_is_refused(
+    api, publisher, field, value, where
+):
+    # (before, 60.0 passed as an integer and reached Redis as "61.0", which every call of the
+    # tool then failed on: "value is not an integer or out of range")
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", **{field: value}), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    [message] = _error(response)["details"][field]
+    assert message.startswith(f"{where}: ") and "is not of type 'integer'" in message
+    assert ToolVersion.objects.count() == 0
+
+
+@pytest.mark.parametrize(
     "reference", ["project_search", "project_search@", "project_search@2..1", "project_search@02"]
 )
 def test_a_pinned_tool_without_a_well_formed_version_is_refused(api, publisher, reference):
