@@ -3,7 +3,6 @@
 from collections.abc import Iterable
 from typing import Any
 
-import rfc8785
 import semver
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -13,6 +12,7 @@ from jsonschema_specifications import REGISTRY as META_SCHEMAS
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+from registry.canonical import is_hashable
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
 from registry.mcp.review import risk_at_least
@@ -238,9 +238,7 @@ def input_schema_errors(schema: Any) -> list[str]:
         where = f" at {location}" if location else ""
         return [f"Not a valid JSON Schema (Draft 2020-12){where}: {failure.message}"]
     errors = _reference_errors(schema)
-    try:
-        rfc8785.dumps(schema)
-    except rfc8785.CanonicalizationError:
+    if not is_hashable(schema):
         errors.append(
             "The input schema holds a number outside the exactly representable range "
             "(integers within ±2^53-1, finite floats); it could not be hashed canonically."
@@ -338,6 +336,12 @@ def skill_version_errors(values: dict[str, Any]) -> Errors:
         checks["workflow"] = [
             f"Unknown workflow '{workflow}'; defined: {', '.join(sorted(WORKFLOWS))}."
         ]
+    for field in ("examples", "output_contract"):
+        if not checks[field] and not is_hashable(values.get(field)):
+            checks[field] = [
+                "Holds a number outside the exactly representable range (integers within "
+                "±2^53-1, finite floats); the version could not be hashed canonically."
+            ]
     rules = values.get("rules")
     rule_ids = [
         rule.get("id")

@@ -903,6 +903,54 @@ def test_create_with_an_input_schema_referring_outside_itself_is_refused(api, pu
     assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
 
 
+def test_create_with_an_input_schema_holding_a_decimal_past_2_53_is_refused(api, publisher):
+    # (before, the draft was created, and PostgreSQL gave 1e20 back as the whole number
+    # 100000000000000000000, which RFC 8785 cannot hash: its publish was refused)
+    schema = {
+        "type": "object",
+        "properties": {"amount": {"type": "number", "maximum": 1e20}},
+        "additionalProperties": False,
+    }
+
+    response = api.as_user(publisher).post(
+        TOOLS, _create_body("tools", input_schema=schema), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["details"] == {
+        "input_schema": [
+            "The input schema holds a number outside the exactly representable range "
+            "(integers within ±2^53-1, finite floats); it could not be hashed canonically."
+        ]
+    }
+    assert (Tool.objects.count(), ToolVersion.objects.count()) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("examples", [{"input": "refund order 7", "amount": 1e20}]),
+        ("output_contract", {"sections": ["summary"], "max_total": 1.5e300}),
+    ],
+)
+def test_skill_create_holding_a_decimal_past_2_53_is_refused(api, publisher, field, value):
+    # (before, the draft was created, and its publish or an eval run of it failed with a
+    # server error: PostgreSQL gave the number back whole, and RFC 8785 cannot hash it)
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", **{field: value}), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {
+        field: [
+            "Holds a number outside the exactly representable range (integers within "
+            "±2^53-1, finite floats); the version could not be hashed canonically."
+        ]
+    }
+    assert (Skill.objects.count(), SkillVersion.objects.count()) == (0, 0)
+
+
 @pytest.mark.parametrize(
     "properties",
     [
