@@ -3,6 +3,7 @@
 from collections.abc import Iterable
 from typing import Any
 
+import httpx
 import semver
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -281,6 +282,27 @@ def handler_errors(handler: str) -> list[str]:
     ]
 
 
+def url_errors(url: str) -> list[str]:
+    """An `http` tool's URL is one the HTTP client sends its calls to: otherwise every call
+    fails, as a bug of the tool (a URL the client cannot parse) or as a service that could
+    not be reached (no host, no port), retried for nothing. RFC 3986 has no space in a URL."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    if (
+        parsed is None
+        or not parsed.host
+        or (parsed.port is not None and not 1 <= parsed.port <= 65535)
+        or any(character.isspace() or not character.isprintable() for character in url)
+    ):
+        return [
+            "url: not one a call can be sent to: http:// or https://, a host, a port from 1 "
+            "to 65535 if any, and no space or control character (percent-encode them)."
+        ]
+    return []
+
+
 def tool_version_errors(values: dict[str, Any]) -> Errors:
     """Field-by-field problems of a tool version's content, none if it may be published."""
     errors: Errors = {}
@@ -299,6 +321,8 @@ def tool_version_errors(values: dict[str, Any]) -> Errors:
         checks["adapter_config"] = document_errors(values.get("adapter_config"), adapter_schema)
         if not checks["adapter_config"] and values.get("adapter_kind") == AdapterKind.PYTHON:
             checks["adapter_config"] = handler_errors(values["adapter_config"]["handler"])
+        if not checks["adapter_config"] and values.get("adapter_kind") == AdapterKind.HTTP:
+            checks["adapter_config"] = url_errors(values["adapter_config"]["url"])
     if not (values.get("description") or "").strip():
         checks["description"] = ["Say what the tool does, when not to use it, what it returns."]
     if values.get("risk") not in Risk.values:

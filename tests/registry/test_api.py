@@ -1174,6 +1174,55 @@ def test_a_python_handler_outside_the_modules_installed_for_tools_is_refused(
     assert ToolVersion.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://svc.internal/lookup\n",
+        "https://svc internal/lookup",
+        "https://",
+        "https:///lookup",
+        "http://[::1/lookup",
+        "https://svc.internal:99999/lookup",
+        "https://svc.internal:0/lookup",
+    ],
+)
+def test_an_http_tool_whose_url_no_call_can_be_sent_to_is_refused(api, publisher, url):
+    # (before, these were published, and every call failed: as the handler's bug (UNKNOWN,
+    # counted against the tool's circuit) for a URL the HTTP client cannot parse, or as a
+    # service that could not be reached, retried, for one with no host or no port)
+    config = {"url": url, "credential_ref": "SERVICE_TOKEN"}
+
+    response = api.as_user(publisher).post(
+        TOOLS,
+        _create_body("tools", adapter_kind="http", adapter_config=config),
+        format="json",
+    )
+
+    assert response.status_code == 400, response.content
+    assert _error(response)["details"] == {
+        "adapter_config": [
+            "url: not one a call can be sent to: http:// or https://, a host, a port from 1 "
+            "to 65535 if any, and no space or control character (percent-encode them)."
+        ]
+    }
+    assert ToolVersion.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://svc.internal:8443/lookup?v=2", "http://10.0.0.7/a%20b", "https://bücher.example/"],
+)
+def test_an_http_tool_with_a_url_calls_can_be_sent_to_is_created(api, publisher, url):
+    response = api.as_user(publisher).post(
+        TOOLS,
+        _create_body("tools", adapter_kind="http", adapter_config={"url": url}),
+        format="json",
+    )
+
+    assert response.status_code == 201, response.content
+    assert response.json()["adapter_config"] == {"url": url}
+
+
 def test_create_with_an_unknown_risk_is_refused(api, publisher):
     response = api.as_user(publisher).post(
         TOOLS, _create_body("tools", risk="harmless"), format="json"
