@@ -369,8 +369,9 @@ def version_diff(old: DefinitionVersion, new: DefinitionVersion) -> list[FieldDi
 
 
 # Of two definitions of one name a tenant may use, its own before the platform's, then by
-# namespace: the one a pin resolves to, a workflow node loads, or a tie in recall goes to.
-_OWN_BEFORE_PLATFORM = (F("tenant_id").asc(nulls_last=True), "namespace")
+# namespace: the one a pin resolves to, a workflow node loads, an agent bound to both is
+# routed to, or a tie in recall goes to.
+OWN_BEFORE_PLATFORM = (F("tenant_id").asc(nulls_last=True), "namespace")
 
 
 def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersion:
@@ -390,7 +391,7 @@ def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersio
     tool = (
         tools.filter(Exists(published), name=name)
         .select_related("tenant")
-        .order_by(*_OWN_BEFORE_PLATFORM)
+        .order_by(*OWN_BEFORE_PLATFORM)
         .first()
     )
     if tool is None:
@@ -514,7 +515,7 @@ def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, 
         definitions_visible(model=Skill, tenant=tenant)
         .filter(name__in=names, current_version__isnull=False)
         .select_related("current_version")
-        .order_by(*_OWN_BEFORE_PLATFORM)
+        .order_by(*OWN_BEFORE_PLATFORM)
     ):
         found.setdefault(skill.name, skill)
     return found
@@ -600,7 +601,7 @@ def skills_recall(*, tenant: Tenant, text: str, limit: int = 5) -> list[Recalled
             skills.annotate(score=SearchRank(vector, query))
             .filter(score__gt=0)
             .select_related("current_version")
-            .order_by("-score", "name", *_OWN_BEFORE_PLATFORM)[:limit]
+            .order_by("-score", "name", *OWN_BEFORE_PLATFORM)[:limit]
         )
         return [Recalled(skill=skill, score=round(skill.score, 4)) for skill in ranked]
     scored = []

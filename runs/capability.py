@@ -39,6 +39,7 @@ from registry.models import (
     ToolVersion,
 )
 from registry.selectors import (
+    OWN_BEFORE_PLATFORM,
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
@@ -72,7 +73,7 @@ _BOUND_SKILLS = PreparedQuery(
     lambda agent_config_id: (
         Skill.objects.filter(agent_configs=agent_config_id)
         .select_related("current_version")
-        .order_by("name")
+        .order_by("name", *OWN_BEFORE_PLATFORM)
     ),
     agent_config_id=int,
 )

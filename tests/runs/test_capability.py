@@ -581,3 +581,30 @@ def test_a_tool_schema_canonical_json_cannot_hold_never_breaks_ingress(
     run = Run.objects.get(pk=response.json()["run_id"])
     assert str(counter.pk) in {tool["id"] for tool in run.capability["tools"]}
     assert run.capability_hash == canonical_hash(run.capability)
+
+
+def test_of_two_bound_skills_of_one_name_the_tenants_own_comes_first(
+    resolve,
+    member,
+    acme,
+    acme_agent,
+    acme_skill,
+    acme_tools,
+    make_skill_version,
+    publish_skill,
+    platform_admin,
+):
+    # given acme's agent bound to acme's weekly-summary and to a granted platform skill of
+    # the same name, and acme's skill row written last (it published 1.1.0)
+    platform = make_skill_version(actor=platform_admin, tenant=None, version="3.0.0")
+    skills.skill_version_publish(skill_version=platform, actor=platform_admin)
+    definition_grant(actor=platform_admin, definition=platform.skill, tenant=acme)
+    _bind(acme_agent, platform.skill)
+    own = publish_skill(version="1.1.0", tool_versions=list(acme_tools.values()))
+
+    first, second = resolve(member), resolve(member)
+
+    # the run is routed to the tenant's own, as a request recalling one or a node loading
+    # one by name would be, whatever order the database keeps the rows in
+    assert [skill["id"] for skill in first["skills"]] == [str(own.pk), str(platform.pk)]
+    assert canonical_hash(first) == canonical_hash(second)
