@@ -262,6 +262,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "config.api.exception_handler",
     "DEFAULT_THROTTLE_RATES": {
         "auth_token": env.str("AUTH_TOKEN_RATE", default="30/min"),
+        "auth_account": env.str("AUTH_ACCOUNT_RATE", default="60/hour"),
         "ingress_actor": env.str("INGRESS_ACTOR_RATE", default="120/min"),
         "ingress_tenant": env.str("INGRESS_TENANT_RATE", default="1200/min"),
     },

@@ -1,8 +1,8 @@
 """The sign-in pages (`accounts/login/` and the admin's): each password posted to them is a
-try of the client's allowance that the API's token exchange counts too (`PasswordTries`). Past
-it, a post is refused with 429 and Retry-After before its password is checked. With Redis
-down the allowance cannot be taken and a post is refused with 503, as the API refuses it:
-never let through unlimited."""
+try of the client's allowance, and of the account's, that the API's token exchange counts too
+(`PasswordTries`, `AccountTries`). Past either, a post is refused with 429 and Retry-After
+before its password is checked. With Redis down the allowance cannot be taken and a post is
+refused with 503, as the API refuses it: never let through unlimited."""
 
 import functools
 import logging
@@ -15,7 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from config.api import SERVICE_UNAVAILABLE_RETRY_AFTER
-from runs.api.throttles import PasswordTries
+from runs.api.throttles import AccountTries, PasswordTries
 
 logger = logging.getLogger(__name__)
 
@@ -27,15 +27,20 @@ def _refused(request: HttpRequest, *, status: int, wait: int, message: str) -> H
 
 
 def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """`view`, a sign-in page, whose posts count against the client's password tries."""
+    """`view`, a sign-in page, whose posts count against the client's and the account's
+    password tries."""
 
     @functools.wraps(view)
     def throttled(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if request.method != "POST":
             return view(request, *args, **kwargs)
-        tries = PasswordTries()
+        throttles = (PasswordTries(), AccountTries())
+        passed = []
         try:
-            allowed = tries.allow_request(request, None)
+            for tries in throttles:
+                if not tries.allow_request(request, None):
+                    break
+                passed.append(tries)
         except redis.RedisError as error:
             logger.warning("Redis is unavailable: %s", type(error).__name__)
             return _refused(
@@ -44,7 +49,9 @@ def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
                 wait=SERVICE_UNAVAILABLE_RETRY_AFTER,
                 message="Signing in is unavailable; retry shortly.",
             )
-        if not allowed:
+        if len(passed) < len(throttles):
+            for earlier in passed:
+                earlier.give_back()
             wait = max(1, math.ceil(tries.wait() or 0))
             return _refused(
                 request,

@@ -28,15 +28,15 @@ from registry.api.serializers import (
 from registry.errors import NotFound, ValidationFailed
 from registry.models.versions import DefinitionVersion
 from registry.services import skills, tenancy, tools
-from runs.api.throttles import PasswordTries
+from runs.api.throttles import AccountTries, FirstRefusalThrottled, PasswordTries
 
 
-class TokenView(BodyDescribed, APIView):
+class TokenView(FirstRefusalThrottled, BodyDescribed, APIView):
     """Exchange a username and password for a token acting in one tenant."""
 
     authentication_classes: ClassVar[list] = []
     permission_classes: ClassVar[list] = [AllowAny]
-    throttle_classes: ClassVar[list] = [PasswordTries]
+    throttle_classes: ClassVar[list] = [PasswordTries, AccountTries]
     body_serializer = TokenRequestSerializer
 
     @extend_schema(

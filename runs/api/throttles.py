@@ -6,6 +6,8 @@ serves counts: OPTIONS (a browser's CORS preflight, a client learning what to se
 the view does not serve (405) do none of the work a limit guards, and must not spend a user's
 allowance or lock a client out of signing in."""
 
+import hashlib
+import unicodedata
 from typing import ClassVar
 
 from rest_framework.request import Request
@@ -87,13 +89,31 @@ class PasswordTries(_WindowThrottle):
         return self.cache_format % {"scope": self.scope, "ident": self.get_ident(request)}
 
 
-class IngressThrottled:
-    """For the ingress views: the actor's limit first, then the tenant's, stopping at the
-    first refusal, which gives back what the limits before it took. DRF's `check_throttles`
-    asks every throttle even after one refused, and asking takes a request from the window:
-    a request refused anyway would use up a window it never used."""
+class AccountTries(_WindowThrottle):
+    """The passwords of one account (the username posted) that clients may try, from
+    whatever addresses, AUTH_ACCOUNT_RATE: a guesser with many addresses has each address's
+    allowance of `PasswordTries`, but shares this one. Asked after `PasswordTries`, so a try
+    refused for its address spends nothing of the account's. The username is counted as the
+    sign-in form reads it (stripped, NFKC), so no other spelling of it has an allowance of its
+    own."""
 
-    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]
+    scope = "auth_account"
+
+    def get_cache_key(self, request: Request, view) -> str | None:
+        data = request.data if view is not None else request.POST
+        username = data.get("username") if hasattr(data, "get") else None
+        if not isinstance(username, str) or not username.strip():
+            return None
+        username = unicodedata.normalize("NFKC", username.strip())
+        ident = hashlib.sha256(username.encode(errors="surrogatepass")).hexdigest()
+        return self.cache_format % {"scope": self.scope, "ident": ident}
+
+
+class FirstRefusalThrottled:
+    """Throttles asked in order, stopping at the first refusal, which gives back what the
+    throttles before it took. DRF's `check_throttles` asks every throttle even after one
+    refused, and asking takes a request from the window: a request refused anyway would use
+    up a window it never used."""
 
     def check_throttles(self, request: Request) -> None:
         passed = []
@@ -103,3 +123,9 @@ class IngressThrottled:
                     earlier.give_back()
                 self.throttled(request, throttle.wait())
             passed.append(throttle)
+
+
+class IngressThrottled(FirstRefusalThrottled):
+    """For the ingress views: the actor's limit first, then the tenant's."""
+
+    throttle_classes: ClassVar[list] = [ActorIngressThrottle, TenantIngressThrottle]

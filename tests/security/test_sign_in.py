@@ -7,7 +7,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from runs.api.throttles import PasswordTries
+from runs.api.throttles import AccountTries, PasswordTries
 from tests.registry.factories import PASSWORD, UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -101,3 +101,91 @@ def test_a_person_signed_in_on_the_pages_signs_out_from_them(alice):
 
 def test_the_sign_in_page_shows_no_sign_out_button(client):
     assert b"Sign out" not in client.get("/accounts/login/").content
+
+
+@pytest.fixture
+def three_tries_an_account(monkeypatch):
+    monkeypatch.setattr(AccountTries, "THROTTLE_RATES", {"auth_account": "3/hour"})
+
+
+def test_guesses_of_one_account_from_many_addresses_are_throttled(
+    member, auditor, three_tries_an_account
+):
+    # given three guesses of alice's password, each from another address
+    wrong = {"username": "alice", "password": "guess"}
+    guesses = [
+        APIClient().post("/api/v1/auth/token/", wrong, format="json", REMOTE_ADDR=f"10.0.0.{n}")
+        for n in range(3)
+    ]
+
+    # when a fourth address tries, on the API and on either page, even with the right password
+    api = APIClient().post(
+        "/api/v1/auth/token/",
+        {"username": "alice", "password": PASSWORD},
+        format="json",
+        REMOTE_ADDR="10.0.1.1",
+    )
+    pages = [
+        Client(REMOTE_ADDR=f"10.0.2.{n}").post(page, {"username": "alice", "password": PASSWORD})
+        for n, page in enumerate(PAGES)
+    ]
+
+    # then each is refused with 429 and told when to come back; another account is not
+    assert [guess.status_code for guess in guesses] == [400] * 3
+    assert api.status_code == 429
+    assert api.json()["error"]["code"] == "RATE_LIMITED"
+    assert 1 <= int(api["Retry-After"]) <= 3600
+    assert [page.status_code for page in pages] == [429, 429]
+    assert all(1 <= int(page["Retry-After"]) <= 3600 for page in pages)
+    carol = {"username": "carol", "password": PASSWORD}
+    other = APIClient().post("/api/v1/auth/token/", carol, format="json", REMOTE_ADDR="10.0.3.1")
+    assert other.status_code == 200
+
+
+def test_a_try_refused_for_its_address_spends_nothing_of_the_account(
+    member, two_tries, three_tries_an_account
+):
+    # given a client that used up its address's two tries on other accounts
+    client = APIClient()
+    for _ in range(2):
+        client.post("/api/v1/auth/token/", {"username": "mallory", "password": "x"}, format="json")
+
+    # when it goes on guessing alice's password
+    refused = [
+        client.post("/api/v1/auth/token/", {"username": "alice", "password": "x"}, format="json")
+        for _ in range(5)
+    ]
+
+    # then it is refused for its address, and alice still has her three tries elsewhere
+    assert [answer.status_code for answer in refused] == [429] * 5
+    right = {"username": "alice", "password": PASSWORD}
+    elsewhere = [
+        APIClient().post("/api/v1/auth/token/", right, format="json", REMOTE_ADDR=f"10.9.0.{n}")
+        for n in range(4)
+    ]
+    assert [answer.status_code for answer in elsewhere] == [200, 200, 200, 429]
+
+
+def test_another_spelling_of_the_username_counts_against_the_same_account(
+    member, three_tries_an_account
+):
+    # given three guesses of alice's password under spellings the sign-in page takes for hers
+    spellings = [" alice", "alice\t", "\uff41\uff4c\uff49\uff43\uff45"]
+    guesses = [
+        Client(REMOTE_ADDR=f"10.0.0.{n}").post(
+            "/accounts/login/", {"username": spelling, "password": "guess"}
+        )
+        for n, spelling in enumerate(spellings)
+    ]
+
+    # when a fourth address signs in as alice
+    fourth = APIClient().post(
+        "/api/v1/auth/token/",
+        {"username": "alice", "password": PASSWORD},
+        format="json",
+        REMOTE_ADDR="10.0.1.1",
+    )
+
+    # then the guesses were hers, and her allowance is spent
+    assert [guess.status_code for guess in guesses] == [200] * 3
+    assert fourth.status_code == 429
