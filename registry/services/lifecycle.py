@@ -16,6 +16,7 @@ from registry.errors import (
     InvalidStatusTransition,
     PermissionDenied,
     ValidationFailed,
+    VersionImmutable,
     VersionNotGreater,
 )
 from registry.models.definitions import Definition
@@ -60,6 +61,15 @@ def lock_version(version: V) -> tuple[Definition, V]:
     parent = parent_model.objects.select_for_update().get(pk=version.parent.pk)
     locked = type(version).objects.select_for_update().get(pk=version.pk)
     return parent, locked
+
+
+def draft_locked(version: DefinitionVersion) -> None:
+    """Lock the version for an edit of its draft, refusing it if it is frozen as it is now,
+    not as the caller read it: a publish may have frozen it since. Published versions are
+    frozen: a change is a new version."""
+    _, locked = lock_version(version)
+    if locked.is_frozen:
+        raise VersionImmutable(f"{locked.qualified_name} is {locked.status}; create a new version.")
 
 
 def _check_transition(version: DefinitionVersion, target: str) -> None:

@@ -10,7 +10,7 @@ from evaluations.gates import (
     skill_version_changed,
 )
 from registry.choices import VersionStatus
-from registry.errors import DependencyUnavailable, ValidationFailed, VersionImmutable
+from registry.errors import DependencyUnavailable, ValidationFailed
 from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.schemas import raise_if_errors, skill_version_errors
@@ -89,12 +89,7 @@ def skill_version_update(
     """Edit a draft. Published versions are frozen: a change is a new version."""
     lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
     with transaction.atomic():
-        # As it is now, not as the caller read it: a publish may have frozen it since.
-        _, locked = lifecycle.lock_version(skill_version)
-        if locked.is_frozen:
-            raise VersionImmutable(
-                f"{locked.qualified_name} is {locked.status}; create a new version."
-            )
+        lifecycle.draft_locked(skill_version)
         for field, value in content.items():
             setattr(skill_version, field, value)
         full_clean_or_raise(skill_version)

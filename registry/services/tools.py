@@ -5,7 +5,7 @@ from django.db import transaction
 
 from config.credentials import credential_refusal, url_secret_refusal
 from registry.choices import AdapterKind
-from registry.errors import ToolDefinitionChanged, ValidationFailed, VersionImmutable
+from registry.errors import ToolDefinitionChanged, ValidationFailed
 from registry.models import McpServer, Tenant, Tool, ToolVersion
 from registry.schemas import raise_if_errors, tool_version_errors
 from registry.selectors import mcp_drift, mcp_server_of
@@ -63,12 +63,7 @@ def tool_version_update(
     """Edit a draft. Published versions are frozen: a change is a new version."""
     lifecycle.require_publisher(actor=actor, definition=tool_version.tool)
     with transaction.atomic():
-        # As it is now, not as the caller read it: a publish may have frozen it since.
-        _, locked = lifecycle.lock_version(tool_version)
-        if locked.is_frozen:
-            raise VersionImmutable(
-                f"{locked.qualified_name} is {locked.status}; create a new version."
-            )
+        lifecycle.draft_locked(tool_version)
         for field, value in content.items():
             setattr(tool_version, field, value)
         tool_version_check(tool_version)

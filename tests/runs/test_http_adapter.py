@@ -1066,6 +1066,17 @@ def project_search_served_by(demo, url: str) -> None:
     )
 
 
+def drafting_model(fake_model, *, risks: list[dict]) -> dict:
+    """A model that reads apollo, then drafts with `risks` (again when told the draft misses
+    its contract); returns the draft."""
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(progress=[], next_steps=[], risks=risks)
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    return draft
+
+
 LONG_REFERENCE = "report:apollo/" + "section/" * 40 + "risks"
 
 
@@ -1090,13 +1101,7 @@ def test_a_weekly_summary_may_cite_a_long_reference_as_the_service_gave_it(
             "sources": [{"reference": LONG_REFERENCE, "content": "The vendor SDK slips."}],
         }
     ).encode()
-    fake = fake_model()
-    fake.reply(read_apollo())
-    draft = apollo_draft(
-        progress=[], next_steps=[], risks=[{"text": "Vendor SDK slips", "source": cited}]
-    )
-    fake.reply(openai_completion(content=json.dumps(draft)))
-    fake.reply(openai_completion(content=json.dumps(draft)))
+    drafting_model(fake_model, risks=[{"text": "Vendor SDK slips", "source": cited}])
     run = demo_run(demo, project_id="apollo")
 
     # when
@@ -1167,15 +1172,9 @@ def test_a_weekly_summary_rests_only_on_what_project_search_answered_with_succes
     # sources under `business_status`, and a model that drafts citing one of them
     project_search_served_by(demo, report_service.url)
     report_service.body = apollo_report(business_status)
-    fake = fake_model()
-    fake.reply(read_apollo())
-    draft = apollo_draft(
-        progress=[],
-        next_steps=[],
-        risks=[{"text": "Vendor SDK slips", "source": "report:apollo/sdk"}],
+    draft = drafting_model(
+        fake_model, risks=[{"text": "Vendor SDK slips", "source": "report:apollo/sdk"}]
     )
-    fake.reply(openai_completion(content=json.dumps(draft)))
-    fake.reply(openai_completion(content=json.dumps(draft)))
     run = demo_run(demo, project_id="apollo")
 
     # when
@@ -1213,15 +1212,7 @@ def test_a_refusal_too_large_for_its_envelope_is_no_evidence_either(
     report_service.body = json.dumps(
         {"business_status": "refused", "data": {"rows": rows}}
     ).encode()
-    fake = fake_model()
-    fake.reply(read_apollo())
-    draft = apollo_draft(
-        progress=[],
-        next_steps=[],
-        risks=[{"text": "Rows", "source": "tool-result:call_read"}],
-    )
-    fake.reply(openai_completion(content=json.dumps(draft)))
-    fake.reply(openai_completion(content=json.dumps(draft)))
+    drafting_model(fake_model, risks=[{"text": "Rows", "source": "tool-result:call_read"}])
     run = demo_run(demo, project_id="apollo")
 
     # when the model drafts citing the whole answer's reference
