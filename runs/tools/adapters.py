@@ -350,14 +350,15 @@ def http_call(
             retryable=True,
             may_have_side_effect=tool_version.risk not in READ_RISKS,
         ) from error
+    is_json = True
     try:
         payload = _json(content, response.charset_encoding)
     except (ValueError, RecursionError):
-        # Not JSON, or nested too deep to parse: kept as text. From a 2xx it is still the
-        # service's answer (untrusted data, like any raw response); a service states a business
-        # failure in its JSON. Secrets go before the cut, which could leave part of one; they
-        # are looked for in twice what is kept, which holds whole a secret (even a private
-        # key) that starts before the cut, and bounds the work on a large answer.
+        # Not JSON, or nested too deep to parse: kept as text. Secrets go before the cut,
+        # which could leave part of one; they are looked for in twice what is kept, which
+        # holds whole a secret (even a private key) that starts before the cut, and bounds
+        # the work on a large answer.
+        is_json = False
         text = content.decode(text_encoding(response.encoding), errors="replace")
         text = text[: 2 * TEXT_ANSWER_CHARS]
         payload = {
@@ -381,6 +382,20 @@ def http_call(
             may_have_side_effect=response.status_code >= 500,
             raw=payload,
             retry_after=retry_after(response.headers),
+        )
+    if not is_json:
+        # The service states what it did in its JSON: a 2xx without it (a proxy's page, an
+        # empty body) says nothing of the business outcome. Taken for a success, a write
+        # nobody knows was done would be recorded as done; it may have been, so it is left
+        # unknown for reconciliation, and a read has no result. A later try may pass.
+        kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
+        raise ToolFailed(
+            f"The service answered {response.status_code} without JSON the host can read "
+            f"({kind[:60]}, {len(content)} bytes).",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=True,
+            may_have_side_effect=tool_version.risk not in READ_RISKS,
+            raw=payload,
         )
     if not isinstance(payload, dict):
         payload = {"data": payload}

@@ -17,9 +17,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
 
+from approvals import services
+from approvals.choices import ActionStatus, Decision
 from registry.choices import AdapterKind, ModelProvider, Risk
 from registry.demo import DEMO_PASSWORD
 from registry.models import AgentConfig, Tenant, ToolVersion
+from registry.selectors import versions_frozen
 from registry.services.common import registry_object_save
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import run_execute
@@ -28,6 +31,7 @@ from runs.models.tools import source_reference
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory
+from tests.approvals.conftest import waiting_run
 from tests.approvals.test_sensitive_fields import revealed
 from tests.loopback import loopback_server
 from tests.runs.conftest import (
@@ -312,16 +316,82 @@ def test_an_error_status_is_a_failed_call_keeping_the_service_s_answer(
     assert failure.raw == {"error": "no such project"}
 
 
-def test_a_success_answer_in_plain_text_is_the_service_s_answer_kept_as_text(report_service):
-    # given a service that answers 200 with plain text, not the JSON of the contract
-    report_service.headers = {"Content-Type": "text/plain"}
-    report_service.body = b"apollo: green"
+PROXY_PAGE = b"<html><body><h1>200 OK</h1><p>Request accepted.</p></body></html>"
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "kind"),
+    [
+        ("text/html", PROXY_PAGE, "text/html"),
+        ("text/plain", b"apollo: green", "text/plain"),
+        ("application/json", b"", "application/json"),
+        (None, b"", "no content type"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("risk", "may_have_side_effect"), [(Risk.READ, False), (Risk.EXTERNAL_SIDE_EFFECT, True)]
+)
+def test_a_2xx_answer_that_is_not_json_is_a_failed_call_not_a_result(
+    report_service, content_type, body, kind, risk, may_have_side_effect
+):
+    # given a service whose 200 is not the JSON of the contract: a proxy's page, plain text,
+    # or nothing at all
+    report_service.headers = {"Content-Type": content_type} if content_type else {}
+    report_service.body = body
+    tool = report_tool(report_service.url)
+    tool.risk = risk
 
     # when
-    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+    with pytest.raises(ToolFailed) as raised:
+        http_call(tool, call_context(), {"project_id": "apollo"})
 
-    # then it is the tool's result, its text kept as the raw answer
-    assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
+    # then nobody knows what the service did: no business status says it was done, so the
+    # call failed, an upstream error a later try may pass, and a write may have had its
+    # effect; what the service sent is kept as text
+    failure = raised.value
+    assert str(failure) == (
+        f"The service answered 200 without JSON the host can read ({kind}, {len(body)} bytes)."
+    )
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        True,
+        may_have_side_effect,
+    )
+    assert failure.raw == {"text": body.decode()}
+
+
+def test_an_approved_send_a_proxy_answers_200_with_its_page_is_not_taken_for_sent(
+    demo, report_service, monkeypatch
+):
+    # given the running example's approved send, made through an HTTP mail service behind a
+    # proxy that answers the call 200 with a page of its own
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=get_user_model().objects.get(username="bob"),
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
+    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    report_service.headers = {"Content-Type": "text/html"}
+    report_service.body = PROXY_PAGE
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then the call reached the service once, and the action is not recorded as done: its
+    # outcome is unknown, for reconciliation or a person, and the run does not say it sent
+    assert len(report_service.requests) == 1
+    action.refresh_from_db()
+    run = Run.objects.get(pk=run.pk)
+    assert action.status == ActionStatus.UNKNOWN
+    assert (run.status, run.result["next_step"]) == ("RUNNING", services.SETTLING)
+    assert event_types(run)[-2:] == ["tool.failed", "action.unknown"]
+    envelope = ToolCall.objects.get(run=run, name="mail_send").envelope
+    assert (envelope["business_status"], envelope["may_have_side_effect"]) == ("unknown", True)
+    assert envelope["raw"] == {"text": PROXY_PAGE.decode()}
 
 
 @pytest.mark.parametrize("charset", ["rot13", "base64", "zlib", "undefined"])
@@ -332,10 +402,11 @@ def test_a_text_answer_in_a_charset_of_no_text_is_read_as_utf_8(report_service, 
     report_service.body = b"apollo: green"
 
     # when
-    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
 
-    # then it is the tool's result, as any text answer
-    assert output == ToolOutput(business_status="ok", raw={"text": "apollo: green"})
+    # then its text is kept as any text answer's is
+    assert raised.value.raw == {"text": "apollo: green"}
 
 
 @pytest.mark.parametrize(
@@ -394,12 +465,14 @@ def test_sources_that_are_not_a_list_are_none_and_the_answer_is_the_result(repor
     assert output == ToolOutput(business_status="ok", raw={"health": "green"}, sources=[])
 
 
-def test_an_answer_nested_too_deep_to_parse_is_kept_as_text(report_service):
+def test_an_answer_nested_too_deep_to_parse_is_a_failed_call_kept_as_text(report_service):
     report_service.body = b"[" * 5000 + b"]" * 5000
 
-    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
 
-    assert output.raw == {"text": ("[" * 5000)[:4000]}
+    assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
+    assert raised.value.raw == {"text": ("[" * 5000)[:4000]}
 
 
 class BreakingOff(BaseHTTPRequestHandler):
