@@ -404,6 +404,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
         if ids
         else frozenset()
     )
+    deadline = _tries_deadline()
     known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}
@@ -427,7 +428,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
             outcome = outcome.record
         outcomes[call.call_id] = outcome
         step_calls.records.append(outcome)
-    _execute_admitted(run, admitted, step_calls)
+    _execute_admitted(run, admitted, step_calls, deadline=deadline)
     writes.add(run, [*step_calls.records, *step_calls.sources])
     return [known.get(call.call_id) or outcomes[call.call_id] for call in calls]
 
@@ -465,12 +466,15 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     A limit that turned the call away (its concurrency or rate cap reached, its circuit open)
     did nothing, so the call waits for it, with jitter, at most as long as a crashed
     worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
-    failed because other sends held every slot for a moment."""
+    failed because other sends held every slot for a moment. Neither the wait nor a retry
+    goes past the task's time (`_tries_deadline`)."""
     started = time.monotonic()
-    deadline = started + admitted.tool_version.timeout_s + limits.SLOT_GRACE_SECONDS
+    timeout_s = admitted.tool_version.timeout_s
+    tries_deadline = _tries_deadline()
+    deadline = min(started + timeout_s + limits.SLOT_GRACE_SECONDS, tries_deadline - timeout_s)
     attempts = 0
     while True:
-        outcome, tried, _, passage = _run_with_retries(admitted)
+        outcome, tried, _, passage = _run_with_retries(admitted, deadline=tries_deadline)
         if passage is not None:
             limits.calls_leave([(passage, False)])
         turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
@@ -584,12 +588,27 @@ def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
     )
 
 
+def _tries_deadline() -> float:
+    """When (monotonic) the tool calls of a step, or an action's send, begun now must have
+    ended, retries and their waits included. A run's task starts no step later than
+    RUN_TASK_SECONDS into it, so a step has at least the rest of the task's soft time limit
+    (an action's send, which starts as its task does, has that at least too). Celery
+    interrupts a task at that limit mid-call: the step's work is lost (its calls made again
+    by the task the sweep sends), and a send is left executing for reconciliation."""
+    return time.monotonic() + settings.CELERY_TASK_SOFT_TIME_LIMIT - settings.RUN_TASK_SECONDS
+
+
 def _run_with_retries(
-    admitted: Admitted, entered: limits.Passage | ToolFailed | None = None
+    admitted: Admitted,
+    entered: limits.Passage | ToolFailed | None = None,
+    *,
+    deadline: float,
 ) -> tuple[ToolOutput | ToolFailed, int, int, limits.Passage | None]:
     """Gate 6, from the limits `entered` for the first attempt (if they were, with the
     other calls of its step). Only transient failures of tools safe to repeat are retried,
-    with backoff and jitter, within the tool's retry policy. Returns (outcome, attempts,
+    with backoff and jitter, within the tool's retry policy, and only while another attempt,
+    its wait and its whole timeout, would end by `deadline` (`_tries_deadline`): past it,
+    the last failure stands, as one another try may pass later. Returns (outcome, attempts,
     duration_ms, the passage of a call that succeeded, for the caller to leave)."""
     tool_version = admitted.tool_version
     policy = tool_version.retry_policy or {}
@@ -603,7 +622,11 @@ def _run_with_retries(
             output, passage = _attempt(admitted, entered if attempt == 1 else None)
         except ToolFailed as failure:
             wait = _retry_wait(policy, attempt, failure)
-            if not (failure.retryable and repeatable and attempt < max_attempts) or wait is None:
+            if (
+                not (failure.retryable and repeatable and attempt < max_attempts)
+                or wait is None
+                or time.monotonic() + wait + tool_version.timeout_s > deadline
+            ):
                 return failure, attempt, int((time.monotonic() - started) * 1000), None
         else:
             return output, attempt, int((time.monotonic() - started) * 1000), passage
@@ -626,15 +649,17 @@ def _retry_wait(policy: dict[str, Any], attempt: int, failure: ToolFailed) -> fl
     return max(backoff, failure.retry_after)
 
 
-def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls) -> None:
+def _execute_admitted(
+    run: Run, admitted: list[Admitted], step_calls: StepCalls, *, deadline: float
+) -> None:
     """Gates 6 and 7 for the admitted calls of one step, in rounds of at most
     `TOOL_PARALLELISM` calls run in parallel. A round's calls enter their limits together
     just before they start, so a slot lapses counted from its call's start, and leave them
     together when the round ends (a sandbox's calls enter their own). A call kept out while
     others of its round got in (its own step's calls filling its tool's cap) waits for the
     next round; one that a round lets nothing in with (a rate window, an open circuit, other
-    runs' calls) goes to its retry policy. Results stay paired with their call ids; a call
-    that raised gives its error back once every slot is back."""
+    runs' calls) goes to its retry policy, retried until `deadline`. Results stay paired
+    with their call ids; a call that raised gives its error back once every slot is back."""
     outcomes: list[Any] = [None] * len(admitted)
     waiting = list(range(len(admitted)))
     while waiting:
@@ -654,7 +679,7 @@ def _execute_admitted(run: Run, admitted: list[Admitted], step_calls: StepCalls)
         ]
         finished = threads.parallel_map(
             _attempted,
-            [(admitted[index], passage) for index, passage in started],
+            [(admitted[index], passage, deadline) for index, passage in started],
             workers=settings.TOOL_PARALLELISM,
         )
         limits.calls_leave(
@@ -679,9 +704,10 @@ def _round_enter(run: Run, calls: list[Admitted]) -> list[limits.Passage | ToolF
     return limits.calls_enter([call.tool_version for call in calls], tenant_id=run.tenant_id)
 
 
-def _attempted(pair: tuple[Admitted, limits.Passage | ToolFailed | None]) -> Any:
+def _attempted(call: tuple[Admitted, limits.Passage | ToolFailed | None, float]) -> Any:
+    admitted, entered, deadline = call
     try:
-        return _run_with_retries(*pair)
+        return _run_with_retries(admitted, entered, deadline=deadline)
     except Exception as error:  # noqa: BLE001 (raised by the caller, once every slot is back)
         return error
 

@@ -1053,6 +1053,70 @@ def test_a_service_that_asks_for_a_longer_wait_than_the_retry_policy_s_is_not_ca
     )
 
 
+# Retried at once, up to 5 times, every 0.5 s.
+RETRIES_EVERY_HALF_SECOND = {
+    "max_attempts": 5,
+    "backoff_s": 0.5,
+    "max_backoff_s": 0.5,
+    "jitter": False,
+}
+
+
+def test_a_tool_is_not_tried_again_when_the_try_could_not_end_within_the_step_s_task(
+    demo, report_service, settings
+):
+    # given a task whose step has 6 s before its soft time limit (it may start 240 s into a
+    # task limited to 246 s), and a read tool of 5 s retried every 0.5 s, whose service is
+    # down
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 246
+    report_service.status = 503
+    report_service.body = b'{"error": "down"}'
+
+    # when
+    run = report_read(demo, report_service, retry_policy=RETRIES_EVERY_HALF_SECOND)
+
+    # then it was tried again while another try of 5 s could end within the 6 s, then no
+    # more: the call failed as one another try may pass later, before Celery would stop it
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(report_service.requests)) == ("failed", 2, 2)
+    assert (record.envelope["error"]["category"], record.envelope["retryable"]) == (
+        "UPSTREAM_ERROR",
+        True,
+    )
+
+
+def test_an_approved_send_is_not_tried_again_when_the_try_could_not_end_within_its_task(
+    demo, report_service, settings, monkeypatch
+):
+    # given an approved send through an HTTP mail service whose calls time out after 5 s,
+    # retried every 0.5 s as its key makes safe, in a task that has 6 s for it, and a mail
+    # service that fails every call after it was made
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 246
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=get_user_model().objects.get(username="bob"),
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
+    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    monkeypatch.setattr(mail_send, "timeout_s", 5)
+    monkeypatch.setattr(mail_send, "retry_policy", RETRIES_EVERY_HALF_SECOND)
+    report_service.status = 503
+    report_service.body = b'{"error": "down"}'
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then it was made twice, not five times, and its outcome is left unknown
+    assert len(report_service.requests) == 2
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
+    assert ToolCall.objects.get(run=run, name="mail_send").attempts == 2
+
+
 @pytest.mark.parametrize(
     ("reference", "kept"),
     [
