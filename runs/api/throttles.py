@@ -26,6 +26,11 @@ def _served(request: Request, view) -> bool:
     return method != "options" and method in view.http_method_names and hasattr(view, method)
 
 
+# The least a refused request is told to wait (Retry-After): the window may lapse between the
+# refusal and reading when it does, and 0 would tell a client to send again at once.
+WAIT_MIN_SECONDS = 1.0
+
+
 class _WindowThrottle(SimpleRateThrottle):
     retry_after: float | None = None
     # The window and the take of the request it let through.
@@ -41,7 +46,7 @@ class _WindowThrottle(SimpleRateThrottle):
         if holder is not None:
             self.taken = (ident, holder)
             return True
-        self.retry_after = limits.window_wait(ident)
+        self.retry_after = max(WAIT_MIN_SECONDS, limits.window_wait(ident))
         return False
 
     def wait(self) -> float | None:

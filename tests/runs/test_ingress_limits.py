@@ -12,6 +12,7 @@ from rest_framework.throttling import SimpleRateThrottle
 from registry.models import ApiToken
 from runs.api.throttles import ActorIngressThrottle, TenantIngressThrottle
 from runs.models import Attachment, Run
+from runs.tools import limits
 from tests.runs.conftest import NOTHING, message_body, row_counts
 
 
@@ -40,6 +41,32 @@ def test_an_actor_over_its_rate_gets_429_with_retry_after_and_no_run(low_rates, 
     assert refused.json()["error"]["code"] == "RATE_LIMITED"
     assert 0 < int(refused["Retry-After"]) <= 60
     assert Run.objects.count() == 2
+
+
+def test_a_refusal_whose_window_lapses_before_its_wait_is_read_asks_for_at_least_a_second(
+    low_rates, alice, monkeypatch
+):
+    # given alice at her rate (2 a minute), on a clock that stands still
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    assert [_post(alice, f"key-{n}").status_code for n in range(2)] == [202, 202]
+    # and her minute ending just after her next request is refused, before its wait is read
+    take = limits.window_take
+
+    def refused_as_the_minute_ends(*args, **kwargs):
+        taken = take(*args, **kwargs)
+        clock[0] += 60
+        return taken
+
+    monkeypatch.setattr(limits, "window_take", refused_as_the_minute_ends)
+
+    # when
+    refused = _post(alice, "key-2")
+
+    # then she is told to wait a second, not 0 (which a client takes as "at once, again")
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "1"
+    assert refused.json()["error"]["message"].endswith("Expected available in 1 second.")
 
 
 def test_with_redis_down_a_message_is_refused_503_and_leaves_nothing(alice, settings):
