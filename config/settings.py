@@ -378,6 +378,11 @@ RUN_STREAM_MAX_SECONDS = env.int("RUN_STREAM_MAX_SECONDS", default=300)
 
 # An API token stops working this long after it was issued.
 API_TOKEN_TTL_HOURS = env.int("API_TOKEN_TTL_HOURS", default=24 * 30)
+if API_TOKEN_TTL_HOURS < 1:
+    raise ImproperlyConfigured(
+        f"API_TOKEN_TTL_HOURS must be at least 1 (it is {API_TOKEN_TTL_HOURS}): every token "
+        "issued would be expired already."
+    )
 
 # History is evidence: it is browsed, never used to revert a row (a published version is frozen).
 SIMPLE_HISTORY_REVERT_DISABLED = True

@@ -99,6 +99,26 @@ def test_tenant_credentials_are_read_as_json_and_refused_in_any_other_shape():
     assert "TENANT_CREDENTIALS is a JSON object" in refused.stderr
 
 
+@pytest.mark.parametrize("hours", ["0", "-24"])
+def test_an_api_token_lifetime_of_no_hours_is_refused(hours):
+    # every token issued would be expired already: no client could use the API
+    result = _run("-c", "import config.settings", DEBUG="1", API_TOKEN_TTL_HOURS=hours)
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert "API_TOKEN_TTL_HOURS must be at least 1" in result.stderr
+
+
+def test_an_api_token_lifetime_is_read_in_hours():
+    show = "from django.conf import settings; print(settings.API_TOKEN_TTL_HOURS)"
+
+    result = _run(
+        "-c", "import django; django.setup(); " + show, DEBUG="1", API_TOKEN_TTL_HOURS="1"
+    )
+
+    assert result.stdout.strip() == "1", result.stderr
+
+
 @pytest.mark.parametrize(
     "root",
     [str(BASE_DIR / "staticfiles"), str(BASE_DIR / "staticfiles" / "attachments"), "staticfiles/x"],
