@@ -427,12 +427,15 @@ def mcp_server_callers(server: McpServer) -> QuerySet[ToolVersion]:
 
 
 def mcp_server_usable(*, server: McpServer | None, tenant: Tenant) -> bool:
-    """Enabled, and owned by the tenant or platform-wide and granted to it."""
+    """Enabled, and owned by the tenant or platform-wide and granted to it. An evaluation
+    sandbox uses its parent's registry (`Tenant.registry_owner`), so it may use the servers
+    its parent may, and no other."""
     if server is None or not server.is_enabled:
         return False
+    owner = tenant.registry_owner
     if server.tenant_id is not None:
-        return server.tenant_id == tenant.pk
-    return server.granted_tenants.filter(pk=tenant.pk).exists()
+        return server.tenant_id == owner.pk
+    return server.granted_tenants.filter(pk=owner.pk).exists()
 
 
 def mcp_drift(tool_versions: Iterable[ToolVersion]) -> dict[str, str]:

@@ -42,10 +42,11 @@ def resource_line(part: dict[str, Any]) -> str:
 
 
 def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
-    """The resource as the tenant's own server lists it, else a granted platform server."""
+    """The resource as the tenant's own server lists it (a sandbox's: its parent's), else a
+    granted platform server."""
     candidates = (
         McpResource.objects.filter(server__name=server_name, uri=uri)
-        .filter(Q(server__tenant=tenant) | Q(server__tenant__isnull=True))
+        .filter(Q(server__tenant=tenant.registry_owner) | Q(server__tenant__isnull=True))
         .select_related("server")
         .order_by("server__tenant_id")
     )

@@ -20,10 +20,11 @@ from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.choices import SkillAssembly
-from registry.models import ModelConfig, RolloutFlag, SkillVersion
+from registry.models import McpServer, ModelConfig, RolloutFlag, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
+from registry.services.mcp import mcp_server_save
 from registry.services.tenancy import definition_grant
 from runs import quotas
 from runs.choices import RunStatus
@@ -31,7 +32,12 @@ from runs.models import Attachment, Run, ToolCall
 from runs.services.ingress import message_ingest
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
+from tests.mcp import conftest as mcp_fixtures
+from tests.mcp.conftest import over_stdio, status_publish
 from tests.runs.conftest import events_of
+
+overrides_path = mcp_fixtures.overrides_path
+overrides = mcp_fixtures.overrides
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -499,3 +505,50 @@ def test_an_eval_run_of_a_tenant_whose_quota_is_spent_pays_for_no_model_turn(dem
     ]
     assert [events_of(run, "model.requested") for run in runs] == [[], []]
     assert quotas.tenant_cost_today(demo.acme.pk) == Decimal("1.00")
+
+
+def test_a_skill_whose_tool_is_an_mcp_server_s_is_evaluated_with_that_server(demo, overrides):
+    # given acme's own `projects` MCP server (the example server, spawned over stdio), its
+    # project_status published, and project-brief pinning it on acme's project-assistant
+    server = mcp_server_save(
+        server=over_stdio(McpServer.objects.get(tenant=demo.acme, name="projects")),
+        actor=demo.admin,
+    )
+    tool_version = status_publish(demo, server)
+    suite, _ = suite_install(
+        {
+            "key": "project-brief-status",
+            "name": "One project's status",
+            "kind": "task",
+            "skill": "project-brief",
+            "cases": [
+                {
+                    "key": "apollo",
+                    "title": "Apollo's status",
+                    "messages": ["What is the status of apollo?"],
+                    "metadata": {"project_id": "apollo"},
+                    "expected": {"tools_called": ["project_status"]},
+                }
+            ],
+        }
+    )
+
+    # when a publisher evaluates project-brief in acme's sandbox
+    eval_run, _ = services.eval_run_start(
+        actor=demo.admin,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="project-brief"),
+        agent_config=demo.acme.agent_configs.get(name="project-assistant"),
+    )
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+
+    # then the case's run may use acme's server: its tool is in the run, and its call passes
+    # the gates and is answered by the server
+    run = EvalRun.objects.get(pk=eval_run.pk).results.get().run
+    assert [(tool["name"], tool["id"]) for tool in run.capability["tools"]] == [
+        ("project_status", str(tool_version.pk))
+    ]
+    assert run.capability["excluded"] == []
+    call = ToolCall.objects.get(run=run)
+    assert (call.name, call.tool_version_id) == ("project_status", tool_version.pk)
+    assert call.envelope["protocol_status"] == "ok"

@@ -20,8 +20,10 @@ from registry.tasks import mcp_servers_discover
 from runs.context import message_max_tokens
 from runs.loop import run_execute
 from runs.models import Run, Source
+from runs.services.resources import resource_parts_resolve
 from runs.tokens import estimate_tokens
 from tests.mcp.conftest import assistant
+from tests.registry.factories import TenantFactory
 from tests.registry.test_admin import messages_of
 from tests.runs.conftest import (
     RUNS,
@@ -395,6 +397,19 @@ def test_another_tenants_server_resources_are_refused_alike(demo, projects, clie
 
     assert response.status_code == 400
     assert response.json()["error"]["details"]["parts"][0]["message"] == "No such resource."
+
+
+def test_an_evaluation_sandbox_s_message_may_name_its_tenant_s_server_s_resources(demo, projects):
+    mcp_server_discover(server=projects, actor=demo.admin)
+    sandbox = TenantFactory(slug="eval-sandbox")
+    sandbox.sandbox_of = demo.acme
+    sandbox.save(update_fields=["sandbox_of"])
+
+    (part,) = resource_parts_resolve(
+        tenant=sandbox, parts=[{"type": "resource_ref", "server": "projects", "uri": APOLLO}]
+    )
+
+    assert (part["server_id"], part["uri"]) == (str(projects.pk), APOLLO)
 
 
 def test_discovery_from_admin_reports_what_it_found(demo, projects, client):

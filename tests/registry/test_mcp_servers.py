@@ -7,6 +7,7 @@ from django.utils import timezone
 from registry.models import McpRemoteTool, McpServer, McpToolDefinition
 from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services import tools
+from tests.registry.factories import TenantFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -36,6 +37,21 @@ def test_a_tenants_own_server_serves_only_that_tenant(acme, globex):
     assert mcp_server_usable(server=own, tenant=acme)
     assert not mcp_server_usable(server=own, tenant=globex)
     assert not mcp_server_usable(server=None, tenant=acme)
+
+
+def test_an_evaluation_sandbox_uses_the_servers_its_tenant_may_and_no_other(acme, globex):
+    sandbox = TenantFactory(slug="eval-sandbox")
+    sandbox.sandbox_of = acme
+    sandbox.save(update_fields=["sandbox_of"])
+    own, granted = server(tenant=acme), server(name="granted")
+    granted.granted_tenants.add(acme)
+    others, not_granted = server(tenant=globex), server(name="not-granted")
+    not_granted.granted_tenants.add(globex)
+
+    assert mcp_server_usable(server=own, tenant=sandbox)
+    assert mcp_server_usable(server=granted, tenant=sandbox)
+    assert not mcp_server_usable(server=others, tenant=sandbox)
+    assert not mcp_server_usable(server=not_granted, tenant=sandbox)
 
 
 def server_form_as(client, publisher, tenant) -> dict:
