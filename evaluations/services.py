@@ -48,10 +48,10 @@ from registry.selectors import tenant_has_grant, user_may_publish
 from registry.services.common import audited_save, full_clean_or_raise
 from registry.services.tenancy import membership_add, tenant_create
 from runs.choices import Channel, RunStatus
-from runs.loop import run_execute
 from runs.models import Attachment, Run, Session
 from runs.services.attachments import attachment_display_name, attachment_store
 from runs.services.ingress import message_ingest
+from runs.tasks import run_execute_in_turn
 
 logger = logging.getLogger(__name__)
 
@@ -348,7 +348,9 @@ def _attachment(
 
 
 def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
-    """The case's messages, in one session, each run driven to its pause or end."""
+    """The case's messages, in one session, each run driven to its pause or end in a slot of
+    the tenant's concurrent runs (`run_execute_in_turn`, which raises RunWaitsItsTurn when
+    none is free)."""
     sandbox = _sandbox(eval_run)
     _fixture_load(sandbox, case)
     user = _sandbox_user(sandbox)
@@ -376,7 +378,7 @@ def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
             metadata=_metadata(case, index),
             session_id=session.pk,
         ).run
-        run_execute(run_id=str(run.pk))
+        run_execute_in_turn(run_id=str(run.pk))
         # A case of many messages may outlast one lease; the sweep only sees its runs' steps.
         _lease(eval_run)
     return run
@@ -424,7 +426,8 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
     """Run the cases that have no result yet, one by one, for about `seconds` (all of them
     when None), then compute the metrics once every case has its result. Returns whether
     cases remain. Safe to call twice or after a crash: results are unique and each case's
-    runs are idempotent."""
+    runs are idempotent. Raises RunWaitsItsTurn when a case's run waits for its tenant's turn:
+    the case runs again, finding its runs, when it is called again."""
     started = time.monotonic()
     with transaction.atomic():
         eval_run = EvalRun.objects.select_for_update().filter(pk=eval_run_id).first()

@@ -4,20 +4,26 @@ from celery import shared_task
 from django.conf import settings
 
 from config.celery import task_send
+from runs.tasks import RunWaitsItsTurn
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def eval_run_advance(*, eval_run_id: str) -> None:
     """Run an eval run's remaining cases for a while, then hand the rest to a new task, so no
     task outlives the time limit. Safe to deliver twice or after a crash. A task that raises
-    counts against the eval run, which ends FAILED when it keeps raising. Eager (the embedded
-    default) runs them all at once."""
+    counts against the eval run, which ends FAILED when it keeps raising. A case's run waiting
+    for its tenant's turn (the cases' runs count against the tenant's concurrent runs) has the
+    task come back a little later, as a run's task does. Eager (the embedded default) runs
+    them all at once."""
     from evaluations.services import eval_run_advance as advance
     from evaluations.services import eval_run_advance_failed
 
     seconds = None if settings.CELERY_TASK_ALWAYS_EAGER else settings.EVAL_TASK_SECONDS
     try:
         more = advance(eval_run_id=eval_run_id, seconds=seconds)
+    except RunWaitsItsTurn as wait:
+        task_send(eval_run_advance, eval_run_id=eval_run_id, countdown=wait.seconds)
+        return
     except Exception as error:
         eval_run_advance_failed(eval_run_id=eval_run_id, error=error)
         raise

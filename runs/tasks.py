@@ -2,6 +2,7 @@
 
 import logging
 import random
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
@@ -39,10 +40,52 @@ _RUN_LIMITS = PreparedQuery(
         # (with the key: a node of NULL, in SQL, would exclude every run without one)
         .exclude(state__has_key="node", state__node__in=HOST_NODES)
         .order_by()
-        .values("tenant_id", "tenant__max_concurrent_runs", "capability__budgets__max_seconds")[:1]
+        .values(
+            "tenant_id",
+            "tenant__max_concurrent_runs",
+            "tenant__sandbox_of_id",
+            "tenant__sandbox_of__max_concurrent_runs",
+            "capability__budgets__max_seconds",
+        )[:1]
     ),
     run_id=UUID,
 )
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A slot of a tenant's concurrent runs (`limits.tenant_run_slot_take`)."""
+
+    tenant_id: int
+    cap: int
+    seconds: int
+
+
+def _slot(run: dict) -> _Slot | None:
+    """The slot the run (its `_RUN_LIMITS`) advances in, None when its tenant has no cap. An
+    evaluation sandbox's runs take slots of the tenant it is a sandbox of: they call that
+    tenant's models and tools, as they spend its quota (`quotas.payer_id`), and a sandbox has
+    no cap of its own. Eager (the embedded default) runs each task inline in its request:
+    nothing to queue."""
+    parent_id = run["tenant__sandbox_of_id"]
+    cap = (
+        run["tenant__sandbox_of__max_concurrent_runs"]
+        if parent_id
+        else run["tenant__max_concurrent_runs"]
+    )
+    if cap is None or settings.CELERY_TASK_ALWAYS_EAGER:
+        return None
+    seconds = run["capability__budgets__max_seconds"] or settings.RUN_LEASE_SECONDS
+    return _Slot(tenant_id=parent_id or run["tenant_id"], cap=cap, seconds=seconds)
+
+
+def _slot_take(slot: _Slot, run_id: str) -> bool:
+    taken = limits.tenant_run_slot_take(
+        tenant_id=slot.tenant_id, cap=slot.cap, run_id=run_id, seconds=slot.seconds
+    )
+    if not taken:
+        logger.info("run %s waits: its tenant has %s runs advancing", run_id, slot.cap)
+    return taken
 
 
 def _backoff(retries: int) -> float:
@@ -69,17 +112,11 @@ def run_advance(self, *, run_id: str) -> None:
     run = _RUN_LIMITS.first(run_id=run_id)
     if run is None:
         return
-    cap = run["tenant__max_concurrent_runs"]
-    # Eager (the embedded default) runs each task inline in its request: nothing to queue.
-    if cap is None or settings.CELERY_TASK_ALWAYS_EAGER:
+    slot = _slot(run)
+    if slot is None:
         _advance(self, run_id)
         return
-    tenant_id = run["tenant_id"]
-    seconds = run["capability__budgets__max_seconds"] or settings.RUN_LEASE_SECONDS
-    if not limits.tenant_run_slot_take(
-        tenant_id=tenant_id, cap=cap, run_id=run_id, seconds=seconds
-    ):
-        logger.info("run %s waits: its tenant has %s runs advancing", run_id, cap)
+    if not _slot_take(slot, run_id):
         countdown = _turn_wait()
         _lease_through(run_id, countdown)
         task_send(run_advance, run_id=run_id, countdown=countdown)
@@ -87,7 +124,34 @@ def run_advance(self, *, run_id: str) -> None:
     try:
         _advance(self, run_id)
     finally:
-        limits.tenant_run_slot_release(tenant_id=tenant_id, run_id=run_id)
+        limits.tenant_run_slot_release(tenant_id=slot.tenant_id, run_id=run_id)
+
+
+class RunWaitsItsTurn(Exception):
+    """The run's tenant has as many runs advancing as its cap: ask again in `seconds`."""
+
+    def __init__(self, *, run_id: str, seconds: float) -> None:
+        super().__init__(f"run {run_id} waits for its tenant's turn")
+        self.seconds = seconds
+
+
+def run_execute_in_turn(*, run_id: str) -> None:
+    """Advance the run to its pause or end here, in a slot of its tenant's concurrent runs as
+    its task takes one (`run_advance`): an eval run drives its cases' runs in its own task.
+    Raises RunWaitsItsTurn, the run not advanced, when no slot is free."""
+    run = _RUN_LIMITS.first(run_id=run_id)
+    if run is None:
+        return
+    slot = _slot(run)
+    if slot is None:
+        run_execute(run_id=run_id)
+        return
+    if not _slot_take(slot, run_id):
+        raise RunWaitsItsTurn(run_id=run_id, seconds=_turn_wait())
+    try:
+        run_execute(run_id=run_id)
+    finally:
+        limits.tenant_run_slot_release(tenant_id=slot.tenant_id, run_id=run_id)
 
 
 def _turn_wait() -> float:

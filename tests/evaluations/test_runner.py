@@ -20,7 +20,7 @@ from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.choices import SkillAssembly
-from registry.models import McpServer, ModelConfig, RolloutFlag, SkillVersion
+from registry.models import McpServer, ModelConfig, RolloutFlag, SkillVersion, Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
@@ -30,6 +30,8 @@ from runs import quotas
 from runs.choices import RunStatus
 from runs.models import Attachment, Run, ToolCall
 from runs.services.ingress import message_ingest
+from runs.tasks import run_advance
+from runs.tools import limits
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
 from tests.mcp import conftest as mcp_fixtures
@@ -552,3 +554,47 @@ def test_a_skill_whose_tool_is_an_mcp_server_s_is_evaluated_with_that_server(dem
     call = ToolCall.objects.get(run=run)
     assert (call.name, call.tool_version_id) == ("project_status", tool_version.pk)
     assert call.envelope["protocol_status"] == "ok"
+
+
+def test_the_runs_of_an_eval_run_wait_their_turn_under_their_tenant_s_cap(demo, dave, tiny):
+    # given acme capped at one run advancing at once, its one slot held by a run of its own,
+    # and an eval run of acme's
+    Tenant.objects.filter(pk=demo.acme.pk).update(max_concurrent_runs=1)
+    assert limits.tenant_run_slot_take(tenant_id=demo.acme.pk, cap=1, run_id="acme-run", seconds=60)
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=tiny,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    queue_purge()
+    try:
+        # when the eval run's task, then its first case's run's task, are delivered
+        eval_run_advance(eval_run_id=str(eval_run.pk))
+        (run,) = Run.objects.filter(tenant__sandbox_eval_run=eval_run)
+        run_advance.apply(kwargs={"run_id": str(run.pk)})
+
+        # then neither advances the run: each comes back later to ask for acme's turn, and
+        # the eval run waits, no case's result written and no failure counted
+        run.refresh_from_db()
+        assert (run.status, run.steps) == (RunStatus.QUEUED, 0)
+        assert queued_tasks() == [
+            ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)}),
+            ("runs.tasks.run_advance", {"run_id": str(run.pk)}),
+        ]
+        eval_run.refresh_from_db()
+        assert (eval_run.status, eval_run.cases_done, eval_run.attempts) == (
+            EvalRunStatus.RUNNING,
+            0,
+            0,
+        )
+    finally:
+        limits.tenant_run_slot_release(tenant_id=demo.acme.pk, run_id="acme-run")
+        queue_purge()
+
+    # and once acme's run is done, the eval run's cases run and it completes
+    eval_run_advance(eval_run_id=str(eval_run.pk))
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done) == (EvalRunStatus.COMPLETED, 2)
+    assert eval_run.results.filter(passed=True).count() == 2
+    queue_purge()
