@@ -4,11 +4,13 @@ runs side by side with per-metric deltas, per-case differences and charts."""
 from typing import Any
 from uuid import UUID
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.utils.decorators import method_decorator
 from django.views import View
 
@@ -27,6 +29,11 @@ PERCENT_METRICS = frozenset(Metric.values) - {
     Metric.LATENCY_P50_MS,
     Metric.LATENCY_P95_MS,
 }
+CHOOSE_TWO = "Choose two eval runs to compare: one as A and one as B."
+NOT_FOUND_TO_COMPARE = (
+    "No such eval run to compare, or not one you may read: choose two from the list, "
+    "one as A and one as B."
+)
 
 
 def _visible(request: HttpRequest):
@@ -37,12 +44,17 @@ def _visible(request: HttpRequest):
     return selectors.eval_runs_visible(user=request.user)
 
 
-def _eval_run(request: HttpRequest, eval_run_id: Any) -> EvalRun:
-    visible = _visible(request)
+def _found(visible: QuerySet[EvalRun], eval_run_id: Any) -> EvalRun | None:
+    """The visible eval run of this id; None for an id that is not one, or not the viewer's
+    to read, alike."""
     try:
-        eval_run = visible.filter(pk=UUID(str(eval_run_id))).first()
+        return visible.filter(pk=UUID(str(eval_run_id))).first()
     except ValueError:
-        eval_run = None
+        return None
+
+
+def _eval_run(request: HttpRequest, eval_run_id: Any) -> EvalRun:
+    eval_run = _found(_visible(request), eval_run_id)
     if eval_run is None:
         raise Http404("No such eval run.")
     return eval_run
@@ -95,11 +107,21 @@ class EvalRunDetailView(View):
 
 @method_decorator(login_required, name="dispatch")
 class EvalRunCompareView(View):
-    """Two eval runs (`a`, `b`) side by side: usually one suite on two versions or models."""
+    """Two eval runs (`a`, `b`) side by side: usually one suite on two versions or models.
+    Asked without two (one chosen on the list, or none), or with one the viewer may not read
+    (another tenant's answers as one that does not exist), it sends the viewer back to the
+    list, saying to choose two."""
 
     def get(self, request: HttpRequest) -> HttpResponse:
-        first = _eval_run(request, request.GET.get("a"))
-        second = _eval_run(request, request.GET.get("b"))
+        visible = _visible(request)
+        chosen = [request.GET.get(side) for side in ("a", "b")]
+        if not all(chosen):
+            messages.error(request, CHOOSE_TWO)
+            return redirect("evaluations:list")
+        first, second = (_found(visible, eval_run_id) for eval_run_id in chosen)
+        if first is None or second is None:
+            messages.error(request, NOT_FOUND_TO_COMPARE)
+            return redirect("evaluations:list")
         results = {
             side: {result.case.key: result for result in run.results.select_related("case")}
             for side, run in (("a", first), ("b", second))

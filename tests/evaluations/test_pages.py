@@ -1,5 +1,7 @@
 """Evaluation pages: the list, one eval run, and two side by side."""
 
+import uuid
+
 from django.test import Client
 
 from evaluations.choices import METRIC_DEFINITIONS, Metric
@@ -60,10 +62,54 @@ def test_only_publishers_auditors_and_admins_of_the_tenant_read_evaluations(
     assert logged_in(demo.alice).get("/evaluations/").status_code == 403
     assert logged_in(outsider).get(f"/evaluations/{eval_run.pk}/").status_code == 404
     assert str(eval_run.pk) not in logged_in(outsider).get("/evaluations/").content.decode()
-    assert (
-        logged_in(dave).get(f"/evaluations/compare/?a={eval_run.pk}&b=nonsense").status_code == 404
-    )
     assert Client().get("/evaluations/").status_code == 302
+
+
+CHOOSE_TWO = "Choose two eval runs to compare: one as A and one as B."
+NOT_FOUND = (
+    "No such eval run to compare, or not one you may read: choose two from the list, "
+    "one as A and one as B."
+)
+
+
+def test_a_comparison_without_two_runs_sends_back_to_the_list_saying_to_choose_two(
+    evaluate, demo, dave, tiny, draft
+):
+    eval_run = evaluate(tiny, version=draft("3.4.0"))
+    client = logged_in(dave)
+
+    for query in ("", f"?a={eval_run.pk}", f"?b={eval_run.pk}", f"?a={eval_run.pk}&b="):
+        response = client.get(f"/evaluations/compare/{query}", follow=True)
+
+        assert response.redirect_chain == [("/evaluations/", 302)], query
+        assert response.status_code == 200
+        assert CHOOSE_TWO in response.content.decode(), query
+    for query in (f"?a={eval_run.pk}&b=nonsense", f"?a={uuid.uuid4()}&b={eval_run.pk}"):
+        response = client.get(f"/evaluations/compare/{query}", follow=True)
+
+        assert response.redirect_chain == [("/evaluations/", 302)], query
+        assert NOT_FOUND in response.content.decode(), query
+
+
+def test_a_comparison_of_another_tenant_s_runs_shows_nothing_of_them(
+    evaluate, demo, dave, tiny, draft
+):
+    first = evaluate(tiny, version=draft("3.4.0"))
+    second = evaluate(tiny, version=draft("3.5.0", workflow=""))
+    globex = Tenant.objects.get(slug="globex")
+    outsider = approver_in(globex, "quinn")
+    membership_add(actor=None, user=outsider, tenant=globex, role=Role.AUDITOR)
+
+    response = logged_in(outsider).get(
+        f"/evaluations/compare/?a={first.pk}&b={second.pk}", follow=True
+    )
+
+    html = response.content.decode()
+    assert response.redirect_chain == [("/evaluations/", 302)]
+    assert NOT_FOUND in html
+    assert str(first.pk) not in html and str(second.pk) not in html
+    assert "weekly-summary@3.4.0" not in html
+    assert logged_in(demo.alice).get(f"/evaluations/compare/?a={first.pk}").status_code == 403
 
 
 def test_the_admin_shows_eval_runs_only_to_their_tenant_and_never_edits_them(

@@ -91,7 +91,10 @@ ENTRIES = {
     "runs:export": Entry("/runs/{run}/export.json"),
     "runs:stream": Entry("/runs/{run}/stream"),
     "evaluations:list": Entry("/evaluations/", other_tenant=200, wrong_role=403),
-    "evaluations:compare": Entry("/evaluations/compare/?a={eval_run}&b={eval_run}", wrong_role=403),
+    # Back to the list, told to choose two runs of their own: acme's answer as none.
+    "evaluations:compare": Entry(
+        "/evaluations/compare/?a={eval_run}&b={eval_run}", other_tenant=302, wrong_role=403
+    ),
     "evaluations:detail": Entry("/evaluations/{eval_run}/", wrong_role=403),
     "registry-history": Entry("/registry/history/", other_tenant=200, wrong_role=403),
     "memories": Entry("/memories/", other_tenant=200, wrong_role=200),
