@@ -5,10 +5,15 @@ misread (a string of messages sent a character at a time) or failed when its eva
 from typing import Any
 
 from examples.models import ProjectUpdate
+from registry.canonical import is_hashable
 from registry.schemas import document_errors
 from runs.choices import RunStatus
 from runs.tools.envelope import ErrorCategory
 
+UNHASHABLE = (
+    "Holds a number outside the exactly representable range (integers within ±2^53-1, "
+    "finite floats); the case could not be hashed canonically."
+)
 _TEXT = {"type": "string", "minLength": 1}
 _NAMES = {"type": "array", "items": _TEXT}
 _OBJECT = {"type": "object"}
@@ -96,11 +101,18 @@ CASE_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
 
 
 def case_errors(fields: dict[str, Any]) -> dict[str, list[str]]:
-    """Every way each field of a case's definition breaks its shape, by field."""
+    """Every way each field of a case's definition breaks its shape, by field. A field must
+    also hash once stored (`is_hashable`): the suite's content hash (`suite_content_hash`)
+    reads it back from PostgreSQL, where a decimal of 2^53 or more (1e20, in free-form
+    metadata or session state) becomes a whole number RFC 8785 refuses, and every start of
+    an eval run of the suite, or install of it, would fail."""
     errors = {}
     for field, schema in CASE_FIELD_SCHEMAS.items():
-        if field in fields:
-            found = document_errors(fields[field], schema)
-            if found:
-                errors[field] = found
+        if field not in fields:
+            continue
+        found = document_errors(fields[field], schema)
+        if not found and not is_hashable(fields[field]):
+            found = [UNHASHABLE]
+        if found:
+            errors[field] = found
     return errors

@@ -136,6 +136,12 @@ def test_a_tenant_gates_its_own_skill_of_a_platform_skill_s_name(
 
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
+# PostgreSQL gives 1e20 back as the whole number 100000000000000000000, which RFC 8785 (the
+# suite's content hash) refuses.
+UNHASHABLE = (
+    "Holds a number outside the exactly representable range (integers within ±2^53-1, "
+    "finite floats); the case could not be hashed canonically."
+)
 
 
 def case_form(suite: EvalSuite, **overrides) -> dict:
@@ -169,6 +175,9 @@ def case_form(suite: EvalSuite, **overrides) -> dict:
             "faults/project_search: 'SLOW' is not one of",
         ),
         ("expected", '{"status": "DONE"}', "status: 'DONE' is not one of"),
+        ("metadata", '{"project_id": "apollo", "budget": 1e20}', UNHASHABLE),
+        ("metadata", '[{"project_id": "apollo", "budget": -1.5e300}]', UNHASHABLE),
+        ("session_state", '{"pending": {"amount": 1e20}}', UNHASHABLE),
     ],
 )
 def test_a_malformed_case_is_a_form_error_on_its_field(

@@ -48,8 +48,14 @@ def test_every_shipped_case_installs(db):
             "cases/complete/expected",
             "Additional properties are not allowed ('tool_called' was unexpected)",
         ),
+        (
+            {"metadata": {"project_id": "apollo", "budget": 1e20}},
+            "cases/complete/metadata",
+            "Holds a number outside the exactly representable range (integers within "
+            "±2^53-1, finite floats); the case could not be hashed canonically.",
+        ),
     ],
-    ids=["messages-string", "project-without-key", "misspelled-expectation"],
+    ids=["messages-string", "project-without-key", "misspelled-expectation", "huge-number"],
 )
 def test_a_malformed_case_is_refused_naming_the_case_and_the_field(db, change, where, message):
     document = copy.deepcopy(TINY_SUITE)
