@@ -29,7 +29,7 @@ from config.queries import PreparedQuery
 from registry.choices import READ_RISKS, AdapterKind
 from registry.models import Tenant, ToolVersion
 from registry.selectors import version_ids_withdrawn, versions_frozen
-from runs import events, tracing, writes
+from runs import events, quotas, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, Source, ToolCall
@@ -523,13 +523,15 @@ def _attempt(
 ) -> tuple[ToolOutput, limits.Passage | None]:
     """One call of the tool under its limits (entered already, or entered now). Returns the
     output with the limits' passage, still held (its call succeeded); a call that failed
-    has left them."""
+    has left them. An evaluation sandbox's call spends the rate window of the tenant it is a
+    sandbox of (`quotas.payer_id`): it reaches that tenant's tools, and a sandbox is made for
+    each eval run, which would otherwise bring a fresh allowance of its own."""
     sandboxed = _sandboxed(admitted)
     if sandboxed is not None:
         return sandboxed, None
     if entered is None:
         [entered] = limits.calls_enter(
-            [admitted.tool_version], tenant_id=admitted.context.tenant.pk
+            [admitted.tool_version], tenant_id=quotas.payer_id(admitted.context.tenant)
         )
     if isinstance(entered, ToolFailed):
         raise entered

@@ -4,6 +4,7 @@ offline planner, and the attack suite with the adversarial planner."""
 import copy
 import json
 import threading
+import time
 from datetime import timedelta
 from decimal import Decimal
 
@@ -20,7 +21,14 @@ from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
 from examples.models import MailDelivery, Project
 from registry.choices import SkillAssembly
-from registry.models import McpServer, ModelConfig, RolloutFlag, SkillVersion, Tenant
+from registry.models import (
+    McpServer,
+    ModelConfig,
+    RolloutFlag,
+    SkillVersion,
+    Tenant,
+    ToolVersion,
+)
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
@@ -598,3 +606,24 @@ def test_the_runs_of_an_eval_run_wait_their_turn_under_their_tenant_s_cap(demo, 
     assert (eval_run.status, eval_run.cases_done) == (EvalRunStatus.COMPLETED, 2)
     assert eval_run.results.filter(passed=True).count() == 2
     queue_purge()
+
+
+def test_the_read_calls_of_an_eval_run_spend_its_tenant_s_rate_window(
+    demo, evaluate, tiny, monkeypatch
+):
+    # given project_search allows acme 60 calls a minute, and acme has made all 60 this minute
+    minute = int(time.time() // 60) * 60
+    monkeypatch.setattr(limits, "_now", lambda: minute + 30.0)
+    project_search = ToolVersion.objects.get(tool__name="project_search", version="2.0.0")
+    assert project_search.rate_limit == {"requests": 60, "per_seconds": 60}
+    for _ in range(60):
+        [entered] = limits.calls_enter([project_search], tenant_id=demo.acme.pk)
+        limits.calls_leave([(entered, False)])
+
+    # when a publisher evaluates weekly-summary within that minute
+    eval_run = evaluate(tiny)
+
+    # then its cases' searches are refused by acme's window, not given one of their own
+    searches = ToolCall.objects.filter(run__tenant=eval_run.sandbox, name="project_search")
+    assert searches.exists()
+    assert set(searches.values_list("error_category", flat=True)) == {"RATE_LIMITED"}
