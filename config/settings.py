@@ -361,6 +361,23 @@ RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
 # A run's task starts no step after this long and hands the run to a new task: far enough
 # within the task's soft time limit for a step begun just before (a slow model turn) to end.
 RUN_TASK_SECONDS = env.int("RUN_TASK_SECONDS", default=240)
+# Each needs time left before the soft limit for the step (or case) begun just before it, and
+# a tool call's retries are bounded by that time (runs/tools/executor.py `_tries_deadline`).
+for _name, _seconds in (
+    ("RUN_TASK_SECONDS", RUN_TASK_SECONDS),
+    ("EVAL_TASK_SECONDS", EVAL_TASK_SECONDS),
+    ("CELERY_TASK_SOFT_TIME_LIMIT", CELERY_TASK_SOFT_TIME_LIMIT),
+):
+    _limit, _limit_name = (
+        (CELERY_TASK_TIME_LIMIT, "CELERY_TASK_TIME_LIMIT")
+        if _name == "CELERY_TASK_SOFT_TIME_LIMIT"
+        else (CELERY_TASK_SOFT_TIME_LIMIT, "CELERY_TASK_SOFT_TIME_LIMIT")
+    )
+    if not 0 < _seconds < _limit:
+        raise ImproperlyConfigured(
+            f"{_name} must be more than 0 and less than {_limit_name} ({_limit}), "
+            f"it is {_seconds}: a task would be stopped in the middle of its work."
+        )
 # A cancel waits this long for a run another transaction holds (PostgreSQL; 0: not at all):
 # a short writer (an approval decision, a session's next message) lets go within it; a step
 # asking a model does not, and the cancel is kept beside the run for the step's boundary.

@@ -120,6 +120,25 @@ def test_an_api_token_lifetime_is_read_in_hours():
 
 
 @pytest.mark.parametrize(
+    ("limits", "named"),
+    [
+        ({"RUN_TASK_SECONDS": "540"}, "RUN_TASK_SECONDS"),
+        ({"EVAL_TASK_SECONDS": "600"}, "EVAL_TASK_SECONDS"),
+        ({"CELERY_TASK_SOFT_TIME_LIMIT": "600"}, "CELERY_TASK_SOFT_TIME_LIMIT"),
+    ],
+    ids=["run-task-at-the-soft-limit", "eval-task-past-it", "soft-limit-at-the-hard-limit"],
+)
+def test_a_task_s_time_that_leaves_its_step_no_time_before_the_limit_is_refused(limits, named):
+    # a task that starts a step at its soft time limit has it interrupted mid-step, its work
+    # lost, and a tool call would never be tried again (no time left for another try)
+    result = _run("-c", "import config.settings", DEBUG="1", **limits)
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert named in result.stderr
+
+
+@pytest.mark.parametrize(
     "root",
     [str(BASE_DIR / "staticfiles"), str(BASE_DIR / "staticfiles" / "attachments"), "staticfiles/x"],
     ids=["static-root", "inside-static-root", "relative-inside-static-root"],
