@@ -529,9 +529,8 @@ def _route_and_assemble(run: Run) -> None:
         _transition(run, status=RunStatus.WAITING_APPROVAL)
         return
     if skill is None and no_skill_clarifies(run.capability):
-        _finish(
+        _ask(
             run,
-            status=RunStatus.NEEDS_CLARIFICATION,
             reason_code="NO_SKILL_MATCHED",
             question="Which task should I do? Say what you need (for example which report, "
             "for which project) in other words.",
@@ -540,12 +539,7 @@ def _route_and_assemble(run: Run) -> None:
     required = set(skill_version.required_inputs if skill_version else [])
     for required_input, key, reason_code, question in UNREAD_INPUT_QUESTIONS:
         if required_input in required and not run.state["inputs"][key]:
-            _finish(
-                run,
-                status=RunStatus.NEEDS_CLARIFICATION,
-                reason_code=reason_code,
-                question=question,
-            )
+            _ask(run, reason_code=reason_code, question=question)
             return
     if MEMORY_INPUT in required:
         run.state["memory"] = memory_retrieve(
@@ -563,6 +557,15 @@ def _route_and_assemble(run: Run) -> None:
         )
     ]
     _enter_node(run, workflow.start, leaving=skill)
+
+
+def _ask(run: Run, *, reason_code: str, question: str) -> None:
+    """End the run asking the user `question`. They answer in the session's next message,
+    which may name no project: it is about the project this message named, so the session
+    follows it, as it does when a run goes on."""
+    if project_id := run.message.get("metadata", {}).get("project_id"):
+        _remember(run, project_id=project_id)
+    _finish(run, status=RunStatus.NEEDS_CLARIFICATION, reason_code=reason_code, question=question)
 
 
 def _enter_node(run: Run, name: str, *, leaving: dict[str, Any] | None) -> None:
@@ -597,11 +600,12 @@ def _remember(
     recipient: dict | None = None,
     draft: dict | None = None,
 ) -> None:
-    """Session state is the one authoritative copy: the project the actor proved access to,
-    the recipient they confirmed (with its expiry) and the latest drafts. On PostgreSQL one
-    UPDATE, written with the step (`runs.writes`), merges them into the session's current
-    state (keys it does not name are kept, a malformed drafts value is replaced), where a
-    locked read and a save would cost two round trips."""
+    """Session state is the one authoritative copy: the project a run of the session last
+    went on with or asked the user about (a run that uses it checks the actor's access to it
+    again, gate 3), the recipient they confirmed (with its expiry) and the latest drafts. On
+    PostgreSQL one UPDATE, written with the step (`runs.writes`), merges them into the
+    session's current state (keys it does not name are kept, a malformed drafts value is
+    replaced), where a locked read and a save would cost two round trips."""
     values = {
         key: value for key, value in (("project_id", project_id), ("recipient", recipient)) if value
     }

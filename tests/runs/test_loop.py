@@ -535,6 +535,33 @@ def test_a_message_naming_two_weeks_is_asked_which_before_any_tool(demo, text):
     assert tool_calls(run) == []
 
 
+def test_the_answer_about_the_week_is_about_the_project_the_question_followed(demo):
+    """Before, the question about the week left the session on the project named before it,
+    so the user's answer summarised that other project."""
+    # given alice's session is on apollo, then she names hermes with two weeks
+    first = start(demo, project_id="apollo")
+    run_execute(run_id=str(first.pk))
+    assert finished(first).status == "WAITING_APPROVAL"
+    asked = start(
+        demo,
+        session_id=first.session_id,
+        text="Summarise this week and the week before last for the R&D lead.",
+        project_id="hermes",
+    )
+    run_execute(run_id=str(asked.pk))
+    assert_terminal(asked, "NEEDS_CLARIFICATION", "DATE_RANGE_UNCLEAR")
+
+    # when she answers which week in the same session, naming no project
+    answer = start(
+        demo, session_id=first.session_id, text="Last week's status for the R&D lead, please."
+    )
+    run_execute(run_id=str(answer.pk))
+
+    # then the answer is about hermes, the project her question was about
+    assert finished(answer).state["inputs"]["project_id"] == "hermes"
+    assert answer.session.state["project_id"] == "hermes"
+
+
 # --- 2. every terminal status ----------------------------------------------------------------
 
 

@@ -199,6 +199,29 @@ def test_an_unmatched_request_is_answered_without_tools_or_asked_about(demo, ret
     assert not ToolCall.objects.filter(run__in=[answered, asked]).exists()
 
 
+def test_the_answer_to_which_task_is_about_the_project_the_question_followed(demo, retrieval_agent):
+    """Before, asking which task left the session on the project named before the question,
+    so the user's answer, naming no project, was about that other project."""
+    # given alice's session is on apollo
+    retrieval_agent.when_no_skill_matches = NoSkillMatched.CLARIFY
+    registry_object_save(instance=retrieval_agent, actor=demo.admin, reason="clarify")
+    first = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(first.pk))
+    # when she names hermes in words no skill matches, is asked which task, and says it
+    asked = demo_run(
+        demo, session_id=first.session_id, text="Tell me a joke about cats", project_id="hermes"
+    )
+    run_execute(run_id=str(asked.pk))
+    asked.refresh_from_db()
+    assert (asked.status, asked.reason_code) == (RunStatus.NEEDS_CLARIFICATION, "NO_SKILL_MATCHED")
+    answer = demo_run(demo, session_id=first.session_id)
+    run_execute(run_id=str(answer.pk))
+
+    # then her answer is about hermes
+    answer.refresh_from_db()
+    assert answer.state["inputs"]["project_id"] == "hermes"
+
+
 def test_a_skill_below_the_threshold_is_not_used_and_the_best_is_named(demo, retrieval_agent):
     retrieval_agent.skill_min_score = Decimal("0.95")
     registry_object_save(instance=retrieval_agent, actor=demo.admin, reason="strict")
