@@ -187,10 +187,24 @@ def attachment_parts_resolve(
 ) -> list[dict[str, Any]]:
     """The message parts with each attachment reference bound to the actor's own upload in
     this tenant. A reference to anything else (another tenant's or user's upload, an unknown
-    id) is refused the same way, so it tells nothing about what exists."""
+    id) is refused the same way, so it tells nothing about what exists. An attachment is
+    referred to once: its run reads each reference in a share of the excerpt."""
     ids = [part["id"] for part in parts if part["type"] == ATTACHMENT_PART]
     if not ids:
         return parts
+    first_index: dict[str, int] = {}
+    repeated = []
+    for index, part in enumerate(parts):
+        if part["type"] != ATTACHMENT_PART:
+            continue
+        first = first_index.setdefault(part["id"], index)
+        if first != index:
+            message = f"Part {first} refers to it already."
+            repeated.append({"index": index, "id": part["id"], "message": message})
+    if repeated:
+        raise ValidationFailed(
+            "A message refers to each attachment once.", details={"parts": repeated}
+        )
     usable = {
         str(attachment.pk): attachment
         for attachment in attachments_usable(user=actor, tenant=tenant).filter(pk__in=ids)

@@ -616,6 +616,30 @@ def test_a_message_may_not_refer_to_an_attachment_the_actor_did_not_upload_here(
     assert _row_counts() == NOTHING
 
 
+def test_a_message_referring_to_one_attachment_twice_is_refused(api, member, acme):
+    """Before, the run read the file once for each reference, each in half the excerpt the
+    file would have had, and showed the model both halves as two pieces of evidence."""
+    client = api.as_user(member, acme)
+    attachment_id = _upload(client, TEXT, "text/plain").json()["id"]
+    part = {"type": "attachment_ref", "id": attachment_id}
+
+    response = _message(client, part, {"type": "text", "text": "and again"}, part)
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "code": "VALIDATION_ERROR",
+            "message": "A message refers to each attachment once.",
+            "details": {
+                "parts": [
+                    {"index": 3, "id": attachment_id, "message": "Part 1 refers to it already."}
+                ]
+            },
+        }
+    }
+    assert _row_counts() == NOTHING
+
+
 def test_a_message_carries_its_attachments_by_digest_never_by_content(api, member, acme):
     client = api.as_user(member, acme)
     uploaded = [
