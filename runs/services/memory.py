@@ -19,6 +19,7 @@ Only the run's state changes: its event log is never edited.
 """
 
 import re
+import unicodedata
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -59,6 +60,10 @@ def _refuse(reason: str, message: str) -> ValidationFailed:
 
 
 def _looks_secret(text: str) -> bool:
+    """Read as NFKC: a Chinese input method in full-width mode types letters, digits and
+    punctuation as their full-width forms (U+FF01 to U+FF5E), which the patterns, written in
+    ASCII, would not see."""
+    text = unicodedata.normalize("NFKC", text)
     return bool(
         _SECRET_TEXT.search(text) or _SECRET_TEXT_ZH.search(text) or secrets_removed(text) != text
     )

@@ -58,6 +58,12 @@ def refusal(**arguments) -> str:
     return refused.value.details["reason"]
 
 
+def full_width(text: str) -> str:
+    """`text` as an input method in full-width mode types it: printable ASCII but the space
+    moved to U+FF01-U+FF5E."""
+    return "".join(chr(ord(char) + 0xFEE0) if "!" <= char <= "~" else char for char in text)
+
+
 @pytest.mark.parametrize(
     "key, value",
     [
@@ -84,6 +90,11 @@ def refusal(**arguments) -> str:
         ("vpn", "credentials: bob / s3cr3t!"),
         ("note", "recovery codes: 49381723"),
         ("note", "the verification codes are 493817 and 220391"),
+        # typed with a Chinese input method in full-width mode
+        ("vpn", full_width("my password is hunter22")),
+        ("note", full_width("my PIN is 4821")),
+        ("note", full_width("OTP 482913")),
+        ("github", full_width("ghp_abcdefghijklmnopqrstuvwx")),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
