@@ -23,6 +23,7 @@ from typing import Any
 import pypdf
 from django.conf import settings
 from django.utils import timezone
+from pypdf import PasswordType
 from pypdf.errors import PyPdfError
 
 from runs.context import wrap_untrusted
@@ -123,7 +124,9 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     try:
         with pypdf.apply_configuration(**PDF_STREAM_LIMITS):
             reader = pypdf.PdfReader(io.BytesIO(data))
-            if reader.is_encrypted:
+            # A PDF its owner only restricted (editing, printing) has an empty user password,
+            # which opens it in any viewer; pypdf still calls it encrypted once open.
+            if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
                 raise Unreadable("the PDF is encrypted")
             pages = len(reader.pages)
             read = b""

@@ -1,6 +1,7 @@
 """A message's attachments read when its run starts: a bounded excerpt of their text, wrapped
 as untrusted data and kept as evidence, or a note saying why there is none."""
 
+import io
 import json
 import logging
 import struct
@@ -8,6 +9,7 @@ import time
 import uuid
 import zlib
 
+import pypdf
 import pytest
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -148,6 +150,16 @@ def pdf_with_a_broken_previous_trailer(entries: bytes) -> bytes:
         xref,
     )
     return body
+
+
+def encrypted(document_bytes: bytes, *, user_password: str) -> bytes:
+    """The PDF encrypted (AES-128) with this user password and an owner password: with an
+    empty user password, any viewer opens it, and only its owner may edit or print it."""
+    writer = pypdf.PdfWriter(clone_from=io.BytesIO(document_bytes))
+    writer.encrypt(user_password=user_password, owner_password="owner-only", algorithm="AES-128")
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
 
 
 @pytest.fixture
@@ -293,6 +305,31 @@ def test_a_pdfs_text_is_extracted_from_its_first_pages(answered, alice_api, sett
     assert "Budget is on track" in content
     assert "Page three" not in content
     assert content.endswith(f" bytes of {attachment['size']} are shown]")
+
+
+def test_a_pdf_restricted_by_its_owner_only_is_read_and_one_needing_a_password_is_not(
+    answered, alice_api
+):
+    """Before, a PDF any viewer opens (encrypted with an owner password only, to restrict
+    editing or printing) was not read, as if it needed a password."""
+    restricted = upload(
+        alice_api, encrypted(pdf("Apollo ships on Friday"), user_password=""), "application/pdf"
+    )
+    locked = upload(
+        alice_api,
+        encrypted(pdf("Budget is on track"), user_password="open-sesame"),
+        "application/pdf",
+    )
+
+    run = ask(alice_api, restricted, locked)
+    run_execute(run_id=str(run.pk))
+
+    _, user = user_message(answered)
+    (wrapped,) = envelopes(user)
+    assert wrapped["source"] == f"attachment:{restricted['id']}"
+    assert "Apollo ships on Friday" in wrapped["content"]
+    assert "[not read: the PDF is encrypted]" in user
+    assert "Budget" not in user
 
 
 def test_credentials_in_an_attachment_never_reach_the_model(answered, alice_api):
