@@ -236,22 +236,72 @@ def _assigned_secret(match: re.Match) -> str:
     return match.group(0)
 
 
+# Full-width forms of ASCII letters, digits and signs (U+FF01 to U+FF5E) and the ideographic
+# space, as an input method in full-width mode types a password: the patterns, written in
+# ASCII, read them as their ASCII forms, which have the same length. The full-width marks
+# that punctuate Chinese (exclamation and question marks, parentheses, comma, colon and
+# semicolon) stay as they are, so they still end a value, as in text typed in ASCII.
+_CHINESE_PUNCTUATION = frozenset("\uff01\uff08\uff09\uff0c\uff1a\uff1b\uff1f")
+_HALF_WIDTH = {
+    code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F) if chr(code) not in _CHINESE_PUNCTUATION
+} | {0x3000: 0x20}
+
+_REPLACEMENTS: tuple[tuple[re.Pattern, Any], ...] = (
+    (_PRIVATE_KEY, REDACTED),
+    (_BEARER, "Bearer " + REDACTED),
+    (_AUTHORIZATION, lambda match: match.group(1) + REDACTED),
+    (_HEX_TOKEN, lambda match: match.group(1) + REDACTED),
+    (_BASIC, _basic_credential),
+    *((pattern, REDACTED) for pattern in _SECRET_VALUES),
+    (_URL_PASSWORD, lambda match: match.group(1) + REDACTED + "@"),
+    (_ASSIGNED_ZH, lambda match: match.group(1) + REDACTED),
+    (_ASSIGNED, _assigned_secret),
+)
+
+
+def _common_head(first: str, second: str) -> int:
+    """How many characters `first` and `second` start with alike."""
+    for index, (one, other) in enumerate(zip(first, second, strict=False)):
+        if one != other:
+            return index
+    return min(len(first), len(second))
+
+
+def _as_typed(typed: str, read: str, replaced: str) -> str:
+    """`replaced`, what replaces a match `read` (`typed` as the patterns read it), with what
+    it keeps of the match at its start and end (a name, a colon) as it was typed."""
+    head = _common_head(read, replaced)
+    tail = _common_head(read[head:][::-1], replaced[head:][::-1])
+    return typed[:head] + replaced[head : len(replaced) - tail] + typed[len(typed) - tail :]
+
+
+def _replaced_as_typed(pattern: re.Pattern, replacement: Any, text: str, read: str) -> str:
+    """`text` with the matches `pattern` finds in `read` (`text` as the patterns read it, of
+    the same length) replaced, and the rest as it was typed."""
+    parts, at = [], 0
+    for match in pattern.finditer(read):
+        start, end = match.span()
+        replaced = replacement(match) if callable(replacement) else replacement
+        parts += [text[at:start], _as_typed(text[start:end], match.group(0), replaced)]
+        at = end
+    return "".join([*parts, text[at:]])
+
+
 def secrets_removed(text: str) -> str:
     """`text` with credentials replaced: bearer tokens, pasted Authorization headers, hex
     tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
-    passwords of URLs, and values given to names that say they hold secrets (in Chinese too)."""
-    if not (_may_hold_secret(text) and _ANY_SECRET_VALUE.search(text)):
+    passwords of URLs, and values given to names that say they hold secrets (in Chinese too),
+    typed in ASCII or in its full-width forms."""
+    read = text if text.isascii() else text.translate(_HALF_WIDTH)
+    if not (_may_hold_secret(read) and _ANY_SECRET_VALUE.search(read)):
         return text
-    text = _PRIVATE_KEY.sub(REDACTED, text)
-    text = _BEARER.sub("Bearer " + REDACTED, text)
-    text = _AUTHORIZATION.sub(lambda match: match.group(1) + REDACTED, text)
-    text = _HEX_TOKEN.sub(lambda match: match.group(1) + REDACTED, text)
-    text = _BASIC.sub(_basic_credential, text)
-    for pattern in _SECRET_VALUES:
-        text = pattern.sub(REDACTED, text)
-    text = _URL_PASSWORD.sub(lambda match: match.group(1) + REDACTED + "@", text)
-    text = _ASSIGNED_ZH.sub(lambda match: match.group(1) + REDACTED, text)
-    return _ASSIGNED.sub(_assigned_secret, text)
+    for pattern, replacement in _REPLACEMENTS:
+        if read == text:
+            text = read = pattern.sub(replacement, text)
+        else:
+            text = _replaced_as_typed(pattern, replacement, text, read)
+            read = text.translate(_HALF_WIDTH)
+    return text
 
 
 # The shortest text of a sensitive field masked inside other text: a shorter one ("Li", "42")

@@ -284,6 +284,36 @@ def test_a_secret_given_in_chinese_is_removed_and_the_rest_kept(text, kept):
     assert redact(text, cleared=True) == kept
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # typed by an input method in full-width mode: the value, or the whole line
+        (
+            "wifi 密码\uff1a\uff48\uff55\uff4e\uff54\uff45\uff52\uff12\uff12",
+            "wifi 密码\uff1a[redacted]",
+        ),
+        (
+            "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44\uff1d\uff54\uff52\uff4f\uff55\uff42\uff14\uff44\uff4f\uff52\uff13\u3000好的",
+            "\uff50\uff41\uff53\uff53\uff57\uff4f\uff52\uff44\uff1d[redacted]\u3000好的",
+        ),
+        (
+            "令牌\u3000\uff47\uff48\uff50\uff3f"
+            + "\uff41\uff42\uff43\uff11\uff12\uff13" * 3
+            + "。",
+            "令牌\u3000[redacted]。",
+        ),
+        # full-width text without a secret is kept as it was written
+        (
+            "\uff12\uff10\uff12\uff16年进度\uff1a\uff41\uff50\uff4f\uff4c\uff4c\uff4f",
+            "\uff12\uff10\uff12\uff16年进度\uff1a\uff41\uff50\uff4f\uff4c\uff4c\uff4f",
+        ),
+    ],
+    ids=["chinese-word", "ascii-name", "prefixed-token", "no-secret"],
+)
+def test_a_secret_typed_in_full_width_characters_is_removed_and_the_rest_kept_as_typed(text, kept):
+    assert redact(text, cleared=True) == kept
+
+
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     key = (
         "-----BEGIN RSA PRIVATE KEY-----\n"
