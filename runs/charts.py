@@ -2,6 +2,7 @@
 
 from collections.abc import Sequence
 from datetime import date
+from decimal import Decimal
 
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
@@ -13,8 +14,11 @@ PALETTE = (
 )  # fmt: skip
 
 
-def bars(series: Sequence[tuple[str, float]], *, unit: str = "", width: int = 640) -> SafeString:
-    """Horizontal bars, one per (label, value)."""
+def bars(
+    series: Sequence[tuple[str, float | Decimal]], *, unit: str = "", width: int = 640
+) -> SafeString:
+    """Horizontal bars, one per (label, value), each value written as given: a Decimal
+    (money) keeps its digits, where a float would show a small one as 2e-05."""
     if not series:
         return NO_DATA
     top = max(value for _, value in series) or 1

@@ -212,7 +212,7 @@ class DashboardView(View):
                 "figures": figures,
                 "status_chart": charts.stacked_columns(figures.days, figures.statuses),
                 "cost_chart": charts.bars(
-                    [(day.isoformat(), float(cost)) for day, cost in sorted(figures.cost.items())]
+                    [(day.isoformat(), cost) for day, cost in sorted(figures.cost.items())]
                 ),
                 "latency_chart": charts.bars(
                     [(row["name"], row["p95"]) for row in figures.stages], unit=" ms"

@@ -7,6 +7,7 @@ import json
 import logging
 import uuid
 from datetime import datetime, time, timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -580,3 +581,18 @@ def test_the_dashboard_offers_each_skill_version_once_however_many_runs_ran_it(
     # then the version is offered once
     assert page.context["skills"] == ["weekly-summary@3.2.0"]
     assert page.content.decode().count('<option value="weekly-summary@3.2.0"') == 1
+
+
+def test_the_dashboard_shows_a_day_s_cost_as_the_decimal_it_is(demo, sent_run, carol, client):
+    # given a day whose runs cost two thousandths of a cent
+    Run.objects.filter(pk=sent_run.pk).update(cost=Decimal("0.000020"))
+    logged_in(client, carol)
+
+    # when the auditor opens the dashboard
+    page = client.get(reverse("runs:dashboard"))
+
+    # then the cost is written as stored, not as a float in scientific notation
+    cost = page.content.decode().split("Cost per day")[1]
+    assert f"{timezone.localdate().isoformat()}</text>" in cost
+    assert ">0.000020</text>" in cost
+    assert "e-05" not in cost
