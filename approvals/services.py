@@ -738,6 +738,8 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
     action another delivery marked unknown meanwhile (its reconciliation could not tell
     while this call was in flight) is settled with the outcome in hand."""
     outcome, attempts, duration_ms = executor.side_effect_run(admitted)
+    # The action's span ends with its call, before the outcome may finish the run.
+    ended_at = timezone.now()
     with transaction.atomic():
         run, action = _locked(action_id)
         if action.status not in (ActionStatus.EXECUTING, ActionStatus.UNKNOWN):
@@ -762,6 +764,7 @@ def _run_and_record(action_id: Any, admitted: executor.Admitted) -> None:
             run,
             "action",
             started_at=admitted.record.started_at,
+            ended_at=ended_at,
             error=action.status != ActionStatus.SUCCEEDED,
             action_id=str(action.pk),
             kind=action.kind,

@@ -64,12 +64,25 @@ def export_on_commit(rows: list) -> None:
         transaction.on_commit(lambda: otel.export(spans))
 
 
+def _first_start(run: Run) -> datetime:
+    """When the run's trace begins: its ingress span starts as the message comes in, before
+    the run's row is written (`created_at`)."""
+    first = (
+        Span.objects.filter(run_id=run.pk)
+        .order_by("started_at")
+        .values_list("started_at", flat=True)
+        .first()
+    )
+    return min(run.created_at, first) if first else run.created_at
+
+
 def run_span(run: Run) -> Span:
-    """The root span, when the run reaches its terminal status."""
+    """The root span, when the run reaches its terminal status: from its first span on, so
+    that it holds every stage."""
     return span_add(
         run,
         "run",
-        started_at=run.created_at,
+        started_at=_first_start(run),
         ended_at=run.finished_at,
         error=run.status not in {"COMPLETED", "NEEDS_CLARIFICATION"},
         span_id=root_span_id(run),

@@ -596,3 +596,20 @@ def test_the_dashboard_shows_a_day_s_cost_as_the_decimal_it_is(demo, sent_run, c
     assert f"{timezone.localdate().isoformat()}</text>" in cost
     assert ">0.000020</text>" in cost
     assert "e-05" not in cost
+
+
+def test_every_span_of_the_run_lies_within_its_root_span(sent_run):
+    # given the running example, from its message to its sent mail
+    spans = list(Span.objects.filter(run=sent_run))
+    root = next(span for span in spans if span.name == "run")
+
+    # then the root span, the run's, covers each stage: a trace viewer draws no stage
+    # before the run began or after it ended
+    outside = [
+        span.name
+        for span in spans
+        if span.started_at < root.started_at or span.ended_at > root.ended_at
+    ]
+    assert outside == []
+    assert root.duration_ms == int((root.ended_at - root.started_at).total_seconds() * 1000)
+
