@@ -21,6 +21,17 @@ class RunFilterForm(forms.Form):
     has_side_effect = forms.BooleanField(required=False)
     has_rejected_call = forms.BooleanField(required=False)
 
+    def clean(self) -> dict:
+        """Dates the wrong way round hold no day: both are ignored and said so, rather than
+        every run filtered out as if none had been made."""
+        values = super().clean()
+        date_from, date_to = values.get("date_from"), values.get("date_to")
+        if date_from and date_to and date_from > date_to:
+            message = "The range ends before it starts."
+            self.add_error("date_from", message)
+            self.add_error("date_to", message)
+        return values
+
 
 class DashboardFilterForm(forms.Form):
     tenant = forms.SlugField(required=False, max_length=63)

@@ -613,3 +613,22 @@ def test_every_span_of_the_run_lies_within_its_root_span(sent_run):
     assert outside == []
     assert root.duration_ms == int((root.ended_at - root.started_at).total_seconds() * 1000)
 
+
+def test_a_date_range_that_ends_before_it_starts_is_ignored_and_said_so(
+    demo, sent_run, carol, client
+):
+    # given dates typed the wrong way round: the range holds no day
+    today = timezone.localdate()
+    logged_in(client, carol)
+
+    # when the auditor filters the history with them
+    page = client.get(
+        reverse("runs:history"),
+        {"date_from": today.isoformat(), "date_to": (today - timedelta(days=7)).isoformat()},
+    )
+
+    # then the page says so, rather than that no run matches, and still lists the runs
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "Ignored, not valid: Date from, Date to." in html
+    assert str(sent_run.pk) in html
