@@ -60,12 +60,18 @@ def _eval_run(request: HttpRequest, eval_run_id: Any) -> EvalRun:
     return eval_run
 
 
+def _plain(value: float, *, sign: str = "") -> str:
+    """A measured figure (a cost, milliseconds) to the six places a run's cost is kept, in
+    plain digits: `g` wrote a case's cost of 0.00002 as 2e-05."""
+    return f"{value:{sign}.6f}".rstrip("0").rstrip(".")
+
+
 def _shown(metric: str, value: float | None) -> str:
     if value is None:
         return "—"
     if metric in PERCENT_METRICS:
         return f"{value * 100:.1f}%"
-    return f"{value:g}"
+    return _plain(value)
 
 
 def _metric_rows(*runs: EvalRun) -> list[dict[str, Any]]:
@@ -80,7 +86,9 @@ def _metric_rows(*runs: EvalRun) -> list[dict[str, Any]]:
         if len(values) == 2 and None not in values:
             delta = values[1] - values[0]
             better = delta < 0 if metric in LOWER_IS_BETTER else delta > 0
-            row["delta"] = f"{delta * 100:+.1f} pts" if metric in PERCENT_METRICS else f"{delta:+g}"
+            row["delta"] = (
+                f"{delta * 100:+.1f} pts" if metric in PERCENT_METRICS else _plain(delta, sign="+")
+            )
             row["direction"] = "same" if delta == 0 else "better" if better else "worse"
         rows.append(row)
     return rows
@@ -132,7 +140,7 @@ class EvalRunCompareView(View):
             if a is None or b is None or a.passed != b.passed or a.failures != b.failures:
                 cases.append({"key": key, "a": a, "b": b})
         rates = [
-            (f"{label} · {metric.label}", run.metrics[metric] * 100)
+            (f"{label} · {metric.label}", round(run.metrics[metric] * 100, 1))
             for metric in Metric
             if metric in PERCENT_METRICS
             for label, run in (("A", first), ("B", second))

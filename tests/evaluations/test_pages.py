@@ -158,3 +158,28 @@ def test_the_admin_shows_release_overrides_only_to_their_tenant_and_never_edits_
     assert "Agreed with the PMO." in listing
     assert "Agreed with the PMO." not in foreign
     assert logged_in(outsider).get(page).status_code in (302, 403, 404)
+
+
+def test_the_comparison_writes_each_figure_as_a_plain_decimal(evaluate, demo, dave, tiny, draft):
+    # given two eval runs whose figures are floats: a third of the cases passed, a case cost
+    # two thousandths of a cent and took twenty minutes
+    first = evaluate(tiny, version=draft("3.5.0", workflow=""))
+    second = evaluate(tiny, version=draft("3.4.0"))
+    for eval_run, cost in ((first, 0.00002), (second, 0.00005)):
+        eval_run.metrics.update(
+            {Metric.CASE_PASS_RATE: 1 / 3, Metric.COST_P50: cost, Metric.LATENCY_P95_MS: 1234567}
+        )
+        eval_run.save(update_fields=["metrics"])
+
+    # when a publisher compares them
+    html = logged_in(dave).get(f"/evaluations/compare/?a={first.pk}&b={second.pk}")
+    html = html.content.decode()
+
+    # then the table and the chart write the figures as the table's rates are: no float noise,
+    # no scientific notation
+    assert "<td>0.00002</td><td>0.00005</td>" in html
+    assert "+0.00003 (worse)" in html
+    assert "<td>1234567</td>" in html
+    assert ">33.3%</text>" in html
+    assert "33.33333" not in html
+    assert "e-05" not in html and "e+06" not in html
