@@ -4,7 +4,12 @@ import logging
 import os
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from kombu.exceptions import OperationalError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
@@ -27,6 +32,15 @@ def _keep_database_connections(**kwargs) -> None:
     for alias in connections:
         connections.settings[alias]["CONN_MAX_AGE"] = settings.WORKER_DB_CONN_MAX_AGE
         connections.settings[alias]["CONN_HEALTH_CHECKS"] = True
+
+
+@worker_process_shutdown.connect
+def _send_spans_held(**kwargs) -> None:
+    """A pool process ends with os._exit, which runs no exit hook: the spans its export
+    batch still holds are sent before it goes."""
+    from runs import otel
+
+    otel.shutdown()
 
 
 @task_prerun.connect

@@ -4,8 +4,11 @@ set (the exporter reads the standard `OTEL_EXPORTER_OTLP_*` variables: headers, 
 The spans exported are the stored ones, with their ids, times and redacted attributes: what an
 operator sees in a tracing backend is what the run page shows. They leave after the step's
 transaction commits, batched on a background thread, so a slow collector never holds a run.
+What the batch still holds when the process ends is sent first (`shutdown`): at exit, and,
+in a worker's pool process, which ends without running exit hooks, at its shutdown signal.
 """
 
+import atexit
 import json
 import threading
 from typing import Any
@@ -81,6 +84,9 @@ def shutdown() -> None:
         if _processor is not None:
             _processor.shutdown()
             _processor = None
+
+
+atexit.register(shutdown)
 
 
 def export(spans: list[Span]) -> None:

@@ -11,9 +11,17 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from approvals import services
 from approvals.choices import Decision
 from runs import otel
+from runs.choices import RunStatus
 from runs.models import Span
 from tests.approvals.conftest import waiting_run
-from tests.celery_worker import queue_purge
+from tests.celery_worker import (
+    alice_client,
+    example_post,
+    example_seed,
+    queue_purge,
+    run_status,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,3 +114,33 @@ def test_nothing_is_exported_without_an_endpoint(demo, collector, settings):
     otel.shutdown()
 
     assert collector == []
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_a_worker_process_sends_the_spans_it_holds_when_it_stops(start_worker, collector, pool):
+    # given a worker exporting in batches far apart: what it exports waits in its batch
+    example_seed()
+    worker = start_worker(
+        pool="prefork",
+        environment={
+            "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
+            "OTEL_BSP_SCHEDULE_DELAY": "600000",
+        },
+    )
+    run_id = example_post(alice_client()).json()["run_id"]
+    wait_until(
+        lambda: run_status(run_id) == RunStatus.WAITING_APPROVAL,
+        seconds=30,
+        what="the run to wait for approval",
+        worker=worker,
+    )
+    assert collector == []
+
+    # when the worker is stopped (a deployment, a restart)
+    worker.stop()
+
+    # then the spans of the steps it ran reach the collector, rather than end with the process
+    stored = Span.objects.filter(run_id=run_id).exclude(name__in=["ingress", "capability"])
+    assert sorted(span.span_id.hex() for span in exported(collector)) == sorted(
+        stored.values_list("span_id", flat=True)
+    )
