@@ -58,10 +58,13 @@ def span_add(
 
 
 def export_on_commit(rows: list) -> None:
-    """Export the spans among rows once their transaction commits (OTLP configured)."""
+    """Export the spans among rows once their transaction commits (OTLP configured). An
+    export that fails (an exporter its OTEL_* settings keep from starting) is logged and
+    fails nothing else: not the request or step that committed, nor what else waits on the
+    commit (the run's next task)."""
     spans = [row for row in rows if isinstance(row, Span)]
     if spans and settings.OTEL_EXPORTER_OTLP_ENDPOINT:
-        transaction.on_commit(lambda: otel.export(spans))
+        transaction.on_commit(lambda: otel.export(spans), robust=True)
 
 
 def _first_start(run: Run) -> datetime:

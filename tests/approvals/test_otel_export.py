@@ -144,3 +144,22 @@ def test_a_worker_process_sends_the_spans_it_holds_when_it_stops(start_worker, c
     assert sorted(span.span_id.hex() for span in exported(collector)) == sorted(
         stored.values_list("span_id", flat=True)
     )
+
+
+def test_an_exporter_that_cannot_start_fails_no_run(demo, collector, settings, monkeypatch):
+    # given export configured with batches larger than the queue (2048 by default): the
+    # exporter's processor refuses to start
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    monkeypatch.setenv("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096")
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
+
+    # when a message comes in and its run goes on
+    try:
+        run, _action = waiting_run(demo)
+    finally:
+        otel.shutdown()
+
+    # then the run is as it would be without export, and its spans are kept for its page
+    assert run.status == "WAITING_APPROVAL"
+    assert Span.objects.filter(run=run, name="ingress").exists()
+    assert collector == []
