@@ -100,7 +100,9 @@ def dashboard(runs: QuerySet[Run], *, days: int = 14) -> Dashboard:
     ):
         figures.statuses.setdefault(row["status"], {})[row["day"]] = row["count"]
     spans = Span.objects.filter(run__in=runs)
-    figures.stages = _percentiles(spans.exclude(name="approval.wait"))
+    # The stages a run goes through: not the run's root span, which holds them all and the
+    # time a person took to decide, nor that wait (shown with the approvals).
+    figures.stages = _percentiles(spans.exclude(parent_span_id="").exclude(name="approval.wait"))
     # An approval that expired has its wait too, but no one decided it.
     decisions = spans.filter(name="approval.wait", attributes__decision__in=Decision.values)
     waits = _percentiles(decisions)

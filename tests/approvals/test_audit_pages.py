@@ -632,3 +632,22 @@ def test_a_date_range_that_ends_before_it_starts_is_ignored_and_said_so(
     assert page.status_code == 200
     assert "Ignored, not valid: Date from, Date to." in html
     assert str(sent_run.pk) in html
+
+
+def test_the_dashboard_s_stages_are_the_steps_of_a_run_and_not_the_run_itself(
+    demo, sent_run, carol, client
+):
+    # given a run that waited an hour for its approval before its mail went out
+    root = Span.objects.get(run=sent_run, name="run")
+    Span.objects.filter(pk=root.pk).update(duration_ms=root.duration_ms + 3_600_000)
+    logged_in(client, carol)
+
+    # when the auditor reads the latency per stage
+    page = client.get(reverse("runs:dashboard"))
+
+    # then the stages are those a run goes through; the whole run, with the hour a person
+    # took, is not one of them, nor the scale every stage's bar is drawn against
+    stages = [row["name"] for row in page.context["figures"].stages]
+    assert "run" not in stages
+    assert {"ingress", "routing", "model.turn", "tool.call", "action"} <= set(stages)
+    assert ">run</text>" not in page.content.decode().split("Latency per stage")[1]
