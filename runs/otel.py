@@ -1,9 +1,12 @@
 """Optional export of run spans over OTLP/HTTP, off unless `OTEL_EXPORTER_OTLP_ENDPOINT` is
 set (the exporter reads the standard `OTEL_EXPORTER_OTLP_*` variables: headers, timeout, …).
 
-The spans exported are the stored ones, with their ids, times and redacted attributes: what an
-operator sees in a tracing backend is what the run page shows. They leave after the step's
-transaction commits, batched on a background thread, so a slow collector never holds a run.
+The spans exported are the stored ones, with their ids and times, and their attributes as the
+run page shows them to a viewer without clearance: a tracing backend has no viewer to clear,
+so what a tool returned under a field its contract marks sensitive, which a span may quote (a
+name in a rejected argument), leaves masked; the stored spans keep it for those who may see
+it. They leave after the step's transaction commits, batched on a background thread, so a
+slow collector never holds a run.
 What the batch still holds when the process ends is sent first (`shutdown`): at exit, and,
 in a worker's pool process, which ends without running exit hooks, at its shutdown signal.
 """
@@ -21,7 +24,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode, TraceFlags
 from opentelemetry.trace.status import Status
 
-from runs.models import Span
+from runs.models import Run, Span
+from runs.redaction import redact
+from runs.selectors import hidden_fields, hidden_texts
 
 _processor: BatchSpanProcessor | None = None
 _lock = threading.Lock()
@@ -48,7 +53,16 @@ def _nanoseconds(moment) -> int:
     return int(moment.timestamp() * 1_000_000_000)
 
 
-def readable(span: Span, *, run_id: str) -> ReadableSpan:
+def readable(
+    span: Span,
+    *,
+    run_id: str,
+    sensitive: frozenset[str],
+    texts: frozenset[str],
+) -> ReadableSpan:
+    """The stored span as the SDK exports it, its attributes redacted as for a viewer
+    without clearance of its run (`sensitive` and `texts`, from `_uncleared_masks`)."""
+    attributes = redact(span.attributes, sensitive=sensitive, texts=texts)
     trace_id = int(span.trace_id, 16)
     context = SpanContext(
         trace_id=trace_id,
@@ -69,7 +83,7 @@ def readable(span: Span, *, run_id: str) -> ReadableSpan:
         attributes={
             "run.id": run_id,
             "session.id": str(span.session_id),
-            **{key: _value(value) for key, value in span.attributes.items() if value is not None},
+            **{key: _value(value) for key, value in attributes.items() if value is not None},
         },
         status=Status(StatusCode.ERROR if span.status == Span.Status.ERROR else StatusCode.OK),
         start_time=_nanoseconds(span.started_at),
@@ -89,10 +103,25 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def _uncleared_masks(run_ids: set) -> dict[Any, tuple[frozenset[str], frozenset[str]]]:
+    """By run id: the fields and texts a viewer without clearance does not see
+    (`selectors.hidden_fields`, `selectors.hidden_texts`), read once for the spans of a
+    commit rather than per span: a step's spans are of one run, and four reads at most
+    find them (the run without its transcript, its tools' contracts, and what its calls and
+    sources returned, where a contract hides a field)."""
+    runs = list(Run.objects.filter(pk__in=run_ids).only("capability", "state"))
+    contracts: dict[str, frozenset[str]] = {}
+    fields = {run.pk: hidden_fields(run=run, cleared=False, contracts=contracts) for run in runs}
+    texts = hidden_texts(runs=runs, contracts=contracts)
+    return {run.pk: (fields[run.pk], texts[run.pk]) for run in runs}
+
+
 def export(spans: list[Span]) -> None:
     """Hand stored spans to the exporter (call it after the transaction that stored them)."""
     batch = processor()
     if batch is None:
         return
+    masks = _uncleared_masks({span.run_id for span in spans})
     for span in spans:
-        batch.on_end(readable(span, run_id=str(span.run_id)))
+        sensitive, texts = masks[span.run_id]
+        batch.on_end(readable(span, run_id=str(span.run_id), sensitive=sensitive, texts=texts))

@@ -1,6 +1,7 @@
 """Spans leave over OTLP/HTTP only when an endpoint is configured, with the stored ids and
-the same redaction as the run page."""
+the redaction the run page applies for a viewer without clearance."""
 
+import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +13,9 @@ from approvals import services
 from approvals.choices import Decision
 from runs import otel
 from runs.choices import RunStatus
+from runs.loop import run_execute
 from runs.models import Span
+from tests.approvals import test_sensitive_fields as sensitive
 from tests.approvals.conftest import waiting_run
 from tests.celery_worker import (
     alice_client,
@@ -22,8 +25,13 @@ from tests.celery_worker import (
     run_status,
     wait_until,
 )
+from tests.runs import conftest as runs_fixtures
+from tests.runs.fake_provider import openai_completion
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+model_server = runs_fixtures.model_server
+demo_names_sensitive = sensitive.demo_names_sensitive
 
 
 @pytest.fixture(autouse=True)
@@ -105,6 +113,42 @@ def test_spans_are_exported_with_their_ids_and_redacted(
     }
     assert attributes["run.id"] == str(run.pk)
     assert "li.wei@acme.example" not in str(collector)
+
+
+def test_what_a_tool_returned_under_a_sensitive_field_is_exported_masked(
+    demo_names_sensitive, model_server, collector, settings, monkeypatch
+):
+    # given a model that passes the name the directory returned under a sensitive field
+    # into an argument its schema refuses: the refusal quotes it in the call's span
+    demo = demo_names_sensitive
+    sensitive.fake_model(demo, model_server, monkeypatch)
+    arguments = {"project_id": [sensitive.NAME]}
+    model_server.reply(
+        openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
+    )
+    model_server.reply(openai_completion(content="Done."))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
+
+    # when the run's spans are exported
+    try:
+        run = runs_fixtures.demo_run(demo, project_id="apollo")
+        run_execute(run_id=str(run.pk))
+    finally:
+        otel.shutdown()
+
+    # then the collector, which has no viewer to clear, receives the name masked, as a viewer
+    # without clearance reads it; the stored span keeps it for those who may see it
+    stored = Span.objects.get(run=run, name="tool.call", attributes__call_id="call_1")
+    assert sensitive.NAME in stored.attributes["validation"]
+    (sent,) = [span for span in exported(collector) if span.span_id.hex() == stored.span_id]
+    validation = next(
+        attribute.value.string_value
+        for attribute in sent.attributes
+        if attribute.key == "validation"
+    )
+    assert validation == stored.attributes["validation"].replace(sensitive.NAME, "[redacted]")
+    assert sensitive.NAME not in str(collector)
 
 
 def test_nothing_is_exported_without_an_endpoint(demo, collector, settings):
