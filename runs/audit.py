@@ -199,7 +199,10 @@ def _turns(
     texts: frozenset[str],
 ) -> list[dict[str, Any]]:
     """Per model turn: the context sections' sizes, the transcript entries it had (the
-    builder may have cut old results to their sources within its budget), what it answered."""
+    builder may have cut old results to their sources within its budget), what it answered.
+    A turn had every entry an earlier turn had: it lists only those new to it (`seen`), and
+    counts the others (`seen_before`), so that a run of many turns is not its transcript
+    over and over."""
     turns: dict[int, dict[str, Any]] = {}
     for event in events:
         step = event.payload.get("step")
@@ -219,9 +222,11 @@ def _turns(
     ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
     # Each turn had the entries before its answer: each entry is redacted once for them all.
     seen = [_seen(entry, cleared=cleared, texts=texts) for entry in transcript]
+    start = 0
     for number, turn in enumerate(ordered):
         end = answers[number] if number < len(answers) else len(transcript)
-        turn["seen"] = seen[:end]
+        turn["seen"], turn["seen_before"] = seen[start:end], start
+        start = end
     return ordered
 
 

@@ -3,6 +3,7 @@ spans, the run history with its filters and pages, one run in full, redacted for
 and the export."""
 
 import base64
+import itertools
 import json
 import logging
 import uuid
@@ -199,6 +200,28 @@ def test_what_the_model_saw_is_masked_before_it_is_cut_for_the_page(demo, carol,
 
     assert "li.wei@" not in page and "li.wei@" not in export
     assert MASKED in export
+
+
+def test_each_turn_lists_the_entries_new_to_it_and_counts_those_it_had_before(
+    demo, sent_run, carol, client
+):
+    # given the running example, whose model answered in more than one turn
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))
+    turns = page.context["record"]["turns"]
+    assert len(turns) > 1
+
+    # then each turn lists what it had that the turn before did not, and says how many
+    # entries it had before them: the page grows with the transcript, not with its square
+    assert turns[0]["seen_before"] == 0
+    for before, turn in itertools.pairwise(turns):
+        assert turn["seen_before"] == before["seen_before"] + len(before["seen"])
+    listed = [entry for turn in turns for entry in turn["seen"]]
+    assert [entry["kind"] for entry in listed] == [
+        entry["kind"] for entry in sent_run.transcript[: len(listed)]
+    ]
+    html = page.content.decode().split('id="turns"')[1].split("</table>")[0]
+    assert html.count("tool_result project_search (offline-1)") == 1
+    assert f"{turns[1]['seen_before']} earlier" in html
 
 
 def test_a_tenant_admin_has_clearance_and_sees_the_email(demo, sent_run, client):
