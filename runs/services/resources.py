@@ -56,9 +56,35 @@ def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
     )
 
 
+def _refuse_repeated(parts: list[dict[str, Any]]) -> None:
+    """Refuse a message that names one resource (a server's URI) in more than one part,
+    naming each repeated part and the part that names it first."""
+    first_index: dict[tuple[str, str], int] = {}
+    repeated = []
+    for index, part in enumerate(parts):
+        if part["type"] != RESOURCE_PART:
+            continue
+        first = first_index.setdefault((part["server"], part["uri"]), index)
+        if first != index:
+            repeated.append(
+                {
+                    "index": index,
+                    "server": part["server"],
+                    "uri": part["uri"],
+                    "message": f"Part {first} refers to it already.",
+                }
+            )
+    if repeated:
+        raise ValidationFailed(
+            "A message refers to each resource once.", details={"parts": repeated}
+        )
+
+
 def resource_parts_resolve(*, tenant: Tenant, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each resource reference bound to a resource its server listed at discovery, on a
-    server available to the tenant; anything else is refused alike, telling nothing."""
+    server available to the tenant; anything else is refused alike, telling nothing. A
+    resource is named once: its run reads each reference in a share of the excerpt."""
+    _refuse_repeated(parts)
     resolved, unknown = [], []
     for index, part in enumerate(parts):
         if part["type"] != RESOURCE_PART:

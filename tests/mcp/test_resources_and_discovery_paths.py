@@ -370,6 +370,40 @@ def test_a_resource_nobody_listed_is_refused_and_leaves_no_run(
     assert alice_api.get(RUNS).json()["count"] == 0
 
 
+def test_a_message_naming_one_resource_twice_is_refused_and_leaves_no_run(
+    demo, projects, alice_api
+):
+    """Before, the run read the resource for each reference, each in half the excerpt it
+    would have had, and showed the model the same excerpt twice."""
+    mcp_server_discover(server=projects, actor=demo.admin)
+    assistant(demo, [seeded_tool(demo, "project_search")])
+    body = resource_message()
+    part = body["parts"][1]
+    other = {"type": "resource_ref", "server": "projects", "uri": "project://acme/atlas"}
+    body["parts"] += [other, {"type": "text", "text": "and again"}, part]
+
+    response = post(alice_api, body)
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {
+            "code": "VALIDATION_ERROR",
+            "message": "A message refers to each resource once.",
+            "details": {
+                "parts": [
+                    {
+                        "index": 4,
+                        "server": "projects",
+                        "uri": APOLLO,
+                        "message": "Part 1 refers to it already.",
+                    }
+                ]
+            },
+        }
+    }
+    assert not Run.objects.exists()
+
+
 def test_a_resource_of_a_project_the_actor_may_not_see_is_not_read_into_their_run(
     demo, projects, fake_model, alice_api
 ):
