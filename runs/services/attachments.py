@@ -105,7 +105,14 @@ def _is_json(upload: File) -> bool:
 
 def _confirm_media_type(*, declared: str, detected: str, upload: File) -> None:
     """The declared type must be the one the content shows: a PNG sent as text/plain, or text
-    sent as image/png, is refused like a type not allowed."""
+    sent as image/png, is refused like a type not allowed. Text in another encoding (a CSV
+    Excel wrote in GBK or Latin-1, UTF-16) shows no type; its refusal says text must be UTF-8,
+    which is what the uploader can change."""
+    if declared in TEXT_MEDIA_TYPES and detected == UNKNOWN:
+        raise UnsupportedMediaType(
+            f"The content is not {declared}: text must be UTF-8, without NUL characters.",
+            details={"declared": declared, "detected": detected, "required_encoding": "utf-8"},
+        )
     if declared in TEXT_MEDIA_TYPES:
         is_shown = detected == TEXT and (declared != "application/json" or _is_json(upload))
     else:

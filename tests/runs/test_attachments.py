@@ -212,8 +212,6 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
         (_zip(), "text/csv", "application/zip"),
         (b'{"project": "apollo",', "application/json", "text/plain"),
         (b"[" * 100_000 + b"]" * 100_000, "application/json", "text/plain"),
-        ("café;menu\n".encode("latin-1"), "text/csv", "application/octet-stream"),
-        (b"plain\x00text", "text/plain", "application/octet-stream"),
     ],
     ids=[
         "png-as-text",
@@ -225,8 +223,6 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
         "zip-as-csv",
         "broken-json",
         "absurdly-nested-json",
-        "latin-1-csv",
-        "text-with-nul",
     ],
 )
 def test_a_spoofed_type_is_refused_and_nothing_is_stored(
@@ -242,6 +238,42 @@ def test_a_spoofed_type_is_refused_and_nothing_is_stored(
             "code": "UNSUPPORTED_MEDIA_TYPE",
             "message": f"The content is not {media_type}.",
             "details": {"declared": media_type, "detected": detected},
+        }
+    }
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
+@pytest.mark.parametrize(
+    ("content", "media_type"),
+    [
+        ("café;menu\n".encode("latin-1"), "text/csv"),
+        ("项目;状态\n阿波罗;延期\n".encode("gbk"), "text/csv"),
+        ("project status\n".encode("utf-16"), "text/plain"),
+        (b'{"project": "caf\xe9"}', "application/json"),
+        (b"plain\x00text", "text/plain"),
+    ],
+    ids=["latin-1-csv", "gbk-csv", "utf-16-text", "latin-1-json", "text-with-nul"],
+)
+def test_text_that_is_not_utf_8_is_refused_saying_text_must_be_utf_8(
+    api, member, acme, private_root, content, media_type
+):
+    """A CSV as Excel writes it on a Windows set to Chinese is GBK: it was refused as "not
+    text/csv" only, which told the uploader nothing of what to change."""
+    response = _upload(api.as_user(member, acme), content, media_type)
+
+    assert response.status_code == 415
+    assert response.json() == {
+        "error": {
+            "code": "UNSUPPORTED_MEDIA_TYPE",
+            "message": (
+                f"The content is not {media_type}: text must be UTF-8, without NUL characters."
+            ),
+            "details": {
+                "declared": media_type,
+                "detected": "application/octet-stream",
+                "required_encoding": "utf-8",
+            },
         }
     }
     assert not Attachment.objects.exists()
