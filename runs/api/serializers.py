@@ -318,3 +318,18 @@ class MemoryCreateSerializer(StrictSerializer):
         choices=DataClassification.choices, default=DataClassification.INTERNAL
     )
     consent = StrictBooleanField(default=False)
+
+    def _shows_something(self, text: str) -> str:
+        """Refused as a blank is: a text of only zero-width or blank characters (U+200B,
+        U+FEFF, the Braille blank), which `str.strip` keeps, says nothing either."""
+        if not _visible(text):
+            raise serializers.ValidationError(
+                serializers.CharField.default_error_messages["blank"], code="blank"
+            )
+        return text
+
+    def validate_value(self, value: str) -> str:
+        return self._shows_something(value)
+
+    def validate_purpose(self, value: str) -> str:
+        return self._shows_something(value)

@@ -314,6 +314,26 @@ def test_the_api_takes_a_memorys_text_only_as_a_json_string_and_consent_as_a_boo
     assert not MemoryItem.objects.exists()
 
 
+@pytest.mark.parametrize("field", ["value", "purpose"])
+@pytest.mark.parametrize(
+    "blank",
+    ["", " \t", "\u200b", "\ufeff", "\u3000", "\xa0", "\u200b\ufeff\u3000\xa0\u2800"],
+    ids=["empty", "spaces", "zero-width-space", "bom", "ideographic-space", "nbsp", "mixed"],
+)
+def test_the_api_refuses_a_memory_whose_text_shows_nothing(acme, member, client_for, field, blank):
+    """A value of only a zero-width space (which a Chinese input method or a paste from a web
+    page may leave) was kept as a preference that said nothing, and sent to runs as one."""
+    alice = client_for(member, acme)
+    body = {"kind": "preference", "key": "summary_language", "value": "Chinese", field: blank}
+
+    refused = alice.post(MEMORIES, body, format="json")
+
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "VALIDATION_ERROR"
+    assert refused.json()["error"]["details"] == {field: ["This field may not be blank."]}
+    assert not MemoryItem.objects.exists()
+
+
 def test_the_page_lists_and_deletes_your_memory(acme, member, auditor, client):
     mine = prefer(acme, member)
     theirs = prefer(acme, auditor, key="tone", value="formal")
