@@ -10,7 +10,7 @@ import os
 import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import filetype
 from django.conf import settings
@@ -94,10 +94,17 @@ def _inspect(upload: File) -> Inspection:
     )
 
 
+def _not_json(constant: str) -> NoReturn:
+    raise ValueError(f"{constant} is not a JSON value.")
+
+
 def _is_json(upload: File) -> bool:
+    """Whether the upload is JSON as RFC 8259 has it: Python's parser also reads NaN,
+    Infinity and -Infinity, which JSON does not have and strict readers (a browser's
+    JSON.parse, PostgreSQL's jsonb) refuse."""
     upload.seek(0)
     try:
-        json.loads(upload.read())
+        json.loads(upload.read(), parse_constant=_not_json)
     except (ValueError, RecursionError):
         return False
     return True

@@ -212,6 +212,8 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
         (_zip(), "text/csv", "application/zip"),
         (b'{"project": "apollo",', "application/json", "text/plain"),
         (b"[" * 100_000 + b"]" * 100_000, "application/json", "text/plain"),
+        (b'{"budget": NaN}', "application/json", "text/plain"),
+        (b'{"budget": [Infinity, -Infinity]}', "application/json", "text/plain"),
     ],
     ids=[
         "png-as-text",
@@ -223,6 +225,8 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
         "zip-as-csv",
         "broken-json",
         "absurdly-nested-json",
+        "json-with-nan",
+        "json-with-infinity",
     ],
 )
 def test_a_spoofed_type_is_refused_and_nothing_is_stored(
