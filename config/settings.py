@@ -352,8 +352,17 @@ if not isinstance(TENANT_CREDENTIALS, dict) or not all(
 MCP_DEFINITION_CACHE_SECONDS = env.int("MCP_DEFINITION_CACHE_SECONDS", default=30)
 MCP_RESOURCE_MAX_BYTES = env.int("MCP_RESOURCE_MAX_BYTES", default=64 * 1024)
 
-# The model context's token budget per turn (estimated locally, see runs/tokens.py).
+# The model context's token budget per turn (estimated locally, see runs/tokens.py). A
+# message may take three quarters of it; the rest holds what is never cut (the platform's own
+# rules and a task's inputs alone take some 200 tokens, then the skill and the tool schemas):
+# below CONTEXT_MAX_TOKENS_MIN a turn with a skill and a tool would overrun it.
+CONTEXT_MAX_TOKENS_MIN = 1000
 CONTEXT_MAX_TOKENS = env.int("CONTEXT_MAX_TOKENS", default=8000)
+if CONTEXT_MAX_TOKENS < CONTEXT_MAX_TOKENS_MIN:
+    raise ImproperlyConfigured(
+        f"CONTEXT_MAX_TOKENS ({CONTEXT_MAX_TOKENS}) is below {CONTEXT_MAX_TOKENS_MIN}: the "
+        "rules, the task and the tool schemas are never cut, and would not fit."
+    )
 # How long a recipient the user chose stays confirmed in their session (seed 000, step 3).
 RECIPIENT_CONFIRMATION_SECONDS = env.int("RECIPIENT_CONFIRMATION_SECONDS", default=7 * 24 * 3600)
 # A running step renews its lease this long; the sweeper re-enqueues runs whose lease lapsed.

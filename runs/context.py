@@ -9,7 +9,8 @@ An example given twice is given once; when the whole is over budget, examples go
 last listed first), then earlier messages of the session, then old tool results lose their
 content (their untrusted-data envelope keeps the source, the hash and the references), then old
 turns but the last that called tools; rules, the skill's procedure, the task, the recipient and
-the tool schemas are never cut. Tool results reach the model only inside an `untrusted_data`
+the tool schemas are never cut: when they alone overrun the budget, the turn is sent past it,
+and its record says by how much. Tool results reach the model only inside an `untrusted_data`
 envelope, never among the instructions.
 
 What the model saw is recorded (`context.built`) as each section's size and keyed hash
@@ -68,6 +69,9 @@ def section_hash(text: str) -> str:
 class BuiltContext:
     request: ModelRequest
     sections: dict[str, dict[str, Any]]
+    # CONTEXT_MAX_TOKENS, the tokens of the sections, and by how much they exceed it (what is
+    # never cut may: the turn is sent past its budget, and says so).
+    budget: dict[str, int]
 
 
 def wrap_untrusted(
@@ -271,15 +275,15 @@ def context_build(
     # earlier messages) go with the user's turn, never among the instructions.
     if before := "\n\n".join(filter(None, [recipient, memory_text(), conversation_text()])):
         entries = [user_entry(before), *entries]
+    recorded = {
+        name: {"tokens": estimate_tokens(text), "hmac_sha256": section_hash(text)}
+        for name, text in sections.items()
+    }
+    tokens = sum(section["tokens"] for section in recorded.values())
     return BuiltContext(
         request=ModelRequest(
             instructions=instructions, transcript=to_items(entries), tools=tuple(tools)
         ),
-        sections={
-            name: {
-                "tokens": estimate_tokens(text),
-                "hmac_sha256": section_hash(text),
-            }
-            for name, text in sections.items()
-        },
+        sections=recorded,
+        budget={"max_tokens": budget, "tokens": tokens, "over_by": max(tokens - budget, 0)},
     )

@@ -106,8 +106,12 @@ def tools_assembled(run: Run, *, node: str, allowlist: list[str], deferred: list
     )
 
 
-def context_built(run: Run, *, step: int, sections: dict[str, dict[str, Any]]) -> RunEvent:
-    return _append(run, EventType.CONTEXT_BUILT, {"step": step, "sections": sections})
+def context_built(
+    run: Run, *, step: int, sections: dict[str, dict[str, Any]], budget: dict[str, int]
+) -> RunEvent:
+    return _append(
+        run, EventType.CONTEXT_BUILT, {"step": step, "sections": sections, "budget": budget}
+    )
 
 
 def model_requested(run: Run, *, step: int, model: str, offline: bool) -> RunEvent:

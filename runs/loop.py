@@ -946,7 +946,19 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         built.request, max_output_tokens=min(built.request.max_output_tokens, tokens_left)
     )
     run.steps += 1
-    events.context_built(run, step=run.steps, sections=built.sections)
+    events.context_built(run, step=run.steps, sections=built.sections, budget=built.budget)
+    if built.budget["over_by"]:
+        # What is never cut (the rules, the skill, the task, the tool schemas, the recipient,
+        # the last turn's results) filled more than the budget: sizes only, never content.
+        logger.warning(
+            "run %s step %s: the context (%s tokens) exceeds CONTEXT_MAX_TOKENS (%s) by %s "
+            "tokens in sections that are never cut",
+            run.pk,
+            run.steps,
+            built.budget["tokens"],
+            built.budget["max_tokens"],
+            built.budget["over_by"],
+        )
     model_started = timezone.now()
     tracing.span_add(
         run,

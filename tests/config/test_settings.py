@@ -138,6 +138,20 @@ def test_a_task_s_time_that_leaves_its_step_no_time_before_the_limit_is_refused(
     assert named in result.stderr
 
 
+def test_a_context_budget_too_small_for_any_turn_is_refused_at_start():
+    # the rules, the task and the tool schemas are never cut: a budget below what they take
+    # would only be overrun by every turn
+    show = "from django.conf import settings; print(settings.CONTEXT_MAX_TOKENS)"
+    refused = _run("-c", "import config.settings", DEBUG="1", CONTEXT_MAX_TOKENS="200")
+    smallest = _run(
+        "-c", "import django; django.setup(); " + show, DEBUG="1", CONTEXT_MAX_TOKENS="1000"
+    )
+
+    assert refused.returncode != 0
+    assert "CONTEXT_MAX_TOKENS (200) is below 1000" in refused.stderr
+    assert smallest.stdout.strip() == "1000", smallest.stderr
+
+
 @pytest.mark.parametrize(
     "root",
     [str(BASE_DIR / "staticfiles"), str(BASE_DIR / "staticfiles" / "attachments"), "staticfiles/x"],

@@ -331,3 +331,54 @@ def test_a_budget_the_fixed_sections_alone_fill_still_ends_the_running_example_i
     fixed = sum(turns[0][name]["tokens"] for name in (*FIXED, "recipient"))
     assert fixed > 1200 - message_max_tokens()
     assert all(turn[name] == turns[0][name] for turn in turns for name in FIXED)
+
+
+def test_a_context_within_its_budget_records_the_budget_and_no_overrun(settings):
+    settings.CONTEXT_MAX_TOKENS = 10**9
+
+    built = _build()
+
+    tokens = sum(section["tokens"] for section in built.sections.values())
+    assert built.budget == {"max_tokens": 10**9, "tokens": tokens, "over_by": 0}
+
+
+def test_a_budget_the_sections_never_cut_overrun_is_recorded_with_by_how_much(settings):
+    # given a budget of 1 token, which the rules, the task and the tool schemas alone overrun
+    settings.CONTEXT_MAX_TOKENS = 1
+
+    built = _build()
+
+    # then what was sent is recorded against the budget, not silently past it
+    tokens = sum(section["tokens"] for section in built.sections.values())
+    assert tokens > 1
+    assert built.budget == {"max_tokens": 1, "tokens": tokens, "over_by": tokens - 1}
+
+
+def test_a_turn_past_its_budget_says_so_in_its_event_and_in_a_warning_without_content(
+    demo, settings, caplog
+):
+    # given a budget the sections that are never cut overrun (some 600 tokens of them, and
+    # the message)
+    settings.CONTEXT_MAX_TOKENS = 600
+    text = "Summarise this week's project status and mail it to the R&D lead."
+    run = demo_run(demo, text=text, project_id="apollo")
+
+    # when the run's turns are built
+    with caplog.at_level("WARNING", logger="runs.loop"):
+        run_execute(run_id=str(run.pk))
+
+    # then each turn's event records the budget and by how much it was exceeded
+    turns = [event.payload for event in run.events.filter(type="context.built")]
+    assert turns
+    for turn in turns:
+        tokens = sum(section["tokens"] for section in turn["sections"].values())
+        assert turn["budget"] == {"max_tokens": 600, "tokens": tokens, "over_by": tokens - 600}
+        assert turn["budget"]["over_by"] > 0
+    # and a warning names the run, the step and the sizes, never what the context holds
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == len(turns)
+    first = warnings[0].getMessage()
+    assert str(run.pk) in first
+    assert f"exceeds CONTEXT_MAX_TOKENS (600) by {turns[0]['budget']['over_by']} tokens" in first
+    assert "apollo" not in caplog.text
+    assert "Summarise" not in caplog.text
