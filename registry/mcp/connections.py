@@ -80,7 +80,8 @@ class McpRefused(McpUnavailable):
 
 
 class McpTimeout(Exception):
-    """The server did not answer within the request's timeout."""
+    """The server did not answer within the request's timeout, or the platform stopped
+    waiting for the request's outcome (the message says which)."""
 
 
 class McpRemoteError(Exception):
@@ -526,7 +527,8 @@ class McpConnections:
         The caller is told the operation's own outcome (its answer, or the error naming the
         server and what ended it), which comes within `_longest_s`, the session opened again
         included. Only an operation the event loop has not ended LOOP_GRACE_S after that (the
-        loop stalled) is cancelled and reported as not answered in time. A call thus takes at
+        loop stalled) is cancelled, and the caller is told that the platform stopped waiting
+        for it (an McpTimeout that says so, not the server's timeout). A call thus takes at
         most SESSION_ATTEMPTS * (connect_timeout_s + timeout_s + ANSWER_GRACE_S) +
         LOOP_GRACE_S seconds, and with a deadline no longer than LOOP_GRACE_S past it."""
         if deadline is not None and not deadline.left():
@@ -539,9 +541,14 @@ class McpConnections:
             return future.result(wait_s)
         except concurrent.futures.TimeoutError as error:
             future.cancel()
-            if deadline is not None:
-                raise _too_late(endpoint, deadline) from error
-            raise McpTimeout(f"{endpoint.label} did not answer in {timeout_s:g} s.") from error
+            # The server's timeouts end an operation within `_longest_s`: this wait lapsed on
+            # the platform's side, and must not read as the server's timeout.
+            request_timeout_s = deadline.timeout_s if deadline is not None else timeout_s
+            raise McpTimeout(
+                f"{endpoint.label}: the platform stopped waiting for the request after "
+                f"{wait_s:.1f} s (its timeout is {request_timeout_s:g} s): its outcome was not "
+                "handed back in time, and whether the server ran it is not known."
+            ) from error
 
     @staticmethod
     def _longest_s(endpoint: Endpoint, timeout_s: float, deadline: Deadline | None) -> float:

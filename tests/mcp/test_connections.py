@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from registry.mcp.connections import Deadline, McpUnavailable, connections, endpoint_for
+from registry.mcp.connections import (
+    Deadline,
+    McpTimeout,
+    McpUnavailable,
+    connections,
+    endpoint_for,
+)
 from registry.models import McpServer
 from tests.mcp.conftest import TOKEN, over_stdio
 
@@ -158,6 +164,37 @@ def test_a_request_whose_caller_stopped_waiting_ends_with_it(endpoint, overrides
     assert asyncio.run_coroutine_threadsafe(others(), loop).result(5) == []
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
     assert example_servers() == []
+
+
+def test_a_caller_that_stops_waiting_on_a_stalled_connection_says_so_not_a_server_timeout(
+    endpoint,
+):
+    """The server is well and answers at once; the platform's own side (the event loop the
+    sessions live on) is stalled past the caller's wait. The caller is told that it stopped
+    waiting and after how long, not that the server did not answer within the call's
+    timeout, which it was never given the chance to."""
+    assert status_of(endpoint, "apollo") == "apollo"
+    connections._running_loop().call_soon_threadsafe(time.sleep, 4)
+
+    started = time.monotonic()
+    with pytest.raises(McpTimeout) as raised:
+        connections.call_tool(
+            endpoint,
+            "project_status",
+            {"project_id": "apollo"},
+            meta=IDENTITY,
+            deadline=Deadline.after(0.5),
+        )
+
+    waited = time.monotonic() - started
+    assert 2 <= waited < 3.5
+    assert str(raised.value) == (
+        "platform/projects: the platform stopped waiting for the request after 2.5 s (its "
+        "timeout is 0.5 s): its outcome was not handed back in time, and whether the server "
+        "ran it is not known."
+    )
+    time.sleep(2)
+    assert status_of(endpoint, "hermes") == "hermes"
 
 
 def test_an_endpoint_never_shows_its_secrets(endpoint):
