@@ -97,6 +97,11 @@ class _AnswerTooLarge(Exception):
     compressed (its size unknown until inflated): it was not read further."""
 
 
+class _AnswerUnreadable(Exception):
+    """An HTTP answer that is not JSON-RPC (a body of another content type, one that does not
+    parse): the transport hands it to the session, which no request waiting sees."""
+
+
 class _BoundedStream(httpx.AsyncByteStream):
     """A response body that fails once it has given more than `limit` bytes."""
 
@@ -418,7 +423,11 @@ class _Connection:
         for that answer never sees: the connection is closed, which fails it at once. Over
         stdio such a line is noise between answers (a server's stray print) and is passed."""
         if isinstance(message, Exception) and self.endpoint.transport != McpServer.Transport.STDIO:
-            self.error = message
+            self.error = (
+                message
+                if isinstance(message, _AnswerMissing)
+                else _AnswerUnreadable("its answer could not be read")
+            )
             self.close()
 
     def _too_large(self, reason: str) -> _AnswerTooLarge:
@@ -442,7 +451,7 @@ class _Connection:
                     McpRefused(f"{self.endpoint.label}: {refused}")
                     if refused
                     else McpUnavailable(
-                        f"{self.endpoint.label}: could not connect ({_describe(error)})."
+                        f"{self.endpoint.label}: could not connect ({_describe(self.error)})."
                     )
                 )
             if isinstance(error, asyncio.CancelledError):
@@ -483,9 +492,12 @@ def _refused(error: BaseException | None) -> EgressRefused | None:
 
 
 def _describe(error: BaseException) -> str:
-    """A short reason without secrets: the exception types, innermost first."""
+    """A short reason without secrets: the exception types, innermost first, or what the
+    platform itself said of an answer it stopped reading."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
+    if isinstance(error, _AnswerTooLarge | _AnswerMissing | _AnswerUnreadable):
+        return str(error)
     if isinstance(error, httpx.HTTPStatusError):
         return f"HTTP {error.response.status_code}"
     return type(error).__name__
@@ -686,7 +698,7 @@ class McpConnections:
                 raise McpRefused(f"{endpoint.label}: {refused}")
             if isinstance(connection.error, _AnswerTooLarge):
                 raise McpRemoteError(f"{endpoint.label} answered {connection.error}.")
-            if isinstance(connection.error, _AnswerMissing):
+            if isinstance(connection.error, _AnswerMissing | _AnswerUnreadable):
                 raise McpUnavailable(f"{endpoint.label}: {connection.error}.")
             reason = _describe(connection.error) if connection.error else "closed"
             raise McpUnavailable(f"{endpoint.label}: the connection broke ({reason}).")

@@ -1,8 +1,8 @@
 """A raw streamable-HTTP MCP endpoint (no SDK) whose answers to tools/call (or to the spec's
-`method`) follow a JSON spec file read again on every request (HOSTILE_HTTP_SPEC): HTTP
-status, content type, body (where {auth} becomes the Authorization header it was sent and
-{id} the request's id), delay, an SSE answer that never ends, or a text of `size` bytes
-(compressed, with `gzip`). Every tools/call is appended to HOSTILE_HTTP_LOG."""
+`method`, initialize included) follow a JSON spec file read again on every request
+(HOSTILE_HTTP_SPEC): HTTP status, content type, body (where {auth} becomes the Authorization
+header it was sent and {id} the request's id), delay, an SSE answer that never ends, or a text
+of `size` bytes (compressed, with `gzip`). Every tools/call is appended to HOSTILE_HTTP_LOG."""
 
 import gzip
 import json
@@ -58,6 +58,8 @@ class Handler(BaseHTTPRequestHandler):
         method, ident = message.get("method"), message.get("id")
         if ident is None:
             self._send(202, b"")
+        elif method == _call_spec().get("method", "tools/call"):
+            self._call(ident)
         elif method == "initialize":
             self._result(
                 ident,
@@ -67,8 +69,6 @@ class Handler(BaseHTTPRequestHandler):
                     "serverInfo": {"name": "hostile-http", "version": "1"},
                 },
             )
-        elif method == _call_spec().get("method", "tools/call"):
-            self._call(ident)
         elif method == "tools/list":
             self._result(ident, {"tools": [TOOL]})
         else:

@@ -163,20 +163,32 @@ def test_an_unreadable_answer_quoting_the_credential_fails_at_once_and_is_not_lo
 
 
 @pytest.mark.parametrize(
-    "call",
+    ("call", "reason"),
     [
-        {"status": 500, "body": "Internal Server Error", "content_type": "text/plain"},
-        {"status": 401, "body": "", "content_type": "text/plain"},
-        {"status": 200, "body": "<html>maintenance</html>", "content_type": "text/html"},
+        (
+            {"status": 500, "body": "Internal Server Error", "content_type": "text/plain"},
+            "the connection broke (HTTP 500)",
+        ),
+        (
+            {"status": 401, "body": "", "content_type": "text/plain"},
+            "the connection broke (HTTP 401)",
+        ),
+        (
+            {"status": 200, "body": "<html>maintenance</html>", "content_type": "text/html"},
+            "its answer could not be read",
+        ),
     ],
     ids=["http-500", "http-401", "html"],
 )
-def test_an_http_error_mid_session_fails_the_call_at_once(demo, hostile_http, settings, call):
+def test_an_http_error_mid_session_fails_the_call_at_once(
+    demo, hostile_http, settings, call, reason
+):
     url, answer = hostile_http
 
     tool_call = call_answered(demo, _over_http(demo, url, settings), answer, **call)
 
     assert (tool_call.status, tool_call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert tool_call.envelope["error"]["message"] == f"acme/projects: {reason}."
 
 
 ANSWERED = '{"jsonrpc": "2.0", "id": {id}, "result": {"content": [{"type": "text", "text": "ok"}]}}'
@@ -242,6 +254,42 @@ def test_a_listing_outside_the_protocol_marks_the_server_unhealthy_in_admin(
     # then discovery failed as the server's fault, quoting nothing it sent
     assert response.status_code == 200
     expected = "acme/projects answered with a ListToolsResult the protocol does not allow."
+    assert [(m.level_tag, m.message) for m in response.context["messages"]] == [("error", expected)]
+    server.refresh_from_db()
+    assert (server.health, server.health_detail) == ("unhealthy", expected)
+    assert TOKEN not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("handshake", "reason"),
+    [
+        (
+            {"body": "<html>maintenance {auth}</html>", "content_type": "text/html"},
+            "its answer could not be read",
+        ),
+        ({"body": '{"e": "{auth}"}'}, "its answer could not be read"),
+        ({"size": 8 * 1024 * 1024}, "larger than 4194304 bytes"),
+        ({"status": 503, "body": "down", "content_type": "text/plain"}, "HTTP 503"),
+    ],
+    ids=["html", "not-json-rpc", "too-large", "http-503"],
+)
+def test_a_handshake_the_server_answers_unreadably_says_why_in_admin(
+    demo, hostile_http, settings, handshake, reason, caplog
+):
+    # given a server answering the handshake with a page, JSON that is not JSON-RPC, an
+    # answer past the limit or an HTTP error
+    settings.TOOL_RESPONSE_MAX_BYTES = 1024 * 1024
+    url, answer = hostile_http
+    server = _over_http(demo, url, settings)
+    answer(method="initialize", **handshake)
+    client = Client(raise_request_exception=False)
+    client.force_login(demo.admin)
+
+    # when an admin discovers it
+    response = _discovered_in_admin(client, server)
+
+    # then the admin is told what the server did, not that something was cancelled
+    expected = f"acme/projects: could not connect ({reason})."
     assert [(m.level_tag, m.message) for m in response.context["messages"]] == [("error", expected)]
     server.refresh_from_db()
     assert (server.health, server.health_detail) == ("unhealthy", expected)
