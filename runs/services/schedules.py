@@ -22,9 +22,11 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 from registry.choices import Action
 from registry.selectors import user_can
 from registry.services.common import audited_save, full_clean_or_raise
+from runs.context import message_max_tokens
 from runs.errors import PermissionDenied, ValidationFailed
 from runs.models import ScheduledTask
 from runs.redaction import secrets_removed
+from runs.tokens import estimate_tokens
 
 FIRE_TASK = "runs.tasks.scheduled_task_fire"
 MIN_INTERVAL_SECONDS = 60
@@ -99,8 +101,16 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
         errors["deadline_seconds"] = [f"At least {MIN_DEADLINE_SECONDS} seconds."]
     if task.max_attempts is not None and not 1 <= task.max_attempts <= MAX_ATTEMPTS:
         errors["max_attempts"] = [f"Between 1 and {MAX_ATTEMPTS}."]
+    goal_tokens, goal_limit = estimate_tokens(task.goal), message_max_tokens()
     if not task.goal.strip():
         errors["goal"] = ["The goal is the message every run starts from; it cannot be empty."]
+    elif goal_tokens > goal_limit:
+        # As a message posted to the API is refused: the context never cuts the task, so
+        # every run would send the model more than its budget.
+        errors["goal"] = [
+            f"The goal is too long for the model's context: about {goal_tokens} tokens, at "
+            f"most {goal_limit}."
+        ]
     elif secrets_removed(task.goal) != task.goal:
         errors["goal"] = [
             "The goal holds what looks like a credential (a key, a token, a password). Its runs "

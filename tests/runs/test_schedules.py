@@ -229,6 +229,12 @@ def _globex_agent(demo) -> AgentConfig:
             "looks like a credential",
             id="secret-in-goal-zh",
         ),
+        pytest.param(
+            {"goal": "汇总本周项目状态并发给研发负责人" * 400},
+            "goal",
+            "too long for the model's context: about 6400 tokens, at most 6000",
+            id="goal-too-long",
+        ),
     ],
 )
 def test_an_invalid_task_is_refused_field_by_field_and_nothing_is_scheduled(
