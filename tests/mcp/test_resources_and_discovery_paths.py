@@ -1,6 +1,7 @@
 """MCP resources attached to a run as untrusted evidence, and the two ways discovery runs:
 the admin action and the periodic Celery task."""
 
+import io
 import json
 import re
 import uuid
@@ -8,6 +9,7 @@ import uuid
 import pytest
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.core.management import CommandError, call_command
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -495,3 +497,23 @@ def test_the_periodic_task_discovers_every_enabled_server(demo, projects):
     ]
     drafts = ToolVersion.objects.filter(tool__namespace="projects")
     assert {draft.created_by for draft in drafts} == {projects.created_by}
+
+
+def test_the_command_discovers_one_server_of_a_name_two_tenants_use(demo, projects):
+    # given globex registering a server of the same name as acme's
+    McpServer.objects.create(
+        tenant=demo.globex,
+        name="projects",
+        transport=McpServer.Transport.STREAMABLE_HTTP,
+        url="http://127.0.0.1:9/mcp",
+    )
+    out = io.StringIO()
+
+    # when an operator discovers acme's by the name it is shown by
+    call_command("mcp_discover", "--server", "acme/projects", stdout=out)
+
+    # then acme's was discovered, and the plain name is refused as naming two servers
+    assert out.getvalue().startswith("acme/projects: 2 drafted")
+    assert ToolVersion.objects.filter(tool__tenant=demo.acme, status="draft").count() == 2
+    with pytest.raises(CommandError, match="2 servers are named 'projects'"):
+        call_command("mcp_discover", "--server", "projects", stdout=io.StringIO())
