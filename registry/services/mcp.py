@@ -173,7 +173,7 @@ def mcp_definitions_sync(
     current: dict[str, McpToolDefinition] = {}
     for remote_name, definition in listing.items():
         if (problem := _fits(McpRemoteTool, {"remote_name": remote_name})) is not None:
-            skipped[remote_name[:REMOTE_NAME_MAX]] = problem
+            skipped[jsontext.storable_text(remote_name[:REMOTE_NAME_MAX])] = problem
             continue
         # Hashed as served, so that drift shows; kept and shown without the credentials
         # the server echoes and in text PostgreSQL stores.
@@ -202,8 +202,10 @@ def mcp_definitions_sync(
             skipped[remote_name] = "holds numbers that cannot be hashed canonically"
             continue
         current[remote_name] = row
+    # A name PostgreSQL cannot take is no stored tool's, and no query's parameter.
+    storable = [name for name in listing if jsontext.storable_text(name) == name]
     McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).exclude(
-        remote_name__in=list(listing)
+        remote_name__in=storable
     ).update(removed_at=now)
     return current
 
@@ -323,6 +325,8 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
 def _fits(model: type, fields: dict[str, str]) -> str | None:
     """Why these values do not fit the model's columns, if they do not."""
     for name, value in fields.items():
+        if jsontext.storable_text(value) != value:
+            return f"its {name} holds a NUL or half a surrogate pair, which cannot be stored"
         longest = model._meta.get_field(name).max_length
         if longest is not None and len(value) > longest:
             return f"its {name} is longer than {longest} characters"

@@ -49,10 +49,17 @@ def hostile(demo, spec):
     [
         {"tools": [STATUS_TOOL, {**STATUS_TOOL, "name": "x" * 300}]},
         {"tools": [STATUS_TOOL, {**STATUS_TOOL, "name": "other", "description": "a\u0000b"}]},
+        {"tools": [STATUS_TOOL, {**STATUS_TOOL, "name": "ot\u0000her"}]},
         {"tools": [STATUS_TOOL], "resources": [{"uri": "file:///" + "a" * 600, "name": "r"}]},
         {"tools": [STATUS_TOOL], "resources": [{"uri": "file:///a", "name": "r" * 300}]},
     ],
-    ids=["long-tool-name", "nul", "long-uri", "long-resource-name"],
+    ids=[
+        "long-tool-name",
+        "nul",
+        "nul-in-tool-name",
+        "long-uri",
+        "long-resource-name",
+    ],
 )
 def test_an_item_that_does_not_fit_is_skipped_and_the_rest_recorded(demo, hostile, spec, listing):
     spec(**listing)
@@ -88,6 +95,29 @@ def test_a_definition_that_cannot_be_hashed_shows_as_drift_and_leaves_new_runs(
     assert report.drifted == ["project_status"]
     assert mcp_drift([version]) == {str(version.pk): "DEFINITION_CHANGED"}
     assert "project_status" not in [tool["name"] for tool in run.capability["tools"]]
+
+
+def test_a_call_that_finds_its_tool_changed_beside_one_named_with_a_nul_fails_as_drift(
+    demo, hostile, spec, settings
+):
+    # given a published tool whose server now serves it changed, beside a tool whose name
+    # holds a NUL, the worker's copy of the listing stale
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    spec(tools=[STATUS_TOOL], result=OK)
+    status_publish(demo, hostile)
+    changed = {**STATUS_TOOL, "description": "Another description."}
+    spec(tools=[changed, {**STATUS_TOOL, "name": "ot\u0000her"}], result=OK)
+    run = ask(demo)
+
+    # when a run calls it
+    run_execute(run_id=str(run.pk))
+
+    # then the call fails as drift (the listing recorded without the unstorable name), and
+    # the run ends on an answer resting on no result
+    (call,) = ToolCall.objects.filter(run=run)
+    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
 
 
 def test_an_answer_outside_the_tool_s_output_schema_is_the_server_s_fault(demo, hostile, spec):
