@@ -171,10 +171,17 @@ def mcp_definitions_sync(
     now = timezone.now()
     skipped = {} if skipped is None else skipped
     current: dict[str, McpToolDefinition] = {}
+    listed = []
     for remote_name, definition in listing.items():
-        if (problem := _fits(McpRemoteTool, {"remote_name": remote_name})) is not None:
-            skipped[jsontext.storable_text(remote_name[:REMOTE_NAME_MAX])] = problem
+        if any(secret and secret in remote_name for secret in secrets):
+            # A name is kept and shown as served, or not at all: never with a credential.
+            problem = "its remote_name quotes a credential it was given"
+        else:
+            problem = _fits(McpRemoteTool, {"remote_name": remote_name})
+        if problem is not None:
+            skipped[_without_secrets(remote_name, secrets)[:REMOTE_NAME_MAX]] = problem
             continue
+        listed.append(remote_name)
         # Hashed as served, so that drift shows; kept and shown without the credentials
         # the server echoes and in text PostgreSQL stores.
         hashed, canonical = served_hash(definition)
@@ -202,10 +209,9 @@ def mcp_definitions_sync(
             skipped[remote_name] = "holds numbers that cannot be hashed canonically"
             continue
         current[remote_name] = row
-    # A name PostgreSQL cannot take is no stored tool's, and no query's parameter.
-    storable = [name for name in listing if jsontext.storable_text(name) == name]
+    # A name skipped above is no stored tool's (nor a query's parameter PostgreSQL takes).
     McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).exclude(
-        remote_name__in=storable
+        remote_name__in=listed
     ).update(removed_at=now)
     return current
 

@@ -12,7 +12,14 @@ from django.test import Client
 from django.urls import reverse
 
 from registry.mcp.connections import connections
-from registry.models import McpResource, McpServer, McpToolDefinition, ToolVersion
+from registry.models import (
+    McpRemoteTool,
+    McpResource,
+    McpServer,
+    McpToolDefinition,
+    Tool,
+    ToolVersion,
+)
 from registry.selectors import mcp_drift
 from registry.services.mcp import mcp_server_discover, mcp_server_save, mcp_servers_discover_all
 from runs.loop import run_execute
@@ -152,3 +159,35 @@ def test_a_credential_the_server_quotes_in_its_listings_is_not_kept(demo, hostil
     assert SECRET not in json.dumps(definition.definition)
     assert "ECHOES_CREDENTIAL" in [flag["code"] for flag in definition.review_flags]
     assert SECRET not in McpResource.objects.get(server=hostile).description
+
+
+def test_a_tool_named_with_the_credential_is_skipped_and_the_credential_not_kept(
+    demo, hostile, spec, client
+):
+    # given a server listing a tool whose name quotes the credential it was given
+    spec(tools=[STATUS_TOOL, {**STATUS_TOOL, "name": f"leak_{SECRET}"}], result=OK)
+    client.force_login(demo.admin)
+
+    # when an admin discovers it
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(hostile.pk)]},
+        follow=True,
+    )
+
+    # then the other tool is recorded, and the credential is nowhere kept or shown
+    (message,) = [m.message for m in response.context["messages"]]
+    assert "skipped: leak_[redacted] (its remote_name quotes a credential" in message
+    hostile.refresh_from_db()
+    kept = json.dumps(
+        [
+            list(McpRemoteTool.objects.values_list("remote_name", flat=True)),
+            list(McpToolDefinition.objects.values_list("remote_name", flat=True)),
+            list(Tool.objects.values_list("name", flat=True)),
+            list(ToolVersion.objects.values_list("adapter_config", flat=True)),
+            hostile.health_detail,
+        ]
+    )
+    assert "project_status" in kept
+    assert SECRET not in kept
+    assert SECRET not in response.content.decode()
