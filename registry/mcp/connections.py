@@ -498,6 +498,9 @@ def _describe(error: BaseException) -> str:
         error = error.exceptions[0]
     if isinstance(error, _AnswerTooLarge | _AnswerMissing | _AnswerUnreadable):
         return str(error)
+    if isinstance(error, McpError) and error.error.code == mcp_types.CONNECTION_CLOSED:
+        # A stdio server that exited (or never started): its own stderr says why.
+        return "it closed the connection"
     if isinstance(error, httpx.HTTPStatusError):
         return f"HTTP {error.response.status_code}"
     return type(error).__name__

@@ -115,6 +115,32 @@ def test_a_server_that_never_completes_its_handshake_costs_one_timeout(overrides
     assert str(silent.pk) not in connections._connections
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["-c", "import sys; sys.exit(3)"],
+        ["-c", "print('listening on stdio'); print('{}')"],
+        ["-m", "examples.no_such_module"],
+    ],
+    ids=["exits", "prints-and-exits", "cannot-start"],
+)
+def test_a_server_that_exits_at_start_says_it_closed_the_connection(overrides, args):
+    gone = McpServer(
+        name="gone",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=args,
+        timeout_s=5,
+    )
+    started = time.monotonic()
+
+    with pytest.raises(McpUnavailable) as raised:
+        connections.tools(endpoint_for(gone))
+
+    assert str(raised.value) == "platform/gone: could not connect (it closed the connection)."
+    assert time.monotonic() - started < 3
+
+
 def test_a_handshake_given_up_on_leaves_no_unread_failure_behind(overrides, caplog):
     """The caller is told once that the handshake did not complete; the connection it waited
     for, ended for it, must not leave its own failure unread for the event loop to log as an
