@@ -22,7 +22,7 @@ from contextlib import AsyncExitStack
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import anyio
 import anyio.abc
@@ -65,6 +65,8 @@ SESSION_TERMINATED = 32600
 # of a listing in the floor below, whatever that setting; one past both is not read further.
 ANSWER_MAX_FACTOR = 4
 ANSWER_MAX_BYTES_FLOOR = 1024 * 1024
+# A stdio server's stderr is logged a line at a time, a line of at most this many bytes.
+STDERR_LINE_MAX_BYTES = 4096
 
 
 def _answer_max_bytes() -> int:
@@ -365,6 +367,40 @@ def endpoint_for(server: McpServer, *, deadline: Deadline | None = None) -> Endp
     return Endpoint(**common, url=server.url, headers=headers)
 
 
+def _stderr_logged(endpoint: Endpoint) -> TextIO:
+    """Where a stdio server's stderr goes: a pipe whose lines a thread logs (INFO), with the
+    secrets its environment was given redacted. The SDK would hand the process the worker's
+    own stderr, where a server printing its environment, or a traceback quoting its token,
+    would leave the credential in the worker's log."""
+    read_end, write_end = os.pipe()
+    threading.Thread(
+        target=_log_stderr,
+        args=(read_end, endpoint.label, endpoint.secrets),
+        name=f"mcp-stderr-{endpoint.key}",
+        daemon=True,
+    ).start()
+    return os.fdopen(write_end, "w")
+
+
+def _log_stderr(read_end: int, label: str, secrets: tuple[str, ...]) -> None:
+    """Log each line until the server's process closes its stderr. A line longer than
+    STDERR_LINE_MAX_BYTES is dropped whole: read in pieces, a piece could hold part of a
+    secret that no redaction would recognise."""
+    secrets = tuple(filter(None, secrets))
+    starts_line = True
+    with os.fdopen(read_end, "rb") as stream:
+        for line in iter(lambda: stream.readline(STDERR_LINE_MAX_BYTES), b""):
+            ends_line = line.endswith(b"\n") or len(line) < STDERR_LINE_MAX_BYTES
+            whole, starts_line = starts_line and ends_line, ends_line
+            if not whole:
+                continue
+            text = line.decode(errors="replace").rstrip()
+            for secret in secrets:
+                text = text.replace(secret, "[redacted]")
+            if text:
+                logger.info("%s (stderr): %s", label, text)
+
+
 class _Connection:
     """A task on the loop that opens the transport and the session, keeps them open until
     asked to close, and closes them in the same task (as anyio requires)."""
@@ -396,9 +432,14 @@ class _Connection:
                 cwd=settings.BASE_DIR,
             )
             bound = _stdout_bound.set((_answer_max_bytes(), self._too_large))
+            errlog = _stderr_logged(endpoint)
             try:
-                read, write = await stack.enter_async_context(stdio_client(parameters))
+                read, write = await stack.enter_async_context(
+                    stdio_client(parameters, errlog=errlog)
+                )
             finally:
+                # The process holds its own end: the log ends when the process does.
+                errlog.close()
                 _stdout_bound.reset(bound)
         else:
             client = await stack.enter_async_context(

@@ -141,6 +141,43 @@ def test_a_server_that_exits_at_start_says_it_closed_the_connection(overrides, a
     assert time.monotonic() - started < 3
 
 
+def test_what_a_stdio_server_writes_to_stderr_is_logged_without_its_credential(
+    overrides, monkeypatch, capfd, caplog
+):
+    # given a stdio server given a credential in its environment, which prints it on stderr
+    # as it fails to start
+    monkeypatch.setenv("TEST_LEAKY_TOKEN", TOKEN)
+    leaky = McpServer(
+        name="leaky",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=[
+            "-c",
+            "import os, sys; token = os.environ['API_TOKEN']; "
+            "print('x' * 4090 + token, file=sys.stderr); "
+            "print('auth failed for', token, file=sys.stderr)",
+        ],
+        env={"API_TOKEN": "TEST_LEAKY_TOKEN"},
+        timeout_s=5,
+    )
+    caplog.set_level(logging.INFO, logger="registry.mcp.connections")
+
+    # when the platform opens it
+    with pytest.raises(McpUnavailable):
+        connections.tools(endpoint_for(leaky))
+    connections.close_all()
+
+    # then its line is in the platform's log, the credential redacted, and nowhere else; a
+    # line too long to log, the credential across where it would be cut, is left out whole
+    deadline = time.monotonic() + 5
+    while "auth failed for" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "platform/leaky (stderr): auth failed for [redacted]" in caplog.text
+    captured = capfd.readouterr()
+    assert TOKEN not in captured.err + captured.out + caplog.text
+    assert "xxxx" not in caplog.text and TOKEN[6:] not in caplog.text
+
+
 def test_a_handshake_given_up_on_leaves_no_unread_failure_behind(overrides, caplog):
     """The caller is told once that the handshake did not complete; the connection it waited
     for, ended for it, must not leave its own failure unread for the event loop to log as an
