@@ -47,7 +47,7 @@ from runs.services.attachment_reading import is_read as attachment_is_read
 from runs.services.attachments import ATTACHMENT_PART
 from runs.services.excerpts import tokens_each
 from runs.services.memory import memories_kept, memory_retrieve
-from runs.services.resources import RESOURCE_PART, resource_line, resources_attach
+from runs.services.resources import RESOURCE_PART, resource_key, resource_line, resources_attach
 from runs.services.runs import (
     REQUESTER_NO_LONGER_AUTHORISED,
     cancel_request_take_in,
@@ -211,7 +211,7 @@ def _skill_version(run: Run) -> SkillVersion | None:
     return frozen
 
 
-def _text(run: Run, resources: dict[str, str], attachments: dict[str, str]) -> str:
+def _text(run: Run, resources: dict[tuple[str, str], str], attachments: dict[str, str]) -> str:
     """The user's message; an attachment as its reference, then what `attachments_read` read
     of it, wrapped as untrusted data; an MCP resource as what `resources_attach` read, wrapped
     too."""
@@ -220,7 +220,7 @@ def _text(run: Run, resources: dict[str, str], attachments: dict[str, str]) -> s
         if part["type"] == "text":
             lines.append(part["text"])
         elif part["type"] == RESOURCE_PART:
-            lines.append(resources[part["uri"]])
+            lines.append(resources[resource_key(part)])
         else:
             lines.append(attachment_line(part))
             if part["id"] in attachments:

@@ -41,6 +41,12 @@ def resource_line(part: dict[str, Any]) -> str:
     return f"[resource {part['uri']}: {media_type}, from {part['server']}]"
 
 
+def resource_key(part: dict[str, Any]) -> tuple[str, str]:
+    """A resource part's identity: a URI names a resource only on its server, and two servers
+    may list one URI."""
+    return part["server"], part["uri"]
+
+
 def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
     """The resource as the tenant's own server lists it (a sandbox's: its parent's), else a
     granted platform server."""
@@ -64,7 +70,7 @@ def _refuse_repeated(parts: list[dict[str, Any]]) -> None:
     for index, part in enumerate(parts):
         if part["type"] != RESOURCE_PART:
             continue
-        first = first_index.setdefault((part["server"], part["uri"]), index)
+        first = first_index.setdefault(resource_key(part), index)
         if first != index:
             repeated.append(
                 {
@@ -139,18 +145,18 @@ def _excerpt(text: str, *, uri: str, tokens: int) -> str | None:
     return fitted(kept, cut=cut, size=len(data), fits=fits)
 
 
-def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
-    """Read the message's resources, each as the run's requester; returns, by URI, what the
-    model is shown for each. Each shows at most `tokens` of the context
+def resources_attach(run: Run, *, tokens: int) -> dict[tuple[str, str], str]:
+    """Read the message's resources, each as the run's requester; returns, by `resource_key`,
+    what the model is shown for each. Each shows at most `tokens` of the context
     (`excerpts.tokens_each`)."""
-    shown: dict[str, str] = {}
+    shown: dict[tuple[str, str], str] = {}
     for part in run.message.get("message", {}).get("parts", []):
         if part["type"] != RESOURCE_PART:
             continue
-        uri = part["uri"]
+        uri, key = part["uri"], resource_key(part)
         server = McpServer.objects.filter(pk=part["server_id"]).first()
         if not mcp_server_usable(server=server, tenant=run.tenant):
-            shown[uri] = f"[resource {uri}: its server is no longer available]"
+            shown[key] = f"[resource {uri}: its server is no longer available]"
             continue
         try:
             endpoint = endpoint_for(server)
@@ -161,13 +167,13 @@ def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
                 timeout_s=server.timeout_s,
             )
         except (McpUnavailable, McpTimeout, McpRemoteError):
-            shown[uri] = f"[resource {uri}: could not be read from {server.name}]"
+            shown[key] = f"[resource {uri}: could not be read from {server.name}]"
             continue
         content = _excerpt(
             strip_secrets(_content(result), secrets=endpoint.secrets), uri=uri, tokens=tokens
         )
         if content is None:
-            shown[uri] = f"[resource {uri}: not read: {NO_ROOM}]"
+            shown[key] = f"[resource {uri}: not read: {NO_ROOM}]"
             continue
         source = Source.objects.create(
             run=run,
@@ -178,5 +184,5 @@ def resources_attach(run: Run, *, tokens: int) -> dict[str, str]:
             content=content,
         )
         known_rows_add(run, [source])
-        shown[uri] = _shown(uri, content, (source.fetched_at or timezone.now()).isoformat())
+        shown[key] = _shown(uri, content, (source.fetched_at or timezone.now()).isoformat())
     return shown

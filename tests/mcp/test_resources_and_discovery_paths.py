@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from registry.demo import DEMO_PASSWORD
 from registry.models import McpServer, Skill, ToolVersion
-from registry.services.mcp import mcp_server_discover
+from registry.services.mcp import mcp_server_discover, mcp_server_save
 from registry.services.tenancy import api_token_issue
 from registry.tasks import mcp_servers_discover
 from runs.context import message_max_tokens
@@ -24,7 +24,7 @@ from runs.loop import run_execute
 from runs.models import Run, Source
 from runs.services.resources import resource_parts_resolve
 from runs.tokens import estimate_tokens
-from tests.mcp.conftest import assistant
+from tests.mcp.conftest import assistant, over_stdio
 from tests.registry.factories import TenantFactory
 from tests.registry.test_admin import messages_of
 from tests.runs.conftest import (
@@ -208,6 +208,41 @@ def test_a_resource_the_message_leaves_no_room_for_is_a_note_and_no_source(
     )
     assert '"untrusted_data"' not in user_message
     assert not Source.objects.filter(run=run).exists()
+
+
+def test_one_uri_on_two_servers_shows_each_server_s_resource_in_its_own_part(
+    demo, projects, fake_model, alice_api, tmp_path, monkeypatch
+):
+    """Before, the run kept what it read by URI alone: both parts showed the excerpt of
+    whichever server was read last."""
+    # given a second server of acme, `mirror`, serving the same URIs, its resources carrying
+    # a note that `projects`'s do not
+    fake = answering(demo, projects, fake_model, "The two disagree.")
+    mirror_overrides = tmp_path / "mirror.json"
+    mirror_overrides.write_text(json.dumps({"resource_note_chars": 30}))
+    monkeypatch.setenv("TEST_MIRROR_MCP_OVERRIDES", str(mirror_overrides))
+    mirror = over_stdio(McpServer(tenant=demo.acme, name="mirror", timeout_s=10))
+    mirror.env["PROJECTS_MCP_OVERRIDES"] = "TEST_MIRROR_MCP_OVERRIDES"
+    mcp_server_discover(server=mcp_server_save(server=mirror, actor=demo.admin), actor=demo.admin)
+    message = resource_message()
+    message["parts"].append({"type": "resource_ref", "server": "mirror", "uri": APOLLO})
+
+    # when a message names apollo's resource on each
+    run = Run.objects.get(pk=post(alice_api, message).json()["run_id"])
+    run_execute(run_id=str(run.pk))
+
+    # then each part shows what its own server answered, as the evidence kept of each does
+    user_message = fake.requests[0].body["messages"][1]["content"]
+    shown = [
+        json.loads(line)["untrusted_data"]["content"]
+        for line in user_message.splitlines()
+        if line.startswith('{"untrusted_data"')
+    ]
+    assert [json.loads(content).get("note") for content in shown] == ["", "Log line. " * 3]
+    assert {(source.origin, source.content) for source in Source.objects.filter(run=run)} == {
+        ("mcp:projects", shown[0]),
+        ("mcp:mirror", shown[1]),
+    }
 
 
 def in_session(session_id: str, text: str, *uris: str) -> dict:
