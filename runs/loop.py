@@ -518,6 +518,7 @@ def _route_and_assemble(run: Run) -> None:
         )
         return
     if route["mode"] == HUMAN_QUEUE:
+        _follow_named_project(run)
         handoff = handoff_open(
             run=run, risks=route["for_people"], request=_message_text(run.message)
         )
@@ -559,12 +560,18 @@ def _route_and_assemble(run: Run) -> None:
     _enter_node(run, workflow.start, leaving=skill)
 
 
-def _ask(run: Run, *, reason_code: str, question: str) -> None:
-    """End the run asking the user `question`. They answer in the session's next message,
-    which may name no project: it is about the project this message named, so the session
-    follows it, as it does when a run goes on."""
+def _follow_named_project(run: Run) -> None:
+    """Make the project this message named the session's, for a run that ends waiting on the
+    user or on people rather than going on: the user's next message may name no project, and
+    it is about the project this one named, as it is when a run goes on."""
     if project_id := run.message.get("metadata", {}).get("project_id"):
         _remember(run, project_id=project_id)
+
+
+def _ask(run: Run, *, reason_code: str, question: str) -> None:
+    """End the run asking the user `question`, which they answer in the session's next
+    message (`_follow_named_project`)."""
+    _follow_named_project(run)
     _finish(run, status=RunStatus.NEEDS_CLARIFICATION, reason_code=reason_code, question=question)
 
 
@@ -601,11 +608,11 @@ def _remember(
     draft: dict | None = None,
 ) -> None:
     """Session state is the one authoritative copy: the project a run of the session last
-    went on with or asked the user about (a run that uses it checks the actor's access to it
-    again, gate 3), the recipient they confirmed (with its expiry) and the latest drafts. On
-    PostgreSQL one UPDATE, written with the step (`runs.writes`), merges them into the
-    session's current state (keys it does not name are kept, a malformed drafts value is
-    replaced), where a locked read and a save would cost two round trips."""
+    went on with, asked the user about or left to people (a run that uses it checks the
+    actor's access to it again, gate 3), the recipient they confirmed (with its expiry) and
+    the latest drafts. On PostgreSQL one UPDATE, written with the step (`runs.writes`), merges
+    them into the session's current state (keys it does not name are kept, a malformed drafts
+    value is replaced), where a locked read and a save would cost two round trips."""
     values = {
         key: value for key, value in (("project_id", project_id), ("recipient", recipient)) if value
     }

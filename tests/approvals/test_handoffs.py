@@ -17,7 +17,7 @@ from registry.services.common import registry_object_save
 from registry.services.tenancy import membership_add
 from runs.choices import RunStatus
 from runs.loop import run_execute
-from runs.models import CancelRequest, Run, ToolCall
+from runs.models import CancelRequest, Run, Session, ToolCall
 from runs.services.runs import run_cancel
 from runs.services.scheduler import occurrences_sweep
 from runs.tasks import runs_sweep
@@ -112,6 +112,21 @@ def test_a_person_handles_it_through_the_api_and_the_run_ends_with_their_note(
     assert events_of(run, "handoff.resolved")[0]["resolved_by"] == "bob"
     assert again.status_code == 409
     assert again.json()["error"]["code"] == "ALREADY_DECIDED"
+
+
+def test_the_project_a_handed_off_request_named_is_the_session_s_project(demo, bob, handed_off):
+    """Before, a request left to people did not move its session to the project it named, as
+    a run that goes on or asks the user does: the next message naming none was not about it."""
+    # given alice's request about apollo, handled by bob
+    assert resolve(api(bob, demo.acme), Handoff.objects.get(run=handed_off)).status_code == 200
+
+    # when she writes again in the session, naming no project
+    later = demo_run(demo, text="Now next week's plan, please.", session_id=handed_off.session_id)
+    run_execute(run_id=str(later.pk))
+
+    # then her message is about apollo
+    assert Session.objects.get(pk=handed_off.session_id).state["project_id"] == "apollo"
+    assert Run.objects.get(pk=later.pk).state["inputs"]["project_id"] == "apollo"
 
 
 def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
