@@ -68,16 +68,22 @@ def _day_start(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
 
 
+def runs_of_skill(runs: QuerySet[Run], skill: str) -> QuerySet[Run]:
+    """The runs of `skill` as a filter names it: `name@version` is that version, a bare name
+    every version of the skill (and not another skill whose name begins with it)."""
+    if "@" in skill:
+        return runs.filter(skill=skill)
+    return runs.filter(skill__startswith=f"{skill}@")
+
+
 def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -> list[Run]:
     """One page (plus one, to tell whether there is a next) of `runs`, newest first."""
     if filters.tenant:
         runs = runs.filter(tenant__slug=filters.tenant)
     if filters.status:
         runs = runs.filter(status=filters.status)
-    if filters.skill and "@" in filters.skill:
-        runs = runs.filter(skill=filters.skill)
-    elif filters.skill:
-        runs = runs.filter(skill__startswith=f"{filters.skill}@")
+    if filters.skill:
+        runs = runs_of_skill(runs, filters.skill)
     if filters.user:
         runs = runs.filter(actor__username=filters.user)
     if filters.date_from:

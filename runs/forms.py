@@ -35,5 +35,5 @@ class RunFilterForm(forms.Form):
 
 class DashboardFilterForm(forms.Form):
     tenant = forms.SlugField(required=False, max_length=63)
-    skill = forms.CharField(required=False, max_length=140, help_text="name@version")
+    skill = forms.CharField(required=False, max_length=140, help_text="name or name@version")
     days = forms.IntegerField(required=False, min_value=1, max_value=90)

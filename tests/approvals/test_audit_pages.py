@@ -590,6 +590,30 @@ def test_the_dashboard_offers_the_skill_versions_of_its_window_whichever_one_is_
     assert 'value="weekly-summary@0.9.0" selected' in unseen.content.decode()
 
 
+def test_the_dashboard_shows_every_version_of_a_skill_named_without_one_as_the_history_does(
+    demo, sent_run, carol, client
+):
+    """Before, the dashboard took only name@version: a bare name, which the history takes as
+    every version of the skill, matched no run and showed empty figures."""
+    # given runs of weekly-summary 3.2.0 and 3.3.0, and one of another skill whose name it
+    # begins with, each completed
+    for skill in ("weekly-summary@3.3.0", "weekly-summary-extra@1.0.0"):
+        Run.objects.filter(pk=demo_run(demo).pk).update(skill=skill, status="COMPLETED")
+    logged_in(client, carol)
+
+    # when the auditor asks for weekly-summary without a version
+    page = client.get(reverse("runs:dashboard"), {"skill": "weekly-summary"})
+
+    # then the figures are those of both its versions, and the history lists the same runs
+    assert "Ignored" not in page.content.decode()
+    assert sum(page.context["figures"].statuses["COMPLETED"].values()) == 2
+    history = client.get(reverse("runs:history"), {"skill": "weekly-summary"}).content.decode()
+    assert {run.skill for run in Run.objects.all() if str(run.pk) in history} == {
+        "weekly-summary@3.2.0",
+        "weekly-summary@3.3.0",
+    }
+
+
 def test_the_dashboard_offers_each_skill_version_once_however_many_runs_ran_it(
     demo, sent_run, carol, client
 ):
