@@ -27,6 +27,7 @@ from runs.selectors import (
     contract_sensitive_fields,
     hidden_fields,
     recipient_texts,
+    runs_of_skill,
     texts_under,
 )
 
@@ -66,14 +67,6 @@ def decode_cursor(cursor: str) -> tuple[datetime, UUID] | None:
 
 def _day_start(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min))
-
-
-def runs_of_skill(runs: QuerySet[Run], skill: str) -> QuerySet[Run]:
-    """The runs of `skill` as a filter names it: `name@version` is that version, a bare name
-    every version of the skill (and not another skill whose name begins with it)."""
-    if "@" in skill:
-        return runs.filter(skill=skill)
-    return runs.filter(skill__startswith=f"{skill}@")
 
 
 def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -> list[Run]:

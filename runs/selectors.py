@@ -169,3 +169,11 @@ def hidden_texts(
             for run_id, version_id, result in rows:
                 texts[run_id] |= texts_under(result, contracts[str(version_id)])
     return {pk: frozenset(found) for pk, found in texts.items()}
+
+
+def runs_of_skill(runs: QuerySet[Run], skill: str) -> QuerySet[Run]:
+    """The runs of `skill` as a filter names it: `name@version` is that version, a bare name
+    every version of the skill (and not another skill whose name begins with it)."""
+    if "@" in skill:
+        return runs.filter(skill=skill)
+    return runs.filter(skill__startswith=f"{skill}@")

@@ -198,7 +198,7 @@ class DashboardView(View):
         days = values.get("days") or 14
         skills = dashboards.skills_seen(runs, days=days)
         if values.get("skill"):
-            runs = audit.runs_of_skill(runs, values["skill"])
+            runs = selectors.runs_of_skill(runs, values["skill"])
             skills = sorted({*skills, values["skill"]})
         figures = dashboards.dashboard(runs, days=days)
         return render(

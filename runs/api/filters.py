@@ -7,6 +7,7 @@ from django_filters.fields import IsoDateTimeField
 from config.api import FilterSet
 from runs.choices import RunStatus
 from runs.models import Run
+from runs.selectors import runs_of_skill
 
 
 class InstantField(IsoDateTimeField):
@@ -39,6 +40,4 @@ class RunFilter(FilterSet):
         fields = ["status", "session", "skill", "created_after", "created_before"]
 
     def filter_skill(self, queryset, name: str, value: str):
-        if "@" in value:
-            return queryset.filter(skill=value)
-        return queryset.filter(skill__startswith=f"{value}@")
+        return runs_of_skill(queryset, value)
