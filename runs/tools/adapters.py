@@ -5,7 +5,8 @@ The host builds the `ToolContext` (identity, tenant, idempotency key, short-live
 the model never supplies any of it. A handler refuses with `ToolRefused` (gate 3, nothing was
 done) and fails with `ToolFailed` (it ran, and may or may not have had an effect).
 
-Every adapter answers within the tool version's `timeout_s`. A Python handler runs on a
+Every adapter answers within the tool version's `timeout_s`, or sooner when the call's
+`deadline` comes first (`attempt_seconds`). A Python handler runs on a
 handler thread (`threads.call_within`), on that thread's own database connection; one that
 has not answered in time fails its call TIMEOUT and is abandoned: it runs on until it
 returns, and whatever it returns then is dropped, never recorded.
@@ -59,6 +60,19 @@ class ToolContext:
     credential: str | None = None
     resources: dict[str, Any] = field(default_factory=dict, compare=False)
     """What gate 3 authorised for this call (e.g. the project), for the handler to reuse."""
+    deadline: float | None = None
+    """When (monotonic) the call, and its check, must have ended whatever the tool's timeout
+    (its step's or its send's task time, `executor._tries_deadline`); None: no such bound."""
+
+
+def attempt_seconds(tool_version: ToolVersion, context: ToolContext) -> float:
+    """How long one try of the call, or its check, may take: the tool's timeout, or the time
+    left before the context's deadline when that is shorter (a timeout may be up to 600 s,
+    longer than a step is sure to have: Celery would stop the step mid-call, its work lost);
+    0 when none is left. A try given less time than its timeout fails as one past it does."""
+    if context.deadline is None:
+        return tool_version.timeout_s
+    return max(0.0, min(tool_version.timeout_s, context.deadline - time.monotonic()))
 
 
 @dataclass(frozen=True)
@@ -146,19 +160,20 @@ def _handler_within(
     context: ToolContext,
     function: Callable[..., Any],
     *arguments: Any,
+    seconds: float,
     doing: str,
 ) -> Any:
-    """`function(context, *arguments)` of the tool's handler on a handler thread, within the
-    tool's timeout; `threads.Overran`, logged, when it has not returned by then (it runs on,
+    """`function(context, *arguments)` of the tool's handler on a handler thread, within
+    `seconds`; `threads.Overran`, logged, when it has not returned by then (it runs on,
     abandoned)."""
     try:
-        return threads.call_within(function, context, *arguments, seconds=tool_version.timeout_s)
+        return threads.call_within(function, context, *arguments, seconds=seconds)
     except threads.Overran as overran:
         logger.error(
-            "%s: the handler did not %s within %s s and was abandoned (run %s, call %s). %s",
+            "%s: the handler did not %s within %.3g s and was abandoned (run %s, call %s). %s",
             tool_version.qualified_name,
             doing,
-            tool_version.timeout_s,
+            seconds,
             context.run_id,
             context.call_id,
             overran,
@@ -169,16 +184,18 @@ def _handler_within(
 def python_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
-    """The handler's answer within the tool's timeout. One that has not answered by then is
-    abandoned: the call failed TIMEOUT, retryable, and a tool that is not a read may have
-    done something."""
+    """The handler's answer within the tool's timeout (`attempt_seconds`). One that has not
+    answered by then is abandoned: the call failed TIMEOUT, retryable, and a tool that is not
+    a read may have done something."""
     handler = python_handler(tool_version)
+    seconds = attempt_seconds(tool_version, context)
     try:
-        return _handler_within(tool_version, context, handler, arguments, doing="answer")
+        return _handler_within(
+            tool_version, context, handler, arguments, seconds=seconds, doing="answer"
+        )
     except threads.Overran:
         raise ToolFailed(
-            f"The handler of {tool_version.qualified_name} did not answer within "
-            f"{tool_version.timeout_s} s.",
+            f"The handler of {tool_version.qualified_name} did not answer within {seconds:.3g} s.",
             category=ErrorCategory.TIMEOUT,
             retryable=True,
             may_have_side_effect=tool_version.risk not in READ_RISKS,
@@ -225,18 +242,18 @@ def _late() -> ToolFailed:
 
 
 def _answer(
-    tool_version: ToolVersion, *, body: dict[str, Any], headers: dict[str, str]
+    tool_version: ToolVersion, *, seconds: float, body: dict[str, Any], headers: dict[str, str]
 ) -> tuple[httpx.Response, bytes]:
-    """The service's response and its body, read within the tool's timeout as a whole and up
-    to TOOL_RESPONSE_MAX_BYTES. httpx times each read, not the whole: a service that sends a
+    """The service's response and its body, read within `seconds` as a whole and up to
+    TOOL_RESPONSE_MAX_BYTES. httpx times each read, not the whole: a service that sends a
     byte now and then, of its headers or its body, would hold the call for ever. So the body
     is read against the deadline, and at the deadline the client is closed under a read of
     the headers, which then fails within one more read's timeout."""
-    deadline = time.monotonic() + tool_version.timeout_s
+    deadline = time.monotonic() + seconds
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     may_have_side_effect = tool_version.risk not in READ_RISKS
-    with httpx.Client(timeout=tool_version.timeout_s, transport=HTTPTransport()) as client:
-        watchdog = threading.Timer(tool_version.timeout_s, client.close)
+    with httpx.Client(timeout=seconds, transport=HTTPTransport()) as client:
+        watchdog = threading.Timer(seconds, client.close)
         watchdog.start()
         try:
             with client.stream(
@@ -322,7 +339,9 @@ def http_call(
         },
     }
     try:
-        response, content = _answer(tool_version, body=body, headers=headers)
+        response, content = _answer(
+            tool_version, seconds=attempt_seconds(tool_version, context), body=body, headers=headers
+        )
     except EgressRefused as refused:
         raise ToolFailed(
             str(refused), category=ErrorCategory.PERMISSION_DENIED, retryable=False
@@ -517,8 +536,8 @@ def mcp_call(
     serves the definition this version was reviewed against. The host, never the model,
     supplies the credential (in the connection) and the identity (in `_meta`). All of it (the
     server's name looked up, its session opened, its tools listed again when the copy is
-    stale, the call) ends within the version's timeout."""
-    deadline = Deadline.after(tool_version.timeout_s)
+    stale, the call) ends within the version's timeout (`attempt_seconds`)."""
+    deadline = Deadline.after(attempt_seconds(tool_version, context))
     server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
     remote_name = config["remote_name"]
@@ -613,7 +632,12 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
         handler = python_handler(tool_version)
         try:
             _handler_within(
-                tool_version, context, handler.authorize, arguments, doing="authorise the call"
+                tool_version,
+                context,
+                handler.authorize,
+                arguments,
+                seconds=tool_version.timeout_s,
+                doing="authorise the call",
             )
         except threads.Overran:
             raise ToolFailed(
@@ -644,7 +668,13 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
             may_have_side_effect=True,
         )
     try:
-        return _handler_within(tool_version, context, handler.reconcile, doing="tell the outcome")
+        return _handler_within(
+            tool_version,
+            context,
+            handler.reconcile,
+            seconds=tool_version.timeout_s,
+            doing="tell the outcome",
+        )
     except threads.Overran:
         raise ToolFailed(
             f"The handler of {tool_version.qualified_name} did not tell the outcome within "

@@ -15,7 +15,7 @@ import random
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.conf import settings
@@ -197,10 +197,16 @@ def _credential_reference(tool_version: ToolVersion, run: Run) -> tuple[str, Ten
 
 
 def host_context(
-    *, run: Run, call_id: str, tool_version: ToolVersion, resources: dict[str, Any] | None = None
+    *,
+    run: Run,
+    call_id: str,
+    tool_version: ToolVersion,
+    resources: dict[str, Any] | None = None,
+    deadline: float | None = None,
 ) -> ToolContext:
     """Gate 5: what the host, never the model, gives a call: identity, tenant, the
-    idempotency key `run_id:call_id` and a short-lived credential from its reference."""
+    idempotency key `run_id:call_id` and a short-lived credential from its reference; and
+    the `deadline` by which the call must have ended (`_tries_deadline`), if it has one."""
     reference = _credential_reference(tool_version, run)
     return ToolContext(
         run_id=str(run.pk),
@@ -212,6 +218,7 @@ def host_context(
         if reference is None
         else credential_value(reference[0], owner=reference[1]),
         resources={} if resources is None else resources,
+        deadline=deadline,
     )
 
 
@@ -260,9 +267,11 @@ def _admit(
     tool_version: ToolVersion | None,
     withdrawn: bool,
     authorised: dict[str, Any],
+    deadline: float | None,
 ) -> ToolCall | Admitted:
-    """Gates 1-5 for one call the run has not seen. Returns the rejected ToolCall (not yet
-    saved) or the admitted call."""
+    """Gates 1-5 for one call the run has not seen, to end by `deadline` (None: a send's,
+    which `side_effect_run` sets). Returns the rejected ToolCall (not yet saved) or the
+    admitted call."""
     record = writes.new(
         ToolCall,
         run_id=run.pk,
@@ -297,7 +306,11 @@ def _admit(
     if refusal:
         return _reject(record, run, category=ErrorCategory.PERMISSION_DENIED, message=refusal)
     context = host_context(
-        run=run, call_id=call.call_id, tool_version=tool_version, resources=authorised
+        run=run,
+        call_id=call.call_id,
+        tool_version=tool_version,
+        resources=authorised,
+        deadline=deadline,
     )
     if (refusal := _authorization_refusal(tool_version, context, call.arguments)) is not None:
         return _reject(
@@ -422,6 +435,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
             tool_version=tool_versions.get(entry["id"]) if entry else None,
             withdrawn=entry is not None and entry["id"] in withdrawn,
             authorised=authorised,
+            deadline=deadline,
         )
         if isinstance(outcome, Admitted):
             admitted.append(outcome)
@@ -455,6 +469,7 @@ def side_effect_admit(
         and entry["id"]
         in version_ids_withdrawn(model=ToolVersion, ids=[entry["id"]], tenant=run.tenant),
         authorised={},
+        deadline=None,
     )
     record = outcome.record if isinstance(outcome, Admitted) else outcome
     record.save(force_insert=True)
@@ -467,10 +482,12 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     did nothing, so the call waits for it, with jitter, at most as long as a crashed
     worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
     failed because other sends held every slot for a moment. Neither the wait nor a retry
-    goes past the task's time (`_tries_deadline`)."""
+    goes past the task's time (`_tries_deadline`), nor does a try, whatever the tool's
+    timeout."""
     started = time.monotonic()
     timeout_s = admitted.tool_version.timeout_s
     tries_deadline = _tries_deadline()
+    admitted = replace(admitted, context=replace(admitted.context, deadline=tries_deadline))
     deadline = min(started + timeout_s + limits.SLOT_GRACE_SECONDS, tries_deadline - timeout_s)
     attempts = 0
     while True:
@@ -592,11 +609,12 @@ def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
 
 def _tries_deadline() -> float:
     """When (monotonic) the tool calls of a step, or an action's send, begun now must have
-    ended, retries and their waits included. A run's task starts no step later than
-    RUN_TASK_SECONDS into it, so a step has at least the rest of the task's soft time limit
-    (an action's send, which starts as its task does, has that at least too). Celery
-    interrupts a task at that limit mid-call: the step's work is lost (its calls made again
-    by the task the sweep sends), and a send is left executing for reconciliation."""
+    ended, retries and their waits included: no try runs past it (`adapters.attempt_seconds`).
+    A run's task starts no step later than RUN_TASK_SECONDS into it, so a step has at least
+    the rest of the task's soft time limit (an action's send, which starts as its task does,
+    has that at least too). Celery interrupts a task at that limit mid-call: the step's work
+    is lost (its calls made again by the task the sweep sends), and a send is left executing
+    for reconciliation."""
     return time.monotonic() + settings.CELERY_TASK_SOFT_TIME_LIMIT - settings.RUN_TASK_SECONDS
 
 

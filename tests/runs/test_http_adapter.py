@@ -1117,6 +1117,57 @@ def test_an_approved_send_is_not_tried_again_when_the_try_could_not_end_within_i
     assert ToolCall.objects.get(run=run, name="mail_send").attempts == 2
 
 
+def test_a_try_ends_when_the_step_s_task_would_rather_than_at_the_tool_s_timeout(
+    demo, report_service, settings
+):
+    # given a task whose step has 2 s before its soft time limit, and a read tool of 5 s
+    # whose service sends its answer a byte every 0.2 s (11 s in all)
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    report_service.drip = 0.2
+
+    # when
+    run = report_read(demo, report_service)
+
+    # then the call failed TIMEOUT once the step's 2 s had passed, as one another try may
+    # pass later, before Celery would stop the step mid-call and lose its work
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.error_category, record.attempts) == ("failed", "TIMEOUT", 1)
+    assert record.duration_ms < 3000
+    assert record.envelope["retryable"] is True
+
+
+def test_an_approved_send_ends_when_its_task_would_rather_than_at_the_tool_s_timeout(
+    demo, report_service, settings, monkeypatch
+):
+    # given an approved send through an HTTP mail service whose calls time out after 5 s, in
+    # a task that has 2 s for it, and a mail service that sends its answer a byte every 0.2 s
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=get_user_model().objects.get(username="bob"),
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
+    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    monkeypatch.setattr(mail_send, "timeout_s", 5)
+    report_service.drip = 0.2
+
+    # when the approved send is made
+    started = time.monotonic()
+    services.action_execute(action_id=action.pk)
+
+    # then it ended within the task's 2 s, its outcome left unknown for reconciliation
+    assert time.monotonic() - started < 3
+    assert len(report_service.requests) == 1
+    action.refresh_from_db()
+    assert action.status == ActionStatus.UNKNOWN
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.error_category, call.attempts) == ("TIMEOUT", 1)
+
+
 @pytest.mark.parametrize(
     ("reference", "kept"),
     [
