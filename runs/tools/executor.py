@@ -678,11 +678,12 @@ def _execute_admitted(
     together when the round ends (a sandbox's calls enter their own). A call kept out while
     others of its round got in (its own step's calls filling its tool's cap) waits for the
     next round; one that a round lets nothing in with (a rate window, an open circuit, other
-    runs' calls) goes to its retry policy, retried until `deadline`. Results stay paired
-    with their call ids; a call that raised gives its error back once every slot is back."""
+    runs' calls) goes to its retry policy, retried until `deadline`. A call whose round would
+    start at `deadline` or later is not started (`_not_started`). Results stay paired with
+    their call ids; a call that raised gives its error back once every slot is back."""
     outcomes: list[Any] = [None] * len(admitted)
     waiting = list(range(len(admitted)))
-    while waiting:
+    while waiting and time.monotonic() < deadline:
         round_calls = waiting[: settings.TOOL_PARALLELISM]
         entered = _round_enter(run, [admitted[index] for index in round_calls])
         kept_out = [
@@ -714,8 +715,21 @@ def _execute_admitted(
                 raise outcome
             outcomes[index] = outcome
         waiting = kept_out + waiting[len(round_calls) :]
+    for index in waiting:
+        outcomes[index] = (_not_started(admitted[index].tool_version), 0, 0, None)
     for call, (outcome, attempts, duration_ms, _) in zip(admitted, outcomes, strict=True):
         _record(run, call, outcome, attempts, duration_ms, step_calls)
+
+
+def _not_started(tool_version: ToolVersion) -> ToolFailed:
+    """A call of a step whose time ran out before its turn came: it would run past the point
+    where Celery interrupts the step, its work lost. Nothing was done; another try may pass."""
+    return ToolFailed(
+        f"{tool_version.qualified_name} was not called: its step had no time left for it.",
+        category=ErrorCategory.TIMEOUT,
+        retryable=True,
+        attempted=False,
+    )
 
 
 def _round_enter(run: Run, calls: list[Admitted]) -> list[limits.Passage | ToolFailed | None]:

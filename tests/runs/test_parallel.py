@@ -223,6 +223,45 @@ def test_a_call_waiting_for_a_thread_enters_its_limits_when_it_starts(
     assert ToolCall.objects.filter(run=run, status="completed").count() == 4
 
 
+def test_a_call_whose_turn_comes_after_the_step_s_time_is_not_started(
+    demo, fake_model, monkeypatch, settings
+):
+    """A round of calls started whenever the one before ended, even past the step's time,
+    where Celery would stop the step mid-call and lose its work."""
+    # given a step with 2 s before its task's soft time limit, one call at a time, and three
+    # reads of one turn, the first of which takes 2.5 s
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    settings.TOOL_PARALLELISM = 1
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=search_calls(3)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    called, execute = [], adapters.execute
+
+    def slow_first(tool_version, context, arguments):
+        called.append(context.call_id)
+        output = execute(tool_version, context, arguments)
+        if context.call_id == "call_0":
+            time.sleep(2.5)
+        return output
+
+    monkeypatch.setattr(adapters, "execute", slow_first)
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the first read ran; the two whose turn came after the step's time were never
+    # called, and failed TIMEOUT as calls another try may pass, with nothing done
+    assert [call for call in called if call.startswith("call_")] == ["call_0"]
+    calls = {
+        call.call_id: call for call in ToolCall.objects.filter(run=run, call_id__startswith="call_")
+    }
+    assert (calls["call_0"].status, calls["call_0"].attempts) == ("completed", 1)
+    for late in (calls["call_1"], calls["call_2"]):
+        assert (late.status, late.error_category, late.attempts) == ("failed", "TIMEOUT", 0)
+        assert (late.envelope["retryable"], late.envelope["may_have_side_effect"]) == (True, False)
+
+
 @pytest.mark.parametrize(
     "broken",
     [
