@@ -626,23 +626,34 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
     """Gate 3 for Python handlers; an HTTP service or an MCP server authorises the identity
     the host sends, once the host found the MCP server available to the run's tenant (the
     platform's own rows). A handler's check is its own code, which may ask a database or a
-    service: it runs within the tool's timeout, as the call does, so a slow check fails the
-    call TIMEOUT, before anything ran, instead of holding the step and its run's lock."""
+    service: it runs within the tool's timeout, as the call does (`attempt_seconds`: the
+    checks of a step's calls run one after another, within the step's time), so a slow check
+    fails the call TIMEOUT, before anything ran, instead of holding the step and its run's
+    lock. With no time left, the handler is not asked."""
     if tool_version.adapter_kind == AdapterKind.PYTHON:
         handler = python_handler(tool_version)
+        seconds = attempt_seconds(tool_version, context)
+        if seconds <= 0:
+            raise ToolFailed(
+                f"The handler of {tool_version.qualified_name} was not asked to authorise the "
+                "call: its step had no time left for it.",
+                category=ErrorCategory.TIMEOUT,
+                retryable=True,
+                attempted=False,
+            )
         try:
             _handler_within(
                 tool_version,
                 context,
                 handler.authorize,
                 arguments,
-                seconds=tool_version.timeout_s,
+                seconds=seconds,
                 doing="authorise the call",
             )
         except threads.Overran:
             raise ToolFailed(
                 f"The handler of {tool_version.qualified_name} did not authorise the call "
-                f"within {tool_version.timeout_s} s.",
+                f"within {seconds:.3g} s.",
                 category=ErrorCategory.TIMEOUT,
                 retryable=True,
                 attempted=False,

@@ -124,12 +124,14 @@ def slow_check(demo, hanging) -> ToolVersion:
     )
 
 
-def _project_search_pinned(demo, *, handler: str, retry_policy: dict[str, Any]) -> ToolVersion:
+def _project_search_pinned(
+    demo, *, handler: str, retry_policy: dict[str, Any], timeout_s: int = 1
+) -> ToolVersion:
     seeded = seeded_tool(demo, "project_search")
     content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
     content |= {
         "adapter_config": {"handler": f"{__name__}.{handler}"},
-        "timeout_s": 1,
+        "timeout_s": timeout_s,
         "retry_policy": retry_policy,
     }
     slow = publish_tool(demo, "project_search", "2.1.0", **content)
@@ -258,6 +260,42 @@ def test_an_authorisation_check_past_the_tool_s_timeout_rejects_its_call_and_the
     week = ToolCall.objects.get(run=run, call_id="call_week")
     assert (week.status, week.attempts) == ("completed", 1)
     assert run.status == "WAITING_APPROVAL"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_authorisation_checks_of_a_step_end_when_its_task_would(
+    demo, fake_model, hanging, settings
+):
+    # given a step with 2 s before its task's soft time limit, and a model that calls
+    # project_search twice in one turn, whose authorisation check (gate 3) hangs for both
+    # calls and whose timeout is 5 s
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    slow = _project_search_pinned(
+        demo, handler="slow_to_authorise", retry_policy={"max_attempts": 1}, timeout_s=5
+    )
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_a"), week_search("call_b"))))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    HANGS["call_a"] = HANGS["call_b"] = 1
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then the checks ended with the step's 2 s, not 5 s each one after the other: the first
+    # was abandoned then, and the second was not asked, both calls turned away TIMEOUT as
+    # calls another try may pass
+    assert time.monotonic() - started < 4
+    calls = {call.call_id: call for call in ToolCall.objects.filter(run=run, step=1)}
+    for call in (calls["call_a"], calls["call_b"]):
+        assert (call.status, call.error_category) == ("rejected", "TIMEOUT")
+        assert call.envelope["retryable"] is True
+    assert calls["call_b"].envelope["error"]["message"] == (
+        f"The handler of {slow.qualified_name} was not asked to authorise the call: "
+        "its step had no time left for it."
+    )
+    assert RETURNED == []
 
 
 def assistant_question(demo, search: ToolVersion):
