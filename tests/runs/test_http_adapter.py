@@ -365,16 +365,7 @@ def test_an_approved_send_a_proxy_answers_200_with_its_page_is_not_taken_for_sen
 ):
     # given the running example's approved send, made through an HTTP mail service behind a
     # proxy that answers the call 200 with a page of its own
-    run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=get_user_model().objects.get(username="bob"),
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
-    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
-    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
-    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    run, action, _ = approved_http_send(demo, report_service, monkeypatch)
     report_service.headers = {"Content-Type": "text/html"}
     report_service.body = PROXY_PAGE
 
@@ -1092,16 +1083,7 @@ def test_an_approved_send_is_not_tried_again_when_the_try_could_not_end_within_i
     # retried every 0.5 s as its key makes safe, in a task that has 6 s for it, and a mail
     # service that fails every call after it was made
     settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 246
-    run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=get_user_model().objects.get(username="bob"),
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
-    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
-    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
-    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    run, action, mail_send = approved_http_send(demo, report_service, monkeypatch)
     monkeypatch.setattr(mail_send, "timeout_s", 5)
     monkeypatch.setattr(mail_send, "retry_policy", RETRIES_EVERY_HALF_SECOND)
     report_service.status = 503
@@ -1142,16 +1124,7 @@ def test_an_approved_send_ends_when_its_task_would_rather_than_at_the_tool_s_tim
     # given an approved send through an HTTP mail service whose calls time out after 5 s, in
     # a task that has 2 s for it, and a mail service that sends its answer a byte every 0.2 s
     settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
-    run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=get_user_model().objects.get(username="bob"),
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
-    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
-    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
-    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    run, action, mail_send = approved_http_send(demo, report_service, monkeypatch)
     monkeypatch.setattr(mail_send, "timeout_s", 5)
     report_service.drip = 0.2
 
@@ -1252,6 +1225,22 @@ def project_search_served_by(demo, url: str) -> None:
             seeded_tool(demo, "mail_send"),
         ],
     )
+
+
+def approved_http_send(demo, report_service, monkeypatch) -> tuple[Run, Any, ToolVersion]:
+    """The running example's send, approved by bob, made through the HTTP mail service
+    `report_service` (its tool version, frozen for the run, switched to the HTTP adapter)."""
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=get_user_model().objects.get(username="bob"),
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "adapter_kind", AdapterKind.HTTP)
+    monkeypatch.setattr(mail_send, "adapter_config", {"url": report_service.url})
+    return run, action, mail_send
 
 
 def drafting_model(fake_model, *, risks: list[dict]) -> dict:
