@@ -124,7 +124,10 @@ class EvalRunViewSet(
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
 
-    @extend_schema(summary="Each case: passed or not, why, and what its run did.")
+    @extend_schema(
+        summary="Each case: passed or not, why, and what its run did.",
+        responses={200: EvalCaseResultSerializer(many=True)},
+    )
     @action(detail=True, methods=["get"], serializer_class=EvalCaseResultSerializer)
     def results(self, request: Request, pk: str) -> Response:
         eval_run = self.get_object()

@@ -2,7 +2,17 @@
 
 import re
 
+import jsonschema
 import pytest
+
+from tests.evaluations import conftest as evaluation_fixtures
+from tests.evaluations.conftest import api_as
+
+demo = evaluation_fixtures.demo
+dave = evaluation_fixtures.dave
+suites = evaluation_fixtures.suites
+tiny = evaluation_fixtures.tiny
+evaluate = evaluation_fixtures.evaluate
 
 V1_PATHS = [
     "/api/v1/auth/token/",
@@ -47,6 +57,34 @@ def schema(client, db):
     response = client.get("/api/schema/", {"format": "json"})
     assert response.status_code == 200
     return response.json()
+
+
+def _json_schema(node):
+    """An OpenAPI 3.0 schema as JSON Schema: `nullable` becomes a null alternative."""
+    if isinstance(node, list):
+        return [_json_schema(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    converted = {key: _json_schema(value) for key, value in node.items() if key != "nullable"}
+    if node.get("nullable"):
+        return {"anyOf": [converted, {"type": "null"}]}
+    return converted
+
+
+def assert_documented(schema, response, method, path):
+    """The response's status is one the operation documents, and its JSON body is valid
+    against the schema documented for that status (the error body for a 4xx), as a client
+    generated from the schema reads it."""
+    responses = schema["paths"][path][method]["responses"]
+    status = str(response.status_code)
+    documented = responses.get(status) or (responses["4XX"] if status.startswith("4") else None)
+    assert documented is not None, (method, path, status, sorted(responses))
+    body_schema = documented["content"]["application/json"]["schema"]
+    jsonschema.validate(
+        response.json(),
+        {"allOf": [_json_schema(body_schema)], "components": _json_schema(schema["components"])},
+        format_checker=jsonschema.Draft7Validator.FORMAT_CHECKER,
+    )
 
 
 def test_schema_is_served_without_authentication(client, db):
@@ -161,3 +199,16 @@ def test_every_operation_documents_the_error_body(schema):
         for operation in schema["paths"][path].values():
             reference = operation["responses"]["4XX"]["content"]["application/json"]["schema"]
             assert reference == {"$ref": "#/components/schemas/Error"}
+
+
+def test_the_results_of_an_eval_run_are_documented_as_a_page(schema, demo, tiny, evaluate):
+    eval_run = evaluate(tiny)
+    client = api_as("dave", demo.acme)
+
+    response = client.get(f"/api/v1/evaluations/runs/{eval_run.pk}/results", {"page_size": 1})
+
+    assert response.status_code == 200
+    assert response.json()["count"] == 2
+    assert_documented(schema, response, "get", "/api/v1/evaluations/runs/{id}/results")
+    parameters = schema["paths"]["/api/v1/evaluations/runs/{id}/results"]["get"]["parameters"]
+    assert {parameter["name"] for parameter in parameters} == {"id", "page", "page_size"}
