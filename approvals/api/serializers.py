@@ -5,6 +5,7 @@ from approvals import services
 from approvals.choices import Decision, HandoffStatus
 from approvals.models import ApprovalDecision, BusinessAction, Handoff
 from config.api import StrictCharField, StrictSerializer
+from runs.choices import RunStatus
 
 
 class DecisionSerializer(serializers.ModelSerializer):
@@ -83,7 +84,9 @@ class HandoffSerializer(serializers.ModelSerializer):
     tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     requester = serializers.CharField(source="requester.get_username", read_only=True)
     resolved_by = serializers.SerializerMethodField()
-    run_status = serializers.CharField(source="run.status", read_only=True)
+    run_status = serializers.ChoiceField(
+        source="run.status", choices=RunStatus.choices, read_only=True
+    )
 
     class Meta:
         model = Handoff

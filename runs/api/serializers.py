@@ -12,7 +12,7 @@ from config.api import StrictBooleanField, StrictCharField, StrictSerializer, St
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
-from runs.choices import CLIENT_CHANNELS
+from runs.choices import CLIENT_CHANNELS, RunStatus
 from runs.context import message_max_tokens
 from runs.models import Attachment, MemoryItem, Run, RunEvent
 from runs.redaction import redact
@@ -165,7 +165,7 @@ def run_links(run: Run) -> dict[str, str]:
 class MessageAcceptedSerializer(serializers.Serializer):
     run_id = serializers.UUIDField(source="id")
     session_id = serializers.UUIDField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=RunStatus.choices)
     links = serializers.SerializerMethodField()
 
     def get_links(self, run: Run) -> dict[str, str]:

@@ -1,12 +1,16 @@
 """The OpenAPI document at /api/schema/ and the Swagger UI at /api/docs/."""
 
 import re
+import uuid
 
 import jsonschema
 import pytest
+from rest_framework.test import APIClient
 
+from runs.choices import RunStatus
 from tests.evaluations import conftest as evaluation_fixtures
 from tests.evaluations.conftest import api_as
+from tests.runs.conftest import message_body
 
 demo = evaluation_fixtures.demo
 dave = evaluation_fixtures.dave
@@ -212,3 +216,48 @@ def test_the_results_of_an_eval_run_are_documented_as_a_page(schema, demo, tiny,
     assert_documented(schema, response, "get", "/api/v1/evaluations/runs/{id}/results")
     parameters = schema["paths"]["/api/v1/evaluations/runs/{id}/results"]["get"]["parameters"]
     assert {parameter["name"] for parameter in parameters} == {"id", "page", "page_size"}
+
+
+@pytest.mark.parametrize(
+    ("component", "field"),
+    [("MessageAccepted", "status"), ("Run", "status"), ("Handoff", "run_status")],
+)
+def test_each_run_status_is_documented_as_the_run_status_enum(schema, component, field):
+    documented = schema["components"]["schemas"][component]["properties"][field]
+
+    assert {"$ref": "#/components/schemas/RunStatusEnum"} in [
+        documented,
+        *documented.get("allOf", []),
+    ]
+    assert schema["components"]["schemas"]["RunStatusEnum"]["enum"] == [*RunStatus.values]
+
+
+def test_a_message_run_and_its_events_answer_as_documented(schema, demo):
+    client = api_as("alice", demo.acme)
+    posted = client.post(
+        "/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY="schema-1"
+    )
+    again = client.post(
+        "/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY="schema-1"
+    )
+    reused = client.post(
+        "/api/v1/messages", message_body("Other."), format="json", HTTP_IDEMPOTENCY_KEY="schema-1"
+    )
+    keyless = client.post("/api/v1/messages", message_body(), format="json")
+    run_id = posted.json()["run_id"]
+    answers = [
+        (posted, "post", "/api/v1/messages", 202),
+        (again, "post", "/api/v1/messages", 200),
+        (reused, "post", "/api/v1/messages", 409),
+        (keyless, "post", "/api/v1/messages", 400),
+        (client.get("/api/v1/runs", {"status": "QUEUED"}), "get", "/api/v1/runs", 200),
+        (client.get(f"/api/v1/runs/{run_id}"), "get", "/api/v1/runs/{id}", 200),
+        (client.get(f"/api/v1/runs/{run_id}/events"), "get", "/api/v1/runs/{id}/events", 200),
+        (client.post(f"/api/v1/runs/{run_id}/cancel"), "post", "/api/v1/runs/{id}/cancel", 200),
+        (client.get(f"/api/v1/runs/{uuid.uuid4()}"), "get", "/api/v1/runs/{id}", 404),
+        (APIClient().get("/api/v1/runs"), "get", "/api/v1/runs", 401),
+    ]
+
+    for response, method, path, status in answers:
+        assert response.status_code == status, (method, path, response.json())
+        assert_documented(schema, response, method, path)
