@@ -25,7 +25,12 @@ class EvalCaseSerializer(serializers.ModelSerializer):
 
 
 class EvalSuiteSerializer(serializers.ModelSerializer):
-    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    tenant = serializers.SlugRelatedField(
+        slug_field="slug",
+        read_only=True,
+        allow_null=True,
+        help_text="null: a platform suite every tenant may run.",
+    )
     case_count = serializers.IntegerField(read_only=True)
 
     class Meta:

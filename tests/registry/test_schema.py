@@ -8,6 +8,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from runs.choices import RunStatus
+from tests.approvals.conftest import waiting_run
 from tests.evaluations import conftest as evaluation_fixtures
 from tests.evaluations.conftest import api_as
 from tests.runs.conftest import message_body
@@ -18,6 +19,7 @@ suites = evaluation_fixtures.suites
 tiny = evaluation_fixtures.tiny
 evaluate = evaluation_fixtures.evaluate
 
+DECISION = "/api/v1/approvals/{id}/decision"
 V1_PATHS = [
     "/api/v1/auth/token/",
     *(
@@ -260,4 +262,49 @@ def test_a_message_run_and_its_events_answer_as_documented(schema, demo):
 
     for response, method, path, status in answers:
         assert response.status_code == status, (method, path, response.json())
+        assert_documented(schema, response, method, path)
+
+
+def test_an_approval_and_its_decisions_answer_as_documented(schema, demo):
+    _, action = waiting_run(demo)
+    approver, requester = api_as("bob", demo.acme), api_as("alice", demo.acme)
+    decision = f"/api/v1/approvals/{action.pk}/decision"
+    body = {"decision": "approve", "payload_hash": action.payload_hash}
+    answers = [
+        (approver.get("/api/v1/approvals", {"status": "pending"}), "get", "/api/v1/approvals", 200),
+        (approver.get(f"/api/v1/approvals/{action.pk}"), "get", "/api/v1/approvals/{id}", 200),
+        (requester.post(decision, body, format="json"), "post", DECISION, 403),
+        (
+            approver.post(decision, {**body, "payload_hash": "0" * 64}, format="json"),
+            "post",
+            DECISION,
+            409,
+        ),
+        (approver.post(decision, body, format="json"), "post", DECISION, 200),
+        (approver.post(decision, body, format="json"), "post", DECISION, 409),
+        (approver.get(f"/api/v1/approvals/{action.pk}"), "get", "/api/v1/approvals/{id}", 200),
+    ]
+
+    for response, method, path, status in answers:
+        assert response.status_code == status, (method, path, response.json())
+        assert_documented(schema, response, method, path)
+
+
+def test_suites_and_eval_runs_answer_as_documented(schema, demo, suites, tiny, evaluate):
+    eval_run = evaluate(tiny)
+    client = api_as("dave", demo.acme)
+    platform_suite = suites["weekly-summary-tasks"]
+    answers = [
+        (client.get("/api/v1/evaluations/suites"), "get", "/api/v1/evaluations/suites"),
+        (client.get("/api/v1/evaluations/runs"), "get", "/api/v1/evaluations/runs"),
+        (
+            client.get(f"/api/v1/evaluations/runs/{eval_run.pk}"),
+            "get",
+            "/api/v1/evaluations/runs/{id}",
+        ),
+    ]
+
+    assert platform_suite.tenant is None
+    for response, method, path in answers:
+        assert response.status_code == 200, (method, path, response.json())
         assert_documented(schema, response, method, path)
