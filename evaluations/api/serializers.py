@@ -1,11 +1,20 @@
 from rest_framework import serializers
 
 from config.api import StrictSerializer, StrictSlugField, StrictUUIDField
-from evaluations.choices import METRIC_DEFINITIONS
+from evaluations.choices import METRIC_DEFINITIONS, AttackVector
 from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite
 
 
 class EvalCaseSerializer(serializers.ModelSerializer):
+    # Declared: DRF drops `allow_blank` from a read-only model field, so the schema left out
+    # the empty vector of every task case.
+    vector = serializers.ChoiceField(
+        choices=AttackVector.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text="Where an attack case's payload is planted; empty for a task case.",
+    )
+
     class Meta:
         model = EvalCase
         fields = [

@@ -296,6 +296,16 @@ def test_suites_and_eval_runs_answer_as_documented(schema, demo, suites, tiny, e
     platform_suite = suites["weekly-summary-tasks"]
     answers = [
         (client.get("/api/v1/evaluations/suites"), "get", "/api/v1/evaluations/suites"),
+        (
+            client.get(f"/api/v1/evaluations/suites/{platform_suite.pk}"),
+            "get",
+            "/api/v1/evaluations/suites/{id}",
+        ),
+        (
+            client.get(f"/api/v1/evaluations/suites/{suites['prompt-injection-attacks'].pk}"),
+            "get",
+            "/api/v1/evaluations/suites/{id}",
+        ),
         (client.get("/api/v1/evaluations/runs"), "get", "/api/v1/evaluations/runs"),
         (
             client.get(f"/api/v1/evaluations/runs/{eval_run.pk}"),
