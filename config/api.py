@@ -393,14 +393,42 @@ ERROR_SCHEMA = {
 }
 
 
+RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before trying again.",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+
 def add_error_responses(result: dict, generator: Any, request: Any, public: bool) -> dict:
-    """drf-spectacular hook: document the one error body on every operation."""
+    """drf-spectacular hook: document the one error body on every operation, and on those a
+    rate limits (whose count Redis keeps) the 429 and 503 that tell the client, in
+    Retry-After, when to try again: a client sees only the headers the schema names."""
     result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
     reference = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
-    for operations in result.get("paths", {}).values():
-        for operation in operations.values():
-            operation.setdefault("responses", {})["4XX"] = {
+    rate_limited = {
+        (path, method.lower())
+        for path, _, method, callback in generator.endpoints
+        if getattr(callback.cls, "throttle_classes", None)
+    }
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            responses = operation.setdefault("responses", {})
+            responses["4XX"] = {
                 "description": "Refused: the error body names the code.",
                 "content": reference,
             }
+            if (path, method) in rate_limited:
+                responses["429"] = {
+                    "description": "RATE_LIMITED: too many requests for now.",
+                    "headers": RETRY_AFTER,
+                    "content": reference,
+                }
+                responses["503"] = {
+                    "description": "SERVICE_UNAVAILABLE: the rate cannot be checked for now.",
+                    "headers": RETRY_AFTER,
+                    "content": reference,
+                }
     return result

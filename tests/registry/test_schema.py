@@ -5,12 +5,15 @@ import uuid
 
 import jsonschema
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
+from registry.demo import DEMO_PASSWORD
 from runs.choices import RunStatus
 from tests.approvals.conftest import waiting_run
 from tests.evaluations import conftest as evaluation_fixtures
 from tests.evaluations.conftest import api_as
+from tests.runs import test_ingress_limits
 from tests.runs.conftest import message_body
 
 demo = evaluation_fixtures.demo
@@ -18,7 +21,10 @@ dave = evaluation_fixtures.dave
 suites = evaluation_fixtures.suites
 tiny = evaluation_fixtures.tiny
 evaluate = evaluation_fixtures.evaluate
+low_rates = test_ingress_limits.low_rates
 
+TOKEN = "/api/v1/auth/token/"
+MEMORIES = "/api/v1/memories"
 DECISION = "/api/v1/approvals/{id}/decision"
 V1_PATHS = [
     "/api/v1/auth/token/",
@@ -318,3 +324,89 @@ def test_suites_and_eval_runs_answer_as_documented(schema, demo, suites, tiny, e
     for response, method, path in answers:
         assert response.status_code == 200, (method, path, response.json())
         assert_documented(schema, response, method, path)
+
+
+def test_the_registry_memory_attachments_and_token_answer_as_documented(schema, demo):
+    client, member = api_as("dave", demo.acme), api_as("alice", demo.acme)
+    tool = client.get("/api/v1/tools").json()["results"][0]
+    skill = client.get("/api/v1/skills").json()["results"][0]
+    remembered = {"kind": "preference", "key": "report.language", "value": "English"}
+    upload = SimpleUploadedFile("notes.txt", b"Apollo is on track.", content_type="text/plain")
+    answers = [
+        (client.get("/api/v1/tools", {"page_size": 200}), "get", "/api/v1/tools", 200),
+        (client.get(f"/api/v1/tools/{tool['id']}"), "get", "/api/v1/tools/{id}", 200),
+        (client.get("/api/v1/skills", {"page_size": 200}), "get", "/api/v1/skills", 200),
+        (client.get(f"/api/v1/skills/{skill['id']}"), "get", "/api/v1/skills/{id}", 200),
+        (member.post("/api/v1/memories", remembered, format="json"), "post", MEMORIES, 201),
+        (member.post("/api/v1/memories", remembered, format="json"), "post", MEMORIES, 200),
+        (member.post("/api/v1/memories", {"kind": "x"}, format="json"), "post", MEMORIES, 400),
+        (member.get(MEMORIES), "get", MEMORIES, 200),
+        (
+            member.post("/api/v1/attachments", {"file": upload}, format="multipart"),
+            "post",
+            "/api/v1/attachments",
+            201,
+        ),
+        (member.get("/api/v1/handoffs"), "get", "/api/v1/handoffs", 200),
+        (
+            APIClient().post(
+                "/api/v1/auth/token/",
+                {"username": "dave", "password": DEMO_PASSWORD, "tenant": "acme"},
+                format="json",
+            ),
+            "post",
+            "/api/v1/auth/token/",
+            200,
+        ),
+        (
+            APIClient().post(
+                "/api/v1/auth/token/", {"username": "dave", "password": "wrong"}, format="json"
+            ),
+            "post",
+            "/api/v1/auth/token/",
+            400,
+        ),
+    ]
+
+    for response, method, path, status in answers:
+        assert response.status_code == status, (method, path, response.json())
+        assert_documented(schema, response, method, path)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("post", "/api/v1/messages"), ("post", "/api/v1/attachments"), ("post", TOKEN)],
+)
+def test_each_rate_limited_operation_documents_its_429_and_retry_after(schema, method, path):
+    responses = schema["paths"][path][method]["responses"]
+
+    for status, code in (("429", "RATE_LIMITED"), ("503", "SERVICE_UNAVAILABLE")):
+        assert code in responses[status]["description"]
+        assert responses[status]["content"] == {
+            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+        }
+        assert responses[status]["headers"]["Retry-After"]["schema"] == {
+            "type": "integer",
+            "minimum": 1,
+        }
+        assert responses[status]["headers"]["Retry-After"]["required"] is True
+    # the operations no rate limits leave without a 429 of their own
+    assert "429" not in schema["paths"]["/api/v1/runs"]["get"]["responses"]
+
+
+def test_a_refusal_over_the_rate_answers_as_documented(schema, low_rates, demo):
+    alice = api_as("alice", demo.acme)
+    for number in range(2):
+        alice.post(
+            "/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY=f"k{number}"
+        )
+
+    refused = alice.post(
+        "/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY="k2"
+    )
+
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "RATE_LIMITED"
+    assert_documented(schema, refused, "post", "/api/v1/messages")
+    documented = schema["paths"]["/api/v1/messages"]["post"]["responses"]["429"]["headers"]
+    assert int(refused["Retry-After"]) >= documented["Retry-After"]["schema"]["minimum"]
