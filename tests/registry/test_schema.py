@@ -271,6 +271,27 @@ def test_a_message_run_and_its_events_answer_as_documented(schema, demo):
         assert_documented(schema, response, method, path)
 
 
+def test_the_stream_documents_only_parameters_it_serves(schema, demo):
+    """The stream serves server-sent events and nothing else: no `format` to choose, and a
+    client asking for another is refused with the documented error body."""
+    client = api_as("alice", demo.acme)
+    posted = client.post(
+        "/api/v1/messages", message_body(), format="json", HTTP_IDEMPOTENCY_KEY="schema-stream"
+    )
+    operation = schema["paths"]["/api/v1/runs/{id}/stream"]["get"]
+
+    refused = client.get(f"/api/v1/runs/{posted.json()['run_id']}/stream", {"format": "json"})
+
+    assert {parameter["name"] for parameter in operation["parameters"]} == {
+        "id",
+        "after",
+        "Last-Event-ID",
+    }
+    assert list(operation["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert refused.status_code == 406
+    assert_documented(schema, refused, "get", "/api/v1/runs/{id}/stream")
+
+
 def test_an_approval_and_its_decisions_answer_as_documented(schema, demo):
     _, action = waiting_run(demo)
     approver, requester = api_as("bob", demo.acme), api_as("alice", demo.acme)

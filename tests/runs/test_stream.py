@@ -194,6 +194,25 @@ def test_another_tenant_cannot_stream_the_run(client, finished_run):
     assert response.json()["error"]["code"] == "NOT_FOUND"
 
 
+@pytest.mark.parametrize(
+    "asked",
+    [{"data": {"format": "json"}}, {"HTTP_ACCEPT": "application/json"}],
+    ids=["format parameter", "Accept header"],
+)
+def test_asking_the_stream_for_json_is_not_acceptable(client, finished_run, asked):
+    """The stream serves events only: a client asking for JSON is told so, in the error body,
+    rather than handed an event stream it did not ask for."""
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **asked
+    )
+
+    assert response.status_code == 406
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] == "NOT_ACCEPTABLE"
+
+
 def test_anonymous_cannot_stream(client, finished_run):
     run, _ = finished_run
 
