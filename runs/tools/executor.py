@@ -267,11 +267,10 @@ def _admit(
     tool_version: ToolVersion | None,
     withdrawn: bool,
     authorised: dict[str, Any],
-    deadline: float | None,
+    deadline: float,
 ) -> ToolCall | Admitted:
-    """Gates 1-5 for one call the run has not seen, to end by `deadline` (None: a send's,
-    which `side_effect_run` sets). Returns the rejected ToolCall (not yet saved) or the
-    admitted call."""
+    """Gates 1-5 for one call the run has not seen, to end by `deadline`, its check
+    included. Returns the rejected ToolCall (not yet saved) or the admitted call."""
     record = writes.new(
         ToolCall,
         run_id=run.pk,
@@ -453,7 +452,9 @@ def side_effect_admit(
     """Gates 1-5 for a side effect, with the run locked. Its ToolCall is saved now, in the
     transaction that records the action as executing: the call and its idempotency key are
     durable before anything is done. Run it with `side_effect_run`, outside any transaction,
-    and record it with `side_effect_record`."""
+    and record it with `side_effect_record`. The send's time (`_tries_deadline`) starts
+    here, before its gate-3 check, and bounds the check and the send, which run in the same
+    task."""
     entry = snapshot_tool(run, call.name)
     tool_version = (
         versions_frozen(model=ToolVersion, ids=[entry["id"]]).get(entry["id"]) if entry else None
@@ -469,7 +470,7 @@ def side_effect_admit(
         and entry["id"]
         in version_ids_withdrawn(model=ToolVersion, ids=[entry["id"]], tenant=run.tenant),
         authorised={},
-        deadline=None,
+        deadline=_tries_deadline(),
     )
     record = outcome.record if isinstance(outcome, Admitted) else outcome
     record.save(force_insert=True)
@@ -482,12 +483,15 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     did nothing, so the call waits for it, with jitter, at most as long as a crashed
     worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
     failed because other sends held every slot for a moment. Neither the wait nor a retry
-    goes past the task's time (`_tries_deadline`), nor does a try, whatever the tool's
-    timeout."""
+    goes past the task's time, nor does a try, whatever the tool's timeout: the deadline
+    `side_effect_admit` gave its context, or for a send a reconciliation makes, which has
+    none, `_tries_deadline` from now."""
     started = time.monotonic()
     timeout_s = admitted.tool_version.timeout_s
-    tries_deadline = _tries_deadline()
-    admitted = replace(admitted, context=replace(admitted.context, deadline=tries_deadline))
+    tries_deadline = admitted.context.deadline
+    if tries_deadline is None:
+        tries_deadline = _tries_deadline()
+        admitted = replace(admitted, context=replace(admitted.context, deadline=tries_deadline))
     deadline = min(started + timeout_s + limits.SLOT_GRACE_SECONDS, tries_deadline - timeout_s)
     attempts = 0
     while True:

@@ -638,6 +638,37 @@ def test_an_approved_send_waits_for_the_slots_other_sends_hold_and_sends_once(
     assert (call.status, call.attempts) == ("completed", 1)
 
 
+def test_an_approved_send_whose_authorisation_check_hangs_ends_within_its_task_s_time(
+    demo, bob, smtp_server, settings, monkeypatch
+):
+    # given an approved action whose send has 2 s before its task's soft time limit, by a
+    # mail_send whose timeout is 5 s and whose authorisation check (gate 3) hangs
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 5)
+    released = threading.Event()
+    monkeypatch.setattr(handlers.MailSend, "authorize", lambda *_: released.wait(30))
+
+    # when the send is executed
+    started = time.monotonic()
+    try:
+        services.action_execute(action_id=action.pk)
+        elapsed = time.monotonic() - started
+    finally:
+        released.set()
+
+    # then the check was abandoned within the task's 2 s, not the tool's 5 s, so Celery's
+    # soft time limit does not interrupt the send: the call was turned away TIMEOUT, nothing
+    # was sent and the action is not taken for done
+    assert elapsed < 4
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.error_category) == ("rejected", "TIMEOUT")
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.FAILED
+    assert smtp_server.messages == []
+
+
 class WorkerDied(Exception):
     pass
 
