@@ -28,6 +28,7 @@ from runs.errors import PayloadTooLarge, PermissionDenied, UnsupportedMediaType,
 from runs.models import Attachment
 from runs.models.attachments import attachment_path
 from runs.selectors import attachments_usable
+from runs.services.excerpts import repeats_refused
 from runs.storage import attachment_storage
 
 logger = logging.getLogger(__name__)
@@ -206,19 +207,13 @@ def attachment_parts_resolve(
     ids = [part["id"] for part in parts if part["type"] == ATTACHMENT_PART]
     if not ids:
         return parts
-    first_index: dict[str, int] = {}
-    repeated = []
-    for index, part in enumerate(parts):
-        if part["type"] != ATTACHMENT_PART:
-            continue
-        first = first_index.setdefault(part["id"], index)
-        if first != index:
-            message = f"Part {first} refers to it already."
-            repeated.append({"index": index, "id": part["id"], "message": message})
-    if repeated:
-        raise ValidationFailed(
-            "A message refers to each attachment once.", details={"parts": repeated}
-        )
+    repeats_refused(
+        parts,
+        part_type=ATTACHMENT_PART,
+        key=lambda part: part["id"],
+        named=("id",),
+        noun="attachment",
+    )
     usable = {
         str(attachment.pk): attachment
         for attachment in attachments_usable(user=actor, tenant=tenant).filter(pk__in=ids)

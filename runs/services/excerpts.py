@@ -12,12 +12,45 @@ from collections.abc import Callable
 from typing import Any
 
 from config import jsontext
+from config.errors import ValidationFailed
 from runs.context import message_max_tokens
 from runs.tokens import estimate_tokens
 
 # As long as any `fetched_at` an envelope shows: an excerpt is measured before its Source is.
 LONGEST_TIMESTAMP = "0000-00-00T00:00:00.000000+00:00"
 NO_ROOM = "the message's text leaves it no room in the model's context"
+
+
+def repeats_refused(
+    parts: list[dict[str, Any]],
+    *,
+    part_type: str,
+    key: Callable[[dict[str, Any]], Any],
+    named: tuple[str, ...],
+    noun: str,
+) -> None:
+    """Refuse a message that refers to one thing (an attachment, a server's resource: the
+    parts of `part_type` of one `key`) in more than one part, naming each repeated part (by
+    its `named` fields) and the part that refers to it first: each reference would read it
+    in a share of its own, the model shown cut copies of one excerpt."""
+    first_index: dict[Any, int] = {}
+    repeated = []
+    for index, part in enumerate(parts):
+        if part["type"] != part_type:
+            continue
+        first = first_index.setdefault(key(part), index)
+        if first != index:
+            repeated.append(
+                {
+                    "index": index,
+                    **{field: part[field] for field in named},
+                    "message": f"Part {first} refers to it already.",
+                }
+            )
+    if repeated:
+        raise ValidationFailed(
+            f"A message refers to each {noun} once.", details={"parts": repeated}
+        )
 
 
 def tokens_each(parts: list[dict[str, Any]], *, read: int) -> int:

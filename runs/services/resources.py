@@ -26,7 +26,14 @@ from registry.selectors import mcp_server_usable
 from runs.context import wrap_untrusted
 from runs.models import Run, Source
 from runs.models.tools import EVIDENCE_USE, source_reference
-from runs.services.excerpts import LONGEST_TIMESTAMP, NO_ROOM, fitted, head, within
+from runs.services.excerpts import (
+    LONGEST_TIMESTAMP,
+    NO_ROOM,
+    fitted,
+    head,
+    repeats_refused,
+    within,
+)
 from runs.tools.adapters import mcp_identity
 from runs.tools.envelope import strip_secrets
 from runs.tools.executor import known_rows_add
@@ -62,35 +69,17 @@ def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
     )
 
 
-def _refuse_repeated(parts: list[dict[str, Any]]) -> None:
-    """Refuse a message that names one resource (a server's URI) in more than one part,
-    naming each repeated part and the part that names it first."""
-    first_index: dict[tuple[str, str], int] = {}
-    repeated = []
-    for index, part in enumerate(parts):
-        if part["type"] != RESOURCE_PART:
-            continue
-        first = first_index.setdefault(resource_key(part), index)
-        if first != index:
-            repeated.append(
-                {
-                    "index": index,
-                    "server": part["server"],
-                    "uri": part["uri"],
-                    "message": f"Part {first} refers to it already.",
-                }
-            )
-    if repeated:
-        raise ValidationFailed(
-            "A message refers to each resource once.", details={"parts": repeated}
-        )
-
-
 def resource_parts_resolve(*, tenant: Tenant, parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each resource reference bound to a resource its server listed at discovery, on a
     server available to the tenant; anything else is refused alike, telling nothing. A
     resource is named once: its run reads each reference in a share of the excerpt."""
-    _refuse_repeated(parts)
+    repeats_refused(
+        parts,
+        part_type=RESOURCE_PART,
+        key=resource_key,
+        named=("server", "uri"),
+        noun="resource",
+    )
     resolved, unknown = [], []
     for index, part in enumerate(parts):
         if part["type"] != RESOURCE_PART:
