@@ -837,7 +837,13 @@ def action_reconcile(*, action_id: Any, attempt: int | None = None) -> str:
         tool_version = versions_frozen(model=ToolVersion, ids=[action.tool_version_id])[
             str(action.tool_version_id)
         ]
-        context = executor.host_context(run=run, call_id=call.call_id, tool_version=tool_version)
+        # The question about the key and the send it may lead to end within the task's time.
+        context = executor.host_context(
+            run=run,
+            call_id=call.call_id,
+            tool_version=tool_version,
+            deadline=executor.tries_deadline(),
+        )
         secrets = (context.credential,)
         try:
             output = adapters.reconcile(tool_version, context)

@@ -371,7 +371,7 @@ RUN_LEASE_SECONDS = env.int("RUN_LEASE_SECONDS", default=120)
 # within the task's soft time limit for a step begun just before (a slow model turn) to end.
 RUN_TASK_SECONDS = env.int("RUN_TASK_SECONDS", default=240)
 # Each needs time left before the soft limit for the step (or case) begun just before it, and
-# a tool call's retries are bounded by that time (runs/tools/executor.py `_tries_deadline`).
+# a tool call's retries are bounded by that time (runs/tools/executor.py `tries_deadline`).
 for _name, _seconds in (
     ("RUN_TASK_SECONDS", RUN_TASK_SECONDS),
     ("EVAL_TASK_SECONDS", EVAL_TASK_SECONDS),

@@ -62,7 +62,7 @@ class ToolContext:
     """What gate 3 authorised for this call (e.g. the project), for the handler to reuse."""
     deadline: float | None = None
     """When (monotonic) the call, and its check, must have ended whatever the tool's timeout
-    (its step's or its send's task time, `executor._tries_deadline`); None: no such bound."""
+    (its step's or its send's task time, `executor.tries_deadline`); None: no such bound."""
 
 
 def attempt_seconds(tool_version: ToolVersion, context: ToolContext) -> float:
@@ -664,9 +664,10 @@ def authorize(tool_version: ToolVersion, context: ToolContext, arguments: dict[s
 
 def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
     """The outcome of an earlier call with `context.idempotency_key`, from the tool itself,
-    asked on a handler thread within the tool's timeout: the run's row and action stay locked
-    while it answers. Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it
-    never started), UNKNOWN (may_have_side_effect) when the outcome is still not known, or the
+    asked on a handler thread within the tool's timeout, or sooner when the reconciliation's
+    task time ends first (`attempt_seconds`): the run's row and action stay locked while it
+    answers. Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it never
+    started), UNKNOWN (may_have_side_effect) when the outcome is still not known, or the
     handler did not tell it in time."""
     handler = (
         python_handler(tool_version) if tool_version.adapter_kind == AdapterKind.PYTHON else None
@@ -678,18 +679,15 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
             retryable=False,
             may_have_side_effect=True,
         )
+    seconds = attempt_seconds(tool_version, context)
     try:
         return _handler_within(
-            tool_version,
-            context,
-            handler.reconcile,
-            seconds=tool_version.timeout_s,
-            doing="tell the outcome",
+            tool_version, context, handler.reconcile, seconds=seconds, doing="tell the outcome"
         )
     except threads.Overran:
         raise ToolFailed(
             f"The handler of {tool_version.qualified_name} did not tell the outcome within "
-            f"{tool_version.timeout_s} s.",
+            f"{seconds:.3g} s.",
             category=ErrorCategory.UNKNOWN,
             retryable=False,
             may_have_side_effect=True,

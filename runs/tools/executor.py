@@ -15,7 +15,7 @@ import random
 import time
 import traceback
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -206,7 +206,7 @@ def host_context(
 ) -> ToolContext:
     """Gate 5: what the host, never the model, gives a call: identity, tenant, the
     idempotency key `run_id:call_id` and a short-lived credential from its reference; and
-    the `deadline` by which the call must have ended (`_tries_deadline`), if it has one."""
+    the `deadline` by which the call must have ended (`tries_deadline`), if it has one."""
     reference = _credential_reference(tool_version, run)
     return ToolContext(
         run_id=str(run.pk),
@@ -416,7 +416,7 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
         if ids
         else frozenset()
     )
-    deadline = _tries_deadline()
+    deadline = tries_deadline()
     known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}
@@ -452,7 +452,7 @@ def side_effect_admit(
     """Gates 1-5 for a side effect, with the run locked. Its ToolCall is saved now, in the
     transaction that records the action as executing: the call and its idempotency key are
     durable before anything is done. Run it with `side_effect_run`, outside any transaction,
-    and record it with `side_effect_record`. The send's time (`_tries_deadline`) starts
+    and record it with `side_effect_record`. The send's time (`tries_deadline`) starts
     here, before its gate-3 check, and bounds the check and the send, which run in the same
     task."""
     entry = snapshot_tool(run, call.name)
@@ -470,7 +470,7 @@ def side_effect_admit(
         and entry["id"]
         in version_ids_withdrawn(model=ToolVersion, ids=[entry["id"]], tenant=run.tenant),
         authorised={},
-        deadline=_tries_deadline(),
+        deadline=tries_deadline(),
     )
     record = outcome.record if isinstance(outcome, Admitted) else outcome
     record.save(force_insert=True)
@@ -484,18 +484,15 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
     failed because other sends held every slot for a moment. Neither the wait nor a retry
     goes past the task's time, nor does a try, whatever the tool's timeout: the deadline
-    `side_effect_admit` gave its context, or for a send a reconciliation makes, which has
-    none, `_tries_deadline` from now."""
+    its context holds (`tries_deadline`, taken by `side_effect_admit`, or by the
+    reconciliation that makes the send before it asked the tool about the key)."""
     started = time.monotonic()
     timeout_s = admitted.tool_version.timeout_s
-    tries_deadline = admitted.context.deadline
-    if tries_deadline is None:
-        tries_deadline = _tries_deadline()
-        admitted = replace(admitted, context=replace(admitted.context, deadline=tries_deadline))
-    deadline = min(started + timeout_s + limits.SLOT_GRACE_SECONDS, tries_deadline - timeout_s)
+    task_deadline = admitted.context.deadline
+    deadline = min(started + timeout_s + limits.SLOT_GRACE_SECONDS, task_deadline - timeout_s)
     attempts = 0
     while True:
-        outcome, tried, _, passage = _run_with_retries(admitted, deadline=tries_deadline)
+        outcome, tried, _, passage = _run_with_retries(admitted, deadline=task_deadline)
         if passage is not None:
             limits.calls_leave([(passage, False)])
         turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
@@ -611,14 +608,15 @@ def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
     )
 
 
-def _tries_deadline() -> float:
-    """When (monotonic) the tool calls of a step, or an action's send, begun now must have
-    ended, retries and their waits included: no try runs past it (`adapters.attempt_seconds`).
-    A run's task starts no step later than RUN_TASK_SECONDS into it, so a step has at least
-    the rest of the task's soft time limit (an action's send, which starts as its task does,
-    has that at least too). Celery interrupts a task at that limit mid-call: the step's work
-    is lost (its calls made again by the task the sweep sends), and a send is left executing
-    for reconciliation."""
+def tries_deadline() -> float:
+    """When (monotonic) the tool calls of a step, an action's send, or a reconciliation's
+    question about the key and the send it may make, begun now must have ended, retries and
+    their waits included: no try runs past it (`adapters.attempt_seconds`). A run's task
+    starts no step later than RUN_TASK_SECONDS into it, so a step has at least the rest of
+    the task's soft time limit (an action's send or its reconciliation, which starts as its
+    task does, has that at least too). Celery interrupts a task at that limit mid-call: the
+    step's work is lost (its calls made again by the task the sweep sends), and a send is
+    left executing for reconciliation."""
     return time.monotonic() + settings.CELERY_TASK_SOFT_TIME_LIMIT - settings.RUN_TASK_SECONDS
 
 
@@ -631,7 +629,7 @@ def _run_with_retries(
     """Gate 6, from the limits `entered` for the first attempt (if they were, with the
     other calls of its step). Only transient failures of tools safe to repeat are retried,
     with backoff and jitter, within the tool's retry policy, and only while another attempt,
-    its wait and its whole timeout, would end by `deadline` (`_tries_deadline`): past it,
+    its wait and its whole timeout, would end by `deadline` (`tries_deadline`): past it,
     the last failure stands, as one another try may pass later. Returns (outcome, attempts,
     duration_ms, the passage of a call that succeeded, for the caller to leave)."""
     tool_version = admitted.tool_version

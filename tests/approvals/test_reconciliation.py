@@ -2,6 +2,8 @@
 when the next is due, the sweep that sends an attempt whose message was lost, and the number
 that makes a second delivery of an attempt do nothing."""
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -11,6 +13,8 @@ from django.utils import timezone
 from approvals import services, tasks
 from approvals.choices import ActionStatus
 from approvals.models import BusinessAction
+from registry.models import ToolVersion
+from registry.selectors import versions_frozen
 from runs.models import Run
 from tests.approvals.conftest import accepted, approved_run, left_unknown
 from tests.celery_worker import queue_purge, queued_tasks
@@ -244,4 +248,85 @@ def test_two_deliveries_of_one_attempt_make_one_call(demo, bob, smtp_server, set
     assert len(smtp_server.messages) == 1
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.SUCCEEDED
     assert schedule(action) == (1, None)
+    queue_purge()
+
+
+LOOKUP_RELEASED = threading.Event()
+
+
+def hanging_lookup(message_id: str) -> None:
+    """A mail system that does not answer whether it accepted the message."""
+    LOOKUP_RELEASED.wait(30)
+
+
+def test_a_reconciliation_whose_lookup_hangs_ends_within_its_task_s_time(
+    demo, bob, smtp_server, settings, monkeypatch
+):
+    # given an unknown action whose reconciliation has 2 s before its task's soft time
+    # limit, by a mail_send whose timeout is 5 s and a mail system that does not answer
+    queue_purge()
+    _, action = left_unknown(demo, bob, smtp_server)
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 5)
+    settings.MAIL_DELIVERY_LOOKUP = f"{__name__}.hanging_lookup"
+    LOOKUP_RELEASED.clear()
+
+    # when its first attempt is made
+    started = time.monotonic()
+    try:
+        status = deliver(action, 1)
+        elapsed = time.monotonic() - started
+    finally:
+        LOOKUP_RELEASED.set()
+
+    # then the lookup was abandoned within the task's 2 s, not the tool's 5 s, so Celery's
+    # soft time limit does not interrupt it: the outcome stays unknown, the attempt is
+    # counted and the next one is due, and nothing was sent again
+    assert elapsed < 4
+    assert status == ActionStatus.UNKNOWN
+    attempts, due = schedule(action)
+    assert attempts == 1 and due is not None
+    assert len(smtp_server.messages) == 1
+    queue_purge()
+
+
+def slow_lookup(message_id: str) -> bool:
+    """The test mail server's answer (`accepted`), given after 2 s."""
+    time.sleep(2)
+    return accepted(message_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_send_a_reconciliation_makes_ends_within_the_time_its_lookup_left(
+    demo, bob, smtp_server, settings, monkeypatch
+):
+    # given a send the mail server dropped before accepting it (unknown, never delivered),
+    # reconciled with 3 s before its task's soft time limit, by a mail_send whose timeout is
+    # 5 s, a mail system that takes 2 s to say it never accepted it and a mail server that
+    # then holds the new send for longer than the task has left
+    queue_purge()
+    _, action = approved_run(demo, bob)
+    smtp_server.drop = "before_accept"
+    services.action_execute(action_id=action.pk)
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.UNKNOWN
+    smtp_server.drop = ""
+    smtp_server.stall = 8
+    settings.EMAIL_TIMEOUT = 10
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 243
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 5)
+    settings.MAIL_DELIVERY_LOOKUP = f"{__name__}.slow_lookup"
+
+    # when its first attempt is made
+    started = time.monotonic()
+    status = deliver(action, 1)
+    elapsed = time.monotonic() - started
+
+    # then the send was abandoned when the task's 3 s were up, not 3 s after the lookup, so
+    # Celery's soft time limit does not interrupt it: its outcome is unknown again, for the
+    # next attempt, with the one mail the server holds
+    assert elapsed < 4
+    assert status == ActionStatus.UNKNOWN
+    assert len(smtp_server.messages) == 1
     queue_purge()
