@@ -456,10 +456,12 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str],
             problems.append("POLICY_CHANGED")
         if approver.pk == action.requester_id and not policy.allow_self_approval:
             problems.append("SELF_APPROVAL_NOT_ALLOWED")
-        roles = set(user_roles(user=approver, tenant=action.tenant))
-        if not approver.is_active or not (
-            approver.is_superuser or roles & set(policy.approver_roles)
-        ):
+        # As `_may_decide` asks it, under the current policy: a role the policy names is
+        # not enough once the approver may decide no approval in the tenant.
+        roles = user_roles(user=approver, tenant=action.tenant)
+        if not user_can(
+            user=approver, action=Action.APPROVAL_DECIDE, tenant=action.tenant, roles=roles
+        ) or not (approver.is_superuser or roles & set(policy.approver_roles)):
             problems.append("APPROVER_NO_LONGER_AUTHORISED")
     requester = get_user_model().objects.filter(pk=action.requester_id).first()
     if requester is None or not user_can(

@@ -431,6 +431,29 @@ def test_an_approver_who_lost_the_role_invalidates_the_approval(demo, bob, smtp_
     assert smtp_server.messages == []
 
 
+def test_an_approver_left_with_a_named_role_that_may_not_decide_invalidates_the_approval(
+    demo, bob, smtp_server
+):
+    # given a policy that names publishers beside approvers, and bob, approver and publisher,
+    # who approved
+    policy = _policy(demo)
+    policy.approver_roles = [Role.APPROVER, Role.PUBLISHER]
+    registry_object_save(instance=policy, actor=demo.admin, reason="Publishers named too.")
+    membership_add(actor=demo.admin, user=bob, tenant=demo.acme, role=Role.PUBLISHER)
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    # when bob loses the approver role, keeping the publisher one, which may decide nothing
+    bob.memberships.filter(role=Role.APPROVER).delete()
+    assert not services.approval_may_decide(action=action, approver=bob)
+
+    services.action_execute(action_id=action.pk)
+
+    # then his approval no longer holds, as he could not give it now: nothing is sent
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["APPROVER_NO_LONGER_AUTHORISED"]
+    assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
+    assert smtp_server.messages == []
+
+
 def test_a_server_that_times_out_after_accepting_is_unknown_then_reconciled_without_resending(
     demo, bob, smtp_server
 ):
