@@ -37,6 +37,19 @@ logger = logging.getLogger(__name__)
 # every other allowed type is recognised by its magic bytes.
 TEXT_MEDIA_TYPES = frozenset({"text/plain", "text/csv", "application/json"})
 TEXT = "text/plain"
+# Other names clients send for CSV: a browser on Windows with Excel installed labels a .csv
+# application/vnd.ms-excel. An upload under one of them is taken as text/csv, and its content
+# must show that as any CSV's does (an Excel workbook is no UTF-8 text and stays refused).
+CSV_ALIASES = frozenset(
+    {
+        "application/csv",
+        "application/x-csv",
+        "application/vnd.ms-excel",
+        "text/comma-separated-values",
+        "text/x-comma-separated-values",
+        "text/x-csv",
+    }
+)
 # The message part that refers to an attachment.
 ATTACHMENT_PART = "attachment_ref"
 UNKNOWN = "application/octet-stream"
@@ -111,15 +124,15 @@ def _is_json(upload: File) -> bool:
     return True
 
 
-def _confirm_media_type(*, declared: str, detected: str, upload: File) -> None:
-    """The declared type must be the one the content shows: a PNG sent as text/plain, or text
-    sent as image/png, is refused like a type not allowed. Text in another encoding (a CSV
-    Excel wrote in GBK or Latin-1, UTF-16) shows no type; its refusal says text must be UTF-8,
-    which is what the uploader can change."""
+def _confirm_media_type(*, declared: str, sent: str, detected: str, upload: File) -> None:
+    """The declared type (`sent` as the client named it) must be the one the content shows: a
+    PNG sent as text/plain, or text sent as image/png, is refused like a type not allowed.
+    Text in another encoding (a CSV Excel wrote in GBK or Latin-1, UTF-16) shows no type; its
+    refusal says text must be UTF-8, which is what the uploader can change."""
     if declared in TEXT_MEDIA_TYPES and detected == UNKNOWN:
         raise UnsupportedMediaType(
             f"The content is not {declared}: text must be UTF-8, without NUL characters.",
-            details={"declared": declared, "detected": detected, "required_encoding": "utf-8"},
+            details={"declared": sent, "detected": detected, "required_encoding": "utf-8"},
         )
     if declared in TEXT_MEDIA_TYPES:
         is_shown = detected == TEXT and (declared != "application/json" or _is_json(upload))
@@ -128,7 +141,7 @@ def _confirm_media_type(*, declared: str, detected: str, upload: File) -> None:
     if not is_shown:
         raise UnsupportedMediaType(
             f"The content is not {declared}.",
-            details={"declared": declared, "detected": detected},
+            details={"declared": sent, "detected": detected},
         )
 
 
@@ -152,22 +165,26 @@ def attachment_store(
     """Keep an upload for the actor's messages in this tenant.
 
     Everything is checked before anything is written (allowed type, size, the content showing
-    the declared type), so a refusal leaves no row and no file. The file goes to the private
+    the declared type), so a refusal leaves no row and no file. A CSV sent under another name
+    for CSV (`CSV_ALIASES`) is kept as text/csv. The file goes to the private
     "attachments" storage under the tenant and a fresh id; if the row then fails, the file is
     removed again.
     """
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant):
         raise PermissionDenied("You may not upload attachments in this tenant.")
-    declared = declared_media_type.split(";", 1)[0].strip().lower()
+    sent = declared_media_type.split(";", 1)[0].strip().lower()
+    declared = "text/csv" if sent in CSV_ALIASES else sent
     if declared not in settings.ATTACHMENT_MEDIA_TYPES:
         raise UnsupportedMediaType(
             "This media type is not accepted.",
-            details={"declared": declared, "allowed": list(settings.ATTACHMENT_MEDIA_TYPES)},
+            details={"declared": sent, "allowed": list(settings.ATTACHMENT_MEDIA_TYPES)},
         )
     inspection = _inspect(upload)
     if inspection.size == 0:
         raise ValidationFailed("The file is empty.", details={"file": ["The file is empty."]})
-    _confirm_media_type(declared=declared, detected=inspection.detected_media_type, upload=upload)
+    _confirm_media_type(
+        declared=declared, sent=sent, detected=inspection.detected_media_type, upload=upload
+    )
     attachment = Attachment(
         tenant=tenant,
         uploaded_by=actor,

@@ -148,6 +148,60 @@ def test_each_allowed_type_is_stored_privately_with_its_digest(
     assert not stored.is_relative_to(settings.BASE_DIR)
 
 
+@pytest.mark.parametrize(
+    "media_type",
+    [
+        "application/vnd.ms-excel",
+        "application/csv",
+        "application/x-csv",
+        "text/x-csv",
+        "text/comma-separated-values",
+        "text/x-comma-separated-values",
+    ],
+)
+def test_a_csv_sent_under_another_name_for_csv_is_stored_as_text_csv(
+    api, member, acme, private_root, media_type
+):
+    """A browser on Windows with Excel installed sends a .csv as application/vnd.ms-excel,
+    and other clients use the older names of CSV: the file was refused as a type not
+    accepted, though it is the CSV text the allowlist takes."""
+    response = _upload(api.as_user(member, acme), CSV, media_type, name="status.csv")
+
+    assert response.status_code == 201, response.json()
+    attachment = Attachment.objects.get()
+    assert response.json()["media_type"] == "text/csv"
+    assert attachment.media_type == "text/csv"
+    assert (private_root / attachment.file.name).read_bytes() == CSV
+
+
+@pytest.mark.parametrize(
+    ("content", "detected", "message"),
+    [
+        (
+            b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1" + b"\x00" * 504,
+            "application/octet-stream",
+            "The content is not text/csv: text must be UTF-8, without NUL characters.",
+        ),
+        (PNG, "image/png", "The content is not text/csv."),
+    ],
+    ids=["excel-workbook", "png"],
+)
+def test_a_file_sent_under_another_name_for_csv_must_be_csv_text(
+    api, member, acme, private_root, content, detected, message
+):
+    """application/vnd.ms-excel is taken for CSV only: an Excel workbook (or anything else
+    that is not UTF-8 text) sent under it is refused, and nothing is stored."""
+    response = _upload(api.as_user(member, acme), content, "application/vnd.ms-excel")
+
+    assert response.status_code == 415
+    body = response.json()["error"]
+    assert (body["code"], body["message"]) == ("UNSUPPORTED_MEDIA_TYPE", message)
+    assert body["details"]["declared"] == "application/vnd.ms-excel"
+    assert body["details"]["detected"] == detected
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
 def test_a_file_of_exactly_the_limit_is_accepted(api, member, acme):
     content = b"x" * MAX_BYTES
 
