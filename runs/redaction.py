@@ -267,23 +267,42 @@ def _common_head(first: str, second: str) -> int:
     return min(len(first), len(second))
 
 
-def _as_typed(typed: str, read: str, replaced: str) -> str:
-    """`replaced`, what replaces a match `read` (`typed` as the patterns read it), with what
-    it keeps of the match at its start and end (a name, a colon) as it was typed."""
-    head = _common_head(read, replaced)
-    tail = _common_head(read[head:][::-1], replaced[head:][::-1])
-    return typed[:head] + replaced[head : len(replaced) - tail] + typed[len(typed) - tail :]
+def _as_read(text: str) -> str:
+    """`text` as the patterns read it: full-width forms as ASCII, and without the characters
+    that show nothing (format characters: zero-width spaces and joiners, a soft hyphen,
+    bidirectional marks), which a page that breaks long words puts inside a token and which
+    would hide it."""
+    if text.isascii():
+        return text
+    invisible = {ord(char): None for char in set(text) if unicodedata.category(char) == "Cf"}
+    return text.translate(_HALF_WIDTH | invisible)
 
 
 def _replaced_as_typed(pattern: re.Pattern, replacement: Any, text: str, read: str) -> str:
-    """`text` with the matches `pattern` finds in `read` (`text` as the patterns read it, of
-    the same length) replaced, and the rest as it was typed."""
+    """`text` with the matches `pattern` finds in `read` (`text` as the patterns read it)
+    replaced, and the rest as it was typed: of a match, what its replacement keeps at its
+    start and end (a name, a colon) too."""
+    if len(read) == len(text):
+        positions: range | list[int] = range(len(text))
+    else:
+        positions = [index for index, char in enumerate(text) if unicodedata.category(char) != "Cf"]
     parts, at = [], 0
     for match in pattern.finditer(read):
         start, end = match.span()
+        found = match.group(0)
         replaced = replacement(match) if callable(replacement) else replacement
-        parts += [text[at:start], _as_typed(text[start:end], match.group(0), replaced)]
-        at = end
+        head = _common_head(found, replaced)
+        tail = _common_head(found[head:][::-1], replaced[head:][::-1])
+        typed_start, typed_end = positions[start], positions[end - 1] + 1
+        kept_head = positions[start + head - 1] + 1 if head else typed_start
+        kept_tail = positions[end - tail] if tail else typed_end
+        parts += [
+            text[at:typed_start],
+            text[typed_start:kept_head],
+            replaced[head : len(replaced) - tail],
+            text[kept_tail:typed_end],
+        ]
+        at = typed_end
     return "".join([*parts, text[at:]])
 
 
@@ -291,8 +310,8 @@ def secrets_removed(text: str) -> str:
     """`text` with credentials replaced: bearer tokens, pasted Authorization headers, hex
     tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
     passwords of URLs, and values given to names that say they hold secrets (in Chinese too),
-    typed in ASCII or in its full-width forms."""
-    read = text if text.isascii() else text.translate(_HALF_WIDTH)
+    typed in ASCII or in its full-width forms, with invisible characters inside or without."""
+    read = _as_read(text)
     if not (_may_hold_secret(read) and _ANY_SECRET_VALUE.search(read)):
         return text
     for pattern, replacement in _REPLACEMENTS:
@@ -300,7 +319,7 @@ def secrets_removed(text: str) -> str:
             text = read = pattern.sub(replacement, text)
         else:
             text = _replaced_as_typed(pattern, replacement, text, read)
-            read = text.translate(_HALF_WIDTH)
+            read = _as_read(text)
     return text
 
 

@@ -314,6 +314,44 @@ def test_a_secret_typed_in_full_width_characters_is_removed_and_the_rest_kept_as
     assert redact(text, cleared=True) == kept
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # inside a prefixed key, a bearer token, the word that names a secret
+        ("key: sk-\u200bproj4f9c2a7eABCDEFGH12 ok", "key: [redacted] ok"),
+        ("key: sk-proj4f9c2a7e\u2060ABCDEFGH12 ok", "key: [redacted] ok"),
+        ("Bearer abcdefgh\u200b12345678 sent", "Bearer [redacted] sent"),
+        (
+            "to\u200bken 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b",
+            "to\u200bken [redacted]",
+        ),
+        ("ghp_\u00adabcdefghijklmnop1234", "[redacted]"),
+        ("api\ufeff_key=Zx9Qw7Er5Ty3 \u200d👍", "api\ufeff_key=[redacted] \u200d👍"),
+        # beside full-width characters, and text without a secret kept as it was written
+        (
+            "令牌\u3000\uff47\uff48\uff50\uff3f\u200b" + "abc123" * 3 + "。",
+            "令牌\u3000[redacted]。",
+        ),
+        ("zero\u200bwidth \u200cjoiners kept", "zero\u200bwidth \u200cjoiners kept"),
+    ],
+    ids=[
+        "after-prefix",
+        "word-joiner-inside",
+        "bearer",
+        "inside-the-word",
+        "soft-hyphen",
+        "in-the-name",
+        "full-width",
+        "no-secret",
+    ],
+)
+def test_a_secret_with_invisible_characters_inside_is_removed(text, kept):
+    """A zero-width space, a word joiner or a soft hyphen shows nothing, and a token copied
+    from a page that breaks long words with them still works when pasted: they hid the
+    secret from the patterns (or left half of it shown)."""
+    assert redact(text, cleared=True) == kept
+
+
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     key = (
         "-----BEGIN RSA PRIVATE KEY-----\n"
