@@ -62,8 +62,11 @@ def _refuse(reason: str, message: str) -> ValidationFailed:
 def _looks_secret(text: str) -> bool:
     """Read as NFKC: a Chinese input method in full-width mode types letters, digits and
     punctuation as their full-width forms (U+FF01 to U+FF5E), which the patterns, written in
-    ASCII, would not see."""
-    text = unicodedata.normalize("NFKC", text)
+    ASCII, would not see; and without format characters (a zero-width space, a soft hyphen),
+    which show nothing and would hide a word ("to<U+200B>ken") or a code from them."""
+    text = "".join(
+        char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf"
+    )
     return bool(
         _SECRET_TEXT.search(text) or _SECRET_TEXT_ZH.search(text) or secrets_removed(text) != text
     )

@@ -95,6 +95,12 @@ def full_width(text: str) -> str:
         ("note", full_width("my PIN is 4821")),
         ("note", full_width("OTP 482913")),
         ("github", full_width("ghp_abcdefghijklmnopqrstuvwx")),
+        # with a character that shows nothing (a zero-width space, a soft hyphen) inside
+        ("note", "my to\u200bken is abcdefg"),
+        ("note", "my PIN is 48\u200b21"),
+        ("note", "O\u00adTP 482913"),
+        ("note", "the verification co\u2060de is 493817"),
+        ("github", "sk-\u200bproj4f9c2a7eABCDEFGH12"),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
