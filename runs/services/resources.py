@@ -1,8 +1,9 @@
 """MCP resources attached to a message: checked at ingress, read when the run starts.
 
 A resource is someone else's text. It reaches the model only inside an `untrusted_data`
-envelope with its URI as source, is kept as a Source the draft may cite, and is cut to
-`MCP_RESOURCE_MAX_BYTES`. A resource that cannot be read leaves a note, not a failed run.
+envelope with its URI as source, is kept as a Source the draft may cite (by
+`mcp:<server>:<uri>`), and is cut to `MCP_RESOURCE_MAX_BYTES`. A resource that cannot be
+read leaves a note, not a failed run.
 """
 
 import functools
@@ -52,6 +53,12 @@ def resource_key(part: dict[str, Any]) -> tuple[str, str]:
     """A resource part's identity: a URI names a resource only on its server, and two servers
     may list one URI."""
     return part["server"], part["uri"]
+
+
+def resource_reference(*, server: str, uri: str) -> str:
+    """How the run's evidence, and a draft citing it, refers to a resource read from `server`:
+    by its origin and URI, so that one URI listed by two servers is two sources."""
+    return source_reference(f"mcp:{server}:{uri}")
 
 
 def _listed(tenant: Tenant, server_name: str, uri: str) -> McpResource | None:
@@ -113,7 +120,7 @@ def _content(result: Any) -> str:
     return "\n".join(texts)
 
 
-def _shown(uri: str, content: str, fetched_at: str = LONGEST_TIMESTAMP) -> str:
+def _shown(uri: str, reference: str, content: str, fetched_at: str = LONGEST_TIMESTAMP) -> str:
     """How the user's message shows an excerpt of the resource (measured at the longest
     timestamp an envelope shows)."""
     return wrap_untrusted(
@@ -121,16 +128,16 @@ def _shown(uri: str, content: str, fetched_at: str = LONGEST_TIMESTAMP) -> str:
         fetched_at=fetched_at,
         content=content,
         allowed_use=EVIDENCE_USE,
-        references=[source_reference(uri)],
+        references=[reference],
     )
 
 
-def _excerpt(text: str, *, uri: str, tokens: int) -> str | None:
+def _excerpt(text: str, *, uri: str, reference: str, tokens: int) -> str | None:
     """At most MCP_RESOURCE_MAX_BYTES of the resource's text, and no more than `tokens` of the
     context, marked as cut when there is more; None when there is no room for any."""
     data = text.encode()
     kept, cut = head(data, settings.MCP_RESOURCE_MAX_BYTES)
-    fits = within(tokens, functools.partial(_shown, uri))
+    fits = within(tokens, functools.partial(_shown, uri, reference))
     return fitted(kept, cut=cut, size=len(data), fits=fits)
 
 
@@ -158,8 +165,12 @@ def resources_attach(run: Run, *, tokens: int) -> dict[tuple[str, str], str]:
         except (McpUnavailable, McpTimeout, McpRemoteError):
             shown[key] = f"[resource {uri}: could not be read from {server.name}]"
             continue
+        reference = resource_reference(server=server.name, uri=uri)
         content = _excerpt(
-            strip_secrets(_content(result), secrets=endpoint.secrets), uri=uri, tokens=tokens
+            strip_secrets(_content(result), secrets=endpoint.secrets),
+            uri=uri,
+            reference=reference,
+            tokens=tokens,
         )
         if content is None:
             shown[key] = f"[resource {uri}: not read: {NO_ROOM}]"
@@ -167,11 +178,13 @@ def resources_attach(run: Run, *, tokens: int) -> dict[tuple[str, str], str]:
         source = Source.objects.create(
             run=run,
             origin=f"mcp:{server.name}",
-            reference=source_reference(uri),
+            reference=reference,
             content_hash=hashlib.sha256(content.encode()).hexdigest(),
             allowed_use=EVIDENCE_USE,
             content=content,
         )
         known_rows_add(run, [source])
-        shown[key] = _shown(uri, content, (source.fetched_at or timezone.now()).isoformat())
+        shown[key] = _shown(
+            uri, reference, content, (source.fetched_at or timezone.now()).isoformat()
+        )
     return shown

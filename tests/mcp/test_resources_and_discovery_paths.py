@@ -106,14 +106,19 @@ def test_a_resource_is_attached_to_a_run_as_untrusted_evidence_with_its_uri(
     run.refresh_from_db()
     assert run.status == "COMPLETED"
     (source,) = Source.objects.filter(run=run)
-    assert (source.reference, source.origin, source.tool_call_id) == (APOLLO, "mcp:projects", None)
+    reference = f"mcp:projects:{APOLLO}"
+    assert (source.reference, source.origin, source.tool_call_id) == (
+        reference,
+        "mcp:projects",
+        None,
+    )
     assert "Vendor SDK delay" in source.content
     user_message = fake.requests[0].body["messages"][1]
     assert user_message["role"] == "user"
     wrapped = json.loads(user_message["content"].split("\n", 1)[1])["untrusted_data"]
-    assert (wrapped["source"], wrapped["references"]) == (APOLLO, [APOLLO])
+    assert (wrapped["source"], wrapped["references"]) == (APOLLO, [reference])
     assert "Vendor SDK delay" in wrapped["content"]
-    assert {"reference": APOLLO, "origin": "mcp:projects"} in run.result["sources"]
+    assert {"reference": reference, "origin": "mcp:projects"} in run.result["sources"]
     assert events_of(run, "run.finished")[0]["status"] == "COMPLETED"
 
 
@@ -233,15 +238,25 @@ def test_one_uri_on_two_servers_shows_each_server_s_resource_in_its_own_part(
 
     # then each part shows what its own server answered, as the evidence kept of each does
     user_message = fake.requests[0].body["messages"][1]["content"]
-    shown = [
-        json.loads(line)["untrusted_data"]["content"]
+    wrapped = [
+        json.loads(line)["untrusted_data"]
         for line in user_message.splitlines()
         if line.startswith('{"untrusted_data"')
     ]
+    shown = [envelope["content"] for envelope in wrapped]
     assert [json.loads(content).get("note") for content in shown] == ["", "Log line. " * 3]
-    assert {(source.origin, source.content) for source in Source.objects.filter(run=run)} == {
-        ("mcp:projects", shown[0]),
-        ("mcp:mirror", shown[1]),
+    # and each is cited by a reference of its own, naming its server: before, both were
+    # APOLLO, and a draft citing it could not say which server's text it rested on
+    assert [envelope["references"] for envelope in wrapped] == [
+        [f"mcp:projects:{APOLLO}"],
+        [f"mcp:mirror:{APOLLO}"],
+    ]
+    assert {
+        (source.origin, source.reference, source.content)
+        for source in Source.objects.filter(run=run)
+    } == {
+        ("mcp:projects", f"mcp:projects:{APOLLO}", shown[0]),
+        ("mcp:mirror", f"mcp:mirror:{APOLLO}", shown[1]),
     }
 
 
@@ -360,11 +375,13 @@ def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
     demo, projects, fake_model, alice_api, redelivered
 ):
     # given a message that attaches apollo's MCP resource, and a model that drafts at once
-    # from it, citing the resource's URI for the risk, without calling project_search
+    # from it, citing the resource's reference for the risk, without calling project_search
     mcp_server_discover(server=projects, actor=demo.admin)
     fake = fake_model()
     draft = apollo_draft(
-        progress=[], next_steps=[], risks=[{"text": "Vendor SDK delay", "source": APOLLO}]
+        progress=[],
+        next_steps=[],
+        risks=[{"text": "Vendor SDK delay", "source": f"mcp:projects:{APOLLO}"}],
     )
     fake.reply(openai_completion(content=json.dumps(draft)))
     message = resource_message()
