@@ -44,9 +44,11 @@ ORIGIN = "attachment"
 SECRET_MARGIN_BYTES = 1024
 # What a malformed PDF may raise from pypdf besides its own errors (a stream filter it does
 # not implement raises NotImplementedError; a font's /FirstChar past any C int, OverflowError;
-# an object said to lie in a stream that is no object stream fails one of its `assert`s).
+# an object said to lie in a stream that is no object stream fails one of its `assert`s; a
+# catalog without a page tree, or one that is no dictionary, is used as one all the same).
 PDF_FAULTS = (
     AssertionError,
+    AttributeError,
     PyPdfError,
     ValueError,
     KeyError,

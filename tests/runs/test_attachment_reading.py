@@ -384,6 +384,13 @@ def test_a_credential_the_excerpt_would_end_inside_is_removed_whole(answered, al
             b"",
             "its text could not be extracted",
         ),
+        (
+            document([b"<< /Type /Catalog >>"]),
+            "application/pdf",
+            b"",
+            "its text could not be extracted",
+        ),
+        (document([b"42"]), "application/pdf", b"", "its text could not be extracted"),
         (pdf(""), "application/pdf", b"", "it has no text to extract"),
         (
             pdf("Apollo", stream_filter=b"/Filter /NoSuchFilter"),
@@ -407,6 +414,8 @@ def test_a_credential_the_excerpt_would_end_inside_is_removed_whole(answered, al
         "file-gone",
         "malformed-pdf",
         "pdf-failing-an-assertion-of-its-reader",
+        "pdf-without-a-page-tree",
+        "pdf-whose-catalog-is-no-dictionary",
         "pdf-without-text",
         "pdf-with-an-unknown-filter",
         "pdf-with-a-font-past-any-character",
