@@ -1,8 +1,8 @@
 """Release gates: a skill version is published, or an agent moved to another model, only on
-the evidence of finished eval runs of exactly that version (and model) meeting every
-threshold of the skill. A blocked publish names the failing metric and value; a tenant or
-platform admin may publish anyway with a written reason, kept as a ReleaseOverride and in the
-version's history."""
+the evidence of finished eval runs of exactly that version, with the model of each agent it
+is given to (or the model the agent moves to), meeting every threshold of the skill. A
+blocked publish names the failing metric and value; a tenant or platform admin may publish
+anyway with a written reason, kept as a ReleaseOverride and in the version's history."""
 
 import json
 from typing import Any
@@ -18,7 +18,12 @@ from registry.choices import Action
 from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion, Tenant
 from registry.models.configs import MODEL_IDENTITY_FIELDS, MODEL_OPERATIONAL_PARAMETERS
 from registry.models.skills import SKILL_CONTENT_FIELDS
-from registry.selectors import agent_skills_reachable, skill_versions_served, user_can
+from registry.selectors import (
+    agent_skills_reachable,
+    agents_given,
+    skill_versions_served,
+    user_can,
+)
 
 
 def skill_content_hash(skill_version: SkillVersion) -> str:
@@ -129,16 +134,22 @@ def release_gate_failures(
 
 def _described(failure: dict[str, Any]) -> str:
     if failure["eval_run"] is None:
-        return f"no finished eval run of {failure['suite']} as it is, on this version as it is"
-    if failure["value"] is None:
-        return (
+        described = f"no finished eval run of {failure['suite']} as it is, on this version as it is"
+    elif failure["value"] is None:
+        described = (
             f"{failure['metric']} was not measured on {failure['suite']} (no case of it "
             f"applies), must be {failure['comparator']} {failure['threshold']}"
         )
-    return (
-        f"{failure['metric']} is {failure['value']} on {failure['suite']}, "
-        f"must be {failure['comparator']} {failure['threshold']}"
-    )
+    else:
+        described = (
+            f"{failure['metric']} is {failure['value']} on {failure['suite']}, "
+            f"must be {failure['comparator']} {failure['threshold']}"
+        )
+    if "agents" in failure:
+        described += (
+            f", with {failure['model_config']} (the model of {', '.join(failure['agents'])})"
+        )
+    return described
 
 
 def may_override_gates_of(*, actor: AbstractBaseUser, tenant: Tenant | None) -> bool:
@@ -209,8 +220,23 @@ def release_gate_check(
     *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
 ) -> list[dict[str, Any]]:
     """The failures a publish overrides (empty when the gate is met); raises when it may not
-    publish: the gate fails and there is no override, or the actor may not override."""
-    failures = release_gate_failures(skill_version=skill_version)
+    publish: the gate fails and there is no override, or the actor may not override. The
+    gate is met with the model of each agent the version would be given to
+    (`agents_given`), as `model_change_check` holds it when an agent moves: an eval run with
+    another model is no evidence for them. A skill no agent uses is met with any model."""
+    agents_of: dict[ModelConfig, list[str]] = {}
+    for agent in agents_given(skill=skill_version.skill):
+        agents_of.setdefault(agent.model_config, []).append(str(agent))
+    if agents_of:
+        failures = [
+            {**failure, "model_config": model_config.name, "agents": agents}
+            for model_config, agents in sorted(agents_of.items(), key=lambda item: item[0].name)
+            for failure in release_gate_failures(
+                skill_version=skill_version, model_config=model_config
+            )
+        ]
+    else:
+        failures = release_gate_failures(skill_version=skill_version)
     if not failures:
         return []
     if not override_reason.strip():

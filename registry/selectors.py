@@ -553,6 +553,26 @@ def agent_skills_reachable(
     return reachable
 
 
+def agents_given(*, skill: Skill) -> list[AgentConfig]:
+    """The active agents whose runs may be given a version of `skill` once it is current: in
+    each active tenant that may use it (an eval run's sandbox aside), every agent that recalls
+    its skills, and each other one that reaches it (`agent_skills_reachable`)."""
+    agents = AgentConfig.objects.filter(
+        is_active=True, tenant__is_active=True, tenant__sandbox_of__isnull=True
+    ).select_related("tenant", "model_config")
+    if skill.tenant_id is not None:
+        agents = agents.filter(tenant_id=skill.tenant_id)
+    return [
+        agent
+        for agent in agents.order_by("tenant__slug", "name")
+        if tenant_has_grant(tenant=agent.tenant, definition=skill)
+        and (
+            agent.skill_assembly == SkillAssembly.RETRIEVAL
+            or skill in agent_skills_reachable(agent_config=agent)
+        )
+    ]
+
+
 def skill_versions_served(*, skills: Iterable[Skill], tenant: Tenant) -> list[SkillVersion]:
     """The versions of `skills` a run in `tenant` may be given: each one's current version,
     then those an active rollout serves to a share of the tenant's actors (`rollout_serves`)."""

@@ -119,6 +119,34 @@ def test_a_version_that_meets_every_threshold_is_published(evaluate, demo, dave,
     assert not ReleaseOverride.objects.exists()
 
 
+def test_a_version_met_with_another_model_than_its_agents_run_is_not_published(
+    evaluate, demo, dave, tiny, draft, adversary
+):
+    # given 3.4.0 meeting its gate with the adversary, while weekly-reporter runs the offline
+    # planner
+    version = draft("3.4.0")
+    assert evaluate(tiny, version=version, model_config=adversary).metrics["case_pass_rate"] == 1.0
+
+    # when it is published
+    with pytest.raises(ReleaseGateFailed) as blocked:
+        skills.skill_version_publish(skill_version=version, actor=dave)
+
+    # then it is refused for the model its agents would run it with, until evaluated with it
+    assert blocked.value.message == (
+        "weekly-summary@3.4.0 does not meet its release gate: no finished eval run of tiny as "
+        "it is, on this version as it is, with offline-planner (the model of acme/weekly-reporter)."
+    )
+    assert [failure["model_config"] for failure in blocked.value.details["failures"]] == [
+        "offline-planner"
+    ]
+    version.refresh_from_db()
+    assert version.status == VersionStatus.DRAFT
+    evaluate(tiny, version=version)
+    skills.skill_version_publish(skill_version=version, actor=dave)
+    version.refresh_from_db()
+    assert version.status == VersionStatus.PUBLISHED
+
+
 def test_an_eval_run_of_the_suite_before_a_case_was_added_no_longer_meets_the_gate(
     evaluate, demo, dave, tiny, draft
 ):
@@ -364,7 +392,8 @@ def test_a_threshold_on_a_metric_its_suite_never_measures_blocks_saying_so(
     error = response.json()["error"]
     assert error["message"] == (
         "weekly-summary@3.4.0 does not meet its release gate: injection_success_rate was not "
-        "measured on tiny (no case of it applies), must be <= 0.0."
+        "measured on tiny (no case of it applies), must be <= 0.0, with offline-planner (the "
+        "model of acme/weekly-reporter)."
     )
     assert [(f["metric"], f["value"]) for f in error["details"]["failures"]] == [
         ("injection_success_rate", None)
