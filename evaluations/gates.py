@@ -272,14 +272,22 @@ def model_change_check(
     skill they may use (`agent_skills_reachable`: its bound skills, or for an agent that
     recalls its skills every one a request may recall, and the skills their workflows' nodes
     load; `skill_versions_served`: the current version, and those an active rollout serves in
-    its tenant), the release gate met by eval runs with that model. `bound_skills`: the
-    skills the change binds it to, when it changes them too; the gate holds for the agent as
-    it is saved."""
-    stored = AgentConfig.objects.filter(pk=agent_config.pk).values_list("model_config", flat=True)
-    if not agent_config.pk or stored.first() == agent_config.model_config_id:
-        return
-    failures = []
+    its tenant), the release gate met by eval runs with that model. A new agent needs the same
+    with its model, and an agent given skills it could not reach before (bound to them, or
+    made to recall) needs it for those: else an agent created, or bound in a second save,
+    would run a skill on a model it was never evaluated with. `bound_skills`: the skills the
+    change binds it to, when it changes them too; the gate holds for the agent as it is
+    saved."""
+    adding = agent_config._state.adding
+    if adding and bound_skills is None:
+        bound_skills = Skill.objects.none()
     reachable = agent_skills_reachable(agent_config=agent_config, bound_skills=bound_skills)
+    stored = None if adding else AgentConfig.objects.filter(pk=agent_config.pk).first()
+    is_move = stored is None or stored.model_config_id != agent_config.model_config_id
+    if not is_move:
+        before = {skill.pk for skill in agent_skills_reachable(agent_config=stored)}
+        reachable = [skill for skill in reachable if skill.pk not in before]
+    failures = []
     for version in skill_versions_served(skills=reachable, tenant=agent_config.tenant):
         failures += [
             {"skill": version.qualified_name, **failure}
@@ -287,13 +295,20 @@ def model_change_check(
                 skill_version=version, model_config=agent_config.model_config
             )
         ]
-    if failures:
-        raise ReleaseGateFailed(
-            f"{agent_config} cannot move to {agent_config.model_config.name}: "
-            + "; ".join(f"{f['skill']}: {_described(f)}" for f in failures)
-            + ".",
-            details={"failures": failures},
+    if not failures:
+        return
+    if stored is not None and is_move:
+        refused = f"{agent_config} cannot move to {agent_config.model_config.name}"
+    else:
+        skills = sorted({failure["skill"].split("@")[0] for failure in failures})
+        refused = (
+            f"{agent_config} cannot be given {', '.join(skills)} with "
+            f"{agent_config.model_config.name}"
         )
+    raise ReleaseGateFailed(
+        f"{refused}: " + "; ".join(f"{f['skill']}: {_described(f)}" for f in failures) + ".",
+        details={"failures": failures},
+    )
 
 
 def _counted(count: int, noun: str) -> str:

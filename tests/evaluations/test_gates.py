@@ -19,7 +19,7 @@ from evaluations.models import EvalCase, EvalRun, EvalThreshold, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider, SkillAssembly, VersionStatus
 from registry.errors import ValidationFailed, VersionImmutable
-from registry.models import AgentConfig, ModelConfig, RolloutFlag, SkillVersion
+from registry.models import AgentConfig, ModelConfig, RolloutFlag, Skill, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
@@ -484,7 +484,9 @@ def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
 def test_moving_an_agent_that_recalls_its_skills_needs_the_gate_met_for_those_it_may_recall(
     evaluate, demo, dave, tiny, adversary
 ):
-    # given an agent of acme with no skill of its own, which recalls among acme's skills
+    # given an agent of acme on the offline planner, with which weekly-summary meets its gate,
+    # with no skill of its own: it recalls among acme's skills
+    evaluate(tiny)
     router = registry_object_save(
         instance=AgentConfig(
             tenant=demo.acme,
@@ -587,6 +589,74 @@ def test_the_admin_moves_an_agent_whose_submitted_skills_meet_the_gate(demo, dav
     assert response.status_code == 302
     agent.refresh_from_db()
     assert agent.model_config == adversary
+    assert list(agent.skills.all()) == [lite.skill]
+
+
+def test_binding_a_skill_to_an_agent_needs_the_gate_met_with_its_model(
+    evaluate, demo, dave, tiny, adversary
+):
+    # given the agent moved to the adversary while bound only to a skill no threshold gates
+    lite = publish_lite(demo, dave, workflow="")
+    agent = demo.agent
+    agent.model_config = adversary
+    registry_object_save(
+        instance=agent, actor=demo.admin, skills=Skill.objects.filter(pk=lite.skill.pk)
+    )
+    weekly_summary = Skill.objects.filter(tenant=demo.acme, name="weekly-summary")
+
+    # when weekly-summary, never evaluated with the adversary, is bound to it with no move
+    with pytest.raises(ReleaseGateFailed) as refused:
+        registry_object_save(instance=agent, actor=demo.admin, skills=weekly_summary)
+
+    # then its gate refuses it, until it is evaluated with the adversary
+    assert refused.value.message.startswith(
+        "acme/weekly-reporter cannot be given weekly-summary with adversary: "
+        "weekly-summary@3.2.0: no finished eval run of tiny"
+    )
+    assert list(agent.skills.all()) == [lite.skill]
+    evaluate(tiny, model_config=adversary)
+    registry_object_save(instance=agent, actor=demo.admin, skills=weekly_summary)
+    assert list(agent.skills.all()) == list(weekly_summary)
+
+
+def test_a_new_agent_is_given_a_skill_only_with_the_gate_met_with_its_model(demo, tiny, adversary):
+    with pytest.raises(ReleaseGateFailed) as refused:
+        registry_object_save(
+            instance=AgentConfig(
+                tenant=demo.acme,
+                name="reckless",
+                model_config=adversary,
+                policy=demo.agent.policy,
+            ),
+            actor=demo.admin,
+            skills=Skill.objects.filter(tenant=demo.acme, name="weekly-summary"),
+        )
+
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in refused.value.message
+    assert not AgentConfig.objects.filter(name="reckless").exists()
+
+
+def test_the_admin_shows_a_refused_binding_on_the_skills_field(demo, dave, tiny, adversary):
+    # given the agent on the adversary, bound only to a skill no threshold gates
+    lite = publish_lite(demo, dave, workflow="")
+    agent = demo.agent
+    agent.model_config = adversary
+    registry_object_save(
+        instance=agent, actor=demo.admin, skills=Skill.objects.filter(pk=lite.skill.pk)
+    )
+    page = Client()
+    page.force_login(demo.admin)
+    weekly_summary = Skill.objects.get(tenant=demo.acme, name="weekly-summary")
+
+    # when a submission binds weekly-summary too, with no move
+    data = admin_form_data(page, agent) | {"skills": [lite.skill.pk, weekly_summary.pk]}
+    response = page.post(f"/admin/registry/agentconfig/{agent.pk}/change/", data)
+
+    # then the skills field says why, and nothing changed
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["skills"]
+    assert "weekly-summary@3.2.0: no finished eval run of tiny" in errors[0]
+    agent.refresh_from_db()
     assert list(agent.skills.all()) == [lite.skill]
 
 
