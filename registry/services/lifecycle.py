@@ -168,8 +168,10 @@ def version_revoke(*, version: V, actor: AbstractBaseUser, reason: str = "") -> 
     )
 
 
-def version_rollback(*, version: V, actor: AbstractBaseUser) -> V:
-    """Make an earlier published version current again."""
+def version_rollback(
+    *, version: V, actor: AbstractBaseUser, validate: Callable[[V], None] | None = None
+) -> V:
+    """Make an earlier published version current again, once `validate` lets it."""
     require_publisher(actor=actor, definition=version.parent)
     with transaction.atomic():
         parent, version = lock_version(version)
@@ -180,5 +182,7 @@ def version_rollback(*, version: V, actor: AbstractBaseUser) -> V:
                 details={"status": version.status},
             )
         if parent.current_version_id != version.pk:
+            if validate is not None:
+                validate(version)
             _set_current(parent, version, actor=actor, reason=f"rolled back to {version.version}")
     return version

@@ -9,7 +9,7 @@ from evaluations.gates import (
     release_override_record,
     skill_version_changed,
 )
-from registry.choices import VersionStatus
+from registry.choices import CALLABLE_STATUSES, VersionStatus
 from registry.errors import DependencyUnavailable, ValidationFailed
 from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
@@ -114,6 +114,12 @@ def skill_version_validate(skill_version: SkillVersion) -> None:
     """Content contract, one version of each tool pinned, then every pinned tool version
     published and usable by the owner."""
     _validate_content(skill_version)
+    _pins_usable_check(skill_version, statuses=frozenset({VersionStatus.PUBLISHED}))
+
+
+def _pins_usable_check(skill_version: SkillVersion, *, statuses: frozenset[str]) -> None:
+    """One version of each tool pinned, each of `statuses` and usable by the skill's owner.
+    The pinned versions stay locked until the caller's transaction ends: a revocation waits."""
     skill = skill_version.skill
     dependencies = list(
         skill_version.tool_dependencies.select_related("tool_version__tool").select_for_update(
@@ -124,8 +130,10 @@ def skill_version_validate(skill_version: SkillVersion) -> None:
     unavailable = {}
     for dependency in dependencies:
         tool_version = dependency.tool_version
-        if tool_version.status != VersionStatus.PUBLISHED:
-            unavailable[str(tool_version)] = f"is {tool_version.status}, not published"
+        if tool_version.status not in statuses:
+            unavailable[str(tool_version)] = (
+                f"is {tool_version.status}, not {' or '.join(sorted(statuses))}"
+            )
         elif skill.tenant is None and tool_version.tool.tenant_id is not None:
             unavailable[str(tool_version)] = "belongs to a tenant; a platform skill cannot pin it"
         elif skill.tenant is not None and not tenant_has_grant(
@@ -187,4 +195,11 @@ def skill_version_revoke(
 
 
 def skill_rollback(*, skill_version: SkillVersion, actor: AbstractBaseUser) -> SkillVersion:
-    return lifecycle.version_rollback(version=skill_version, actor=actor)
+    """Make an earlier published version current again, while the tool versions it pins may
+    still serve it (published or deprecated, and usable by the owner): made current on a
+    revoked pin, it would be a skill its runs cannot have whole."""
+    return lifecycle.version_rollback(
+        version=skill_version,
+        actor=actor,
+        validate=lambda version: _pins_usable_check(version, statuses=CALLABLE_STATUSES),
+    )

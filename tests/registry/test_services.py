@@ -228,6 +228,53 @@ def test_rollback_to_a_deprecated_version_is_refused(make_tool_version, publishe
         tools.tool_rollback(tool_version=first, actor=publisher)
 
 
+def test_a_skill_is_not_rolled_back_to_a_version_pinning_a_revoked_tool_version(
+    make_tool_version, make_skill_version, publisher
+):
+    # given 1.0.0 pinning project_search 1.0.0, since revoked, and 1.1.0 current on 2.0.0
+    revoked = _published(make_tool_version, publisher, "1.0.0")
+    current = _published(make_tool_version, publisher, "2.0.0")
+    earlier = skills.skill_version_publish(
+        skill_version=make_skill_version(tool_versions=[revoked]), actor=publisher
+    )
+    later = skills.skill_version_publish(
+        skill_version=make_skill_version(version="1.1.0", tool_versions=[current]),
+        actor=publisher,
+    )
+    tools.tool_version_revoke(tool_version=revoked, actor=publisher, reason="leaks data")
+
+    # when the skill is rolled back to 1.0.0
+    with pytest.raises(DependencyUnavailable) as refused:
+        skills.skill_rollback(skill_version=earlier, actor=publisher)
+
+    # then it is refused for the revoked pin, and 1.1.0 stays current
+    assert refused.value.details == {
+        "tool_dependencies": {"project_search@1.0.0": "is revoked, not deprecated or published"}
+    }
+    later.skill.refresh_from_db()
+    assert later.skill.current_version_id == later.pk
+
+
+def test_a_skill_is_rolled_back_to_a_version_pinning_a_deprecated_tool_version(
+    make_tool_version, make_skill_version, publisher
+):
+    deprecated = _published(make_tool_version, publisher, "1.0.0")
+    current = _published(make_tool_version, publisher, "2.0.0")
+    earlier = skills.skill_version_publish(
+        skill_version=make_skill_version(tool_versions=[deprecated]), actor=publisher
+    )
+    skills.skill_version_publish(
+        skill_version=make_skill_version(version="1.1.0", tool_versions=[current]),
+        actor=publisher,
+    )
+    tools.tool_version_deprecate(tool_version=deprecated, actor=publisher)
+
+    skills.skill_rollback(skill_version=earlier, actor=publisher)
+
+    earlier.skill.refresh_from_db()
+    assert earlier.skill.current_version_id == earlier.pk
+
+
 def test_history_rows_carry_the_acting_user_and_reason(make_tool_version, publisher):
     draft = make_tool_version()
     tools.tool_version_publish(tool_version=draft, actor=publisher)
