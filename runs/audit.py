@@ -28,6 +28,7 @@ from runs.selectors import (
     hidden_fields,
     recipient_texts,
     runs_of_skill,
+    texts_of_earlier_runs,
     texts_under,
 )
 
@@ -327,6 +328,10 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
     )
     texts |= recipient_texts(run=run, fields=hidden)
+    # What the earlier runs of its session returned, which its history quotes and its model
+    # may copy.
+    if not cleared:
+        texts |= texts_of_earlier_runs(runs=[run])[run.pk]
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {
         "run": {

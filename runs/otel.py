@@ -106,10 +106,13 @@ atexit.register(shutdown)
 def _uncleared_masks(run_ids: set) -> dict[Any, tuple[frozenset[str], frozenset[str]]]:
     """By run id: the fields and texts a viewer without clearance does not see
     (`selectors.hidden_fields`, `selectors.hidden_texts`), read once for the spans of a
-    commit rather than per span: a step's spans are of one run, and four reads at most
+    commit rather than per span: a step's spans are of one run, and six reads at most
     find them (the run without its transcript, its tools' contracts, and what its calls and
-    sources returned, where a contract hides a field)."""
-    runs = list(Run.objects.filter(pk__in=run_ids).only("capability", "state"))
+    sources returned, where a contract hides a field, and those of the earlier runs of its
+    session)."""
+    runs = list(
+        Run.objects.filter(pk__in=run_ids).only("session_id", "created_at", "capability", "state")
+    )
     contracts: dict[str, frozenset[str]] = {}
     fields = {run.pk: hidden_fields(run=run, cleared=False, contracts=contracts) for run in runs}
     texts = hidden_texts(runs=runs, contracts=contracts)

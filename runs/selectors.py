@@ -141,9 +141,10 @@ def hidden_texts(
     into a draft's body): what the run's tool calls returned under the fields their
     versions' contracts mark sensitive, in their envelopes and in the sources they kept (a
     result too large for its envelope is whole there), and what its recipient snapshot holds
-    under the fields its snapshot's tools hide (`recipient_texts`). `contracts`: those
-    fields by tool version id, as `hidden_fields` read them for these runs. Two reads for
-    any number of runs, none where no version hides a field."""
+    under the fields its snapshot's tools hide (`recipient_texts`); and what the earlier runs
+    of its session returned so (`texts_of_earlier_runs`). `contracts`: those fields by tool
+    version id, as `hidden_fields` read them for these runs. Four reads for any number of
+    runs, one where no version hides a field."""
     runs = list(runs)
     texts: dict[Any, set[str]] = {
         run.pk: recipient_texts(
@@ -168,6 +169,40 @@ def hidden_texts(
         ):
             for run_id, version_id, result in rows:
                 texts[run_id] |= texts_under(result, contracts[str(version_id)])
+    earlier = texts_of_earlier_runs(runs=runs)
+    return {pk: frozenset(found | earlier[pk]) for pk, found in texts.items()}
+
+
+def texts_of_earlier_runs(*, runs: list[Run]) -> dict[Any, frozenset[str]]:
+    """By id of each of `runs`: what the runs of its session begun before it returned under
+    the fields their tools' contracts mark sensitive (their calls' envelopes and the sources
+    they kept). A run's history quotes what those runs said back (`runs.loop._history`),
+    and its model may copy it further. One read for any number of runs, and one more where
+    such calls were made."""
+    if not runs:
+        return {}
+    calls = {
+        pk: (session_id, created_at, contract_sensitive_fields(contract), envelope)
+        for pk, session_id, created_at, contract, envelope in ToolCall.objects.filter(
+            run__session_id__in={run.session_id for run in runs},
+            run__created_at__lt=max(run.created_at for run in runs),
+            tool_version__result_contract__has_key="sensitive_fields",
+        ).values_list(
+            "pk", "run__session_id", "run__created_at", "tool_version__result_contract", "envelope"
+        )
+    }
+    results = [(pk, envelope) for pk, (*_, envelope) in calls.items()]
+    if calls:
+        results += Source.objects.filter(tool_call_id__in=calls).values_list(
+            "tool_call_id", "content"
+        )
+    texts: dict[Any, set[str]] = {run.pk: set() for run in runs}
+    for call_id, result in results:
+        session_id, created_at, fields, _ = calls[call_id]
+        found = texts_under(result, fields)
+        for run in runs:
+            if run.session_id == session_id and created_at < run.created_at:
+                texts[run.pk] |= found
     return {pk: frozenset(found) for pk, found in texts.items()}
 
 

@@ -30,6 +30,7 @@ from tests.runs import conftest as runs_fixtures
 from tests.runs.fake_provider import API_KEY as FAKE_API_KEY
 from tests.runs.fake_provider import CREDENTIAL_REF as FAKE_CREDENTIAL_REF
 from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import add_agent, publish_skill, seeded_tool
 
 NAME = "Li Wei"
 
@@ -224,6 +225,61 @@ def test_a_recipient_confirmed_in_an_earlier_run_of_the_session_is_masked_in_tex
         f"Dear {NAME}, here is the week."
         in api_as("alice").get(f"/api/v1/runs/{run.pk}/events").content.decode()
     )
+
+
+def test_what_an_earlier_run_of_the_session_said_back_is_masked_in_the_next_one(
+    demo_names_sensitive, model_server, monkeypatch, client, settings
+):
+    # given an agent that looks up Apollo's lead and names them in its answer
+    settings.RUN_STREAM_MAX_SECONDS = 1
+    demo = demo_names_sensitive
+    fake_model(demo, model_server, monkeypatch)
+    skill = publish_skill(
+        demo,
+        "lead-finder",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, "directory_lookup")],
+        workflow="",
+        required_inputs=["project_scope"],
+        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
+    )
+    agent = add_agent(demo, "lead-finder", skill)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    lookup = json.dumps({"project_id": "apollo", "role": "研发负责人"})
+    model_server.reply(openai_completion(tool_calls=(("call_1", "directory_lookup", lookup),)))
+    model_server.reply(openai_completion(content=f"Apollo's R&D lead is {NAME}."))
+    first = runs_fixtures.demo_run(
+        demo, text="Who leads Apollo?", agent="lead-finder", project_id="apollo"
+    )
+    run_execute(run_id=str(first.pk))
+
+    # when the next run of the session, which calls no tool, has that answer in its history
+    # and its model repeats the name
+    model_server.reply(openai_completion(content=f"As I said: {NAME}."))
+    run = runs_fixtures.demo_run(
+        demo,
+        text="Who was it again?",
+        agent="lead-finder",
+        project_id="apollo",
+        session_id=first.session_id,
+    )
+    run_execute(run_id=str(run.pk))
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.state["history"][0]["reply"]) == (
+        "COMPLETED",
+        f"Apollo's R&D lead is {NAME}.",
+    )
+
+    # then the auditor without clearance reads the name in neither run, anywhere
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    for shown in (Run.objects.get(pk=first.pk), run):
+        by_carol = shown_everywhere(shown, client, api_as("carol"))
+        assert [where for where, text in by_carol.items() if NAME in text] == []
+    assert "As I said: [redacted]." in by_carol["api.run"]
+    # and a viewer with clearance still reads it
+    client.force_login(demo.admin)
+    assert NAME in client.get(reverse("runs:detail", args=[run.pk])).content.decode()
 
 
 ACCENTED = "Zoë Brandt"

@@ -12,11 +12,12 @@ from runs.models import Run, RunEvent
 from runs.services.runs import run_cancel, run_transition
 from tests.runs.conftest import RUNS, event_log
 
-# Queries of one list request, whatever the number of runs (measured: 7): the token, the
+# Queries of one list request, whatever the number of runs (measured: 8): the token, the
 # tenant-member check, the view-all check, the count, the page with its actors, the
-# viewer's clearance to see results unmasked (read once per tenant), and the result
-# contracts of the runs' tools, for the fields they hide (each version read once).
-RUNS_LIST_QUERIES = 7
+# viewer's clearance to see results unmasked (read once per tenant), the result
+# contracts of the runs' tools, for the fields they hide (each version read once), and the
+# calls of the earlier runs of their sessions whose tools hide fields.
+RUNS_LIST_QUERIES = 8
 
 
 def _error(response) -> dict:
