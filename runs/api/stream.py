@@ -57,15 +57,17 @@ ACCESS_ENDED = f"event: end\ndata: {json.dumps({'reason': 'ACCESS_ENDED'})}\n\n"
 def viewer_shape(run: Run, *, cleared: bool) -> Shape:
     """Each payload as `redact` shows it to a viewer (`selectors.viewer_cleared`): without
     clearance, with the fields the run's tools hide (`selectors.hidden_fields`) and, inside
-    its text, what they returned under them (`selectors.hidden_texts`). Those are read when
-    the stream opens, for the calls `run` had ended by then and the recipient it had, and
-    again after each call that ends later, with the run's state as it is then (a recipient
-    reused from the session came with no call), for what the model copies afterwards."""
+    its text, what they returned under them and what the earlier runs of its session
+    returned so (`selectors.hidden_texts`). Those are read when the stream opens, for the
+    calls `run` had ended by then and the recipient it had, and, where its tools hide a
+    field, again after each call that ends later, with the run's state as it is then (a
+    recipient reused from the session came with no call), for what the model copies
+    afterwards."""
     contracts: dict[str, frozenset[str]] = {}
     fields = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
 
     def read(*, again: bool = False) -> frozenset[str]:
-        if not fields:
+        if cleared:
             return frozenset()
         if again:
             run.refresh_from_db(fields=["state"])
@@ -76,7 +78,7 @@ def viewer_shape(run: Run, *, cleared: bool) -> Shape:
     def shape(event: RunEvent) -> dict[str, Any]:
         nonlocal texts, read_after
         ended = event.type in (EventType.TOOL_COMPLETED, EventType.TOOL_FAILED)
-        if ended and event.seq > read_after:
+        if ended and fields and event.seq > read_after:
             texts, read_after = read(again=True), event.seq
         return redact(event.payload, cleared=cleared, sensitive=fields, texts=texts)
 

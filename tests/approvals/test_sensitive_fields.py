@@ -227,25 +227,32 @@ def test_a_recipient_confirmed_in_an_earlier_run_of_the_session_is_masked_in_tex
     )
 
 
+def agent_on_the_fake_model(demo, name: str, tool: str) -> None:
+    """An acme agent `name` on the fake provider, whose skill pins the seeded `tool` and binds
+    no workflow: the generic agent answers it."""
+    skill = publish_skill(
+        demo,
+        f"{name}-skill",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, tool)],
+        workflow="",
+        required_inputs=["project_scope"],
+        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
+    )
+    agent = add_agent(demo, name, skill)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+
+
+@pytest.mark.parametrize("next_tool", ["directory_lookup", "project_search"])
 def test_what_an_earlier_run_of_the_session_said_back_is_masked_in_the_next_one(
-    demo_names_sensitive, model_server, monkeypatch, client, settings
+    demo_names_sensitive, model_server, monkeypatch, client, settings, next_tool
 ):
     # given an agent that looks up Apollo's lead and names them in its answer
     settings.RUN_STREAM_MAX_SECONDS = 1
     demo = demo_names_sensitive
     fake_model(demo, model_server, monkeypatch)
-    skill = publish_skill(
-        demo,
-        "lead-finder",
-        "1.0.0",
-        tool_versions=[seeded_tool(demo, "directory_lookup")],
-        workflow="",
-        required_inputs=["project_scope"],
-        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
-    )
-    agent = add_agent(demo, "lead-finder", skill)
-    agent.model_config = demo.agent.model_config
-    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    agent_on_the_fake_model(demo, "lead-finder", "directory_lookup")
     lookup = json.dumps({"project_id": "apollo", "role": "研发负责人"})
     model_server.reply(openai_completion(tool_calls=(("call_1", "directory_lookup", lookup),)))
     model_server.reply(openai_completion(content=f"Apollo's R&D lead is {NAME}."))
@@ -254,13 +261,14 @@ def test_what_an_earlier_run_of_the_session_said_back_is_masked_in_the_next_one(
     )
     run_execute(run_id=str(first.pk))
 
-    # when the next run of the session, which calls no tool, has that answer in its history
-    # and its model repeats the name
+    # when the next run of the session (of an agent whose tools may hide no field), which
+    # calls no tool, has that answer in its history and its model repeats the name
+    agent_on_the_fake_model(demo, "follow-up", next_tool)
     model_server.reply(openai_completion(content=f"As I said: {NAME}."))
     run = runs_fixtures.demo_run(
         demo,
         text="Who was it again?",
-        agent="lead-finder",
+        agent="follow-up",
         project_id="apollo",
         session_id=first.session_id,
     )
