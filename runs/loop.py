@@ -39,7 +39,7 @@ from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.redaction import secrets_removed
-from runs.routing import HUMAN_QUEUE, no_skill_clarifies, route_decide
+from runs.routing import DATE_RANGE, HUMAN_QUEUE, PROJECT_SCOPE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
 from runs.services.attachment_reading import attachment_line, attachments_read
@@ -79,14 +79,14 @@ SUMMARY_CHARS = 80
 # fills, why the run stops, and what the user is asked.
 UNREAD_INPUT_QUESTIONS = (
     (
-        "project_scope",
+        PROJECT_SCOPE,
         "project_id",
         "MISSING_PROJECT_SCOPE",
         "Which project should the summary cover? Send the message again in this session with "
         "metadata.project_id set to the project's key.",
     ),
     (
-        "date_range",
+        DATE_RANGE,
         "date_from",
         "DATE_RANGE_UNCLEAR",
         "Which week should the summary cover: this week, last week or the week before last? "

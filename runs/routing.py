@@ -10,6 +10,7 @@ from registry.choices import NoSkillMatched, Risk, SkillAssembly
 from runs.workflows import AGENT, Workflow
 
 PROJECT_SCOPE = "project_scope"
+DATE_RANGE = "date_range"
 SKILL = "skill"
 HUMAN_QUEUE = "human_queue"
 
@@ -88,6 +89,9 @@ def route_decide(
     if PROJECT_SCOPE in required_inputs and not inputs.get("project_id"):
         missing.append(PROJECT_SCOPE)
         why.append("the project scope is missing: the run asks for it")
+    if DATE_RANGE in required_inputs and not inputs.get("date_from"):
+        missing.append(DATE_RANGE)
+        why.append("the week is unclear: the run asks which one")
     model = capability.get("model", {})
     why.append(f"model {model.get('name', '?')} from the agent's configuration")
     return {

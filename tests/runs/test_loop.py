@@ -535,6 +535,23 @@ def test_a_message_naming_two_weeks_is_asked_which_before_any_tool(demo, text):
     assert tool_calls(run) == []
 
 
+def test_the_route_says_the_run_asks_which_week_when_it_does(demo):
+    """Before, `route.selected` said no clarification was needed, then the run ended asking
+    which week: an auditor replaying the log saw a question the route never announced."""
+    run = start(
+        demo,
+        text="Summarise this week and the week before last for the R&D lead.",
+        project_id="apollo",
+    )
+
+    run_execute(run_id=str(run.pk))
+
+    assert_terminal(run, "NEEDS_CLARIFICATION", "DATE_RANGE_UNCLEAR")
+    (route,) = events_of(run, "route.selected")
+    assert route["clarification"] == ["date_range"]
+    assert "the week is unclear: the run asks which one" in route["why"]
+
+
 def test_the_answer_about_the_week_is_about_the_project_the_question_followed(demo):
     """Before, the question about the week left the session on the project named before it,
     so the user's answer summarised that other project."""
