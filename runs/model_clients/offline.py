@@ -74,12 +74,42 @@ def _evidence(results: list[ToolResult]) -> Iterator[dict[str, Any]]:
             yield envelope["raw"]
 
 
+# project_search's report, as the draft reads it: its heading, and the fields of each item of
+# its lists (the status of a task or milestone is text, which the draft compares).
+_REPORT_FIELDS = ("name", "from", "to")
+_REPORT_LISTS = {
+    "tasks": ("title", "status", "date", "source"),
+    "milestones": ("title", "status", "date", "source"),
+    "risks": ("title", "detail", "source"),
+}
+
+
+def _is_report(raw: dict[str, Any]) -> bool:
+    """Whether a tool's answer is a project report the draft can read: a tenant's own tool
+    may answer with `tasks` of another shape, which is no report."""
+    return (
+        all(name in raw for name in _REPORT_FIELDS)
+        and all(
+            isinstance(raw.get(name), list)
+            and all(
+                isinstance(item, dict) and all(key in item for key in keys) for item in raw[name]
+            )
+            for name, keys in _REPORT_LISTS.items()
+        )
+        and all(
+            isinstance(item["status"], str)
+            for name in ("tasks", "milestones")
+            for item in raw[name]
+        )
+    )
+
+
 def _line(item: dict[str, Any]) -> str:
     return f"{item['title']} ({item['status']}, {item['date']})"
 
 
 def _draft(evidence: Iterator[dict[str, Any]]) -> dict[str, Any]:
-    report = next((raw for raw in evidence if "tasks" in raw), None)
+    report = next((raw for raw in evidence if _is_report(raw)), None)
     if report is None:
         return {"answer": "The tools returned nothing to report on."}
     work = report["tasks"] + report["milestones"]

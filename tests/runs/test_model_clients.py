@@ -14,6 +14,7 @@ import pytest
 
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
+from runs.context import wrap_untrusted
 from runs.loop import run_execute
 from runs.model_clients.base import (
     AssistantTurn,
@@ -27,6 +28,7 @@ from runs.model_clients.base import (
     UserMessage,
 )
 from runs.model_clients.factory import model_client_for
+from runs.model_clients.offline import OfflinePlanner
 from runs.models import Run
 from tests.loopback import loopback_server
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo, this_week
@@ -892,3 +894,51 @@ def test_a_provider_that_cannot_be_reached_leaves_no_watchdog_behind(api_key, ma
         )
 
     assert watchdogs() == before
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"tasks": [{"title": "Fix login", "state": "open"}]},
+        {"tasks": "3 open", "milestones": [], "risks": [], "name": "x", "from": "a", "to": "b"},
+        {
+            "name": "Apollo",
+            "from": "2026-11-30",
+            "to": "2026-12-06",
+            "tasks": [{"title": "Fix login", "status": None, "date": "2026-12-01"}],
+            "milestones": [],
+            "risks": [],
+        },
+    ],
+    ids=["tasks-only", "tasks-not-a-list", "item-without-status-or-source"],
+)
+def test_the_offline_planner_answers_from_a_tool_result_that_is_no_project_report(raw):
+    """Before, the planner read any result with a `tasks` key as project_search's report, and
+    a tenant's own tool answering with tasks of another shape raised KeyError or TypeError in
+    the step, every time it was retried, until the run failed STEP_FAILED."""
+    call = ToolCall(call_id="offline-1", name="task_search", arguments={})
+    result = ToolResult(
+        call_id="offline-1",
+        name="task_search",
+        content=wrap_untrusted(
+            source="task_search@1.0.0",
+            fetched_at="2026-12-04T10:00:00+00:00",
+            content=json.dumps({"raw": raw}),
+            allowed_use="evidence",
+            references=[],
+        ),
+    )
+    request = ModelRequest(
+        instructions="",
+        transcript=(
+            UserMessage(text="What is open?"),
+            AssistantTurn(text="", tool_calls=(call,)),
+            result,
+        ),
+        tools=(ToolSpec(name="task_search", description="", input_schema={"type": "object"}),),
+    )
+
+    response = OfflinePlanner().complete(request)
+
+    assert response.tool_calls == ()
+    assert json.loads(response.text) == {"answer": "The tools returned nothing to report on."}
