@@ -56,8 +56,8 @@ from runs.services.runs import (
 )
 from runs.tokens import estimate_tokens
 from runs.tools import executor
-from runs.tools.adapters import one_line
-from runs.tools.envelope import business_done
+from runs.tools.adapters import ToolFailed, one_line
+from runs.tools.envelope import ErrorCategory, business_done
 from runs.transcript import (
     HOST_CALL_PREFIX,
     assistant_entry,
@@ -702,6 +702,18 @@ def _snapshot_tool_usable(run: Run, name: str) -> bool:
     )
 
 
+def _directory_failed(run: Run, *, category: str, retryable: bool) -> None:
+    """End the run whose recipient lookup, or its check alone, did not pass for `category`:
+    refused a project out of the actor's reach, else failed, retryably when another try may
+    pass."""
+    if category == ErrorCategory.PERMISSION_DENIED:
+        _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+    elif retryable:
+        _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
+    else:
+        _finish(run, status=RunStatus.FAILED_FINAL, reason_code=f"DIRECTORY_{category}")
+
+
 def _resolve_recipient(run: Run) -> None:
     """The workflow, not the model, finds the recipient: a confirmation still valid in the
     session (unless the message chooses another), else the directory (exactly one active
@@ -723,8 +735,12 @@ def _resolve_recipient(run: Run) -> None:
         if not _snapshot_tool_usable(run, call.name):
             _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
             return
-        if executor.host_refusal(run=run, call=call) == "PERMISSION_DENIED":
-            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
+        if (refusal := executor.host_refusal(run=run, call=call)) is not None:
+            _directory_failed(
+                run,
+                category=refusal.category,
+                retryable=isinstance(refusal, ToolFailed) and refusal.retryable,
+            )
             return
         run.state["recipient"] = {**confirmed, "confirmed": True}
         _remember(run, project_id=inputs["project_id"])
@@ -739,12 +755,10 @@ def _resolve_recipient(run: Run) -> None:
         ):
             # Asking again cannot help: only a new grant or version of the directory can.
             _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
-        elif category == "PERMISSION_DENIED":
-            _finish(run, status=RunStatus.REFUSED, reason_code="PROJECT_ACCESS_DENIED")
-        elif executor.unavailable_for_a_while(outcome):
-            _finish(run, status=RunStatus.FAILED_RETRYABLE, reason_code=f"DIRECTORY_{category}")
         else:
-            _finish(run, status=RunStatus.FAILED_FINAL, reason_code=f"DIRECTORY_{category}")
+            _directory_failed(
+                run, category=category, retryable=executor.unavailable_for_a_while(outcome)
+            )
         return
     candidates = (envelope.get("raw") or {}).get("candidates", [])
     now = timezone.now()

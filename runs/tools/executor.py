@@ -227,17 +227,19 @@ def snapshot_tool(run: Run, name: str) -> dict[str, Any] | None:
     return next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
 
 
-def host_refusal(*, run: Run, call: RequestedCall) -> ErrorCategory | None:
+def host_refusal(*, run: Run, call: RequestedCall) -> ToolRefused | ToolFailed | None:
     """Gate 3 alone, for a call the host would make but answers from what it holds (a
-    recipient confirmed in the session): the category its tool refuses it with, if it does,
-    so a project out of the actor's reach is refused the same with or without the call."""
+    recipient confirmed in the session): why its tool does not authorise it, if it does not
+    (a refusal, or a check that failed), so the call is turned away the same with or without
+    being made."""
     entry = snapshot_tool(run, call.name)
     if entry is None:
-        return ErrorCategory.NOT_FOUND
+        return ToolRefused(
+            f"{call.name} is not available in this step.", category=ErrorCategory.NOT_FOUND
+        )
     tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
     context = host_context(run=run, call_id=call.call_id, tool_version=tool_version)
-    refusal = _authorization_refusal(tool_version, context, call.arguments)
-    return None if refusal is None else refusal.category
+    return _authorization_refusal(tool_version, context, call.arguments)
 
 
 def _authorization_refusal(

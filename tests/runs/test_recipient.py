@@ -166,6 +166,44 @@ def test_a_project_withdrawn_after_its_recipient_was_confirmed_is_refused(demo):
     assert (again.status, again.reason_code) == ("REFUSED", "PROJECT_ACCESS_DENIED")
 
 
+@pytest.mark.parametrize(
+    ("failure", "ending"),
+    [
+        (RuntimeError("a bug in the check"), ("FAILED_FINAL", "DIRECTORY_UNKNOWN")),
+        (
+            ToolFailed(
+                "The directory's access service is down.",
+                category=ErrorCategory.UPSTREAM_ERROR,
+                retryable=True,
+            ),
+            ("FAILED_RETRYABLE", "DIRECTORY_UPSTREAM_ERROR"),
+        ),
+    ],
+    ids=["check-bug", "check-unavailable"],
+)
+def test_a_confirmed_recipient_is_not_used_when_the_project_check_fails(
+    demo, monkeypatch, failure, ending
+):
+    """Before, only a check that refused the project stopped the run: a check that failed
+    (a bug, a service down) let the confirmed recipient through as if the project had been
+    found within the actor's reach, and the run drafted and asked for approval."""
+    first = ask(demo, project_id="hermes")
+    confirmed = ask(demo, session_id=first.session_id, recipient_record_id="dir-2002")
+    assert confirmed.status == "WAITING_APPROVAL"
+
+    def failing(self, context, arguments):
+        raise failure
+
+    monkeypatch.setattr(DirectoryLookup, "authorize", failing)
+
+    again = ask(demo, session_id=first.session_id)
+
+    # then it ends as a lookup whose check failed the same way ends, nothing read or drafted
+    assert (again.status, again.reason_code) == ending
+    assert not ToolCall.objects.filter(run=again).exists()
+    assert not BusinessAction.objects.filter(run=again).exists()
+
+
 def _directory_revoked(demo) -> None:
     version = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name="directory_lookup")
     tools.tool_version_revoke(tool_version=version, actor=demo.admin, reason="compromised")
