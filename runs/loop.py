@@ -76,21 +76,24 @@ HISTORY_RUNS = 5
 SUMMARY_RUNS = 45
 SUMMARY_CHARS = 80
 # A required input the host could not read from the message or the session: the task input it
-# fills, why the run stops, and what the user is asked.
+# fills, why the run stops, what the user is asked, and how they answer in a chat and, for a
+# scheduled task's run, in the task (`_answer_how`).
 UNREAD_INPUT_QUESTIONS = (
     (
         PROJECT_SCOPE,
         "project_id",
         "MISSING_PROJECT_SCOPE",
-        "Which project should the summary cover? Send the message again in this session with "
-        "metadata.project_id set to the project's key.",
+        "Which project should the summary cover?",
+        "Send the message again in this session with metadata.project_id set to the project's key.",
+        "Change the task's project to the project's key.",
     ),
     (
         DATE_RANGE,
         "date_from",
         "DATE_RANGE_UNCLEAR",
-        "Which week should the summary cover: this week, last week or the week before last? "
+        "Which week should the summary cover: this week, last week or the week before last?",
         "Send the message again naming one of them.",
+        "Change the task's goal to name one of them.",
     ),
 )
 # An earlier run's reply (its question, or its answer) is kept in the history up to this long.
@@ -438,6 +441,13 @@ def _is_task(run: Run) -> bool:
     return run.channel == Channel.TASK
 
 
+def _answer_how(run: Run, *, in_chat: str, in_task: str) -> str:
+    """How the user answers a question the host asks: in a new message of the session; for
+    a scheduled task's run, by changing the task, since a message in its session is a run of
+    its own and changes neither the task's project nor its recipient."""
+    return in_task if _is_task(run) else in_chat
+
+
 def _session_state(run: Run) -> dict[str, Any]:
     """What the session remembers. A task's project and recipient are fixed by the task, so
     its run reads nothing from a session, whatever was said there."""
@@ -538,9 +548,10 @@ def _route_and_assemble(run: Run) -> None:
         )
         return
     required = set(skill_version.required_inputs if skill_version else [])
-    for required_input, key, reason_code, question in UNREAD_INPUT_QUESTIONS:
+    for required_input, key, reason_code, question, in_chat, in_task in UNREAD_INPUT_QUESTIONS:
         if required_input in required and not run.state["inputs"][key]:
-            _ask(run, reason_code=reason_code, question=question)
+            how = _answer_how(run, in_chat=in_chat, in_task=in_task)
+            _ask(run, reason_code=reason_code, question=f"{question} {how}")
             return
     if MEMORY_INPUT in required:
         run.state["memory"] = memory_retrieve(
@@ -669,25 +680,33 @@ def _recipient_choice(run: Run, candidates: list[dict]) -> dict | None:
     )
 
 
-def _recipient_question(inputs: dict[str, Any], *, frozen: Any, reachable: bool) -> str:
+def _recipient_question(run: Run, *, frozen: Any, reachable: bool) -> str:
     """What the user is asked when the directory gives no one recipient: whom to choose, or,
     when no candidate has an email, that no choice can help."""
+    inputs = run.state["inputs"]
     role, project = inputs["recipient_role"], inputs["project_id"]
     if not reachable:
+        then = _answer_how(
+            run,
+            in_chat=", then send the message again.",
+            in_task="; the task's next occurrence finds it.",
+        )
         return (
             f"No {role} of project {project} has a corporate email in the directory, so the "
-            "summary cannot be sent to them. Ask the directory's owners to add one, then send "
-            "the message again."
+            f"summary cannot be sent to them. Ask the directory's owners to add one{then}"
         )
     named = (
         f"Directory record {frozen} is not a {role} of project {project} with an email. "
         if frozen
         else ""
     )
-    return (
-        f"{named}Who should receive the summary? Send the message again in this session with "
-        "metadata.recipient_record_id set to one of the candidates that has an email."
+    how = _answer_how(
+        run,
+        in_chat="Send the message again in this session with metadata.recipient_record_id set "
+        "to one of the candidates that has an email.",
+        in_task="Change the task's recipient to one of the candidates that has an email.",
     )
+    return f"{named}Who should receive the summary? {how}"
 
 
 def _snapshot_tool_usable(run: Run, name: str) -> bool:
@@ -794,7 +813,7 @@ def _resolve_recipient(run: Run) -> None:
                     for candidate in candidates
                 ]
             },
-            question=_recipient_question(inputs, frozen=frozen, reachable=bool(reachable)),
+            question=_recipient_question(run, frozen=frozen, reachable=bool(reachable)),
         )
         return
     snapshot = {**(chosen or candidates[0]), "looked_up_at": now.isoformat()}

@@ -65,6 +65,11 @@ NEXT_STEPS = {
     RunStatus.BUDGET_EXHAUSTED: "Narrow the request, or ask for a larger budget.",
     RunStatus.CANCELLED: "Nothing more to do.",
 }
+# A scheduled task's run: no message in its session changes the task it runs for.
+TASK_NEXT_STEPS = {
+    RunStatus.NEEDS_CLARIFICATION: "Answer the question by changing the task; its next "
+    "occurrence runs with the change.",
+}
 
 
 def run_finish(
@@ -92,7 +97,8 @@ def run_finish(
         ],
         "output": output or {},
         "question": question,
-        "next_step": NEXT_STEPS.get(status, ""),
+        "next_step": (TASK_NEXT_STEPS if run.channel == Channel.TASK else {}).get(status)
+        or NEXT_STEPS.get(status, ""),
         "model": run.capability.get("model", {}),
     }
     if save:

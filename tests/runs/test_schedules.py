@@ -892,6 +892,42 @@ def test_a_task_without_a_project_does_not_take_one_from_its_session(demo):
     assert occurrence.run.state["inputs"]["project_id"] is None
 
 
+@pytest.mark.parametrize(
+    ("fields", "reason_code", "answer"),
+    [
+        (
+            {"project_id": "hermes"},
+            "RECIPIENT_NOT_UNIQUE_OR_EMAIL_MISSING",
+            "Change the task's recipient to one of the candidates that has an email.",
+        ),
+        ({"project_id": ""}, "MISSING_PROJECT_SCOPE", "Change the task's project"),
+        (
+            {"goal": "Summarise this week and the week before last for the R&D lead."},
+            "DATE_RANGE_UNCLEAR",
+            "Change the task's goal to name one of them.",
+        ),
+    ],
+    ids=["recipient", "project", "week"],
+)
+def test_a_task_run_s_question_is_answered_by_changing_the_task(demo, fields, reason_code, answer):
+    """Before, a task's run asked its owner to send the message again in its session with
+    metadata set, as a chat's run does: a message there starts a run of its own and never
+    changes the task (its project and recipient are the task's), so the next occurrence
+    asked the same question again."""
+    occurrence = fired(demo, **fields)
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    run = refreshed(occurrence).run
+    assert (run.status, run.reason_code) == (RunStatus.NEEDS_CLARIFICATION, reason_code)
+    assert answer in run.result["question"]
+    assert "metadata" not in run.result["question"]
+    assert "Send the message again" not in run.result["question"]
+    assert run.result["next_step"] == (
+        "Answer the question by changing the task; its next occurrence runs with the change."
+    )
+
+
 def test_a_model_cannot_move_a_task_run_to_another_project(demo, fake_model):
     fake = fake_model()
     monday, sunday = this_week()
