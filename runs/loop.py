@@ -1213,7 +1213,7 @@ def _clarification(text: str) -> str | None:
     """The question of a last word that asks the user for an input its tools need
     (`{"clarification": "<question>"}`, as the generic node's finish says), if it is one."""
     try:
-        answer = jsontext.loads_bounded(text)
+        answer = _json_value(text)
     except ValueError:
         return None
     if not isinstance(answer, dict) or set(answer) != {"clarification"}:
@@ -1273,6 +1273,19 @@ def _agent_answer(run: Run, text: str) -> None:
     )
 
 
+# A last word that is one Markdown code block, as models often write the JSON they are asked
+# for: its content is the JSON (text around it, or a second block, makes it no JSON).
+_FENCED = re.compile(r"\s*```(?:json)?[ \t]*\r?\n(.*)\r?\n[ \t]*```\s*", re.DOTALL | re.IGNORECASE)
+
+
+def _json_value(text: str) -> Any:
+    """The JSON value a last word holds: the text, or the one code block it is; ValueError
+    when it holds none."""
+    if (fenced := _FENCED.fullmatch(text)) is not None:
+        text = fenced.group(1)
+    return jsontext.loads_bounded(text)
+
+
 def _final(run: Run, text: str) -> None:
     if _workflow(run) is AGENT:
         _agent_answer(run, text)
@@ -1287,7 +1300,7 @@ def _final(run: Run, text: str) -> None:
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
         return
     try:
-        draft = jsontext.loads_bounded(text)
+        draft = _json_value(text)
     except ValueError:
         draft = text
     draft = _citations_kept(draft)

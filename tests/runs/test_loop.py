@@ -1277,6 +1277,64 @@ def test_a_model_asks_the_user_with_a_clarification_and_nothing_else(
     assert '{"clarification": "<the question for the user>"}' in system["content"]
 
 
+@pytest.mark.parametrize(
+    "fence",
+    ["```json\n{}\n```", "```\n{}\n```", "\n```JSON\n{}\n```\n"],
+    ids=["json", "bare", "surrounded-by-blank-lines"],
+)
+def test_a_question_in_a_fenced_json_block_is_the_clarification_it_holds(demo, fake_model, fence):
+    """Before, a model that put its `{"clarification": ...}` in a Markdown code block, as
+    models often write the JSON they are asked for, had its question taken for the answer:
+    the run ended COMPLETED with the fenced JSON as its answer, asking the user nothing."""
+    fake = fake_model()
+    project_assistant_on_the_demo_model(demo)
+    fake.reply(
+        openai_completion(content=fence.replace("{}", json.dumps({"clarification": "Which?"})))
+    )
+    run = start(demo, text="What happened?", agent="project-assistant", project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    result = assert_terminal(run, "NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")
+    assert result["question"] == "Which?"
+
+
+def test_a_draft_in_a_fenced_json_block_is_the_draft_it_holds(demo, fake_model):
+    """Before, a draft the model put in a Markdown code block was "not a JSON object": the
+    model was corrected, and a model that fenced its draft again ended the run PARTIAL."""
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=f"```json\n{json.dumps(apollo_draft())}\n```"))
+    run = start(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    run = finished(run)
+    assert run.status == "WAITING_APPROVAL", run.result
+    assert run.result["output"]["subject"] == "Weekly status: Project Apollo"
+    assert len(fake.requests) == 2
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Here it is:\n```json\n{"clarification": "Which?"}\n```',
+        '```json\n{"clarification": "Which?"}\n```\n```json\n{"answer": "Apollo"}\n```',
+    ],
+    ids=["text-around-the-block", "two-blocks"],
+)
+def test_a_fenced_block_that_is_not_the_whole_last_word_is_an_answer(demo, fake_model, text):
+    fake = fake_model()
+    project_assistant_on_the_demo_model(demo)
+    fake.reply(openai_completion(content=text))
+    run = start(demo, text="What happened?", agent="project-assistant", project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    result = assert_terminal(run, "COMPLETED", "ANSWERED")
+    assert result["output"] == {"answer": text}
+
+
 EMPTY_ANSWER_CORRECTION = "The answer does not meet the output contract: The answer is empty."
 
 
