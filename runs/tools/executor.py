@@ -231,14 +231,17 @@ def host_refusal(*, run: Run, call: RequestedCall) -> ToolRefused | ToolFailed |
     """Gate 3 alone, for a call the host would make but answers from what it holds (a
     recipient confirmed in the session): why its tool does not authorise it, if it does not
     (a refusal, or a check that failed), so the call is turned away the same with or without
-    being made."""
+    being made. The check ends within the step's time (`tries_deadline`), as the
+    call's own would."""
     entry = snapshot_tool(run, call.name)
     if entry is None:
         return ToolRefused(
             f"{call.name} is not available in this step.", category=ErrorCategory.NOT_FOUND
         )
     tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
-    context = host_context(run=run, call_id=call.call_id, tool_version=tool_version)
+    context = host_context(
+        run=run, call_id=call.call_id, tool_version=tool_version, deadline=tries_deadline()
+    )
     return _authorization_refusal(tool_version, context, call.arguments)
 
 

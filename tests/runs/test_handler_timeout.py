@@ -13,12 +13,12 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 
-from examples.handlers import project_search
+from examples.handlers import directory_lookup, project_search
 from registry.choices import AdapterKind, Risk
 from registry.models import Tenant, Tool, ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import run_execute
-from runs.models import RunEvent, Source, ToolCall
+from runs.models import Run, RunEvent, Source, ToolCall
 from runs.tools import adapters, limits, threads
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
@@ -81,9 +81,22 @@ class SlowToAuthorise:
         return project_search(context, arguments)
 
 
+class SlowDirectoryLookup:
+    """directory_lookup's own handler, whose authorisation check (gate 3) hangs for the call
+    ids in HANGS."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        _hang_if_asked(context)
+        directory_lookup.authorize(context, arguments)
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        return directory_lookup(context, arguments)
+
+
 slow_project_search = SlowProjectSearch()
 slow_write = SlowWrite()
 slow_to_authorise = SlowToAuthorise()
+slow_directory_lookup = SlowDirectoryLookup()
 
 
 def _abandoned_handlers_end() -> None:
@@ -296,6 +309,42 @@ def test_the_authorisation_checks_of_a_step_end_when_its_task_would(
         "its step had no time left for it."
     )
     assert RETURNED == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_check_of_a_confirmed_recipient_s_project_ends_when_its_task_would(
+    demo, hanging, settings
+):
+    # given alice confirmed hermes's lead dir-2002 in a session, under weekly-summary 3.3.0,
+    # whose directory_lookup (timeout 5 s) has an authorisation check that may hang
+    seeded = seeded_tool(demo, "directory_lookup")
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
+    content |= {"adapter_config": {"handler": f"{__name__}.slow_directory_lookup"}, "timeout_s": 5}
+    slow = publish_tool(demo, "directory_lookup", "1.1.0", **content)
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[seeded_tool(demo, "project_search"), slow, seeded_tool(demo, "mail_send")],
+    )
+    session = demo_run(demo, project_id="hermes").session_id
+    run_execute(run_id=str(Run.objects.get(session_id=session).pk))
+    confirmed = demo_run(demo, session_id=session, recipient_record_id="dir-2002")
+    run_execute(run_id=str(confirmed.pk))
+    confirmed.refresh_from_db()
+    assert confirmed.status == "WAITING_APPROVAL", confirmed.result
+
+    # when a later message in the session reuses the confirmation, in a step with 2 s
+    # before its task's soft time limit, and the check of the project hangs
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 242
+    HANGS["host-recipient"] = 1
+    run = demo_run(demo, session_id=session)
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then the check ended with the step's 2 s, not the tool's 5 s
+    assert time.monotonic() - started < 4
+    assert not ToolCall.objects.filter(run=run, call_id="host-recipient").exists()
 
 
 def assistant_question(demo, search: ToolVersion):
