@@ -16,7 +16,7 @@ from registry.services import tools
 from runs.context import RECIPIENT_MARKER
 from runs.loop import run_execute
 from runs.models import Run, Session, ToolCall
-from runs.tools.adapters import ToolFailed
+from runs.tools.adapters import ToolFailed, ToolRefused
 from runs.tools.envelope import ErrorCategory
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
 from tests.runs.fake_provider import openai_completion
@@ -178,15 +178,26 @@ def test_a_project_withdrawn_after_its_recipient_was_confirmed_is_refused(demo):
             ),
             ("FAILED_RETRYABLE", "DIRECTORY_UPSTREAM_ERROR"),
         ),
+        (
+            ToolFailed(
+                "The check did not answer in time.", category=ErrorCategory.TIMEOUT, retryable=True
+            ),
+            ("FAILED_RETRYABLE", "DIRECTORY_TIMEOUT"),
+        ),
+        (
+            ToolRefused("No such project.", category=ErrorCategory.NOT_FOUND),
+            ("FAILED_FINAL", "DIRECTORY_NOT_FOUND"),
+        ),
     ],
-    ids=["check-bug", "check-unavailable"],
+    ids=["check-bug", "check-unavailable", "check-timeout", "check-refused-not-found"],
 )
 def test_a_confirmed_recipient_is_not_used_when_the_project_check_fails(
     demo, monkeypatch, failure, ending
 ):
     """Before, only a check that refused the project stopped the run: a check that failed
-    (a bug, a service down) let the confirmed recipient through as if the project had been
-    found within the actor's reach, and the run drafted and asked for approval."""
+    (a bug, a service down, no answer in time) or refused otherwise let the confirmed
+    recipient through as if the project had been found within the actor's reach, and the run
+    drafted and asked for approval."""
     first = ask(demo, project_id="hermes")
     confirmed = ask(demo, session_id=first.session_id, recipient_record_id="dir-2002")
     assert confirmed.status == "WAITING_APPROVAL"
