@@ -1,5 +1,6 @@
 import django_filters
 
+from approvals import selectors
 from approvals.choices import ActionStatus, HandoffStatus
 from approvals.models import BusinessAction, Handoff
 from config.api import FilterSet
@@ -8,7 +9,8 @@ PENDING = "pending"
 
 
 class ApprovalFilter(FilterSet):
-    """`status=pending` is the waiting ones; any other value is an action status."""
+    """`status=pending` is the actions the approval queue lists as pending
+    (`selectors.pending`); any other value is an action status."""
 
     status = django_filters.ChoiceFilter(
         choices=[(PENDING, "Pending"), *ActionStatus.choices], method="filter_status"
@@ -19,7 +21,7 @@ class ApprovalFilter(FilterSet):
         fields = ["status"]
 
     def filter_status(self, queryset, name: str, value: str):
-        return queryset.filter(status=ActionStatus.WAITING_APPROVAL if value == PENDING else value)
+        return selectors.pending(queryset) if value == PENDING else queryset.filter(status=value)
 
 
 class HandoffFilter(FilterSet):

@@ -11,6 +11,8 @@ from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant
 from registry.services.tenancy import membership_add
+from runs.choices import RunStatus
+from runs.models import Run
 from tests.approvals.conftest import waiting_run
 from tests.approvals.test_api_and_pages import api, logged_in, without_csrf
 from tests.approvals.test_handoffs import handed_off  # noqa: F401 (fixture)
@@ -95,3 +97,20 @@ def test_an_evaluation_sandbox_s_actions_are_in_no_one_s_queue(demo, evaluate): 
     assert decided.status_code == 404
     assert not ApprovalDecision.objects.filter(action=action).exists()
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.WAITING_APPROVAL
+
+
+def test_the_api_and_the_queue_agree_on_what_is_pending(demo, bob):
+    # given an action still waiting for approval on a run that no longer waits for it (one
+    # the sweep has not yet invalidated), beside one whose run still waits
+    stopped, orphaned = waiting_run(demo)
+    _run, action = waiting_run(demo)
+    Run.objects.filter(pk=stopped.pk).update(status=RunStatus.CANCELLED)
+
+    # when bob asks the queue page and the API for what is pending
+    queue = logged_in(bob).get("/approvals/?status=pending").content.decode()
+    listed = api(bob, demo.acme).get("/api/v1/approvals?status=pending").json()
+
+    # then both list only the action whose run still waits: the other cannot be approved
+    assert f"/approvals/{orphaned.pk}/" not in queue
+    assert f"/approvals/{action.pk}/" in queue
+    assert [item["id"] for item in listed["results"]] == [str(action.pk)]
