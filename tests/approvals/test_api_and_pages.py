@@ -1,5 +1,7 @@
 """The approvals API of DESIGN.md and the server-rendered queue, over the same service."""
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -14,7 +16,7 @@ from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.models import Run
-from tests.approvals.conftest import approver_in, waiting_run
+from tests.approvals.conftest import approved_run, approver_in, waiting_run
 
 
 def api(user, tenant) -> APIClient:
@@ -271,6 +273,33 @@ def test_the_queue_lists_waiting_actions_for_approvers_only(demo, bob):
     assert str(action.pk) not in other.content.decode()
     assert anonymous.status_code == 302
     assert logged_in(demo.alice).get(f"/approvals/{action.pk}/").status_code == 404
+
+
+def queue_row(html: str, url: str) -> str:
+    """The table row of a queue page that links to `url`."""
+    (row,) = [row for row in html.split("<tr>") if url in row]
+    return row
+
+
+def test_the_queue_says_how_long_an_action_waits_only_while_it_waits(demo, bob, smtp_server):
+    # given two actions proposed three days ago: one still waiting, one approved and sent
+    _run, waiting = waiting_run(demo)
+    _run, sent = approved_run(demo, bob)
+    services.action_execute(action_id=sent.pk)
+    BusinessAction.objects.filter(pk__in=[waiting.pk, sent.pk]).update(
+        created_at=timezone.now() - timedelta(days=3)
+    )
+
+    # when bob opens the queue
+    html = logged_in(bob).get("/approvals/").content.decode()
+
+    # then the waiting one waits for three days, and the sent one says when it was decided,
+    # not that it waited all along
+    assert "3\xa0days" in queue_row(html, f"/approvals/{waiting.pk}/")
+    row = queue_row(html, f"/approvals/{sent.pk}/")
+    assert BusinessAction.objects.get(pk=sent.pk).status == ActionStatus.SUCCEEDED
+    assert "3\xa0days" not in row
+    assert "Decided 0\xa0minutes ago" in row
 
 
 def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(demo, bob):

@@ -2,6 +2,7 @@
 routed to them instead of the agent; the run waits until a person handles or declines it."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -22,7 +23,7 @@ from runs.services.runs import run_cancel
 from runs.services.scheduler import occurrences_sweep
 from runs.tasks import runs_sweep
 from tests.approvals.conftest import approver_in
-from tests.approvals.test_api_and_pages import api, logged_in
+from tests.approvals.test_api_and_pages import api, logged_in, queue_row
 from tests.runs.conftest import demo_run, event_types, events_of
 from tests.runs.test_schedules import PAST_DEADLINE, fired, refreshed
 
@@ -127,6 +128,27 @@ def test_the_project_a_handed_off_request_named_is_the_session_s_project(demo, b
     # then her message is about apollo
     assert Session.objects.get(pk=handed_off.session_id).state["project_id"] == "apollo"
     assert Run.objects.get(pk=later.pk).state["inputs"]["project_id"] == "apollo"
+
+
+def test_the_human_queue_says_how_long_a_request_waits_only_while_it_waits(demo, bob, handed_off):
+    # given a request left to people three days ago, and another handled by bob since
+    waiting = Handoff.objects.get(run=handed_off)
+    later = demo_run(demo, text=REQUEST, project_id="apollo")
+    run_execute(run_id=str(later.pk))
+    handled = Handoff.objects.get(run=later)
+    assert resolve(api(bob, demo.acme), handled).status_code == 200
+    Handoff.objects.filter(pk__in=[waiting.pk, handled.pk]).update(
+        created_at=timezone.now() - timedelta(days=3)
+    )
+
+    # when bob opens the human queue
+    html = logged_in(bob).get("/approvals/handoffs/").content.decode()
+
+    # then the open one waits for three days, and the handled one says when it was handled
+    assert "3\xa0days" in queue_row(html, f"/approvals/handoffs/{waiting.pk}/")
+    row = queue_row(html, f"/approvals/handoffs/{handled.pk}/")
+    assert "3\xa0days" not in row
+    assert "Handled 0\xa0minutes ago" in row
 
 
 def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
