@@ -174,6 +174,13 @@ def _delivery_fail(delivery: MailDelivery, status: str, error: Exception) -> Non
     delivery.save(update_fields=["status", "error", "updated_at"])
 
 
+def _reply(text: bytes | str) -> str:
+    """A mail server's reply text, as one line."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return " ".join(text.split())
+
+
 def _message(arguments: dict[str, Any], *, message_id: str) -> EmailMessage:
     """The mail, built in full as the SMTP backend will write it. Django builds it only inside
     `send_messages`, on an open connection, where a header with a line break (BadHeaderError)
@@ -203,7 +210,8 @@ class MailSend:
     """mail_send@1: delivers an approved mail through Django's email backend (SMTP under
     `EMAIL_*`), exactly once per idempotency key. The delivery record is written before the
     mail server is contacted; once a connection is open, a timeout or a dropped connection
-    is `unknown` (the server may have accepted the mail), never retried."""
+    is `unknown` (the server may have accepted the mail), never retried; a message it
+    rejects for good (5xx) failed, nothing sent."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""
@@ -249,6 +257,15 @@ class MailSend:
                 retryable=False,
             ) from error
         except (OSError, smtplib.SMTPException) as error:
+            if isinstance(error, smtplib.SMTPDataError) and error.smtp_code >= 500:
+                # It answered the message itself with a permanent refusal: not taken, ever.
+                _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
+                raise ToolFailed(
+                    f"The mail server rejected the message ({error.smtp_code} "
+                    f"{_reply(error.smtp_error)}); nothing was sent.",
+                    category=ErrorCategory.UPSTREAM_ERROR,
+                    retryable=False,
+                ) from error
             _delivery_fail(delivery, MailDelivery.Status.UNKNOWN, error)
             raise ToolFailed(
                 "The mail server stopped answering during delivery; it may have accepted it.",

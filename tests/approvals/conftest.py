@@ -55,7 +55,8 @@ class SmtpServer:
     """What the server accepted, in order. While `stall` is set it accepts a message (stores
     it) and then does not answer for that many seconds, as a server that times out after
     accepting. `drop` closes the connection after DATA without an answer: "after_accept"
-    stores the message first, "before_accept" does not."""
+    stores the message first, "before_accept" does not. `refuse` is the reply to each
+    message's DATA instead of accepting it (counted in `refused`)."""
 
     host: str
     port: int
@@ -64,6 +65,8 @@ class SmtpServer:
     envelope_recipients: list[list[str]] = field(default_factory=list)
     stall: float = 0.0
     drop: str = ""
+    refuse: str = ""
+    refused: int = 0
     controller: Controller | None = None
 
     def start(self) -> None:
@@ -92,6 +95,9 @@ class SmtpServer:
         if self.drop == "before_accept":
             server.transport.close()
             return "421 Closing"
+        if self.refuse:
+            self.refused += 1
+            return self.refuse
         message = email.message_from_bytes(envelope.original_content)
         self.messages.append(message)
         self.envelope_recipients.append(list(envelope.rcpt_tos))
@@ -134,6 +140,7 @@ def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[Smtp
     finally:
         server.stall = 0
         server.drop = ""
+        server.refuse = ""
         server.controller.stop()
 
 

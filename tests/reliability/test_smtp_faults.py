@@ -133,3 +133,31 @@ def test_a_subject_with_a_line_break_fails_before_the_mail_server_is_asked(
     assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
     assert smtp_server.envelope_recipients == []
     assert smtp_server.messages == []
+
+
+def test_a_message_the_mail_server_rejects_for_good_fails_the_action_and_is_not_sent_again(
+    demo, bob, smtp_server
+):
+    # given an approved mail the server rejects at the end of DATA with a permanent reply
+    run, action = approved_run(demo, bob)
+    smtp_server.refuse = "554 5.7.1 Message rejected as spam"
+
+    # when it is sent, and a redelivered resume and the reconciliation come after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.FAILED
+
+    # then it failed for certain, with the server's answer, and the server was asked once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert "554 5.7.1 Message rejected as spam" in action.outcome["error"]["message"]
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
+    assert smtp_server.refused == 1
+    assert smtp_server.messages == []
