@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.db import DatabaseError
 
 from config import jsontext
 from config.egress import EgressRefused, HTTPTransport, text_encoding
@@ -179,6 +181,24 @@ def _handler_within(
             overran,
         )
         raise
+
+
+def handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
+    """A handler that raised anything but ToolFailed (or a database error, which is the
+    step's) has a bug: its call failed, category UNKNOWN, and the run goes on; a tool that is
+    not a read may have done something first (reconciliation finds out). The log names the
+    exception and where it was raised, not its message, which may quote what the handler held."""
+    frames = traceback.extract_tb(error.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    logger.error(
+        "%s: the handler raised %s%s", tool_version.qualified_name, type(error).__name__, where
+    )
+    return ToolFailed(
+        f"The handler of {tool_version.qualified_name} failed unexpectedly.",
+        category=ErrorCategory.UNKNOWN,
+        retryable=False,
+        may_have_side_effect=tool_version.risk not in READ_RISKS,
+    )
 
 
 def python_call(
@@ -668,7 +688,8 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
     task time ends first (`attempt_seconds`): the run's row and action stay locked while it
     answers. Raises ToolFailed: NOT_FOUND when the tool has no record of the key (it never
     started), UNKNOWN (may_have_side_effect) when the outcome is still not known, or the
-    handler did not tell it in time."""
+    handler did not tell it in time, or raised (`handler_failure`: a bug, or a system it asks
+    that is down), so the attempt counts and the next is made after its backoff."""
     handler = (
         python_handler(tool_version) if tool_version.adapter_kind == AdapterKind.PYTHON else None
     )
@@ -692,6 +713,10 @@ def reconcile(tool_version: ToolVersion, context: ToolContext) -> ToolOutput:
             retryable=False,
             may_have_side_effect=True,
         ) from None
+    except (ToolFailed, DatabaseError):
+        raise
+    except Exception as error:
+        raise handler_failure(tool_version, error) from error
 
 
 def execute(

@@ -13,7 +13,6 @@ import json
 import logging
 import random
 import time
-import traceback
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -258,7 +257,7 @@ def _authorization_refusal(
     except DatabaseError:
         raise
     except Exception as error:  # noqa: BLE001 (a handler's bug fails its call only)
-        return _handler_failure(tool_version, error)
+        return adapters.handler_failure(tool_version, error)
     return None
 
 
@@ -570,7 +569,7 @@ def _attempt(
         raise
     except Exception as error:
         limits.calls_leave([(entered, True)])
-        raise _handler_failure(admitted.tool_version, error) from error
+        raise adapters.handler_failure(admitted.tool_version, error) from error
     except BaseException:
         limits.calls_leave([(entered, None)])
         raise
@@ -593,24 +592,6 @@ def _output_problem(output: Any) -> str | None:
     ):
         return "The handler's sources are not SourceDrafts of text."
     return None
-
-
-def _handler_failure(tool_version: ToolVersion, error: Exception) -> ToolFailed:
-    """A handler that raised anything but ToolFailed (or a database error, which is the
-    step's) has a bug: its call failed, category UNKNOWN, and the run goes on; a tool that is
-    not a read may have done something first (reconciliation finds out). The log names the
-    exception and where it was raised, not its message, which may quote what the handler held."""
-    frames = traceback.extract_tb(error.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    logger.error(
-        "%s: the handler raised %s%s", tool_version.qualified_name, type(error).__name__, where
-    )
-    return ToolFailed(
-        f"The handler of {tool_version.qualified_name} failed unexpectedly.",
-        category=ErrorCategory.UNKNOWN,
-        retryable=False,
-        may_have_side_effect=tool_version.risk not in READ_RISKS,
-    )
 
 
 def tries_deadline() -> float:

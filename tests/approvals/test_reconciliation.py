@@ -330,3 +330,35 @@ def test_a_send_a_reconciliation_makes_ends_within_the_time_its_lookup_left(
     assert status == ActionStatus.UNKNOWN
     assert len(smtp_server.messages) == 1
     queue_purge()
+
+
+def failing_lookup(message_id: str) -> bool:
+    """A mail system whose API is down: asking it raises."""
+    raise ConnectionError("the relay's API is down")
+
+
+def test_a_reconciliation_whose_lookup_raises_stays_unknown_and_is_tried_again_later(
+    demo, bob, smtp_server, settings, caplog
+):
+    # given an unknown action whose mail system raises when asked about the message
+    queue_purge()
+    _, action = left_unknown(demo, bob, smtp_server)
+    settings.MAIL_DELIVERY_LOOKUP = f"{__name__}.failing_lookup"
+
+    # when its first attempt is made
+    made_at = timezone.now()
+    status = deliver(action, 1)
+
+    # then the attempt is counted like one the tool could not answer, and the next is due
+    # after the backoff, where before the error rolled the attempt back and every sweep
+    # made it again at once, without end
+    assert status == ActionStatus.UNKNOWN
+    attempts, due = schedule(action)
+    assert attempts == 1
+    assert round((due - made_at).total_seconds()) == 30
+    # and nothing was sent again, and the log names the fault (not its message, which may
+    # quote what the handler held) for an operator
+    assert len(smtp_server.messages) == 1
+    assert "mail_send@1.0.0: the handler raised ConnectionError" in caplog.text
+    assert "the relay's API is down" not in caplog.text
+    queue_purge()
