@@ -765,9 +765,15 @@ def _resolve_recipient(run: Run) -> None:
         _remember(run, project_id=inputs["project_id"])
         _enter_node(run, next_node, leaving=_skill(run))
         return
-    outcome = executor.calls_run(run=run, calls=[call], node=node, step=run.steps)[0]
+    outcome = executor.calls_run(
+        run=run, calls=[call], node=node, step=run.steps, deadline=_calls_deadline(run)
+    )[0]
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
+        if (reason := _budget_overrun(run)) is not None:
+            # The run's time ran out under the lookup (`_calls_deadline`), not the directory.
+            _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+            return
         category = (envelope.get("error") or {}).get("category", "UNKNOWN")
         if outcome.status == ToolCallRecord.Status.REJECTED and not _snapshot_tool_usable(
             run, call.name
@@ -941,7 +947,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         )
         return
     try:
-        client = model_client_for(model_config)
+        client = model_client_for(model_config, within_s=_seconds_left(run))
     except ModelError as error:
         # A credential not set or not granted, a bad setting: wrong until an operator fixes
         # it, so no retry; nothing was asked of the provider.
@@ -1404,7 +1410,9 @@ def _tool_turn(run: Run) -> None:
     pending = pending_calls(run.transcript)
     budget_left = run.capability["budgets"]["max_tool_calls"] - run.tool_call_count
     within = pending[: max(budget_left, 0)]
-    records = executor.calls_run(run=run, calls=within, node=node, step=run.steps)
+    records = executor.calls_run(
+        run=run, calls=within, node=node, step=run.steps, deadline=_calls_deadline(run)
+    )
     for call, record in zip(within, records, strict=True):
         content = jsontext.dumps(record.envelope, sort_keys=True)
         run.transcript.append(
@@ -1439,13 +1447,30 @@ def _budget_overrun(run: Run, *, reached: bool = False) -> str | None:
     acted on."""
     budgets = run.capability["budgets"]
     over = operator.ge if reached else operator.gt
-    if (timezone.now() - run.started_at).total_seconds() > budgets["max_seconds"]:
+    if _seconds_left(run) < 0:
         return "TIME_BUDGET"
     if over(run.tokens_used, budgets["max_tokens"]):
         return "TOKEN_BUDGET"
     if run.cost > 0 and over(run.cost, Decimal(budgets["max_cost"])):
         return "COST_BUDGET"
     return None
+
+
+def _seconds_left(run: Run) -> float:
+    """What the run's wall-time budget has left: its snapshot's max_seconds from its start
+    (below 0: it went past it)."""
+    elapsed = (timezone.now() - run.started_at).total_seconds()
+    return run.capability["budgets"]["max_seconds"] - elapsed
+
+
+def _calls_deadline(run: Run) -> float:
+    """When (monotonic) the tool calls of the run's step must have ended, retries and waits
+    included: the step's task time (`executor.tries_deadline`), or the end of the run's
+    wall-time budget when that comes first. A call cut short by it fails TIMEOUT as one past
+    its timeout does, and the run ends TIME_BUDGET at its next check. An approved send is
+    not bound by it (`executor.side_effect_admit`): the wait for the approval is not the
+    run's work."""
+    return min(executor.tries_deadline(), time.monotonic() + _seconds_left(run))
 
 
 def _budget_exhausted(run: Run) -> str | None:

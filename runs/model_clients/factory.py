@@ -24,9 +24,11 @@ PROVIDER_CLIENTS: dict[str, Callable[..., ModelClient]] = {
 }
 
 
-def model_client_for(model_config: ModelConfig) -> ModelClient:
-    """The client of the config's provider. Every refusal here is a ModelError that is not
-    retryable: a missing credential or a bad setting stays wrong until an operator fixes it."""
+def model_client_for(model_config: ModelConfig, *, within_s: float | None = None) -> ModelClient:
+    """The client of the config's provider, whose call ends within its timeout, or within
+    `within_s` (a run's time left) when that is shorter. Every refusal here is a ModelError
+    that is not retryable: a missing credential or a bad setting stays wrong until an
+    operator fixes it."""
     if model_config.provider == ModelProvider.OFFLINE:
         return _offline_planner(model_config)
     if model_config.provider == ModelProvider.ADVERSARIAL:
@@ -40,6 +42,8 @@ def model_client_for(model_config: ModelConfig) -> ModelClient:
         )
     configured = model_config.parameters
     timeout_s = _timeout_s(model_config, configured.get(TIMEOUT_PARAMETER, DEFAULT_TIMEOUT_S))
+    if within_s is not None:
+        timeout_s = max(min(timeout_s, within_s), 0.0)
     # What only bounds the call stays here; the rest goes to the provider with each call.
     parameters = {
         key: value for key, value in configured.items() if key not in MODEL_OPERATIONAL_PARAMETERS

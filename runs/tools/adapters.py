@@ -64,7 +64,8 @@ class ToolContext:
     """What gate 3 authorised for this call (e.g. the project), for the handler to reuse."""
     deadline: float | None = None
     """When (monotonic) the call, and its check, must have ended whatever the tool's timeout
-    (its step's or its send's task time, `executor.tries_deadline`); None: no such bound."""
+    (its step's task time or its run's time left, `loop._calls_deadline`; its send's task
+    time, `executor.tries_deadline`); None: no such bound."""
 
 
 def attempt_seconds(tool_version: ToolVersion, context: ToolContext) -> float:

@@ -400,12 +400,14 @@ def _known_calls(run: Run, calls: list[RequestedCall]) -> dict[str, ToolCall]:
     return {record.call_id: record for record in run.tool_calls.filter(call_id__in=repeated)}
 
 
-def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) -> list[ToolCall]:
-    """The eight gates for the calls of one step, with the run locked; returns their records
-    in call order. A call id the run already has is answered with its record and never
-    admitted or executed again. Gates 1-5 run in call order; admitted calls execute (in
-    parallel when there are several); the records, their evidence and their events are
-    written in the step's transaction."""
+def calls_run(
+    *, run: Run, calls: list[RequestedCall], node: Node, step: int, deadline: float
+) -> list[ToolCall]:
+    """The eight gates for the calls of one step, with the run locked, to end by `deadline`
+    (no later than `tries_deadline`); returns their records in call order. A call id the run
+    already has is answered with its record and never admitted or executed again. Gates 1-5
+    run in call order; admitted calls execute (in parallel when there are several); the
+    records, their evidence and their events are written in the step's transaction."""
     by_name = {entry["name"]: entry for entry in run.capability.get("tools", [])}
     entries = [by_name.get(call.name) for call in calls]
     ids = {entry["id"] for entry in entries if entry is not None}
@@ -420,7 +422,6 @@ def calls_run(*, run: Run, calls: list[RequestedCall], node: Node, step: int) ->
         if ids
         else frozenset()
     )
-    deadline = tries_deadline()
     known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}

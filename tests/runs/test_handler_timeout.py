@@ -26,6 +26,7 @@ from tests.runs.conftest import apollo_draft, demo_run, this_week
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import (
     assert_terminal,
+    budgets,
     project_assistant_on_the_demo_model,
     publish_skill,
     publish_tool,
@@ -348,6 +349,39 @@ def test_the_check_of_a_confirmed_recipient_s_project_ends_when_its_task_would(
     assert not ToolCall.objects.filter(run=run, call_id="host-recipient").exists()
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "DIRECTORY_TIMEOUT")
+
+
+def test_the_tool_calls_of_a_step_end_with_the_run_s_wall_time(demo, fake_model, hanging):
+    # given a run of 4 s wall time whose model calls project_search, whose handler hangs,
+    # whose timeout is 10 s and whose retry policy allows 2 attempts
+    budgets(demo, max_seconds=4)
+    _project_search_pinned(
+        demo,
+        handler="slow_project_search",
+        retry_policy={"max_attempts": 2, "backoff_s": 0.01, "jitter": False},
+        timeout_s=10,
+    )
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(week_search("call_slow"),)))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    HANGS["call_slow"] = 2
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    started = time.monotonic()
+    run_execute(run_id=str(run.pk))
+
+    # then the call was cut when the run's time ran out, not after its 10 s (twice), and
+    # failed TIMEOUT as a call another try may pass, tried once
+    assert time.monotonic() - started < 8
+    slow = ToolCall.objects.get(run=run, call_id="call_slow")
+    assert (slow.status, slow.error_category, slow.attempts) == ("failed", "TIMEOUT", 1)
+    assert slow.envelope["retryable"] is True
+    # and the run ended with its time spent, the model not asked again
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
+    assert len(fake.requests) == 1
+    types = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", flat=True))
+    assert types[-2:] == ["tool.failed", "run.finished"]
 
 
 def assistant_question(demo, search: ToolVersion):

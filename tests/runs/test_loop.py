@@ -8,6 +8,7 @@ offline planner cannot express the case.
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
@@ -1044,6 +1045,31 @@ def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
     assert finished(run).steps == 0
 
 
+def test_a_model_turn_ends_with_the_run_s_wall_time_and_the_run_ends_time_budget(demo, fake_model):
+    # given a run of 3 s wall time whose provider takes 10 s to answer its first turn (its
+    # model config's timeout is 60 s)
+    budgets(demo, max_seconds=3)
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"), delay_s=10)
+    run = start(demo, project_id="apollo")
+
+    # when the worker runs the steps
+    started = time.monotonic()
+    with pytest.raises(ModelTemporarilyUnavailable, match="did not answer within"):
+        run_execute(run_id=str(run.pk))
+
+    # then the turn was cut at the end of the run's time, as a provider's timeout is: it left
+    # no trace, and the task retries the step
+    assert time.monotonic() - started < 6
+    assert (finished(run).status, finished(run).steps) == ("RUNNING", 0)
+
+    # when the task retries it, the run ends with its time spent, the model not asked again
+    run_execute(run_id=str(run.pk))
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert len(fake.requests) == 1
+
+
 def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_nothing(demo):
     # given a token budget one token larger than the running example's first turn and the
     # second turn's context
@@ -2078,6 +2104,7 @@ def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_re
         ],
         node=WEEKLY_SUMMARY_SEND.nodes["draft"],
         step=run.steps,
+        deadline=executor.tries_deadline(),
     )
 
     assert outcome == ToolCall.objects.get(run=run, call_id="offline-1")

@@ -2,6 +2,7 @@
 model; a confirmation is reused in its session until it expires (seed 000, steps 3 and 8)."""
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from runs.tools.adapters import ToolFailed, ToolRefused
 from runs.tools.envelope import ErrorCategory
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
 from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import budgets
 
 
 def ask(demo, *, session_id=None, **metadata) -> Run:
@@ -213,6 +215,32 @@ def test_a_confirmed_recipient_is_not_used_when_the_project_check_fails(
     assert (again.status, again.reason_code) == ending
     assert not ToolCall.objects.filter(run=again).exists()
     assert not BusinessAction.objects.filter(run=again).exists()
+
+
+def test_a_recipient_lookup_cut_short_by_the_run_s_wall_time_ends_the_run_time_budget(
+    demo, monkeypatch
+):
+    # given a run of 1 s wall time whose directory answers in 3 s (its timeout is 10 s)
+    budgets(demo, max_seconds=1)
+    answer = DirectoryLookup.__call__
+
+    def slow(self, context, arguments):
+        time.sleep(3)
+        return answer(self, context, arguments)
+
+    monkeypatch.setattr(DirectoryLookup, "__call__", slow)
+
+    # when
+    started = time.monotonic()
+    run = ask(demo, project_id="apollo")
+
+    # then the lookup was cut when the run's time ran out, and the run ended for its time,
+    # not for a directory that failed
+    assert time.monotonic() - started < 2.5
+    assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TIME_BUDGET")
+    lookup = ToolCall.objects.get(run=run, call_id="host-recipient")
+    assert (lookup.status, lookup.error_category) == ("failed", "TIMEOUT")
+    assert not BusinessAction.objects.filter(run=run).exists()
 
 
 def _directory_revoked(demo) -> None:
