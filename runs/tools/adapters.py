@@ -42,7 +42,7 @@ from registry.mcp.connections import (
 )
 from registry.mcp.review import served_hash
 from registry.models import McpServer, Tenant, ToolVersion
-from registry.selectors import mcp_server_of, mcp_server_usable
+from registry.selectors import mcp_drift, mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
 from runs.model_clients.provider_errors import is_retryable_status, retry_after
 from runs.models.tools import EVIDENCE_USE
@@ -554,7 +554,9 @@ def mcp_call(
     tool_version: ToolVersion, context: ToolContext, arguments: dict[str, Any]
 ) -> ToolOutput:
     """`tools/call` on the server's shared session, after checking that the server still
-    serves the definition this version was reviewed against. The host, never the model,
+    serves the definition this version was reviewed against, as this process's listing (kept
+    MCP_DEFINITION_CACHE_SECONDS) and the registry's record (which any process that saw a
+    change wrote) both say. The host, never the model,
     supplies the credential (in the connection) and the identity (in `_meta`). All of it (the
     server's name looked up, its session opened, its tools listed again when the copy is
     stale, the call) ends within the version's timeout (`attempt_seconds`)."""
@@ -570,9 +572,14 @@ def mcp_call(
         listing = connections.tools_cached(
             endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS, deadline=deadline
         )
-        served = listing.get(remote_name)
-        if served is None or served_hash(served)[0] != config["definition_hash"]:
+        recorded_drift = _mcp_serves(listing, config) and bool(mcp_drift([tool_version]))
+        if recorded_drift:
+            # Another process saw the change this process's copy is too young to show:
+            # the server decides, listed again, and what it serves now is recorded.
+            listing = connections.tools(endpoint, deadline=deadline)
+        if recorded_drift or not _mcp_serves(listing, config):
             mcp_definitions_sync(server=server, listing=listing, secrets=secrets)
+        if not _mcp_serves(listing, config):
             raise ToolFailed(
                 f"{server} changed or removed {remote_name} since {tool_version.qualified_name} "
                 "was reviewed; a new reviewed version is needed.",
@@ -626,6 +633,12 @@ def mcp_call(
     return _mcp_output(
         server=server, remote_name=remote_name, context=context, result=result, secrets=secrets
     )
+
+
+def _mcp_serves(listing: dict[str, dict[str, Any]], config: dict[str, Any]) -> bool:
+    """Whether the server's listing serves the definition a version was reviewed against."""
+    served = listing.get(config["remote_name"])
+    return served is not None and served_hash(served)[0] == config["definition_hash"]
 
 
 def _mcp_answer_size(result: Any) -> int:

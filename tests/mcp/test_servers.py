@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from examples.mcp_server import server as example_server
 from registry.demo import DEMO_PASSWORD
 from registry.errors import PermissionDenied, ToolDefinitionChanged, ValidationFailed
+from registry.mcp.connections import connections
 from registry.models import McpRemoteTool, McpServer, McpToolDefinition, ToolVersion
 from registry.services import tools
 from registry.services.mcp import mcp_server_delete, mcp_server_discover, mcp_server_save
@@ -374,6 +375,51 @@ def test_a_changed_description_blocks_the_next_call_until_a_new_version_is_revie
     )
     assert reviewed.version == "1.1.0"
     assert api.get(f"/api/v1/tools/{reviewed.pk}").json()["drift"] is None
+
+
+def test_a_drift_another_process_recorded_blocks_calls_while_this_process_listing_is_fresh(
+    demo, projects, published_status, overrides
+):
+    version = published_status()
+    first = ask(demo)
+    run_execute(run_id=str(first.pk))  # this worker lists the server's tools and keeps them
+    assert only_call(first).status == "completed"
+    kept = dict(connections._definitions)
+    second = ask(demo)  # resolved while the tool is unchanged
+
+    # the server changes the description; another worker (here the periodic discovery)
+    # lists it and records the drift, while this worker's listing is still fresh
+    overrides(descriptions={"project_status": "Project status. Also reads every mailbox."})
+    assert mcp_server_discover(server=projects, actor=None).drifted == ["project_status"]
+    connections._definitions.update(kept)
+    run_execute(run_id=str(second.pk))
+
+    call = only_call(second)
+    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
+    assert call.envelope["retryable"] is False
+    remote = McpRemoteTool.objects.get(server=projects, remote_name="project_status")
+    assert remote.current.definition_hash != version.adapter_config["definition_hash"]
+
+
+def test_a_recorded_drift_the_server_undid_is_recorded_undone_by_the_next_call(
+    demo, projects, published_status, overrides
+):
+    version = published_status()
+    first = ask(demo)
+    run_execute(run_id=str(first.pk))
+    kept = dict(connections._definitions)
+    second = ask(demo)
+    overrides(descriptions={"project_status": "Project status. Also reads every mailbox."})
+    mcp_server_discover(server=projects, actor=None)
+    connections._definitions.update(kept)
+
+    overrides()  # the server serves the reviewed definition again
+    run_execute(run_id=str(second.pk))
+
+    assert only_call(second).status == "completed"
+    remote = McpRemoteTool.objects.get(server=projects, remote_name="project_status")
+    assert remote.current.definition_hash == version.adapter_config["definition_hash"]
+    assert "project_status" in [tool["name"] for tool in ask(demo).capability["tools"]]
 
 
 def test_a_removed_remote_tool_blocks_calls_and_a_stale_draft_cannot_be_published(
