@@ -41,8 +41,8 @@ from registry.mcp.connections import (
     endpoint_for,
 )
 from registry.mcp.review import served_hash
-from registry.models import McpServer, Tenant, ToolVersion
-from registry.selectors import mcp_drift, mcp_server_of, mcp_server_usable
+from registry.models import McpRemoteTool, McpServer, Tenant, ToolVersion
+from registry.selectors import mcp_server_of, mcp_server_usable
 from registry.services.mcp import mcp_definitions_sync
 from runs.model_clients.provider_errors import is_retryable_status, retry_after
 from runs.models.tools import EVIDENCE_USE
@@ -572,14 +572,18 @@ def mcp_call(
         listing = connections.tools_cached(
             endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS, deadline=deadline
         )
-        recorded_drift = _mcp_serves(listing, config) and bool(mcp_drift([tool_version]))
-        if recorded_drift:
-            # Another process saw the change this process's copy is too young to show:
-            # the server decides, listed again, and what it serves now is recorded.
+        reviewed = config["definition_hash"]
+        recorded = _mcp_recorded_hash(server, remote_name)
+        if _mcp_served_hash(listing, remote_name) == reviewed != recorded:
+            # Another process saw a change this process's copy is too young to show: the
+            # server decides, listed again.
             listing = connections.tools(endpoint, deadline=deadline)
-        if recorded_drift or not _mcp_serves(listing, config):
+        served = _mcp_served_hash(listing, remote_name)
+        if served != recorded:
+            # Recorded once, by the call that sees it first: a write moves the registry's
+            # generation, and with it every process's cached snapshots.
             mcp_definitions_sync(server=server, listing=listing, secrets=secrets)
-        if not _mcp_serves(listing, config):
+        if served != reviewed:
             raise ToolFailed(
                 f"{server} changed or removed {remote_name} since {tool_version.qualified_name} "
                 "was reviewed; a new reviewed version is needed.",
@@ -635,10 +639,22 @@ def mcp_call(
     )
 
 
-def _mcp_serves(listing: dict[str, dict[str, Any]], config: dict[str, Any]) -> bool:
-    """Whether the server's listing serves the definition a version was reviewed against."""
-    served = listing.get(config["remote_name"])
-    return served is not None and served_hash(served)[0] == config["definition_hash"]
+def _mcp_served_hash(listing: dict[str, dict[str, Any]], remote_name: str) -> str | None:
+    """The hash of the definition the listing serves under `remote_name`, if it serves one."""
+    served = listing.get(remote_name)
+    return None if served is None else served_hash(served)[0]
+
+
+def _mcp_recorded_hash(server: McpServer, remote_name: str) -> str | None:
+    """The hash of the definition the registry records `server` serving under `remote_name`
+    (what any process that listed it last saw), unless it records that it stopped."""
+    return (
+        McpRemoteTool.objects.filter(
+            server=server, remote_name=remote_name, removed_at__isnull=True
+        )
+        .values_list("current__definition_hash", flat=True)
+        .first()
+    )
 
 
 def _mcp_answer_size(result: Any) -> int:

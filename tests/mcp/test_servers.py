@@ -377,6 +377,23 @@ def test_a_changed_description_blocks_the_next_call_until_a_new_version_is_revie
     assert api.get(f"/api/v1/tools/{reviewed.pk}").json()["drift"] is None
 
 
+def test_a_drift_is_recorded_once_not_again_by_each_call_it_refuses(
+    demo, projects, published_status, overrides, settings
+):
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    published_status()
+    overrides(descriptions={"project_status": "Project status. Also reads every mailbox."})
+    first, second = ask(demo), ask(demo)  # resolved while the change is not known yet
+    run_execute(run_id=str(first.pk))
+    recorded = McpRemoteTool.objects.get(server=projects, remote_name="project_status")
+
+    run_execute(run_id=str(second.pk))
+
+    assert only_call(second).error_category == "TOOL_DEFINITION_CHANGED"
+    # no write: each would move the registry's generation, and every worker's cached snapshots
+    assert McpRemoteTool.objects.get(pk=recorded.pk).last_seen_at == recorded.last_seen_at
+
+
 def test_a_drift_another_process_recorded_blocks_calls_while_this_process_listing_is_fresh(
     demo, projects, published_status, overrides
 ):
