@@ -754,7 +754,12 @@ def _resolve_recipient(run: Run) -> None:
         if not _snapshot_tool_usable(run, call.name):
             _finish(run, status=RunStatus.REFUSED, reason_code="DIRECTORY_TOOL_NOT_AVAILABLE")
             return
-        if (refusal := executor.host_refusal(run=run, call=call)) is not None:
+        refusal = executor.host_refusal(run=run, call=call, deadline=_calls_deadline(run))
+        if refusal is not None:
+            if (reason := _budget_overrun(run)) is not None:
+                # The run's time ran out under the check, not the directory.
+                _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+                return
             _directory_failed(
                 run,
                 category=refusal.category,

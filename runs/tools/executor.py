@@ -226,12 +226,13 @@ def snapshot_tool(run: Run, name: str) -> dict[str, Any] | None:
     return next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
 
 
-def host_refusal(*, run: Run, call: RequestedCall) -> ToolRefused | ToolFailed | None:
+def host_refusal(
+    *, run: Run, call: RequestedCall, deadline: float
+) -> ToolRefused | ToolFailed | None:
     """Gate 3 alone, for a call the host would make but answers from what it holds (a
     recipient confirmed in the session): why its tool does not authorise it, if it does not
     (a refusal, or a check that failed), so the call is turned away the same with or without
-    being made. The check ends within the step's time (`tries_deadline`), as the
-    call's own would."""
+    being made. The check ends by `deadline` (monotonic), as the call's own would."""
     entry = snapshot_tool(run, call.name)
     if entry is None:
         return ToolRefused(
@@ -239,7 +240,7 @@ def host_refusal(*, run: Run, call: RequestedCall) -> ToolRefused | ToolFailed |
         )
     tool_version = versions_frozen(model=ToolVersion, ids={entry["id"]})[entry["id"]]
     context = host_context(
-        run=run, call_id=call.call_id, tool_version=tool_version, deadline=tries_deadline()
+        run=run, call_id=call.call_id, tool_version=tool_version, deadline=deadline
     )
     return _authorization_refusal(tool_version, context, call.arguments)
 

@@ -243,6 +243,34 @@ def test_a_recipient_lookup_cut_short_by_the_run_s_wall_time_ends_the_run_time_b
     assert not BusinessAction.objects.filter(run=run).exists()
 
 
+def test_a_confirmed_recipient_s_check_cut_short_by_the_run_s_wall_time_ends_it_time_budget(
+    demo, monkeypatch
+):
+    # given alice confirmed hermes's lead dir-2002 in a session, and then a run of 1 s wall
+    # time whose directory's check of the project answers in 3 s (its timeout is 10 s)
+    first = ask(demo, project_id="hermes")
+    confirmed = ask(demo, session_id=first.session_id, recipient_record_id="dir-2002")
+    assert confirmed.status == "WAITING_APPROVAL"
+    budgets(demo, max_seconds=1)
+    check = DirectoryLookup.authorize
+
+    def slow(self, context, arguments):
+        time.sleep(3)
+        return check(self, context, arguments)
+
+    monkeypatch.setattr(DirectoryLookup, "authorize", slow)
+
+    # when her next message reuses the confirmation
+    started = time.monotonic()
+    again = ask(demo, session_id=first.session_id)
+
+    # then the check was cut when the run's time ran out, and the run ended for its time,
+    # not for a directory that failed
+    assert time.monotonic() - started < 2.5
+    assert (again.status, again.reason_code) == ("BUDGET_EXHAUSTED", "TIME_BUDGET")
+    assert not BusinessAction.objects.filter(run=again).exists()
+
+
 def _directory_revoked(demo) -> None:
     version = ToolVersion.objects.get(tool__tenant=demo.acme, tool__name="directory_lookup")
     tools.tool_version_revoke(tool_version=version, actor=demo.admin, reason="compromised")
