@@ -1029,12 +1029,12 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     try:
         response = response_kept(client.complete(request))
     except ModelError as error:
-        if error.retryable and _seconds_left(run) <= 0:
-            # The run's time ran out under the call (`within_s`), not the provider's: no
-            # retry could answer within it.
-            _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TIME_BUDGET")
-            return
         if error.retryable:
+            if _seconds_left(run) <= 0:
+                # The run's time ran out under the call (`within_s`), not the provider's: no
+                # retry could answer within it.
+                _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TIME_BUDGET")
+                return
             raise ModelTemporarilyUnavailable(error) from error
         usage = error.usage or Usage()
         cost = _spend(run, prices, usage.input_tokens, usage.output_tokens)

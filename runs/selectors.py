@@ -196,12 +196,15 @@ def texts_of_earlier_runs(*, runs: list[Run]) -> dict[Any, frozenset[str]]:
         results += Source.objects.filter(tool_call_id__in=calls).values_list(
             "tool_call_id", "content"
         )
+    of_session: dict[Any, list[Run]] = {}
+    for run in runs:
+        of_session.setdefault(run.session_id, []).append(run)
     texts: dict[Any, set[str]] = {run.pk: set() for run in runs}
     for call_id, result in results:
         session_id, created_at, fields, _ = calls[call_id]
         found = texts_under(result, fields)
-        for run in runs:
-            if run.session_id == session_id and created_at < run.created_at:
+        for run in of_session[session_id]:
+            if created_at < run.created_at:
                 texts[run.pk] |= found
     return {pk: frozenset(found) for pk, found in texts.items()}
 
