@@ -212,11 +212,16 @@ class Worker:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
-        self.terminate()
+        """A warm shutdown, as a supervisor stops a worker when the README's deployment asks
+        (systemd `KillMode=mixed`): SIGTERM to the main process only, which finishes the tasks
+        in hand and then ends its pool processes."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGTERM)
         self.wait_stopped()
 
     def terminate(self) -> None:
-        """SIGTERM: a warm shutdown, finishing the tasks in hand."""
+        """SIGTERM to every process of the worker (systemd's default control-group kill): a
+        pool process ends at once, its task in hand as a crash leaves it."""
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
 

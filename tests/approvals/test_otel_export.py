@@ -165,7 +165,7 @@ def test_a_worker_process_sends_the_spans_it_holds_when_it_stops(start_worker, c
     # given a worker exporting in batches far apart: what it exports waits in its batch
     example_seed()
     worker = start_worker(
-        pool="prefork",
+        pool=pool,
         environment={
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
             "OTEL_BSP_SCHEDULE_DELAY": "600000",
