@@ -13,7 +13,7 @@ from evaluations.gates import model_change_check, model_config_change_check
 from registry.choices import ROLE_ACTIONS, Action
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import AgentConfig, ApiToken, Membership, ModelConfig, Skill, Tenant
-from registry.selectors import tenant_has_grant
+from registry.selectors import agent_skills_reachable, tenant_has_grant
 
 
 def full_clean_or_raise(instance: models.Model, *, exclude: list[str] | None = None) -> None:
@@ -78,11 +78,13 @@ def registry_object_save(
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
-    if isinstance(instance, AgentConfig):
-        model_change_check(agent_config=instance, bound_skills=skills)
     if isinstance(instance, Tenant):
         _tenant_change_check(tenant=instance, actor=actor)
     with transaction.atomic():
+        if isinstance(instance, AgentConfig):
+            bound = Skill.objects.none() if skills is None and instance._state.adding else skills
+            _skills_lock(agent_skills_reachable(agent_config=instance, bound_skills=bound))
+            model_change_check(agent_config=instance, bound_skills=skills)
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
         left = None
@@ -96,6 +98,19 @@ def registry_object_save(
         if left is not None:
             api_tokens_revoke_unless_member(user_id=left.user_id, tenant_id=left.tenant_id)
     return instance
+
+
+def _skills_lock(skills: list[Skill]) -> None:
+    """Hold the rows of `skills` until the caller's transaction ends, in the order of their
+    keys: a publish of one of them (which holds its skill's row while it checks the gate with
+    the models of the agents given it) and an agent's move or binding checked against its
+    current version go one after the other, each finding what the other saved."""
+    list(
+        Skill.objects.select_for_update(no_key=True)
+        .filter(pk__in=[skill.pk for skill in skills])
+        .order_by("pk")
+        .values_list("pk")
+    )
 
 
 # The roles that administer their tenant.

@@ -962,3 +962,51 @@ def test_a_draft_edited_while_its_publish_checks_the_gate_is_published_as_evalua
     assert version.status == VersionStatus.PUBLISHED
     assert skill_content_hash(version) == evaluated
     assert edits == ["refused"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agent_moved_while_a_publish_checks_its_gate_is_checked_against_what_is_published(
+    evaluate, demo, dave, tiny, draft, adversary, monkeypatch
+):
+    # given weekly-summary 3.4.0 met with the offline planner weekly-reporter runs, and the
+    # current 3.2.0 met with the adversary too
+    version = draft("3.4.0")
+    evaluate(tiny, version=version)
+    evaluate(tiny, model_config=adversary)
+
+    # when weekly-reporter is moved to the adversary just as the publish of 3.4.0 found its
+    # gate met with the offline planner
+    moves: list = []
+
+    def move() -> None:
+        try:
+            agent = AgentConfig.objects.get(pk=demo.agent.pk)
+            agent.model_config = adversary
+            registry_object_save(instance=agent, actor=demo.admin, reason="new model")
+            moves.append("moved")
+        except ReleaseGateFailed as refused:
+            moves.append(refused)
+        finally:
+            connection.close()
+
+    mover = threading.Thread(target=move)
+
+    def checked_then_moved(**kwargs):
+        failures = release_gate_check(**kwargs)
+        mover.start()
+        mover.join(timeout=2)
+        return failures
+
+    monkeypatch.setattr(skills, "release_gate_check", checked_then_moved)
+    skills.skill_version_publish(skill_version=version, actor=dave)
+    mover.join(timeout=10)
+
+    # then the move waited for the publish and was refused for the version it would now run
+    # on a model it was never evaluated with
+    version.refresh_from_db()
+    assert version.status == VersionStatus.PUBLISHED
+    (refused,) = moves
+    assert isinstance(refused, ReleaseGateFailed)
+    assert [failure["skill"] for failure in refused.details["failures"]] == ["weekly-summary@3.4.0"]
+    demo.agent.refresh_from_db()
+    assert demo.agent.model_config.name == "offline-planner"
