@@ -181,6 +181,20 @@ def _reply(text: bytes | str) -> str:
     return " ".join(text.split())
 
 
+def _envelope_refusals(
+    error: smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused,
+) -> list[tuple[int, str]]:
+    """The codes and replies (`<code> <text>: <address>`) with which a mail server refused
+    the sender or each recipient."""
+    if isinstance(error, smtplib.SMTPSenderRefused):
+        refusals = {error.sender: (error.smtp_code, error.smtp_error)}
+    else:
+        refusals = error.recipients
+    return [
+        (code, f"{code} {_reply(text)}: {address}") for address, (code, text) in refusals.items()
+    ]
+
+
 def _message(arguments: dict[str, Any], *, message_id: str) -> EmailMessage:
     """The mail, built in full as the SMTP backend will write it. Django builds it only inside
     `send_messages`, on an open connection, where a header with a line break (BadHeaderError)
@@ -211,7 +225,9 @@ class MailSend:
     `EMAIL_*`), exactly once per idempotency key. The delivery record is written before the
     mail server is contacted; once a connection is open, a timeout or a dropped connection
     is `unknown` (the server may have accepted the mail), never retried; a message it
-    rejects for good (5xx) failed, nothing sent."""
+    rejects for good (5xx) failed, nothing sent. A sender or recipients it turns away for now
+    (4xx to MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record goes,
+    so a try under the key may send it."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""
@@ -250,9 +266,21 @@ class MailSend:
         try:
             connection.send_messages([message])
         except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as error:
+            replies = _envelope_refusals(error)
+            refused = "; ".join(reply for _, reply in replies)
+            if all(400 <= code < 500 for code, _ in replies):
+                # Turned away for now before any message was taken: the key is free for a
+                # later try, which cannot deliver it twice.
+                delivery.delete()
+                raise ToolFailed(
+                    f"The mail server turned the mail away for now ({refused}); nothing was sent.",
+                    category=ErrorCategory.UPSTREAM_ERROR,
+                    retryable=True,
+                ) from error
             _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
             raise ToolFailed(
-                "The mail server refused the sender or the recipients; nothing was sent.",
+                f"The mail server refused the sender or the recipients ({refused}); "
+                "nothing was sent.",
                 category=ErrorCategory.INVALID_ARGUMENT,
                 retryable=False,
             ) from error

@@ -56,7 +56,10 @@ class SmtpServer:
     it) and then does not answer for that many seconds, as a server that times out after
     accepting. `drop` closes the connection after DATA without an answer: "after_accept"
     stores the message first, "before_accept" does not. `refuse` is the reply to each
-    message's DATA instead of accepting it (counted in `refused`)."""
+    message's DATA instead of accepting it (counted in `refused`). `sender_replies` are the
+    replies to the next MAIL FROM commands, and `recipient_replies` those to the next RCPT TO
+    of each address, one taken by each command instead of accepting it (counted in
+    `envelope_refused`); once they are used up, the command is accepted."""
 
     host: str
     port: int
@@ -67,6 +70,9 @@ class SmtpServer:
     drop: str = ""
     refuse: str = ""
     refused: int = 0
+    sender_replies: list[str] = field(default_factory=list)
+    recipient_replies: dict[str, list[str]] = field(default_factory=dict)
+    envelope_refused: int = 0
     controller: Controller | None = None
 
     def start(self) -> None:
@@ -90,6 +96,22 @@ class SmtpServer:
             time.sleep(0.05)
         assert self.messages, "the send never reached the mail server"
         return thread
+
+    async def handle_MAIL(self, server, session, envelope, address, mail_options):
+        if self.sender_replies:
+            self.envelope_refused += 1
+            return self.sender_replies.pop(0)
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options):
+        if self.recipient_replies.get(address):
+            self.envelope_refused += 1
+            return self.recipient_replies[address].pop(0)
+        envelope.rcpt_tos.append(address)
+        envelope.rcpt_options.extend(rcpt_options)
+        return "250 OK"
 
     async def handle_DATA(self, server, session, envelope):
         if self.drop == "before_accept":
@@ -141,6 +163,8 @@ def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[Smtp
         server.stall = 0
         server.drop = ""
         server.refuse = ""
+        server.sender_replies.clear()
+        server.recipient_replies.clear()
         server.controller.stop()
 
 

@@ -6,15 +6,18 @@ once, and exactly once whenever the server can take it."""
 from collections import Counter
 
 import pytest
+from django.conf import settings
 
 from approvals import services
 from approvals.choices import ActionStatus, Decision
 from approvals.models import BusinessAction
 from examples.models import MailDelivery
 from registry.canonical import canonical_hash
+from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run, ToolCall
 from tests.approvals.conftest import approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
+from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
 
 RUNS = 3
 
@@ -160,4 +163,131 @@ def test_a_message_the_mail_server_rejects_for_good_fails_the_action_and_is_not_
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
     assert smtp_server.refused == 1
+    assert smtp_server.messages == []
+
+
+def _recipient(action: BusinessAction) -> str:
+    return action.payload["recipient_snapshot"]["corporate_email"]
+
+
+@pytest.mark.parametrize(
+    ("where", "reply"),
+    [
+        ("recipient", "451 4.7.1 Greylisted, try again later"),
+        ("recipient", "452 4.5.3 Too many recipients"),
+        ("sender", "451 4.3.0 Temporary lookup failure"),
+        ("sender", "421 4.3.2 Service not available"),
+    ],
+)
+def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent(
+    demo, bob, smtp_server, where, reply
+):
+    # given an approved mail the server turns away for now before taking any message (as a
+    # greylisting or busy server answers MAIL FROM or RCPT TO)
+    run, action = approved_run(demo, bob)
+    if where == "sender":
+        smtp_server.sender_replies = [reply]
+    else:
+        smtp_server.recipient_replies = {_recipient(action): [reply]}
+
+    # when it is sent, with the demo's policy of one try, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+
+    # then it failed with the server's answer, as one a later try may pass: nothing was sent,
+    # so the key holds no delivery that would stop one
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    refused = settings.DEFAULT_FROM_EMAIL if where == "sender" else _recipient(action)
+    assert action.outcome["error"]["message"] == (
+        f"The mail server turned the mail away for now ({reply}: {refused}); nothing was sent."
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        "failed",
+        True,
+        False,
+    )
+    assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
+    assert smtp_server.envelope_refused == 1
+    assert smtp_server.messages == []
+
+
+def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bob, smtp_server):
+    # given a mail_send version whose policy allows a second try, pinned by the skill the
+    # running example runs
+    seeded = seeded_tool(demo, "mail_send")
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
+    content["retry_policy"] = {"max_attempts": 2, "backoff_s": 0.01, "jitter": False}
+    mail_send = publish_tool(demo, "mail_send", "1.1.0", **content)
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            seeded_tool(demo, "project_search"),
+            seeded_tool(demo, "directory_lookup"),
+            mail_send,
+        ],
+    )
+    run, action = approved_run(demo, bob)
+    assert action.tool_version_id == mail_send.pk
+    smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+
+    # then the first try was turned away and the second delivered it, once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("completed", 2)
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
+    assert smtp_server.envelope_refused == 1
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
+
+
+@pytest.mark.parametrize(
+    ("where", "reply"),
+    [
+        ("recipient", "550 5.1.1 No such user"),
+        ("sender", "553 5.7.1 Sender address rejected"),
+    ],
+)
+def test_a_mail_the_server_refuses_for_good_fails_the_action_and_is_not_tried_again(
+    demo, bob, smtp_server, where, reply
+):
+    # given an approved mail whose sender or recipient the server refuses for good
+    run, action = approved_run(demo, bob)
+    if where == "sender":
+        smtp_server.sender_replies = [reply, reply]
+    else:
+        smtp_server.recipient_replies = {_recipient(action): [reply, reply]}
+
+    # when it is sent, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+
+    # then it failed for certain, with the server's answer, and the server was asked once
+    action.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "INVALID_ARGUMENT",
+    )
+    refused = settings.DEFAULT_FROM_EMAIL if where == "sender" else _recipient(action)
+    assert action.outcome["error"]["message"] == (
+        f"The mail server refused the sender or the recipients ({reply}: {refused}); "
+        "nothing was sent."
+    )
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (False, False)
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
+    assert smtp_server.envelope_refused == 1
     assert smtp_server.messages == []
