@@ -952,7 +952,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         )
         return
     try:
-        client = model_client_for(model_config, within_s=_seconds_left(run))
+        client = model_client_for(model_config, within_s=_calls_deadline(run) - time.monotonic())
     except ModelError as error:
         # A credential not set or not granted, a bad setting: wrong until an operator fixes
         # it, so no retry; nothing was asked of the provider.
@@ -1474,12 +1474,12 @@ def _seconds_left(run: Run) -> float:
 
 
 def _calls_deadline(run: Run) -> float:
-    """When (monotonic) the tool calls of the run's step must have ended, retries and waits
-    included: the step's task time (`executor.tries_deadline`), or the end of the run's
-    wall-time budget when that comes first. A call cut short by it fails TIMEOUT as one past
-    its timeout does, and the run ends TIME_BUDGET at its next check. An approved send is
-    not bound by it (`executor.side_effect_admit`): the wait for the approval is not the
-    run's work."""
+    """When (monotonic) the model turn and the tool calls of the run's step must have ended,
+    retries and waits included: the step's task time (`executor.tries_deadline`), or the end
+    of the run's wall-time budget when that comes first. A call cut short by it fails TIMEOUT
+    as one past its timeout does (a model turn: the task retries the step), and the run ends
+    TIME_BUDGET at its next check. An approved send is not bound by it
+    (`executor.side_effect_admit`): the wait for the approval is not the run's work."""
     return min(executor.tries_deadline(), time.monotonic() + _seconds_left(run))
 
 

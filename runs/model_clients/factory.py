@@ -26,9 +26,9 @@ PROVIDER_CLIENTS: dict[str, Callable[..., ModelClient]] = {
 
 def model_client_for(model_config: ModelConfig, *, within_s: float | None = None) -> ModelClient:
     """The client of the config's provider, whose call ends within its timeout, or within
-    `within_s` (a run's time left) when that is shorter. Every refusal here is a ModelError
-    that is not retryable: a missing credential or a bad setting stays wrong until an
-    operator fixes it."""
+    `within_s` (what its run and its step's task have left, `loop._calls_deadline`) when
+    that is shorter. Every refusal here is a ModelError that is not retryable: a missing
+    credential or a bad setting stays wrong until an operator fixes it."""
     if model_config.provider == ModelProvider.OFFLINE:
         return _offline_planner(model_config)
     if model_config.provider == ModelProvider.ADVERSARIAL:

@@ -1066,6 +1066,33 @@ def test_a_model_turn_ends_with_the_run_s_wall_time_and_the_run_ends_time_budget
     assert len(fake.requests) == 1
 
 
+def test_a_model_turn_ends_with_the_step_s_task_time_and_the_task_retries_it(
+    demo, fake_model, settings
+):
+    # given a model config whose timeout (900 s) is longer than a run's task may run, a run
+    # of an hour's wall time, and a task that leaves its step 3 s of its soft time limit
+    # (`executor.tries_deadline`), whose provider takes 10 s to answer the first turn
+    config = demo.agent.model_config
+    config.parameters = {**config.parameters, "timeout_s": 900}
+    registry_object_save(instance=config, actor=demo.admin, reason="slow provider")
+    budgets(demo, max_seconds=3600)
+    settings.CELERY_TASK_SOFT_TIME_LIMIT = settings.RUN_TASK_SECONDS + 3
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"), delay_s=10)
+    run = start(demo, project_id="apollo")
+
+    # when the worker runs the steps
+    started = time.monotonic()
+    with pytest.raises(ModelTemporarilyUnavailable, match="did not answer within"):
+        run_execute(run_id=str(run.pk))
+
+    # then the turn was cut at the end of the step's task time, as a tool call is, before
+    # Celery's soft time limit would have interrupted the step: the task retries the step
+    assert time.monotonic() - started < 6
+    assert (finished(run).status, finished(run).steps) == ("RUNNING", 0)
+    assert len(fake.requests) == 1
+
+
 def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_nothing(demo):
     # given a token budget one token larger than the running example's first turn and the
     # second turn's context
