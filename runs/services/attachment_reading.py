@@ -23,8 +23,9 @@ from typing import Any
 import pypdf
 from django.conf import settings
 from django.utils import timezone
-from pypdf import PasswordType
-from pypdf.errors import PyPdfError
+from pypdf import PageObject, PasswordType
+from pypdf.errors import PdfReadError, PyPdfError
+from pypdf.generic import ArrayObject, DictionaryObject, IndirectObject, NameObject, NullObject
 
 from runs.context import wrap_untrusted
 from runs.models import Attachment, Run, Source
@@ -68,6 +69,11 @@ PDF_STREAM_LIMITS = {
     "run_length_maximum_output_length": PDF_STREAM_MAX_BYTES,
     "array_based_stream_maximum_output_length": PDF_STREAM_MAX_BYTES,
 }
+
+# What a page takes from the nodes of its page tree above it when it has none of its own.
+PDF_INHERITED = tuple(
+    NameObject(name) for name in ("/Resources", "/MediaBox", "/CropBox", "/Rotate")
+)
 
 
 class Unreadable(Exception):
@@ -116,11 +122,55 @@ def _in_time(deadline: float) -> Callable[..., None]:
     return check
 
 
+def _first_pages(
+    reader: pypdf.PdfReader, count: int, in_time: Callable[..., None]
+) -> list[PageObject]:
+    """The PDF's first `count` pages (all of them when it has fewer), its page tree walked no
+    further than they are and the deadline checked on every node: pypdf lists every page
+    first (`reader.pages`), which a file of a few kilobytes whose tree names one page a
+    hundred thousand times makes take seconds, before the deadline can be checked."""
+    root = reader.root_object["/Pages"].get_object()
+    if not isinstance(root, DictionaryObject):
+        raise PdfReadError("The page tree is no dictionary.")
+    pages: list[PageObject] = []
+    pending: list[tuple[Any, dict[NameObject, Any], frozenset[int]]] = [(root, {}, frozenset())]
+    while pending and len(pages) < count:
+        in_time()
+        entry, inherited, above = pending.pop()
+        node = entry.get_object()
+        # As pypdf reads a node: by its /Type, else a page when it has no /Kids; an entry of a
+        # damaged tree that is no node is skipped.
+        if not isinstance(node, DictionaryObject):
+            continue
+        kind = node.get("/Type", "/Pages" if "/Kids" in node else "/Page")
+        if kind == "/Page":
+            page = PageObject(reader, entry if isinstance(entry, IndirectObject) else None)
+            page.update(node)
+            page.update({name: value for name, value in inherited.items() if name not in node})
+            pages.append(page)
+            continue
+        if kind != "/Pages":
+            continue
+        if id(node) in above:
+            raise PdfReadError("The page tree has a cycle.")
+        kids = node.get("/Kids", ArrayObject()).get_object()
+        if isinstance(kids, NullObject):
+            kids = ArrayObject()
+        if not isinstance(kids, ArrayObject):
+            raise PdfReadError("A page tree node's /Kids is no array.")
+        inherited = {**inherited, **{name: node[name] for name in PDF_INHERITED if name in node}}
+        above |= {id(node)}
+        pending += [(kid, inherited, above) for kid in reversed(kids)]
+    return pages
+
+
 def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
     """The text of the PDF's first pages, up to `limit` bytes of it and
     ATTACHMENT_PDF_MAX_PAGES pages, within ATTACHMENT_PDF_MAX_SECONDS: a stream that decodes
-    past PDF_STREAM_MAX_BYTES is not interpreted, and the deadline is checked on every
-    operation, so a small file that draws a large form thousands of times stops in time."""
+    past PDF_STREAM_MAX_BYTES is not interpreted, and the deadline is checked on every node
+    of the page tree walked to the pages read and on every operation, so a small file that
+    names a page thousands of times, or draws a large form thousands of times, stops in
+    time."""
     data, _ = _stored_bytes(attachment, keep=None)
     in_time = _in_time(time.monotonic() + settings.ATTACHMENT_PDF_MAX_SECONDS)
     try:
@@ -130,11 +180,13 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
             # which opens it in any viewer; pypdf still calls it encrypted once open.
             if reader.is_encrypted and reader.decrypt("") == PasswordType.NOT_DECRYPTED:
                 raise Unreadable("the PDF is encrypted")
-            pages = len(reader.pages)
+            # One page more than are read: whether there are more.
+            first = _first_pages(reader, settings.ATTACHMENT_PDF_MAX_PAGES + 1, in_time)
+            pages = len(first)
             read = b""
             shown = 0
             while shown < min(pages, settings.ATTACHMENT_PDF_MAX_PAGES) and len(read) <= limit:
-                page = reader.pages[shown]
+                page = first[shown]
                 read += (page.extract_text(visitor_operand_before=in_time) or "").strip().encode()
                 read += b"\n\n"
                 shown += 1

@@ -98,6 +98,23 @@ def pdf_drawing_a_form(times: int, form_operations: int) -> bytes:
     )
 
 
+def pdf_naming_a_node_many_times(node: bytes, times: int) -> bytes:
+    """A PDF of a few kilobytes whose page tree names `times` nodes, each naming the `node`
+    `times` times, and then a page showing "Apollo"."""
+    return document(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [%s 5 0 R] >>" % (b" 3 0 R" * times),
+            b"<< /Type /Pages /Parent 2 0 R /Kids [%s] >>" % (b" 4 0 R" * times),
+            node,
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 6 0 R "
+            b"/Resources << /Font << /F1 7 0 R >> >> >>",
+            stream_object(b"BT /F1 12 Tf 72 720 Td (Apollo) Tj ET"),
+            HELVETICA,
+        ]
+    )
+
+
 def pdf_with_an_xref_stream(entries: bytes, rows: list[tuple[int, int, int]]) -> bytes:
     """A PDF 1.5 of one catalog whose cross-reference stream, its last object, has these
     dictionary `entries` and lists objects 0 (free) and 1 (the catalog), these `rows`
@@ -495,8 +512,21 @@ def test_what_pypdf_warns_of_a_pdf_is_not_logged(answered, alice_api, caplog):
             "its text could not be extracted",
         ),
         (pdf_drawing_a_form(times=400, form_operations=1000), "its text takes too long to extract"),
+        (
+            pdf_naming_a_node_many_times(b"<< /Type /Page /MediaBox [0 0 612 792] >>", 315),
+            "it has no text to extract on its first pages",
+        ),
+        (
+            pdf_naming_a_node_many_times(b"<< /Type /Pages /Kids [] >>", 315),
+            "its text takes too long to extract",
+        ),
     ],
-    ids=["a-page-of-4-mb-in-9-kb", "a-form-drawn-400-times"],
+    ids=[
+        "a-page-of-4-mb-in-9-kb",
+        "a-form-drawn-400-times",
+        "99226-pages-in-4-kb",
+        "99225-page-tree-nodes-before-its-page",
+    ],
 )
 def test_reading_a_pdf_stops_in_time_however_much_work_it_asks_for(
     answered, alice_api, settings, content, note
