@@ -35,7 +35,13 @@ from examples.selectors import project_for_actor
 from registry.canonical import canonical_hash
 from registry.choices import Action, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
-from registry.selectors import user_can, user_roles, version_ids_withdrawn, versions_frozen
+from registry.selectors import (
+    mcp_drift,
+    user_can,
+    user_roles,
+    version_ids_withdrawn,
+    versions_frozen,
+)
 from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, Channel, RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
@@ -521,6 +527,16 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str],
             version.qualified_name
             for version in ToolVersion.objects.filter(pk__in=gone).select_related("tool")
         )
+    send_tool = versions_frozen(model=ToolVersion, ids=[action.tool_version_id])[
+        str(action.tool_version_id)
+    ]
+    if mcp_drift([send_tool]):
+        # The approver approved the contract of the send tool as reviewed: its MCP server
+        # serves another one now, as the registry records it (as a new run's snapshot reads
+        # it). A change not recorded yet is found by the send, which lists the server first.
+        problems.append("TOOL_DEFINITION_CHANGED")
+        if send_tool.qualified_name not in versions:
+            versions.append(send_tool.qualified_name)
     return problems, versions
 
 
@@ -689,6 +705,7 @@ def action_execute(*, action_id: Any) -> None:
                 "policy",
                 "directory_record",
                 "versions",
+                "tool_definition",
                 "hash",
             ],
         )

@@ -1,10 +1,13 @@
 """An MCP server (stdio) that serves exactly what a JSON spec file says, re-read on every
 request, past the checks the SDK's higher-level server makes: tool and resource listings,
-and one answer to every call. The file's path is in HOSTILE_SPEC."""
+and one answer to every call. The file's path is in HOSTILE_SPEC. Every tools/call is
+appended to the spec's `call_log`, when it names one; with `down` set, a process started
+exits before it answers anything (a server that cannot be reached)."""
 
 import asyncio
 import json
 import os
+import sys
 from pathlib import Path
 
 from mcp import types
@@ -25,6 +28,9 @@ async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
 
 
 async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
+    if log := spec().get("call_log"):
+        with open(log, "a") as calls:
+            calls.write(request.params.name + "\n")
     return types.ServerResult(types.CallToolResult.model_validate(spec()["result"]))
 
 
@@ -47,4 +53,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if spec().get("down"):
+        sys.exit(1)
     asyncio.run(main())
