@@ -33,7 +33,7 @@ from config.celery import task_send
 from examples.models import DirectoryRecord
 from examples.selectors import project_for_actor
 from registry.canonical import canonical_hash
-from registry.choices import Action, VersionStatus
+from registry.choices import Action, AdapterKind, VersionStatus
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import (
     mcp_drift,
@@ -964,6 +964,48 @@ def actions_expire() -> int:
             if locked and locked[1].status == ActionStatus.WAITING_APPROVAL:
                 _run_ended(*locked)
     return expired
+
+
+def actions_invalidate_drifted() -> int:
+    """Invalidate the waiting actions whose send tool's MCP server no longer serves the
+    definition that was reviewed, as the registry records it (`mcp_drift`): an approver would
+    approve a contract no longer offered, which the resume would refuse. Returns how many."""
+    waiting = list(
+        BusinessAction.objects.filter(
+            status=ActionStatus.WAITING_APPROVAL, tool_version__adapter_kind=AdapterKind.MCP
+        ).values_list("pk", "tool_version_id")[:500]
+    )
+    send_tools = versions_frozen(
+        model=ToolVersion, ids={str(version_id) for _, version_id in waiting}
+    )
+    drifted = mcp_drift(send_tools.values())
+    invalidated = 0
+    for action_id, version_id in waiting:
+        send_tool = send_tools.get(str(version_id))
+        if send_tool is None or str(version_id) not in drifted:
+            continue
+        with transaction.atomic():
+            locked = _locked(action_id)
+            if locked is None or locked[1].status != ActionStatus.WAITING_APPROVAL:
+                continue
+            run, action = locked
+            # Read again with the action locked: a server that serves the reviewed definition
+            # again, and a call that recorded it, undo the drift.
+            if _run_ended(run, action) or not mcp_drift([send_tool]):
+                continue
+            reasons, versions = ["TOOL_DEFINITION_CHANGED"], [send_tool.qualified_name]
+            _transition(action, ActionStatus.INVALIDATED, reason=reasons[0])
+            events.approval_invalidated(
+                run, action_id=str(action.pk), reasons=reasons, versions=versions
+            )
+            run_finish(
+                run=run,
+                status=RunStatus.FAILED_FINAL,
+                reason_code="APPROVAL_INVALIDATED",
+                output={"reasons": reasons, "versions": versions},
+            )
+            invalidated += 1
+    return invalidated
 
 
 # An approved or executing action untouched this long lost its task.

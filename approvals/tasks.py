@@ -25,11 +25,13 @@ def action_reconcile(*, action_id: str, attempt: int | None = None) -> str:
 
 @shared_task(acks_late=True)
 def actions_sweep() -> dict[str, int]:
-    """Expire approvals past their TTL, resume approved or executing actions whose task was
-    lost (the resume is idempotent) and send again the reconciliations of unknown actions
-    that are overdue (an attempt is made once)."""
+    """Expire approvals past their TTL, invalidate the waiting ones whose MCP send tool
+    changed on its server, resume approved or executing actions whose task was lost (the
+    resume is idempotent) and send again the reconciliations of unknown actions that are
+    overdue (an attempt is made once)."""
     return {
         "expired": services.actions_expire(),
+        "invalidated": services.actions_invalidate_drifted(),
         "resumed": services.actions_resume_stalled(),
         "reconciled": services.actions_reconcile_overdue(),
     }

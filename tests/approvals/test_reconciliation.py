@@ -64,7 +64,7 @@ def test_an_unknown_action_whose_reconciliation_was_never_sent_is_reconciled_by_
 
     # when the broker is back, the sweep sends the first attempt
     broker.up()
-    assert tasks.actions_sweep() == {"expired": 0, "resumed": 0, "reconciled": 1}
+    assert tasks.actions_sweep() == {"expired": 0, "invalidated": 0, "resumed": 0, "reconciled": 1}
     assert queued_tasks() == [(RECONCILE, {"action_id": str(action.pk), "attempt": 1})]
     queue_purge()
 
@@ -88,13 +88,13 @@ def test_a_sweep_with_the_broker_down_keeps_a_stalled_approval_for_the_next_one(
 
     # when the sweep runs while the broker cannot be reached, it ends and sends nothing
     broker.down()
-    assert tasks.actions_sweep() == {"expired": 0, "resumed": 0, "reconciled": 0}
+    assert tasks.actions_sweep() == {"expired": 0, "invalidated": 0, "resumed": 0, "reconciled": 0}
     assert f"{RESUME}{{'action_id': '{action.pk}'}} not sent" in caplog.text
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.APPROVED
 
     # and once the broker is back, the next sweep sends its resume
     broker.up()
-    assert tasks.actions_sweep() == {"expired": 0, "resumed": 1, "reconciled": 0}
+    assert tasks.actions_sweep() == {"expired": 0, "invalidated": 0, "resumed": 1, "reconciled": 0}
     assert queued_tasks() == [(RESUME, {"action_id": str(action.pk)})]
     queue_purge()
 

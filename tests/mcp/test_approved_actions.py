@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from django.contrib.auth import get_user_model
 
-from approvals import services
+from approvals import services, tasks
 from approvals.choices import ActionStatus, Decision
+from approvals.errors import AlreadyDecided
 from approvals.models import BusinessAction
+from approvals.selectors import pending
 from registry.mcp.connections import connections
 from registry.models import McpServer, SkillVersion, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
@@ -204,3 +206,38 @@ def test_a_change_no_one_recorded_yet_is_found_by_the_send_and_nothing_is_sent(
         ActionStatus.FAILED,
         "TOOL_DEFINITION_CHANGED",
     )
+
+
+def test_a_waiting_approval_leaves_the_queue_once_its_tool_s_definition_changed(demo, mailer):
+    # given an action waiting for approval, its send tool as reviewed on the server
+    version = mcp_send_pinned(demo, mailer)
+    run, action = waiting_run(demo)
+    assert tasks.actions_sweep()["invalidated"] == 0
+    assert pending(BusinessAction.objects.filter(pk=action.pk)).exists()
+
+    # when the server changes the tool and discovery records it, the next sweep
+    mailer.serve(CHANGED)
+    mcp_server_discover(server=mailer, actor=None)
+    assert tasks.actions_sweep()["invalidated"] == 1
+
+    # then invalidates the approval: no approver is asked for a contract no longer served
+    assert not pending(BusinessAction.objects.filter(pk=action.pk)).exists()
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (
+        ActionStatus.INVALIDATED,
+        "TOOL_DEFINITION_CHANGED",
+    )
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    invalidated = events_of(run, "approval.invalidated")[0]
+    assert invalidated["reasons"] == ["TOOL_DEFINITION_CHANGED"]
+    assert invalidated["versions"] == [version.qualified_name]
+    with pytest.raises(AlreadyDecided):
+        services.approval_decide(
+            action_id=action.pk,
+            approver=get_user_model().objects.get(username="bob"),
+            decision=Decision.APPROVE,
+            payload_hash=action.payload_hash,
+        )
+    assert calls_of(mailer) == []
+    assert tasks.actions_sweep()["invalidated"] == 0
