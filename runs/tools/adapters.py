@@ -559,12 +559,14 @@ def mcp_call(
     change wrote) both say. The host, never the model,
     supplies the credential (in the connection) and the identity (in `_meta`). All of it (the
     server's name looked up, its session opened, its tools listed again when the copy is
-    stale, the call) ends within the version's timeout (`attempt_seconds`)."""
+    stale, the call) ends within the version's timeout (`attempt_seconds`). A failure before
+    the call was sent (the server unreachable, its listing late or refused) did nothing."""
     deadline = Deadline.after(attempt_seconds(tool_version, context))
     server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
     remote_name = config["remote_name"]
     writes = tool_version.risk not in READ_RISKS
+    sent = False
     secrets: tuple[str, ...] = ()
     try:
         endpoint = endpoint_for(server, deadline=deadline)
@@ -590,6 +592,7 @@ def mcp_call(
                 category=ErrorCategory.TOOL_DEFINITION_CHANGED,
                 retryable=False,
             )
+        sent = True
         result = connections.call_tool(
             endpoint,
             remote_name,
@@ -610,14 +613,14 @@ def mcp_call(
             strip_secrets(str(error), secrets=secrets),
             category=ErrorCategory.TIMEOUT,
             retryable=True,
-            may_have_side_effect=writes,
+            may_have_side_effect=writes and sent,
         ) from error
     except McpUnavailable as error:
         raise ToolFailed(
             strip_secrets(str(error), secrets=secrets),
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
-            may_have_side_effect=writes,
+            may_have_side_effect=writes and sent,
         ) from error
     except McpRemoteError as error:
         # The server's own message: it may echo what it was sent, credential included.

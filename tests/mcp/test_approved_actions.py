@@ -241,3 +241,26 @@ def test_a_waiting_approval_leaves_the_queue_once_its_tool_s_definition_changed(
         )
     assert calls_of(mailer) == []
     assert tasks.actions_sweep()["invalidated"] == 0
+
+
+def test_a_send_whose_server_cannot_be_reached_to_list_its_tools_did_nothing(demo, mailer):
+    # given an approved action, and a server that cannot be reached when the send comes round
+    run, action, _ = approved(demo, mailer)
+    mailer.serve(MAIL_SEND, down=True)
+    connections.close_all()
+
+    services.action_execute(action_id=action.pk)
+
+    # then the send, refused before the tool was called, failed: it is not left unknown for
+    # a reconciliation that cannot ask an MCP server and ends with a person
+    assert calls_of(mailer) == []
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert action.reconcile_due_at is None
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert call.envelope["may_have_side_effect"] is False
