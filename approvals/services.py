@@ -970,20 +970,19 @@ def actions_invalidate_drifted() -> int:
     """Invalidate the waiting actions whose send tool's MCP server no longer serves the
     definition that was reviewed, as the registry records it (`mcp_drift`): an approver would
     approve a contract no longer offered, which the resume would refuse. Returns how many."""
-    waiting = list(
-        BusinessAction.objects.filter(
-            status=ActionStatus.WAITING_APPROVAL, tool_version__adapter_kind=AdapterKind.MCP
-        ).values_list("pk", "tool_version_id")[:500]
+    waiting = BusinessAction.objects.filter(status=ActionStatus.WAITING_APPROVAL)
+    version_ids = waiting.filter(tool_version__adapter_kind=AdapterKind.MCP).values_list(
+        "tool_version_id", flat=True
     )
     send_tools = versions_frozen(
-        model=ToolVersion, ids={str(version_id) for _, version_id in waiting}
+        model=ToolVersion, ids={str(version_id) for version_id in version_ids.distinct()}
     )
     drifted = mcp_drift(send_tools.values())
     invalidated = 0
-    for action_id, version_id in waiting:
-        send_tool = send_tools.get(str(version_id))
-        if send_tool is None or str(version_id) not in drifted:
-            continue
+    for action_id, version_id in waiting.filter(tool_version_id__in=list(drifted)).values_list(
+        "pk", "tool_version_id"
+    ):
+        send_tool = send_tools[str(version_id)]
         with transaction.atomic():
             locked = _locked(action_id)
             if locked is None or locked[1].status != ActionStatus.WAITING_APPROVAL:
