@@ -684,16 +684,7 @@ def action_execute(*, action_id: Any) -> None:
             return
         problems, versions = _revalidation_problems(run, action)
         if problems:
-            _transition(action, ActionStatus.INVALIDATED, reason=problems[0])
-            events.approval_invalidated(
-                run, action_id=str(action.pk), reasons=problems, versions=versions
-            )
-            run_finish(
-                run=run,
-                status=RunStatus.FAILED_FINAL,
-                reason_code="APPROVAL_INVALIDATED",
-                output={"reasons": problems} | ({"versions": versions} if versions else {}),
-            )
+            _approval_invalidate(run, action, reasons=problems, versions=versions)
             return
         events.run_resumed(
             run,
@@ -966,6 +957,21 @@ def actions_expire() -> int:
     return expired
 
 
+def _approval_invalidate(
+    run: Run, action: BusinessAction, *, reasons: list[str], versions: list[str]
+) -> None:
+    """The action will not be sent, for `reasons` (the first is its reason), naming the
+    `versions` they concern; its run ends FAILED_FINAL APPROVAL_INVALIDATED."""
+    _transition(action, ActionStatus.INVALIDATED, reason=reasons[0])
+    events.approval_invalidated(run, action_id=str(action.pk), reasons=reasons, versions=versions)
+    run_finish(
+        run=run,
+        status=RunStatus.FAILED_FINAL,
+        reason_code="APPROVAL_INVALIDATED",
+        output={"reasons": reasons} | ({"versions": versions} if versions else {}),
+    )
+
+
 def actions_invalidate_drifted() -> int:
     """Invalidate the waiting actions whose send tool's MCP server no longer serves the
     definition that was reviewed, as the registry records it (`mcp_drift`): an approver would
@@ -992,16 +998,11 @@ def actions_invalidate_drifted() -> int:
             # again, and a call that recorded it, undo the drift.
             if _run_ended(run, action) or not mcp_drift([send_tool]):
                 continue
-            reasons, versions = ["TOOL_DEFINITION_CHANGED"], [send_tool.qualified_name]
-            _transition(action, ActionStatus.INVALIDATED, reason=reasons[0])
-            events.approval_invalidated(
-                run, action_id=str(action.pk), reasons=reasons, versions=versions
-            )
-            run_finish(
-                run=run,
-                status=RunStatus.FAILED_FINAL,
-                reason_code="APPROVAL_INVALIDATED",
-                output={"reasons": reasons, "versions": versions},
+            _approval_invalidate(
+                run,
+                action,
+                reasons=["TOOL_DEFINITION_CHANGED"],
+                versions=[send_tool.qualified_name],
             )
             invalidated += 1
     return invalidated
