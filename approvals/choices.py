@@ -46,7 +46,9 @@ ACTION_TRANSITIONS: dict[str, frozenset[str]] = {
 }
 
 DECIDABLE_STATUSES = frozenset({ActionStatus.WAITING_APPROVAL})
-# An action whose execution started: it did something in the world, or may have.
+# An action whose execution started: it did something in the world, or may have, unless
+# its send never reached the tool (refused by a gate, turned away by a limit), which leaves
+# it failed with no `executed_at`.
 EXECUTED_STATUSES = frozenset(
     {ActionStatus.EXECUTING, ActionStatus.SUCCEEDED, ActionStatus.FAILED, ActionStatus.UNKNOWN}
 )

@@ -645,10 +645,14 @@ def _fail(
 ) -> None:
     """The action failed; the run ends FAILED_FINAL (ACTION_FAILED), or CANCELLED for the
     reason it was cancelled while its action had not been done. Its message is kept without
-    the credential the host gave the call (`secrets`)."""
+    the credential the host gave the call (`secrets`). A send that never reached its tool (a
+    gate refused it, or a limit turned it away) was not executed: it keeps no `executed_at`,
+    and an auditor does not find it among the side effects."""
     message = strip_secrets(str(failure), secrets=secrets)
     action.outcome = {"error": {"category": failure.category, "message": message}}
-    action.save(update_fields=["outcome", "updated_at"])
+    if not failure.attempted:
+        action.executed_at = None
+    action.save(update_fields=["outcome", "executed_at", "updated_at"])
     _transition(action, ActionStatus.FAILED, reason=failure.category)
     if reconciled:
         _mark_reconciled(run, action)
@@ -713,6 +717,7 @@ def action_execute(*, action_id: Any) -> None:
                 admitted.envelope.get("error", {}).get("message", "Refused."),
                 category=admitted.error_category,
                 retryable=False,
+                attempted=False,
             )
             _fail(run, action, failure, reconciled=False)
             run.save(update_fields=["state", "tool_call_count"])

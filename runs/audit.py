@@ -84,7 +84,9 @@ def history(runs: QuerySet[Run], filters: HistoryFilters, *, before: str = "") -
         runs = runs.filter(created_at__gte=_day_start(filters.date_from))
     if filters.date_to and filters.date_to < date.max:
         runs = runs.filter(created_at__lt=_day_start(filters.date_to + timedelta(days=1)))
-    side_effect = BusinessAction.objects.filter(run=OuterRef("pk"), status__in=EXECUTED_STATUSES)
+    side_effect = BusinessAction.objects.filter(
+        run=OuterRef("pk"), status__in=EXECUTED_STATUSES, executed_at__isnull=False
+    )
     rejected = ToolCall.objects.filter(run=OuterRef("pk"), status=ToolCall.Status.REJECTED)
     if filters.has_side_effect:
         runs = runs.filter(Exists(side_effect))

@@ -21,9 +21,11 @@ from rest_framework.test import APIClient
 from approvals import services
 from approvals.choices import Decision
 from approvals.models import BusinessAction
+from examples import handlers
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Membership, ToolVersion
+from registry.selectors import versions_frozen
 from registry.services.tenancy import api_token_issue, membership_add
 from registry.services.tools import tool_version_create, tool_version_revoke
 from runs import audit as runs_audit
@@ -31,8 +33,10 @@ from runs.audit import PAGE_SIZE
 from runs.choices import EventType
 from runs.loop import run_execute
 from runs.models import Run, Span, ToolCall
+from runs.tools import limits
+from runs.tools.adapters import ToolRefused
 from runs.tracing import root_span_id
-from tests.approvals.conftest import waiting_run
+from tests.approvals.conftest import approver_in, left_unknown, waiting_run
 from tests.registry.factories import tool_content
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
@@ -284,6 +288,75 @@ def test_a_side_effect_is_an_action_executed_not_one_rejected_or_waiting(
 
     # then only the sent one is listed: the others did nothing in the world
     assert [str(run.pk) for run in Run.objects.all() if str(run.pk) in html] == [str(sent_run.pk)]
+
+
+def _approved(demo, bob) -> tuple[Run, BusinessAction]:
+    run, action = waiting_run(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    return run, action
+
+
+def _refused_by_its_authorisation_check(demo, bob, settings, monkeypatch) -> Run:
+    run, action = _approved(demo, bob)
+
+    def refuse(*_):
+        raise ToolRefused("The relay no longer sends for this project.")
+
+    monkeypatch.setattr(handlers.MailSend, "authorize", refuse)
+    services.action_execute(action_id=action.pk)
+    return run
+
+
+def _turned_away_by_its_concurrency_cap(demo, bob, settings, monkeypatch) -> Run:
+    # every slot of mail_send held for longer than the send's time (2 s) lets it wait
+    settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 243
+    run, action = _approved(demo, bob)
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 1)
+    for holder in range(mail_send.concurrency_cap):
+        assert limits._take(
+            limits._slots_key("tool", mail_send.pk),
+            cap=mail_send.concurrency_cap,
+            holder=f"busy-{holder}",
+            expires_at=timezone.now().timestamp() + 60,
+            ttl=60,
+        )
+    services.action_execute(action_id=action.pk)
+    return run
+
+
+@pytest.mark.parametrize(
+    "refused", [_refused_by_its_authorisation_check, _turned_away_by_its_concurrency_cap]
+)
+def test_an_approved_send_refused_before_its_tool_ran_is_no_side_effect(
+    demo, sent_run, carol, bob, smtp_server, client, settings, monkeypatch, refused
+):
+    # given, besides a run whose mail was sent and one whose send's outcome is unknown, an
+    # approved send refused by a gate before mail_send was called
+    unknown, _ = left_unknown(demo, approver_in(demo.acme), smtp_server)
+    smtp_server.stall = 0
+    run = refused(demo, bob, settings, monkeypatch)
+    action = BusinessAction.objects.get(run=run)
+    assert action.status == "failed"
+    assert Run.objects.get(pk=run.pk).reason_code == "ACTION_FAILED"
+    assert len(smtp_server.messages) == 2
+    logged_in(client, carol)
+
+    # when the auditor lists the runs with a side effect, and reads the refused one
+    html = client.get(reverse("runs:history"), {"has_side_effect": "on"}).content.decode()
+    record = client.get(reverse("runs:export", args=[run.pk])).json()
+
+    # then the send and the unknown one are listed, and the refused one was never executed
+    listed = {str(listed.pk) for listed in Run.objects.all() if str(listed.pk) in html}
+    assert listed == {str(sent_run.pk), str(unknown.pk)}
+    assert action.executed_at is None
+    assert [entry["executed_at"] for entry in record["actions"]] == [None]
+    assert BusinessAction.objects.get(run=unknown).executed_at is not None
 
 
 def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
