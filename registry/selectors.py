@@ -19,7 +19,15 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
-from django.db.models import Exists, F, OuterRef, Q, QuerySet, prefetch_related_objects
+from django.db.models import (
+    Exists,
+    F,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    prefetch_related_objects,
+)
 from django.db.models.expressions import RawSQL
 from guardian.shortcuts import get_objects_for_group
 
@@ -524,6 +532,17 @@ def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, 
     return found
 
 
+def _names_loaded(skills: Iterable[Skill]) -> set[str]:
+    """The names of the skills the nodes of these skills' current versions' workflows load."""
+    return {
+        name
+        for skill in skills
+        if skill.current_version is not None
+        and (workflow := WORKFLOWS.get(skill.current_version.workflow)) is not None
+        for name in workflow.skills_loaded
+    }
+
+
 def agent_skills_reachable(
     *, agent_config: AgentConfig, bound_skills: QuerySet[Skill] | None = None
 ) -> list[Skill]:
@@ -538,15 +557,7 @@ def agent_skills_reachable(
     else:
         routed = agent_config.skills.all()
     reachable = list(routed.select_related("current_version"))
-    have = {skill.name for skill in reachable}
-    loaded = {
-        name
-        for skill in reachable
-        if skill.current_version is not None
-        and (workflow := WORKFLOWS.get(skill.current_version.workflow)) is not None
-        for name in workflow.skills_loaded
-        if name not in have
-    }
+    loaded = _names_loaded(reachable) - {skill.name for skill in reachable}
     if loaded:
         found = skills_loaded_by_name(tenant=agent_config.tenant, names=loaded)
         reachable += [found[name] for name in sorted(found)]
@@ -556,21 +567,44 @@ def agent_skills_reachable(
 def agents_given(*, skill: Skill) -> list[AgentConfig]:
     """The active agents whose runs may be given a version of `skill` once it is current: in
     each active tenant that may use it (an eval run's sandbox aside), every agent that recalls
-    its skills, and each other one that reaches it (`agent_skills_reachable`)."""
-    agents = AgentConfig.objects.filter(
-        is_active=True, tenant__is_active=True, tenant__sandbox_of__isnull=True
-    ).select_related("tenant", "model_config")
+    its skills, and each other one that reaches it (`agent_skills_reachable`). A publish asks
+    this of every agent, so their bound skills are read at once, and whether a tenant may use
+    the skill, and which skill of its name a workflow node loads there, once per tenant."""
+    agents = (
+        AgentConfig.objects.filter(
+            is_active=True, tenant__is_active=True, tenant__sandbox_of__isnull=True
+        )
+        .select_related("tenant", "model_config")
+        .prefetch_related(
+            Prefetch("skills", queryset=Skill.objects.select_related("current_version"))
+        )
+    )
     if skill.tenant_id is not None:
         agents = agents.filter(tenant_id=skill.tenant_id)
-    return [
-        agent
-        for agent in agents.order_by("tenant__slug", "name")
-        if tenant_has_grant(tenant=agent.tenant, definition=skill)
-        and (
-            agent.skill_assembly == SkillAssembly.RETRIEVAL
-            or skill in agent_skills_reachable(agent_config=agent)
-        )
-    ]
+    granted: dict[int, bool] = {}
+    loaded_by_name: dict[int, bool] = {}
+
+    def given(agent: AgentConfig) -> bool:
+        tenant = agent.tenant
+        if tenant.pk not in granted:
+            granted[tenant.pk] = tenant_has_grant(tenant=tenant, definition=skill)
+        if not granted[tenant.pk]:
+            return False
+        if agent.skill_assembly == SkillAssembly.RETRIEVAL:
+            return True
+        # As `agent_skills_reachable` finds them: its bound skills, then those of the names
+        # their workflows load that none of them has.
+        bound = list(agent.skills.all())
+        if skill in bound:
+            return True
+        if skill.name in {other.name for other in bound} or skill.name not in _names_loaded(bound):
+            return False
+        if tenant.pk not in loaded_by_name:
+            found = skills_loaded_by_name(tenant=tenant, names=[skill.name])
+            loaded_by_name[tenant.pk] = found.get(skill.name) == skill
+        return loaded_by_name[tenant.pk]
+
+    return [agent for agent in agents.order_by("tenant__slug", "name") if given(agent)]
 
 
 def skill_versions_served(*, skills: Iterable[Skill], tenant: Tenant) -> list[SkillVersion]:

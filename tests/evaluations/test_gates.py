@@ -9,6 +9,7 @@ import pytest
 from django import forms
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from evaluations import services
@@ -19,10 +20,12 @@ from evaluations.models import EvalCase, EvalRun, EvalThreshold, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider, SkillAssembly, VersionStatus
 from registry.errors import ValidationFailed, VersionImmutable
-from registry.models import AgentConfig, ModelConfig, RolloutFlag, Skill, SkillVersion
+from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag, Skill, SkillVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
+from registry.selectors import agents_given
 from registry.services import skills
 from registry.services.common import registry_object_save
+from registry.services.tenancy import definition_grant
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
 
 
@@ -469,6 +472,66 @@ def test_moving_an_agent_needs_the_gate_met_for_the_version_a_rollout_serves_its
 
     # then the version the rollout serves decided: the current one was met
     assert [failure["skill"] for failure in refused.details["failures"]] == ["weekly-summary@3.2.0"]
+
+
+def test_a_publish_finds_the_agents_given_its_skill_in_as_many_queries_however_many(demo, dave):
+    # given acme's agents bound to weekly-summary, bound to weekly-summary-lite (whose draft
+    # node loads weekly-summary by name), recalling their skills, bound to nothing, and bound
+    # to a platform-wide skill granted to acme; and one of globex bound to that skill too
+    weekly = Skill.objects.get(tenant=demo.acme, name="weekly-summary")
+    lite = publish_lite(demo, dave).skill
+    shared = Skill.objects.create(tenant=None, name="shared-summary")
+    definition_grant(actor=demo.admin, definition=shared, tenant=demo.acme)
+    kinds = [
+        (SkillAssembly.STATIC, [weekly]),
+        (SkillAssembly.STATIC, [lite]),
+        (SkillAssembly.RETRIEVAL, []),
+        (SkillAssembly.STATIC, []),
+        (SkillAssembly.STATIC, [shared]),
+    ]
+    ungranted = AgentConfig.objects.create(
+        tenant=demo.globex,
+        name="shared-reporter",
+        model_config=demo.agent.model_config,
+        policy=Policy.objects.create(tenant=demo.globex, name="shared-reporting"),
+    )
+    ungranted.skills.set([shared])
+
+    def agents_added(upto: int) -> None:
+        for number in range(AgentConfig.objects.filter(name__startswith="extra-").count(), upto):
+            assembly, bound = kinds[number % len(kinds)]
+            agent = AgentConfig.objects.create(
+                tenant=demo.acme,
+                name=f"extra-{number:02}",
+                model_config=demo.agent.model_config,
+                policy=demo.agent.policy,
+                skill_assembly=assembly,
+            )
+            agent.skills.set(bound)
+
+    def given(skill: Skill) -> tuple[list[str], int]:
+        with CaptureQueriesContext(connection) as queries:
+            agents = agents_given(skill=skill)
+        return [agent.name for agent in agents if agent.name.startswith("extra-")], len(queries)
+
+    # when a publish of each skill finds its agents, among 5 extra agents and then 30 (once
+    # Django has read the content types it keeps)
+    agents_added(5)
+    agents_given(skill=weekly)
+    few = {skill.name: given(skill) for skill in (weekly, shared)}
+    agents_added(30)
+    many = {skill.name: given(skill) for skill in (weekly, shared)}
+
+    # then it finds each agent its runs give the skill to, in as many queries either way
+    numbered = [f"extra-{number:02}" for number in range(30)]
+    assert many["weekly-summary"][0] == [name for name in numbered if int(name[6:]) % 5 < 3]
+    assert many["shared-summary"][0] == [name for name in numbered if int(name[6:]) % 5 in (2, 4)]
+    assert demo.agent in agents_given(skill=weekly)
+    assert ungranted not in agents_given(skill=shared)
+    assert few["weekly-summary"][0] == ["extra-00", "extra-01", "extra-02"]
+    assert {name: count for name, (_, count) in many.items()} == {
+        name: count for name, (_, count) in few.items()
+    }
 
 
 def test_moving_an_agent_to_another_model_needs_the_gate_met_with_that_model(
