@@ -7,6 +7,7 @@ like a missing one.
 
 import hashlib
 import smtplib
+import ssl
 from datetime import date
 from email.errors import MessageError
 from typing import Any
@@ -195,6 +196,23 @@ def _envelope_refusals(
     ]
 
 
+def _not_ready(error: OSError) -> str | None:
+    """What the mail server said or did when a connection to it could not be opened for now,
+    if it was for now: refused, timed out, closed before a command, or a 4xx reply (a `421`
+    greeting). None when a later try could not open it either: a 5xx reply, a login turned
+    away, TLS that cannot be negotiated or a certificate that does not verify, an extension
+    the server lacks."""
+    if isinstance(error, smtplib.SMTPAuthenticationError | ssl.SSLError):
+        return None
+    if isinstance(error, smtplib.SMTPResponseException):
+        return f"{error.smtp_code} {_reply(error.smtp_error)}" if error.smtp_code < 500 else None
+    if isinstance(error, smtplib.SMTPException) and not isinstance(
+        error, smtplib.SMTPServerDisconnected
+    ):
+        return None
+    return f"{type(error).__name__}: {error}"
+
+
 def _message(arguments: dict[str, Any], *, message_id: str) -> EmailMessage:
     """The mail, built in full as the SMTP backend will write it. Django builds it only inside
     `send_messages`, on an open connection, where a header with a line break (BadHeaderError)
@@ -225,9 +243,10 @@ class MailSend:
     `EMAIL_*`), exactly once per idempotency key. The delivery record is written before the
     mail server is contacted; once a connection is open, a timeout or a dropped connection
     is `unknown` (the server may have accepted the mail), never retried; a message it
-    rejects for good (5xx) failed, nothing sent. A sender or recipients it turns away for now
-    (4xx to MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record goes,
-    so a try under the key may send it."""
+    rejects for good (5xx) failed, nothing sent. A server not ready when asked (refused, no
+    greeting in time, a 4xx greeting) or a sender or recipients it turns away for now (4xx to
+    MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record goes, so a try
+    under the key may send it."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""
@@ -256,7 +275,16 @@ class MailSend:
         connection = get_connection(fail_silently=False)
         try:
             connection.open()
-        except (OSError, smtplib.SMTPException) as error:
+        except OSError as error:
+            if (answer := _not_ready(error)) is not None:
+                # Nothing was sent on a connection that never opened: the key is free for a
+                # later try.
+                delivery.delete()
+                raise ToolFailed(
+                    f"The mail server could not be reached for now ({answer}); nothing was sent.",
+                    category=ErrorCategory.UPSTREAM_ERROR,
+                    retryable=True,
+                ) from error
             _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
             raise ToolFailed(
                 "The mail server could not be reached; nothing was sent.",

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP, AuthResult
 from django.contrib.auth import get_user_model
 from django.db import connection
 
@@ -59,7 +60,11 @@ class SmtpServer:
     message's DATA instead of accepting it (counted in `refused`). `sender_replies` are the
     replies to the next MAIL FROM commands, and `recipient_replies` those to the next RCPT TO
     of each address, one taken by each command instead of accepting it (counted in
-    `envelope_refused`); once they are used up, the command is accepted."""
+    `envelope_refused`); once they are used up, the command is accepted. `greetings` are
+    the replies to the next connections instead of its ready greeting, one taken by each, the
+    connection closed after it; an empty one closes it without a word. While `greeting_stall`
+    is set, it waits that many seconds before greeting. It offers AUTH and turns every login
+    away."""
 
     host: str
     port: int
@@ -73,10 +78,18 @@ class SmtpServer:
     sender_replies: list[str] = field(default_factory=list)
     recipient_replies: dict[str, list[str]] = field(default_factory=dict)
     envelope_refused: int = 0
+    greetings: list[str] = field(default_factory=list)
+    greeting_stall: float = 0.0
     controller: Controller | None = None
 
     def start(self) -> None:
-        self.controller = Controller(self, hostname=self.host, port=self.port)
+        self.controller = _Controller(
+            self,
+            hostname=self.host,
+            port=self.port,
+            auth_require_tls=False,
+            authenticator=lambda *_: AuthResult(success=False, handled=False),
+        )
         self.controller.start()
 
     def sending(self, work: Callable[[], object]) -> threading.Thread:
@@ -146,6 +159,27 @@ class SmtpServer:
         }
 
 
+class _Smtp(SMTP):
+    """aiosmtpd's server, greeting as its handler (a SmtpServer) says."""
+
+    async def _handle_client(self) -> None:
+        server = self.event_handler
+        if server.greeting_stall:
+            await asyncio.sleep(server.greeting_stall)
+        if server.greetings:
+            reply = server.greetings.pop(0)
+            if reply:
+                await self.push(reply)
+            self.transport.close()
+            return
+        await super()._handle_client()
+
+
+class _Controller(Controller):
+    def factory(self) -> SMTP:
+        return _Smtp(self.handler, **self.SMTP_kwargs)
+
+
 @pytest.fixture
 def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[SmtpServer]:
     server = SmtpServer(host="127.0.0.1", port=free_tcp_port, accepted_log=tmp_path / "smtp.log")
@@ -165,6 +199,8 @@ def smtp_server(settings, free_tcp_port, tmp_path, monkeypatch) -> Iterator[Smtp
         server.refuse = ""
         server.sender_replies.clear()
         server.recipient_replies.clear()
+        server.greetings.clear()
+        server.greeting_stall = 0
         server.controller.stop()
 
 

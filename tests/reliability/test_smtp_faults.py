@@ -3,7 +3,9 @@ loopback, the action resumed and reconciled as its tasks would): down, slow, or 
 connection after DATA with or without having accepted the message. Each mail goes out at most
 once, and exactly once whenever the server can take it."""
 
+import smtplib
 from collections import Counter
+from unittest.mock import patch
 
 import pytest
 from django.conf import settings
@@ -13,6 +15,7 @@ from approvals.choices import ActionStatus, Decision
 from approvals.models import BusinessAction
 from examples.models import MailDelivery
 from registry.canonical import canonical_hash
+from registry.models import ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run, ToolCall
 from tests.approvals.conftest import approved_run, waiting_run
@@ -89,6 +92,13 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
             assert action.outcome["error"]["category"] == "UPSTREAM_ERROR"
             # nothing was sent, and a redelivered resume does not try again
             services.action_execute(action_id=action.pk)
+            call = ToolCall.objects.get(run=run, name="mail_send")
+            # a try under the key, where the tool's policy allows one, may still send it
+            assert (call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+                True,
+                False,
+            )
+            assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
             runs.append(run)
     finally:
         smtp_server.start()
@@ -218,9 +228,9 @@ def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent
     assert smtp_server.messages == []
 
 
-def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bob, smtp_server):
-    # given a mail_send version whose policy allows a second try, pinned by the skill the
-    # running example runs
+def _retrying_mail_send(demo) -> ToolVersion:
+    """A mail_send version whose policy allows a second try, pinned by the skill the running
+    example runs."""
     seeded = seeded_tool(demo, "mail_send")
     content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
     content["retry_policy"] = {"max_attempts": 2, "backoff_s": 0.01, "jitter": False}
@@ -235,6 +245,12 @@ def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bo
             mail_send,
         ],
     )
+    return mail_send
+
+
+def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bob, smtp_server):
+    # given a mail_send version whose policy allows a second try
+    mail_send = _retrying_mail_send(demo)
     run, action = approved_run(demo, bob)
     assert action.tool_version_id == mail_send.pk
     smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
@@ -290,4 +306,173 @@ def test_a_mail_the_server_refuses_for_good_fails_the_action_and_is_not_tried_ag
     assert (call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (False, False)
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
     assert smtp_server.envelope_refused == 1
+    assert smtp_server.messages == []
+
+
+NOT_READY = [
+    ("421 greeting", {"greetings": ["421 4.3.2 Service not available"]}),
+    ("closed before the greeting", {"greetings": [""]}),
+    ("no greeting in time", {"greeting_stall": 3}),  # longer than EMAIL_TIMEOUT
+]
+
+
+def _not_ready(smtp_server, arrange: dict) -> None:
+    for name, value in arrange.items():
+        setattr(smtp_server, name, list(value) if isinstance(value, list) else value)
+
+
+@pytest.mark.parametrize(("fault", "arrange"), NOT_READY)
+def test_a_mail_server_not_ready_at_connect_fails_the_action_with_nothing_sent(
+    demo, bob, smtp_server, fault, arrange
+):
+    # given an approved mail and a mail server that is not ready to take it when asked
+    run, action = approved_run(demo, bob)
+    _not_ready(smtp_server, arrange)
+
+    # when it is sent, with the demo's policy of one try, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    smtp_server.greeting_stall = 0
+    services.action_execute(action_id=action.pk)
+
+    # then it failed as one a later try may pass: nothing was sent, and the key holds no
+    # delivery that would stop one
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert action.outcome["error"]["message"].startswith(
+        "The mail server could not be reached for now ("
+    )
+    assert action.outcome["error"]["message"].endswith("); nothing was sent.")
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        "failed",
+        True,
+        False,
+    )
+    assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
+    assert smtp_server.messages == []
+
+
+def test_a_mail_server_greeting_with_421_is_quoted_in_the_failure(demo, bob, smtp_server):
+    # given an approved mail and a mail server that greets with "service not available"
+    _, action = approved_run(demo, bob)
+    smtp_server.greetings = ["421 4.3.2 Service not available"]
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+
+    # then the failure says what the server answered
+    action.refresh_from_db()
+    assert action.outcome["error"]["message"] == (
+        "The mail server could not be reached for now (421 4.3.2 Service not available); "
+        "nothing was sent."
+    )
+
+
+@pytest.mark.parametrize(("fault", "arrange"), NOT_READY[:2])
+def test_a_mail_server_not_ready_once_sends_on_the_next_try_its_tool_allows(
+    demo, bob, smtp_server, fault, arrange
+):
+    # given a mail_send version whose policy allows a second try, and a mail server not ready
+    # at the first connection
+    mail_send = _retrying_mail_send(demo)
+    run, action = approved_run(demo, bob)
+    assert action.tool_version_id == mail_send.pk
+    _not_ready(smtp_server, arrange)
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+
+    # then the second try delivered it, once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("completed", 2)
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
+    assert smtp_server.greetings == []
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
+
+
+def test_a_mail_server_refused_at_connect_sends_on_the_next_try_its_tool_allows(
+    demo, bob, smtp_server
+):
+    # given a mail_send version whose policy allows a second try, and a mail server that is
+    # down at the first connection and back up for the second
+    _retrying_mail_send(demo)
+    run, action = approved_run(demo, bob)
+    smtp_server.controller.stop()
+    connect = smtplib.SMTP.connect
+    tries = []
+
+    def connect_and_restart(self, *args, **kwargs):
+        tries.append(args)
+        try:
+            return connect(self, *args, **kwargs)
+        finally:
+            if len(tries) == 1:
+                smtp_server.start()
+
+    with patch.object(smtplib.SMTP, "connect", connect_and_restart):
+        services.action_execute(action_id=action.pk)
+
+    # then the first try was refused and the second delivered it, once
+    action.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("completed", 2)
+    assert len(tries) == 2
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
+
+
+@pytest.mark.parametrize(
+    ("arrange", "error"),
+    [
+        ({"greetings": ["554 5.3.2 No SMTP service here"] * 2}, "SMTPConnectError"),
+        (
+            {"EMAIL_HOST_USER": "agentgov", "EMAIL_HOST_PASSWORD": "wrong"},
+            "SMTPAuthenticationError",
+        ),
+        ({"EMAIL_USE_SSL": True}, "SSLError"),
+    ],
+)
+def test_a_mail_server_that_turns_the_connection_away_for_good_fails_the_action_for_good(
+    demo, bob, smtp_server, settings, arrange, error
+):
+    # given a mail_send version whose policy allows a second try, and a connection to the
+    # mail server that cannot be made as configured
+    _retrying_mail_send(demo)
+    run, action = approved_run(demo, bob)
+    for name, value in arrange.items():
+        if name.startswith("EMAIL_"):
+            setattr(settings, name, value)
+        else:
+            setattr(smtp_server, name, list(value))
+
+    # when it is sent, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+
+    # then it failed for good, tried once: a second try could not pass
+    action.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert action.outcome["error"]["message"] == (
+        "The mail server could not be reached; nothing was sent."
+    )
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.attempts, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        1,
+        False,
+        False,
+    )
+    delivery = MailDelivery.objects.get(idempotency_key=action.idempotency_key)
+    assert (delivery.status, delivery.error.split(":")[0]) == ("failed", error)
     assert smtp_server.messages == []
