@@ -161,12 +161,33 @@ def _settled(delivery: MailDelivery) -> ToolOutput:
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=False,
         )
+    if delivery.status == MailDelivery.Status.DEFERRED:
+        raise ToolFailed(
+            "The mail server turned the mail away for now moments ago; the try that was "
+            "turned away may still be recording it, or about to try again.",
+            category=ErrorCategory.UNKNOWN,
+            retryable=False,
+            may_have_side_effect=True,
+        )
     raise ToolFailed(
         "An earlier delivery with this key has no known outcome; it is not sent again.",
         category=ErrorCategory.UNKNOWN,
         retryable=False,
         may_have_side_effect=True,
     )
+
+
+def _taken_over(delivery: MailDelivery) -> bool:
+    """Whether this try takes over a delivery turned away for now (`deferred`): nothing was
+    sent under the key, so it sends, as `sending` again; of two tries, one takes it. Otherwise
+    `delivery` is read again, as it stands."""
+    if delivery.status == MailDelivery.Status.DEFERRED:
+        taken = MailDelivery.objects.filter(
+            pk=delivery.pk, status=MailDelivery.Status.DEFERRED
+        ).update(status=MailDelivery.Status.SENDING, error="", updated_at=timezone.now())
+        delivery.refresh_from_db()
+        return bool(taken)
+    return False
 
 
 def _delivery_fail(delivery: MailDelivery, status: str, error: Exception) -> None:
@@ -245,8 +266,10 @@ class MailSend:
     is `unknown` (the server may have accepted the mail), never retried; a message it
     rejects for good (5xx) failed, nothing sent. A server not ready when asked (refused, no
     greeting in time, a 4xx greeting) or a sender or recipients it turns away for now (4xx to
-    MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record goes, so a try
-    under the key may send it."""
+    MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record is `deferred`,
+    so a try under the key may send it. The record stays, rather than going: a reconciliation
+    asking about the key meanwhile (a duplicate resume while the worker records the failure)
+    finds it, and does not send behind the failure."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""
@@ -260,7 +283,7 @@ class MailSend:
                 "subject": arguments["subject"][:255],
             },
         )
-        if not created:
+        if not created and not _taken_over(delivery):
             return _settled(delivery)
         try:
             message = _message(arguments, message_id=delivery.message_id)
@@ -277,9 +300,9 @@ class MailSend:
             connection.open()
         except OSError as error:
             if (answer := _not_ready(error)) is not None:
-                # Nothing was sent on a connection that never opened: the key is free for a
-                # later try.
-                delivery.delete()
+                # Nothing was sent on a connection that never opened: a later try under the
+                # key takes the delivery over.
+                _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
                 raise ToolFailed(
                     f"The mail server could not be reached for now ({answer}); nothing was sent.",
                     category=ErrorCategory.UPSTREAM_ERROR,
@@ -297,9 +320,9 @@ class MailSend:
             replies = _envelope_refusals(error)
             refused = "; ".join(reply for _, reply in replies)
             if all(400 <= code < 500 for code, _ in replies):
-                # Turned away for now before any message was taken: the key is free for a
-                # later try, which cannot deliver it twice.
-                delivery.delete()
+                # Turned away for now before any message was taken: a later try under the key
+                # takes the delivery over, and cannot deliver it twice.
+                _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
                 raise ToolFailed(
                     f"The mail server turned the mail away for now ({refused}); nothing was sent.",
                     category=ErrorCategory.UPSTREAM_ERROR,
@@ -339,7 +362,9 @@ class MailSend:
         """Settle an interrupted delivery by its key: the record, then the mail server where
         `MAIL_DELIVERY_LOOKUP` names a way to ask it. A delivery the server says it never
         accepted, whose attempt is over, never happened: its record goes and the key is free
-        to send (NOT_FOUND). Still unknown → ToolFailed UNKNOWN."""
+        to send (NOT_FOUND); so is one turned away for now (`deferred`) whose attempt is over,
+        its worker gone before it recorded the failure. Still unknown, or turned away moments
+        ago by a try that may still record its failure or try again → ToolFailed UNKNOWN."""
         delivery = MailDelivery.objects.filter(idempotency_key=context.idempotency_key).first()
         if delivery is not None and delivery.status in (
             MailDelivery.Status.SENDING,
@@ -356,7 +381,9 @@ class MailSend:
             elif accepted is False and _attempt_over(delivery):
                 delivery.delete()
                 delivery = None
-        if delivery is None:
+        if delivery is None or (
+            delivery.status == MailDelivery.Status.DEFERRED and _attempt_over(delivery)
+        ):
             raise ToolFailed(
                 "No delivery with this key reached the mail server.",
                 category=ErrorCategory.NOT_FOUND,
@@ -367,7 +394,7 @@ class MailSend:
 
 def _attempt_over(delivery: MailDelivery) -> bool:
     """Whether the attempt that wrote this record has ended: it recorded how (unknown), or it
-    started longer ago than an SMTP exchange can last (its worker died)."""
+    started (or was turned away) longer ago than an SMTP exchange can last (its worker died)."""
     if delivery.status == MailDelivery.Status.UNKNOWN:
         return True
     age = (timezone.now() - delivery.updated_at).total_seconds()

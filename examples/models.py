@@ -70,10 +70,13 @@ class DirectoryRecord(models.Model):
 class MailDelivery(models.Model):
     """The mail tool's own record of one delivery, keyed by the host's idempotency key and
     written before the mail server is contacted: a second call with the key never sends
-    again, and an interrupted delivery can be settled by the key."""
+    again, and an interrupted delivery can be settled by the key. A delivery the server turned
+    away for now, with nothing sent, is `deferred`: the next try under the key takes it over
+    and sends."""
 
     class Status(models.TextChoices):
         SENDING = "sending"
+        DEFERRED = "deferred"
         SENT = "sent"
         FAILED = "failed"
         UNKNOWN = "unknown"

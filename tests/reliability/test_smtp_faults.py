@@ -4,11 +4,14 @@ connection after DATA with or without having accepted the message. Each mail goe
 once, and exactly once whenever the server can take it."""
 
 import smtplib
+import threading
+import time
 from collections import Counter
 from unittest.mock import patch
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from approvals import services
 from approvals.choices import ActionStatus, Decision
@@ -18,6 +21,7 @@ from registry.canonical import canonical_hash
 from registry.models import ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run, ToolCall
+from runs.tools import executor
 from tests.approvals.conftest import approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
 from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
@@ -98,7 +102,10 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
                 True,
                 False,
             )
-            assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
+            assert (
+                MailDelivery.objects.get(idempotency_key=action.idempotency_key).status
+                == "deferred"
+            )
             runs.append(run)
     finally:
         smtp_server.start()
@@ -205,7 +212,7 @@ def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent
     services.action_execute(action_id=action.pk)
 
     # then it failed with the server's answer, as one a later try may pass: nothing was sent,
-    # so the key holds no delivery that would stop one
+    # and the key's delivery is deferred, for a later try to take over
     action.refresh_from_db()
     run.refresh_from_db()
     assert (action.status, action.outcome["error"]["category"]) == (
@@ -223,7 +230,7 @@ def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent
         True,
         False,
     )
-    assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.envelope_refused == 1
     assert smtp_server.messages == []
 
@@ -334,8 +341,8 @@ def test_a_mail_server_not_ready_at_connect_fails_the_action_with_nothing_sent(
     smtp_server.greeting_stall = 0
     services.action_execute(action_id=action.pk)
 
-    # then it failed as one a later try may pass: nothing was sent, and the key holds no
-    # delivery that would stop one
+    # then it failed as one a later try may pass: nothing was sent, and the key's delivery
+    # is deferred, for a later try to take over
     action.refresh_from_db()
     run.refresh_from_db()
     assert (action.status, action.outcome["error"]["category"]) == (
@@ -353,7 +360,7 @@ def test_a_mail_server_not_ready_at_connect_fails_the_action_with_nothing_sent(
         True,
         False,
     )
-    assert not MailDelivery.objects.filter(idempotency_key=action.idempotency_key).exists()
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.messages == []
 
 
@@ -476,3 +483,91 @@ def test_a_mail_server_that_turns_the_connection_away_for_good_fails_the_action_
     delivery = MailDelivery.objects.get(idempotency_key=action.idempotency_key)
     assert (delivery.status, delivery.error.split(":")[0]) == ("failed", error)
     assert smtp_server.messages == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reconciliation_while_a_mail_turned_away_is_being_recorded_does_not_send_it(
+    demo, bob, smtp_server, monkeypatch
+):
+    # given an approved mail the server turns away for now, with the demo's policy of one try,
+    # and a duplicate resume whose reconciliation asks about the key after the server's
+    # answer, before the worker that sent it has recorded the action's failure
+    run, action = approved_run(demo, bob)
+    smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
+    send = executor.side_effect_run
+    reconciliation_sending, recorded = threading.Event(), threading.Event()
+    threads = []
+
+    def reconcile() -> None:
+        try:
+            services.action_reconcile(action_id=action.pk)
+        finally:
+            connection.close()
+
+    def with_a_duplicate(admitted):
+        if threads:
+            reconciliation_sending.set()
+            assert recorded.wait(timeout=20)
+            return send(admitted)
+        outcome = send(admitted)
+        threads.append(threading.Thread(target=reconcile))
+        threads[0].start()
+        while threads[0].is_alive() and not reconciliation_sending.is_set():
+            time.sleep(0.01)
+        return outcome
+
+    monkeypatch.setattr(executor, "side_effect_run", with_a_duplicate)
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+    recorded.set()
+    threads[0].join(timeout=20)
+
+    # then the action failed and the mail was not sent behind it
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert smtp_server.messages == []
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
+
+
+class WorkerLost(BaseException):
+    """The worker died."""
+
+
+def test_a_mail_turned_away_whose_worker_died_before_recording_it_is_sent_by_reconciliation(
+    demo, bob, smtp_server, monkeypatch, settings
+):
+    # given an approved mail the server turned away for now, whose worker died before it
+    # recorded the action's failure
+    run, action = approved_run(demo, bob)
+    smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
+    send = executor.side_effect_run
+
+    def then_die(admitted):
+        send(admitted)
+        raise WorkerLost
+
+    monkeypatch.setattr(executor, "side_effect_run", then_die)
+    with pytest.raises(WorkerLost):
+        services.action_execute(action_id=action.pk)
+    monkeypatch.setattr(executor, "side_effect_run", send)
+    action.refresh_from_db()
+    assert action.status == ActionStatus.EXECUTING
+
+    # when it is reconciled while the attempt may still be under way, and once it is over
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.UNKNOWN
+    assert smtp_server.messages == []
+    settings.MAIL_ATTEMPT_SECONDS = 0
+    assert services.action_reconcile(action_id=action.pk) == ActionStatus.SUCCEEDED
+
+    # then the reconciliation sent it, once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
