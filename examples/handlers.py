@@ -203,15 +203,18 @@ def _reply(text: bytes | str) -> str:
     return " ".join(text.split())
 
 
-def _envelope_refusals(
-    error: smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused,
-) -> list[tuple[int, str]]:
-    """The codes and replies (`<code> <text>: <address>`) with which a mail server refused
-    the sender or each recipient."""
+def _refusals(error: Exception) -> list[tuple[int, str]]:
+    """The codes and replies with which a mail server refused the sender or each recipient
+    (`<code> <text>: <address>`) or the message at DATA (`<code> <text>`); none for any other
+    failure, where its answer is not known."""
+    if isinstance(error, smtplib.SMTPDataError):
+        return [(error.smtp_code, f"{error.smtp_code} {_reply(error.smtp_error)}")]
     if isinstance(error, smtplib.SMTPSenderRefused):
         refusals = {error.sender: (error.smtp_code, error.smtp_error)}
-    else:
+    elif isinstance(error, smtplib.SMTPRecipientsRefused):
         refusals = error.recipients
+    else:
+        return []
     return [
         (code, f"{code} {_reply(text)}: {address}") for address, (code, text) in refusals.items()
     ]
@@ -265,11 +268,11 @@ class MailSend:
     mail server is contacted; once a connection is open, a timeout or a dropped connection
     is `unknown` (the server may have accepted the mail), never retried; a message it
     rejects for good (5xx) failed, nothing sent. A server not ready when asked (refused, no
-    greeting in time, a 4xx greeting) or a sender or recipients it turns away for now (4xx to
-    MAIL FROM or RCPT TO) failed retryable: nothing was sent, and the record is `deferred`,
-    so a try under the key may send it. The record stays, rather than going: a reconciliation
-    asking about the key meanwhile (a duplicate resume while the worker records the failure)
-    finds it, and does not send behind the failure."""
+    greeting in time, a 4xx greeting) or a sender, recipients or message it turns away for now
+    (4xx to MAIL FROM, RCPT TO or DATA) failed retryable: nothing was sent, and the record is
+    `deferred`, so a try under the key may send it. The record stays, rather than going: a
+    reconciliation asking about the key meanwhile (a duplicate resume while the worker records
+    the failure) finds it, and does not send behind the failure."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""
@@ -316,32 +319,32 @@ class MailSend:
             ) from error
         try:
             connection.send_messages([message])
-        except (smtplib.SMTPRecipientsRefused, smtplib.SMTPSenderRefused) as error:
-            replies = _envelope_refusals(error)
+        except (OSError, smtplib.SMTPException) as error:
+            replies = _refusals(error)
             refused = "; ".join(reply for _, reply in replies)
-            if all(400 <= code < 500 for code, _ in replies):
-                # Turned away for now before any message was taken: a later try under the key
-                # takes the delivery over, and cannot deliver it twice.
+            if replies and all(400 <= code < 500 for code, _ in replies):
+                # Turned away for now, the sender, the recipients or the message at DATA, an
+                # answer that it took none: a later try under the key takes the delivery over,
+                # and cannot deliver it twice.
                 _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
                 raise ToolFailed(
                     f"The mail server turned the mail away for now ({refused}); nothing was sent.",
                     category=ErrorCategory.UPSTREAM_ERROR,
                     retryable=True,
                 ) from error
-            _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
-            raise ToolFailed(
-                f"The mail server refused the sender or the recipients ({refused}); "
-                "nothing was sent.",
-                category=ErrorCategory.INVALID_ARGUMENT,
-                retryable=False,
-            ) from error
-        except (OSError, smtplib.SMTPException) as error:
+            if isinstance(error, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
+                _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
+                raise ToolFailed(
+                    f"The mail server refused the sender or the recipients ({refused}); "
+                    "nothing was sent.",
+                    category=ErrorCategory.INVALID_ARGUMENT,
+                    retryable=False,
+                ) from error
             if isinstance(error, smtplib.SMTPDataError) and error.smtp_code >= 500:
                 # It answered the message itself with a permanent refusal: not taken, ever.
                 _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
                 raise ToolFailed(
-                    f"The mail server rejected the message ({error.smtp_code} "
-                    f"{_reply(error.smtp_error)}); nothing was sent.",
+                    f"The mail server rejected the message ({refused}); nothing was sent.",
                     category=ErrorCategory.UPSTREAM_ERROR,
                     retryable=False,
                 ) from error

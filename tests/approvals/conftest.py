@@ -57,7 +57,8 @@ class SmtpServer:
     it) and then does not answer for that many seconds, as a server that times out after
     accepting. `drop` closes the connection after DATA without an answer: "after_accept"
     stores the message first, "before_accept" does not. `refuse` is the reply to each
-    message's DATA instead of accepting it (counted in `refused`). `sender_replies` are the
+    message's DATA instead of accepting it, and `data_replies` those to the next messages'
+    DATA, one taken by each (both counted in `refused`). `sender_replies` are the
     replies to the next MAIL FROM commands, and `recipient_replies` those to the next RCPT TO
     of each address, one taken by each command instead of accepting it (counted in
     `envelope_refused`); once they are used up, the command is accepted. `greetings` are
@@ -75,6 +76,7 @@ class SmtpServer:
     drop: str = ""
     refuse: str = ""
     refused: int = 0
+    data_replies: list[str] = field(default_factory=list)
     sender_replies: list[str] = field(default_factory=list)
     recipient_replies: dict[str, list[str]] = field(default_factory=dict)
     envelope_refused: int = 0
@@ -130,9 +132,9 @@ class SmtpServer:
         if self.drop == "before_accept":
             server.transport.close()
             return "421 Closing"
-        if self.refuse:
+        if self.refuse or self.data_replies:
             self.refused += 1
-            return self.refuse
+            return self.refuse or self.data_replies.pop(0)
         message = email.message_from_bytes(envelope.original_content)
         self.messages.append(message)
         self.envelope_recipients.append(list(envelope.rcpt_tos))

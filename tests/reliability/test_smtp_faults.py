@@ -278,6 +278,70 @@ def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bo
 
 
 @pytest.mark.parametrize(
+    "reply",
+    ["451 4.3.0 Temporary failure, try again", "452 4.3.1 Insufficient system storage"],
+)
+def test_a_message_the_server_turns_away_for_now_at_data_fails_the_action_with_nothing_sent(
+    demo, bob, smtp_server, reply
+):
+    # given an approved mail the server answers at the end of DATA with a transient refusal
+    # (it did not take the message; a later try may pass)
+    run, action = approved_run(demo, bob)
+    smtp_server.data_replies = [reply]
+
+    # when it is sent, with the demo's policy of one try, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+
+    # then it failed with the server's answer, as one a later try may pass: nothing was sent,
+    # and the key's delivery is deferred, for a later try to take over
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert action.outcome["error"]["message"] == (
+        f"The mail server turned the mail away for now ({reply}); nothing was sent."
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        "failed",
+        True,
+        False,
+    )
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
+    assert smtp_server.refused == 1
+    assert smtp_server.messages == []
+
+
+def test_a_message_turned_away_for_now_at_data_is_sent_on_the_next_try_its_tool_allows(
+    demo, bob, smtp_server
+):
+    # given a mail_send version whose policy allows a second try, and a server that answers
+    # the first message's DATA with a transient refusal
+    mail_send = _retrying_mail_send(demo)
+    run, action = approved_run(demo, bob)
+    assert action.tool_version_id == mail_send.pk
+    smtp_server.data_replies = ["451 4.3.0 Temporary failure, try again"]
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+
+    # then the first try was turned away and the second delivered it, once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("completed", 2)
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
+    assert smtp_server.refused == 1
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
+
+
+@pytest.mark.parametrize(
     ("where", "reply"),
     [
         ("recipient", "550 5.1.1 No such user"),
