@@ -223,10 +223,10 @@ def _refusals(error: Exception) -> list[tuple[int, str]]:
 def _not_ready(error: OSError) -> str | None:
     """What the mail server said or did when a connection to it could not be opened for now,
     if it was for now: refused, timed out, closed before a command, or a 4xx reply (a `421`
-    greeting). None when a later try could not open it either: a 5xx reply, a login turned
-    away, TLS that cannot be negotiated or a certificate that does not verify, an extension
-    the server lacks."""
-    if isinstance(error, smtplib.SMTPAuthenticationError | ssl.SSLError):
+    greeting, a `454` temporary authentication failure). None when a later try could not open
+    it either: a 5xx reply (a login turned away), TLS that cannot be negotiated or a
+    certificate that does not verify, an extension the server lacks."""
+    if isinstance(error, ssl.SSLError):
         return None
     if isinstance(error, smtplib.SMTPResponseException):
         return f"{error.smtp_code} {_reply(error.smtp_error)}" if error.smtp_code < 500 else None
@@ -268,11 +268,12 @@ class MailSend:
     mail server is contacted; once a connection is open, a timeout or a dropped connection
     is `unknown` (the server may have accepted the mail), never retried; a message it
     rejects for good (5xx) failed, nothing sent. A server not ready when asked (refused, no
-    greeting in time, a 4xx greeting) or a sender, recipients or message it turns away for now
-    (4xx to MAIL FROM, RCPT TO or DATA) failed retryable: nothing was sent, and the record is
-    `deferred`, so a try under the key may send it. The record stays, rather than going: a
-    reconciliation asking about the key meanwhile (a duplicate resume while the worker records
-    the failure) finds it, and does not send behind the failure."""
+    greeting in time, a 4xx greeting or reply to the login) or a sender, recipients or
+    message it turns away for now (4xx to MAIL FROM, RCPT TO or DATA) failed retryable:
+    nothing was sent, and the record is `deferred`, so a try under the key may send it. The
+    record stays, rather than going: a reconciliation asking about the key meanwhile (a
+    duplicate resume while the worker records the failure) finds it, and does not send
+    behind the failure."""
 
     def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
         """The host sends only a payload a human approved; it checked that before."""

@@ -41,6 +41,7 @@ SENDING_EVENTS = [
 ]
 
 ACCEPTED_LOG = "SMTP_ACCEPTED_LOG"
+SMTP_PASSWORD = "smtp-secret"
 LOOKUP = "tests.approvals.conftest.accepted"
 
 
@@ -64,8 +65,9 @@ class SmtpServer:
     `envelope_refused`); once they are used up, the command is accepted. `greetings` are
     the replies to the next connections instead of its ready greeting, one taken by each, the
     connection closed after it; an empty one closes it without a word. While `greeting_stall`
-    is set, it waits that many seconds before greeting. It offers AUTH and turns every login
-    away."""
+    is set, it waits that many seconds before greeting. It offers AUTH: `auth_replies` are
+    the replies to the next AUTH commands, one taken by each; once they are used up, a login
+    with SMTP_PASSWORD is accepted and any other turned away."""
 
     host: str
     port: int
@@ -82,6 +84,7 @@ class SmtpServer:
     envelope_refused: int = 0
     greetings: list[str] = field(default_factory=list)
     greeting_stall: float = 0.0
+    auth_replies: list[str] = field(default_factory=list)
     controller: Controller | None = None
 
     def start(self) -> None:
@@ -90,9 +93,14 @@ class SmtpServer:
             hostname=self.host,
             port=self.port,
             auth_require_tls=False,
-            authenticator=lambda *_: AuthResult(success=False, handled=False),
+            authenticator=self.authenticate,
         )
         self.controller.start()
+
+    def authenticate(self, server, session, envelope, mechanism, auth_data) -> AuthResult:
+        if self.auth_replies:
+            return AuthResult(success=False, handled=False, message=self.auth_replies.pop(0))
+        return AuthResult(success=auth_data.password == SMTP_PASSWORD.encode(), handled=False)
 
     def sending(self, work: Callable[[], object]) -> threading.Thread:
         """`work` started on a thread of its own (with its own connection), returned once

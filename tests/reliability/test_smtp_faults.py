@@ -22,7 +22,7 @@ from registry.models import ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run, ToolCall
 from runs.tools import executor
-from tests.approvals.conftest import approved_run, waiting_run
+from tests.approvals.conftest import SMTP_PASSWORD, approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
 from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
 
@@ -498,6 +498,77 @@ def test_a_mail_server_refused_at_connect_sends_on_the_next_try_its_tool_allows(
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.attempts) == ("completed", 2)
     assert len(tries) == 2
+    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
+
+
+TEMPORARY_AUTH_FAILURE = "454 4.7.0 Temporary authentication failure"
+
+
+def _login_turned_away_for_now(smtp_server, settings) -> None:
+    """The mail server answers the next login (smtplib tries each mechanism it offers, PLAIN
+    and LOGIN) with a temporary authentication failure, and takes the one after."""
+    settings.EMAIL_HOST_USER = "agentgov"
+    settings.EMAIL_HOST_PASSWORD = SMTP_PASSWORD
+    smtp_server.auth_replies = [TEMPORARY_AUTH_FAILURE] * 2
+
+
+def test_a_login_the_mail_server_turns_away_for_now_fails_the_action_with_nothing_sent(
+    demo, bob, smtp_server, settings
+):
+    # given an approved mail and a mail server that cannot check the login for now
+    run, action = approved_run(demo, bob)
+    _login_turned_away_for_now(smtp_server, settings)
+
+    # when it is sent, with the demo's policy of one try, and a redelivered resume comes after
+    services.action_execute(action_id=action.pk)
+    services.action_execute(action_id=action.pk)
+
+    # then it failed with the server's answer, as one a later try may pass: nothing was sent,
+    # and the key's delivery is deferred, for a later try to take over
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert action.outcome["error"]["message"] == (
+        f"The mail server could not be reached for now ({TEMPORARY_AUTH_FAILURE}); "
+        "nothing was sent."
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        "failed",
+        True,
+        False,
+    )
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
+    assert smtp_server.auth_replies == []
+    assert smtp_server.messages == []
+
+
+def test_a_login_turned_away_for_now_sends_on_the_next_try_its_tool_allows(
+    demo, bob, smtp_server, settings
+):
+    # given a mail_send version whose policy allows a second try, and a mail server that
+    # cannot check the login at the first connection
+    mail_send = _retrying_mail_send(demo)
+    run, action = approved_run(demo, bob)
+    assert action.tool_version_id == mail_send.pk
+    _login_turned_away_for_now(smtp_server, settings)
+
+    # when it is sent
+    services.action_execute(action_id=action.pk)
+
+    # then the second try logged in and delivered it, once
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert action.status == ActionStatus.SUCCEEDED
+    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("completed", 2)
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
+    assert smtp_server.auth_replies == []
     assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
 
 
