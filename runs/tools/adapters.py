@@ -556,11 +556,13 @@ def mcp_call(
     """`tools/call` on the server's shared session, after checking that the server still
     serves the definition this version was reviewed against, as this process's listing (kept
     MCP_DEFINITION_CACHE_SECONDS) and the registry's record (which any process that saw a
-    change wrote) both say. The host, never the model,
-    supplies the credential (in the connection) and the identity (in `_meta`). All of it (the
-    server's name looked up, its session opened, its tools listed again when the copy is
-    stale, the call) ends within the version's timeout (`attempt_seconds`). A failure before
-    the call was sent (the server unreachable, its listing late or refused) did nothing."""
+    change wrote) both say; a tool that is not a read (an approved send) lists the server
+    afresh, never from the copy, so what it does is the contract reviewed as served now. The
+    host, never the model, supplies the credential (in the connection) and the identity (in
+    `_meta`). All of it (the server's name looked up, its session opened, its tools listed
+    again when the copy is stale or the call writes, the call) ends within the version's
+    timeout (`attempt_seconds`). A failure before the call was sent (the server unreachable,
+    its listing late or refused) did nothing."""
     deadline = Deadline.after(attempt_seconds(tool_version, context))
     server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
@@ -572,11 +574,13 @@ def mcp_call(
         endpoint = endpoint_for(server, deadline=deadline)
         secrets = endpoint.secrets
         listing = connections.tools_cached(
-            endpoint, max_age_s=settings.MCP_DEFINITION_CACHE_SECONDS, deadline=deadline
+            endpoint,
+            max_age_s=0 if writes else settings.MCP_DEFINITION_CACHE_SECONDS,
+            deadline=deadline,
         )
         reviewed = config["definition_hash"]
         recorded = _mcp_recorded_hash(server, remote_name)
-        if _mcp_served_hash(listing, remote_name) == reviewed != recorded:
+        if not writes and _mcp_served_hash(listing, remote_name) == reviewed != recorded:
             # Another process saw a change this process's copy is too young to show: the
             # server decides, listed again.
             listing = connections.tools(endpoint, deadline=deadline)

@@ -16,6 +16,7 @@ from approvals.selectors import pending
 from registry.mcp.connections import connections
 from registry.models import McpServer, SkillVersion, ToolVersion
 from registry.models.skills import SKILL_CONTENT_FIELDS
+from registry.selectors import mcp_drift
 from registry.services import skills, tools
 from registry.services.mcp import mcp_server_discover, mcp_server_save
 from runs.models import Run, ToolCall
@@ -206,6 +207,34 @@ def test_a_change_no_one_recorded_yet_is_found_by_the_send_and_nothing_is_sent(
         ActionStatus.FAILED,
         "TOOL_DEFINITION_CHANGED",
     )
+
+
+def test_a_change_made_while_the_worker_s_listing_is_fresh_is_found_by_the_send(
+    demo, mailer, settings
+):
+    # given an approved action, and this worker's listing of the server just made, as the
+    # reviewed tool was served
+    settings.MCP_DEFINITION_CACHE_SECONDS = 3600
+    run, action, version = approved(demo, mailer)
+    assert mcp_server_discover(server=mailer, actor=None).drifted == []
+
+    # when the server changes the tool, unseen so far, before the send comes round
+    mailer.serve(CHANGED)
+    services.action_execute(action_id=action.pk)
+
+    # then the send lists the server afresh, not from the copy: the changed tool is not called
+    assert calls_of(mailer) == []
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "TOOL_DEFINITION_CHANGED",
+    )
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    # and the change is recorded, for the queue and new runs
+    assert mcp_drift([version]) == {str(version.pk): "DEFINITION_CHANGED"}
 
 
 def test_a_waiting_approval_leaves_the_queue_once_its_tool_s_definition_changed(demo, mailer):
