@@ -647,7 +647,8 @@ def _fail(
     reason it was cancelled while its action had not been done. Its message is kept without
     the credential the host gave the call (`secrets`). A send that never reached its tool (a
     gate refused it, or a limit turned it away) was not executed: it keeps no `executed_at`,
-    and an auditor does not find it among the side effects."""
+    an auditor does not find it among the side effects, nor the run's result among the
+    actions executed."""
     message = strip_secrets(str(failure), secrets=secrets)
     action.outcome = {"error": {"category": failure.category, "message": message}}
     if not failure.attempted:
@@ -662,7 +663,7 @@ def _fail(
         status=run_status,
         reason_code=run.cancel_reason if run_status == RunStatus.CANCELLED else "ACTION_FAILED",
         output={"error": action.outcome["error"]},
-        actions=[_action_summary(action)],
+        actions=[_action_summary(action)] if action.executed_at else [],
     )
 
 

@@ -357,6 +357,8 @@ def test_an_approved_send_refused_before_its_tool_ran_is_no_side_effect(
     assert action.executed_at is None
     assert [entry["executed_at"] for entry in record["actions"]] == [None]
     assert BusinessAction.objects.get(run=unknown).executed_at is not None
+    # nor do the refused run's result's actions executed list it
+    assert record["result"]["actions"] == Run.objects.get(pk=run.pk).result["actions"] == []
 
 
 def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
