@@ -190,6 +190,18 @@ def _taken_over(delivery: MailDelivery) -> bool:
     return False
 
 
+def _deferred(delivery: MailDelivery, error: Exception, why: str) -> ToolFailed:
+    """The failure of a try the mail server turned away for now (`why`), nothing sent: the
+    delivery is `deferred`, so a later try under the key takes it over and cannot deliver
+    it twice."""
+    _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
+    return ToolFailed(
+        f"The mail server {why}; nothing was sent.",
+        category=ErrorCategory.UPSTREAM_ERROR,
+        retryable=True,
+    )
+
+
 def _delivery_fail(delivery: MailDelivery, status: str, error: Exception) -> None:
     delivery.status = status
     delivery.error = f"{type(error).__name__}: {error}"[:255]
@@ -304,13 +316,9 @@ class MailSend:
             connection.open()
         except OSError as error:
             if (answer := _not_ready(error)) is not None:
-                # Nothing was sent on a connection that never opened: a later try under the
-                # key takes the delivery over.
-                _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
-                raise ToolFailed(
-                    f"The mail server could not be reached for now ({answer}); nothing was sent.",
-                    category=ErrorCategory.UPSTREAM_ERROR,
-                    retryable=True,
+                # Nothing was sent on a connection that never opened.
+                raise _deferred(
+                    delivery, error, f"could not be reached for now ({answer})"
                 ) from error
             _delivery_fail(delivery, MailDelivery.Status.FAILED, error)
             raise ToolFailed(
@@ -325,13 +333,9 @@ class MailSend:
             refused = "; ".join(reply for _, reply in replies)
             if replies and all(400 <= code < 500 for code, _ in replies):
                 # Turned away for now, the sender, the recipients or the message at DATA, an
-                # answer that it took none: a later try under the key takes the delivery over,
-                # and cannot deliver it twice.
-                _delivery_fail(delivery, MailDelivery.Status.DEFERRED, error)
-                raise ToolFailed(
-                    f"The mail server turned the mail away for now ({refused}); nothing was sent.",
-                    category=ErrorCategory.UPSTREAM_ERROR,
-                    retryable=True,
+                # answer that it took none.
+                raise _deferred(
+                    delivery, error, f"turned the mail away for now ({refused})"
                 ) from error
             if isinstance(error, smtplib.SMTPRecipientsRefused | smtplib.SMTPSenderRefused):
                 _delivery_fail(delivery, MailDelivery.Status.FAILED, error)

@@ -255,28 +255,6 @@ def _retrying_mail_send(demo) -> ToolVersion:
     return mail_send
 
 
-def test_a_mail_greylisted_once_is_sent_on_the_next_try_its_tool_allows(demo, bob, smtp_server):
-    # given a mail_send version whose policy allows a second try
-    mail_send = _retrying_mail_send(demo)
-    run, action = approved_run(demo, bob)
-    assert action.tool_version_id == mail_send.pk
-    smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
-
-    # when it is sent
-    services.action_execute(action_id=action.pk)
-
-    # then the first try was turned away and the second delivered it, once
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert action.status == ActionStatus.SUCCEEDED
-    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.attempts) == ("completed", 2)
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
-    assert smtp_server.envelope_refused == 1
-    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
-
-
 @pytest.mark.parametrize(
     "reply",
     ["451 4.3.0 Temporary failure, try again", "452 4.3.1 Insufficient system storage"],
@@ -314,31 +292,6 @@ def test_a_message_the_server_turns_away_for_now_at_data_fails_the_action_with_n
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.refused == 1
     assert smtp_server.messages == []
-
-
-def test_a_message_turned_away_for_now_at_data_is_sent_on_the_next_try_its_tool_allows(
-    demo, bob, smtp_server
-):
-    # given a mail_send version whose policy allows a second try, and a server that answers
-    # the first message's DATA with a transient refusal
-    mail_send = _retrying_mail_send(demo)
-    run, action = approved_run(demo, bob)
-    assert action.tool_version_id == mail_send.pk
-    smtp_server.data_replies = ["451 4.3.0 Temporary failure, try again"]
-
-    # when it is sent
-    services.action_execute(action_id=action.pk)
-
-    # then the first try was turned away and the second delivered it, once
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert action.status == ActionStatus.SUCCEEDED
-    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.attempts) == ("completed", 2)
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
-    assert smtp_server.refused == 1
-    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
 
 
 @pytest.mark.parametrize(
@@ -444,21 +397,50 @@ def test_a_mail_server_greeting_with_421_is_quoted_in_the_failure(demo, bob, smt
     )
 
 
-@pytest.mark.parametrize(("fault", "arrange"), NOT_READY[:2])
-def test_a_mail_server_not_ready_once_sends_on_the_next_try_its_tool_allows(
-    demo, bob, smtp_server, fault, arrange
+def _greylisted(smtp_server, action, settings) -> None:
+    smtp_server.recipient_replies = {_recipient(action): ["451 4.7.1 Greylisted, try again later"]}
+
+
+def _data_refused_for_now(smtp_server, action, settings) -> None:
+    smtp_server.data_replies = ["451 4.3.0 Temporary failure, try again"]
+
+
+def _not_ready_at_greeting(smtp_server, action, settings) -> None:
+    smtp_server.greetings = ["421 4.3.2 Service not available"]
+
+
+def _closed_before_greeting(smtp_server, action, settings) -> None:
+    smtp_server.greetings = [""]
+
+
+def _login_refused_for_now(smtp_server, action, settings) -> None:
+    _login_turned_away_for_now(smtp_server, settings)
+
+
+@pytest.mark.parametrize(
+    "turn_away",
+    [
+        pytest.param(_greylisted, id="recipient greylisted"),
+        pytest.param(_data_refused_for_now, id="451 at DATA"),
+        pytest.param(_not_ready_at_greeting, id="421 greeting"),
+        pytest.param(_closed_before_greeting, id="closed before the greeting"),
+        pytest.param(_login_refused_for_now, id="454 to the login"),
+    ],
+)
+def test_a_mail_turned_away_for_now_once_is_sent_on_the_next_try_its_tool_allows(
+    demo, bob, smtp_server, settings, turn_away
 ):
-    # given a mail_send version whose policy allows a second try, and a mail server not ready
-    # at the first connection
+    # given a mail_send version whose policy allows a second try, and a mail server that
+    # turns the first try away for now
     mail_send = _retrying_mail_send(demo)
     run, action = approved_run(demo, bob)
     assert action.tool_version_id == mail_send.pk
-    _not_ready(smtp_server, arrange)
+    turn_away(smtp_server, action, settings)
 
     # when it is sent
     services.action_execute(action_id=action.pk)
 
-    # then the second try delivered it, once
+    # then the first try was turned away and the second delivered it, once
     action.refresh_from_db()
     run.refresh_from_db()
     assert action.status == ActionStatus.SUCCEEDED
@@ -466,7 +448,14 @@ def test_a_mail_server_not_ready_once_sends_on_the_next_try_its_tool_allows(
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.attempts) == ("completed", 2)
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
-    assert smtp_server.greetings == []
+    assert smtp_server.envelope_refused + smtp_server.refused <= 1
+    unused = (
+        smtp_server.greetings,
+        smtp_server.auth_replies,
+        smtp_server.data_replies,
+        [reply for replies in smtp_server.recipient_replies.values() for reply in replies],
+    )
+    assert unused == ([], [], [], [])
     assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
 
 
@@ -545,31 +534,6 @@ def test_a_login_the_mail_server_turns_away_for_now_fails_the_action_with_nothin
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.auth_replies == []
     assert smtp_server.messages == []
-
-
-def test_a_login_turned_away_for_now_sends_on_the_next_try_its_tool_allows(
-    demo, bob, smtp_server, settings
-):
-    # given a mail_send version whose policy allows a second try, and a mail server that
-    # cannot check the login at the first connection
-    mail_send = _retrying_mail_send(demo)
-    run, action = approved_run(demo, bob)
-    assert action.tool_version_id == mail_send.pk
-    _login_turned_away_for_now(smtp_server, settings)
-
-    # when it is sent
-    services.action_execute(action_id=action.pk)
-
-    # then the second try logged in and delivered it, once
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert action.status == ActionStatus.SUCCEEDED
-    assert (run.status, run.reason_code) == ("COMPLETED", "SENT")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.attempts) == ("completed", 2)
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "sent"
-    assert smtp_server.auth_replies == []
-    assert [message["Message-ID"] for message in smtp_server.messages] == [action.external_id]
 
 
 @pytest.mark.parametrize(
