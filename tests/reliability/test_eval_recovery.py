@@ -60,7 +60,15 @@ def test_an_eval_run_resumes_after_its_worker_is_killed(start_worker, tmp_path):
         what="the eval run's lease to lapse",
     )
 
-    assert eval_runs_sweep() == 1
+    # The new worker may be taking a step of the interrupted case's run, whose task waited
+    # on the queue: the sweep leaves an eval run alone while a case of it is in flight, and
+    # hands it over at a later sweep (beat runs it every minute).
+    wait_until(
+        lambda: eval_runs_sweep() == 1,
+        seconds=WAIT_SECONDS,
+        what="a sweep to hand the eval run to the new worker",
+        worker=second,
+    )
 
     wait_until(
         lambda: _eval_run(eval_run.pk).status == EvalRunStatus.COMPLETED,
