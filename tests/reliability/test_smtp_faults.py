@@ -187,6 +187,26 @@ def _recipient(action: BusinessAction) -> str:
     return action.payload["recipient_snapshot"]["corporate_email"]
 
 
+def _turned_away_for_now(run: Run, action: BusinessAction) -> str:
+    """Check the send failed as one a later try may pass: nothing was sent, and the key's
+    delivery is deferred, for a later try to take over. Returns the failure's message."""
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "UPSTREAM_ERROR",
+    )
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
+        "failed",
+        True,
+        False,
+    )
+    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
+    return action.outcome["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("where", "reply"),
     [
@@ -220,23 +240,9 @@ def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent
 
     # then it failed with the server's answer, as one a later try may pass: nothing was sent,
     # and the key's delivery is deferred, for a later try to take over
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
-    assert action.outcome["error"]["message"] == (
+    assert _turned_away_for_now(run, action) == (
         f"The mail server turned the mail away for now ({answer}); nothing was sent."
     )
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
-        "failed",
-        True,
-        False,
-    )
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.envelope_refused + smtp_server.refused == 1
     assert smtp_server.messages == []
 
@@ -327,24 +333,9 @@ def test_a_mail_server_not_ready_at_connect_fails_the_action_with_nothing_sent(
 
     # then it failed as one a later try may pass: nothing was sent, and the key's delivery
     # is deferred, for a later try to take over
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
-    assert action.outcome["error"]["message"].startswith(
-        "The mail server could not be reached for now ("
-    )
-    assert action.outcome["error"]["message"].endswith("); nothing was sent.")
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
-        "failed",
-        True,
-        False,
-    )
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
+    message = _turned_away_for_now(run, action)
+    assert message.startswith("The mail server could not be reached for now (")
+    assert message.endswith("); nothing was sent.")
     assert smtp_server.messages == []
 
 
@@ -481,24 +472,10 @@ def test_a_login_the_mail_server_turns_away_for_now_fails_the_action_with_nothin
 
     # then it failed with the server's answer, as one a later try may pass: nothing was sent,
     # and the key's delivery is deferred, for a later try to take over
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
-    assert action.outcome["error"]["message"] == (
+    assert _turned_away_for_now(run, action) == (
         f"The mail server could not be reached for now ({TEMPORARY_AUTH_FAILURE}); "
         "nothing was sent."
     )
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
-        "failed",
-        True,
-        False,
-    )
-    assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
     assert smtp_server.auth_replies == []
     assert smtp_server.messages == []
 
