@@ -561,7 +561,7 @@ def test_reading_a_pdf_stops_in_time_however_much_work_it_asks_for(
     run_execute(run_id=str(run.pk))
 
     # then it is not read, the run goes on, and the reading stopped within a second or so
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 6
     run.refresh_from_db()
     assert run.status == "COMPLETED", run.result
     _, user = user_message(answered)

@@ -528,7 +528,8 @@ def test_a_write_past_its_timeout_may_have_had_its_effect_and_the_next_call_answ
 
     assert raised.value.category == ErrorCategory.TIMEOUT
     assert (raised.value.retryable, raised.value.may_have_side_effect) == (True, True)
-    assert 1 <= elapsed < 1.5
+    # (it waited its 1 s timeout, not for the hung write, which answers only when released)
+    assert 1 <= elapsed < 5
     assert threads.abandoned_count() == 1
     # the next call does not wait behind the abandoned one
     output = adapters.execute(write_tool(), call_context("call-2"), {})

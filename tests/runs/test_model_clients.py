@@ -742,7 +742,8 @@ def test_an_answer_that_trickles_in_ends_at_the_timeout(api_key, make_config):
         with pytest.raises(ModelError) as raised:
             client.complete(request_of(UserMessage(text="Hello")))
 
-    assert time.monotonic() - started < 3
+    # (at its 1 s timeout, not when the answer, many seconds long, ended)
+    assert time.monotonic() - started < 6
     assert raised.value.retryable is True
     assert "did not answer within 1 s" in str(raised.value)
 
@@ -770,7 +771,8 @@ def test_headers_that_trickle_in_end_at_the_timeout(api_key, make_config):
         with pytest.raises(ModelError) as raised:
             client.complete(request_of(UserMessage(text="Hello")))
 
-    assert time.monotonic() - started < 3
+    # (at its 1 s timeout, not when the answer, many seconds long, ended)
+    assert time.monotonic() - started < 6
     assert "did not answer within 1 s" in str(raised.value)
 
 
