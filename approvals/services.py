@@ -640,10 +640,12 @@ def _fail(
     failure: ToolFailed,
     *,
     reconciled: bool,
-    run_status: RunStatus = RunStatus.FAILED_FINAL,
+    run_status: RunStatus | None = None,
     secrets: tuple[str | None, ...] = (),
 ) -> None:
-    """The action failed; the run ends FAILED_FINAL (ACTION_FAILED), or CANCELLED for the
+    """The action failed; the run ends ACTION_FAILED, FAILED_RETRYABLE when nothing was done
+    and a later try may pass (a mail server's "try again later", a rate limit, an open
+    circuit: the user may ask again later), FAILED_FINAL otherwise; or CANCELLED for the
     reason it was cancelled while its action had not been done. Its message is kept without
     the credential the host gave the call (`secrets`). A send that never reached its tool (a
     gate refused it, or a limit turned it away) was not executed: it keeps no `executed_at`,
@@ -658,6 +660,9 @@ def _fail(
     if reconciled:
         _mark_reconciled(run, action)
     events.action_failed(run, action_id=str(action.pk), category=failure.category)
+    if run_status is None:
+        for_now = failure.retryable and not failure.may_have_side_effect
+        run_status = RunStatus.FAILED_RETRYABLE if for_now else RunStatus.FAILED_FINAL
     run_finish(
         run=run,
         status=run_status,

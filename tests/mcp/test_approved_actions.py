@@ -289,7 +289,8 @@ def test_a_send_whose_server_cannot_be_reached_to_list_its_tools_did_nothing(dem
         "UPSTREAM_ERROR",
     )
     assert action.reconcile_due_at is None
+    # and its run ended as one the user may ask again later, nothing having been sent
     run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert call.envelope["may_have_side_effect"] is False

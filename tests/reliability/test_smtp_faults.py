@@ -20,7 +20,9 @@ from examples.models import MailDelivery
 from registry.canonical import canonical_hash
 from registry.models import ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
+from runs.choices import RunStatus
 from runs.models import Run, ToolCall
+from runs.services.runs import NEXT_STEPS
 from runs.tools import executor
 from tests.approvals.conftest import SMTP_PASSWORD, approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
@@ -112,7 +114,8 @@ def test_a_mail_server_that_is_down_fails_the_action_and_sends_nothing(demo, bob
 
     statuses, _ = _report("SMTP down (connection refused)", runs, smtp_server)
 
-    assert statuses == {"FAILED_FINAL ACTION_FAILED": RUNS}
+    # nothing was sent and a later try may pass: the user may ask again later
+    assert statuses == {"FAILED_RETRYABLE ACTION_FAILED": RUNS}
     assert smtp_server.messages == []
 
 
@@ -196,7 +199,9 @@ def _turned_away_for_now(run: Run, action: BusinessAction) -> str:
         ActionStatus.FAILED,
         "UPSTREAM_ERROR",
     )
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    # the user may ask again later
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
+    assert run.result["next_step"] == NEXT_STEPS[RunStatus.FAILED_RETRYABLE]
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
         "failed",
@@ -573,7 +578,7 @@ def test_a_reconciliation_while_a_mail_turned_away_is_being_recorded_does_not_se
         ActionStatus.FAILED,
         "UPSTREAM_ERROR",
     )
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
     assert smtp_server.messages == []
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
 
