@@ -17,7 +17,8 @@ class InvalidEvalRunTransition(ApplicationError):
 
 
 class ReleaseGateFailed(ApplicationError):
-    """A publish the release gate refuses: `details` names each failing metric and value."""
+    """A publish, rollback, rollout or model move the release gate refuses: `details` names
+    each failing metric and value."""
 
     code = "RELEASE_GATE_FAILED"
     http_status = 409

@@ -219,9 +219,9 @@ def suite_change_check(*, suites: list[EvalSuite], actor: AbstractBaseUser) -> N
 def release_gate_check(
     *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
 ) -> list[dict[str, Any]]:
-    """The failures a publish overrides (empty when the gate is met); raises when it may not
-    publish: the gate fails and there is no override, or the actor may not override. The
-    gate is met with the model of each agent the version would be given to
+    """The failures a publish (or a rollback) overrides (empty when the gate is met); raises
+    when it may not go ahead: the gate fails and there is no override, or the actor may not
+    override. The gate is met with the model of each agent the version would be given to
     (`agents_given`), as `model_change_check` holds it when an agent moves: an eval run with
     another model is no evidence for them. A skill no agent uses is met with any model."""
     agents_of: dict[ModelConfig, list[str]] = {}

@@ -97,8 +97,8 @@ class EvalThreshold(models.Model):
 
 
 class ReleaseOverride(models.Model):
-    """A publish an admin let through although its release gate failed, with the reason and
-    the failures it overrode: part of the audit trail."""
+    """A publish, or a rollback, an admin let through although its release gate failed, with
+    the reason and the failures it overrode: part of the audit trail."""
 
     skill_version = models.ForeignKey(
         "registry.SkillVersion", on_delete=models.PROTECT, related_name="release_overrides"

@@ -235,3 +235,12 @@ class SkillPublishSerializer(StrictSerializer):
         max_length=2000,
         help_text="Publish although the release gate fails (tenant or platform admins): why.",
     )
+
+
+class SkillRollbackSerializer(StrictSerializer):
+    override_reason = StrictCharField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="Roll back although the release gate fails (tenant or platform admins): why.",
+    )

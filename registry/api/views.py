@@ -18,6 +18,7 @@ from registry.api import filters
 from registry.api.serializers import (
     LifecycleSerializer,
     SkillPublishSerializer,
+    SkillRollbackSerializer,
     SkillVersionCreateSerializer,
     SkillVersionSerializer,
     TokenRequestSerializer,
@@ -81,6 +82,8 @@ class VersionViewSet(
     version_argument: ClassVar[str]
     # What publishing takes besides the version (a skill's release-gate override).
     publish_serializer: ClassVar[type[serializers.Serializer]] = CommandSerializer
+    # What rolling back takes besides the version (a skill's release-gate override).
+    rollback_serializer: ClassVar[type[serializers.Serializer]] = CommandSerializer
 
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
@@ -98,7 +101,7 @@ class VersionViewSet(
             "publish": cls.publish_serializer,
             "deprecate": LifecycleSerializer,
             "revoke": LifecycleSerializer,
-            "rollback": CommandSerializer,
+            "rollback": cls.rollback_serializer,
         }
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
@@ -150,8 +153,9 @@ class VersionViewSet(
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str) -> Response:
         """Make this (earlier, published) version current again."""
-        CommandSerializer(data=request.data).is_valid(raise_exception=True)
-        return self._command(type(self).rollback_service)
+        data = self.rollback_serializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return self._command(type(self).rollback_service, **data.validated_data)
 
 
 def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionViewSet]:
@@ -206,6 +210,7 @@ class SkillVersionViewSet(VersionViewSet):
     rollback_service = staticmethod(skills.skill_rollback)
     version_argument = "skill_version"
     publish_serializer = SkillPublishSerializer
+    rollback_serializer = SkillRollbackSerializer
 
     def _created(self, data: dict[str, Any]) -> DefinitionVersion:
         tenant = self.request.auth.tenant

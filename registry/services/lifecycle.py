@@ -169,9 +169,14 @@ def version_revoke(*, version: V, actor: AbstractBaseUser, reason: str = "") -> 
 
 
 def version_rollback(
-    *, version: V, actor: AbstractBaseUser, validate: Callable[[V], None] | None = None
+    *,
+    version: V,
+    actor: AbstractBaseUser,
+    validate: Callable[[V], None] | None = None,
+    reason: str = "",
 ) -> V:
-    """Make an earlier published version current again, once `validate` lets it."""
+    """Make an earlier published version current again, once `validate` lets it. `reason`:
+    what the parent's history says, when more than that it was rolled back."""
     require_publisher(actor=actor, definition=version.parent)
     with transaction.atomic():
         parent, version = lock_version(version)
@@ -184,5 +189,7 @@ def version_rollback(
         if parent.current_version_id != version.pk:
             if validate is not None:
                 validate(version)
-            _set_current(parent, version, actor=actor, reason=f"rolled back to {version.version}")
+            _set_current(
+                parent, version, actor=actor, reason=reason or f"rolled back to {version.version}"
+            )
     return version

@@ -194,12 +194,44 @@ def skill_version_revoke(
     return lifecycle.version_revoke(version=skill_version, actor=actor, reason=reason)
 
 
-def skill_rollback(*, skill_version: SkillVersion, actor: AbstractBaseUser) -> SkillVersion:
+def skill_rollback(
+    *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
+) -> SkillVersion:
     """Make an earlier published version current again, while the tool versions it pins may
     still serve it (published or deprecated, and usable by the owner): made current on a
-    revoked pin, it would be a skill its runs cannot have whole."""
-    return lifecycle.version_rollback(
-        version=skill_version,
-        actor=actor,
-        validate=lambda version: _pins_usable_check(version, statuses=CALLABLE_STATUSES),
-    )
+    revoked pin, it would be a skill its runs cannot have whole. Its release gate is held as
+    a publish holds it, with the model of each agent it would be given to: an agent may have
+    moved to another model since it was published, a move that checked only the versions
+    served then. A tenant or platform admin may roll back over the gate with a written reason,
+    recorded as a ReleaseOverride and in history. A version already current, or not published,
+    is answered as the lifecycle answers it, with no gate."""
+    lifecycle.require_publisher(actor=actor, definition=skill_version.skill)
+    with transaction.atomic():
+        # The skill is held as the gate was checked until the version is current: an agent's
+        # move, checked against the version current then, waits and finds this one.
+        skill, skill_version = lifecycle.lock_version(skill_version)
+        overridden = []
+        if (
+            skill_version.status == VersionStatus.PUBLISHED
+            and skill.current_version_id != skill_version.pk
+        ):
+            overridden = release_gate_check(
+                skill_version=skill_version, actor=actor, override_reason=override_reason
+            )
+        reason = ""
+        if overridden:
+            reason = (
+                f"rolled back to {skill_version.version} over its release gate: "
+                f"{override_reason.strip()}"
+            )
+        version = lifecycle.version_rollback(
+            version=skill_version,
+            actor=actor,
+            validate=lambda version: _pins_usable_check(version, statuses=CALLABLE_STATUSES),
+            reason=reason,
+        )
+        if overridden:
+            release_override_record(
+                skill_version=version, actor=actor, reason=override_reason, failures=overridden
+            )
+    return version

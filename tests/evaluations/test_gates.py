@@ -1073,3 +1073,100 @@ def test_an_agent_moved_while_a_publish_checks_its_gate_is_checked_against_what_
     assert [failure["skill"] for failure in refused.details["failures"]] == ["weekly-summary@3.4.0"]
     demo.agent.refresh_from_db()
     assert demo.agent.model_config.name == "offline-planner"
+
+
+def moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft) -> SkillVersion:
+    """weekly-summary 3.4.0 published on its gate with the offline planner and met with the
+    adversary too, and weekly-reporter moved to the adversary, which checked 3.4.0 alone:
+    3.2.0, published before, was never evaluated with it. Returns 3.2.0."""
+    newer = draft("3.4.0")
+    evaluate(tiny, version=newer)
+    skills.skill_version_publish(skill_version=newer, actor=dave)
+    evaluate(tiny, version=newer, model_config=adversary)
+    demo.agent.model_config = adversary
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="new model")
+    return SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+
+
+def test_a_rollback_needs_the_gate_met_with_the_model_an_agent_moved_to_since(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given 3.4.0 current and weekly-reporter moved to the adversary since 3.2.0 was published
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+
+    # when dave rolls back to 3.2.0, before and after it was evaluated with the adversary
+    with pytest.raises(ReleaseGateFailed) as refused:
+        skills.skill_rollback(skill_version=older, actor=dave)
+    older.skill.refresh_from_db()
+    current_when_refused = older.skill.current_version.version
+    evaluate(tiny, version=older, model_config=adversary)
+    skills.skill_rollback(skill_version=older, actor=dave)
+
+    # then it was refused for the model the agent runs now, and done once met with it
+    assert refused.value.message == (
+        "weekly-summary@3.2.0 does not meet its release gate: no finished eval run of tiny as "
+        "it is, on this version as it is, with adversary (the model of acme/weekly-reporter)."
+    )
+    assert current_when_refused == "3.4.0"
+    older.skill.refresh_from_db()
+    assert older.skill.current_version == older
+    assert not ReleaseOverride.objects.exists()
+
+
+def test_a_refused_rollback_is_answered_409_and_shown_in_the_admin(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given 3.4.0 current and weekly-reporter moved to a model 3.2.0 was never evaluated with
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    page = Client()
+    page.force_login(demo.admin)
+
+    # when it is rolled back to 3.2.0 through the API and in the admin
+    response = api_as("dave", demo.acme).post(
+        f"/api/v1/skills/{older.pk}/rollback", {}, format="json"
+    )
+    shown = page.post(
+        "/admin/registry/skillversion/",
+        {"action": "make_current", "_selected_action": [older.pk]},
+        follow=True,
+    )
+
+    # then both say which gate fails with which model, and 3.4.0 stays current
+    assert response.status_code == 409
+    error = response.json()["error"]
+    assert error["code"] == "RELEASE_GATE_FAILED"
+    assert [(f["model_config"], f["agents"]) for f in error["details"]["failures"]] == [
+        ("adversary", ["acme/weekly-reporter"])
+    ]
+    (message,) = shown.context["messages"]
+    assert message.level_tag == "error"
+    assert str(message).startswith(error["message"])
+    older.skill.refresh_from_db()
+    assert older.skill.current_version.version == "3.4.0"
+
+
+def test_only_an_admin_rolls_back_over_the_gate_and_the_override_is_in_the_audit_trail(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given 3.4.0 current and weekly-reporter moved to a model 3.2.0 was never evaluated with
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    reason = "3.4.0 mails the wrong lead; 3.2.0 is evaluated with the adversary tomorrow."
+
+    # when dave, then acme's admin, roll back to 3.2.0 over its gate
+    by_publisher = api_as("dave", demo.acme).post(
+        f"/api/v1/skills/{older.pk}/rollback", {"override_reason": reason}, format="json"
+    )
+    by_admin = api_as("admin", demo.acme).post(
+        f"/api/v1/skills/{older.pk}/rollback", {"override_reason": reason}, format="json"
+    )
+
+    # then only the admin may, and the override names who, why and what it let through
+    assert by_publisher.status_code == 403
+    assert (by_admin.status_code, by_admin.json()["is_current"]) == (200, True)
+    override = ReleaseOverride.objects.get(skill_version=older)
+    assert (override.actor, override.reason) == (demo.admin, reason)
+    assert [(f["metric"], f["model_config"]) for f in override.failures] == [
+        ("case_pass_rate", "adversary")
+    ]
+    history = older.skill.history.order_by("-history_date").first()
+    assert history.history_change_reason == f"rolled back to 3.2.0 over its release gate: {reason}"

@@ -1822,4 +1822,4 @@ def test_options_of_a_command_describes_the_body_it_reads(api, publisher, make_s
 
     assert list(publish["actions"]["POST"]) == ["override_reason"]
     assert list(deprecate["actions"]["POST"]) == ["reason"]
-    assert rollback["actions"]["POST"] == {}
+    assert list(rollback["actions"]["POST"]) == ["override_reason"]
