@@ -15,7 +15,7 @@ from evaluations.errors import PermissionDenied, ReleaseGateFailed, ValidationFa
 from evaluations.models import EvalRun, EvalSuite, EvalThreshold, ReleaseOverride
 from registry.canonical import canonical_hash
 from registry.choices import Action
-from registry.models import AgentConfig, ModelConfig, Skill, SkillVersion, Tenant
+from registry.models import AgentConfig, ModelConfig, RolloutFlag, Skill, SkillVersion, Tenant
 from registry.models.configs import MODEL_IDENTITY_FIELDS, MODEL_OPERATIONAL_PARAMETERS
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import (
@@ -217,15 +217,21 @@ def suite_change_check(*, suites: list[EvalSuite], actor: AbstractBaseUser) -> N
 
 
 def release_gate_check(
-    *, skill_version: SkillVersion, actor: AbstractBaseUser, override_reason: str = ""
+    *,
+    skill_version: SkillVersion,
+    actor: AbstractBaseUser,
+    override_reason: str = "",
+    agents: list[AgentConfig] | None = None,
 ) -> list[dict[str, Any]]:
     """The failures a publish (or a rollback) overrides (empty when the gate is met); raises
     when it may not go ahead: the gate fails and there is no override, or the actor may not
     override. The gate is met with the model of each agent the version would be given to
     (`agents_given`), as `model_change_check` holds it when an agent moves: an eval run with
-    another model is no evidence for them. A skill no agent uses is met with any model."""
+    another model is no evidence for them. A skill no agent uses is met with any model.
+    `agents`: those it would be given to, when not every one `agents_given` finds (a rollout
+    gives it to the agents of the tenants it serves)."""
     agents_of: dict[ModelConfig, list[str]] = {}
-    for agent in agents_given(skill=skill_version.skill):
+    for agent in agents_given(skill=skill_version.skill) if agents is None else agents:
         agents_of.setdefault(agent.model_config, []).append(str(agent))
     if agents_of:
         failures = [
@@ -263,6 +269,40 @@ def release_override_record(
     return ReleaseOverride.objects.create(
         skill_version=skill_version, actor=actor, reason=reason.strip(), failures=failures
     )
+
+
+def rollout_change_check(
+    *, flag: RolloutFlag, actor: AbstractBaseUser, tenants: QuerySet[Tenant] | None = None
+) -> None:
+    """A rollout flag that serves its version (active, to a share above none) gives it to the
+    agents `agents_given` finds in the tenants it lists (in every one, when it lists none): the
+    version meets its release gate with the model of each one it was not served to before (a
+    new flag, another version, one resumed or raised from none, more tenants), as a publish
+    holds it (`release_gate_check`). It was met with the models of its agents when it was
+    published, but an agent may have moved to another model since, a move that checked only
+    the versions served then. Pausing a flag, lowering its share or listing fewer tenants gives
+    the version to no one new, and is never refused. A flag has no reason to give: there is no
+    override. `tenants`: those the change lists, when it changes them too."""
+    if not (flag.is_active and flag.percentage > 0):
+        return
+    adding = flag._state.adding
+    if tenants is None:
+        tenants = Tenant.objects.none() if adding else flag.tenants.all()
+    listed = {tenant.pk for tenant in tenants}
+    given = [
+        agent for agent in agents_given(skill=flag.skill) if not listed or agent.tenant_id in listed
+    ]
+    stored = None if adding else RolloutFlag.objects.filter(pk=flag.pk).first()
+    if (
+        stored is not None
+        and stored.is_active
+        and stored.percentage > 0
+        and stored.skill_version_id == flag.skill_version_id
+    ):
+        served = {tenant.pk for tenant in stored.tenants.all()}
+        given = [agent for agent in given if served and agent.tenant_id not in served]
+    if given:
+        release_gate_check(skill_version=flag.skill_version, actor=actor, agents=given)
 
 
 def model_change_check(

@@ -142,3 +142,14 @@ class RolloutFlagAdmin(ConfigAdmin):
     search_fields = ("key", "skill__name")
     list_select_related = ("skill__tenant", "skill_version__skill")
     filter_horizontal = ("tenants",)
+
+    def save_model(
+        self, request: HttpRequest, obj: RolloutFlag, form: forms.ModelForm, change: bool
+    ) -> None:
+        """The release gate holds for the flag as submitted, with the tenants it lists."""
+        registry_object_save(
+            instance=obj,
+            actor=request.user,
+            reason="saved in admin",
+            tenants=form.cleaned_data.get("tenants"),
+        )

@@ -9,10 +9,18 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from evaluations.gates import model_change_check, model_config_change_check
+from evaluations.gates import model_change_check, model_config_change_check, rollout_change_check
 from registry.choices import ROLE_ACTIONS, Action
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import AgentConfig, ApiToken, Membership, ModelConfig, Skill, Tenant
+from registry.models import (
+    AgentConfig,
+    ApiToken,
+    Membership,
+    ModelConfig,
+    RolloutFlag,
+    Skill,
+    Tenant,
+)
 from registry.selectors import agent_skills_reachable, tenant_has_grant
 
 
@@ -66,12 +74,16 @@ def registry_object_save(
     actor: AbstractBaseUser,
     reason: str = "saved",
     skills: QuerySet[Skill] | None = None,
+    tenants: QuerySet[Tenant] | None = None,
 ) -> models.Model:
     """Validate and save a registry configuration row (model, agent, policy, rollout). An agent
     moves to another model only when the release gates of the skills it has after the save
     hold with that model: `skills`, the skills an agent is bound to with the row, or those it
-    has when they are not given. A model config that agents or eval runs use keeps the model it
-    calls, the parameters sent with each call and its tenant (`model_config_change_check`).
+    has when they are not given. A rollout flag serves its version to agents it did not serve
+    before only when its release gate holds with their models (`rollout_change_check`):
+    `tenants`, the tenants a flag lists with the row, or those it lists when they are not
+    given. A model config that agents or eval runs use keeps the model it calls, the
+    parameters sent with each call and its tenant (`model_config_change_check`).
     A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`);
     one given to another person or tenant ends the API access of the person it leaves with no
     role in its former tenant (`api_tokens_revoke_unless_member`)."""
@@ -87,12 +99,17 @@ def registry_object_save(
             model_change_check(agent_config=instance, bound_skills=skills)
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
+        if isinstance(instance, RolloutFlag):
+            _skills_lock([instance.skill])
+            rollout_change_check(flag=instance, actor=actor, tenants=tenants)
         left = None
         if isinstance(instance, Membership):
             left = _membership_change_check(membership=instance)
         audited_unique_save(instance, actor=actor, reason=reason)
         if skills is not None:
             instance.skills.set(skills)
+        if tenants is not None:
+            instance.tenants.set(tenants)
         if isinstance(instance, Tenant):
             _grant_group_rename(instance)
         if left is not None:

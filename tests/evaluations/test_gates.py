@@ -20,7 +20,15 @@ from evaluations.models import EvalCase, EvalRun, EvalThreshold, ReleaseOverride
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider, SkillAssembly, VersionStatus
 from registry.errors import ValidationFailed, VersionImmutable
-from registry.models import AgentConfig, ModelConfig, Policy, RolloutFlag, Skill, SkillVersion
+from registry.models import (
+    AgentConfig,
+    ModelConfig,
+    Policy,
+    RolloutFlag,
+    Skill,
+    SkillVersion,
+    Tenant,
+)
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import agents_given
 from registry.services import skills
@@ -1170,3 +1178,111 @@ def test_only_an_admin_rolls_back_over_the_gate_and_the_override_is_in_the_audit
     ]
     history = older.skill.history.order_by("-history_date").first()
     assert history.history_change_reason == f"rolled back to 3.2.0 over its release gate: {reason}"
+
+
+def test_a_rollout_serving_a_version_never_evaluated_with_its_agents_model_is_refused(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given 3.4.0 current and weekly-reporter moved to a model 3.2.0 was never evaluated with
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+
+    def roll_out() -> RolloutFlag:
+        return registry_object_save(
+            instance=RolloutFlag(
+                key="weekly-older", skill=older.skill, skill_version=older, percentage=20
+            ),
+            actor=demo.admin,
+        )
+
+    # when a flag is saved serving 3.2.0 to a fifth of acme's actors, before and after it was
+    # evaluated with the adversary
+    with pytest.raises(ReleaseGateFailed) as refused:
+        roll_out()
+    flags_when_refused = RolloutFlag.objects.count()
+    evaluate(tiny, version=older, model_config=adversary)
+    flag = roll_out()
+
+    # then it was refused for the model the agent runs now, and saved once met with it
+    assert refused.value.message == (
+        "weekly-summary@3.2.0 does not meet its release gate: no finished eval run of tiny as "
+        "it is, on this version as it is, with adversary (the model of acme/weekly-reporter)."
+    )
+    assert flags_when_refused == 0
+    assert list(RolloutFlag.objects.all()) == [flag]
+    assert not ReleaseOverride.objects.exists()
+
+
+def test_the_admin_shows_a_refused_rollout_on_its_form_and_saves_nothing(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-reporter moved to a model 3.2.0 was never evaluated with, and a paused
+    # flag of 3.2.0, which serves no one
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    paused = registry_object_save(
+        instance=RolloutFlag(
+            key="weekly-paused",
+            skill=older.skill,
+            skill_version=older,
+            percentage=20,
+            is_active=False,
+        ),
+        actor=demo.admin,
+    )
+    page = Client()
+    page.force_login(demo.admin)
+    form = {"skill": older.skill.pk, "skill_version": older.pk, "percentage": 20}
+
+    # when acme's admin adds a flag serving 3.2.0, and resumes the paused one
+    added = page.post(
+        "/admin/registry/rolloutflag/add/", {**form, "key": "weekly-older", "is_active": "on"}
+    )
+    resumed = page.post(
+        f"/admin/registry/rolloutflag/{paused.pk}/change/",
+        {**form, "key": "weekly-paused", "is_active": "on"},
+    )
+
+    # then both forms are drawn again with the refusal, and nothing serves 3.2.0
+    for response in (added, resumed):
+        assert response.status_code == 200
+        errors = response.context["adminform"].form.non_field_errors()
+        assert "weekly-summary@3.2.0 does not meet its release gate" in errors[0]
+        assert "with adversary (the model of acme/weekly-reporter)" in errors[0]
+    assert list(RolloutFlag.objects.values_list("key", "is_active")) == [("weekly-paused", False)]
+
+
+def test_a_rollout_that_gives_its_version_to_no_agent_anew_is_saved(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-reporter moved to a model 3.2.0 was never evaluated with, and a flag of
+    # 3.2.0 to half of acme's actors saved before rollouts were held to the gate
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    flag = RolloutFlag.objects.create(
+        key="weekly-older", skill=older.skill, skill_version=older, percentage=50
+    )
+
+    # when it is lowered, then paused; and another flag of 3.2.0 serves globex only, where no
+    # agent is given acme's skill
+    flag.percentage = 10
+    registry_object_save(instance=flag, actor=demo.admin)
+    flag.is_active = False
+    registry_object_save(instance=flag, actor=demo.admin)
+    registry_object_save(
+        instance=RolloutFlag(
+            key="globex-older", skill=older.skill, skill_version=older, percentage=50
+        ),
+        actor=demo.admin,
+        tenants=Tenant.objects.filter(pk=demo.globex.pk),
+    )
+
+    # then each is saved: none gives 3.2.0 to an agent it did not serve before
+    assert sorted(RolloutFlag.objects.values_list("key", "percentage", "is_active")) == [
+        ("globex-older", 50, True),
+        ("weekly-older", 10, False),
+    ]
+    assert list(RolloutFlag.objects.get(key="globex-older").tenants.all()) == [demo.globex]
+
+    # and opening the globex flag to every tenant gives it to weekly-reporter, so is refused
+    opened = RolloutFlag.objects.get(key="globex-older")
+    with pytest.raises(ReleaseGateFailed):
+        registry_object_save(instance=opened, actor=demo.admin, tenants=Tenant.objects.none())
+    assert list(opened.tenants.all()) == [demo.globex]
