@@ -94,6 +94,11 @@ class DataClassification(models.TextChoices):
 
 
 DATA_CLASSIFICATION_LEVELS: tuple[str, ...] = tuple(DataClassification.values)
+# Data more sensitive than internal: a memory item is kept so only with its user's consent,
+# and a viewer of a run without clearance does not see it (`runs.selectors.memory_hidden`).
+ABOVE_INTERNAL = frozenset(
+    DATA_CLASSIFICATION_LEVELS[DATA_CLASSIFICATION_LEVELS.index(DataClassification.INTERNAL) + 1 :]
+)
 
 
 class AdapterKind(models.TextChoices):

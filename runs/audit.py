@@ -26,6 +26,8 @@ from runs.redaction import REDACTED, redact
 from runs.selectors import (
     contract_sensitive_fields,
     hidden_fields,
+    memory_hidden,
+    recalled_texts,
     recipient_texts,
     runs_of_skill,
     texts_of_earlier_runs,
@@ -232,16 +234,23 @@ def _turns(
     return ordered
 
 
-def _given(run: Run) -> dict[str, Any]:
+def _given(run: Run, *, cleared: bool) -> dict[str, Any]:
     """What the turns had with the user's message besides the transcript, from the run's
-    state: the recipient's snapshot, what is remembered about the user and the session's
-    earlier messages (each turn's sections say how much of them its budget took)."""
+    state: the recipient's snapshot, what is remembered about the user (without clearance,
+    the value of an item above internal replaced whole, however short:
+    `selectors.memory_hidden`) and the session's earlier messages (each turn's sections say
+    how much of them its budget took)."""
     recipient = run.state.get("recipient")
     return {
         "recipient": {field: recipient.get(field) for field in RECIPIENT_FIELDS}
         if isinstance(recipient, dict)
         else None,
-        "memory": run.state.get("memory") or [],
+        "memory": [
+            {**entry, "value": REDACTED}
+            if not cleared and isinstance(entry, dict) and memory_hidden(entry)
+            else entry
+            for entry in run.state.get("memory") or []
+        ],
         "history": run.state.get("history") or [],
     }
 
@@ -330,9 +339,11 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         run=run, cleared=cleared, contracts={str(pk): fields for pk, fields in sensitive.items()}
     )
     texts |= recipient_texts(run=run, fields=hidden)
-    # What the earlier runs of its session returned, which its history quotes and its model
-    # may copy.
+    # What it recalled of its requester's memory above internal, and what the earlier runs
+    # of its session returned or recalled so, which its history quotes: its model may copy
+    # them.
     if not cleared:
+        texts |= recalled_texts(run.state.get("memory"))
         texts |= texts_of_earlier_runs(runs=[run])[run.pk]
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {
@@ -378,7 +389,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             cleared=cleared,
             texts=texts,
         ),
-        "given": _given(run),
+        "given": _given(run, cleared=cleared),
         "tool_calls": [
             {
                 "call_id": call.call_id,

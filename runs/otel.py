@@ -3,10 +3,11 @@ set (the exporter reads the standard `OTEL_EXPORTER_OTLP_*` variables: headers, 
 
 The spans exported are the stored ones, with their ids and times, and their attributes as the
 run page shows them to a viewer without clearance: a tracing backend has no viewer to clear,
-so what a tool returned under a field its contract marks sensitive, which a span may quote (a
-name in a rejected argument), leaves masked; the stored spans keep it for those who may see
-it. They leave after the step's transaction commits, batched on a background thread, so a
-slow collector never holds a run.
+so what a tool returned under a field its contract marks sensitive, and what the run recalled
+of its requester's memory above internal, which a span may quote (a name in a rejected
+argument), leave masked; the stored spans keep them for those who may see them. They leave
+after the step's transaction commits, batched on a background thread, so a slow collector
+never holds a run.
 What the batch still holds when the process ends is sent first (`shutdown`): at exit, and,
 in a worker's pool process, which ends without running exit hooks, at its shutdown signal.
 """
@@ -106,10 +107,11 @@ atexit.register(shutdown)
 def _uncleared_masks(run_ids: set) -> dict[Any, tuple[frozenset[str], frozenset[str]]]:
     """By run id: the fields and texts a viewer without clearance does not see
     (`selectors.hidden_fields`, `selectors.hidden_texts`), read once for the spans of a
-    commit rather than per span: a step's spans are of one run, and six reads at most
+    commit rather than per span: a step's spans are of one run, and seven reads at most
     find them (the run without its transcript, its tools' contracts, and what its calls and
     sources returned, where a contract hides a field, and those of the earlier runs of its
-    session)."""
+    session, and what those recalled of their requester's memory, where its history names
+    them)."""
     runs = list(
         Run.objects.filter(pk__in=run_ids).only("session_id", "created_at", "capability", "state")
     )

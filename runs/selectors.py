@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
-from registry.choices import ROLE_ACTIONS, Action
+from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, ROLE_ACTIONS, Action
 from registry.models import Membership, Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
 from runs.models import Attachment, Run, RunEvent, Source, ToolCall
@@ -133,6 +133,28 @@ def recipient_texts(*, run: Run, fields: frozenset[str]) -> set[str]:
     return texts_under(run.state.get("recipient"), fields) if fields else set()
 
 
+def memory_hidden(entry: dict[str, Any]) -> bool:
+    """Whether a viewer of a run without clearance does not see the value of this item of
+    the run's copy of its requester's memory (`services.memory.memory_retrieve`): one kept
+    above internal, with the user's consent, or one whose copy names no level (recalled
+    before copies named it), which may be either."""
+    level = entry.get("sensitivity")
+    return level in ABOVE_INTERNAL or level not in DATA_CLASSIFICATION_LEVELS
+
+
+def recalled_texts(memory: Any) -> set[str]:
+    """What a run's copy of its requester's memory holds that a viewer without clearance
+    does not see (`memory_hidden`), as `redaction.sensitive_texts`: the run's model may copy
+    a value anywhere (into a draft's body)."""
+    return set().union(
+        *(
+            sensitive_texts(entry.get("value"))
+            for entry in (memory if isinstance(memory, list) else [])
+            if isinstance(entry, dict) and memory_hidden(entry)
+        )
+    )
+
+
 def hidden_texts(
     *, runs: Iterable[Run], contracts: dict[str, frozenset[str]]
 ) -> dict[Any, frozenset[str]]:
@@ -141,13 +163,16 @@ def hidden_texts(
     into a draft's body): what the run's tool calls returned under the fields their
     versions' contracts mark sensitive, in their envelopes and in the sources they kept (a
     result too large for its envelope is whole there), and what its recipient snapshot holds
-    under the fields its snapshot's tools hide (`recipient_texts`); and what the earlier runs
-    of its session returned so (`texts_of_earlier_runs`). `contracts`: those fields by tool
-    version id, as `hidden_fields` read them for these runs. Four reads for any number of
-    runs, one where no version hides a field."""
+    under the fields its snapshot's tools hide (`recipient_texts`), and what it recalled of
+    its requester's memory above internal (`recalled_texts`); and what the earlier runs of
+    its session returned or recalled so (`texts_of_earlier_runs`). `contracts`: those fields
+    by tool version id, as `hidden_fields` read them for these runs. Four reads for any
+    number of runs (one where no version hides a field), and one more where a run's history
+    names earlier runs."""
     runs = list(runs)
     texts: dict[Any, set[str]] = {
-        run.pk: recipient_texts(
+        run.pk: recalled_texts(run.state.get("memory"))
+        | recipient_texts(
             run=run,
             fields=frozenset().union(
                 *(
@@ -176,16 +201,21 @@ def hidden_texts(
 def texts_of_earlier_runs(*, runs: list[Run]) -> dict[Any, frozenset[str]]:
     """By id of each of `runs`: what the runs of its session begun before it returned under
     the fields their tools' contracts mark sensitive (their calls' envelopes and the sources
-    they kept). A run's history quotes what those runs said back (`runs.loop._history`),
-    and its model may copy it further. One read for any number of runs, and one more where
-    such calls were made."""
+    they kept), and what they recalled of their requester's memory above internal
+    (`recalled_texts`). A run's history quotes what those runs said back
+    (`runs.loop._history`), and its model may copy it further. One read for any number of
+    runs, one more where such calls were made, and one more where a run's history names
+    earlier runs (read at its start: without one, none of their memory reached it)."""
     if not runs:
         return {}
+    sessions = {run.session_id for run in runs}
+    quoting = {run.session_id for run in runs if run.state.get("history")}
+    before = max(run.created_at for run in runs)
     calls = {
         pk: (session_id, created_at, contract_sensitive_fields(contract), envelope)
         for pk, session_id, created_at, contract, envelope in ToolCall.objects.filter(
-            run__session_id__in={run.session_id for run in runs},
-            run__created_at__lt=max(run.created_at for run in runs),
+            run__session_id__in=sessions,
+            run__created_at__lt=before,
             tool_version__result_contract__has_key="sensitive_fields",
         ).values_list(
             "pk", "run__session_id", "run__created_at", "tool_version__result_contract", "envelope"
@@ -196,17 +226,27 @@ def texts_of_earlier_runs(*, runs: list[Run]) -> dict[Any, frozenset[str]]:
         results += Source.objects.filter(tool_call_id__in=calls).values_list(
             "tool_call_id", "content"
         )
+    # (session, when its run began, what it holds) of each result and each recalled memory.
+    found: list[tuple[Any, Any, set[str]]] = [
+        (calls[call_id][0], calls[call_id][1], texts_under(result, calls[call_id][2]))
+        for call_id, result in results
+    ]
+    if quoting:
+        found += [
+            (session_id, created_at, recalled_texts(memory))
+            for session_id, created_at, memory in Run.objects.filter(
+                session_id__in=quoting, created_at__lt=before, state__has_key="memory"
+            ).values_list("session_id", "created_at", "state__memory")
+        ]
     of_session: dict[Any, list[Run]] = {}
     for run in runs:
         of_session.setdefault(run.session_id, []).append(run)
     texts: dict[Any, set[str]] = {run.pk: set() for run in runs}
-    for call_id, result in results:
-        session_id, created_at, fields, _ = calls[call_id]
-        found = texts_under(result, fields)
+    for session_id, created_at, held in found:
         for run in of_session[session_id]:
             if created_at < run.created_at:
-                texts[run.pk] |= found
-    return {pk: frozenset(found) for pk, found in texts.items()}
+                texts[run.pk] |= held
+    return {pk: frozenset(held) for pk, held in texts.items()}
 
 
 def runs_of_skill(runs: QuerySet[Run], skill: str) -> QuerySet[Run]:

@@ -58,11 +58,13 @@ def viewer_shape(run: Run, *, cleared: bool) -> Shape:
     """Each payload as `redact` shows it to a viewer (`selectors.viewer_cleared`): without
     clearance, with the fields the run's tools hide (`selectors.hidden_fields`) and, inside
     its text, what they returned under them and what the earlier runs of its session
-    returned so (`selectors.hidden_texts`). Those are read when the stream opens, for the
-    calls `run` had ended by then and the recipient it had, and, where its tools hide a
-    field, again after each call that ends later, with the run's state as it is then (a
-    recipient reused from the session came with no call), for what the model copies
-    afterwards."""
+    returned so, and what it recalled of its requester's memory (`selectors.hidden_texts`).
+    Those are read when the stream opens, for the calls `run` had ended by then and the
+    recipient and memory it had; again at the first context it sends the building of (a
+    run recalls its memory before its first turn, in the step that records that turn's
+    context); and, where its tools hide a field, again after each call that ends later, with
+    the run's state as it is then (a recipient reused from the session came with no call),
+    for what the model copies afterwards."""
     contracts: dict[str, frozenset[str]] = {}
     fields = selectors.hidden_fields(run=run, cleared=cleared, contracts=contracts)
 
@@ -73,12 +75,14 @@ def viewer_shape(run: Run, *, cleared: bool) -> Shape:
             run.refresh_from_db(fields=["state"])
         return selectors.hidden_texts(runs=[run], contracts=contracts)[run.pk]
 
-    texts, read_after = read(), run.last_event_seq
+    texts, read_after, context_seen = read(), run.last_event_seq, False
 
     def shape(event: RunEvent) -> dict[str, Any]:
-        nonlocal texts, read_after
+        nonlocal texts, read_after, context_seen
         ended = event.type in (EventType.TOOL_COMPLETED, EventType.TOOL_FAILED)
-        if ended and fields and event.seq > read_after:
+        first_context = event.type == EventType.CONTEXT_BUILT and not context_seen
+        context_seen = context_seen or event.type == EventType.CONTEXT_BUILT
+        if (first_context or (ended and fields)) and event.seq > read_after:
             texts, read_after = read(again=True), event.seq
         return redact(event.payload, cleared=cleared, sensitive=fields, texts=texts)
 

@@ -15,7 +15,9 @@ purpose, freshness and sensitivity, and each item keeps its source.
 A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
 leaves that copy in each of their runs that has not finished: at once in a run nobody holds
 (one waiting for approval included), and in a run a step holds, from that step's save on.
-Only the run's state changes: its event log is never edited.
+Only the run's state changes: its event log is never edited. A viewer of the run without
+clearance sees the value of an item above `internal` masked wherever the run shows it
+(`runs.selectors.recalled_texts`).
 """
 
 import re
@@ -32,7 +34,7 @@ from django.db.models import Case, QuerySet, When
 from django.utils import timezone
 
 from config.secret_names import secret_key
-from registry.choices import DATA_CLASSIFICATION_LEVELS, DataClassification
+from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.choices import ACTIVE_STATUSES, RunStatus
@@ -92,10 +94,7 @@ def _policy_check(
         )
     if sensitivity not in DATA_CLASSIFICATION_LEVELS:
         raise _refuse("UNKNOWN_SENSITIVITY", f"Unknown sensitivity {sensitivity}.")
-    above_internal = DATA_CLASSIFICATION_LEVELS.index(
-        sensitivity
-    ) > DATA_CLASSIFICATION_LEVELS.index(DataClassification.INTERNAL)
-    if above_internal and not consent:
+    if sensitivity in ABOVE_INTERNAL and not consent:
         raise _refuse("CONSENT_REQUIRED", f"Keeping a {sensitivity} item needs your consent.")
 
 
@@ -249,8 +248,10 @@ def memory_retrieve(
     *, tenant: Tenant, user: AbstractBaseUser, purpose: str, max_sensitivity: str
 ) -> list[dict[str, Any]]:
     """The live items a task may use: this tenant and user, this purpose (or any), not
-    expired, not above `max_sensitivity`; each with its source. Of more than
-    MEMORY_RETRIEVE_MAX, those kept for this purpose come first, then the latest confirmed."""
+    expired, not above `max_sensitivity`; each with its source and its sensitivity (a viewer
+    of the run without clearance does not see the value of one above internal:
+    `runs.selectors.memory_hidden`). Of more than MEMORY_RETRIEVE_MAX, those kept for this
+    purpose come first, then the latest confirmed."""
     allowed = DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(max_sensitivity) + 1]
     items = memories_of(tenant=tenant, user=user).filter(
         expires_at__gt=timezone.now(),
@@ -263,6 +264,7 @@ def memory_retrieve(
             "kind": item.kind,
             "key": item.key,
             "value": item.value,
+            "sensitivity": item.sensitivity,
             "confirmed_at": item.confirmed_at.isoformat(),
             "source": {"origin": item.origin, **item.source},
         }

@@ -26,6 +26,7 @@ from tests.celery_worker import (
     wait_until,
 )
 from tests.runs import conftest as runs_fixtures
+from tests.runs import test_memory as memory
 from tests.runs.fake_provider import openai_completion
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -149,6 +150,42 @@ def test_what_a_tool_returned_under_a_sensitive_field_is_exported_masked(
     )
     assert validation == stored.attributes["validation"].replace(sensitive.NAME, "[redacted]")
     assert sensitive.NAME not in str(collector)
+
+
+def test_a_confidential_item_the_run_recalled_is_exported_masked(
+    demo, model_server, collector, settings, monkeypatch
+):
+    # given alice's confidential item, recalled into her run, whose model passes it into an
+    # argument its schema refuses: the refusal quotes it in the call's span
+    memory.memory_skill(demo)
+    memory.keep_confidential(demo)
+    sensitive.fake_model(demo, model_server, monkeypatch)
+    arguments = {"project_id": [memory.CODENAME]}
+    model_server.reply(
+        openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
+    )
+    model_server.reply(openai_completion(content="Done."))
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
+    settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
+
+    # when the run's spans are exported
+    try:
+        run = runs_fixtures.demo_run(demo, project_id="apollo")
+        run_execute(run_id=str(run.pk))
+    finally:
+        otel.shutdown()
+
+    # then the collector receives the value masked; the stored span keeps it
+    stored = Span.objects.get(run=run, name="tool.call", attributes__call_id="call_1")
+    assert memory.CODENAME in stored.attributes["validation"]
+    (sent,) = [span for span in exported(collector) if span.span_id.hex() == stored.span_id]
+    validation = next(
+        attribute.value.string_value
+        for attribute in sent.attributes
+        if attribute.key == "validation"
+    )
+    assert validation == stored.attributes["validation"].replace(memory.CODENAME, "[redacted]")
+    assert memory.CODENAME not in str(collector)
 
 
 def test_nothing_is_exported_without_an_endpoint(demo, collector, settings):

@@ -1,5 +1,6 @@
 """Memory: the write policy of long-term memory, isolation, expiry, the API and page to list
-and delete, retrieval into a run only when its skill asks; the session's rolling summary."""
+and delete, retrieval into a run only when its skill asks, an item above internal masked for
+a viewer of the run without clearance; the session's rolling summary."""
 
 import contextlib
 import json
@@ -20,19 +21,24 @@ from registry.errors import ValidationFailed
 from registry.models import Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
+from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue
+from runs.api.stream import viewer_shape
 from runs.choices import RunStatus
 from runs.loop import run_advance_step, run_execute
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import MemoryItem, Run, RunEvent
+from runs.selectors import recalled_texts
 from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
 from runs.services.runs import run_transition
+from tests.approvals.conftest import waiting_run
+from tests.approvals.test_sensitive_fields import api_as, shown_everywhere
 from tests.locks import until, waiting_on_locks
 from tests.registry.factories import PASSWORD
-from tests.runs.conftest import demo_run, step_in_thread
+from tests.runs.conftest import apollo_draft, demo_run, read_apollo, step_in_thread
 from tests.runs.fake_provider import openai_completion
-from tests.runs.test_loop import seeded_skill
+from tests.runs.test_loop import add_agent, publish_skill, seeded_skill, seeded_tool
 
 pytestmark = pytest.mark.django_db
 
@@ -377,7 +383,7 @@ def test_a_delete_posted_twice_finds_the_item_gone_and_answers_not_found(
     assert not MemoryItem.objects.exists()
 
 
-def _memory_skill(demo):
+def memory_skill(demo):
     """weekly-summary 3.3.0: the seeded content, also asking for the user's memory."""
     seeded = seeded_skill(demo)
     content = {field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS}
@@ -401,7 +407,7 @@ def test_a_run_gets_the_users_memory_only_when_its_skill_asks(demo, fake_model, 
     fake = fake_model()
     fake.reply(openai_completion(content="Which week?"))
     if asks_for_memory:
-        _memory_skill(demo)
+        memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     prefer(demo.acme, demo.admin, key="tone", value="formal")
 
@@ -472,7 +478,7 @@ def _events_of(run: Run) -> list[tuple]:
 
 def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stays(demo, client_for):
     # given alice's run waiting for approval, carrying two items of her memory
-    _memory_skill(demo)
+    memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     paused = demo_run(demo, project_id="apollo")
@@ -496,7 +502,7 @@ def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stay
 
 def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, monkeypatch):
     # given a run that took its memory at its start, before its first model turn
-    _memory_skill(demo)
+    memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     run = demo_run(demo, project_id="apollo")
@@ -528,7 +534,7 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
 ):
     # given a run between its steps, carrying two items, whose next model call waits until
     # it is let go
-    _memory_skill(demo)
+    memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     run = demo_run(demo, project_id="apollo")
@@ -555,7 +561,7 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
 def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(demo, held_planner):
     # given two of alice's runs carrying two items, both waiting for approval, and the first
     # of them (the first locked) held for the moment by its approval being decided
-    _memory_skill(demo)
+    memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     runs = [demo_run(demo, project_id="apollo") for _ in range(2)]
@@ -614,3 +620,159 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
     assert Run.objects.get(pk=resumed.pk).status == "RUNNING"
     assert _memory_of(decided) == ["summary_language"]
     assert _memory_of(resumed) == ["summary_language"]
+
+
+CODENAME = "Project Nightingale"
+
+
+def keep_confidential(demo) -> MemoryItem:
+    """A fact alice confirmed and consented to keep as confidential."""
+    return prefer(
+        demo.acme,
+        demo.alice,
+        kind="fact",
+        origin="user_confirmed",
+        key="project_alias",
+        value=CODENAME,
+        sensitivity="confidential",
+        consent=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sensitivity", "masked"),
+    [
+        ("public", False),
+        ("internal", False),
+        ("confidential", True),
+        ("restricted", True),
+        # recalled before a run's copy named the level: it may be either
+        (None, True),
+    ],
+)
+def test_the_value_of_a_recalled_item_above_internal_is_masked_without_clearance(
+    sensitivity, masked
+):
+    entry = {"key": "project_alias", "value": CODENAME}
+    if sensitivity:
+        entry["sensitivity"] = sensitivity
+
+    assert (recalled_texts([entry]) == {CODENAME}) is masked
+
+
+def _draft_naming_the_item(fake_model) -> None:
+    """The model reads apollo's week, then writes the remembered value into its draft."""
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(body=f"Status of {CODENAME} this week.")
+    fake.reply(openai_completion(content=json.dumps(draft)))
+
+
+def test_a_confidential_item_a_run_recalled_is_masked_for_a_viewer_without_clearance_only(
+    demo, fake_model, client, settings
+):
+    # given alice's confidential item and an internal one, recalled into her run, whose
+    # model writes the confidential one into its draft
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    keep_confidential(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+    assert CODENAME in json.dumps(run.state["memory"])
+
+    # when carol, an auditor without clearance, reads the run anywhere
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(run, client, api_as("carol"))
+
+    # then the value is nowhere, and the marker stands where it was; the internal item shows
+    assert [where for where, text in by_carol.items() if CODENAME in text] == []
+    given = json.loads(by_carol["export"])["given"]["memory"]
+    assert {item["key"]: item["value"] for item in given} == {
+        "project_alias": "[redacted]",
+        "summary_language": "Chinese",
+    }
+    for where in ("export", "api.run", "api.events", "stream", "api.stream"):
+        assert "Status of [redacted] this week." in by_carol[where], where
+    # and a viewer with clearance, and alice whose item it is, still read it
+    client.force_login(demo.admin)
+    by_admin = shown_everywhere(run, client, api_as("admin"))
+    assert [where for where, text in by_admin.items() if CODENAME not in text] == []
+    by_alice = api_as("alice").get(f"/api/v1/runs/{run.pk}/events").content.decode()
+    assert f"Status of {CODENAME} this week." in by_alice
+
+
+def test_a_stream_that_began_before_the_run_recalled_its_memory_masks_the_item_too(
+    demo, fake_model
+):
+    # given a viewer without clearance who follows alice's run from before its first step
+    memory_skill(demo)
+    keep_confidential(demo)
+    _draft_naming_the_item(fake_model)
+    run = demo_run(demo, project_id="apollo")
+    shape = viewer_shape(Run.objects.get(pk=run.pk), cleared=False)
+
+    # when the run recalls the item and its model writes it into the draft
+    run_execute(run_id=str(run.pk))
+
+    # then the events the stream sends, shaped in their order, do not hold it
+    events = list(RunEvent.objects.filter(run=run).order_by("seq"))
+    shown = json.dumps([shape(event) for event in events], ensure_ascii=False)
+    assert "Status of [redacted] this week." in shown
+    assert CODENAME not in shown
+
+
+def _agent_on_the_fake_model(demo, name: str, *, required_inputs: list[str]) -> None:
+    """An acme agent `name` on the fake provider, with no workflow and these inputs."""
+    skill = publish_skill(
+        demo,
+        f"{name}-skill",
+        "1.0.0",
+        tool_versions=[seeded_tool(demo, "project_search")],
+        workflow="",
+        required_inputs=required_inputs,
+        rules=[{"id": "evidence-only", "scope": "skill", "priority": 100, "text": "Cite."}],
+    )
+    agent = add_agent(demo, name, skill)
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+
+
+def test_a_confidential_item_an_earlier_run_of_the_session_said_back_is_masked_in_the_next(
+    demo, fake_model, client
+):
+    # given a run of alice's session that recalled her confidential item and said it back
+    fake = fake_model()
+    keep_confidential(demo)
+    _agent_on_the_fake_model(demo, "alias-finder", required_inputs=["project_scope", "memory"])
+    fake.reply(openai_completion(content=f"Apollo is also called {CODENAME}."))
+    first = demo_run(
+        demo, text="What else is Apollo called?", agent="alias-finder", project_id="apollo"
+    )
+    run_execute(run_id=str(first.pk))
+
+    # when the next run of the session, which recalls no memory, has that answer in its
+    # history and its model repeats the value
+    _agent_on_the_fake_model(demo, "follow-up", required_inputs=["project_scope"])
+    fake.reply(openai_completion(content=f"As I said: {CODENAME}."))
+    run = demo_run(
+        demo,
+        text="What was it again?",
+        agent="follow-up",
+        project_id="apollo",
+        session_id=first.session_id,
+    )
+    run_execute(run_id=str(run.pk))
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.state.get("memory")) == ("COMPLETED", None)
+    assert run.state["history"][0]["reply"] == f"Apollo is also called {CODENAME}."
+
+    # then carol, an auditor without clearance, reads the value in neither run, anywhere
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    for shown in (Run.objects.get(pk=first.pk), run):
+        by_carol = shown_everywhere(shown, client, api_as("carol"))
+        assert [where for where, text in by_carol.items() if CODENAME in text] == []
+    assert "As I said: [redacted]." in by_carol["api.run"]
+    # and a viewer with clearance still reads it
+    client.force_login(demo.admin)
+    assert CODENAME in client.get(reverse("runs:detail", args=[run.pk])).content.decode()
