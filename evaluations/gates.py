@@ -216,6 +216,24 @@ def suite_change_check(*, suites: list[EvalSuite], actor: AbstractBaseUser) -> N
         )
 
 
+def release_gate_failures_given(
+    *, skill_version: SkillVersion, agents: list[AgentConfig] | None = None
+) -> list[dict[str, Any]]:
+    """`release_gate_failures` with the model of each agent the version would be given to
+    (`agents`, or every one `agents_given` finds), each failure naming the model and its
+    agents; with any model when no agent would be given it."""
+    agents_of: dict[ModelConfig, list[str]] = {}
+    for agent in agents_given(skill=skill_version.skill) if agents is None else agents:
+        agents_of.setdefault(agent.model_config, []).append(str(agent))
+    if not agents_of:
+        return release_gate_failures(skill_version=skill_version)
+    return [
+        {**failure, "model_config": model_config.name, "agents": names}
+        for model_config, names in sorted(agents_of.items(), key=lambda item: item[0].name)
+        for failure in release_gate_failures(skill_version=skill_version, model_config=model_config)
+    ]
+
+
 def release_gate_check(
     *,
     skill_version: SkillVersion,
@@ -230,19 +248,7 @@ def release_gate_check(
     another model is no evidence for them. A skill no agent uses is met with any model.
     `agents`: those it would be given to, when not every one `agents_given` finds (a rollout
     gives it to the agents of the tenants it serves)."""
-    agents_of: dict[ModelConfig, list[str]] = {}
-    for agent in agents_given(skill=skill_version.skill) if agents is None else agents:
-        agents_of.setdefault(agent.model_config, []).append(str(agent))
-    if agents_of:
-        failures = [
-            {**failure, "model_config": model_config.name, "agents": agents}
-            for model_config, agents in sorted(agents_of.items(), key=lambda item: item[0].name)
-            for failure in release_gate_failures(
-                skill_version=skill_version, model_config=model_config
-            )
-        ]
-    else:
-        failures = release_gate_failures(skill_version=skill_version)
+    failures = release_gate_failures_given(skill_version=skill_version, agents=agents)
     if not failures:
         return []
     if not override_reason.strip():

@@ -81,15 +81,25 @@ def _check_transition(version: DefinitionVersion, target: str) -> None:
 
 
 def _latest_published(
-    parent: Definition, *, excluding: DefinitionVersion
-) -> DefinitionVersion | None:
-    candidates = [
-        version
-        for version in parent.versions.filter(status=VersionStatus.PUBLISHED).exclude(
-            pk=excluding.pk
-        )
-    ]
-    return max(candidates, key=lambda version: version.semver, default=None)
+    parent: Definition,
+    *,
+    excluding: DefinitionVersion,
+    refused: Callable[[DefinitionVersion], str] | None = None,
+) -> tuple[DefinitionVersion | None, list[str]]:
+    """The highest published version but `excluding` that `refused` lets become current
+    (it answers why one may not, or ""), and why each higher one may not."""
+    candidates = sorted(
+        parent.versions.filter(status=VersionStatus.PUBLISHED).exclude(pk=excluding.pk),
+        key=lambda version: version.semver,
+        reverse=True,
+    )
+    passed_over = []
+    for version in candidates:
+        why = refused(version) if refused is not None else ""
+        if not why:
+            return version, passed_over
+        passed_over.append(f"{version.version} not made current: {why}")
+    return None, passed_over
 
 
 def _set_current(
@@ -129,7 +139,17 @@ def version_publish(
     return version
 
 
-def _version_retire(*, version: V, actor: AbstractBaseUser, target: str, reason: str) -> V:
+def _version_retire(
+    *,
+    version: V,
+    actor: AbstractBaseUser,
+    target: str,
+    reason: str,
+    refused: Callable[[V], str] | None = None,
+) -> V:
+    """Retire `version`; when it was current, the highest other published version that
+    `refused` lets be current (it answers why one may not, or "") becomes current, or none,
+    and the parent's history says which were passed over and why."""
     require_publisher(actor=actor, definition=version.parent)
     with transaction.atomic():
         parent, version = lock_version(version)
@@ -145,26 +165,45 @@ def _version_retire(*, version: V, actor: AbstractBaseUser, target: str, reason:
             version.revoked_at = now
         audited_save(version, actor=actor, reason=f"{target}: {reason}" if reason else target)
         if parent.current_version_id == version.pk:
+            current, passed_over = _latest_published(parent, excluding=version, refused=refused)
             _set_current(
                 parent,
-                _latest_published(parent, excluding=version),
+                current,
                 actor=actor,
-                reason=f"{version.version} {target}",
+                reason="; ".join([f"{version.version} {target}", *passed_over]),
             )
     return version
 
 
-def version_deprecate(*, version: V, actor: AbstractBaseUser, reason: str = "") -> V:
-    """Deprecated versions keep serving existing pins; nothing new may pin them."""
+def version_deprecate(
+    *,
+    version: V,
+    actor: AbstractBaseUser,
+    reason: str = "",
+    refused: Callable[[V], str] | None = None,
+) -> V:
+    """Deprecated versions keep serving existing pins; nothing new may pin them. `refused`:
+    why an earlier version may not become current in its place (`_version_retire`)."""
     return _version_retire(
-        version=version, actor=actor, target=VersionStatus.DEPRECATED, reason=reason
+        version=version,
+        actor=actor,
+        target=VersionStatus.DEPRECATED,
+        reason=reason,
+        refused=refused,
     )
 
 
-def version_revoke(*, version: V, actor: AbstractBaseUser, reason: str = "") -> V:
-    """Revoked versions are never used again, pinned or not."""
+def version_revoke(
+    *,
+    version: V,
+    actor: AbstractBaseUser,
+    reason: str = "",
+    refused: Callable[[V], str] | None = None,
+) -> V:
+    """Revoked versions are never used again, pinned or not. `refused`: why an earlier
+    version may not become current in its place (`_version_retire`)."""
     return _version_retire(
-        version=version, actor=actor, target=VersionStatus.REVOKED, reason=reason
+        version=version, actor=actor, target=VersionStatus.REVOKED, reason=reason, refused=refused
     )
 
 

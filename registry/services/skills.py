@@ -1,4 +1,4 @@
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -6,15 +6,23 @@ from django.db import transaction
 
 from evaluations.gates import (
     release_gate_check,
+    release_gate_failures_given,
     release_override_record,
     skill_version_changed,
 )
 from registry.choices import CALLABLE_STATUSES, VersionStatus
 from registry.errors import DependencyUnavailable, ValidationFailed
-from registry.models import Skill, SkillToolDependency, SkillVersion, Tenant, ToolVersion
+from registry.models import (
+    AgentConfig,
+    Skill,
+    SkillToolDependency,
+    SkillVersion,
+    Tenant,
+    ToolVersion,
+)
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.schemas import raise_if_errors, skill_version_errors
-from registry.selectors import tenant_has_grant
+from registry.selectors import agents_given, tenant_has_grant
 from registry.services import lifecycle
 from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 
@@ -182,16 +190,48 @@ def skill_version_publish(
     return version
 
 
+def _current_in_its_place(skill: Skill) -> Callable[[SkillVersion], str]:
+    """Why an earlier version may not become current when the current one is retired: that
+    would roll back to it, and a rollback is held to its release gate with the model of each
+    agent it would be given to (`skill_rollback`); a retirement has no reason to give for an
+    override. The agents are found once, for every version asked about."""
+    agents: list[AgentConfig] | None = None
+
+    def refused(skill_version: SkillVersion) -> str:
+        nonlocal agents
+        if agents is None:
+            agents = agents_given(skill=skill)
+        if release_gate_failures_given(skill_version=skill_version, agents=agents):
+            return "it does not meet its release gate with the models of its agents"
+        return ""
+
+    return refused
+
+
 def skill_version_deprecate(
     *, skill_version: SkillVersion, actor: AbstractBaseUser, reason: str = ""
 ) -> SkillVersion:
-    return lifecycle.version_deprecate(version=skill_version, actor=actor, reason=reason)
+    """Deprecate a version; when it was current, the highest earlier published version that
+    meets its release gate with its agents' models becomes current, or none."""
+    return lifecycle.version_deprecate(
+        version=skill_version,
+        actor=actor,
+        reason=reason,
+        refused=_current_in_its_place(skill_version.skill),
+    )
 
 
 def skill_version_revoke(
     *, skill_version: SkillVersion, actor: AbstractBaseUser, reason: str = ""
 ) -> SkillVersion:
-    return lifecycle.version_revoke(version=skill_version, actor=actor, reason=reason)
+    """Revoke a version; when it was current, the highest earlier published version that
+    meets its release gate with its agents' models becomes current, or none."""
+    return lifecycle.version_revoke(
+        version=skill_version,
+        actor=actor,
+        reason=reason,
+        refused=_current_in_its_place(skill_version.skill),
+    )
 
 
 def skill_rollback(

@@ -1286,3 +1286,47 @@ def test_a_rollout_that_gives_its_version_to_no_agent_anew_is_saved(
     with pytest.raises(ReleaseGateFailed):
         registry_object_save(instance=opened, actor=demo.admin, tenants=Tenant.objects.none())
     assert list(opened.tenants.all()) == [demo.globex]
+
+
+@pytest.mark.parametrize("retire", ["deprecate", "revoke"])
+def test_retiring_the_current_version_makes_current_only_an_earlier_one_meeting_its_gate(
+    evaluate, demo, dave, tiny, adversary, draft, retire
+):
+    # given 3.4.0 current and weekly-reporter moved to a model 3.2.0 was never evaluated with
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    newer = SkillVersion.objects.get(skill__name="weekly-summary", version="3.4.0")
+
+    # when 3.4.0 is retired, which would hand weekly-reporter 3.2.0 as a rollback would
+    getattr(skills, f"skill_version_{retire}")(skill_version=newer, actor=dave, reason="bad")
+
+    # then 3.2.0 is not made current: the skill has no current version, and its history says
+    # why, until 3.2.0 is evaluated with the adversary and rolled back to
+    older.skill.refresh_from_db()
+    assert older.skill.current_version is None
+    history = older.skill.history.order_by("-history_date").first()
+    assert history.history_change_reason == (
+        f"3.4.0 {retire}d; 3.2.0 not made current: it does not meet its release gate "
+        "with the models of its agents"
+    )
+    evaluate(tiny, version=older, model_config=adversary)
+    skills.skill_rollback(skill_version=older, actor=dave)
+    older.skill.refresh_from_db()
+    assert older.skill.current_version == older
+
+
+def test_retiring_the_current_version_makes_an_earlier_one_meeting_its_gate_current(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given 3.4.0 current, weekly-reporter moved to the adversary, and 3.2.0 evaluated with it
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    evaluate(tiny, version=older, model_config=adversary)
+    newer = SkillVersion.objects.get(skill__name="weekly-summary", version="3.4.0")
+
+    # when 3.4.0 is deprecated
+    skills.skill_version_deprecate(skill_version=newer, actor=dave)
+
+    # then 3.2.0 is current again, as before
+    older.skill.refresh_from_db()
+    assert older.skill.current_version == older
+    history = older.skill.history.order_by("-history_date").first()
+    assert history.history_change_reason == "3.4.0 deprecated"
