@@ -321,16 +321,19 @@ def model_change_check(
     its tenant), the release gate met by eval runs with that model. A new agent needs the same
     with its model, and an agent given skills it could not reach before (bound to them, or
     made to recall) needs it for those: else an agent created, or bound in a second save,
-    would run a skill on a model it was never evaluated with. `bound_skills`: the skills the
-    change binds it to, when it changes them too; the gate holds for the agent as it is
-    saved."""
+    would run a skill on a model it was never evaluated with. An agent resumed (made active
+    again) needs it for every version it may be given, as a new one does: while it was paused,
+    a publish, a rollback or a rollout gave it nothing (`agents_given`) and asked nothing of
+    its model. `bound_skills`: the skills the change binds it to, when it changes them too;
+    the gate holds for the agent as it is saved."""
     adding = agent_config._state.adding
     if adding and bound_skills is None:
         bound_skills = Skill.objects.none()
     reachable = agent_skills_reachable(agent_config=agent_config, bound_skills=bound_skills)
     stored = None if adding else AgentConfig.objects.filter(pk=agent_config.pk).first()
     is_move = stored is None or stored.model_config_id != agent_config.model_config_id
-    if not is_move:
+    resumed = stored is not None and agent_config.is_active and not stored.is_active
+    if not (is_move or resumed):
         before = {skill.pk for skill in agent_skills_reachable(agent_config=stored)}
         reachable = [skill for skill in reachable if skill.pk not in before]
     failures = []

@@ -44,7 +44,8 @@ class AgentConfigForm(forms.ModelForm):
     """A skill the agent's tenant may not use is an error of the skills field; a move to another
     model that the release gates of the agent's skills, as submitted with it, refuse is an error
     of the model field, skills it is given with no move that theirs refuse (a change to recall
-    its skills, skills bound) of the field that gave them; all shown with what was typed.
+    its skills, skills bound, the agent resumed) of the field that gave them; all shown with
+    what was typed.
 
     Once the agent's tenant is known (an agent's page, a form drawn again), the skills offered
     are those the tenant may use, and those chosen: a skill chosen that the tenant may not use
@@ -83,7 +84,7 @@ class AgentConfigForm(forms.ModelForm):
             field = next(
                 (
                     name
-                    for name in ("model_config", "skill_assembly")
+                    for name in ("model_config", "skill_assembly", "is_active")
                     if name in self.changed_data or self.instance._state.adding
                 ),
                 "skills",

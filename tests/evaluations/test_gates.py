@@ -1330,3 +1330,38 @@ def test_retiring_the_current_version_makes_an_earlier_one_meeting_its_gate_curr
     assert older.skill.current_version == older
     history = older.skill.history.order_by("-history_date").first()
     assert history.history_change_reason == "3.4.0 deprecated"
+
+
+def test_an_agent_resumed_is_held_to_the_gates_of_what_it_was_given_while_paused(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-reporter on the adversary, paused while 3.2.0 (evaluated only with the
+    # offline planner) was made current: a paused agent is given nothing, so no gate asked
+    # for its model
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    evaluate(tiny, version=older, model_config=ModelConfig.objects.get(name="offline-planner"))
+    agent = AgentConfig.objects.get(pk=demo.agent.pk)
+    agent.is_active = False
+    registry_object_save(instance=agent, actor=demo.admin, reason="paused")
+    skills.skill_rollback(skill_version=older, actor=dave)
+    page = Client()
+    page.force_login(demo.admin)
+
+    # when it is resumed, in the admin and through the service
+    agent.is_active = True
+    shown = page.post(
+        f"/admin/registry/agentconfig/{agent.pk}/change/",
+        admin_form_data(page, agent) | {"is_active": "on"},
+    )
+    with pytest.raises(ReleaseGateFailed) as refused:
+        registry_object_save(instance=agent, actor=demo.admin, reason="resumed")
+
+    # then both are refused for 3.2.0 with the adversary, the form on its is_active field,
+    # and it stays paused
+    assert refused.value.message == (
+        "acme/weekly-reporter cannot be given weekly-summary with adversary: "
+        "weekly-summary@3.2.0: no finished eval run of tiny as it is, on this version as it is."
+    )
+    assert shown.status_code == 200
+    assert shown.context["adminform"].form.errors["is_active"] == [refused.value.message]
+    assert not AgentConfig.objects.get(pk=agent.pk).is_active
