@@ -10,7 +10,7 @@ from guardian.shortcuts import assign_perm, remove_perm
 
 from registry.choices import Action, Role
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import ApiToken, Membership, Tenant
+from registry.models import ApiToken, Membership, RolloutFlag, Tenant
 from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key, password_fingerprints
 from registry.selectors import user_can, user_tenants
@@ -49,17 +49,51 @@ def tenant_create(*, actor: AbstractBaseUser | None, slug: str, name: str) -> Te
 def tenants_delete(*, actor: AbstractBaseUser, tenants: QuerySet[Tenant]) -> int:
     """Delete tenants with their grant groups. A group serves only its tenant: left behind,
     it would keep the grants the tenant was given and hold the name a new tenant of the slug
-    needs. Returns how many tenants were deleted."""
+    needs. An active rollout flag left listing no tenant is paused: a flag that lists none
+    serves every tenant, so the deletion would roll its version out to all of them, with no
+    release gate asked, when it served none of them. Returns how many tenants were deleted."""
     if not actor.is_superuser:
         raise PermissionDenied("Only platform admins delete tenants.")
     deleted = 0
     with transaction.atomic():
-        for tenant in tenants.order_by("pk").select_for_update():
+        listed: dict[object, list[str]] = {}
+        for flag_id, slug in (
+            RolloutFlag.tenants.through.objects.filter(
+                tenant__in=tenants, rolloutflag__is_active=True
+            )
+            .order_by("tenant__slug")
+            .values_list("rolloutflag_id", "tenant__slug")
+        ):
+            listed.setdefault(flag_id, []).append(slug)
+        # The flags, then the tenants: the order a flag's save takes them in (its row, then
+        # the tenants it lists).
+        list(
+            RolloutFlag.objects.select_for_update()
+            .filter(pk__in=list(listed))
+            .order_by("pk")
+            .values_list("pk")
+        )
+        locked = list(tenants.order_by("pk").select_for_update())
+        for tenant in locked:
             tenant._history_user = actor
             tenant._change_reason = "deleted"
             tenant.delete()
             Group.objects.filter(pk=tenant.grant_group_id).delete()
             deleted += 1
+        left_listing_none = RolloutFlag.objects.filter(
+            pk__in=list(listed), tenants=None, is_active=True
+        ).select_related("skill")
+        for flag in left_listing_none:
+            gone = listed[flag.pk]
+            flag.is_active = False
+            audited_save(
+                flag,
+                actor=actor,
+                reason=f"paused: {', '.join(gone)}, the only tenant it listed, was deleted"
+                if len(gone) == 1
+                else f"paused: {', '.join(gone)}, the only tenants it listed, were deleted",
+                update_fields=["is_active"],
+            )
     return deleted
 
 

@@ -30,10 +30,10 @@ from registry.models import (
     Tenant,
 )
 from registry.models.skills import SKILL_CONTENT_FIELDS
-from registry.selectors import agents_given
+from registry.selectors import agents_given, skill_versions_served
 from registry.services import skills
 from registry.services.common import registry_object_save
-from registry.services.tenancy import definition_grant
+from registry.services.tenancy import definition_grant, tenant_create, tenants_delete
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
 
 
@@ -1365,3 +1365,31 @@ def test_an_agent_resumed_is_held_to_the_gates_of_what_it_was_given_while_paused
     assert shown.status_code == 200
     assert shown.context["adminform"].form.errors["is_active"] == [refused.value.message]
     assert not AgentConfig.objects.get(pk=agent.pk).is_active
+
+
+def test_a_rollout_left_listing_no_tenant_by_a_deletion_is_paused_not_opened_to_every_tenant(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-reporter moved to a model 3.2.0 was never evaluated with, and a flag of
+    # 3.2.0 to a fifth of the actors of pilot only, a tenant with no agent
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    pilot = tenant_create(actor=demo.admin, slug="pilot", name="Pilot")
+    flag = registry_object_save(
+        instance=RolloutFlag(
+            key="pilot-older", skill=older.skill, skill_version=older, percentage=20
+        ),
+        actor=demo.admin,
+        tenants=Tenant.objects.filter(pk=pilot.pk),
+    )
+
+    # when pilot is deleted, which leaves the flag listing no tenant: every tenant, to a flag
+    tenants_delete(actor=demo.admin, tenants=Tenant.objects.filter(pk=pilot.pk))
+
+    # then the flag is paused, so it serves acme's weekly-reporter nothing it did not before,
+    # and its history says why
+    flag.refresh_from_db()
+    assert (flag.is_active, list(flag.tenants.all())) == (False, [])
+    assert older not in skill_versions_served(skills=[older.skill], tenant=demo.acme)
+    assert flag.history.order_by("-history_date").first().history_change_reason == (
+        "paused: pilot, the only tenant it listed, was deleted"
+    )
