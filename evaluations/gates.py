@@ -360,6 +360,58 @@ def model_change_check(
     )
 
 
+def tenant_resume_check(
+    *, tenant: Tenant, reachable: dict[AgentConfig, list[Skill]] | None = None
+) -> None:
+    """A tenant made active again needs, for each of its active agents, the release gate of
+    each version its runs may be given (`model_change_check`'s, as for a new agent) met with
+    the agent's model: while it was inactive, a publish, a rollback or a rollout gave its
+    agents nothing (`agents_given`) and asked nothing of their models. `reachable`: the skills
+    each of its active agents may use, when the caller has found them (to lock them)."""
+    if tenant._state.adding or not tenant.is_active:
+        return
+    if Tenant.objects.filter(pk=tenant.pk, is_active=False).values("pk").first() is None:
+        return
+    if reachable is None:
+        reachable = tenant_agents_reachable(tenant=tenant)
+    known: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    failures = []
+    refusals = []
+    for agent, skills in reachable.items():
+        model_config = agent.model_config
+        given = []
+        for version in skill_versions_served(skills=skills, tenant=tenant):
+            key = (version.pk, model_config.pk)
+            if key not in known:
+                known[key] = release_gate_failures(skill_version=version, model_config=model_config)
+            given += [
+                {"agent": str(agent), "skill": version.qualified_name, **failure}
+                for failure in known[key]
+            ]
+        if given:
+            names = sorted({failure["skill"].split("@")[0] for failure in given})
+            refusals.append(
+                f"{agent} cannot be given {', '.join(names)} with {model_config.name}: "
+                + "; ".join(f"{f['skill']}: {_described(f)}" for f in given)
+            )
+            failures += given
+    if failures:
+        raise ReleaseGateFailed(
+            f"{tenant} cannot be made active again: " + "; ".join(refusals) + ".",
+            details={"failures": failures},
+        )
+
+
+def tenant_agents_reachable(*, tenant: Tenant) -> dict[AgentConfig, list[Skill]]:
+    """The active agents of `tenant`, each with the skills its runs may use."""
+    agents = (
+        AgentConfig.objects.filter(tenant=tenant, is_active=True)
+        .select_related("tenant", "model_config")
+        .order_by("name")
+    )
+    return {agent: agent_skills_reachable(agent_config=agent) for agent in agents}
+
+
 def _counted(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 

@@ -9,7 +9,13 @@ from django.db import IntegrityError, models, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 from django.utils import timezone
 
-from evaluations.gates import model_change_check, model_config_change_check, rollout_change_check
+from evaluations.gates import (
+    model_change_check,
+    model_config_change_check,
+    rollout_change_check,
+    tenant_agents_reachable,
+    tenant_resume_check,
+)
 from registry.choices import ROLE_ACTIONS, Action
 from registry.errors import PermissionDenied, ValidationFailed
 from registry.models import (
@@ -82,8 +88,9 @@ def registry_object_save(
     has when they are not given. A rollout flag serves its version to agents it did not serve
     before only when its release gate holds with their models (`rollout_change_check`):
     `tenants`, the tenants a flag lists with the row, or those it lists when they are not
-    given. A model config that agents or eval runs use keeps the model it calls, the
-    parameters sent with each call and its tenant (`model_config_change_check`).
+    given. A tenant made active again holds its agents to the gates of what they may be given
+    (`tenant_resume_check`). A model config that agents or eval runs use keeps the model it
+    calls, the parameters sent with each call and its tenant (`model_config_change_check`).
     A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`);
     one given to another person or tenant ends the API access of the person it leaves with no
     role in its former tenant (`api_tokens_revoke_unless_member`)."""
@@ -102,6 +109,10 @@ def registry_object_save(
         if isinstance(instance, RolloutFlag):
             _skills_lock([instance.skill])
             rollout_change_check(flag=instance, actor=actor, tenants=tenants)
+        if isinstance(instance, Tenant) and _tenant_resumed(instance):
+            reachable = tenant_agents_reachable(tenant=instance)
+            _skills_lock([skill for skills in reachable.values() for skill in skills])
+            tenant_resume_check(tenant=instance, reachable=reachable)
         left = None
         if isinstance(instance, Membership):
             left = _membership_change_check(membership=instance)
@@ -115,6 +126,13 @@ def registry_object_save(
         if left is not None:
             api_tokens_revoke_unless_member(user_id=left.user_id, tenant_id=left.tenant_id)
     return instance
+
+
+def _tenant_resumed(tenant: Tenant) -> bool:
+    """Whether the save makes an inactive tenant active again."""
+    if tenant._state.adding or not tenant.is_active:
+        return False
+    return Tenant.objects.filter(pk=tenant.pk, is_active=False).exists()
 
 
 def _skills_lock(skills: list[Skill]) -> None:

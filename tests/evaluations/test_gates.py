@@ -1393,3 +1393,43 @@ def test_a_rollout_left_listing_no_tenant_by_a_deletion_is_paused_not_opened_to_
     assert flag.history.order_by("-history_date").first().history_change_reason == (
         "paused: pilot, the only tenant it listed, was deleted"
     )
+
+
+def test_a_tenant_made_active_again_is_held_to_the_gates_of_what_its_agents_were_given(
+    evaluate, demo, dave, tiny, adversary, draft
+):
+    # given weekly-reporter moved to a model 3.2.0 was never evaluated with, and a flag of
+    # 3.2.0 to a fifth of acme's actors saved while acme was inactive: an inactive tenant's
+    # agents are given nothing, so no gate asked for their models
+    older = moved_past_3_2_0(evaluate, demo, dave, tiny, adversary, draft)
+    acme = Tenant.objects.get(pk=demo.acme.pk)
+    acme.is_active = False
+    registry_object_save(instance=acme, actor=demo.admin)
+    registry_object_save(
+        instance=RolloutFlag(
+            key="weekly-older", skill=older.skill, skill_version=older, percentage=20
+        ),
+        actor=demo.admin,
+    )
+    page = Client()
+    page.force_login(demo.admin)
+
+    # when acme is made active again, in the admin and through the service
+    acme.is_active = True
+    shown = page.post(
+        f"/admin/registry/tenant/{acme.pk}/change/",
+        change_form_data(page, acme) | {"is_active": "on"},
+    )
+    with pytest.raises(ReleaseGateFailed) as refused:
+        registry_object_save(instance=acme, actor=demo.admin)
+
+    # then both are refused, naming the agent, its model and the version, and acme stays
+    # inactive
+    assert refused.value.message == (
+        "acme cannot be made active again: acme/weekly-reporter cannot be given "
+        "weekly-summary with adversary: weekly-summary@3.2.0: no finished eval run of tiny as "
+        "it is, on this version as it is."
+    )
+    assert shown.status_code == 200
+    assert refused.value.message in shown.context["adminform"].form.non_field_errors()[0]
+    assert not Tenant.objects.get(pk=acme.pk).is_active
