@@ -343,7 +343,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
     # of its session returned or recalled so, which its history quotes: its model may copy
     # them.
     if not cleared:
-        texts |= recalled_texts(run.state.get("memory"))
+        texts |= recalled_texts(run.state.get("memory"), run.state.get("memory_masked"))
         texts |= texts_of_earlier_runs(runs=[run])[run.pk]
     spans = list(Span.objects.filter(run=run).order_by("started_at"))
     record = {

@@ -142,16 +142,19 @@ def memory_hidden(entry: dict[str, Any]) -> bool:
     return level in ABOVE_INTERNAL or level not in DATA_CLASSIFICATION_LEVELS
 
 
-def recalled_texts(memory: Any) -> set[str]:
+def recalled_texts(memory: Any, masked: Any = None) -> set[str]:
     """What a run's copy of its requester's memory holds that a viewer without clearance
     does not see (`memory_hidden`), as `redaction.sensitive_texts`: the run's model may copy
-    a value anywhere (into a draft's body)."""
+    a value anywhere (into a draft's body). `masked`: the texts so of the items that left the
+    copy since, deleted by the user (`services.memory.memory_left`), which what the run
+    wrote before may still quote."""
     return set().union(
         *(
             sensitive_texts(entry.get("value"))
             for entry in (memory if isinstance(memory, list) else [])
             if isinstance(entry, dict) and memory_hidden(entry)
-        )
+        ),
+        (text for text in (masked if isinstance(masked, list) else []) if isinstance(text, str)),
     )
 
 
@@ -171,7 +174,7 @@ def hidden_texts(
     names earlier runs."""
     runs = list(runs)
     texts: dict[Any, set[str]] = {
-        run.pk: recalled_texts(run.state.get("memory"))
+        run.pk: recalled_texts(run.state.get("memory"), run.state.get("memory_masked"))
         | recipient_texts(
             run=run,
             fields=frozenset().union(
@@ -233,10 +236,12 @@ def texts_of_earlier_runs(*, runs: list[Run]) -> dict[Any, frozenset[str]]:
     ]
     if quoting:
         found += [
-            (session_id, created_at, recalled_texts(memory))
-            for session_id, created_at, memory in Run.objects.filter(
-                session_id__in=quoting, created_at__lt=before, state__has_key="memory"
-            ).values_list("session_id", "created_at", "state__memory")
+            (session_id, created_at, recalled_texts(memory, masked))
+            for session_id, created_at, memory, masked in Run.objects.filter(
+                session_id__in=quoting,
+                created_at__lt=before,
+                state__has_any_keys=["memory", "memory_masked"],
+            ).values_list("session_id", "created_at", "state__memory", "state__memory_masked")
         ]
     of_session: dict[Any, list[Run]] = {}
     for run in runs:

@@ -17,7 +17,7 @@ leaves that copy in each of their runs that has not finished: at once in a run n
 (one waiting for approval included), and in a run a step holds, from that step's save on.
 Only the run's state changes: its event log is never edited. A viewer of the run without
 clearance sees the value of an item above `internal` masked wherever the run shows it
-(`runs.selectors.recalled_texts`).
+(`runs.selectors.recalled_texts`), also after the item left the run's copy (`memory_left`).
 """
 
 import re
@@ -40,6 +40,7 @@ from registry.models import Tenant
 from runs.choices import ACTIVE_STATUSES, RunStatus
 from runs.models import MemoryItem, Run
 from runs.redaction import SECRET_WORDS_ZH, secrets_removed
+from runs.selectors import recalled_texts
 
 ALLOWED_ORIGINS = {
     MemoryItem.Kind.PREFERENCE: {MemoryItem.Origin.USER_STATED, MemoryItem.Origin.USER_CONFIRMED},
@@ -214,13 +215,23 @@ def _runs_carrying(
     ]
 
 
+def memory_left(state: dict[str, Any], kept: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's `state` with its copy of its requester's memory cut to `kept`. What an item
+    above internal that leaves it held stays among the texts a viewer without clearance
+    sees masked (`runs.selectors.recalled_texts`), for that only, never given to the model:
+    the run's events, never edited, and its draft may quote it still."""
+    left = [entry for entry in state.get("memory") or [] if entry not in kept]
+    masked = set(state.get("memory_masked") or []) | recalled_texts(left)
+    return {**state, "memory": kept, **({"memory_masked": sorted(masked)} if masked else {})}
+
+
 def _run_forget(run: Run, *, item_id: str) -> None:
     memory = [
         entry
         for entry in run.state.get("memory") or []
         if not (isinstance(entry, dict) and entry.get("id") == item_id)
     ]
-    run.state = {**run.state, "memory": memory}
+    run.state = memory_left(run.state, memory)
     # updated_at too: an execution that saved the run before reads it again.
     run.save(update_fields=["state", "updated_at"])
 

@@ -702,6 +702,32 @@ def test_a_confidential_item_a_run_recalled_is_masked_for_a_viewer_without_clear
     assert f"Status of {CODENAME} this week." in by_alice
 
 
+def test_a_confidential_item_deleted_while_its_run_waits_stays_masked_without_clearance(
+    demo, fake_model, client, settings
+):
+    # given alice's run waiting for approval, whose model wrote her confidential item into
+    # its draft
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    item = keep_confidential(demo)
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+
+    # when she deletes the item, which leaves the run's copy of her memory
+    memory_delete(tenant=demo.acme, user=demo.alice, item_id=item.pk)
+    assert _memory_of(run) == []
+
+    # then carol, an auditor without clearance, still reads the value nowhere: the draft
+    # that quotes it is still the run's
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(Run.objects.get(pk=run.pk), client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if CODENAME in text] == []
+    assert "Status of [redacted] this week." in by_carol["api.events"]
+    # and alice still reads her draft as it was
+    by_alice = api_as("alice").get(f"/api/v1/runs/{run.pk}/events").content.decode()
+    assert f"Status of {CODENAME} this week." in by_alice
+
+
 def test_a_stream_that_began_before_the_run_recalled_its_memory_masks_the_item_too(
     demo, fake_model
 ):
