@@ -719,10 +719,11 @@ def action_execute(*, action_id: Any) -> None:
         )
         if not isinstance(admitted, executor.Admitted):
             _transition(action, ActionStatus.EXECUTING)
+            # Retryable as the gate said: a check that did not answer in time may pass later.
             failure = ToolFailed(
                 admitted.envelope.get("error", {}).get("message", "Refused."),
                 category=admitted.error_category,
-                retryable=False,
+                retryable=admitted.envelope.get("retryable") is True,
                 attempted=False,
             )
             _fail(run, action, failure, reconciled=False)

@@ -6,6 +6,7 @@ import base64
 import itertools
 import json
 import logging
+import time as time_module
 import uuid
 from datetime import datetime, time, timedelta
 from decimal import Decimal
@@ -312,6 +313,16 @@ def _refused_by_its_authorisation_check(demo, bob, settings, monkeypatch) -> Run
     return run
 
 
+def _not_authorised_within_its_timeout(demo, bob, settings, monkeypatch) -> Run:
+    # mail_send's authorisation check answers after the tool's second is up
+    run, action = _approved(demo, bob)
+    [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
+    monkeypatch.setattr(mail_send, "timeout_s", 1)
+    monkeypatch.setattr(handlers.MailSend, "authorize", lambda *_: time_module.sleep(1.5))
+    services.action_execute(action_id=action.pk)
+    return run
+
+
 def _turned_away_by_its_concurrency_cap(demo, bob, settings, monkeypatch) -> Run:
     # every slot of mail_send held for longer than the send's time (2 s) lets it wait
     settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 243
@@ -336,6 +347,8 @@ def _turned_away_by_its_concurrency_cap(demo, bob, settings, monkeypatch) -> Run
         (_refused_by_its_authorisation_check, "FAILED_FINAL"),
         # a cap that frees later may let the send through: the user may ask again later
         (_turned_away_by_its_concurrency_cap, "FAILED_RETRYABLE"),
+        # so may a check that answers in time on a later try
+        (_not_authorised_within_its_timeout, "FAILED_RETRYABLE"),
     ],
 )
 def test_an_approved_send_refused_before_its_tool_ran_is_no_side_effect(
