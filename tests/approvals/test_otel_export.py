@@ -116,38 +116,49 @@ def test_spans_are_exported_with_their_ids_and_redacted(
     assert "li.wei@acme.example" not in str(collector)
 
 
-def test_what_a_tool_returned_under_a_sensitive_field_is_exported_masked(
-    demo_names_sensitive, model_server, collector, settings, monkeypatch
-):
-    # given a model that passes the name the directory returned under a sensitive field
-    # into an argument its schema refuses: the refusal quotes it in the call's span
-    demo = demo_names_sensitive
+def _refused_argument_exported(
+    demo, value: str, model_server, collector, settings, monkeypatch
+) -> tuple[Span, str]:
+    """A run whose model passes `value` into an argument project_search's schema refuses (the
+    refusal quotes it in the call's span), its spans exported: the stored span of the call
+    and the validation text the collector received for it."""
     sensitive.fake_model(demo, model_server, monkeypatch)
-    arguments = {"project_id": [sensitive.NAME]}
+    arguments = {"project_id": [value]}
     model_server.reply(
         openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
     )
     model_server.reply(openai_completion(content="Done."))
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
     settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
-
-    # when the run's spans are exported
     try:
         run = runs_fixtures.demo_run(demo, project_id="apollo")
         run_execute(run_id=str(run.pk))
     finally:
         otel.shutdown()
-
-    # then the collector, which has no viewer to clear, receives the name masked, as a viewer
-    # without clearance reads it; the stored span keeps it for those who may see it
     stored = Span.objects.get(run=run, name="tool.call", attributes__call_id="call_1")
-    assert sensitive.NAME in stored.attributes["validation"]
     (sent,) = [span for span in exported(collector) if span.span_id.hex() == stored.span_id]
     validation = next(
         attribute.value.string_value
         for attribute in sent.attributes
         if attribute.key == "validation"
     )
+    return stored, validation
+
+
+def test_what_a_tool_returned_under_a_sensitive_field_is_exported_masked(
+    demo_names_sensitive, model_server, collector, settings, monkeypatch
+):
+    # given a model that passes the name the directory returned under a sensitive field
+    # into an argument its schema refuses
+
+    # when the run's spans are exported
+    stored, validation = _refused_argument_exported(
+        demo_names_sensitive, sensitive.NAME, model_server, collector, settings, monkeypatch
+    )
+
+    # then the collector, which has no viewer to clear, receives the name masked, as a viewer
+    # without clearance reads it; the stored span keeps it for those who may see it
+    assert sensitive.NAME in stored.attributes["validation"]
     assert validation == stored.attributes["validation"].replace(sensitive.NAME, "[redacted]")
     assert sensitive.NAME not in str(collector)
 
@@ -156,34 +167,17 @@ def test_a_confidential_item_the_run_recalled_is_exported_masked(
     demo, model_server, collector, settings, monkeypatch
 ):
     # given alice's confidential item, recalled into her run, whose model passes it into an
-    # argument its schema refuses: the refusal quotes it in the call's span
+    # argument its schema refuses
     memory.memory_skill(demo)
     memory.keep_confidential(demo)
-    sensitive.fake_model(demo, model_server, monkeypatch)
-    arguments = {"project_id": [memory.CODENAME]}
-    model_server.reply(
-        openai_completion(tool_calls=(("call_1", "project_search", json.dumps(arguments)),))
-    )
-    model_server.reply(openai_completion(content="Done."))
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.url)
-    settings.OTEL_EXPORTER_OTLP_ENDPOINT = collector.url
 
     # when the run's spans are exported
-    try:
-        run = runs_fixtures.demo_run(demo, project_id="apollo")
-        run_execute(run_id=str(run.pk))
-    finally:
-        otel.shutdown()
+    stored, validation = _refused_argument_exported(
+        demo, memory.CODENAME, model_server, collector, settings, monkeypatch
+    )
 
     # then the collector receives the value masked; the stored span keeps it
-    stored = Span.objects.get(run=run, name="tool.call", attributes__call_id="call_1")
     assert memory.CODENAME in stored.attributes["validation"]
-    (sent,) = [span for span in exported(collector) if span.span_id.hex() == stored.span_id]
-    validation = next(
-        attribute.value.string_value
-        for attribute in sent.attributes
-        if attribute.key == "validation"
-    )
     assert validation == stored.attributes["validation"].replace(memory.CODENAME, "[redacted]")
     assert memory.CODENAME not in str(collector)
 
