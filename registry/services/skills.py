@@ -192,13 +192,21 @@ def skill_version_publish(
 
 def _current_in_its_place(skill: Skill) -> Callable[[SkillVersion], str]:
     """Why an earlier version may not become current when the current one is retired: that
-    would roll back to it, and a rollback is held to its release gate with the model of each
-    agent it would be given to (`skill_rollback`); a retirement has no reason to give for an
-    override. The agents are found once, for every version asked about."""
+    would roll back to it, and a rollback needs the tool versions it pins usable and is held
+    to its release gate with the model of each agent it would be given to (`skill_rollback`);
+    a retirement has no reason to give for an override. The agents are found once, for every
+    version asked about."""
     agents: list[AgentConfig] | None = None
 
     def refused(skill_version: SkillVersion) -> str:
         nonlocal agents
+        try:
+            _pins_usable_check(skill_version, statuses=CALLABLE_STATUSES)
+        except DependencyUnavailable as error:
+            unusable = "; ".join(
+                f"{name} {why}" for name, why in error.details["tool_dependencies"].items()
+            )
+            return f"it pins tool versions that cannot be used ({unusable})"
         if agents is None:
             agents = agents_given(skill=skill)
         if release_gate_failures_given(skill_version=skill_version, agents=agents):

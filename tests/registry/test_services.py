@@ -255,6 +255,34 @@ def test_a_skill_is_not_rolled_back_to_a_version_pinning_a_revoked_tool_version(
     assert later.skill.current_version_id == later.pk
 
 
+@pytest.mark.parametrize("retire", ["deprecate", "revoke"])
+def test_retiring_a_skill_s_current_version_does_not_fall_back_to_one_pinning_a_revoked_tool(
+    make_tool_version, make_skill_version, publisher, retire
+):
+    # given 1.0.0 pinning project_search 1.0.0, since revoked, and 1.1.0 current on 2.0.0
+    revoked = _published(make_tool_version, publisher, "1.0.0")
+    current = _published(make_tool_version, publisher, "2.0.0")
+    skills.skill_version_publish(
+        skill_version=make_skill_version(tool_versions=[revoked]), actor=publisher
+    )
+    later = skills.skill_version_publish(
+        skill_version=make_skill_version(version="1.1.0", tool_versions=[current]),
+        actor=publisher,
+    )
+    tools.tool_version_revoke(tool_version=revoked, actor=publisher, reason="leaks data")
+
+    # when 1.1.0 is retired, which would make 1.0.0 current as a rollback would
+    getattr(skills, f"skill_version_{retire}")(skill_version=later, actor=publisher)
+
+    # then 1.0.0 is not made current, as a rollback to it is refused, and history says why
+    later.skill.refresh_from_db()
+    assert later.skill.current_version is None
+    assert later.skill.history.first().history_change_reason == (
+        f"1.1.0 {retire}d; 1.0.0 not made current: it pins tool versions that cannot be "
+        "used (project_search@1.0.0 is revoked, not deprecated or published)"
+    )
+
+
 def test_a_skill_is_rolled_back_to_a_version_pinning_a_deprecated_tool_version(
     make_tool_version, make_skill_version, publisher
 ):
