@@ -65,6 +65,11 @@ NEXT_STEPS = {
     RunStatus.BUDGET_EXHAUSTED: "Narrow the request, or ask for a larger budget.",
     RunStatus.CANCELLED: "Nothing more to do.",
 }
+# Where the reason says more than the status.
+REASON_NEXT_STEPS = {
+    (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED"): "Nothing was sent. Send the message again "
+    "later with a new Idempotency-Key; its new draft needs a new approval.",
+}
 # A scheduled task's run: no message in its session changes the task it runs for.
 TASK_NEXT_STEPS = {
     RunStatus.NEEDS_CLARIFICATION: "Answer the question by changing the task; its next "
@@ -98,6 +103,7 @@ def run_finish(
         "output": output or {},
         "question": question,
         "next_step": (TASK_NEXT_STEPS if run.channel == Channel.TASK else {}).get(status)
+        or REASON_NEXT_STEPS.get((status, reason_code))
         or NEXT_STEPS.get(status, ""),
         "model": run.capability.get("model", {}),
     }

@@ -20,9 +20,7 @@ from examples.models import MailDelivery
 from registry.canonical import canonical_hash
 from registry.models import ToolVersion
 from registry.services.tools import TOOL_CONTENT_FIELDS
-from runs.choices import RunStatus
 from runs.models import Run, ToolCall
-from runs.services.runs import NEXT_STEPS
 from runs.tools import executor
 from tests.approvals.conftest import SMTP_PASSWORD, approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
@@ -201,7 +199,10 @@ def _turned_away_for_now(run: Run, action: BusinessAction) -> str:
     )
     # the user may ask again later
     assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
-    assert run.result["next_step"] == NEXT_STEPS[RunStatus.FAILED_RETRYABLE]
+    assert run.result["next_step"] == (
+        "Nothing was sent. Send the message again later with a new Idempotency-Key; its new "
+        "draft needs a new approval."
+    )
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.envelope["retryable"], call.envelope["may_have_side_effect"]) == (
         "failed",
