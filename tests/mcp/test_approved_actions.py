@@ -188,6 +188,20 @@ def test_a_recorded_change_invalidates_the_approval_while_the_server_cannot_be_r
     assert events_of(run, "approval.invalidated")[0]["versions"] == [version.qualified_name]
 
 
+def _refused_for_the_change(run: Run, action: BusinessAction) -> None:
+    """Check the send failed for the tool's changed definition, for good: its call, its
+    action and its run."""
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.outcome["error"]["category"]) == (
+        ActionStatus.FAILED,
+        "TOOL_DEFINITION_CHANGED",
+    )
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+
+
 def test_a_change_no_one_recorded_yet_is_found_by_the_send_and_nothing_is_sent(
     demo, mailer, settings
 ):
@@ -200,13 +214,7 @@ def test_a_change_no_one_recorded_yet_is_found_by_the_send_and_nothing_is_sent(
 
     # then the send lists the server first, and does not call the changed tool
     assert calls_of(mailer) == []
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
-    action = BusinessAction.objects.get(pk=action.pk)
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "TOOL_DEFINITION_CHANGED",
-    )
+    _refused_for_the_change(run, action)
 
 
 def test_a_change_made_while_the_worker_s_listing_is_fresh_is_found_by_the_send(
@@ -224,15 +232,7 @@ def test_a_change_made_while_the_worker_s_listing_is_fresh_is_found_by_the_send(
 
     # then the send lists the server afresh, not from the copy: the changed tool is not called
     assert calls_of(mailer) == []
-    call = ToolCall.objects.get(run=run, name="mail_send")
-    assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
-    action = BusinessAction.objects.get(pk=action.pk)
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "TOOL_DEFINITION_CHANGED",
-    )
-    run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    _refused_for_the_change(run, action)
     # and the change is recorded, for the queue and new runs
     assert mcp_drift([version]) == {str(version.pk): "DEFINITION_CHANGED"}
 

@@ -142,13 +142,7 @@ def test_a_subject_with_a_line_break_fails_before_the_mail_server_is_asked(
     assert services.action_reconcile(action_id=action.pk) == ActionStatus.FAILED
 
     # then it failed for its argument, for certain, and nothing reached the mail server
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "INVALID_ARGUMENT",
-    )
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    _failed(run, action, category="INVALID_ARGUMENT", run_status="FAILED_FINAL")
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
@@ -169,14 +163,8 @@ def test_a_message_the_mail_server_rejects_for_good_fails_the_action_and_is_not_
     assert services.action_reconcile(action_id=action.pk) == ActionStatus.FAILED
 
     # then it failed for certain, with the server's answer, and the server was asked once
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
-    assert "554 5.7.1 Message rejected as spam" in action.outcome["error"]["message"]
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    message = _failed(run, action, category="UPSTREAM_ERROR", run_status="FAILED_FINAL")
+    assert "554 5.7.1 Message rejected as spam" in message
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "failed"
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.envelope["may_have_side_effect"]) == ("failed", False)
@@ -188,17 +176,21 @@ def _recipient(action: BusinessAction) -> str:
     return action.payload["recipient_snapshot"]["corporate_email"]
 
 
+def _failed(run: Run, action: BusinessAction, *, category: str, run_status: str) -> str:
+    """Check the action failed for `category` and its run ended `run_status` ACTION_FAILED,
+    both read again. Returns the failure's message."""
+    action.refresh_from_db()
+    run.refresh_from_db()
+    assert (action.status, action.outcome["error"]["category"]) == (ActionStatus.FAILED, category)
+    assert (run.status, run.reason_code) == (run_status, "ACTION_FAILED")
+    return action.outcome["error"]["message"]
+
+
 def _turned_away_for_now(run: Run, action: BusinessAction) -> str:
     """Check the send failed as one a later try may pass: nothing was sent, and the key's
     delivery is deferred, for a later try to take over. Returns the failure's message."""
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
     # the user may ask again later
-    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
+    message = _failed(run, action, category="UPSTREAM_ERROR", run_status="FAILED_RETRYABLE")
     assert run.result["next_step"] == (
         "Nothing was sent. Send the message again later with a new Idempotency-Key; its new "
         "draft needs a new approval."
@@ -210,7 +202,7 @@ def _turned_away_for_now(run: Run, action: BusinessAction) -> str:
         False,
     )
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
-    return action.outcome["error"]["message"]
+    return message
 
 
 @pytest.mark.parametrize(
@@ -573,13 +565,7 @@ def test_a_reconciliation_while_a_mail_turned_away_is_being_recorded_does_not_se
     threads[0].join(timeout=20)
 
     # then the action failed and the mail was not sent behind it
-    action.refresh_from_db()
-    run.refresh_from_db()
-    assert (action.status, action.outcome["error"]["category"]) == (
-        ActionStatus.FAILED,
-        "UPSTREAM_ERROR",
-    )
-    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
+    _failed(run, action, category="UPSTREAM_ERROR", run_status="FAILED_RETRYABLE")
     assert smtp_server.messages == []
     assert MailDelivery.objects.get(idempotency_key=action.idempotency_key).status == "deferred"
 
