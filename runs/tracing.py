@@ -9,11 +9,13 @@ With OTLP export configured (runs.otel), spans also leave once their transaction
 import secrets
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config.queries import PreparedQuery
 from runs import otel, writes
 from runs.models import Run, Span
 from runs.redaction import redact
@@ -67,15 +69,20 @@ def export_on_commit(rows: list) -> None:
         transaction.on_commit(lambda: otel.export(spans), robust=True)
 
 
+_FIRST_SPAN_START = PreparedQuery(
+    lambda run_id: (
+        Span.objects.filter(run_id=run_id)
+        .order_by("started_at")
+        .values_list("started_at", flat=True)[:1]
+    ),
+    run_id=UUID,
+)
+
+
 def _first_start(run: Run) -> datetime:
     """When the run's trace begins: its ingress span starts as the message comes in, before
     the run's row is written (`created_at`)."""
-    first = (
-        Span.objects.filter(run_id=run.pk)
-        .order_by("started_at")
-        .values_list("started_at", flat=True)
-        .first()
-    )
+    first = _FIRST_SPAN_START.first(run_id=run.pk)
     return min(run.created_at, first) if first else run.created_at
 
 
