@@ -31,6 +31,9 @@ from runs.tools.adapters import (
 )
 from runs.tools.envelope import ErrorCategory
 
+# The reply to a login whose account must first log in once with another mechanism.
+SMTP_PASSWORD_TRANSITION_NEEDED = 432
+
 _UPDATES = PreparedQuery(
     lambda project_id, start, end: ProjectUpdate.objects.filter(
         project_id=project_id, occurred_on__range=(start, end)
@@ -236,12 +239,15 @@ def _not_ready(error: OSError) -> str | None:
     """What the mail server said or did when a connection to it could not be opened for now,
     if it was for now: refused, timed out, closed before a command, or a 4xx reply (a `421`
     greeting, a `454` temporary authentication failure). None when a later try could not open
-    it either: a 5xx reply (a login turned away), TLS that cannot be negotiated or a
-    certificate that does not verify, an extension the server lacks."""
+    it either: a 5xx reply (a login turned away), a `432` to the login (the account must make
+    a password transition first, which an administrator arranges: RFC 4954), TLS that cannot
+    be negotiated or a certificate that does not verify, an extension the server lacks."""
     if isinstance(error, ssl.SSLError):
         return None
     if isinstance(error, smtplib.SMTPResponseException):
-        return f"{error.smtp_code} {_reply(error.smtp_error)}" if error.smtp_code < 500 else None
+        if error.smtp_code >= 500 or error.smtp_code == SMTP_PASSWORD_TRANSITION_NEEDED:
+            return None
+        return f"{error.smtp_code} {_reply(error.smtp_error)}"
     if isinstance(error, smtplib.SMTPException) and not isinstance(
         error, smtplib.SMTPServerDisconnected
     ):

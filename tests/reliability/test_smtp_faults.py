@@ -447,6 +447,9 @@ def test_a_mail_server_refused_at_connect_sends_on_the_next_try_its_tool_allows(
 
 
 TEMPORARY_AUTH_FAILURE = "454 4.7.0 Temporary authentication failure"
+# RFC 4954: the account must first log in once with another mechanism, which an
+# administrator arranges; trying the same login later meets the same answer.
+PASSWORD_TRANSITION_NEEDED = "432 4.7.12 A password transition is needed"
 
 
 def _login_turned_away_for_now(smtp_server, settings) -> None:
@@ -487,6 +490,14 @@ def test_a_login_the_mail_server_turns_away_for_now_fails_the_action_with_nothin
             "SMTPAuthenticationError",
         ),
         ({"EMAIL_USE_SSL": True}, "SSLError"),
+        (
+            {
+                "EMAIL_HOST_USER": "agentgov",
+                "EMAIL_HOST_PASSWORD": SMTP_PASSWORD,
+                "auth_replies": [PASSWORD_TRANSITION_NEEDED] * 2,
+            },
+            "SMTPAuthenticationError",
+        ),
     ],
 )
 def test_a_mail_server_that_turns_the_connection_away_for_good_fails_the_action_for_good(
