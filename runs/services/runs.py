@@ -70,11 +70,26 @@ REASON_NEXT_STEPS = {
     (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED"): "Nothing was sent. Send the message again "
     "later with a new Idempotency-Key; its new draft needs a new approval.",
 }
-# A scheduled task's run: no message in its session changes the task it runs for.
+# A scheduled task's run: no message in its session changes the task it runs for, and it
+# has no message to send again; its next occurrence is its next try.
 TASK_NEXT_STEPS = {
     RunStatus.NEEDS_CLARIFICATION: "Answer the question by changing the task; its next "
     "occurrence runs with the change.",
+    RunStatus.FAILED_RETRYABLE: "The task's next occurrence tries again.",
+    (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED"): "Nothing was sent. The task's next "
+    "occurrence tries again; its new draft needs a new approval.",
 }
+
+
+def _next_step(run: Run, status: RunStatus, reason_code: str) -> str:
+    """The most specific next step: a scheduled task's own first, then the reason's, then
+    the status's."""
+    tables = [TASK_NEXT_STEPS] if run.channel == Channel.TASK else []
+    for table in [*tables, REASON_NEXT_STEPS, NEXT_STEPS]:
+        for key in ((status, reason_code), status):
+            if key in table:
+                return table[key]
+    return ""
 
 
 def run_finish(
@@ -102,9 +117,7 @@ def run_finish(
         ],
         "output": output or {},
         "question": question,
-        "next_step": (TASK_NEXT_STEPS if run.channel == Channel.TASK else {}).get(status)
-        or REASON_NEXT_STEPS.get((status, reason_code))
-        or NEXT_STEPS.get(status, ""),
+        "next_step": _next_step(run, status, reason_code),
         "model": run.capability.get("model", {}),
     }
     if save:

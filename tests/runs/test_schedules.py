@@ -568,6 +568,36 @@ def test_a_deadline_passing_while_the_run_waits_for_approval_ends_it_and_nothing
     assert smtp_server.messages == []
 
 
+def test_a_task_s_send_turned_away_for_now_tells_its_owner_the_next_occurrence_tries_again(
+    demo, bob, smtp_server
+):
+    """Before, the task's run told its owner to send the message again with a new
+    Idempotency-Key, as a chat's run does: a task has no message to send again, and its next
+    occurrence makes a new draft of its own."""
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+    approvals.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    smtp_server.data_replies = ["451 4.3.0 Temporary failure, try again"]
+
+    approvals.action_execute(action_id=action.pk)
+
+    occurrence = refreshed(occurrence)
+    run = occurrence.run
+    assert (run.status, run.reason_code) == (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED")
+    assert occurrence.status == OccurrenceStatus.FAILED
+    assert run.result["next_step"] == (
+        "Nothing was sent. The task's next occurrence tries again; its new draft needs a new "
+        "approval."
+    )
+    assert smtp_server.messages == []
+
+
 def test_an_approval_given_before_the_deadline_but_not_yet_executed_sends_nothing_after_it(
     demo, bob, smtp_server
 ):
