@@ -228,19 +228,18 @@ class LifecycleSerializer(StrictSerializer):
     reason = StrictCharField(required=False, allow_blank=True, max_length=2000)
 
 
-class SkillPublishSerializer(StrictSerializer):
-    override_reason = StrictCharField(
+def _override_reason(doing: str) -> StrictCharField:
+    return StrictCharField(
         required=False,
         allow_blank=True,
         max_length=2000,
-        help_text="Publish although the release gate fails (tenant or platform admins): why.",
+        help_text=f"{doing} although the release gate fails (tenant or platform admins): why.",
     )
+
+
+class SkillPublishSerializer(StrictSerializer):
+    override_reason = _override_reason("Publish")
 
 
 class SkillRollbackSerializer(StrictSerializer):
-    override_reason = StrictCharField(
-        required=False,
-        allow_blank=True,
-        max_length=2000,
-        help_text="Roll back although the release gate fails (tenant or platform admins): why.",
-    )
+    override_reason = _override_reason("Roll back")
