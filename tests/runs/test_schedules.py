@@ -92,6 +92,20 @@ def refreshed(occurrence: TaskOccurrence) -> TaskOccurrence:
     return TaskOccurrence.objects.select_related("run").get(pk=occurrence.pk)
 
 
+def fired_and_approved(demo, bob) -> tuple[TaskOccurrence, BusinessAction]:
+    """A task fired now, its run waiting for approval of its mail, and bob's approval."""
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+    approvals.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    return occurrence, action
+
+
 def crash_first_starts(monkeypatch, crashes: int) -> list[str]:
     """The first `crashes` starts lose their database connection inside the ingress, as a
     worker that dies there would leave it: nothing of the start is committed."""
@@ -574,15 +588,7 @@ def test_a_task_s_send_turned_away_for_now_tells_its_owner_the_next_occurrence_t
     """Before, the task's run told its owner to send the message again with a new
     Idempotency-Key, as a chat's run does: a task has no message to send again, and its next
     occurrence makes a new draft of its own."""
-    occurrence = fired(demo)
-    run_execute(run_id=str(occurrence.run_id))
-    action = BusinessAction.objects.get(run_id=occurrence.run_id)
-    approvals.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    occurrence, action = fired_and_approved(demo, bob)
     smtp_server.data_replies = ["451 4.3.0 Temporary failure, try again"]
 
     approvals.action_execute(action_id=action.pk)
@@ -601,15 +607,7 @@ def test_a_task_s_send_turned_away_for_now_tells_its_owner_the_next_occurrence_t
 def test_an_approval_given_before_the_deadline_but_not_yet_executed_sends_nothing_after_it(
     demo, bob, smtp_server
 ):
-    occurrence = fired(demo)
-    run_execute(run_id=str(occurrence.run_id))
-    action = BusinessAction.objects.get(run_id=occurrence.run_id)
-    approvals.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    occurrence, action = fired_and_approved(demo, bob)
 
     occurrences_sweep(now=timezone.now() + PAST_DEADLINE)
     approvals.action_execute(action_id=action.pk)
