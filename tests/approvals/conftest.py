@@ -228,15 +228,20 @@ def waiting_run(demo, **metadata) -> tuple[Run, BusinessAction]:
     return run, BusinessAction.objects.get(run=run)
 
 
-def approved_run(demo, approver) -> tuple[Run, BusinessAction]:
-    """The running example as alice, approved (its resume task is sent, not run)."""
-    run, action = waiting_run(demo)
+def approve(action: BusinessAction, approver) -> None:
+    """`approver` approves the action as drafted (its resume task is sent, not run)."""
     services.approval_decide(
         action_id=action.pk,
         approver=approver,
         decision=Decision.APPROVE,
         payload_hash=action.payload_hash,
     )
+
+
+def approved_run(demo, approver) -> tuple[Run, BusinessAction]:
+    """The running example as alice, approved (its resume task is sent, not run)."""
+    run, action = waiting_run(demo)
+    approve(action, approver)
     return run, action
 
 

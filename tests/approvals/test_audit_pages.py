@@ -37,7 +37,7 @@ from runs.models import Run, Span, ToolCall
 from runs.tools import limits
 from runs.tools.adapters import ToolRefused
 from runs.tracing import root_span_id
-from tests.approvals.conftest import approver_in, left_unknown, waiting_run
+from tests.approvals.conftest import approved_run, approver_in, left_unknown, waiting_run
 from tests.registry.factories import tool_content
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
@@ -291,19 +291,8 @@ def test_a_side_effect_is_an_action_executed_not_one_rejected_or_waiting(
     assert [str(run.pk) for run in Run.objects.all() if str(run.pk) in html] == [str(sent_run.pk)]
 
 
-def _approved(demo, bob) -> tuple[Run, BusinessAction]:
-    run, action = waiting_run(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
-    return run, action
-
-
 def _refused_by_its_authorisation_check(demo, bob, settings, monkeypatch) -> Run:
-    run, action = _approved(demo, bob)
+    run, action = approved_run(demo, bob)
 
     def refuse(*_):
         raise ToolRefused("The relay no longer sends for this project.")
@@ -315,7 +304,7 @@ def _refused_by_its_authorisation_check(demo, bob, settings, monkeypatch) -> Run
 
 def _not_authorised_within_its_timeout(demo, bob, settings, monkeypatch) -> Run:
     # mail_send's authorisation check answers after the tool's second is up
-    run, action = _approved(demo, bob)
+    run, action = approved_run(demo, bob)
     [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
     monkeypatch.setattr(mail_send, "timeout_s", 1)
     monkeypatch.setattr(handlers.MailSend, "authorize", lambda *_: time_module.sleep(1.5))
@@ -326,7 +315,7 @@ def _not_authorised_within_its_timeout(demo, bob, settings, monkeypatch) -> Run:
 def _turned_away_by_its_concurrency_cap(demo, bob, settings, monkeypatch) -> Run:
     # every slot of mail_send held for longer than the send's time (2 s) lets it wait
     settings.RUN_TASK_SECONDS, settings.CELERY_TASK_SOFT_TIME_LIMIT = 240, 243
-    run, action = _approved(demo, bob)
+    run, action = approved_run(demo, bob)
     [mail_send] = versions_frozen(model=ToolVersion, ids=[action.tool_version_id]).values()
     monkeypatch.setattr(mail_send, "timeout_s", 1)
     for holder in range(mail_send.concurrency_cap):

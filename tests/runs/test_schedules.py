@@ -97,12 +97,7 @@ def fired_and_approved(demo, bob) -> tuple[TaskOccurrence, BusinessAction]:
     occurrence = fired(demo)
     run_execute(run_id=str(occurrence.run_id))
     action = BusinessAction.objects.get(run_id=occurrence.run_id)
-    approvals.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    approvals_fixtures.approve(action, bob)
     return occurrence, action
 
 
