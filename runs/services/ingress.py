@@ -20,7 +20,7 @@ from registry.selectors import user_can, user_roles_and_generation
 from runs import events, tracing, writes
 from runs.capability import capability_snapshot
 from runs.choices import RunStatus
-from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied
+from runs.errors import IdempotencyKeyReused, NotFound, PermissionDenied, ValidationFailed
 from runs.models import IngressRecord, Run, Session
 from runs.redaction import redact, secrets_removed
 from runs.services.attachments import attachment_parts_resolve
@@ -168,20 +168,15 @@ def message_ingest(
     to a model; the key's request hash is of the body as sent.
     Attachment references must name the actor's own uploads in this tenant; the run's message
     carries what each one is, never its content. Resource references must name a resource an
-    MCP server available to the tenant listed.
+    MCP server available to the tenant listed; a reference refused so for a request whose key
+    is taken (its server was switched off since) is answered as the key's first request was,
+    so a client retrying an accepted message gets its run.
     The agent is one of the tenant's active agents: the one of `agent_config_id`, which only
     the server gives (a scheduled task's, by its key, so a renamed agent stays the task's),
     or else the one `metadata.agent` names, or else the tenant's first."""
     roles, generation = user_roles_and_generation(user=actor, tenant=tenant)
     if not user_can(user=actor, action=Action.RUN_CREATE, tenant=tenant, roles=roles):
         raise PermissionDenied("You may not start runs in this tenant.")
-    normalized_parts = [
-        {**part, "text": secrets_removed(part["text"])} if part["type"] == "text" else part
-        for part in resource_parts_resolve(
-            tenant=tenant,
-            parts=attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts),
-        )
-    ]
     request = {
         "channel": channel,
         "parts": parts,
@@ -190,6 +185,13 @@ def message_ingest(
     }
     request_hash = canonical_hash(request)
     try:
+        normalized_parts = [
+            {**part, "text": secrets_removed(part["text"])} if part["type"] == "text" else part
+            for part in resource_parts_resolve(
+                tenant=tenant,
+                parts=attachment_parts_resolve(actor=actor, tenant=tenant, parts=parts),
+            )
+        ]
         with transaction.atomic():
             run = _create_run(
                 actor=actor,
@@ -206,7 +208,7 @@ def message_ingest(
             )
         if run.status == RunStatus.QUEUED:
             transaction.on_commit(lambda: task_send(run_advance, run_id=str(run.pk)))
-    except (IntegrityError, NotFound):
+    except (IntegrityError, NotFound, ValidationFailed):
         existing = _existing(
             tenant=tenant, actor=actor, key=idempotency_key, request_hash=request_hash
         )

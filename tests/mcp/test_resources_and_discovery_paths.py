@@ -53,9 +53,9 @@ def resource_message(uri: str = APOLLO, server: str = "projects") -> dict:
     }
 
 
-def post(client, body: dict):
+def post(client, body: dict, *, key: str | None = None):
     return client.post(
-        "/api/v1/messages", body, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
+        "/api/v1/messages", body, format="json", HTTP_IDEMPOTENCY_KEY=key or str(uuid.uuid4())
     )
 
 
@@ -422,6 +422,25 @@ def test_a_resource_nobody_listed_is_refused_and_leaves_no_run(
     assert response.json()["error"]["details"]["parts"][0]["message"] == "No such resource."
     assert not Run.objects.exists()
     assert alice_api.get(RUNS).json()["count"] == 0
+
+
+def test_a_retried_message_gets_its_run_after_its_resource_s_server_is_switched_off(
+    demo, projects, alice_api
+):
+    """The retry of a message the platform accepted, whose answer the client never got, is
+    answered with the message's run, as the same key and body are: it was refused "No such
+    resource." once the server was switched off, as if the message had never been taken."""
+    mcp_server_discover(server=projects, actor=demo.admin)
+    assistant(demo, [seeded_tool(demo, "project_search")])
+    accepted = post(alice_api, resource_message(), key="retried")
+    projects.is_enabled = False
+    mcp_server_save(server=projects, actor=demo.admin)
+
+    retried = post(alice_api, resource_message(), key="retried")
+
+    assert (accepted.status_code, retried.status_code) == (202, 200)
+    assert retried.json()["run_id"] == accepted.json()["run_id"]
+    assert Run.objects.count() == 1
 
 
 def test_a_message_naming_one_resource_twice_is_refused_and_leaves_no_run(
