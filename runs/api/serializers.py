@@ -5,6 +5,8 @@ from typing import Any
 
 from django.http import QueryDict
 from django.urls import reverse
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -121,6 +123,17 @@ def _visible(text: str) -> bool:
     )
 
 
+def _is_instant(text: str) -> bool:
+    """Whether `text` is a date and time with its UTC offset, as the normalized message keeps
+    the time its source sent it beside the time it was received: a time without an offset
+    names no instant."""
+    try:
+        moment = parse_datetime(text)
+    except ValueError:
+        return False
+    return moment is not None and timezone.is_aware(moment)
+
+
 class MessageSerializer(StrictSerializer):
     session_id = StrictUUIDField(required=False)
     channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
@@ -138,6 +151,10 @@ class MessageSerializer(StrictSerializer):
                 raise serializers.ValidationError(
                     {name: "A key of letters, digits, hyphens and underscores (at most 63)."}
                 )
+        if "source_timestamp" in value and not _is_instant(value["source_timestamp"]):
+            raise serializers.ValidationError(
+                {"source_timestamp": "An ISO 8601 date and time with its UTC offset."}
+            )
         return value
 
     def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
