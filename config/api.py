@@ -289,8 +289,9 @@ class DocumentField(serializers.JSONField):
 
 
 class FilterSet(django_filters.FilterSet):
-    """Refuses a filter of choices, instants or ids given empty (`?status=`): a value none of
-    them can hold, which would otherwise filter nothing; leave the parameter out instead. A
+    """Refuses a filter of choices, instants or ids given empty (`?status=`), or blanks alone,
+    which an id's field strips to nothing (`?session=%20`): a value none of them can hold,
+    which would otherwise filter nothing; leave the parameter out instead. A
     filter of one value given several times (`?status=pending&status=approved`) is refused
     too, rather than filtered by its last value alone; a filter of several choices takes each."""
 
@@ -301,7 +302,9 @@ class FilterSet(django_filters.FilterSet):
             if name not in self.data or name in self.form.errors:
                 continue
             values = self.data.getlist(name)
-            if not isinstance(declared, django_filters.CharFilter) and not any(values):
+            if not isinstance(declared, django_filters.CharFilter) and not any(
+                value.strip() for value in values
+            ):
                 refused[name] = "Give a value, or leave the parameter out."
             elif not isinstance(declared, django_filters.MultipleChoiceFilter) and len(values) > 1:
                 refused[name] = "Give one value."

@@ -359,6 +359,21 @@ def test_a_filter_given_empty_is_refused(alice, parameter):
     assert list(_error(response)["details"]) == [parameter]
 
 
+@pytest.mark.parametrize("value", [" ", "%20%09", "%C2%A0"], ids=["space", "tab", "nbsp"])
+def test_a_session_filter_of_blanks_alone_is_refused_rather_than_left_out(
+    alice, member, start_run, value
+):
+    # given a run of alice's
+    start_run(member)
+
+    # when the session filter holds only blanks, which the id's field strips to nothing
+    response = alice.get(f"{RUNS}?session={value}")
+
+    # then it is refused as an empty filter is, rather than answering with every run
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"session": ["Give a value, or leave the parameter out."]}
+
+
 @pytest.mark.parametrize(
     "query",
     [
