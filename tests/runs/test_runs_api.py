@@ -498,6 +498,15 @@ def test_an_after_given_twice_is_refused_rather_than_read_as_the_last(alice, mem
     assert _error(response)["details"] == {"after": ["Give one value."]}
 
 
+def test_an_after_given_empty_is_refused_rather_than_read_as_the_start(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}/events?after=")
+
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"after": ["Give a value, or leave the parameter out."]}
+
+
 # --- cancel --------------------------------------------------------------------------------
 
 

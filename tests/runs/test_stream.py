@@ -118,6 +118,21 @@ def test_an_after_given_twice_is_refused_rather_than_read_as_the_last(client, fi
     assert response.json()["error"]["details"] == {"after": ["Give one value."]}
 
 
+def test_an_after_given_empty_is_refused_rather_than_read_as_the_start(client, finished_run):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream?after=",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        **STREAM_HEADERS,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {
+        "after": ["Give a value, or leave the parameter out."]
+    }
+
+
 def test_the_after_parameter_resumes_after_that_event(client, finished_run):
     run, key = finished_run
 
