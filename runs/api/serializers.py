@@ -14,9 +14,9 @@ from config.api import StrictBooleanField, StrictCharField, StrictSerializer, St
 from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
-from runs.choices import CLIENT_CHANNELS, RunStatus
+from runs.choices import ACTIVE_STATUSES, CLIENT_CHANNELS, RunStatus
 from runs.context import message_max_tokens
-from runs.models import Attachment, MemoryItem, Run, RunEvent
+from runs.models import Attachment, CancelRequest, MemoryItem, Run, RunEvent
 from runs.redaction import redact
 from runs.tokens import estimate_tokens
 
@@ -224,8 +224,18 @@ def viewer_redaction(
     return {"cleared": cleared, "sensitive": sensitive, "texts": texts.get(run.pk, frozenset())}
 
 
+def cancel_kept(run: Run) -> CancelRequest | None:
+    """The cancel kept beside a run that has not taken it in yet (`services.runs.run_cancel`,
+    while a step held the run): the cancel answered with it, so the run shows it from then,
+    not from its next step boundary. Read with the run by `select_related`."""
+    if run.cancel_requested_at is not None or run.status not in ACTIVE_STATUSES:
+        return None
+    return getattr(run, "cancel_request", None)
+
+
 class RunSerializer(serializers.ModelSerializer):
-    """The result is redacted (runs.redaction) for viewers without clearance."""
+    """The result is redacted (runs.redaction) for viewers without clearance. A cancel kept
+    beside the run shows as asked for (`cancel_kept`)."""
 
     session_id = serializers.UUIDField()
     actor = serializers.CharField(source="actor.get_username")
@@ -259,13 +269,19 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_cancelled_by(self, run: Run) -> str | None:
-        return run.cancelled_by.get_username() if run.cancelled_by else None
+        kept = cancel_kept(run)
+        asker = kept.requested_by if kept else run.cancelled_by
+        return asker.get_username() if asker else None
 
     def get_links(self, run: Run) -> dict[str, str]:
         return run_links(run)
 
     def to_representation(self, instance: Run) -> dict[str, Any]:
         data = super().to_representation(instance)
+        if kept := cancel_kept(instance):
+            data["cancel_requested_at"] = self.fields["cancel_requested_at"].to_representation(
+                kept.requested_at
+            )
         page = self.parent.instance if isinstance(self.parent, serializers.ListSerializer) else None
         data["result"] = redact(data["result"], **viewer_redaction(self, instance, page=page))
         return data

@@ -160,7 +160,7 @@ class RunViewSet(
         # The id breaks ties of creation time, so that no run is on two pages or on none.
         return (
             selectors.runs_visible(user=self.request.user, tenant=self.request.auth.tenant)
-            .select_related("actor", "tenant", "cancelled_by")
+            .select_related("actor", "tenant", "cancelled_by", "cancel_request__requested_by")
             .order_by("-created_at", "-pk")
         )
 

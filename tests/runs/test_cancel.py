@@ -8,8 +8,11 @@ from contextlib import nullcontext
 
 import pytest
 from django.db import connection, transaction
+from rest_framework.test import APIClient
 
 from approvals.models import BusinessAction
+from registry.demo import DEMO_PASSWORD
+from registry.services.tenancy import api_token_issue
 from runs.errors import InvalidRunTransition
 from runs.loop import run_advance_step, run_execute
 from runs.models import CancelRequest, Run
@@ -305,3 +308,32 @@ def test_a_second_cancel_by_someone_else_leaves_who_asked_first(demo, settings, 
         asked_at,
     )
     assert events_of(run, "run.finished") == _cancelled_event("alice")
+
+
+def test_a_cancel_kept_beside_the_run_shows_on_the_run_as_the_cancel_answered(demo, settings):
+    # given alice's run between its steps, cancelled through the API while a step holds it
+    settings.RUN_CANCEL_LOCK_WAIT_MS = 0
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    _, key = api_token_issue(username="alice", password=DEMO_PASSWORD, tenant_slug="acme")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
+    with Holder(run, no_key=True):
+        answer = client.post(f"/api/v1/runs/{run.pk}/cancel").json()
+    assert CancelRequest.objects.filter(run=run).exists()
+
+    # when she reads the run, alone and in the list, before a step takes the request in
+    shown = client.get(f"/api/v1/runs/{run.pk}").json()
+    listed = next(
+        body for body in client.get("/api/v1/runs").json()["results"] if body["id"] == str(run.pk)
+    )
+
+    # then both say what the cancel answered: who asked, and when
+    assert (answer["status"], answer["cancelled_by"]) == ("RUNNING", "alice")
+    assert answer["cancel_requested_at"] is not None
+    for body in (shown, listed):
+        assert (body["status"], body["cancel_requested_at"], body["cancelled_by"]) == (
+            "RUNNING",
+            answer["cancel_requested_at"],
+            "alice",
+        )
