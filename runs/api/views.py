@@ -9,6 +9,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schem
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -167,6 +168,13 @@ class RunViewSet(
     @classmethod
     def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:
         return {"cancel": CommandSerializer}
+
+    def get_renderers(self) -> list[BaseRenderer]:
+        """OPTIONS answers a description in JSON, the stream's too: with the stream's
+        renderer it went out labelled as an event stream, and asked for JSON it was 406."""
+        if self.action == "metadata":
+            return [JSONRenderer()]
+        return super().get_renderers()
 
     def get_object(self) -> Run:
         if not is_id_in_url(self.kwargs["pk"]):

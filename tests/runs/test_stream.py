@@ -228,6 +228,22 @@ def test_asking_the_stream_for_json_is_not_acceptable(client, finished_run, aske
     assert response.json()["error"]["code"] == "NOT_ACCEPTABLE"
 
 
+@pytest.mark.parametrize("accept", [None, "application/json"], ids=["any", "json"])
+def test_options_of_the_stream_describes_it_in_json(client, finished_run, accept):
+    """What OPTIONS answers is a description, not events: it is JSON, as every other
+    endpoint's, labelled so."""
+    run, key = finished_run
+    headers = {"HTTP_ACCEPT": accept} if accept else {}
+
+    response = client.options(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", **headers
+    )
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["renders"] == ["text/event-stream"]
+
+
 def test_anonymous_cannot_stream(client, finished_run):
     run, _ = finished_run
 
