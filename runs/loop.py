@@ -350,10 +350,13 @@ def _history(run: Run) -> list[dict[str, Any]]:
 
 
 def _reply(entry: dict[str, Any]) -> str:
-    """What an earlier run said back to the user: the question it asked, or its answer."""
+    """What an earlier run said back to the user: the question it asked, or its answer,
+    without the credentials it may hold: it is the model's text, stored as written and shown
+    to people without them, and the message it answered lost its own at the ingress. They go
+    before the cut, since a key cut in half is no longer recognised."""
     for text in (entry["question"], entry["answer"]):
         if isinstance(text, str) and text.strip():
-            return text
+            return secrets_removed(text)
     return ""
 
 

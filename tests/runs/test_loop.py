@@ -1492,6 +1492,39 @@ def test_an_answer_to_the_agent_s_question_reaches_the_model_with_the_question(d
     assert question in json.dumps(fake.requests[1].body)
 
 
+def test_a_credential_an_earlier_answer_of_the_session_held_never_reaches_the_next_model(
+    demo, fake_model
+):
+    # given a run of the session whose model answered with a key in its text
+    fake = fake_model()
+    project_assistant_on_the_demo_model(demo)
+    key = "sk-live-4f9c2a7e1b3d5f6a8c0e2b4d"
+    fake.reply(openai_completion(content=f"Use the deploy key {key} for the gateway."))
+    fake.reply(openai_completion(content="The gateway migration is done."))
+    first = start(
+        demo, text="How do I deploy the gateway?", agent="project-assistant", project_id="apollo"
+    )
+    run_execute(run_id=str(first.pk))
+    assert_terminal(first, "COMPLETED", "ANSWERED")
+
+    # when the user goes on in the same session
+    second = start(
+        demo,
+        text="Is the migration done?",
+        agent="project-assistant",
+        project_id="apollo",
+        session_id=first.session_id,
+    )
+    run_execute(run_id=str(second.pk))
+
+    # then the next model reads the earlier answer without the key, as anyone is shown it
+    assert_terminal(second, "COMPLETED", "ANSWERED")
+    [earlier] = Run.objects.get(pk=second.pk).state["history"]
+    assert earlier["reply"] == "Use the deploy key [redacted] for the gateway."
+    assert "Use the deploy key [redacted]" in json.dumps(fake.requests[1].body)
+    assert key not in json.dumps(fake.requests[1].body)
+
+
 def test_the_generic_agent_does_not_repeat_names_it_invented_as_failed_tools(demo, fake_model):
     # given the generic agent on a model that calls project_search with arguments its schema
     # refuses and a tool no snapshot has, named like an instruction, then answers
