@@ -149,13 +149,15 @@ def _last_turn_results(transcript: list[dict[str, Any]]) -> int:
 def _drop_oldest_exchange(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Remove the oldest assistant turn together with its tool results, so no result is ever
     left without the call it answers; the first user message, the last turn and the last
-    turn that called tools (a draft sent back for a correction rests on its results) stay."""
+    turn that called tools (a draft sent back for a correction rests on its results) stay,
+    and so does what the host told the model after the turn (what its draft must mend)."""
     turns = [index for index, entry in enumerate(entries) if entry["kind"] == "assistant"]
     calling = [index for index in turns if entries[index]["tool_calls"]]
     if len(turns) < 2 or (calling and turns[0] >= calling[-1]):
         return entries
     start, end = turns[0], turns[1]
-    return entries[:start] + entries[end:]
+    told = [entry for entry in entries[start:end] if entry["kind"] == "user"]
+    return entries[:start] + told + entries[end:]
 
 
 def context_build(

@@ -289,6 +289,34 @@ def test_a_draft_sent_back_for_a_correction_keeps_the_evidence_it_rests_on(setti
     assert "r" * 1200 in evidence["untrusted_data"]["content"]
 
 
+def test_a_correction_stays_when_the_turn_it_corrected_goes_over_budget(settings):
+    # given a draft sent back for a correction, after which the model called a tool again
+    settings.CONTEXT_MAX_TOKENS = 1
+    correction = "The draft does not meet the output contract: Missing section risks."
+    first, again = (
+        ToolCall(call_id=f"call_{index}", name="project_search", arguments={}) for index in (1, 3)
+    )
+    transcript = [
+        user_entry("Summarise project Apollo's week."),
+        assistant_entry("", (first,)),
+        _result(1),
+        assistant_entry('{"subject": "Apollo"}', ()),
+        user_entry(correction),
+        assistant_entry("", (again,)),
+        _result(3),
+    ]
+
+    # when the old turns go, to the last that called tools
+    built = _build(transcript=transcript)
+
+    # then the model is still told what its next draft must mend
+    kinds = [type(item).__name__ for item in built.request.transcript]
+    assert kinds == ["UserMessage", "UserMessage", "AssistantTurn", "ToolResult"]
+    assert built.request.transcript[1].text == correction
+    [evidence] = _results(built)
+    assert evidence["call_id"] == "call_3"
+
+
 def test_earlier_messages_are_recorded_once_as_their_own_section(settings):
     settings.CONTEXT_MAX_TOKENS = 10**9
 
