@@ -5,13 +5,13 @@ procedure, rules and examples), the task inputs and state, the tool schemas and 
 contract as instructions; then the transcript: the recipient the host resolved (seed 000, stage
 7: the minimal snapshot of the directory record, as data the model may not change), earlier
 messages of the session and the user's message, the model's calls and the wrapped tool results.
-An example given twice is given once; when the whole is over budget, examples go first (the
-last listed first), then earlier messages of the session, then old tool results lose their
-content (their untrusted-data envelope keeps the source, the hash and the references), then old
-turns but the last that called tools; rules, the skill's procedure, the task, the recipient and
-the tool schemas are never cut: when they alone overrun the budget, the turn is sent past it,
-and its record says by how much. Tool results reach the model only inside an `untrusted_data`
-envelope, never among the instructions.
+An example given twice (in other spacing or case too) is given once; when the whole is over
+budget, examples go first (the last listed first), then earlier messages of the session, then
+old tool results lose their content (their untrusted-data envelope keeps the source, the hash
+and the references), then old turns but the last that called tools; rules, the skill's
+procedure, the task, the recipient and the tool schemas are never cut: when they alone overrun
+the budget, the turn is sent past it, and its record says by how much. Tool results reach the
+model only inside an `untrusted_data` envelope, never among the instructions.
 
 What the model saw is recorded (`context.built`) as each section's size and keyed hash
 (HMAC-SHA256 under a key derived from SECRET_KEY): the platform can tell whether a context it
@@ -22,6 +22,7 @@ otherwise confirm a guessed address against the recipient section's plain hash).
 
 import hashlib
 import json
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,22 @@ def _recipient_text(recipient: Any) -> str:
             references=[f"directory:{snapshot['record_id']}@{snapshot['record_version']}"],
         )
     )
+
+
+def _as_compared(value: Any) -> Any:
+    """An example as it is compared with the others: its texts in NFKC, case-folded, without
+    invisible (format) characters and with their whitespace collapsed. An example written
+    again with other spacing or case teaches the model nothing more, and kept, it would
+    leave less of the budget to the examples that do."""
+    if isinstance(value, str):
+        shown = unicodedata.normalize("NFKC", value)
+        shown = "".join(char for char in shown if unicodedata.category(char) != "Cf")
+        return " ".join(shown.casefold().split())
+    if isinstance(value, dict):
+        return {_as_compared(key): _as_compared(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_compared(item) for item in value]
+    return value
 
 
 def _rules_text(merged: MergedRules) -> str:
@@ -204,9 +221,11 @@ def context_build(
         [{"name": t.name, "description": t.description, "schema": t.input_schema} for t in tools],
         sort_keys=True,
     )
-    examples = list(
-        {jsontext.dumps(example, sort_keys=True): example for example in examples}.values()
-    )
+    # Each example once, in its place and as it is first written.
+    by_text: dict[str, Any] = {}
+    for example in examples:
+        by_text.setdefault(jsontext.dumps(_as_compared(example), sort_keys=True), example)
+    examples = list(by_text.values())
 
     def examples_text() -> str:
         return "# Examples\n" + jsontext.dumps(examples) if examples else ""

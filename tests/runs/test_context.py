@@ -132,6 +132,24 @@ def test_an_example_given_twice_is_given_once(settings):
     assert built.request.instructions.count(SECOND_EXAMPLE["answer"]) == 1
 
 
+def test_an_example_written_again_differently_is_given_once_before_another_example_goes(
+    settings,
+):
+    # given the first example again, with other spacing, case and an invisible character,
+    # and a budget that fits the two distinct examples only
+    settings.CONTEXT_MAX_TOKENS = 10**9
+    full = _build()
+    settings.CONTEXT_MAX_TOKENS = _full_total(full)
+    again = {"answer": FIRST_EXAMPLE["answer"], "request": " summarise\u200b  APOLLO "}
+
+    built = _build(examples=(FIRST_EXAMPLE, again, SECOND_EXAMPLE))
+
+    # then the copy is left out, as it is written first, and no distinct example is cut
+    assert built.sections["examples"] == full.sections["examples"]
+    assert built.request.instructions.count(FIRST_EXAMPLE["answer"]) == 1
+    assert SECOND_EXAMPLE["answer"] in built.request.instructions
+
+
 def test_over_budget_the_last_listed_example_goes_first_and_nothing_else(settings):
     settings.CONTEXT_MAX_TOKENS = 10**9
     full = _build()
