@@ -102,14 +102,16 @@ def _reject(
     retryable: bool = False,
 ) -> ToolCall:
     """The call turned away before it ran, never executed; `retryable` when the refusal may
-    pass (an authorisation check that did not answer within the tool's timeout)."""
+    pass (an authorisation check that did not answer within the tool's timeout). The reason
+    loses its secrets, as a failed call's message does: a handler's check may quote what the
+    system it asked answered, a token included."""
     envelope = fit(
         Envelope(
             call_id=record.call_id,
             tool=record.name,
             protocol_status="rejected",
             business_status="not_executed",
-            error={"category": category, "message": message},
+            error={"category": category, "message": strip_secrets(message)},
             retryable=retryable,
         ),
         max_bytes=settings.TOOL_RESULT_MAX_BYTES,

@@ -17,14 +17,17 @@ from django.utils import timezone
 from guardian.shortcuts import assign_perm
 from referencing.exceptions import Unresolvable
 
+from examples.handlers import project_search
 from examples.models import DirectoryRecord, Project, ProjectUpdate
 from registry.choices import ModelProvider
 from registry.models import ToolVersion
 from registry.services import tools
 from registry.services.common import registry_object_save
+from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import Execution, run_advance_step, run_execute
-from runs.models import RunEvent, Source, ToolCall
+from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.tools import executor
+from runs.tools.adapters import ToolContext, ToolOutput, ToolRefused
 from tests.runs.conftest import (
     apollo_draft,
     demo_run,
@@ -881,3 +884,65 @@ def test_a_correction_of_a_draft_that_copies_an_injection_does_not_quote_it(
     for message in messages:
         if message["role"] == "user":
             assert INJECTION not in json.dumps(message)
+
+
+# A gateway's token, quoted by the refusal of a handler whose check asked that gateway.
+GATEWAY_TOKEN = "9f8e7d6c5b4a39281706f5e4d3c2b1a0"
+
+
+class QuotingRefusal:
+    """project_search's handler, whose check refuses every call quoting the gateway's
+    answer, the Authorization header it was sent included."""
+
+    def authorize(self, context: ToolContext, arguments: dict) -> None:
+        raise ToolRefused(
+            f"The gateway refused Authorization: Bearer {GATEWAY_TOKEN} for this project."
+        )
+
+    def __call__(self, context: ToolContext, arguments: dict) -> ToolOutput:
+        return project_search(context, arguments)
+
+
+quoting_refusal = QuotingRefusal()
+
+
+def test_a_refusal_that_quotes_a_token_is_recorded_and_answered_without_it(demo, settings):
+    # given project_search behind a handler whose check refuses quoting the token it used
+    settings.PYTHON_TOOL_HANDLER_MODULES = [*settings.PYTHON_TOOL_HANDLER_MODULES, __name__]
+    seeded = seeded_tool(demo, "project_search")
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
+    content["adapter_config"] = {"handler": f"{__name__}.quoting_refusal"}
+    quoting = publish_tool(demo, "project_search", "2.1.0", **content)
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            quoting,
+            seeded_tool(demo, "directory_lookup"),
+            seeded_tool(demo, "mail_send"),
+        ],
+    )
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call was rejected unexecuted, the refusal kept without the token wherever it
+    # is recorded or given to the model
+    call = ToolCall.objects.get(run=run, name="project_search")
+    assert (call.status, call.error_category) == (ToolCall.Status.REJECTED, "PERMISSION_DENIED")
+    reason = "The gateway refused Authorization: Bearer [redacted] for this project."
+    assert call.envelope["error"]["message"] == reason
+    assert [payload["reason"] for payload in events_of(run, "tool.rejected")] == [reason]
+    run = Run.objects.get(pk=run.pk)
+    stored = json.dumps(
+        [
+            list(run.events.values_list("payload", flat=True)),
+            call.envelope,
+            run.transcript,
+            run.result,
+            list(Span.objects.filter(run=run).values_list("attributes", flat=True)),
+        ]
+    )
+    assert GATEWAY_TOKEN not in stored
