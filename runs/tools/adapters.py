@@ -262,8 +262,20 @@ def _late() -> ToolFailed:
     )
 
 
+def _header_shown(value: str, *, chars: int, credential: str | None) -> str:
+    """A header of the service's answer as an error message names it: its secrets (the
+    credential, which a service may echo in any header) stripped before it is cut to
+    `chars`, so that the cut leaves no part of one, which stripping would not find."""
+    return strip_secrets(value, secrets=(credential or "",))[:chars]
+
+
 def _answer(
-    tool_version: ToolVersion, *, seconds: float, body: dict[str, Any], headers: dict[str, str]
+    tool_version: ToolVersion,
+    *,
+    seconds: float,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    credential: str | None,
 ) -> tuple[httpx.Response, bytes]:
     """The service's response and its body, read within `seconds` as a whole and up to
     TOOL_RESPONSE_MAX_BYTES. httpx times each read, not the whole: a service that sends a
@@ -280,11 +292,13 @@ def _answer(
             with client.stream(
                 "POST", tool_version.adapter_config["url"], json=body, headers=headers
             ) as response:
-                encoding = response.headers.get("content-encoding", "identity").strip().lower()
+                sent = response.headers.get("content-encoding", "identity").strip()
+                encoding = sent.lower()
                 if encoding not in ("", "identity"):
                     # Asked for none: a compressed answer is inflated before its size is known.
                     raise ToolFailed(
-                        f"The service answered in {encoding[:40]} encoding, "
+                        f"The service answered in "
+                        f"{_header_shown(sent, chars=40, credential=credential)} encoding, "
                         "which was not asked for.",
                         category=ErrorCategory.UPSTREAM_ERROR,
                         retryable=False,
@@ -361,7 +375,11 @@ def http_call(
     }
     try:
         response, content = _answer(
-            tool_version, seconds=attempt_seconds(tool_version, context), body=body, headers=headers
+            tool_version,
+            seconds=attempt_seconds(tool_version, context),
+            body=body,
+            headers=headers,
+            credential=context.credential,
         )
     except EgressRefused as refused:
         raise ToolFailed(
@@ -431,7 +449,8 @@ def http_call(
         kind = response.headers.get("content-type", "no content type").split(";")[0].strip()
         raise ToolFailed(
             f"The service answered {response.status_code} without JSON the host can read "
-            f"({kind[:60]}, {len(content)} bytes).",
+            f"({_header_shown(kind, chars=60, credential=context.credential)}, "
+            f"{len(content)} bytes).",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
             may_have_side_effect=tool_version.risk not in READ_RISKS,

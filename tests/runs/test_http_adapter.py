@@ -788,6 +788,32 @@ def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(
     assert record.envelope["raw"]["text"].endswith("[redacted]")
 
 
+@pytest.mark.parametrize(("header", "padding"), [("Content-Type", 50), ("Content-Encoding", 30)])
+def test_a_credential_a_header_the_error_names_echoes_where_it_is_cut_leaves_no_part_of_it(
+    demo, report_service, report_token, monkeypatch, header, padding
+):
+    # given a service that echoes the credential (in upper and lower case) in the header its
+    # error message names (the content type of a 200 that is not JSON, or an encoding not
+    # asked for), past where the message cuts that header
+    report_token = "Svc-77D0c1E9a4B25F68"
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", report_token)
+    report_service.headers = {"Content-Type": "text/plain"}
+    report_service.headers[header] = "x" * padding + report_token
+    report_service.body = b"accepted"
+
+    # when
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    # then the call failed, and no part of the credential is in what the run keeps
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert "x" * padding + "[redacted]" in record.envelope["error"]["message"]
+    stored = json.dumps(
+        [record.envelope, run.transcript, list(run.events.values_list("payload", flat=True))]
+    )
+    assert report_token[:10].lower() not in stored.lower()
+
+
 def test_a_credential_echoed_in_a_response_header_is_not_logged_even_at_debug(
     demo, report_service, report_token, caplog
 ):
