@@ -238,8 +238,12 @@ _HTTP_CATEGORIES = {
 
 def _redirect_target(response: httpx.Response) -> str:
     """Where a redirect points, without credentials, query or fragment: a login URL may carry
-    a state or session token, and the host is what tells an operator where the call went."""
-    location = urlsplit(response.headers.get("location", ""))
+    a state or session token, and the host is what tells an operator where the call went.
+    None is told of a location that cannot be split into those parts."""
+    try:
+        location = urlsplit(response.headers.get("location", ""))
+    except ValueError:
+        return ""
     host = location.netloc.rpartition("@")[2]
     return urlunsplit((location.scheme, host, location.path, "", ""))
 
@@ -285,7 +289,19 @@ def _answer(
     deadline = time.monotonic() + seconds
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     may_have_side_effect = tool_version.risk not in READ_RISKS
-    with httpx.Client(timeout=seconds, transport=HTTPTransport()) as client:
+    locations: list[str] = []
+
+    def location_set_aside(response: httpx.Response) -> None:
+        # httpx builds the request a redirect asks for even when it follows none, and takes
+        # a Location that is no URL for a broken answer: a redirect it is all the same.
+        if "location" in response.headers:
+            locations.append(response.headers.pop("location"))
+
+    with httpx.Client(
+        timeout=seconds,
+        transport=HTTPTransport(),
+        event_hooks={"response": [location_set_aside]},
+    ) as client:
         watchdog = threading.Timer(seconds, client.close)
         watchdog.start()
         try:
@@ -325,6 +341,8 @@ def _answer(
             raise _late() from error
         finally:
             watchdog.cancel()
+    if locations:
+        response.headers["location"] = locations[0]
     return response, b"".join(chunks)
 
 

@@ -284,6 +284,44 @@ def test_every_redirect_status_is_a_final_upstream_error_without_side_effect(
 
 
 @pytest.mark.parametrize(
+    ("location", "target"),
+    [
+        ("https://sso.example:80a/login?state=st-8d41c2", "https://sso.example:80a/login"),
+        ("https://ex\u00e4mple..com/login", "https://ex\u00e4mple..com/login"),
+        ("http://[::1/login?state=st-8d41c2", ""),
+    ],
+)
+def test_a_redirect_to_a_location_that_is_no_url_is_a_final_upstream_error_too(
+    demo, report_service, location, target
+):
+    # given a read tool retried up to 3 times, behind a gateway that redirects its call to a
+    # location no URL can be parsed from (a port that is no number, a host that is no name,
+    # an unclosed IPv6 address)
+    report_service.redirect_to_login()
+    report_service.headers = {"Location": location}
+
+    # when
+    run = report_read(demo, report_service, retry_policy=RETRIES_WITHIN_5_S)
+
+    # then the call failed as a redirect does, once: the service did not run it, and another
+    # identical try would be redirected again
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.error_category, record.attempts) == (
+        "failed",
+        "UPSTREAM_ERROR",
+        1,
+    )
+    assert len(report_service.requests) == 1
+    envelope = record.envelope
+    assert (envelope["retryable"], envelope["may_have_side_effect"]) == (False, False)
+    assert envelope["error"]["message"] == (
+        "The service answered 302 (a redirect, not followed) instead of a result."
+    )
+    # and the envelope names where it pointed, when that can be told without its query
+    assert envelope["raw"] == {"location": target, "body": {"text": ""}}
+
+
+@pytest.mark.parametrize(
     ("status", "category", "is_retryable", "may_have_side_effect"),
     [
         (400, ErrorCategory.INVALID_ARGUMENT, False, False),
