@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from approvals.choices import EXECUTED_STATUSES
 from approvals.models import BusinessAction
+from config import jsontext
 from registry.models import ToolVersion
 from runs.context import RECIPIENT_FIELDS
 from runs.models import Run, RunEvent, Source, Span, ToolCall
@@ -187,9 +188,11 @@ def _result_redacted(entry: dict[str, Any], sensitive: frozenset[str]) -> dict[s
 
 def _json_redacted(text: str, sensitive: frozenset[str]) -> str:
     """A source's text, redacted with its tool contract's sensitive fields if it is JSON;
-    other text of a tool with sensitive fields may be one of them (a name): not shown."""
+    other text of a tool with sensitive fields may be one of them (a name): not shown, nor
+    is JSON nested deeper than a run keeps (`jsontext.loads_bounded`), which the redaction's
+    walk would have to go down to the interpreter's recursion limit."""
     try:
-        value = json.loads(text)
+        value = jsontext.loads_bounded(text)
     except ValueError:
         return REDACTED
     return json.dumps(redact(value, sensitive=sensitive), ensure_ascii=False)

@@ -1,6 +1,5 @@
 """Reads of the data plane with tenant scope applied: another tenant's run is not found."""
 
-import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -8,6 +7,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import Exists, OuterRef, Q, QuerySet
 
+from config import jsontext
 from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, ROLE_ACTIONS, Action
 from registry.models import Membership, Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
@@ -110,10 +110,11 @@ def hidden_fields(
 def texts_under(result: Any, fields: frozenset[str]) -> set[str]:
     """What a tool's result holds under `fields`, wherever they are in it, as
     `redaction.sensitive_texts`; a result given as text (a source's content) is read as
-    JSON, and other text holds none that can be told apart."""
+    JSON, and other text, or JSON nested deeper than a run keeps (`jsontext.loads_bounded`),
+    holds none that can be told apart."""
     if isinstance(result, str):
         try:
-            result = json.loads(result)
+            result = jsontext.loads_bounded(result)
         except ValueError:
             return set()
     found: set[str] = set()

@@ -986,6 +986,29 @@ def test_an_answer_cut_to_fit_its_envelope_shows_an_auditor_no_part_of_a_sensiti
     assert preview.endswith(("}", '"', "{", "["))
 
 
+@pytest.mark.parametrize("as_text", [False, True])
+def test_a_source_nested_deeper_than_a_run_keeps_leaves_the_auditor_s_pages_whole(
+    demo, report_service, client, as_text
+):
+    # given a tool with a sensitive field whose service gives a source's content nested 600
+    # levels deep, as an object or as its JSON text
+    nested = "[" * 600 + "]" * 600
+    report_service.body = (
+        '{"business_status": "ok", "data": {"health": "green"}, "sources": [{"reference": '
+        f'"report:apollo", "content": {json.dumps(nested) if as_text else nested}}}]}}'
+    ).encode()
+    run = report_read(demo, report_service, result_contract={"sensitive_fields": ["display_name"]})
+    assert Source.objects.filter(run=run, reference="report:apollo").exists()
+
+    # when an auditor without clearance reads the run, then its page and export answer, the
+    # content too deep to be read for sensitive fields not shown
+    _, export = auditor_page_and_export(client, run)
+    (audited,) = [
+        item for item in json.loads(export)["sources"] if item["reference"] == "report:apollo"
+    ]
+    assert audited["content"] == "[redacted]"
+
+
 def test_a_source_the_service_gives_as_an_object_is_kept_as_its_json_text(
     demo, report_service, client
 ):
