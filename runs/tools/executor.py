@@ -318,6 +318,17 @@ def _admit(
         resources=authorised,
         deadline=deadline,
     )
+    if reference and not context.credential:
+        # Called without it, the service would take the call as anonymous, or refuse it
+        # after it went out; a model or MCP server's unset credential fails the same way.
+        return _reject(
+            record,
+            run,
+            category=ErrorCategory.PERMISSION_DENIED,
+            message=(
+                f"The credential {reference[0]} is not set or empty on this host; nothing was sent."
+            ),
+        )
     if (refusal := _authorization_refusal(tool_version, context, call.arguments)) is not None:
         return _reject(
             record,

@@ -726,6 +726,36 @@ def report_token(monkeypatch, settings) -> str:
     return "svc-77d0c1e9a4b25f68"
 
 
+@pytest.mark.parametrize("value", [None, ""])
+def test_a_tool_whose_credential_is_not_set_is_never_called_without_it(
+    demo, report_service, report_token, monkeypatch, value
+):
+    # given a tool naming a credential granted to acme, whose variable this host does not
+    # set, or sets empty
+    if value is None:
+        monkeypatch.delenv("REPORT_SERVICE_TOKEN")
+    else:
+        monkeypatch.setenv("REPORT_SERVICE_TOKEN", value)
+
+    # when
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    # then the service was never called, the call rejected at the host's gate
+    assert report_service.requests == []
+    record = ToolCall.objects.get(run=run, name="report_read")
+    message = (
+        "The credential REPORT_SERVICE_TOKEN is not set or empty on this host; nothing was sent."
+    )
+    assert (record.status, record.error_category, record.attempts) == (
+        "rejected",
+        "PERMISSION_DENIED",
+        0,
+    )
+    assert (record.envelope["retryable"], record.envelope["error"]["message"]) == (False, message)
+    assert [payload["reason"] for payload in events_of(run, "tool.rejected")] == [message]
+    assert "tool.completed" not in event_types(run)
+
+
 @pytest.mark.parametrize("business_status", ["ok", "refused for {secret}"])
 def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
     demo, report_service, report_token, business_status
