@@ -408,11 +408,16 @@ def _effective_node(run: Run) -> Node:
 
 
 def _merged_rules(
-    workflow_rules: tuple[Rule, ...], skill_version: SkillVersion | None
+    workflow_rules: tuple[Rule, ...], *skill_versions: SkillVersion | None
 ) -> MergedRules:
+    """The rules in force under these skill versions. Given every skill a run activates, the
+    merge also finds the rules two of them bind differently under one id: they share the
+    skill layer, so neither yields to the other."""
     skill_rules = tuple(
         Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
-        for rule in (skill_version.rules if skill_version else [])
+        for skill_version in skill_versions
+        if skill_version is not None
+        for rule in skill_version.rules
     )
     return merge_rules(
         {
@@ -513,21 +518,17 @@ def _route_and_assemble(run: Run) -> None:
     node_skill_versions = versions_frozen(
         model=SkillVersion, ids=[snapshot[name]["id"] for name in loaded]
     )
-    conflicts = [
-        *merged.conflicts,
-        *(
-            conflict
-            for version in node_skill_versions.values()
-            if version != skill_version
-            for conflict in _merged_rules(workflow_rules, version).conflicts
-        ),
+    activated = [
+        skill_version,
+        *(version for version in node_skill_versions.values() if version != skill_version),
     ]
+    conflicts = _merged_rules(workflow_rules, *activated).conflicts
     if conflicts:
         _finish(
             run,
             status=RunStatus.REFUSED,
             reason_code="RULE_CONFLICT",
-            output={"conflicting_rules": list(dict.fromkeys(conflicts))},
+            output={"conflicting_rules": list(conflicts)},
         )
         return
     if route["mode"] == HUMAN_QUEUE:
