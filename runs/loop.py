@@ -506,7 +506,11 @@ def _route_and_assemble(run: Run) -> None:
         "history": _history(run),
     }
     loaded = {node.skill for node in workflow.nodes.values() if node.skill}
-    snapshot = {entry["name"]: entry for entry in run.capability.get("skills", [])}
+    # The first entry of a name, as `_skill` activates it: a later one of the same name (a
+    # granted platform skill bound beside the tenant's own) is never activated.
+    snapshot: dict[str, dict[str, Any]] = {}
+    for entry in run.capability.get("skills", []):
+        snapshot.setdefault(entry["name"], entry)
     if loaded - set(snapshot):
         _finish(
             run,

@@ -760,9 +760,11 @@ def test_the_draft_node_loads_its_skill_whichever_skill_the_run_was_routed_to(de
     assert run.state["draft"]["subject"] == apollo_draft()["subject"]
 
 
-def platform_skill_granted(demo, name: str, version: str) -> SkillVersion:
-    """A platform-wide skill version with the seeded weekly-summary content, granted to acme."""
+def platform_skill_granted(demo, name: str, version: str, **changes: Any) -> SkillVersion:
+    """A platform-wide skill version with the seeded weekly-summary content, changed as given,
+    granted to acme."""
     seeded = seeded_skill(demo)
+    content = {field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS} | changes
     platform = skills.skill_version_publish(
         skill_version=skills.skill_version_create(
             actor=demo.admin,
@@ -770,7 +772,7 @@ def platform_skill_granted(demo, name: str, version: str) -> SkillVersion:
             name=name,
             version=version,
             tool_versions=[],
-            **{field: getattr(seeded, field) for field in SKILL_CONTENT_FIELDS},
+            **content,
         ),
         actor=demo.admin,
     )
@@ -801,6 +803,30 @@ def draft_node_loading(monkeypatch, skill: str) -> None:
         nodes={**WEEKLY_SUMMARY_SEND.nodes, "draft": replace(draft, skill=skill)},
     )
     monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+
+
+def test_the_rules_of_a_skill_no_node_of_the_run_activates_do_not_refuse_it(demo):
+    # given acme's agent bound to acme's weekly-summary and to a granted platform-wide
+    # weekly-summary whose rules rewrite the platform's "untrusted-data" rule
+    platform = platform_skill_granted(
+        demo,
+        "weekly-summary",
+        "9.0.0",
+        rules=[*seeded_skill(demo).rules, UNTRUSTED_DATA_REWRITTEN],
+    )
+    demo.agent.skills.add(platform.skill)
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the run goes on under acme's, which its draft node loads as well as routes to
+    run = finished(run)
+    assert [skill["version"] for skill in run.capability["skills"]] == ["3.2.0", "9.0.0"]
+    assert run.status == "WAITING_APPROVAL"
+    assert {payload["skill"] for payload in events_of(run, "skill.activated")} == {
+        "weekly-summary@3.2.0"
+    }
 
 
 def test_a_tenants_skill_with_drafts_only_does_not_hide_the_platform_skill_a_node_loads(
