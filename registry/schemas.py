@@ -1,6 +1,6 @@
 """Contracts of registry documents, checked with JSON Schema before anything is published."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
@@ -17,6 +17,7 @@ from registry.canonical import is_hashable
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
 from registry.mcp.review import risk_at_least
+from runs.redaction import secrets_removed
 from runs.workflows import WORKFLOWS
 
 Errors = dict[str, list[str]]
@@ -303,6 +304,40 @@ def url_errors(url: str) -> list[str]:
     return []
 
 
+# What of a version every model call of a run using it is sent (runs.loop, runs.context).
+TOOL_MODEL_FIELDS = ("description", "when_not_to_use", "returns", "input_schema")
+SKILL_MODEL_FIELDS = ("instructions", "rules", "examples", "output_contract")
+CREDENTIAL_MESSAGE = (
+    "Holds a credential (a key, a token or a password), which every model call of a run "
+    "using this version would send to the provider: remove it."
+)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON value, its objects' keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def credential_errors(values: dict[str, Any], fields: Iterable[str]) -> Errors:
+    """The fields whose text holds what a run's redaction would remove as a credential
+    (`runs.redaction.secrets_removed`). They go into every model request unredacted, as the
+    version's own words, so a key pasted there reaches the provider on every call and
+    everyone who reads the registry. The message names the field, never the value."""
+    return {
+        field: [CREDENTIAL_MESSAGE]
+        for field in fields
+        if any(secrets_removed(text) != text for text in _strings(values.get(field)))
+    }
+
+
 def tool_version_errors(values: dict[str, Any]) -> Errors:
     """Field-by-field problems of a tool version's content, none if it may be published."""
     errors: Errors = {}
@@ -337,6 +372,8 @@ def tool_version_errors(values: dict[str, Any]) -> Errors:
     for field, messages in checks.items():
         if messages:
             errors[field] = messages
+    for field, messages in credential_errors(values, TOOL_MODEL_FIELDS).items():
+        errors.setdefault(field, []).extend(messages)
     return errors
 
 
@@ -375,6 +412,8 @@ def skill_version_errors(values: dict[str, Any]) -> Errors:
     duplicates = sorted({rule_id for rule_id in rule_ids if rule_ids.count(rule_id) > 1})
     if duplicates:
         checks["rules"].append(f"Rule ids must be unique: {', '.join(map(str, duplicates))}.")
+    for field, messages in credential_errors(values, SKILL_MODEL_FIELDS).items():
+        checks[field] = [*checks.get(field, []), *messages]
     return {field: messages for field, messages in checks.items() if messages}
 
 

@@ -58,6 +58,7 @@ from registry.services.common import (
     registry_object_save,
 )
 from registry.services.tools import tool_version_check
+from runs.redaction import secrets_removed
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +222,14 @@ def _next_version(versions: list[ToolVersion]) -> str:
     return "1.0.0" if latest is None else str(latest.bump_minor())
 
 
+def _text_without_credentials(text: str) -> str:
+    return jsontext.storable_text(secrets_removed(text))
+
+
 def _draft_content(server: McpServer, row: McpToolDefinition) -> dict[str, Any]:
+    """The draft of a listed definition. Its description and input schema are what every
+    model call is shown: they lose the credentials a server put in them (a version holding
+    one is refused, and the server's text is not the publisher's to edit)."""
     definition = row.definition
     schema = dict(definition.get("inputSchema") or {})
     schema.setdefault("type", "object")
@@ -229,10 +237,12 @@ def _draft_content(server: McpServer, row: McpToolDefinition) -> dict[str, Any]:
     schema["additionalProperties"] = False
     output_schema = definition.get("outputSchema")
     return {
-        "description": definition.get("description")
-        or f"{row.remote_name} on the MCP server {server.name} (no description given).",
+        "description": secrets_removed(
+            definition.get("description")
+            or f"{row.remote_name} on the MCP server {server.name} (no description given)."
+        ),
         "returns": "Structured content as the output schema says." if output_schema else "",
-        "input_schema": schema,
+        "input_schema": jsontext.storable(schema, text=_text_without_credentials),
         "result_contract": {"output_schema": output_schema} if output_schema else {},
         "risk": row.proposed_risk,
         "approval_rule": ApprovalRule.NONE

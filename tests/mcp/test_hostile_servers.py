@@ -21,10 +21,11 @@ from registry.models import (
     ToolVersion,
 )
 from registry.selectors import mcp_drift
+from registry.services import tools
 from registry.services.mcp import mcp_server_discover, mcp_server_save, mcp_servers_discover_all
 from runs.loop import run_execute
 from runs.models import ToolCall
-from tests.mcp.conftest import ask, status_publish
+from tests.mcp.conftest import ask, draft_of, status_publish
 from tests.mcp.hostile_http_server import TOOL as STATUS_TOOL
 
 SECRET = "s3cr3t-value-123456"
@@ -159,6 +160,37 @@ def test_a_credential_the_server_quotes_in_its_listings_is_not_kept(demo, hostil
     assert SECRET not in json.dumps(definition.definition)
     assert "ECHOES_CREDENTIAL" in [flag["code"] for flag in definition.review_flags]
     assert SECRET not in McpResource.objects.get(server=hostile).description
+
+
+def test_a_credential_in_a_listed_tool_s_text_never_reaches_what_the_model_is_shown(
+    demo, hostile, spec
+):
+    # given a server whose listing pastes a key and a password into what the model reads
+    key = "sk-proj4f9c2a7e1b8d3f6a0c5e"
+    schema = copy.deepcopy(STATUS_TOOL["inputSchema"])
+    schema["properties"]["project_id"]["description"] = "As in the tracker (password=Tr0ub4dor3x)."
+    spec(
+        tools=[
+            {
+                **STATUS_TOOL,
+                "description": f"Status of a project; key {key}.",
+                "inputSchema": schema,
+            }
+        ]
+    )
+
+    # when it is discovered and its draft published
+    mcp_server_discover(server=hostile, actor=demo.admin)
+    published = tools.tool_version_publish(
+        tool_version=draft_of(hostile, "project_status"), actor=demo.admin
+    )
+
+    # then the version holds neither, its description and schema otherwise as served
+    assert published.description == "Status of a project; key [redacted]."
+    assert published.input_schema["properties"]["project_id"] == {
+        "type": "string",
+        "description": "As in the tracker (password=[redacted]).",
+    }
 
 
 def test_a_tool_named_with_the_credential_is_skipped_and_the_credential_not_kept(

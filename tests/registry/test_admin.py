@@ -913,6 +913,45 @@ def test_draft_change_page_refuses_an_invalid_schema(client, publisher, world):
     assert draft.input_schema == valid_input_schema()
 
 
+CREDENTIAL_REFUSED = (
+    "Holds a credential (a key, a token or a password), which every model call of a run "
+    "using this version would send to the provider: remove it."
+)
+
+
+def test_add_tool_version_with_a_key_in_its_description_shows_the_error_next_to_the_field(
+    client, publisher, world
+):
+    client.force_login(publisher)
+    counts = ToolVersion.objects.count(), ToolVersion.history.count()
+    description = "Reads a project's status with the key sk-proj4f9c2a7e1b8d3f6a0c5e."
+
+    response = client.post(
+        f"{TOOL_VERSIONS}add/", tool_version_form(world.project_search, description=description)
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["description"] == [CREDENTIAL_REFUSED]
+    assert (ToolVersion.objects.count(), ToolVersion.history.count()) == counts
+
+
+def test_draft_skill_change_page_refuses_a_password_in_its_instructions(client, publisher, world):
+    client.force_login(publisher)
+    draft = world.weekly_summary_1_1
+    data = {
+        **skill_version_added(world, []),
+        "version": "1.1.0",
+        "instructions": "Open the tracker as bot, password=Tr0ub4dor3x, then summarise.",
+    }
+
+    response = client.post(f"/admin/registry/skillversion/{draft.pk}/change/", data)
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["instructions"] == [CREDENTIAL_REFUSED]
+    draft.refresh_from_db()
+    assert draft.instructions == ""
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_draft_published_while_its_change_page_is_saved_stays_published(
     client, publisher, world, monkeypatch

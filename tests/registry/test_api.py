@@ -1234,6 +1234,110 @@ def test_create_with_an_unknown_risk_is_refused(api, publisher):
     assert ToolVersion.objects.count() == 0
 
 
+# Credentials as they get pasted: an API key, a bearer token, a password assignment, an AWS
+# key id, a JWT, a URL with its password.
+PASTED_CREDENTIALS = {
+    "api-key": "Use the key sk-proj4f9c2a7e1b8d3f6a0c5e.",
+    "bearer": "Send Authorization: Bearer 9f8e7d6c5b4a39281706f5e4.",
+    "password": "Sign in with password=Tr0ub4dor3x if asked.",
+    "aws-key-id": "The bucket is read with AKIAIOSFODNN7EXAMPLE.",
+    "jwt": "Pass eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N",
+    "url-password": "Records are in postgres://app:s3cretpass@db.internal/prod.",
+}
+CREDENTIAL_REFUSED = [
+    "Holds a credential (a key, a token or a password), which every model call of a run "
+    "using this version would send to the provider: remove it."
+]
+
+
+def _holding(field: str, text: str):
+    """`text` placed where `field` shows it to the model."""
+    if field == "input_schema":
+        schema = tool_content()["input_schema"]
+        return {
+            **schema,
+            "properties": {
+                name: {**spec, "description": text} for name, spec in schema["properties"].items()
+            },
+        }
+    if field == "rules":
+        return [{"id": "evidence-only", "scope": "skill", "priority": 100, "text": text}]
+    if field == "examples":
+        return [{"input": "weekly status", "output": text}]
+    if field == "output_contract":
+        return {"sections": ["progress"], "note": text}
+    return text
+
+
+MODEL_VISIBLE_FIELDS = [
+    ("tools", "description"),
+    ("tools", "when_not_to_use"),
+    ("tools", "returns"),
+    ("tools", "input_schema"),
+    ("skills", "instructions"),
+    ("skills", "rules"),
+    ("skills", "examples"),
+    ("skills", "output_contract"),
+]
+
+
+@pytest.mark.parametrize("credential", PASTED_CREDENTIALS.values(), ids=PASTED_CREDENTIALS)
+@pytest.mark.parametrize(("kind", "field"), MODEL_VISIBLE_FIELDS)
+def test_create_with_a_credential_in_what_the_model_is_shown_is_refused(
+    api, publisher, kind, field, credential
+):
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}", _create_body(kind, **{field: _holding(field, credential)}), format="json"
+    )
+
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {field: CREDENTIAL_REFUSED}
+    assert credential not in response.content.decode()
+    assert (ToolVersion.objects.count(), SkillVersion.objects.count()) == (0, 0)
+
+
+@pytest.mark.parametrize(("kind", "field"), MODEL_VISIBLE_FIELDS)
+def test_create_with_ordinary_words_about_tokens_and_passwords_is_accepted(
+    api, publisher, kind, field
+):
+    text = (
+        "Keep the answer within the token budget; a password reset or an API key request "
+        "goes to the service desk, key: see the runbook."
+    )
+
+    response = api.as_user(publisher).post(
+        f"/api/v1/{kind}", _create_body(kind, **{field: _holding(field, text)}), format="json"
+    )
+
+    assert response.status_code == 201, response.json()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_publish_of_a_draft_holding_a_credential_is_refused(
+    api, publisher, make_tool_version, make_skill_version, kind
+):
+    # given a draft stored before credentials were refused, its procedure holding a key
+    if kind == "tools":
+        draft = make_tool_version()
+        ToolVersion.objects.filter(pk=draft.pk).update(description=PASTED_CREDENTIALS["api-key"])
+        field = "description"
+    else:
+        draft = make_skill_version()
+        SkillVersion.objects.filter(pk=draft.pk).update(instructions=PASTED_CREDENTIALS["api-key"])
+        field = "instructions"
+    before = _registry_state()
+
+    # when it is published
+    response = api.as_user(publisher).post(f"/api/v1/{kind}/{draft.pk}/publish", format="json")
+
+    # then it is refused, naming the field; it stays a draft and nothing becomes current
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {field: CREDENTIAL_REFUSED}
+    assert _registry_state() == before
+
+
 def test_skill_create_pins_the_highest_published_version_of_a_major(
     api, publisher, make_tool_version
 ):
