@@ -205,17 +205,17 @@ def _turns(
     cleared: bool,
     texts: frozenset[str],
 ) -> list[dict[str, Any]]:
-    """Per model turn: the context sections' sizes, the transcript entries it had (the
-    builder may have cut old results to their sources within its budget), what it answered.
-    A turn had every entry an earlier turn had: it lists only those new to it (`seen`), and
-    counts the others (`seen_before`), so that a run of many turns is not its transcript
-    over and over."""
+    """Per model turn: the context sections' sizes in tokens (what context.built records of
+    them, besides their hashes), the transcript entries it had (the builder may have cut old
+    results to their sources within its budget), what it answered. A turn had every entry an
+    earlier turn had: it lists only those new to it (`seen`), and counts the others
+    (`seen_before`), so that a run of many turns is not its transcript over and over."""
     turns: dict[int, dict[str, Any]] = {}
     for event in events:
         step = event.payload.get("step")
         if event.type == "context.built":
             turns.setdefault(step, {"step": step})["sections"] = {
-                name: {"tokens": section.get("tokens"), "chars": section.get("chars")}
+                name: {"tokens": section.get("tokens")}
                 for name, section in event.payload.get("sections", {}).items()
             }
         elif event.type == "model.requested":

@@ -229,6 +229,34 @@ def test_each_turn_lists_the_entries_new_to_it_and_counts_those_it_had_before(
     assert f"{turns[1]['seen_before']} earlier" in html
 
 
+def test_each_turn_shows_the_section_sizes_its_context_built_event_recorded(
+    demo, sent_run, carol, client
+):
+    # given the running example, whose context.built events record each section's tokens
+    built = {
+        event.payload["step"]: event.payload["sections"]
+        for event in sent_run.events.filter(type=EventType.CONTEXT_BUILT)
+    }
+    expected = [
+        {name: {"tokens": section["tokens"]} for name, section in built[step].items()}
+        for step in sorted(built)
+    ]
+
+    # when an auditor opens the run and exports it
+    client = logged_in(client, carol)
+    page = client.get(reverse("runs:detail", args=[sent_run.pk]))
+    export = json.loads(client.get(reverse("runs:export", args=[sent_run.pk])).content)
+
+    # then each turn's sections are those sizes, and no size the event does not record
+    assert [turn["sections"] for turn in page.context["record"]["turns"]] == expected
+    assert [turn["sections"] for turn in export["turns"]] == expected
+    html = page.content.decode().split('id="turns"')[1].split("</table>")[0]
+    assert "<th>Sections (tokens)</th>" in html
+    for sections in expected:
+        shown = ", ".join(f"{name} {size['tokens']}" for name, size in sections.items())
+        assert f"<td>{shown}</td>" in html
+
+
 def test_a_tenant_admin_has_clearance_and_sees_the_email(demo, sent_run, client):
     page = logged_in(client, demo.admin).get(reverse("runs:detail", args=[sent_run.pk]))
 
