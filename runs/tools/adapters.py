@@ -122,9 +122,11 @@ class ToolFailed(Exception):
     ) -> None:
         """`attempted` is False when a limit turned the call away before the tool was
         called: nothing happened, whatever the tool does. `retry_after`: the seconds the tool
-        asked to wait before another try (an HTTP service's Retry-After)."""
+        asked to wait before another try (an HTTP service's Retry-After). A category outside
+        the envelope's set (a handler's own word) is UNKNOWN: the model and the run's reason
+        codes are given only the stable ones."""
         super().__init__(message)
-        self.category = category
+        self.category = category if category in ErrorCategory.values else ErrorCategory.UNKNOWN
         self.retryable = retryable
         self.may_have_side_effect = may_have_side_effect
         self.raw = raw

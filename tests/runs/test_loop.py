@@ -1724,6 +1724,29 @@ def test_a_run_left_without_evidence_says_to_retry_only_when_the_failure_was_ret
     assert "approval.required" not in event_types(run)
 
 
+def test_a_failure_a_handler_gives_a_category_outside_the_set_is_recorded_as_unknown(
+    demo, fake_model, monkeypatch
+):
+    """Before, the handler's own word was kept as the call's category and answered to the
+    model, which is told only the stable categories of the result envelope."""
+
+    def failing(self, context, arguments):
+        raise ToolFailed("The project store said no.", category="BOGUS", retryable=False)
+
+    monkeypatch.setattr(ProjectSearch, "__call__", failing)
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = start(demo, project_id="apollo")
+
+    run_execute(run_id=str(run.pk))
+
+    call = ToolCall.objects.get(run=run, call_id="call_read")
+    assert (call.error_category, call.envelope["error"]["category"]) == ("UNKNOWN", "UNKNOWN")
+    assert "BOGUS" not in json.dumps([event.payload for event in run.events.all()])
+    assert "BOGUS" not in json.dumps(fake.requests[-1].body)
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
