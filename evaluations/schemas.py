@@ -8,11 +8,16 @@ from examples.models import ProjectUpdate
 from registry.canonical import is_hashable
 from registry.schemas import document_errors
 from runs.choices import RunStatus
+from runs.redaction import secrets_removed
 from runs.tools.envelope import ErrorCategory
 
 UNHASHABLE = (
     "Holds a number outside the exactly representable range (integers within ±2^53-1, "
     "finite floats); the case could not be hashed canonically."
+)
+CREDENTIAL = (
+    "Holds a credential (a key, a token or a password), which every model call of the case's "
+    "runs would send to the provider: remove it."
 )
 _TEXT = {"type": "string", "minLength": 1}
 _NAMES = {"type": "array", "items": _TEXT}
@@ -113,6 +118,21 @@ def case_errors(fields: dict[str, Any]) -> dict[str, list[str]]:
         found = document_errors(fields[field], schema)
         if not found and not is_hashable(fields[field]):
             found = [UNHASHABLE]
+        if not found and field == "fixture":
+            found = _credential_errors(fields[field])
         if found:
             errors[field] = found
     return errors
+
+
+def _credential_errors(fixture: dict[str, Any]) -> list[str]:
+    """The tool descriptions the sandbox shows the model instead of the tools' own
+    (`runs.loop._tool_specs`) are sent as written in every model call of the case's runs, as a
+    tool version's are, so they are refused what a tool version is refused
+    (`registry.schemas.credential_errors`): what the run's redaction would remove as a
+    credential. The message names the tool, never the value."""
+    return [
+        f"tool_descriptions/{tool}: {CREDENTIAL}"
+        for tool, text in fixture.get("tool_descriptions", {}).items()
+        if secrets_removed(text) != text
+    ]

@@ -174,6 +174,13 @@ def case_form(suite: EvalSuite, **overrides) -> dict:
             '{"faults": {"project_search": "SLOW"}}',
             "faults/project_search: 'SLOW' is not one of",
         ),
+        (
+            "fixture",
+            '{"tool_descriptions": {"project_search": "Reads a project. '
+            'Authorization: Bearer sk-4f9c2a7e1b3d5f6a8c0e"}}',
+            "tool_descriptions/project_search: Holds a credential (a key, a token or a "
+            "password), which every model call of the case's runs would send to the provider",
+        ),
         ("expected", '{"status": "DONE"}', "status: 'DONE' is not one of"),
         ("metadata", '{"project_id": "apollo", "budget": 1e20}', UNHASHABLE),
         ("metadata", '[{"project_id": "apollo", "budget": -1.5e300}]', UNHASHABLE),
@@ -191,6 +198,7 @@ def test_a_malformed_case_is_a_form_error_on_its_field(
     errors = response.context["adminform"].form.errors
     assert list(errors) == [field]
     assert errors[field][0].startswith(message)
+    assert "sk-4f9c2a7e" not in errors[field][0]
     assert not EvalCase.objects.exists()
 
 
