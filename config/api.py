@@ -293,7 +293,10 @@ class FilterSet(django_filters.FilterSet):
     which an id's field strips to nothing (`?session=%20`): a value none of them can hold,
     which would otherwise filter nothing; leave the parameter out instead. A
     filter of one value given several times (`?status=pending&status=approved`) is refused
-    too, rather than filtered by its last value alone; a filter of several choices takes each."""
+    too, rather than filtered by its last value alone; a filter of several choices takes each.
+    A range whose lower bound is above its upper one (`?created_after=` a day later than
+    `?created_before=`) is refused naming both, rather than answered with an empty list as
+    if nothing were in it; equal bounds are a range."""
 
     def is_valid(self) -> bool:
         valid = super().is_valid()
@@ -308,9 +311,31 @@ class FilterSet(django_filters.FilterSet):
                 refused[name] = "Give a value, or leave the parameter out."
             elif not isinstance(declared, django_filters.MultipleChoiceFilter) and len(values) > 1:
                 refused[name] = "Give one value."
+        if valid and not refused:
+            refused = self._reversed_ranges()
         for name, message in refused.items():
             self.form.add_error(name, message)
         return valid and not refused
+
+    def _reversed_ranges(self) -> dict[str, str]:
+        """Both bounds of each range given the wrong way round, once each value is one its
+        filter can hold: a filter of a field's lower bound (gt, gte) whose value is above
+        that of a filter of its upper bound (lt, lte)."""
+        values = self.form.cleaned_data
+        refused = {}
+        for lower_name, lower in self.filters.items():
+            for upper_name, upper in self.filters.items():
+                if (
+                    lower.lookup_expr in ("gt", "gte")
+                    and upper.lookup_expr in ("lt", "lte")
+                    and lower.field_name == upper.field_name
+                    and values.get(lower_name) is not None
+                    and values.get(upper_name) is not None
+                    and values[lower_name] > values[upper_name]
+                ):
+                    message = f"{lower_name} must not be after {upper_name}."
+                    refused[lower_name] = refused[upper_name] = message
+        return refused
 
 
 class FilterBackend(DjangoFilterBackend):

@@ -332,6 +332,45 @@ def test_runs_filter_by_creation_range(alice, member, start_run):
     assert _ids(window) == [runs[1]]
 
 
+def test_a_creation_range_that_ends_before_it_starts_is_refused(alice, member, start_run):
+    # given a run created on the 6th at noon
+    run = start_run(member)
+    Run.objects.filter(pk=run.pk).update(created_at=datetime(2025, 1, 6, 12, tzinfo=UTC))
+
+    # when the bounds are given the wrong way round
+    response = alice.get(
+        RUNS,
+        {"created_after": "2025-01-07T00:00:00Z", "created_before": "2025-01-05T00:00:00Z"},
+    )
+
+    # then the client is told so, rather than answered that no run was made
+    assert response.status_code == 400
+    message = ["created_after must not be after created_before."]
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {"created_after": message, "created_before": message}
+
+
+@pytest.mark.parametrize(
+    ("created_after", "created_before", "found"),
+    [
+        ("2025-01-06T12:00:00Z", "2025-01-06T12:00:00Z", False),
+        # 13:00 at +02:00 is 11:00 UTC, before 12:00 UTC however the bounds read as text
+        ("2025-01-06T13:00:00+02:00", "2025-01-06T12:00:00Z", True),
+    ],
+    ids=["equal", "offsets"],
+)
+def test_a_creation_range_compares_its_bounds_as_instants(
+    alice, member, start_run, created_after, created_before, found
+):
+    run = start_run(member)
+    Run.objects.filter(pk=run.pk).update(created_at=datetime(2025, 1, 6, 11, 30, tzinfo=UTC))
+
+    response = alice.get(RUNS, {"created_after": created_after, "created_before": created_before})
+
+    assert response.status_code == 200
+    assert _ids(response) == ([str(run.pk)] if found else [])
+
+
 def test_an_offset_postgresql_cannot_hold_is_read_as_the_same_instant(alice, member, start_run):
     # given a run created at 12:00 UTC on the 5th
     run = start_run(member)
