@@ -481,8 +481,13 @@ def http_call(
     normalized = payload.get("normalized") or {}
     # Sources are a list; of any other value (a number, a word) there are none.
     sources = payload.get("sources")
+    # A status given as another JSON value (null, an object) is kept as its JSON text: no
+    # such status is success.
+    business_status = payload.get("business_status", BUSINESS_OK)
     return ToolOutput(
-        business_status=str(payload.get("business_status", BUSINESS_OK)),
+        business_status=business_status
+        if isinstance(business_status, str)
+        else jsontext.dumps(business_status),
         raw=payload.get("data", payload),
         normalized=normalized if isinstance(normalized, dict) else {"value": normalized},
         sources=[

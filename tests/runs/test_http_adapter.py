@@ -30,7 +30,7 @@ from runs.models import Run, Source, ToolCall
 from runs.models.tools import source_reference
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
-from runs.tools.envelope import ErrorCategory
+from runs.tools.envelope import ErrorCategory, business_done
 from tests.approvals.conftest import waiting_run
 from tests.approvals.test_sensitive_fields import revealed
 from tests.loopback import loopback_server
@@ -480,6 +480,22 @@ def test_a_json_answer_that_declares_a_charset_but_is_utf_8_is_read_as_utf_8(rep
     output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
 
     assert output == ToolOutput(business_status="ok", raw={"owner": "Zoë"})
+
+
+@pytest.mark.parametrize(
+    ("status", "recorded"),
+    [(None, "null"), ({"code": "held"}, '{"code":"held"}'), (7, "7"), (False, "false")],
+)
+def test_a_business_status_that_is_no_text_is_kept_as_its_json_and_is_not_success(
+    report_service, status, recorded
+):
+    """Before, it was kept in Python's spelling ("None", "{'code': 'held'}", "False")."""
+    report_service.body = json.dumps({"business_status": status, "data": {}}).encode()
+
+    output = http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    assert output.business_status == recorded
+    assert not business_done(output.business_status)
 
 
 @pytest.mark.parametrize("sources", [5, 1.5, True, "report:apollo", {"reference": "r"}])
