@@ -98,12 +98,16 @@ def skill_activated(
     )
 
 
-def tools_assembled(run: Run, *, node: str, allowlist: list[str], deferred: list[str]) -> RunEvent:
-    return _append(
-        run,
-        EventType.TOOLS_ASSEMBLED,
-        {"node": node, "allowlist": allowlist, "deferred": deferred},
-    )
+def tools_assembled(
+    run: Run, *, node: str, allowlist: list[str], deferred: list[str], withdrawn: list[str]
+) -> RunEvent:
+    """What the model is offered in `node` (`allowlist`), what the snapshot holds for other
+    nodes (`deferred`), and the snapshot's versions revoked or no longer granted since the run
+    started, which the model is not offered (`withdrawn`, recorded only when there is one)."""
+    payload = {"node": node, "allowlist": allowlist, "deferred": deferred}
+    if withdrawn:
+        payload["withdrawn"] = withdrawn
+    return _append(run, EventType.TOOLS_ASSEMBLED, payload)
 
 
 def context_built(

@@ -610,13 +610,34 @@ def _enter_node(run: Run, name: str, *, leaving: dict[str, Any] | None) -> None:
             overridden=list(merged.overridden),
             node=name,
         )
-    node = _effective_node(run)
-    allowed = sorted(tool.qualified_name for tool in _node_tools(run, node))
+    _tools_assemble(run, _effective_node(run), executor.tools_withdrawn(run))
+
+
+def _withdrawn_names(run: Run, withdrawn: frozenset[str]) -> list[str]:
+    return sorted(
+        f"{entry['name']}@{entry['version']}"
+        for entry in run.capability.get("tools", [])
+        if entry["id"] in withdrawn
+    )
+
+
+def _tools_assemble(run: Run, node: Node, withdrawn: frozenset[str]) -> None:
+    """Record what the model is offered in `node`, and which of the snapshot's tool versions
+    were `withdrawn` since the run started; the state keeps their names, so that a model turn
+    records the tools again only when a withdrawal (or a grant given back) changed them."""
+    allowed = sorted(tool.qualified_name for tool in _offered_tools(run, node, withdrawn))
+    withdrawn_names = _withdrawn_names(run, withdrawn)
     deferred = sorted(
         {f"{entry['name']}@{entry['version']}" for entry in run.capability.get("tools", [])}
         - set(allowed)
+        - set(withdrawn_names)
     )
-    events.tools_assembled(run, node=name, allowlist=allowed, deferred=deferred)
+    if withdrawn_names or run.state.get("tools_withdrawn"):
+        # Granted again, a version is offered again, as its gate lets it through again.
+        run.state["tools_withdrawn"] = withdrawn_names
+    events.tools_assembled(
+        run, node=node.name, allowlist=allowed, deferred=deferred, withdrawn=withdrawn_names
+    )
 
 
 def _remember(
@@ -721,12 +742,7 @@ def _snapshot_tool_usable(run: Run, name: str) -> bool:
     """Whether the run's snapshot holds the tool `name` in a version neither revoked nor
     withdrawn from the tenant since (gates 1 and 2 would let a call of it through)."""
     entry = executor.snapshot_tool(run, name)
-    return entry is not None and not version_ids_withdrawn(
-        model=ToolVersion,
-        ids=[entry["id"]],
-        tenant=run.tenant,
-        generation=getattr(run, "registry_generation", None),
-    )
+    return entry is not None and entry["id"] not in executor.tools_withdrawn(run)
 
 
 def _directory_failed(run: Run, *, category: str, retryable: bool) -> None:
@@ -852,7 +868,15 @@ def _resolve_recipient(run: Run) -> None:
     _enter_node(run, next_node, leaving=_skill(run))
 
 
-def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
+def _offered_tools(run: Run, node: Node, withdrawn: frozenset[str]) -> list[ToolVersion]:
+    """Gate 1's allowlist without the versions `withdrawn` since the run started: the model is
+    not offered what gate 1 would let through only for the call to be rejected (a model that
+    names one anyway still is)."""
+    tools = _node_tools(run, node)
+    return [tool for tool in tools if str(tool.pk) not in withdrawn] if withdrawn else tools
+
+
+def _tool_specs(run: Run, node: Node, withdrawn: frozenset[str]) -> list[ToolSpec]:
     """The tools as the model sees them; an evaluation sandbox may show other descriptions
     (an attack hidden in a tool's description)."""
     tenant = run.tenant
@@ -864,7 +888,7 @@ def _tool_specs(run: Run, node: Node) -> list[ToolSpec]:
             or "\n".join(filter(None, [tool.description, tool.when_not_to_use, tool.returns])),
             input_schema=tool.input_schema,
         )
-        for tool in sorted(_node_tools(run, node), key=lambda tool: tool.tool.name)
+        for tool in sorted(_offered_tools(run, node, withdrawn), key=lambda tool: tool.tool.name)
     ]
 
 
@@ -973,6 +997,11 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         return
     context_started = timezone.now()
     node = _effective_node(run)
+    withdrawn = executor.tools_withdrawn(run)
+    if _withdrawn_names(run, withdrawn) != run.state.get("tools_withdrawn", []):
+        # A version was withdrawn (or granted again) since the tools were last recorded: the
+        # record says what this turn offers.
+        _tools_assemble(run, node, withdrawn)
     skill = _skill(run)
     skill_version = _skill_version(run)
     merged = _merged_rules(node.rules, skill_version)
@@ -983,7 +1012,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         merged_rules=merged,
         skill=skill,
         skill_instructions=skill_version.instructions if skill_version else "",
-        tools=_tool_specs(run, node),
+        tools=_tool_specs(run, node, withdrawn),
         output_contract=skill_version.output_contract if skill_version else {},
         examples=skill_version.examples if skill_version else [],
     )

@@ -228,6 +228,22 @@ def snapshot_tool(run: Run, name: str) -> dict[str, Any] | None:
     return next((tool for tool in run.capability.get("tools", []) if tool["name"] == name), None)
 
 
+def tools_withdrawn(run: Run) -> frozenset[str]:
+    """The ids of the snapshot's tool versions revoked or no longer granted to the run's
+    tenant since it started. One lookup of them all serves what a turn offers the model and
+    the gate of its calls; under the registry's generation the step read, it is kept until
+    the generation moves, so a step of a registry nobody changed asks nothing."""
+    ids = [entry["id"] for entry in run.capability.get("tools", [])]
+    if not ids:
+        return frozenset()
+    return version_ids_withdrawn(
+        model=ToolVersion,
+        ids=ids,
+        tenant=run.tenant,
+        generation=getattr(run, "registry_generation", None),
+    )
+
+
 def host_refusal(
     *, run: Run, call: RequestedCall, deadline: float
 ) -> ToolRefused | ToolFailed | None:
@@ -426,16 +442,7 @@ def calls_run(
     entries = [by_name.get(call.name) for call in calls]
     ids = {entry["id"] for entry in entries if entry is not None}
     tool_versions = versions_frozen(model=ToolVersion, ids=ids)
-    withdrawn = (
-        version_ids_withdrawn(
-            model=ToolVersion,
-            ids=ids,
-            tenant=run.tenant,
-            generation=getattr(run, "registry_generation", None),
-        )
-        if ids
-        else frozenset()
-    )
+    withdrawn = tools_withdrawn(run) if ids else frozenset()
     known = _known_calls(run, calls)
     step_calls = StepCalls()
     authorised: dict[str, Any] = {}

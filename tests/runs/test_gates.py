@@ -680,20 +680,42 @@ def test_a_model_that_obeys_an_injected_instruction_is_stopped_at_the_gate(demo,
     assert [offered_tools(request) for request in fake.requests] == [["project_search"]] * 3
 
 
-def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(demo):
-    # given a run whose snapshot holds project_search, which is then revoked
-    run = demo_run(demo, project_id="apollo")
+def revoke_project_search(run) -> str:
+    """Revoke the project_search version of the run's snapshot; its qualified name."""
     entry = next(tool for tool in run.capability["tools"] if tool["name"] == "project_search")
     tools.tool_version_revoke(
         tool_version=ToolVersion.objects.get(pk=entry["id"]),
         actor=get_user_model().objects.get(username="dave"),
         reason="leaks data",
     )
+    return f"project_search@{entry['version']}"
 
-    # when the run reaches its call
+
+def test_a_tool_version_revoked_after_the_run_started_is_not_offered_and_rejected_at_its_call(
+    demo, fake_model
+):
+    # given a run whose snapshot holds project_search, which is then revoked, and a model
+    # that calls it all the same
+    fake = fake_model()
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps({"clarification": "Which project?"})))
+    run = demo_run(demo, project_id="apollo")
+    revoked = revoke_project_search(run)
+
+    # when the run goes on
     run_execute(run_id=str(run.pk))
 
-    # then the call is rejected unexecuted; the host's directory lookup, not revoked, ran
+    # then the model was never offered it, and the record says so
+    assert [offered_tools(request) for request in fake.requests] == [[], []]
+    assembled = events_of(run, "tools.assembled")[-1]
+    assert (assembled["node"], assembled["allowlist"], assembled["withdrawn"]) == (
+        "draft",
+        [],
+        [revoked],
+    )
+    assert revoked not in assembled["deferred"]
+    # and the call it named is rejected unexecuted; the host's directory lookup, not
+    # revoked, ran
     calls = dict(ToolCall.objects.filter(run=run).values_list("name", "status"))
     assert calls == {"directory_lookup": "completed", "project_search": "rejected"}
     rejected = ToolCall.objects.get(run=run, name="project_search")
@@ -701,6 +723,41 @@ def test_a_tool_version_revoked_after_the_run_started_is_rejected_at_its_call(de
     assert rejected.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
     assert not Source.objects.filter(tool_call=rejected).exists()
     assert [event["name"] for event in events_of(run, "tool.rejected")] == ["project_search"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_version_revoked_between_two_model_turns_is_not_offered_at_the_second(
+    demo, fake_model
+):
+    # given a run whose model read apollo with project_search, in an execution that has
+    # known the version as not revoked
+    fake = fake_model()
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+    execution = Execution()
+    for _ in range(3):
+        assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert ToolCall.objects.get(run=run, name="project_search").status == "completed"
+
+    # when the version is revoked, committed, before the next model turn
+    revoked = revoke_project_search(run)
+    run_advance_step(run_id=str(run.pk), execution=execution)
+
+    # then that turn no longer offers it, and the turn's record says so
+    assert [offered_tools(request) for request in fake.requests] == [["project_search"], []]
+    recorded = list(RunEvent.objects.filter(run=run).order_by("seq").values_list("type", "payload"))
+    types = [event_type for event_type, _ in recorded]
+    after = len(types) - types[::-1].index("tool.completed")
+    assert types[after : after + 4] == ["tools.assembled", *MODEL_TURN]
+    assembled = recorded[after][1]
+    assert (assembled["node"], assembled["allowlist"], assembled["withdrawn"]) == (
+        "draft",
+        [],
+        [revoked],
+    )
+    assert revoked not in assembled["deferred"]
+    assert all("withdrawn" not in payload for payload in events_of(run, "tools.assembled")[:2])
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1331,6 +1331,50 @@ def test_the_generic_agent_completes_when_one_of_its_calls_returned_a_result(dem
     ]
 
 
+def test_a_platform_tool_whose_grant_is_withdrawn_is_no_longer_offered_to_the_generic_agent(
+    demo, fake_model
+):
+    # given the generic agent pinning a platform-wide project_search granted to acme, and a
+    # model that calls it all the same once the grant is withdrawn
+    fake = fake_model()
+    content = {
+        field: getattr(seeded_tool(demo, "project_search"), field) for field in TOOL_CONTENT_FIELDS
+    }
+    platform = tools.tool_version_publish(
+        tool_version=tools.tool_version_create(
+            actor=demo.admin, tenant=None, name="project_search", version="2.0.0", **content
+        ),
+        actor=demo.admin,
+    )
+    definition_grant(actor=demo.admin, definition=platform.tool, tenant=demo.acme)
+    project_assistant_on_the_demo_model(demo, search=platform)
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content="I cannot read Apollo's week."))
+    run = start(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+    assert [tool["id"] for tool in run.capability["tools"]] == [str(platform.pk)]
+    definition_grant(actor=demo.admin, definition=platform.tool, tenant=demo.acme, granted=False)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the model was never offered it, the record says so, and its call was refused
+    assert len(fake.requests) == 2
+    assert not [request for request in fake.requests if "tools" in request.body]
+    assert events_of(run, "tools.assembled") == [
+        {
+            "node": "answer",
+            "allowlist": [],
+            "deferred": [],
+            "withdrawn": ["project_search@2.0.0"],
+        }
+    ]
+    assert tool_calls(run) == [("call_read", "project_search", "rejected", "PERMISSION_DENIED")]
+    rejected = ToolCall.objects.get(run=run, call_id="call_read")
+    assert rejected.envelope["error"]["message"].endswith("was revoked or is no longer granted.")
+
+
 def test_the_generic_agent_asks_for_an_input_its_tools_need_instead_of_answering_nothing(demo):
     # given an agent whose skill does not list the project among its inputs, and a message
     # that names none: project_search cannot be called
@@ -2199,11 +2243,13 @@ def test_an_execution_knows_the_calls_and_evidence_it_wrote_and_asks_for_none(de
 
     # the run had counted no call when the execution read it, and the execution wrote every
     # call and source since: its draft was checked against the sources without reading them
+    # (a statement the server has prepared, once it has run a few times on the connection, is
+    # logged without its text)
     reads = [
-        query["sql"]
-        for query in queries.captured_queries
-        if query["sql"].startswith("SELECT")
-        and ('FROM "runs_toolcall"' in query["sql"] or 'FROM "runs_source"' in query["sql"])
+        sql
+        for sql in (query["sql"] or "" for query in queries.captured_queries)
+        if sql.startswith("SELECT")
+        and ('FROM "runs_toolcall"' in sql or 'FROM "runs_source"' in sql)
     ]
     assert reads == []
     run = finished(run)
