@@ -61,7 +61,8 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     parsing and planning it from then on. The ORM makes it, with the driver's cursor class
     switched for the one it uses under `server_side_binding`, and the connection keeps it
     for its next statement (a new one after a reconnect, when query logging is switched, or
-    while it is in use). Elsewhere, the usual cursor."""
+    while it is in use). While queries are logged (DEBUG, a test counting them), nothing is
+    prepared: Django logs a prepared statement without its SQL. Elsewhere, the usual cursor."""
     if connection.vendor != "postgresql":
         with connection.cursor() as cursor:
             yield cursor
@@ -72,6 +73,11 @@ def prepared_cursor(connection: BaseDatabaseWrapper) -> Iterator[CursorWrapper]:
     if kept is None or kept[0] is not driver or kept[1] != connection.queries_logged:
         from django.db.backends.postgresql.base import ServerBindingCursor
 
+        driver.prepare_threshold = (
+            None
+            if connection.queries_logged
+            else connection.settings_dict["OPTIONS"].get("prepare_threshold", 5)
+        )
         factory, driver.cursor_factory = driver.cursor_factory, ServerBindingCursor
         try:
             kept = (driver, connection.queries_logged, connection.cursor())

@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from django.db.models.functions import Length
 from django.db.models.sql.compiler import SQLCompiler
 from django.db.transaction import TransactionManagementError
+from django.test.utils import CaptureQueriesContext
 
 from config.queries import PreparedQuery
 from examples.models import Project, ProjectUpdate
@@ -172,6 +173,21 @@ def test_a_kept_cursor_logs_its_queries_only_while_query_logging_is_on(
 
     with django_assert_num_queries(1):
         assert [m.user.username for m in MEMBERS(tenant_id=acme.pk)] == ["adam", "zoe"]
+
+
+def test_a_prepared_query_logs_its_sql_every_time_while_query_logging_is_on(acme, memberships):
+    """Before, a statement the server had prepared was logged without its SQL (None) from its
+    sixth run on a connection, so a test reading the logged SQL missed it, or failed on it,
+    depending on what ran before it on the connection."""
+    threshold = connection.settings_dict["OPTIONS"]["prepare_threshold"]
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(threshold + 2):
+            MEMBERS(tenant_id=acme.pk)
+
+    logged = [query["sql"] for query in queries.captured_queries]
+    assert len(logged) == threshold + 2
+    assert all('FROM "registry_membership"' in sql for sql in logged)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -2243,13 +2243,11 @@ def test_an_execution_knows_the_calls_and_evidence_it_wrote_and_asks_for_none(de
 
     # the run had counted no call when the execution read it, and the execution wrote every
     # call and source since: its draft was checked against the sources without reading them
-    # (a statement the server has prepared, once it has run a few times on the connection, is
-    # logged without its text)
     reads = [
-        sql
-        for sql in (query["sql"] or "" for query in queries.captured_queries)
-        if sql.startswith("SELECT")
-        and ('FROM "runs_toolcall"' in sql or 'FROM "runs_source"' in sql)
+        query["sql"]
+        for query in queries.captured_queries
+        if query["sql"].startswith("SELECT")
+        and ('FROM "runs_toolcall"' in query["sql"] or 'FROM "runs_source"' in query["sql"])
     ]
     assert reads == []
     run = finished(run)
