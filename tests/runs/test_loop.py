@@ -1556,21 +1556,11 @@ def test_an_answer_to_the_agent_s_question_reaches_the_model_with_the_question(d
     question = "Which workstream do you mean: the gateway or the payments SDK?"
     fake.reply(openai_completion(content=json.dumps({"clarification": question})))
     fake.reply(openai_completion(content="The payments SDK slips by a week."))
-    first = start(
-        demo, text="What is late this week?", agent="project-assistant", project_id="apollo"
-    )
-    run_execute(run_id=str(first.pk))
-    assert_terminal(first, "NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")
 
     # when the user answers in the same session
-    second = start(
-        demo,
-        text="The second one.",
-        agent="project-assistant",
-        project_id="apollo",
-        session_id=first.session_id,
+    first, second = _followed_in_its_session(
+        demo, "What is late this week?", then="The second one."
     )
-    run_execute(run_id=str(second.pk))
 
     # then the model sees the earlier message with the question the agent asked, as history
     assert Run.objects.get(pk=second.pk).state["history"] == [
@@ -1581,7 +1571,20 @@ def test_an_answer_to_the_agent_s_question_reaches_the_model_with_the_question(d
             "reply": question,
         }
     ]
+    assert_terminal(first, "NEEDS_CLARIFICATION", "AGENT_NEEDS_INPUT")
     assert question in json.dumps(fake.requests[1].body)
+
+
+def _followed_in_its_session(demo, text: str, *, then: str) -> tuple[Run, Run]:
+    """A run of the generic agent on `text`, executed, and the next run of its session, on
+    `then`, executed."""
+    first = start(demo, text=text, agent="project-assistant", project_id="apollo")
+    run_execute(run_id=str(first.pk))
+    second = start(
+        demo, text=then, agent="project-assistant", project_id="apollo", session_id=first.session_id
+    )
+    run_execute(run_id=str(second.pk))
+    return first, second
 
 
 def test_a_credential_an_earlier_answer_of_the_session_held_never_reaches_the_next_model(
@@ -1593,23 +1596,14 @@ def test_a_credential_an_earlier_answer_of_the_session_held_never_reaches_the_ne
     key = "sk-live-4f9c2a7e1b3d5f6a8c0e2b4d"
     fake.reply(openai_completion(content=f"Use the deploy key {key} for the gateway."))
     fake.reply(openai_completion(content="The gateway migration is done."))
-    first = start(
-        demo, text="How do I deploy the gateway?", agent="project-assistant", project_id="apollo"
-    )
-    run_execute(run_id=str(first.pk))
-    assert_terminal(first, "COMPLETED", "ANSWERED")
 
     # when the user goes on in the same session
-    second = start(
-        demo,
-        text="Is the migration done?",
-        agent="project-assistant",
-        project_id="apollo",
-        session_id=first.session_id,
+    first, second = _followed_in_its_session(
+        demo, "How do I deploy the gateway?", then="Is the migration done?"
     )
-    run_execute(run_id=str(second.pk))
 
     # then the next model reads the earlier answer without the key, as anyone is shown it
+    assert_terminal(first, "COMPLETED", "ANSWERED")
     assert_terminal(second, "COMPLETED", "ANSWERED")
     [earlier] = Run.objects.get(pk=second.pk).state["history"]
     assert earlier["reply"] == "Use the deploy key [redacted] for the gateway."

@@ -105,32 +105,26 @@ def test_last_event_id_resumes_after_that_event(client, finished_run):
     assert int(frames[0]["id"]) == 4
 
 
-def test_an_after_given_twice_is_refused_rather_than_read_as_the_last(client, finished_run):
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        pytest.param("after=0&after=3", "Give one value.", id="twice, not read as the last"),
+        pytest.param(
+            "after=", "Give a value, or leave the parameter out.", id="empty, not the start"
+        ),
+    ],
+)
+def test_an_after_given_twice_or_empty_is_refused(client, finished_run, query, message):
     run, key = finished_run
 
     response = client.get(
-        f"/api/v1/runs/{run.pk}/stream?after=0&after=3",
+        f"/api/v1/runs/{run.pk}/stream?{query}",
         HTTP_AUTHORIZATION=f"Token {key}",
         **STREAM_HEADERS,
     )
 
     assert response.status_code == 400
-    assert response.json()["error"]["details"] == {"after": ["Give one value."]}
-
-
-def test_an_after_given_empty_is_refused_rather_than_read_as_the_start(client, finished_run):
-    run, key = finished_run
-
-    response = client.get(
-        f"/api/v1/runs/{run.pk}/stream?after=",
-        HTTP_AUTHORIZATION=f"Token {key}",
-        **STREAM_HEADERS,
-    )
-
-    assert response.status_code == 400
-    assert response.json()["error"]["details"] == {
-        "after": ["Give a value, or leave the parameter out."]
-    }
+    assert response.json()["error"]["details"] == {"after": [message]}
 
 
 def test_the_after_parameter_resumes_after_that_event(client, finished_run):
