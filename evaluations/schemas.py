@@ -8,7 +8,7 @@ from examples.models import ProjectUpdate
 from registry.canonical import is_hashable
 from registry.schemas import document_errors
 from runs.choices import RunStatus
-from runs.redaction import secrets_removed
+from runs.redaction import holds_secret
 from runs.tools.envelope import ErrorCategory
 
 UNHASHABLE = (
@@ -134,5 +134,5 @@ def _credential_errors(fixture: dict[str, Any]) -> list[str]:
     return [
         f"tool_descriptions/{tool}: {CREDENTIAL}"
         for tool, text in fixture.get("tool_descriptions", {}).items()
-        if secrets_removed(text) != text
+        if holds_secret(text)
     ]

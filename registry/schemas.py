@@ -1,6 +1,6 @@
 """Contracts of registry documents, checked with JSON Schema before anything is published."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -17,7 +17,7 @@ from registry.canonical import is_hashable
 from registry.choices import DATA_CLASSIFICATION_LEVELS, AdapterKind, Risk, Role
 from registry.errors import ValidationFailed
 from registry.mcp.review import risk_at_least
-from runs.redaction import secrets_removed
+from runs.redaction import holds_secret
 from runs.workflows import WORKFLOWS
 
 Errors = dict[str, list[str]]
@@ -313,29 +313,12 @@ CREDENTIAL_MESSAGE = (
 )
 
 
-def _strings(value: Any) -> Iterator[str]:
-    """Every string of a JSON value, its objects' keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _strings(key)
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
-
-
 def credential_errors(values: dict[str, Any], fields: Iterable[str]) -> Errors:
     """The fields whose text holds what a run's redaction would remove as a credential
-    (`runs.redaction.secrets_removed`). They go into every model request unredacted, as the
+    (`runs.redaction.holds_secret`). They go into every model request unredacted, as the
     version's own words, so a key pasted there reaches the provider on every call and
     everyone who reads the registry. The message names the field, never the value."""
-    return {
-        field: [CREDENTIAL_MESSAGE]
-        for field in fields
-        if any(secrets_removed(text) != text for text in _strings(values.get(field)))
-    }
+    return {field: [CREDENTIAL_MESSAGE] for field in fields if holds_secret(values.get(field))}
 
 
 def tool_version_errors(values: dict[str, Any]) -> Errors:

@@ -38,7 +38,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE, source_reference
-from runs.redaction import secrets_removed
+from runs.redaction import holds_secret, secrets_removed
 from runs.routing import DATE_RANGE, HUMAN_QUEUE, PROJECT_SCOPE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
@@ -1207,23 +1207,10 @@ def _draft_problems(draft: Any, known: set[str]) -> list[str]:
         problems.append("The subject is one line of text.")
     if not isinstance(draft.get("body", ""), str):
         problems.append("The body is text.")
-    if any(secrets_removed(text) != text for text in _texts(draft)):
+    if holds_secret(draft):
         # Named, never quoted: the correction is a turn the model reads back.
         problems.append("The draft holds a credential (a key, a token, a password): remove it.")
     return problems
-
-
-def _texts(value: Any) -> Iterator[str]:
-    """Every string of a JSON value, its objects' keys included."""
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _texts(key)
-            yield from _texts(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item)
 
 
 _EVIDENCE_REFERENCES = PreparedQuery(

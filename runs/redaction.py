@@ -323,6 +323,18 @@ def secrets_removed(text: str) -> str:
     return text
 
 
+def holds_secret(value: Any) -> bool:
+    """Whether a string of a JSON value, its objects' keys included, holds what
+    `secrets_removed` would replace."""
+    if isinstance(value, str):
+        return secrets_removed(value) != value
+    if isinstance(value, dict):
+        return any(holds_secret(key) or holds_secret(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(holds_secret(item) for item in value)
+    return False
+
+
 # The shortest text of a sensitive field masked inside other text: a shorter one ("Li", "42")
 # is part of too many other words.
 HIDDEN_TEXT_MIN_CHARS = 3
