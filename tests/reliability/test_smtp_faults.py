@@ -19,12 +19,11 @@ from approvals.models import BusinessAction
 from examples.models import MailDelivery
 from registry.canonical import canonical_hash
 from registry.models import ToolVersion
-from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run, ToolCall
 from runs.tools import executor
 from tests.approvals.conftest import SMTP_PASSWORD, approved_run, waiting_run
 from tests.faults import FaultRow, fault_report
-from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
+from tests.runs.test_loop import example_tool_changed
 
 RUNS = 3
 
@@ -248,21 +247,12 @@ def test_a_mail_the_server_turns_away_for_now_fails_the_action_with_nothing_sent
 def _retrying_mail_send(demo) -> ToolVersion:
     """A mail_send version whose policy allows a second try, pinned by the skill the running
     example runs."""
-    seeded = seeded_tool(demo, "mail_send")
-    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
-    content["retry_policy"] = {"max_attempts": 2, "backoff_s": 0.01, "jitter": False}
-    mail_send = publish_tool(demo, "mail_send", "1.1.0", **content)
-    publish_skill(
+    return example_tool_changed(
         demo,
-        "weekly-summary",
-        "3.3.0",
-        tool_versions=[
-            seeded_tool(demo, "project_search"),
-            seeded_tool(demo, "directory_lookup"),
-            mail_send,
-        ],
+        "mail_send",
+        "1.1.0",
+        retry_policy={"max_attempts": 2, "backoff_s": 0.01, "jitter": False},
     )
-    return mail_send
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ from registry.choices import ModelProvider
 from registry.models import ToolVersion
 from registry.services import tools
 from registry.services.common import registry_object_save
-from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.tools import executor
@@ -38,7 +37,7 @@ from tests.runs.conftest import (
     update_reference,
 )
 from tests.runs.fake_provider import anthropic_message, openai_completion
-from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
+from tests.runs.test_loop import example_tool_changed, publish_skill, publish_tool, seeded_tool
 
 START = [
     "message.received",
@@ -966,19 +965,8 @@ quoting_refusal = QuotingRefusal()
 def test_a_refusal_that_quotes_a_token_is_recorded_and_answered_without_it(demo, settings):
     # given project_search behind a handler whose check refuses quoting the token it used
     settings.PYTHON_TOOL_HANDLER_MODULES = [*settings.PYTHON_TOOL_HANDLER_MODULES, __name__]
-    seeded = seeded_tool(demo, "project_search")
-    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
-    content["adapter_config"] = {"handler": f"{__name__}.quoting_refusal"}
-    quoting = publish_tool(demo, "project_search", "2.1.0", **content)
-    publish_skill(
-        demo,
-        "weekly-summary",
-        "3.3.0",
-        tool_versions=[
-            quoting,
-            seeded_tool(demo, "directory_lookup"),
-            seeded_tool(demo, "mail_send"),
-        ],
+    example_tool_changed(
+        demo, "project_search", "2.1.0", adapter_config={"handler": f"{__name__}.quoting_refusal"}
     )
     run = demo_run(demo, project_id="apollo")
 

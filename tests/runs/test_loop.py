@@ -187,6 +187,24 @@ def publish_skill(
     return skills.skill_version_publish(skill_version=draft, actor=demo.admin)
 
 
+def example_tool_changed(demo, name: str, version: str, **changes: Any) -> ToolVersion:
+    """The seeded tool `name` published again as `version`, changed as given, and pinned with
+    the other two seeded tools by weekly-summary 3.3.0, which the running example then runs."""
+    seeded = seeded_tool(demo, name)
+    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS} | changes
+    changed = publish_tool(demo, name, version, **content)
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            changed if tool == name else seeded_tool(demo, tool)
+            for tool in ("project_search", "directory_lookup", "mail_send")
+        ],
+    )
+    return changed
+
+
 def add_agent(demo, name: str, skill_version: SkillVersion) -> AgentConfig:
     """Another acme agent on the offline planner with the seeded policy and this skill."""
     agent = registry_object_save(
@@ -2147,19 +2165,11 @@ counting_project_search = CountingProjectSearch()
 def counted_reads(demo) -> Iterator[list[str]]:
     """weekly-summary 3.3.0 pins project_search 2.1.0, whose handler counts its runs."""
     HANDLER_CALLS.clear()
-    seeded = seeded_tool(demo, "project_search")
-    content = {field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS}
-    content["adapter_config"] = {"handler": f"{__name__}.counting_project_search"}
-    counted = publish_tool(demo, "project_search", "2.1.0", **content)
-    publish_skill(
+    example_tool_changed(
         demo,
-        "weekly-summary",
-        "3.3.0",
-        tool_versions=[
-            counted,
-            seeded_tool(demo, "directory_lookup"),
-            seeded_tool(demo, "mail_send"),
-        ],
+        "project_search",
+        "2.1.0",
+        adapter_config={"handler": f"{__name__}.counting_project_search"},
     )
     yield HANDLER_CALLS
     HANDLER_CALLS.clear()
