@@ -4,7 +4,17 @@ from collections import defaultdict
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection
-from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    ExpressionWrapper,
+    IntegerField,
+    Q,
+    QuerySet,
+    Value,
+    When,
+)
+from django.utils import timezone
 
 from approvals.choices import ActionStatus, HandoffStatus
 from approvals.models import BusinessAction, Handoff
@@ -24,21 +34,27 @@ def _where_user_decides(
     return rows if tenant is None else rows.filter(tenant=tenant)
 
 
+def _pending() -> Q:
+    """Actions still waiting for a decision that can be given: on a run that still waits for
+    it, before the approval expires. The sweep ends an expired one within a minute, or never
+    without a beat; until then it is no longer pending, as `services.approval_decide` refuses
+    to decide it."""
+    return Q(
+        status=ActionStatus.WAITING_APPROVAL,
+        run__status=RunStatus.WAITING_APPROVAL,
+        expires_at__gt=timezone.now(),
+    )
+
+
 def _queue(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
-    """Waiting ones first, oldest first among them (the id breaks ties, so that a page never
-    repeats or skips one), with what a page or the API shows."""
+    """Pending ones first (`is_pending`), oldest first among them (the id breaks ties, so
+    that a page never repeats or skips one), with what a page or the API shows."""
     return (
         actions.select_related(
             "tenant", "requester", "run", "skill_version__skill", "decision__approver"
         )
-        .annotate(
-            waiting=Case(
-                When(status=ActionStatus.WAITING_APPROVAL, then=Value(0)),
-                default=Value(1),
-                output_field=IntegerField(),
-            )
-        )
-        .order_by("waiting", "created_at", "pk")
+        .annotate(is_pending=ExpressionWrapper(_pending(), output_field=BooleanField()))
+        .order_by("-is_pending", "created_at", "pk")
     )
 
 
@@ -99,10 +115,8 @@ def actions_of_tenant(*, tenant: Tenant) -> QuerySet[BusinessAction]:
 
 
 def pending(actions: QuerySet[BusinessAction]) -> QuerySet[BusinessAction]:
-    """The actions still waiting for a decision on a run that still waits for it."""
-    return actions.filter(
-        status=ActionStatus.WAITING_APPROVAL, run__status=RunStatus.WAITING_APPROVAL
-    )
+    """The actions still waiting for a decision that can be given (`_pending`)."""
+    return actions.filter(_pending())
 
 
 def handoffs_for_person(

@@ -432,6 +432,36 @@ def test_a_late_decision_on_the_page_shows_the_action_expired_without_its_form(d
     assert not ApprovalDecision.objects.exists()
 
 
+def test_an_approval_past_its_expiry_is_not_pending_before_the_sweep_ends_it(demo, bob):
+    # given an approval past its expiry that the sweep has not ended yet, and a later one
+    # still waiting
+    _run, expired = waiting_run(demo)
+    _run, waiting = waiting_run(demo)
+    BusinessAction.objects.filter(pk=expired.pk).update(expires_at=expired.created_at)
+    client = logged_in(bob)
+
+    # when bob lists what is pending, on the queue and through the API, then the whole queue,
+    # and opens the expired one
+    pending = client.get("/approvals/", {"status": "pending"}).content.decode()
+    listed = api(bob, demo.acme).get("/api/v1/approvals?status=pending")
+    queue = client.get("/approvals/").content.decode()
+    page = client.get(f"/approvals/{expired.pk}/").content.decode()
+
+    # then only the one still waiting is pending and listed first; the expired one does not
+    # wait, and its page offers no decision that would only be refused
+    assert f"/approvals/{waiting.pk}/" in pending
+    assert f"/approvals/{expired.pk}/" not in pending
+    assert [item["id"] for item in listed.json()["results"]] == [str(waiting.pk)]
+    assert queue.index(f"/approvals/{waiting.pk}/") < queue.index(f"/approvals/{expired.pk}/")
+    assert "0\xa0minutes" in queue_row(queue, f"/approvals/{waiting.pk}/")
+    assert "0\xa0minutes" not in queue_row(queue, f"/approvals/{expired.pk}/")
+    assert 'name="payload_hash"' not in page
+    assert "Nothing is left to decide: the approval expired" in page
+    # and reading changed nothing
+    assert BusinessAction.objects.get(pk=expired.pk).status == ActionStatus.WAITING_APPROVAL
+    assert not ApprovalDecision.objects.exists()
+
+
 def test_the_queue_and_the_list_cost_the_same_queries_for_one_action_or_three(
     demo, bob, django_assert_max_num_queries
 ):
