@@ -40,28 +40,44 @@ _HEX_TOKEN = re.compile(r"\b((?i:token)(?:[\"']?\s*[:=]\s*[\"']?|\s+))[0-9A-Fa-f
 # "Basic dXNlcjpzM2NyZXQ=": removed only when it decodes to "user:password" (the word basic
 # is followed by ordinary words far more often).
 _BASIC = re.compile(r"\b((?i:basic)\s+)([A-Za-z0-9+/]{8,}={0,2})(?![A-Za-z0-9+/=])")
-_SECRET_VALUES = (
+# Each with what every match of it needs, as the text reads lower-cased (`_needs_met`).
+_SECRET_VALUES: tuple[tuple[re.Pattern, tuple[str, ...]], ...] = (
     # agt_: this platform's own API tokens (registry.models.ApiToken); OpenAI's, Stripe's
     # secret and restricted keys, GitHub's, GitLab's, Slack's and the like by their prefixes
     # (a publishable pk_ key is public; a bare sk_ or pk_ names SQL constraints too).
-    re.compile(
-        r"\b(?:sk-|(?:sk|rk)_(?:live|test)_|(?:ghp|gho|ghu|ghs|ghr|agt|xox[abeprs]|xapp)[-_]"
-        r"|glpat-)[A-Za-z0-9_-]{12,}\b"
+    (
+        re.compile(
+            r"\b(?:sk-|(?:sk|rk)_(?:live|test)_|(?:ghp|gho|ghu|ghs|ghr|agt|xox[abeprs]|xapp)[-_]"
+            r"|glpat-)[A-Za-z0-9_-]{12,}\b"
+        ),
+        ("sk-", "sk_", "rk_", "ghp", "gho", "ghu", "ghs", "ghr", "agt", "xox", "xapp", "glpat-"),
     ),
-    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{22,}\b"), ("github_pat_",)),
     # Hugging Face, npm, PyPI tokens; webhook signing secrets.
-    re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{50,})\b"),
-    re.compile(r"\bwhsec_[A-Za-z0-9+/=]{24,}(?![A-Za-z0-9+/=])"),
+    (
+        re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{36}|pypi-AgE[A-Za-z0-9_-]{50,})\b"),
+        ("hf_", "npm_", "pypi-"),
+    ),
+    (re.compile(r"\bwhsec_[A-Za-z0-9+/=]{24,}(?![A-Za-z0-9+/=])"), ("whsec_",)),
     # Incoming-webhook URLs, which post to a channel with no other credential: Slack's and
     # Discord's.
-    re.compile(r"\bhttps://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"),
-    re.compile(r"\bhttps://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_-]+"),
+    (
+        re.compile(r"\bhttps://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"),
+        ("hooks.slack.com",),
+    ),
+    (
+        re.compile(r"\bhttps://(?:\w+\.)?discord(?:app)?\.com/api/webhooks/\d+/[A-Za-z0-9_-]+"),
+        ("discord",),
+    ),
     # AWS access key ids, Google API keys.
-    re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
-    re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), ("akia", "asia")),
+    (re.compile(r"\bAIza[0-9A-Za-z_-]{35}(?![0-9A-Za-z_-])"), ("aiza",)),
     # A JWT starts where its run of characters starts (not at every "eyJ" inside one).
-    re.compile(
-        r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\b"
+        ),
+        ("eyj",),
     ),
 )
 # A PEM (or PGP) private key: its BEGIN line, the headers of an encrypted key, its base64
@@ -130,23 +146,6 @@ _NOT_A_CREDENTIAL = re.compile(
 )
 _LETTER = re.compile(r"[A-Za-z]")
 _DIGIT = re.compile(r"[0-9]")
-# Any of the above: most text has none, and one search finds that out.
-_ANY_SECRET_VALUE = re.compile(
-    "|".join(
-        p.pattern
-        for p in (
-            _BEARER,
-            _AUTHORIZATION,
-            _HEX_TOKEN,
-            _BASIC,
-            *_SECRET_VALUES,
-            _PRIVATE_KEY,
-            _URL_PASSWORD,
-            _ASSIGNED,
-            _ASSIGNED_ZH,
-        )
-    )
-)
 
 
 def mask_email(text: str) -> str:
@@ -162,42 +161,6 @@ def _masked_email(match: re.Match) -> str:
     if first is None:
         return match.group(0)
     return f"{local[: first.end()]}***{at}{domain}"
-
-
-_SECRET_WORDS = (
-    "bearer",
-    "token",
-    "basic",
-    "auth",
-    "pass",
-    "secret",
-    "key",
-    "cookie",
-    "credential",
-    *SECRET_WORDS_ZH,
-)
-# One search for all of them: faster than a scan per word.
-_SECRET_WORD = re.compile("|".join(map(re.escape, _SECRET_WORDS)))
-
-
-# The shortest text a key known by its prefix alone can be: "sk-" and 12 characters. A - or _
-# in shorter text (a date, an enum value) points to no secret.
-_SHORTEST_PREFIXED_KEY = 15
-
-
-def _may_hold_secret(text: str) -> bool:
-    """What every match of a secret value needs: "eyJ", "://", a - or _ in text long enough
-    for a prefixed key, a key id's prefix, or one of the words bearer, token, basic,
-    authorization ("auth" is enough to look further), pass, secret, key, cookie and
-    credential, or their Chinese. Most text has none, and these are found faster than the
-    patterns can say so."""
-    if "eyJ" in text or "://" in text:
-        return True
-    if ("-" in text or "_" in text) and len(text) >= _SHORTEST_PREFIXED_KEY:
-        return True
-    if "AKIA" in text or "ASIA" in text or "AIza" in text:
-        return True
-    return _SECRET_WORD.search(text.lower()) is not None
 
 
 def _basic_credential(match: re.Match) -> str:
@@ -246,17 +209,38 @@ _HALF_WIDTH = {
     code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F) if chr(code) not in _CHINESE_PUNCTUATION
 } | {0x3000: 0x20}
 
-_REPLACEMENTS: tuple[tuple[re.Pattern, Any], ...] = (
-    (_PRIVATE_KEY, REDACTED),
-    (_BEARER, "Bearer " + REDACTED),
-    (_AUTHORIZATION, lambda match: match.group(1) + REDACTED),
-    (_HEX_TOKEN, lambda match: match.group(1) + REDACTED),
-    (_BASIC, _basic_credential),
-    *((pattern, REDACTED) for pattern in _SECRET_VALUES),
-    (_URL_PASSWORD, lambda match: match.group(1) + REDACTED + "@"),
-    (_ASSIGNED_ZH, lambda match: match.group(1) + REDACTED),
-    (_ASSIGNED, _assigned_secret),
+# Each pattern, what replaces its matches, and what every match of it needs as the text
+# reads lower-cased: most text holds none of these, and `in` finds that out far faster than
+# the patterns can (one search for a value given to a name that holds "key" reads the name's
+# every start).
+_REPLACEMENTS: tuple[tuple[re.Pattern, Any, tuple[str, ...]], ...] = (
+    (_PRIVATE_KEY, REDACTED, ("-----begin",)),
+    (_BEARER, "Bearer " + REDACTED, ("bearer",)),
+    (_AUTHORIZATION, lambda match: match.group(1) + REDACTED, ("authorization",)),
+    (_HEX_TOKEN, lambda match: match.group(1) + REDACTED, ("token",)),
+    (_BASIC, _basic_credential, ("basic",)),
+    *((pattern, REDACTED, needs) for pattern, needs in _SECRET_VALUES),
+    (_URL_PASSWORD, lambda match: match.group(1) + REDACTED + "@", ("://",)),
+    (_ASSIGNED_ZH, lambda match: match.group(1) + REDACTED, SECRET_WORDS_ZH),
+    (_ASSIGNED, _assigned_secret, ("credential", "key", "pass", "secret", "token")),
 )
+# Whether a text meets any of those needs: one search, for the text that meets none.
+_ANY_NEED = re.compile("|".join(re.escape(need) for *_, needs in _REPLACEMENTS for need in needs))
+# The letters a case-insensitive pattern reads as ASCII ones (the dotted and the dotless i,
+# the long s) but that `str.lower` keeps apart from them.
+_FOLDED_AS_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
+
+
+def _possible_replacements(read: str) -> list[tuple[re.Pattern, Any]]:
+    """The replacements whose needs `read` meets, in their order."""
+    lowered = (read if read.isascii() else read.translate(_FOLDED_AS_ASCII)).lower()
+    if not _ANY_NEED.search(lowered):
+        return []
+    return [
+        (pattern, replacement)
+        for pattern, replacement, needs in _REPLACEMENTS
+        if any(need in lowered for need in needs)
+    ]
 
 
 def _common_head(first: str, second: str) -> int:
@@ -312,9 +296,10 @@ def secrets_removed(text: str) -> str:
     passwords of URLs, and values given to names that say they hold secrets (in Chinese too),
     typed in ASCII or in its full-width forms, with invisible characters inside or without."""
     read = _as_read(text)
-    if not (_may_hold_secret(read) and _ANY_SECRET_VALUE.search(read)):
+    possible = _possible_replacements(read)
+    if not any(pattern.search(read) for pattern, _ in possible):
         return text
-    for pattern, replacement in _REPLACEMENTS:
+    for pattern, replacement in possible:
         if read == text:
             text = read = pattern.sub(replacement, text)
         else:

@@ -352,6 +352,25 @@ def test_a_secret_with_invisible_characters_inside_is_removed(text, kept):
     assert redact(text, cleared=True) == kept
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Ba\u017f\u0131c dXNlcjpzM2NyZXQ=", "Ba\u017f\u0131c [redacted]"),
+        (
+            "the proxy wants BA\u017fIC YWxpY2U6aHVudGVyMg==",
+            "the proxy wants BA\u017fIC [redacted]",
+        ),
+        ("\u0130nvoice: t\u0131cket 42", "\u0130nvoice: t\u0131cket 42"),
+    ],
+    ids=["basic", "basic-upper", "no-secret"],
+)
+def test_a_secret_named_with_letters_a_pattern_reads_as_ascii_is_removed(text, kept):
+    """The patterns' words match whatever the case, and a case-insensitive match reads the
+    long s as s and the dotless i as i: the word that names the credential was read that
+    way, but the text was searched only when it held something else that may name one."""
+    assert redact(text, cleared=True) == kept
+
+
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     key = (
         "-----BEGIN RSA PRIVATE KEY-----\n"
