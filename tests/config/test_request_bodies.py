@@ -65,6 +65,51 @@ def test_bodies_postgres_cannot_store_are_refused(api, publisher, acme, body, me
     assert not ToolVersion.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("charset", "body"),
+    [
+        # the body's bytes are UTF-8, which read as Latin-1 stored "cafÃ©"
+        ("latin-1", json.dumps(_tool_body(description="café"), ensure_ascii=False).encode()),
+        ("utf-16", json.dumps(_tool_body(description="café")).encode("utf-16")),
+        ("windows-1252", json.dumps(_tool_body()).encode()),
+        ("rot13", json.dumps(_tool_body()).encode()),
+        ("no-such-charset", json.dumps(_tool_body()).encode()),
+    ],
+)
+def test_a_json_body_declared_in_a_charset_other_than_utf_8_is_refused(
+    api, publisher, acme, charset, body
+):
+    client = api.as_user(publisher, acme)
+    client.raise_request_exception = False  # a crash must show as the 500 a client gets
+
+    response = client.post(
+        "/api/v1/tools", body, content_type=f"application/json; charset={charset}"
+    )
+
+    assert response.status_code == 415
+    assert response.json() == {
+        "error": {
+            "code": "UNSUPPORTED_MEDIA_TYPE",
+            "message": f'JSON is UTF-8 (RFC 8259): charset "{charset}" is not supported.',
+            "details": {},
+        }
+    }
+    assert not ToolVersion.objects.exists()
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8", '"utf-8"'])
+def test_a_json_body_declared_in_utf_8_is_read(api, publisher, acme, charset):
+    client = api.as_user(publisher, acme)
+    body = json.dumps(_tool_body(description="café"), ensure_ascii=False).encode()
+
+    response = client.post(
+        "/api/v1/tools", body, content_type=f"application/json; charset={charset}"
+    )
+
+    assert response.status_code == 201
+    assert ToolVersion.objects.get().description == "café"
+
+
 def test_a_body_over_the_limit_is_refused_before_it_is_read(api, publisher, acme, settings):
     client = api.as_user(publisher, acme)
     body = json.dumps(_tool_body(description="x" * settings.API_MAX_BODY_BYTES))

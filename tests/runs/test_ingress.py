@@ -782,6 +782,22 @@ def test_a_body_over_the_size_limit_is_refused(alice, settings):
     assert row_counts() == NOTHING
 
 
+def test_a_body_declared_in_latin_1_is_refused_not_read_as_latin_1(alice):
+    # UTF-8 bytes that Latin-1 reads as "cafÃ©"
+    body = json.dumps(message_body(text="café"), ensure_ascii=False).encode()
+
+    response = alice.post(
+        MESSAGES,
+        body,
+        content_type="application/json; charset=latin-1",
+        HTTP_IDEMPOTENCY_KEY="latin-1",
+    )
+
+    assert response.status_code == 415
+    assert _error(response)["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert row_counts() == NOTHING
+
+
 def test_a_form_encoded_body_is_refused(alice):
     response = alice.post(
         MESSAGES,
