@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api import BodiesDescribed, BodyDescribed, CommandSerializer
+from config.api import WHOLE_NUMBER, BodiesDescribed, BodyDescribed, CommandSerializer
 from config.ids import is_id_in_url
 from registry.api.permissions import IsTenantMember
 from registry.authentication import token_usable
@@ -131,8 +131,19 @@ class AttachmentView(IngressThrottled, BodyDescribed, APIView):
         return Response(AttachmentSerializer(attachment).data, status=status.HTTP_201_CREATED)
 
 
+class SeqField(serializers.IntegerField):
+    """A seq written in digits, as the log and the stream's ids write it: DRF reads a query
+    value with int(), which also takes "1_0" (as 10), "+2", " 2", "2.0" and digits of other
+    scripts, so a mangled seq skipped events or answered from the wrong one."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if not (isinstance(data, str) and WHOLE_NUMBER.fullmatch(data)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class EventsQuerySerializer(serializers.Serializer):
-    after = serializers.IntegerField(min_value=0, default=0)
+    after = SeqField(min_value=0, default=0)
 
     def to_internal_value(self, data: Any) -> Any:
         """`?after=` is refused as the list's filters refuse an empty one: DRF reads an empty

@@ -517,7 +517,21 @@ def test_events_after_a_seq_return_only_the_later_ones(alice, member, start_run)
     assert [event["seq"] for event in after_zero.json()["results"]] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("after", ["-1", "two", "1.5"])
+@pytest.mark.parametrize(
+    "after",
+    [
+        "-1",
+        "two",
+        "1.5",
+        # Python's int() reads each of these as a number: 1_0 as 10, the others as 2
+        "1_0",
+        "+2",
+        " 2",
+        "2.0",
+        "\u0662",  # ARABIC-INDIC DIGIT TWO
+        "\uff12",  # FULLWIDTH DIGIT TWO
+    ],
+)
 def test_an_invalid_after_is_refused(alice, member, start_run, after):
     run = start_run(member)
 

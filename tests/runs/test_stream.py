@@ -105,6 +105,22 @@ def test_last_event_id_resumes_after_that_event(client, finished_run):
     assert int(frames[0]["id"]) == 4
 
 
+@pytest.mark.parametrize("last_event_id", ["1_0", "+3", "3.0", "\u0663"])
+def test_a_last_event_id_not_written_in_digits_is_refused(client, finished_run, last_event_id):
+    # (the stream writes each id as digits; int() would read "1_0" as 10 and skip events)
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream",
+        HTTP_AUTHORIZATION=f"Token {key}",
+        HTTP_LAST_EVENT_ID=last_event_id,
+        **STREAM_HEADERS,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {"after": ["A valid integer is required."]}
+
+
 @pytest.mark.parametrize(
     ("query", "message"),
     [
