@@ -46,7 +46,15 @@ _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
 
 class ContentNegotiation(DefaultContentNegotiation):
     """A `?format=` the endpoint does not serve is not acceptable (406), as the same format
-    asked for by `Accept` is: DRF answers 404, which says the resource is missing."""
+    asked for by `Accept` is: DRF answers 404, which says the resource is missing. A body
+    whose Content-Type is a wildcard (`*/*`, `application/*`, `multipart/*`), which only
+    `Accept` may hold, is of no type the endpoint reads (415): DRF matched it to any parser,
+    and read such a body as JSON or an upload."""
+
+    def select_parser(self, request: Any, parsers: list) -> Any:
+        if "*" in parse_header_parameters(request.content_type or "")[0]:
+            return None
+        return super().select_parser(request, parsers)
 
     def filter_renderers(self, renderers: list, format: str) -> list:
         served = [renderer for renderer in renderers if renderer.format == format]

@@ -110,6 +110,24 @@ def test_a_json_body_declared_in_utf_8_is_read(api, publisher, acme, charset):
     assert ToolVersion.objects.get().description == "café"
 
 
+@pytest.mark.parametrize("content_type", ["*/*", "application/*", "*/json"])
+def test_a_body_whose_content_type_is_a_wildcard_is_refused(api, publisher, acme, content_type):
+    # a wildcard belongs in Accept; a body is of one type
+    client = api.as_user(publisher, acme)
+
+    response = client.post("/api/v1/tools", json.dumps(_tool_body()), content_type=content_type)
+
+    assert response.status_code == 415
+    assert response.json() == {
+        "error": {
+            "code": "UNSUPPORTED_MEDIA_TYPE",
+            "message": f'Unsupported media type "{content_type}" in request.',
+            "details": {},
+        }
+    }
+    assert not ToolVersion.objects.exists()
+
+
 def test_a_body_over_the_limit_is_refused_before_it_is_read(api, publisher, acme, settings):
     client = api.as_user(publisher, acme)
     body = json.dumps(_tool_body(description="x" * settings.API_MAX_BODY_BYTES))

@@ -254,6 +254,22 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
     assert (private_root / attachment.file.name).read_bytes() == TEXT
 
 
+@pytest.mark.parametrize("declared", ["*/*", "multipart/*"])
+def test_an_upload_whose_content_type_is_a_wildcard_is_refused(
+    api, member, acme, private_root, declared
+):
+    body = _multipart(TEXT, "text/plain")
+
+    response = api.as_user(member, acme).generic(
+        "POST", URL, body, content_type=f"{declared}; boundary={BOUNDARY}"
+    )
+
+    assert response.status_code == 415
+    assert response.json()["error"]["code"] == "UNSUPPORTED_MEDIA_TYPE"
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
 @pytest.mark.parametrize(
     ("content", "media_type", "detected"),
     [
