@@ -199,15 +199,85 @@ def _assigned_secret(match: re.Match) -> str:
     return match.group(0)
 
 
-# Full-width forms of ASCII letters, digits and signs (U+FF01 to U+FF5E) and the ideographic
-# space, as an input method in full-width mode types a password: the patterns, written in
-# ASCII, read them as their ASCII forms, which have the same length. The full-width marks
-# that punctuate Chinese (exclamation and question marks, parentheses, comma, colon and
-# semicolon) stay as they are, so they still end a value, as in text typed in ASCII.
+# What the patterns, written in ASCII, read as ASCII: a character NFKC makes one ASCII
+# character, as the full-width forms of ASCII letters, digits and signs (U+FF01 to U+FF5E) and
+# the ideographic space an input method in full-width mode types a password with, or the
+# mathematical bold and italic letters; and the letters of other scripts that look like Latin
+# ones, which NFKC leaves as they are (those of Unicode's confusables, UTS #39, whose look-alike
+# is one ASCII letter or digit): "password=" or an "sk-" prefix written with a Cyrillic er
+# (U+0440), a (U+0430) or dze (U+0455). The full-width marks that punctuate Chinese
+# (exclamation and question marks, parentheses, comma, colon and semicolon) stay as they are,
+# so they still end a value, as in text typed in ASCII. Each is read as one character, so a
+# match in the text as read has its place in the text as typed.
 _CHINESE_PUNCTUATION = frozenset("\uff01\uff08\uff09\uff0c\uff1a\uff1b\uff1f")
-_HALF_WIDTH = {
-    code: code - 0xFEE0 for code in range(0xFF01, 0xFF5F) if chr(code) not in _CHINESE_PUNCTUATION
-} | {0x3000: 0x20}
+_LOOK_ALIKES = {
+    unicodedata.lookup(name): ascii_form
+    for ascii_form, names in {
+        "3": ("CYRILLIC CAPITAL LETTER ZE",),
+        "A": ("CYRILLIC CAPITAL LETTER A", "GREEK CAPITAL LETTER ALPHA"),
+        "a": ("CYRILLIC SMALL LETTER A", "GREEK SMALL LETTER ALPHA", "LATIN SMALL LETTER ALPHA"),
+        "B": ("CYRILLIC CAPITAL LETTER VE", "GREEK CAPITAL LETTER BETA"),
+        "C": ("CYRILLIC CAPITAL LETTER ES", "GREEK CAPITAL LUNATE SIGMA SYMBOL"),
+        "c": ("CYRILLIC SMALL LETTER ES", "GREEK LUNATE SIGMA SYMBOL"),
+        "d": ("CYRILLIC SMALL LETTER KOMI DE",),
+        "E": ("CYRILLIC CAPITAL LETTER IE", "GREEK CAPITAL LETTER EPSILON"),
+        "e": ("CYRILLIC SMALL LETTER IE",),
+        "g": ("ARMENIAN SMALL LETTER CO", "LATIN SMALL LETTER SCRIPT G"),
+        "H": ("CYRILLIC CAPITAL LETTER EN", "GREEK CAPITAL LETTER ETA"),
+        "h": ("CYRILLIC SMALL LETTER SHHA", "ARMENIAN SMALL LETTER HO"),
+        "I": ("CYRILLIC CAPITAL LETTER BYELORUSSIAN-UKRAINIAN I", "GREEK CAPITAL LETTER IOTA"),
+        "i": (
+            "CYRILLIC SMALL LETTER BYELORUSSIAN-UKRAINIAN I",
+            "GREEK SMALL LETTER IOTA",
+            "LATIN SMALL LETTER DOTLESS I",
+            "LATIN SMALL LETTER IOTA",
+        ),
+        "J": ("CYRILLIC CAPITAL LETTER JE", "GREEK CAPITAL LETTER YOT"),
+        "j": ("CYRILLIC SMALL LETTER JE", "GREEK LETTER YOT", "LATIN SMALL LETTER DOTLESS J"),
+        "K": ("CYRILLIC CAPITAL LETTER KA", "GREEK CAPITAL LETTER KAPPA"),
+        "k": ("CYRILLIC SMALL LETTER KA", "GREEK SMALL LETTER KAPPA"),
+        "l": (
+            "CYRILLIC LETTER PALOCHKA",
+            "CYRILLIC SMALL LETTER PALOCHKA",
+            "LATIN LETTER DENTAL CLICK",
+        ),
+        "M": ("CYRILLIC CAPITAL LETTER EM", "GREEK CAPITAL LETTER MU"),
+        "N": ("GREEK CAPITAL LETTER NU",),
+        "n": ("ARMENIAN SMALL LETTER VO",),
+        "O": (
+            "CYRILLIC CAPITAL LETTER O",
+            "GREEK CAPITAL LETTER OMICRON",
+            "ARMENIAN CAPITAL LETTER OH",
+        ),
+        "o": ("CYRILLIC SMALL LETTER O", "GREEK SMALL LETTER OMICRON", "ARMENIAN SMALL LETTER OH"),
+        "P": ("CYRILLIC CAPITAL LETTER ER", "GREEK CAPITAL LETTER RHO"),
+        "p": ("CYRILLIC SMALL LETTER ER", "GREEK SMALL LETTER RHO"),
+        "Q": ("CYRILLIC CAPITAL LETTER QA",),
+        "q": ("CYRILLIC SMALL LETTER QA", "ARMENIAN SMALL LETTER ZA"),
+        "S": ("CYRILLIC CAPITAL LETTER DZE",),
+        "s": ("CYRILLIC SMALL LETTER DZE",),
+        "T": ("CYRILLIC CAPITAL LETTER TE", "GREEK CAPITAL LETTER TAU"),
+        "U": ("ARMENIAN CAPITAL LETTER SEH",),
+        "u": ("GREEK SMALL LETTER UPSILON", "ARMENIAN SMALL LETTER SEH"),
+        "v": ("GREEK SMALL LETTER NU",),
+        "W": ("CYRILLIC CAPITAL LETTER WE",),
+        "w": ("CYRILLIC SMALL LETTER WE",),
+        "X": ("CYRILLIC CAPITAL LETTER HA", "GREEK CAPITAL LETTER CHI"),
+        "x": ("CYRILLIC SMALL LETTER HA",),
+        "Y": (
+            "CYRILLIC CAPITAL LETTER U",
+            "CYRILLIC CAPITAL LETTER STRAIGHT U",
+            "GREEK CAPITAL LETTER UPSILON",
+        ),
+        "y": (
+            "CYRILLIC SMALL LETTER U",
+            "CYRILLIC SMALL LETTER STRAIGHT U",
+            "GREEK SMALL LETTER GAMMA",
+        ),
+        "Z": ("GREEK CAPITAL LETTER ZETA",),
+    }.items()
+    for name in names
+}
 
 # Each pattern, what replaces its matches, and what every match of it needs as the text
 # reads lower-cased: most text holds none of these, and `in` finds that out far faster than
@@ -251,15 +321,28 @@ def _common_head(first: str, second: str) -> int:
     return min(len(first), len(second))
 
 
-def _as_read(text: str) -> str:
-    """`text` as the patterns read it: full-width forms as ASCII, and without the characters
-    that show nothing (format characters: zero-width spaces and joiners, a soft hyphen,
-    bidirectional marks), which a page that breaks long words puts inside a token and which
-    would hide it."""
+@functools.lru_cache(maxsize=4096)
+def _char_as_read(char: str) -> str | None:
+    """A character beyond ASCII as the patterns read it (`_LOOK_ALIKES`); None for one that
+    shows nothing (a format character)."""
+    if unicodedata.category(char) == "Cf":
+        return None
+    if char in _CHINESE_PUNCTUATION:
+        return char
+    if char in _LOOK_ALIKES:
+        return _LOOK_ALIKES[char]
+    folded = unicodedata.normalize("NFKC", char)
+    return folded if len(folded) == 1 and folded.isascii() else char
+
+
+def as_read(text: str) -> str:
+    """`text` as the patterns read it: what looks like ASCII or NFKC makes ASCII as ASCII
+    (`_LOOK_ALIKES`), and without the characters that show nothing (format characters:
+    zero-width spaces and joiners, a soft hyphen, bidirectional marks), which a page that
+    breaks long words puts inside a token and which would hide it."""
     if text.isascii():
         return text
-    invisible = {ord(char): None for char in set(text) if unicodedata.category(char) == "Cf"}
-    return text.translate(_HALF_WIDTH | invisible)
+    return text.translate({ord(char): _char_as_read(char) for char in set(text) if ord(char) > 127})
 
 
 def _replaced_as_typed(pattern: re.Pattern, replacement: Any, text: str, read: str) -> str:
@@ -295,7 +378,7 @@ def secrets_removed(text: str) -> str:
     tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
     passwords of URLs, and values given to names that say they hold secrets (in Chinese too),
     typed in ASCII or in its full-width forms, with invisible characters inside or without."""
-    read = _as_read(text)
+    read = as_read(text)
     possible = _possible_replacements(read)
     if not any(pattern.search(read) for pattern, _ in possible):
         return text
@@ -304,7 +387,7 @@ def secrets_removed(text: str) -> str:
             text = read = pattern.sub(replacement, text)
         else:
             text = _replaced_as_typed(pattern, replacement, text, read)
-            read = _as_read(text)
+            read = as_read(text)
     return text
 
 

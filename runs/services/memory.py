@@ -39,7 +39,7 @@ from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.choices import ACTIVE_STATUSES, RunStatus
 from runs.models import MemoryItem, Run
-from runs.redaction import SECRET_WORDS_ZH, secrets_removed
+from runs.redaction import SECRET_WORDS_ZH, as_read, secrets_removed
 from runs.selectors import recalled_texts
 
 ALLOWED_ORIGINS = {
@@ -63,13 +63,13 @@ def _refuse(reason: str, message: str) -> ValidationFailed:
 
 
 def _looks_secret(text: str) -> bool:
-    """Read as NFKC: a Chinese input method in full-width mode types letters, digits and
-    punctuation as their full-width forms (U+FF01 to U+FF5E), which the patterns, written in
-    ASCII, would not see; and without format characters (a zero-width space, a soft hyphen),
-    which show nothing and would hide a word ("to<U+200B>ken") or a code from them."""
-    text = "".join(
-        char for char in unicodedata.normalize("NFKC", text) if unicodedata.category(char) != "Cf"
-    )
+    """Read as NFKC, then as the run's redaction reads text (`runs.redaction.as_read`): a
+    Chinese input method in full-width mode types letters, digits and punctuation as their
+    full-width forms (U+FF01 to U+FF5E), and a Cyrillic er or a looks like a Latin p or a,
+    which the patterns, written in ASCII, would not see; and without format characters (a
+    zero-width space, a soft hyphen), which show nothing and would hide a word ("to<U+200B>ken")
+    or a code from them."""
+    text = as_read(unicodedata.normalize("NFKC", text))
     return bool(
         _SECRET_TEXT.search(text) or _SECRET_TEXT_ZH.search(text) or secrets_removed(text) != text
     )

@@ -107,6 +107,12 @@ def full_width(text: str) -> str:
         ("note", "O\u00adTP 482913"),
         ("note", "the verification co\u2060de is 493817"),
         ("github", "sk-\u200bproj4f9c2a7eABCDEFGH12"),
+        # with letters of another script that look like Latin ones (Cyrillic er, a, dze, ka, o,
+        # ie; Greek rho, alpha)
+        ("vpn", "\u0440\u0430ssword=hunter2x"),
+        ("openai", "\u0455\u043a-proj4f9c2a7eABCDEFGH12"),
+        ("note", "my t\u043e\u043a\u0435n is abcdefg"),
+        ("note", "\u03a1\u0391SSWORD: Tr0ub4dor"),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):

@@ -371,6 +371,50 @@ def test_a_secret_named_with_letters_a_pattern_reads_as_ascii_is_removed(text, k
     assert redact(text, cleared=True) == kept
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        # Cyrillic er and a in the name, Cyrillic dze and ka in a key's prefix, the word in
+        # Greek capitals
+        ("\u0440\u0430ssword=Tr0ub4dor3 ok", "\u0440\u0430ssword=[redacted] ok"),
+        ("key: \u0455\u043a-proj4f9c2a7eABCDEFGH12 ok", "key: [redacted] ok"),
+        (
+            "\u03a4\u039f\u039a\u0395\u039d 9944b09199c62bcf9418ad846dd0e4bb",
+            "\u03a4\u039f\u039a\u0395\u039d [redacted]",
+        ),
+        # in mathematical bold letters
+        (
+            "\U0001d429\U0001d41a\U0001d42c\U0001d42c"
+            "\U0001d430\U0001d428\U0001d42b\U0001d41d=Tr0ub4dor3 ok",
+            "\U0001d429\U0001d41a\U0001d42c\U0001d42c"
+            "\U0001d430\U0001d428\U0001d42b\U0001d41d=[redacted] ok",
+        ),
+        # in the value, beside a zero-width space
+        ("api_key=Zx9\u0430\u200bQw7Er5Ty3 \u043e\u043a", "api_key=[redacted] \u043e\u043a"),
+        # Russian and Greek text without a secret is kept as it was written
+        ("Отчёт готов: расход 12345678", "Отчёт готов: расход 12345678"),
+        (
+            "\u039a\u03b1\u03bb\u03b7\u03bc\u03ad\u03c1\u03b1",
+            "\u039a\u03b1\u03bb\u03b7\u03bc\u03ad\u03c1\u03b1",
+        ),
+    ],
+    ids=[
+        "cyrillic-name",
+        "cyrillic-prefix",
+        "greek-word",
+        "mathematical-letters",
+        "in-the-value",
+        "russian",
+        "greek",
+    ],
+)
+def test_a_secret_written_with_look_alike_letters_of_another_script_is_removed(text, kept):
+    """A Cyrillic er or a Greek rho looks like a Latin p, and a name or a prefix written with one
+    reads the same to whoever sees it, and to the model (as does a word in mathematical bold
+    letters): the patterns, written in ASCII, did not find it."""
+    assert redact(text, cleared=True) == kept
+
+
 def test_a_private_key_is_removed_from_its_begin_line_to_its_end_line():
     key = (
         "-----BEGIN RSA PRIVATE KEY-----\n"
