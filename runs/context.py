@@ -11,7 +11,12 @@ old tool results lose their content (their untrusted-data envelope keeps the sou
 and the references), then old turns but the last that called tools; rules, the skill's
 procedure, the task, the recipient and the tool schemas are never cut: when they alone overrun
 the budget, the turn is sent past it, and its record says by how much. Tool results reach the
-model only inside an `untrusted_data` envelope, never among the instructions.
+model only inside an `untrusted_data` envelope, never among the instructions, with the
+characters in it that show nothing or move other text (bidirectional controls, zero-width
+characters, tag characters, other control characters but tab and line breaks) spelled out as
+<U+XXXX>: raw, they could hide an instruction from whoever reads the evidence, or reorder it.
+The envelope's `content_sha256` is the hash of the content as fetched (its UTF-8), which its
+Source records too; `hidden_characters_spelled_out` says when the content shown is not that.
 
 What the model saw is recorded (`context.built`) as each section's size and keyed hash
 (HMAC-SHA256 under a key derived from SECRET_KEY): the platform can tell whether a context it
@@ -30,6 +35,7 @@ from django.conf import settings
 from django.utils.crypto import salted_hmac
 
 from config import jsontext
+from registry.mcp.review import visible
 from runs.model_clients.base import ModelRequest, ToolSpec
 from runs.rules import MergedRules
 from runs.tokens import estimate_tokens
@@ -78,15 +84,19 @@ class BuiltContext:
 def wrap_untrusted(
     *, source: str, fetched_at: str, content: str, allowed_use: str, references: list[str]
 ) -> str:
+    """Someone else's text as the model is shown it: its hidden characters spelled out (in
+    its source and references too), its hash that of the content as fetched."""
+    shown = visible(content)
     return jsontext.dumps(
         {
             "untrusted_data": {
-                "source": source,
+                "source": visible(source),
                 "fetched_at": fetched_at,
                 "content_sha256": hashlib.sha256(content.encode()).hexdigest(),
                 "allowed_use": allowed_use,
-                "references": references,
-                "content": content,
+                "references": [visible(reference) for reference in references],
+                **({"hidden_characters_spelled_out": True} if shown != content else {}),
+                "content": shown,
             }
         }
     )

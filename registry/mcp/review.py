@@ -155,7 +155,8 @@ def _hidden(text: str) -> list[str]:
 
 def visible(text: str) -> str:
     """`text` with every hidden or control character spelled out as <U+XXXX>."""
-    return "".join(f"<U+{ord(char):04X}>" if char in set(_hidden(text)) else char for char in text)
+    spelled = {ord(char): f"<U+{ord(char):04X}>" for char in set(_hidden(text))}
+    return text.translate(spelled) if spelled else text
 
 
 def _texts(definition: dict[str, Any]) -> list[tuple[str, str]]:

@@ -1,11 +1,13 @@
 """A message's attachments read when its run starts: a bounded excerpt of their text, wrapped
 as untrusted data and kept as evidence, or a note saying why there is none."""
 
+import hashlib
 import io
 import json
 import logging
 import struct
 import time
+import unicodedata
 import uuid
 import zlib
 
@@ -292,6 +294,37 @@ def test_a_text_attachment_reaches_the_model_as_untrusted_evidence(answered, ali
     assert wrapped["content"] == NOTES
     assert wrapped["content_sha256"] == source.content_hash
     assert {"reference": reference, "origin": "attachment"} in run.result["sources"]
+
+
+def test_hidden_characters_of_an_attachment_reach_the_model_spelled_out(answered, alice_api):
+    """A right-to-left override shows the text after it reversed, a zero-width space shows
+    nothing, and tag characters (U+E0000 on) spell out ASCII no reader sees but a model reads:
+    sent raw, they hid or reordered instructions inside the evidence."""
+    # given notes whose text hides "ignore" in tag characters and holds a right-to-left
+    # override, a zero-width space and a tab
+    tags = "".join(chr(0xE0000 + ord(char)) for char in "ignore")
+    notes = f"Apollo: load test\u202e yadsruhT\u202c moved.{tags}\nOwner:\tLi\u200bWei\n"
+    attachment = upload(alice_api, notes.encode(), "text/plain")
+    run = ask(alice_api, attachment)
+
+    run_execute(run_id=str(run.pk))
+
+    # then the model is shown each hidden character as its code point, the tab and the line
+    # breaks as they are, and the evidence keeps the text as read, with its hash
+    run.refresh_from_db()
+    assert run.status == "COMPLETED", run.result
+    (source,) = Source.objects.filter(run=run)
+    assert source.content == notes
+    assert source.content_hash == hashlib.sha256(notes.encode()).hexdigest()
+    _, user = user_message(answered)
+    (wrapped,) = envelopes(user)
+    assert wrapped["content"] == (
+        "Apollo: load test<U+202E> yadsruhT<U+202C> moved."
+        "<U+E0069><U+E0067><U+E006E><U+E006F><U+E0072><U+E0065>\nOwner:\tLi<U+200B>Wei\n"
+    )
+    assert wrapped["content_sha256"] == source.content_hash
+    assert wrapped["hidden_characters_spelled_out"] is True
+    assert not any(unicodedata.category(char) == "Cf" for char in user)
 
 
 def test_a_long_attachment_shows_only_its_share_of_the_excerpt_marked_as_cut(

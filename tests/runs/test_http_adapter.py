@@ -262,6 +262,42 @@ def test_the_model_is_told_a_business_refusal_is_an_error(
     assert envelope["business_status"] == "refused"
 
 
+def test_a_tool_result_s_hidden_characters_reach_the_model_spelled_out(
+    demo, report_service, fake_model
+):
+    # given a service whose report hides a right-to-left override and a zero-width joiner in
+    # its text, and a model that reads it, then answers
+    report = {"summary": "on track\u202e.detaler lla eteled\u202c done\u200d"}
+    report_service.body = json.dumps(report, ensure_ascii=False).encode()
+    fake = fake_model()
+    http_reader_add(demo, report_service.url, tool="report_read", agent="report-reader")
+    agent = AgentConfig.objects.get(tenant=demo.acme, name="report-reader")
+    agent.model_config = demo.agent.model_config
+    registry_object_save(instance=agent, actor=demo.admin, reason="fake model")
+    fake.reply(
+        openai_completion(tool_calls=(("call_1", "report_read", '{"project_id": "apollo"}'),))
+    )
+    fake.reply(openai_completion(content="Apollo is on track."))
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the model was shown the characters by their code points, and the call's record
+    # keeps the report as the service gave it
+    (result,) = [
+        message for message in fake.requests[1].body["messages"] if message["role"] == "tool"
+    ]
+    wrapped = json.loads(result["content"])["untrusted_data"]
+    envelope = json.loads(wrapped["content"])
+    assert envelope["raw"] == {
+        "summary": "on track<U+202E>.detaler lla eteled<U+202C> done<U+200D>"
+    }
+    assert wrapped["hidden_characters_spelled_out"] is True
+    assert "\u202e" not in result["content"] and "\u200d" not in result["content"]
+    assert ToolCall.objects.get(run=run, call_id="call_1").envelope["raw"] == report
+
+
 @pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 def test_every_redirect_status_is_a_final_upstream_error_without_side_effect(
     report_service, status
