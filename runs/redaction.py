@@ -516,10 +516,16 @@ def _text(value: str, *, cleared: bool, texts: frozenset[str] = frozenset()) -> 
     return value if cleared else mask_email(texts_masked(value, texts))
 
 
+def names_secret(key: str) -> bool:
+    """Whether a key names a secret (`config.secret_names.secret_key`), read as the patterns
+    read text (`as_read`): a "password" written with a Cyrillic er and a names one too."""
+    return secret_key(as_read(key))
+
+
 @cached_by_name
 def key_shown(key: str, cleared: bool) -> tuple[str, bool]:
     """A key as shown (`cleared`: with secrets removed only), and whether it names a secret."""
-    return _text(key, cleared=cleared), secret_key(key)
+    return _text(key, cleared=cleared), names_secret(key)
 
 
 def redact(

@@ -16,8 +16,7 @@ from typing import Any
 from django.db import models
 
 from config import jsontext
-from config.secret_names import secret_key
-from runs.redaction import REDACTED, key_shown, secrets_removed
+from runs.redaction import REDACTED, key_shown, names_secret, secrets_removed
 
 # The business status of a call that did what it was asked: what a Python handler or an MCP
 # tool that succeeded answers, and what the HTTP adapter takes when the service says none.
@@ -120,7 +119,7 @@ def _percent_encoded(secret: str) -> re.Pattern:
 def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:
     """The key as kept, and whether it names a secret (its value is then dropped)."""
     if secrets and any(secret in key for secret in secrets):
-        return _text_stripped(key, secrets=secrets), secret_key(key)
+        return _text_stripped(key, secrets=secrets), names_secret(key)
     shown, hidden = key_shown(key, cleared=True)
     return jsontext.storable_text(shown), hidden
 

@@ -5,6 +5,7 @@ import pytest
 from config.secret_names import secret_key
 from runs import redaction
 from runs.redaction import REDACTED, mask_email, redact
+from runs.tools.envelope import strip_secrets
 
 
 def test_emails_are_masked_for_viewers_without_clearance_only():
@@ -487,6 +488,26 @@ def test_a_secret_or_an_email_used_as_a_key_is_redacted_like_a_value():
 def test_secret_fields_are_named_by_their_words(name, secret):
     assert secret_key(name) is secret
     assert (redact({name: "value"}, cleared=True)[name] == REDACTED) is secret
+
+
+def test_a_secret_field_named_with_look_alike_letters_is_hidden_wherever_it_is_kept():
+    """A service that answers {"password": ...} written with a Cyrillic er and a names its
+    field to whoever reads it, and to the model, as the Latin name does: its value was kept
+    in the call's envelope and sent to the model."""
+    record = {
+        "\u0440\u0430ssword": "hunter2",
+        "user": {"\u0430pi_k\u0435y": "abc", "note": "ok"},
+        "\u0440\u0430ss": "kept",
+    }
+    hidden = {
+        "\u0440\u0430ssword": REDACTED,
+        "user": {"\u0430pi_k\u0435y": REDACTED, "note": "ok"},
+        "\u0440\u0430ss": "kept",
+    }
+
+    assert redact(record, cleared=True) == hidden
+    assert strip_secrets(record) == hidden
+    assert strip_secrets(record, secrets=("unrelated-secret",)) == hidden
 
 
 @pytest.mark.parametrize(
