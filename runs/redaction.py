@@ -296,9 +296,9 @@ _REPLACEMENTS: tuple[tuple[re.Pattern, Any, tuple[str, ...]], ...] = (
 )
 # Whether a text meets any of those needs: one search, for the text that meets none.
 _ANY_NEED = re.compile("|".join(re.escape(need) for *_, needs in _REPLACEMENTS for need in needs))
-# The letters a case-insensitive pattern reads as ASCII ones (the dotted and the dotless i,
-# the long s) but that `str.lower` keeps apart from them.
-_FOLDED_AS_ASCII = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s"})
+# The dotted capital I, which a case-insensitive pattern reads as an i but `str.lower` makes
+# an i and a combining dot (`as_read` reads the dotless i and the long s as i and s).
+_FOLDED_AS_ASCII = str.maketrans({"\u0130": "i"})
 
 
 def _possible_replacements(read: str) -> list[tuple[re.Pattern, Any]]:
