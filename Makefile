@@ -1,4 +1,5 @@
-# make run: the platform on the embedded default (SQLite, Celery eager, demo data, offline planner).
+# make run: the platform on the embedded default (SQLite, Celery eager, demo data, offline planner),
+#   its periodic work (sweeps, scheduled tasks) run beside the server by periodic_run.
 # make test: the whole suite on PostgreSQL and Redis.
 # make bench: governance overhead per run and per tool call, the floor, runs/s end to end,
 #   and the auditor pages over a large history.
@@ -45,7 +46,9 @@ run: install
 	@echo "    alice (member, acme), bob (approver, acme), carol (auditor, acme), erin (member, globex)"
 	@echo "  Model: the offline deterministic planner (no provider is called)."
 	@echo ""
-	$(RUN_ENV) $(BIN)/python manage.py runserver $(HOST):$(PORT)
+	$(RUN_ENV) $(BIN)/python manage.py periodic_run & periodic=$$!; \
+		trap 'kill $$periodic' EXIT; trap 'exit 130' INT TERM; \
+		$(RUN_ENV) $(BIN)/python manage.py runserver $(HOST):$(PORT)
 
 test: install
 	./scripts/services.sh

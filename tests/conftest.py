@@ -254,7 +254,7 @@ def api():
 # a subprocess) run one after another on one xdist worker, never two at once on the machine's
 # two cores; the other tests spread over both.
 PROCESS_FIXTURES = frozenset({"start_worker", "live_server", "browser"})
-PROCESS_MODULES = frozenset({"test_settings.py"})
+PROCESS_MODULES = frozenset({"test_settings.py", "test_periodic_run.py"})
 
 
 @pytest.hookimpl(tryfirst=True)
