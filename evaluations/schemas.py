@@ -23,14 +23,21 @@ _TEXT = {"type": "string", "minLength": 1}
 _NAMES = {"type": "array", "items": _TEXT}
 _OBJECT = {"type": "object"}
 
+# What the sandbox's tables hold (`examples.models`): a fixture beyond them would fail every
+# eval run of its suite when the case's business data is loaded, not be refused when saved.
+_FIELD = {**_TEXT, "maxLength": 200}
+_VERSION = {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}
+# A day of the current week (0 is its Monday), within a century of it.
+_DAY = {"type": "integer", "minimum": -36500, "maximum": 36500}
+
 _UPDATE = {
     "type": "array",
     "prefixItems": [
         {"enum": ProjectUpdate.Kind.values},
-        _TEXT,
-        _TEXT,
+        _FIELD,
+        {**_TEXT, "maxLength": 32},
         {"type": "string"},
-        {"type": "integer"},
+        _DAY,
     ],
     "minItems": 5,
     "maxItems": 5,
@@ -39,9 +46,9 @@ _LEAD = {
     "type": "array",
     "prefixItems": [
         {**_TEXT, "maxLength": 32},
-        _TEXT,
-        {"type": "string"},
-        {"type": "integer", "minimum": 0},
+        _FIELD,
+        {"type": "string", "maxLength": 254},
+        _VERSION,
         {"type": "boolean"},
     ],
     "minItems": 4,
@@ -51,7 +58,7 @@ _PROJECT = {
     "type": "object",
     "properties": {
         "key": {"type": "string", "pattern": "^[-a-zA-Z0-9_]{1,63}$"},
-        "name": {**_TEXT, "maxLength": 200},
+        "name": _FIELD,
         "visible": {"type": "boolean"},
         "updates": {"type": "array", "items": _UPDATE},
         "leads": {"type": "array", "items": _LEAD},
@@ -119,9 +126,30 @@ def case_errors(fields: dict[str, Any]) -> dict[str, list[str]]:
         if not found and not is_hashable(fields[field]):
             found = [UNHASHABLE]
         if not found and field == "fixture":
-            found = _credential_errors(fields[field])
+            found = _twice_errors(fields[field]) + _credential_errors(fields[field])
         if found:
             errors[field] = found
+    return errors
+
+
+def _twice_errors(fixture: dict[str, Any]) -> list[str]:
+    """A project's key, and a record's id within its project, name one row of the sandbox:
+    a second project of the key would be dropped when the data is loaded, a second record of
+    the id would fail it."""
+    errors = []
+    keys: set[str] = set()
+    for index, project in enumerate(fixture.get("projects", [])):
+        if project["key"] in keys:
+            errors.append(f"projects/{index}: {project['key']} is a project of this case already.")
+        keys.add(project["key"])
+        records: set[str] = set()
+        for lead_index, lead in enumerate(project.get("leads", [])):
+            if lead[0] in records:
+                errors.append(
+                    f"projects/{index}/leads/{lead_index}: {lead[0]} is a record of this "
+                    "project already."
+                )
+            records.add(lead[0])
     return errors
 
 

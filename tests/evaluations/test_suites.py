@@ -70,6 +70,74 @@ def test_a_malformed_case_is_refused_naming_the_case_and_the_field(db, change, w
     assert not EvalCase.objects.exists()
 
 
+def apollo_with(*, updates=(), leads=()) -> dict:
+    return {
+        "key": "apollo",
+        "updates": [["task", "API gateway migration", "done", "Moved.", 0], *updates],
+        "leads": [["dir-1001", "Li Wei", "li.wei@acme.example", 3], *leads],
+    }
+
+
+@pytest.mark.parametrize(
+    ("projects", "message"),
+    [
+        (
+            [apollo_with(updates=[["task", "T" * 201, "done", "", 1]])],
+            "projects/0/updates/1/1: '" + "T" * 201 + "' is too long",
+        ),
+        (
+            [apollo_with(updates=[["risk", "Vendor", "s" * 33, "", 1]])],
+            "projects/0/updates/1/2: '" + "s" * 33 + "' is too long",
+        ),
+        (
+            [apollo_with(updates=[["task", "Far", "done", "", 10**9]])],
+            "projects/0/updates/1/4: 1000000000 is greater than the maximum of 36500",
+        ),
+        (
+            [apollo_with(leads=[["dir-1002", "N" * 201, "", 1]])],
+            "projects/0/leads/1/1: '" + "N" * 201 + "' is too long",
+        ),
+        (
+            [apollo_with(leads=[["dir-1002", "Wang Fang", "w@" + "e" * 260, 1]])],
+            "projects/0/leads/1/2: 'w@" + "e" * 260 + "' is too long",
+        ),
+        (
+            [apollo_with(leads=[["dir-1002", "Wang Fang", "", 2**31]])],
+            "projects/0/leads/1/3: 2147483648 is greater than the maximum of 2147483647",
+        ),
+        (
+            [apollo_with(leads=[["dir-1001", "Wang Fang", "wang.fang@acme.example", 1]])],
+            "projects/0/leads/1: dir-1001 is a record of this project already.",
+        ),
+        (
+            [apollo_with(), {"key": "apollo", "name": "Apollo again"}],
+            "projects/1: apollo is a project of this case already.",
+        ),
+    ],
+    ids=[
+        "long-title",
+        "long-status",
+        "far-day",
+        "long-name",
+        "long-email",
+        "huge-version",
+        "record-twice",
+        "project-twice",
+    ],
+)
+def test_a_fixture_the_sandbox_cannot_hold_is_refused_naming_the_case(db, projects, message):
+    # a fixture the sandbox's tables cannot hold would fail the case's every eval run, and
+    # with it the whole eval run, instead of being refused here
+    document = copy.deepcopy(TINY_SUITE)
+    document["cases"][0]["projects"] = projects
+
+    with pytest.raises(ValidationFailed) as refused:
+        suite_install(document)
+
+    assert refused.value.details == {"cases/complete/fixture": [message]}
+    assert not EvalCase.objects.exists()
+
+
 def test_the_install_command_names_the_malformed_case(db, tmp_path, monkeypatch):
     document = copy.deepcopy(TINY_SUITE)
     document["cases"][1]["metadata"] = [{}, {}]
