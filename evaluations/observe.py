@@ -67,9 +67,23 @@ def _executions(
     return executions
 
 
-def observe(run: Run) -> dict[str, Any]:
-    run = Run.objects.get(pk=run.pk)
+def _did(run: Run) -> tuple[list[ToolCall], list[dict[str, Any]]]:
+    """The run's tool calls, and the side effects it executed."""
     calls = list(run.tool_calls.select_related("tool_version").order_by("step", "started_at"))
+    action = BusinessAction.objects.filter(run=run).select_related("decision").first()
+    return calls, _executions(run, calls, action)
+
+
+def observe(run: Run) -> dict[str, Any]:
+    """How the case's last run ended, and what the runs of each of its messages (one session)
+    did on the way: a tool completed or a side effect executed by an earlier message's run is
+    the case's as much as one of its last."""
+    run = Run.objects.get(pk=run.pk)
+    calls, executions = [], []
+    for case_run in Run.objects.filter(session_id=run.session_id).order_by("created_at", "pk"):
+        did_calls, did_executions = _did(case_run)
+        calls += did_calls
+        executions += did_executions
     route = (
         RunEvent.objects.filter(run=run, type="route.selected").values_list("payload", flat=True)
     ).first() or {}
@@ -103,7 +117,7 @@ def observe(run: Run) -> dict[str, Any]:
         }
         if action is not None
         else None,
-        "executions": _executions(run, calls, action),
+        "executions": executions,
         "output_text": json.dumps(run.result, ensure_ascii=False, sort_keys=True),
         "cost": float(run.cost),
         "latency_ms": round((end - run.created_at).total_seconds() * 1000),

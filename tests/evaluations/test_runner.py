@@ -204,6 +204,54 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     assert str(eval_run.pk) not in services.eval_runs_stale()
 
 
+def test_a_tool_a_case_forbids_is_seen_in_the_run_of_any_of_its_messages(demo, dave):
+    # given a case of two messages that must never complete project_search: the first
+    # message's run searches Apollo, the second's is refused a project the sandbox lacks
+    suite, _ = suite_install(
+        {
+            "key": "two-messages",
+            "name": "Two messages",
+            "kind": "task",
+            "skill": "weekly-summary",
+            "cases": [
+                {
+                    "key": "searched-first",
+                    "title": "Searched in the first run",
+                    "messages": [
+                        "Summarise Apollo's week for the R&D lead.",
+                        "Summarise Zeus's week for the R&D lead.",
+                    ],
+                    "metadata": [{"project_id": "apollo"}, {"project_id": "zeus"}],
+                    "projects": [APOLLO],
+                    "expected": {"status": "REFUSED", "tools_not_called": ["project_search"]},
+                }
+            ],
+        }
+    )
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+
+    # when it runs
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+
+    # then the search of its first run fails it, though its last run completed no tool
+    first, last = Run.objects.filter(tenant__sandbox_eval_run=eval_run).order_by("created_at")
+    assert ToolCall.objects.filter(
+        run=first, name="project_search", status=ToolCall.Status.COMPLETED
+    ).exists()
+    assert not ToolCall.objects.filter(run=last, status=ToolCall.Status.COMPLETED).exists()
+    eval_run.refresh_from_db()
+    result = eval_run.results.get()
+    assert (result.run, result.observed["status"]) == (last, RunStatus.REFUSED)
+    assert result.failures == ["completed tools ['directory_lookup', 'project_search']"]
+    assert result.passed is False
+    assert eval_run.metrics[Metric.TOOL_SELECTION_ACCURACY] == 0.0
+
+
 def test_an_eval_run_whose_case_keeps_raising_ends_failed_naming_the_case(demo, dave):
     # given a suite whose first case, saved before its shape was checked, holds a project
     # without a key: loading it raises
