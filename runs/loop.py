@@ -38,7 +38,7 @@ from runs.model_clients.factory import model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE, source_reference
-from runs.redaction import holds_secret, secrets_removed
+from runs.redaction import holds_secret, secrets_removed, secrets_removed_within
 from runs.routing import DATE_RANGE, HUMAN_QUEUE, PROJECT_SCOPE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
 from runs.selectors import requester_standing
@@ -212,6 +212,17 @@ def _skill_version(run: Run) -> SkillVersion | None:
     if frozen is None and str(run.tenant.sandbox_skill_version_id) == skill["id"]:
         return SkillVersion.objects.select_related("skill").get(pk=skill["id"])
     return frozen
+
+
+def _shown(version: SkillVersion | ToolVersion, field: str) -> Any:
+    """A version's field as a model is sent it: with its credentials replaced. Content saved
+    before such content was refused (`registry.schemas.credential_errors`) may hold them. Kept
+    on the version: a released one is a copy read once per process (`versions_frozen`), so
+    each of its fields is read once."""
+    shown = version.__dict__.setdefault("_shown", {})
+    if field not in shown:
+        shown[field] = secrets_removed_within(getattr(version, field))
+    return shown[field]
 
 
 def _text(run: Run, resources: dict[tuple[str, str], str], attachments: dict[str, str]) -> str:
@@ -417,7 +428,7 @@ def _merged_rules(
         Rule(id=rule["id"], scope=rule["scope"], priority=rule["priority"], text=rule["text"])
         for skill_version in skill_versions
         if skill_version is not None
-        for rule in skill_version.rules
+        for rule in _shown(skill_version, "rules")
     )
     return merge_rules(
         {
@@ -884,9 +895,15 @@ def _tool_specs(run: Run, node: Node, withdrawn: frozenset[str]) -> list[ToolSpe
     return [
         ToolSpec(
             name=tool.tool.name,
-            description=shown.get(tool.tool.name)
-            or "\n".join(filter(None, [tool.description, tool.when_not_to_use, tool.returns])),
-            input_schema=tool.input_schema,
+            description=secrets_removed(shown[tool.tool.name])
+            if shown.get(tool.tool.name)
+            else "\n".join(
+                filter(
+                    None,
+                    [_shown(tool, name) for name in ("description", "when_not_to_use", "returns")],
+                )
+            ),
+            input_schema=_shown(tool, "input_schema"),
         )
         for tool in sorted(_offered_tools(run, node, withdrawn), key=lambda tool: tool.tool.name)
     ]
@@ -1011,10 +1028,10 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         node=node,
         merged_rules=merged,
         skill=skill,
-        skill_instructions=skill_version.instructions if skill_version else "",
+        skill_instructions=_shown(skill_version, "instructions") if skill_version else "",
         tools=_tool_specs(run, node, withdrawn),
-        output_contract=skill_version.output_contract if skill_version else {},
-        examples=skill_version.examples if skill_version else [],
+        output_contract=_shown(skill_version, "output_contract") if skill_version else {},
+        examples=_shown(skill_version, "examples") if skill_version else [],
     )
     # What the context builder counted is what the turn sends (and what a provider that
     # reports no usage is charged with).

@@ -403,6 +403,18 @@ def holds_secret(value: Any) -> bool:
     return False
 
 
+def secrets_removed_within(value: Any) -> Any:
+    """A JSON value with `secrets_removed` applied to each of its strings, its objects' keys
+    included."""
+    if isinstance(value, str):
+        return secrets_removed(value)
+    if isinstance(value, dict):
+        return {secrets_removed(key): secrets_removed_within(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [secrets_removed_within(item) for item in value]
+    return value
+
+
 # The shortest text of a sensitive field masked inside other text: a shorter one ("Li", "42")
 # is part of too many other words.
 HIDDEN_TEXT_MIN_CHARS = 3

@@ -2509,3 +2509,38 @@ def test_a_credential_no_longer_granted_is_never_sent_and_the_call_is_refused(
     assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
     assert run.result["output"]["failed_tools"] == ["service_status"]
     assert run.result["output"]["answer"]
+
+
+def test_a_credential_in_a_version_saved_before_such_text_was_refused_never_reaches_the_model(
+    demo, fake_model
+):
+    # given the generic agent whose skill and tool versions were published with a key in
+    # the text the model reads, before saving and publishing refused such text
+    fake = fake_model()
+    project_assistant_on_the_demo_model(demo)
+    key = "sk-live-4f9c2a7e1b3d5f6a8c0e2b4d"
+    with connection.cursor() as cursor:
+        for model, column in ((SkillVersion, "instructions"), (ToolVersion, "description")):
+            table = connection.ops.quote_name(model._meta.db_table)
+            cursor.execute(
+                f"UPDATE {table} SET {column} = {column} || %s", [f" Deploy with {key}."]
+            )
+        cursor.execute(
+            f"UPDATE {connection.ops.quote_name(SkillVersion._meta.db_table)} "
+            "SET examples = %s::jsonb",
+            [json.dumps([{"input": "status?", "output": f"Authorization: Bearer {key}"}])],
+        )
+    fake.reply(openai_completion(content="The gateway migration is done."))
+    run = start(
+        demo, text="What happened in Apollo?", agent="project-assistant", project_id="apollo"
+    )
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the model read the versions' text with the key replaced
+    assert_terminal(run, "COMPLETED", "ANSWERED")
+    sent = json.dumps(fake.requests[0].body)
+    assert key not in sent
+    assert "Deploy with [redacted]." in sent
+    assert "Bearer [redacted]" in sent
