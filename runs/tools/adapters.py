@@ -118,10 +118,13 @@ class ToolFailed(Exception):
         may_have_side_effect: bool = False,
         raw: Any = None,
         attempted: bool = True,
+        turned_away: bool = False,
         retry_after: float | None = None,
     ) -> None:
-        """`attempted` is False when a limit turned the call away before the tool was
-        called: nothing happened, whatever the tool does. `retry_after`: the seconds the tool
+        """`attempted` is False when the call never reached the tool (the host refused to
+        send it, or could not): nothing happened, whatever the tool does. `turned_away`: a
+        limit turned it away (not attempted either), and it may pass once a slot frees or the
+        circuit closes. `retry_after`: the seconds the tool
         asked to wait before another try (an HTTP service's Retry-After). A category outside
         the envelope's set (a handler's own word) is UNKNOWN: the model and the run's reason
         codes are given only the stable ones."""
@@ -130,7 +133,8 @@ class ToolFailed(Exception):
         self.retryable = retryable
         self.may_have_side_effect = may_have_side_effect
         self.raw = raw
-        self.attempted = attempted
+        self.attempted = attempted and not turned_away
+        self.turned_away = turned_away
         self.retry_after = retry_after
 
 
@@ -606,7 +610,7 @@ def mcp_call(
     `_meta`). All of it (the server's name looked up, its session opened, its tools listed
     again when the copy is stale or the call writes, the call) ends within the version's
     timeout (`attempt_seconds`). A failure before the call was sent (the server unreachable,
-    its listing late or refused) did nothing."""
+    its listing late or refused, the tool changed) did nothing: it was not attempted."""
     deadline = Deadline.after(attempt_seconds(tool_version, context))
     server = _mcp_server(tool_version, context)
     config = tool_version.adapter_config
@@ -639,6 +643,7 @@ def mcp_call(
                 "was reviewed; a new reviewed version is needed.",
                 category=ErrorCategory.TOOL_DEFINITION_CHANGED,
                 retryable=False,
+                attempted=False,
             )
         sent = True
         result = connections.call_tool(
@@ -654,7 +659,7 @@ def mcp_call(
         )
     except McpRefused as error:
         raise ToolFailed(
-            str(error), category=ErrorCategory.PERMISSION_DENIED, retryable=False
+            str(error), category=ErrorCategory.PERMISSION_DENIED, retryable=False, attempted=sent
         ) from error
     except McpTimeout as error:
         raise ToolFailed(
@@ -662,6 +667,7 @@ def mcp_call(
             category=ErrorCategory.TIMEOUT,
             retryable=True,
             may_have_side_effect=writes and sent,
+            attempted=sent,
         ) from error
     except McpUnavailable as error:
         raise ToolFailed(
@@ -669,6 +675,7 @@ def mcp_call(
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
             may_have_side_effect=writes and sent,
+            attempted=sent,
         ) from error
     except McpRemoteError as error:
         # The server's own message: it may echo what it was sent, credential included.
@@ -676,6 +683,7 @@ def mcp_call(
             strip_secrets(str(error), secrets=secrets),
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=False,
+            attempted=sent,
         ) from error
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     if _mcp_answer_size(result) > limit:

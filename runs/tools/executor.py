@@ -521,8 +521,9 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
         outcome, tried, _, passage = _run_with_retries(admitted, deadline=task_deadline)
         if passage is not None:
             limits.calls_leave([(passage, False)])
-        turned_away = isinstance(outcome, ToolFailed) and not outcome.attempted
-        attempts += tried - turned_away
+        not_sent = isinstance(outcome, ToolFailed) and not outcome.attempted
+        attempts += tried - not_sent
+        turned_away = not_sent and outcome.turned_away
         if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
             return outcome, attempts, int((time.monotonic() - started) * 1000)
         time.sleep(random.uniform(*LIMIT_WAIT_SECONDS))

@@ -187,14 +187,16 @@ def _refusal(tool_version: ToolVersion, code: int) -> ToolFailed:
             f"{name} is failing; {why}.",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
-            attempted=False,
+            turned_away=True,
         )
     if code == 3:
         limit = tool_version.rate_limit
         message = f"{name} allows {limit['requests']} calls per {limit['per_seconds']} s."
     else:
         message = f"{name} is at its concurrency cap."
-    return ToolFailed(message, category=ErrorCategory.RATE_LIMITED, retryable=True, attempted=False)
+    return ToolFailed(
+        message, category=ErrorCategory.RATE_LIMITED, retryable=True, turned_away=True
+    )
 
 
 def calls_enter(

@@ -294,3 +294,51 @@ def test_a_send_whose_server_cannot_be_reached_to_list_its_tools_did_nothing(dem
     assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "ACTION_FAILED")
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert call.envelope["may_have_side_effect"] is False
+
+
+def _changed_unseen(mailer, monkeypatch, settings) -> None:
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    mailer.serve(CHANGED)
+
+
+def _server_down(mailer, monkeypatch, settings) -> None:
+    mailer.serve(MAIL_SEND, down=True)
+    connections.close_all()
+
+
+def _credential_unset(mailer, monkeypatch, settings) -> None:
+    monkeypatch.delenv("TEST_MAILER_SPEC")
+    connections.close_all()
+
+
+@pytest.mark.parametrize(
+    ("refused", "category"),
+    [
+        (_changed_unseen, "TOOL_DEFINITION_CHANGED"),
+        (_server_down, "UPSTREAM_ERROR"),
+        (_credential_unset, "UPSTREAM_ERROR"),
+    ],
+)
+def test_a_send_the_host_refused_before_calling_the_tool_is_recorded_as_not_sent(
+    demo, mailer, monkeypatch, settings, refused, category
+):
+    # given an approved action, and a send the host cannot make when it comes round (the
+    # tool changed, the server down, its environment's secret unset)
+    run, action, _ = approved(demo, mailer)
+    refused(mailer, monkeypatch, settings)
+
+    services.action_execute(action_id=action.pk)
+
+    # then tools/call was never sent, and the record says so: the action failed without
+    # having been executed, and the run's result lists no action executed
+    assert calls_of(mailer) == []
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.outcome["error"]["category"]) == (ActionStatus.FAILED, category)
+    assert action.executed_at is None
+    assert action.reconcile_due_at is None
+    run = Run.objects.get(pk=run.pk)
+    assert run.reason_code == "ACTION_FAILED"
+    assert run.result["actions"] == []
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.attempts) == ("failed", 0)
+    assert call.envelope["may_have_side_effect"] is False
