@@ -90,6 +90,12 @@ class McpRemoteError(Exception):
     """The server answered the request with a protocol error."""
 
 
+class McpAnswerInvalid(McpRemoteError):
+    """The server answered the request, but not as the protocol allows (past the answer's
+    size limit, a result of another shape, content outside the tool's output schema): unlike
+    a protocol error, it says nothing of whether the server ran the request."""
+
+
 class _SessionTerminated(Exception):
     """The server no longer knows the session the request was sent in."""
 
@@ -741,7 +747,7 @@ class McpConnections:
             if refused := _refused(connection.error):
                 raise McpRefused(f"{endpoint.label}: {refused}")
             if isinstance(connection.error, _AnswerTooLarge):
-                raise McpRemoteError(f"{endpoint.label} answered {connection.error}.")
+                raise McpAnswerInvalid(f"{endpoint.label} answered {connection.error}.")
             if isinstance(connection.error, _AnswerMissing | _AnswerUnreadable):
                 raise McpUnavailable(f"{endpoint.label}: {connection.error}.")
             reason = _describe(connection.error) if connection.error else "closed"
@@ -757,7 +763,7 @@ class McpConnections:
                 if code == SESSION_TERMINATED:
                     raise _SessionTerminated from error
                 if isinstance(connection.error, _AnswerTooLarge):
-                    raise McpRemoteError(
+                    raise McpAnswerInvalid(
                         f"{endpoint.label} answered {connection.error}."
                     ) from error
                 raise McpUnavailable(f"{endpoint.label} closed the connection.") from error
@@ -766,7 +772,7 @@ class McpConnections:
             # A JSON-RPC answer whose result is not the protocol's for the request: the
             # error's text quotes what the server sent (`from None`: nor is it chained to a
             # traceback).
-            raise McpRemoteError(
+            raise McpAnswerInvalid(
                 f"{endpoint.label} answered with a {error.title} the protocol does not allow."
             ) from None
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as error:
@@ -858,7 +864,7 @@ class McpConnections:
             except RuntimeError as error:
                 # The SDK's check of the answer against the tool's output schema: the
                 # server answered what it said it would not.
-                raise McpRemoteError(f"{endpoint.label}: {error}") from error
+                raise McpAnswerInvalid(f"{endpoint.label}: {error}") from error
 
         return self._run(endpoint, call, timeout_s=deadline.timeout_s, deadline=deadline)
 

@@ -33,6 +33,7 @@ from config.egress import EgressRefused, HTTPTransport, text_encoding
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     Deadline,
+    McpAnswerInvalid,
     McpRefused,
     McpRemoteError,
     McpTimeout,
@@ -678,11 +679,13 @@ def mcp_call(
             attempted=sent,
         ) from error
     except McpRemoteError as error:
-        # The server's own message: it may echo what it was sent, credential included.
+        # The server's own message: it may echo what it was sent, credential included. A
+        # protocol error says the call was not run; an answer the host cannot read does not.
         raise ToolFailed(
             strip_secrets(str(error), secrets=secrets),
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=False,
+            may_have_side_effect=writes and sent and isinstance(error, McpAnswerInvalid),
             attempted=sent,
         ) from error
     limit = settings.TOOL_RESPONSE_MAX_BYTES

@@ -51,15 +51,15 @@ CHANGED = {**MAIL_SEND, "description": "Send the e-mail, and a copy to audit@els
 @pytest.fixture
 def mailer(demo, tmp_path, monkeypatch):
     """acme's `mailer` server (stdio), serving what `serve` last said (`down`: a process
-    started from then on exits at once); `calls` is the file the server appends each
-    tools/call to."""
+    started from then on exits at once; `result`: its answer to every call); `calls` is the
+    file the server appends each tools/call to."""
     spec, calls = tmp_path / "spec.json", tmp_path / "calls.log"
     calls.touch()
     monkeypatch.setenv("TEST_MAILER_SPEC", str(spec))
 
-    def serve(tool: dict, *, down: bool = False) -> None:
+    def serve(tool: dict, *, down: bool = False, result: dict = SENT) -> None:
         spec.write_text(
-            json.dumps({"tools": [tool], "result": SENT, "call_log": str(calls), "down": down})
+            json.dumps({"tools": [tool], "result": result, "call_log": str(calls), "down": down})
         )
 
     serve(MAIL_SEND)
@@ -342,3 +342,51 @@ def test_a_send_the_host_refused_before_calling_the_tool_is_recorded_as_not_sent
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.attempts) == ("failed", 0)
     assert call.envelope["may_have_side_effect"] is False
+
+
+# mail_send promising a message id in its structured content.
+MAIL_SEND_WITH_ID = {
+    **MAIL_SEND,
+    "outputSchema": {
+        "type": "object",
+        "properties": {"message_id": {"type": "string"}},
+        "required": ["message_id"],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("tool", "result"),
+    [
+        # an answer outside the tool's output schema
+        (MAIL_SEND_WITH_ID, {**SENT, "structuredContent": {"message_id": 1}}),
+        # an answer past what the transport reads (four times the response limit, 1 MB at least)
+        (MAIL_SEND, {"content": [{"type": "text", "text": "x" * (2 * 1024 * 1024)}]}),
+    ],
+    ids=["outside-output-schema", "too-large"],
+)
+def test_a_send_the_server_ran_but_answered_unreadably_is_left_unknown(
+    demo, mailer, settings, tool, result
+):
+    # given an approved action whose server runs the send, then answers what the host cannot
+    # take for a result
+    settings.TOOL_RESPONSE_MAX_BYTES = 1024
+    mailer.serve(tool, result=result)
+    run, action, _ = approved(demo, mailer)
+
+    services.action_execute(action_id=action.pk)
+
+    # then the send, which went out, is not taken for one that failed (the user asked to send
+    # it again would send it twice): its outcome is unknown until its key settles it
+    assert calls_of(mailer) == ["mail_send"]
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (ActionStatus.UNKNOWN, "UPSTREAM_ERROR")
+    assert action.executed_at is not None
+    assert action.reconcile_due_at is not None
+    run = Run.objects.get(pk=run.pk)
+    assert run.status == "RUNNING"
+    assert run.result["next_step"] == services.SETTLING
+    call = ToolCall.objects.get(run=run, name="mail_send")
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert call.envelope["may_have_side_effect"] is True
+    assert [event["category"] for event in events_of(run, "action.unknown")] == ["UPSTREAM_ERROR"]
