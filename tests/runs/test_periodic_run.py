@@ -45,13 +45,12 @@ def last_ran(*, seconds_ago: float, **names) -> None:
 def test_a_pass_runs_the_due_sweep_that_ends_an_expired_approval_and_nothing_not_due(
     transactional_db, demo
 ):
-    # given the beat's schedule as a first pass installs it, a task scheduled Mondays at
-    # 09:00, and an approval past its expiry
-    periodic_run_once()
+    # given a task scheduled Mondays at 09:00 and an approval past its expiry
     task = task_of(demo)
     run, action = expired_approval(demo)
 
-    # while the approvals sweep ran less than its minute ago, a pass leaves it waiting
+    # while the approvals sweep is not due (the first pass installs the beat's schedule, each
+    # entry as last run then), a pass leaves it waiting
     periodic_run_once()
     assert_waiting(run, action)
 
