@@ -311,6 +311,28 @@ def rollout_change_check(
         release_gate_check(skill_version=flag.skill_version, actor=actor, agents=given)
 
 
+def grant_release_gate_check(
+    *, skill: Skill, tenant: Tenant, actor: AbstractBaseUser, override_reason: str = ""
+) -> list[tuple[SkillVersion, list[dict[str, Any]]]]:
+    """A platform skill granted to `tenant` is given to the agents `agents_given` finds there:
+    each version served to them (`skill_versions_served`: its current version, and those a
+    rollout serves the tenant) meets its release gate with their models, as a publish holds it
+    (`release_gate_check`). It was met, when published, with the models of the agents of the
+    tenants it was granted to then, not of these. Ask it with the grant made, in the caller's
+    transaction. Returns the failures each version is granted over."""
+    given = [agent for agent in agents_given(skill=skill) if agent.tenant_id == tenant.pk]
+    if not given:
+        return []
+    overridden = []
+    for version in skill_versions_served(skills=[skill], tenant=tenant):
+        failures = release_gate_check(
+            skill_version=version, actor=actor, override_reason=override_reason, agents=given
+        )
+        if failures:
+            overridden.append((version, failures))
+    return overridden
+
+
 def model_change_check(
     *, agent_config: AgentConfig, bound_skills: QuerySet[Skill] | None = None
 ) -> None:

@@ -5,11 +5,13 @@ from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import JSONField, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from guardian.admin import AdminGroupObjectPermissionsForm
 
 from config.errors import ApplicationError
 from evaluations.gates import skill_version_changed
@@ -21,6 +23,7 @@ from registry.models import (
     Skill,
     SkillToolDependency,
     SkillVersion,
+    Tenant,
     Tool,
     ToolVersion,
 )
@@ -30,7 +33,34 @@ from registry.selectors import mcp_drift, user_may_publish, version_diff
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.skills import SKILL_CONTENT_FIELDS, skill_pins_check
+from registry.services.tenancy import definition_grant
 from registry.services.tools import TOOL_CONTENT_FIELDS
+
+
+class DefinitionGrantForm(AdminGroupObjectPermissionsForm):
+    """A group's object permissions on a definition. The use of a platform-wide one by a
+    tenant's grant group is the tenant's grant, made as every grant is (`definition_grant`):
+    a skill granted is held to its release gate, which a written reason lets it through."""
+
+    override_reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Grant a skill over its release gate, for this reason.",
+    )
+    actor: ClassVar[Any] = None
+
+    def save_obj_perms(self) -> None:
+        tenant = Tenant.objects.filter(grant_group=self.group).first()
+        if tenant is not None and self.obj.tenant_id is None:
+            chosen = self.cleaned_data[self.get_obj_perms_field_name()]
+            definition_grant(
+                actor=self.actor,
+                definition=self.obj,
+                tenant=tenant,
+                granted=f"use_{self.obj._meta.model_name}" in chosen,
+                override_reason=self.cleaned_data["override_reason"],
+            )
+        super().save_obj_perms()
 
 
 class DefinitionAdmin(RegistryAdmin):
@@ -52,6 +82,20 @@ class DefinitionAdmin(RegistryAdmin):
         if not change:
             obj.created_by = request.user
         registry_object_save(instance=obj, actor=request.user, reason="saved in admin")
+
+    def get_obj_perms_manage_group_form(self, request: HttpRequest) -> type[DefinitionGrantForm]:
+        return type(DefinitionGrantForm.__name__, (DefinitionGrantForm,), {"actor": request.user})
+
+    def obj_perms_manage_group_view(
+        self, request: HttpRequest, object_pk: str, group_id: str
+    ) -> HttpResponse:
+        """A grant the service refuses is said on the page again, and nothing is saved."""
+        try:
+            with transaction.atomic():
+                return super().obj_perms_manage_group_view(request, object_pk, group_id)
+        except ApplicationError as error:
+            self.message_user(request, error_text(error), level=messages.ERROR)
+            return HttpResponseRedirect(request.path)
 
 
 @admin.register(Tool)

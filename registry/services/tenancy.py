@@ -6,11 +6,12 @@ from django.contrib.auth.models import AbstractBaseUser, Group
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
-from guardian.shortcuts import assign_perm, remove_perm
+from guardian.shortcuts import assign_perm, get_group_perms, remove_perm
 
+from evaluations.gates import grant_release_gate_check, release_override_record
 from registry.choices import Action, Role
 from registry.errors import PermissionDenied, ValidationFailed
-from registry.models import ApiToken, Membership, RolloutFlag, Tenant
+from registry.models import ApiToken, Membership, RolloutFlag, Skill, Tenant
 from registry.models.definitions import Definition
 from registry.models.tenancy import hash_token, new_token_key, password_fingerprints
 from registry.selectors import user_can, user_tenants
@@ -153,9 +154,17 @@ def users_delete(*, users: QuerySet[AbstractBaseUser]) -> None:
 
 
 def definition_grant(
-    *, actor: AbstractBaseUser, definition: Definition, tenant: Tenant, granted: bool = True
+    *,
+    actor: AbstractBaseUser,
+    definition: Definition,
+    tenant: Tenant,
+    granted: bool = True,
+    override_reason: str = "",
 ) -> None:
-    """Grant (or withdraw) a tenant the use of a platform-wide tool or skill."""
+    """Grant (or withdraw) a tenant the use of a platform-wide tool or skill. A skill granted
+    anew is given to the tenant's agents that reach it, so it is held to its release gate with
+    their models (`grant_release_gate_check`), or granted over it with a written reason, kept
+    as a ReleaseOverride and in the skill's history. A withdrawal gives it to no one."""
     if not actor.is_superuser:
         raise PermissionDenied("Only platform admins grant platform-wide definitions.")
     if definition.tenant_id is not None:
@@ -164,10 +173,32 @@ def definition_grant(
             details={"definition": [str(definition)]},
         )
     permission = f"registry.use_{definition._meta.model_name}"
-    if granted:
-        assign_perm(permission, tenant.grant_group, definition)
-    else:
+    if not granted:
         remove_perm(permission, tenant.grant_group, definition)
+        return
+    if not isinstance(definition, Skill):
+        assign_perm(permission, tenant.grant_group, definition)
+        return
+    with transaction.atomic():
+        # The skill is held as a publish or a rollback holds it, until it is granted: the
+        # version checked is the one its agents are given.
+        skill = Skill.objects.select_for_update().get(pk=definition.pk)
+        if "use_skill" in get_group_perms(tenant.grant_group, skill):
+            return
+        assign_perm(permission, tenant.grant_group, skill)
+        overridden = grant_release_gate_check(
+            skill=skill, tenant=tenant, actor=actor, override_reason=override_reason
+        )
+        for version, failures in overridden:
+            release_override_record(
+                skill_version=version, actor=actor, reason=override_reason, failures=failures
+            )
+        if overridden:
+            audited_save(
+                skill,
+                actor=actor,
+                reason=f"granted to {tenant.slug} over its release gate: {override_reason.strip()}",
+            )
 
 
 def api_token_issue(

@@ -30,11 +30,14 @@ from registry.models import (
     Tenant,
 )
 from registry.models.skills import SKILL_CONTENT_FIELDS
-from registry.selectors import agents_given, skill_versions_served
+from registry.selectors import agents_given, skill_versions_served, tenant_has_grant
 from registry.services import skills
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, tenant_create, tenants_delete
+from runs.loop import run_execute
 from tests.evaluations.conftest import APOLLO, TINY_SUITE, api_as
+from tests.registry.factories import skill_content
+from tests.runs.conftest import demo_run
 
 
 def change_form_data(page: Client, row: AgentConfig | ModelConfig) -> dict:
@@ -1433,3 +1436,142 @@ def test_a_tenant_made_active_again_is_held_to_the_gates_of_what_its_agents_were
     assert shown.status_code == 200
     assert refused.value.message in shown.context["adminform"].form.non_field_errors()[0]
     assert not Tenant.objects.get(pk=acme.pk).is_active
+
+
+TRANSLATE_REQUEST = "Please translate this contract into English"
+
+
+def platform_translate(demo) -> SkillVersion:
+    """translate 1.0.0, platform-wide, published while granted to no tenant, then gated: every
+    case of a suite of it must pass, which no eval run has measured with any model."""
+    version = skills.skill_version_publish(
+        skill_version=skills.skill_version_create(
+            actor=demo.admin,
+            tenant=None,
+            name="translate",
+            version="1.0.0",
+            **skill_content(triggers=["translate contract english"], required_inputs=[]),
+        ),
+        actor=demo.admin,
+    )
+    suite, _ = suite_install(TINY_SUITE | {"key": "translating", "skill": "translate"})
+    EvalThreshold.objects.create(
+        tenant=None,
+        skill_name="translate",
+        suite=suite,
+        metric=Metric.CASE_PASS_RATE,
+        comparator=Comparator.AT_LEAST,
+        value=1.0,
+    )
+    return version
+
+
+def recalling(agent: AgentConfig, *, actor) -> None:
+    """`agent` made to recall its skills among those its tenant may use."""
+    agent.skill_assembly = SkillAssembly.RETRIEVAL
+    agent.skills.clear()
+    registry_object_save(instance=agent, actor=actor, reason="retrieval")
+
+
+def skills_run_with(demo, text: str) -> list[str]:
+    """The skills in the capability snapshot of a run of acme's agent asked `text`."""
+    run = demo_run(demo, text=text)
+    run_execute(run_id=str(run.pk))
+    run.refresh_from_db()
+    return [skill["name"] for skill in run.capability["skills"]]
+
+
+def test_granting_a_platform_skill_needs_the_gate_met_with_the_models_of_the_agents_given_it(
+    demo,
+):
+    # given weekly-reporter recalling its skills on the offline planner, and a platform-wide
+    # translate skill never evaluated with any model
+    version = platform_translate(demo)
+    recalling(demo.agent, actor=demo.admin)
+    reason = "Legal needs contracts translated today; evaluated with the planner tomorrow."
+
+    # when the platform admin grants it to acme, first with no reason, then with one
+    with pytest.raises(ReleaseGateFailed) as refused:
+        definition_grant(actor=demo.admin, definition=version.skill, tenant=demo.acme)
+    while_refused = skills_run_with(demo, TRANSLATE_REQUEST)
+    definition_grant(
+        actor=demo.admin, definition=version.skill, tenant=demo.acme, override_reason=reason
+    )
+    once_granted = skills_run_with(demo, TRANSLATE_REQUEST)
+
+    # then the grant was refused for the model of the agent it would give the skill to, and
+    # made over the gate only with the reason, which the audit trail keeps
+    assert refused.value.message == (
+        "translate@1.0.0 does not meet its release gate: no finished eval run of translating "
+        "as it is, on this version as it is, with offline-planner (the model of "
+        "acme/weekly-reporter)."
+    )
+    assert (while_refused, once_granted) == ([], ["translate"])
+    override = ReleaseOverride.objects.get()
+    assert (override.skill_version, override.actor, override.reason) == (
+        version,
+        demo.admin,
+        reason,
+    )
+    assert override.failures == refused.value.details["failures"]
+    history = version.skill.history.order_by("-history_date").first()
+    assert history.history_change_reason == (f"granted to acme over its release gate: {reason}")
+
+
+def test_the_admin_grants_a_platform_skill_over_its_gate_only_with_a_reason(demo):
+    # given weekly-reporter recalling its skills on the offline planner, and a platform-wide
+    # translate skill never evaluated with any model
+    version = platform_translate(demo)
+    recalling(demo.agent, actor=demo.admin)
+    page = Client()
+    page.force_login(demo.admin)
+    url = (
+        f"/admin/registry/skill/{version.skill.pk}/permissions/"
+        f"group-manage/{demo.acme.grant_group_id}/"
+    )
+    reason = "Legal needs contracts translated today; evaluated with the planner tomorrow."
+
+    # when the platform admin ticks its use for acme's grant group, then does so with a reason
+    refused = page.post(url, {"permissions": ["use_skill"]}, follow=True)
+    while_refused = tenant_has_grant(tenant=demo.acme, definition=version.skill)
+    granted = page.post(url, {"permissions": ["use_skill"], "override_reason": reason})
+
+    # then the first is refused, saying why, and grants nothing; the second is granted over
+    # the gate, which the audit trail keeps
+    (message,) = refused.context["messages"]
+    assert message.level_tag == "error"
+    assert str(message).startswith(
+        "translate@1.0.0 does not meet its release gate: no finished eval run of translating"
+    )
+    assert not while_refused
+    assert granted.status_code == 302
+    assert tenant_has_grant(tenant=demo.acme, definition=version.skill)
+    override = ReleaseOverride.objects.get()
+    assert (override.skill_version, override.actor, override.reason) == (
+        version,
+        demo.admin,
+        reason,
+    )
+    history = version.skill.history.order_by("-history_date").first()
+    assert history.history_change_reason == f"granted to acme over its release gate: {reason}"
+
+
+def test_a_platform_skill_granted_again_after_a_withdrawal_is_held_to_its_gate_again(demo):
+    # given a platform-wide translate skill, never evaluated, granted to acme over its gate
+    # while weekly-reporter recalls its skills
+    version = platform_translate(demo)
+    recalling(demo.agent, actor=demo.admin)
+    definition_grant(
+        actor=demo.admin, definition=version.skill, tenant=demo.acme, override_reason="Urgent."
+    )
+
+    # when it is granted again while granted, withdrawn, and granted again with no reason
+    definition_grant(actor=demo.admin, definition=version.skill, tenant=demo.acme)
+    definition_grant(actor=demo.admin, definition=version.skill, tenant=demo.acme, granted=False)
+    with pytest.raises(ReleaseGateFailed) as refused:
+        definition_grant(actor=demo.admin, definition=version.skill, tenant=demo.acme)
+
+    # then a grant it has already gives no one anything new, and a new one is refused
+    assert "with offline-planner (the model of acme/weekly-reporter)" in refused.value.message
+    assert not tenant_has_grant(tenant=demo.acme, definition=version.skill)
+    assert ReleaseOverride.objects.count() == 1
