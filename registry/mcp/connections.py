@@ -78,7 +78,9 @@ class McpUnavailable(Exception):
 
 
 class McpRefused(McpUnavailable):
-    """The platform does not call the server's address (`config.egress`): nothing was sent."""
+    """The platform does not call the server: its address is refused (`config.egress`), or a
+    secret its connection needs is not granted or not set on this host. Nothing was sent, and
+    no later try passes until an operator changes the setting."""
 
 
 class McpTimeout(Exception):
@@ -332,10 +334,15 @@ def _secret(reference: str, *, server: McpServer, owner: Tenant | None) -> str:
     platform's)."""
     refusal = credential_refusal(reference, owner=owner)
     if refusal:
-        raise McpUnavailable(f"{server}: {refusal}")
+        raise McpRefused(f"{server}: {refusal}")
     value = credential_value(reference, owner=owner)
-    if value is None:
-        raise McpUnavailable(f"{server}: the secret reference {reference} is not set on this host.")
+    if not value:
+        # Sent empty, the server would take the connection as anonymous, or refuse it after
+        # the request went out, as an HTTP tool's or a model's unset credential would.
+        raise McpRefused(
+            f"{server}: the secret reference {reference} is not set or empty on this host; "
+            "an operator must set it. Nothing was sent."
+        )
     return value
 
 

@@ -312,15 +312,16 @@ def _credential_unset(mailer, monkeypatch, settings) -> None:
 
 
 @pytest.mark.parametrize(
-    ("refused", "category"),
+    ("refused", "category", "status"),
     [
-        (_changed_unseen, "TOOL_DEFINITION_CHANGED"),
-        (_server_down, "UPSTREAM_ERROR"),
-        (_credential_unset, "UPSTREAM_ERROR"),
+        (_changed_unseen, "TOOL_DEFINITION_CHANGED", "FAILED_FINAL"),
+        (_server_down, "UPSTREAM_ERROR", "FAILED_RETRYABLE"),
+        # no later try passes until an operator sets the secret
+        (_credential_unset, "PERMISSION_DENIED", "FAILED_FINAL"),
     ],
 )
 def test_a_send_the_host_refused_before_calling_the_tool_is_recorded_as_not_sent(
-    demo, mailer, monkeypatch, settings, refused, category
+    demo, mailer, monkeypatch, settings, refused, category, status
 ):
     # given an approved action, and a send the host cannot make when it comes round (the
     # tool changed, the server down, its environment's secret unset)
@@ -337,7 +338,7 @@ def test_a_send_the_host_refused_before_calling_the_tool_is_recorded_as_not_sent
     assert action.executed_at is None
     assert action.reconcile_due_at is None
     run = Run.objects.get(pk=run.pk)
-    assert run.reason_code == "ACTION_FAILED"
+    assert (run.status, run.reason_code) == (status, "ACTION_FAILED")
     assert run.result["actions"] == []
     call = ToolCall.objects.get(run=run, name="mail_send")
     assert (call.status, call.attempts) == ("failed", 0)

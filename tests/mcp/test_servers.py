@@ -308,6 +308,38 @@ def test_a_server_that_is_down_fails_the_call_and_the_run_still_ends(
     assert event_types(run)[-1] == "run.finished"
 
 
+@pytest.mark.parametrize("value", [None, ""])
+def test_a_server_whose_credential_is_not_set_fails_the_call_for_good_sending_nothing(
+    demo, projects, published_status, transport, monkeypatch, value
+):
+    # given a published tool of a server whose credential this host then no longer sets, or
+    # sets empty
+    published_status()
+    if value is None:
+        monkeypatch.delenv("TEST_PROJECTS_MCP_TOKEN")
+    else:
+        monkeypatch.setenv("TEST_PROJECTS_MCP_TOKEN", value)
+    run = ask(demo)
+
+    run_execute(run_id=str(run.pk))
+
+    # then the call failed before anything went out, as one no retry clears: an operator
+    # must set the secret
+    run = finished(run)
+    call = only_call(run)
+    assert (call.status, call.error_category) == ("failed", "PERMISSION_DENIED")
+    assert call.envelope["retryable"] is False
+    assert call.envelope["may_have_side_effect"] is False
+    assert call.envelope["error"]["message"] == (
+        "acme/projects: the secret reference TEST_PROJECTS_MCP_TOKEN is not set or empty on "
+        "this host; an operator must set it. Nothing was sent."
+    )
+    assert "tool.completed" not in event_types(run)
+    assert (run.status, run.reason_code) == ("PARTIAL", "NO_TOOL_RESULT")
+    assert run.result["next_step"] != "Send the message again later with a new Idempotency-Key."
+    assert TOKEN not in json.dumps([call.envelope, run.result])
+
+
 def test_a_disabled_server_leaves_new_snapshots_and_refuses_calls_already_allowed(
     demo, projects, published_status
 ):
