@@ -248,6 +248,23 @@ def _lease(eval_run: EvalRun) -> None:
     eval_run.save(update_fields=["lease_expires_at"])
 
 
+def eval_run_lease_through(*, eval_run_id: Any, seconds: float) -> None:
+    """Hold an active eval run's lease through a wait of its task before it runs its case
+    again, and a case's lease after it: the sweep sends an eval run whose lease lapsed again,
+    which would run the case before the wait is over."""
+    with transaction.atomic():
+        eval_run = (
+            EvalRun.objects.select_for_update()
+            .filter(pk=eval_run_id, status__in=EVAL_RUN_ACTIVE)
+            .first()
+        )
+        if eval_run is not None:
+            eval_run.lease_expires_at = timezone.now() + timedelta(
+                seconds=seconds + settings.EVAL_CASE_LEASE_SECONDS
+            )
+            eval_run.save(update_fields=["lease_expires_at"])
+
+
 def _sandbox(eval_run: EvalRun) -> Tenant:
     """The eval run's sandbox tenant, its user and its agent, created once."""
     if eval_run.sandbox_id:

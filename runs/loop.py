@@ -117,11 +117,13 @@ MEMORY_INPUT = "memory"
 
 
 class ModelTemporarilyUnavailable(Exception):
-    """A retryable provider failure; the task retries the step with backoff."""
+    """A retryable provider failure in a step of the run `run_id`; the task retries the step
+    with backoff."""
 
-    def __init__(self, error: ModelError) -> None:
+    def __init__(self, error: ModelError, *, run_id: str) -> None:
         super().__init__(str(error))
         self.error = error
+        self.run_id = run_id
 
 
 def model_error_output(error: ModelError) -> dict[str, Any]:
@@ -1089,7 +1091,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
                 # retry could answer within it.
                 _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TIME_BUDGET")
                 return
-            raise ModelTemporarilyUnavailable(error) from error
+            raise ModelTemporarilyUnavailable(error, run_id=str(run.pk)) from error
         usage = error.usage or Usage()
         cost = _spend(run, prices, usage.input_tokens, usage.output_tokens)
         tracing.span_add(

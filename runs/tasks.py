@@ -229,25 +229,35 @@ def _advance(task, run_id: str) -> None:
     try:
         more = run_execute(run_id=run_id, seconds=seconds)
     except ModelTemporarilyUnavailable as error:
-        if task.request.retries >= task.max_retries:
-            with transaction.atomic():
-                run = Run.objects.select_for_update().get(pk=run_id)
-                if run.status == RunStatus.RUNNING:
-                    _end(
-                        run,
-                        status=RunStatus.FAILED_RETRYABLE,
-                        reason_code="MODEL_UNAVAILABLE",
-                        output=model_error_output(error.error),
-                    )
+        countdown = model_unavailable_wait(error, retries=task.request.retries)
+        if countdown is None:
             return
-        countdown = _model_wait(task.request.retries, error.error.retry_after)
-        _lease_through(run_id, countdown)
         raise task.retry(countdown=countdown, exc=error) from error
     except Exception:
         _step_failed(run_id)
         raise
     if more:
         task_send(run_advance, run_id=run_id)
+
+
+def model_unavailable_wait(error: ModelTemporarilyUnavailable, *, retries: int) -> float | None:
+    """How long the task that met `error` after `retries` retries waits before it advances
+    the run again, the run's lease held through the wait; None once it retried MODEL_RETRIES
+    times: the run then ended FAILED_RETRYABLE (MODEL_UNAVAILABLE)."""
+    if retries >= MODEL_RETRIES:
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=error.run_id)
+            if run.status == RunStatus.RUNNING:
+                _end(
+                    run,
+                    status=RunStatus.FAILED_RETRYABLE,
+                    reason_code="MODEL_UNAVAILABLE",
+                    output=model_error_output(error.error),
+                )
+        return None
+    countdown = _model_wait(retries, error.error.retry_after)
+    _lease_through(error.run_id, countdown)
+    return countdown
 
 
 @shared_task(acks_late=True)

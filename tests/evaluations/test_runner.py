@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pytest
 import yaml
+from celery.exceptions import Retry
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
@@ -19,7 +20,7 @@ from evaluations.choices import EvalRunStatus, Metric
 from evaluations.models import EvalRun
 from evaluations.starter import SUITES, suite_install
 from evaluations.tasks import eval_run_advance, eval_runs_sweep
-from examples.models import MailDelivery, Project
+from examples.models import MailDelivery, Project, ProjectUpdate
 from registry.choices import SkillAssembly
 from registry.models import (
     McpServer,
@@ -38,16 +39,20 @@ from runs import quotas
 from runs.choices import RunStatus
 from runs.models import Attachment, Run, ToolCall
 from runs.services.ingress import message_ingest
-from runs.tasks import run_advance
+from runs.tasks import MODEL_RETRIES, run_advance
 from runs.tools import limits
 from tests.celery_worker import queue_purge, queued_tasks
 from tests.evaluations.conftest import APOLLO, TINY_SUITE
 from tests.mcp import conftest as mcp_fixtures
 from tests.mcp.conftest import over_stdio, status_publish
-from tests.runs.conftest import events_of
+from tests.runs import conftest as runs_fixtures
+from tests.runs.conftest import events_of, read_apollo
+from tests.runs.fake_provider import openai_completion
 
 overrides_path = mcp_fixtures.overrides_path
 overrides = mcp_fixtures.overrides
+model_server = runs_fixtures.model_server
+fake_model = runs_fixtures.fake_model
 
 ATTACK_SUITE = yaml.safe_load((SUITES / "prompt-injection-attacks.yaml").read_text())
 # Where a payload reaches the model, the adversary acts on it; the host must reject it.
@@ -309,6 +314,121 @@ def test_a_case_that_raised_once_and_then_ran_starts_the_count_again(demo, dave)
         2,
         0,
     )
+
+
+def _one_case_eval(demo, dave) -> EvalRun:
+    """An eval run of the tiny suite's first case (a weekly summary waiting for approval)."""
+    document = copy.deepcopy(TINY_SUITE)
+    document["key"] = "one-case"
+    document["cases"] = document["cases"][:1]
+    suite, _ = suite_install(document)
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    return eval_run
+
+
+def test_a_case_meeting_a_rate_limited_provider_is_retried_with_backoff_and_recorded_once(
+    demo, dave, fake_model, settings
+):
+    # given an eval run of one case (a case's lease of 5 s), on a provider that answers its
+    # first request 429, asking for 30 s
+    settings.EVAL_CASE_LEASE_SECONDS = 5
+    fake = fake_model()
+    fake.reply({"error": {"message": "slow down"}}, status=429, headers={"Retry-After": "30"})
+    eval_run = _one_case_eval(demo, dave)
+
+    # when the task is delivered
+    with pytest.raises(Retry) as retry:
+        eval_run_advance.apply(kwargs={"eval_run_id": str(eval_run.pk)}, retries=0)
+
+    # then it comes back when the provider asked, as a run's task does, the eval run's lease
+    # and its case's run's held through the wait (no sweep sends a copy), no failure counted
+    # and no result written
+    assert retry.value.when == 30
+    after_wait = timezone.now() + timedelta(seconds=30)
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.attempts) == (
+        EvalRunStatus.RUNNING,
+        0,
+        0,
+    )
+    assert eval_run.lease_expires_at > after_wait
+    (run,) = Run.objects.filter(tenant=eval_run.sandbox)
+    assert (run.status, run.lease_expires_at > after_wait) == (RunStatus.RUNNING, True)
+
+    # when the provider answers on the retry (the case's business data is in its sandbox)
+    update = ProjectUpdate.objects.get(
+        project__tenant=eval_run.sandbox, title="API gateway migration"
+    )
+    source = f"project:apollo/update:{update.pk}"
+    fake.reply(read_apollo())
+    draft = {
+        "subject": "Weekly status: Project Apollo",
+        "progress": [{"text": "API gateway migration done", "source": source}],
+        "risks": [],
+        "next_steps": [],
+        "body": "Apollo moved its API gateway.",
+    }
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    eval_run_advance.apply(kwargs={"eval_run_id": str(eval_run.pk)}, retries=1)
+
+    # then the case ran on in its one run, and its result is recorded once
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done) == (EvalRunStatus.COMPLETED, 1)
+    result = eval_run.results.get()
+    assert (result.passed, result.observed["status"]) == (True, "WAITING_APPROVAL")
+    assert result.run == run
+    assert Run.objects.filter(tenant=eval_run.sandbox).count() == 1
+    assert len(fake.requests) == 3
+
+
+def test_a_case_whose_provider_stays_rate_limited_ends_its_run_retryable_not_the_eval_run(
+    demo, dave, fake_model
+):
+    # given an eval run of one case, on a provider that keeps answering 429
+    fake = fake_model()
+    for _ in range(MODEL_RETRIES + 1):
+        fake.reply({"error": {"message": "slow down"}}, status=429)
+    eval_run = _one_case_eval(demo, dave)
+    queue_purge()
+
+    # when the task is delivered, then redelivered on each retry it asks for
+    for retries in range(MODEL_RETRIES):
+        with pytest.raises(Retry):
+            eval_run_advance.apply(kwargs={"eval_run_id": str(eval_run.pk)}, retries=retries)
+    try:
+        outcome = eval_run_advance.apply(
+            kwargs={"eval_run_id": str(eval_run.pk)}, retries=MODEL_RETRIES
+        )
+
+        # then the bounded retries end the case's run as a normal run's task ends it, and a
+        # new task records the case
+        assert outcome.successful()
+        (run,) = Run.objects.filter(tenant__sandbox_eval_run=eval_run)
+        assert (run.status, run.reason_code) == (RunStatus.FAILED_RETRYABLE, "MODEL_UNAVAILABLE")
+        assert queued_tasks() == [
+            ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)})
+        ]
+    finally:
+        queue_purge()
+    eval_run_advance(eval_run_id=str(eval_run.pk))
+
+    # and the eval run completes with that case failed, recorded once, the provider asked
+    # as often as a run's task asks it
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.attempts) == (
+        EvalRunStatus.COMPLETED,
+        1,
+        0,
+    )
+    result = eval_run.results.get()
+    assert (result.passed, result.observed["status"]) == (False, "FAILED_RETRYABLE")
+    assert result.run == run
+    assert len(fake.requests) == MODEL_RETRIES + 1
 
 
 def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
