@@ -144,18 +144,27 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
 _HIDDEN_CATEGORIES = frozenset({"Cf", "Co", "Cn"})
 
 
-def _hidden(text: str) -> list[str]:
-    return [
+# The control characters of ASCII text: the only hidden ones it can hold.
+_ASCII_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _hidden(text: str) -> set[str]:
+    """The hidden and control characters `text` holds (tab and line breaks are neither), each
+    once: every character of a tool's result is looked at, so each distinct one is classified
+    once, and ASCII text is searched for its control characters alone."""
+    if text.isascii():
+        return set(_ASCII_CONTROL.findall(text))
+    return {
         char
-        for char in text
+        for char in set(text)
         if unicodedata.category(char) in _HIDDEN_CATEGORIES
         or (unicodedata.category(char) == "Cc" and char not in "\n\r\t")
-    ]
+    }
 
 
 def visible(text: str) -> str:
     """`text` with every hidden or control character spelled out as <U+XXXX>."""
-    spelled = {ord(char): f"<U+{ord(char):04X}>" for char in set(_hidden(text))}
+    spelled = {ord(char): f"<U+{ord(char):04X}>" for char in _hidden(text)}
     return text.translate(spelled) if spelled else text
 
 
