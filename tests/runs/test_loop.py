@@ -1753,18 +1753,10 @@ def test_a_run_left_without_evidence_says_to_retry_only_when_the_failure_was_ret
 ):
     # given a weekly summary whose only project_search fails with `category`, its envelope
     # saying whether another try may pass, and a model that drafts anyway
-    def failing(self, context, arguments):
-        raise ToolFailed("The project store said no.", category=category, retryable=is_retryable)
-
-    monkeypatch.setattr(ProjectSearch, "__call__", failing)
-    monkeypatch.setattr("runs.tools.executor.time.sleep", lambda seconds: None)
-    fake = fake_model()
-    fake.reply(read_apollo("call_read"))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    run = start(demo, project_id="apollo")
-
     # when
-    run_execute(run_id=str(run.pk))
+    run = _executed_with_project_search_failing(
+        demo, fake_model, monkeypatch, category=category, retryable=is_retryable
+    )
 
     # then the call's envelope says what the tool said, and the run tells the user to try
     # again only when that envelope says another try may pass, whatever the category
@@ -1786,20 +1778,32 @@ def test_a_failure_a_handler_gives_a_category_outside_the_set_is_recorded_as_unk
     """Before, the handler's own word was kept as the call's category and answered to the
     model, which is told only the stable categories of the result envelope."""
 
-    def failing(self, context, arguments):
-        raise ToolFailed("The project store said no.", category="BOGUS", retryable=False)
-
-    monkeypatch.setattr(ProjectSearch, "__call__", failing)
-    fake = fake_model()
-    fake.reply(read_apollo("call_read"))
-    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
-    run = start(demo, project_id="apollo")
-
-    run_execute(run_id=str(run.pk))
+    run = _executed_with_project_search_failing(
+        demo, fake_model, monkeypatch, category="BOGUS", retryable=False
+    )
 
     call = ToolCall.objects.get(run=run, call_id="call_read")
     assert (call.error_category, call.envelope["error"]["category"]) == ("UNKNOWN", "UNKNOWN")
     assert "BOGUS" not in json.dumps([event.payload for event in run.events.all()])
+
+
+def _executed_with_project_search_failing(
+    demo, fake_model, monkeypatch, *, category: str, retryable: bool
+) -> Run:
+    """A weekly summary executed whose only project_search fails with `category`, and whose
+    model drafts anyway."""
+
+    def failing(self, context, arguments):
+        raise ToolFailed("The project store said no.", category=category, retryable=retryable)
+
+    monkeypatch.setattr(ProjectSearch, "__call__", failing)
+    monkeypatch.setattr("runs.tools.executor.time.sleep", lambda seconds: None)
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = start(demo, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    return run
     assert "BOGUS" not in json.dumps(fake.requests[-1].body)
 
 
