@@ -391,18 +391,6 @@ def secrets_removed(text: str) -> str:
     return text
 
 
-def holds_secret(value: Any) -> bool:
-    """Whether a string of a JSON value, its objects' keys included, holds what
-    `secrets_removed` would replace."""
-    if isinstance(value, str):
-        return secrets_removed(value) != value
-    if isinstance(value, dict):
-        return any(holds_secret(key) or holds_secret(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(holds_secret(item) for item in value)
-    return False
-
-
 def secrets_removed_within(value: Any) -> Any:
     """A JSON value with `secrets_removed` applied to each of its strings, its objects' keys
     included."""
@@ -413,6 +401,12 @@ def secrets_removed_within(value: Any) -> Any:
     if isinstance(value, list):
         return [secrets_removed_within(item) for item in value]
     return value
+
+
+def holds_secret(value: Any) -> bool:
+    """Whether a string of a JSON value, its objects' keys included, holds what
+    `secrets_removed` would replace."""
+    return isinstance(value, str | dict | list) and secrets_removed_within(value) != value
 
 
 # The shortest text of a sensitive field masked inside other text: a shorter one ("Li", "42")
