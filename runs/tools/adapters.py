@@ -386,6 +386,7 @@ def http_call(
             "printable ASCII); nothing was sent.",
             category=ErrorCategory.PERMISSION_DENIED,
             retryable=False,
+            attempted=False,
         )
     if context.credential:
         headers["Authorization"] = f"Bearer {context.credential}"
@@ -408,7 +409,10 @@ def http_call(
         )
     except EgressRefused as refused:
         raise ToolFailed(
-            str(refused), category=ErrorCategory.PERMISSION_DENIED, retryable=False
+            str(refused),
+            category=ErrorCategory.PERMISSION_DENIED,
+            retryable=False,
+            attempted=False,
         ) from None
     except httpx.ConnectTimeout as error:
         raise _unreached_in_time() from error

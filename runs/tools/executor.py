@@ -521,9 +521,8 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
         outcome, tried, _, passage = _run_with_retries(admitted, deadline=task_deadline)
         if passage is not None:
             limits.calls_leave([(passage, False)])
-        not_sent = isinstance(outcome, ToolFailed) and not outcome.attempted
-        attempts += tried - not_sent
-        turned_away = not_sent and outcome.turned_away
+        attempts += tried
+        turned_away = isinstance(outcome, ToolFailed) and outcome.turned_away
         if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
             return outcome, attempts, int((time.monotonic() - started) * 1000)
         time.sleep(random.uniform(*LIMIT_WAIT_SECONDS))
@@ -640,27 +639,30 @@ def _run_with_retries(
     with backoff and jitter, within the tool's retry policy, and only while another attempt,
     its wait and its whole timeout, would end by `deadline` (`tries_deadline`): past it,
     the last failure stands, as one another try may pass later. Returns (outcome, attempts,
-    duration_ms, the passage of a call that succeeded, for the caller to leave)."""
+    duration_ms, the passage of a call that succeeded, for the caller to leave). The
+    attempts count the tries that reached the tool: one that never left the host (a limit
+    turned it away, the host refused to send it) is not one."""
     tool_version = admitted.tool_version
     policy = tool_version.retry_policy or {}
     max_attempts = policy.get("max_attempts", 1)
     repeatable = tool_version.is_idempotent or tool_version.risk in READ_RISKS
     started = time.monotonic()
-    attempt = 0
+    attempt = reached = 0
     while True:
         attempt += 1
         try:
             output, passage = _attempt(admitted, entered if attempt == 1 else None)
         except ToolFailed as failure:
+            reached += failure.attempted
             wait = _retry_wait(policy, attempt, failure)
             if (
                 not (failure.retryable and repeatable and attempt < max_attempts)
                 or wait is None
                 or time.monotonic() + wait + tool_version.timeout_s > deadline
             ):
-                return failure, attempt, int((time.monotonic() - started) * 1000), None
+                return failure, reached, int((time.monotonic() - started) * 1000), None
         else:
-            return output, attempt, int((time.monotonic() - started) * 1000), passage
+            return output, reached + 1, int((time.monotonic() - started) * 1000), passage
         time.sleep(wait)
 
 

@@ -26,7 +26,7 @@ from registry.selectors import versions_frozen
 from registry.services.common import registry_object_save
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.loop import run_execute
-from runs.models import Run, Source, ToolCall
+from runs.models import Run, Source, Span, ToolCall
 from runs.models.tools import source_reference
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
@@ -808,6 +808,33 @@ def test_a_tool_whose_credential_is_not_set_is_never_called_without_it(
     assert "tool.completed" not in event_types(run)
 
 
+def test_a_read_that_failed_before_anything_was_sent_counts_no_attempt(
+    demo, report_service, report_token, monkeypatch
+):
+    # given a read tool, retried up to 3 times, whose credential variable holds a line break
+    # no header can carry
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", f"{report_token}\n")
+
+    # when
+    run = report_read(
+        demo,
+        report_service,
+        credential_ref="REPORT_SERVICE_TOKEN",
+        retry_policy=RETRIES_WITHIN_5_S,
+    )
+
+    # then the call failed at the host, the service never asked, and its record says so
+    assert report_service.requests == []
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.error_category, record.attempts) == (
+        "failed",
+        "PERMISSION_DENIED",
+        0,
+    )
+    [span] = Span.objects.filter(run=run, name="tool.call")
+    assert (span.attributes["attempts"], span.attributes["retries"]) == (0, 0)
+
+
 @pytest.mark.parametrize("business_status", ["ok", "refused for {secret}"])
 def test_a_credential_the_service_echoes_in_a_reference_or_status_is_stripped(
     demo, report_service, report_token, business_status
@@ -1267,6 +1294,33 @@ def test_an_approved_send_is_not_tried_again_when_the_try_could_not_end_within_i
     action.refresh_from_db()
     assert action.status == ActionStatus.UNKNOWN
     assert ToolCall.objects.get(run=run, name="mail_send").attempts == 2
+
+
+@pytest.mark.parametrize("refusal", ["denied-address", "credential-with-a-line-break"])
+def test_an_approved_http_send_the_host_refused_to_make_was_not_executed(
+    demo, report_service, report_token, monkeypatch, refusal
+):
+    # given an approved send through an HTTP mail service the host will not call: its address
+    # is one the egress policy denies, or its credential holds a line break
+    run, action, mail_send = approved_http_send(demo, report_service, monkeypatch)
+    config = {"url": report_service.url, "credential_ref": "REPORT_SERVICE_TOKEN"}
+    if refusal == "denied-address":
+        config["url"] = "http://169.254.169.254/latest/meta-data/"
+    else:
+        monkeypatch.setenv("REPORT_SERVICE_TOKEN", f"{report_token}\n")
+    monkeypatch.setattr(mail_send, "adapter_config", config)
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then nothing was sent, and the action is a failure that was never executed
+    assert report_service.requests == []
+    action.refresh_from_db()
+    assert (action.status, action.executed_at) == (ActionStatus.FAILED, None)
+    assert ToolCall.objects.get(run=run, name="mail_send").attempts == 0
+    ended = Run.objects.get(pk=run.pk)
+    assert (ended.status, ended.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert ended.result["actions"] == []
 
 
 def test_a_try_ends_when_the_step_s_task_would_rather_than_at_the_tool_s_timeout(
