@@ -17,7 +17,7 @@ from urllib.parse import parse_qsl, urlsplit
 from django.conf import settings
 
 from config.secret_names import name_words, secret_key
-from runs.redaction import secrets_removed
+from runs.redaction import as_read, names_secret, secrets_removed
 
 if TYPE_CHECKING:
     from registry.models import Tenant
@@ -46,8 +46,9 @@ def credential_value(reference: str, *, owner: "Tenant | None") -> str | None:
 
 def url_secret_refusal(url: str | None) -> str | None:
     """Why an endpoint's URL may not be stored (no reason for one that may): a password in it
-    (`https://user:sk-…@host`), or a query parameter named as a secret (`?api_key=…`), is the
-    secret itself, shown to whoever reads the row, its history and its list page."""
+    (`https://user:sk-…@host`), or a query parameter named as a secret (`?api_key=…`, in
+    letters of another script that look like Latin ones too: `names_secret`), is the secret
+    itself, shown to whoever reads the row, its history and its list page."""
     if not url:
         return None
     try:
@@ -60,7 +61,7 @@ def url_secret_refusal(url: str | None) -> str | None:
             "secret in credential_ref instead."
         )
     named = sorted(
-        {name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if secret_key(name)}
+        {name for name, _ in parse_qsl(parts.query, keep_blank_values=True) if names_secret(name)}
     )
     if named:
         return (
@@ -91,8 +92,9 @@ def args_secret_refusal(args: list[str]) -> str | None:
         if not equals:
             valued = index + 1 < len(args) and not args[index + 1].startswith("-")
             name, value = (arg, args[index + 1]) if arg.startswith("-") and valued else ("", "")
+        read = as_read(name)
         option_holds_secret = (
-            bool(value) and secret_key(name) and name_words(name)[-1] not in _SECRET_ELSEWHERE
+            bool(value) and secret_key(read) and name_words(read)[-1] not in _SECRET_ELSEWHERE
         )
         if option_holds_secret or any(secrets_removed(text) != text for text in (arg, value)):
             named.append(name or f"#{index + 1}")

@@ -6,8 +6,8 @@ from django.db import models
 
 from config.credentials import credential_refusal, url_secret_refusal
 from config.history import history_records
-from config.secret_names import secret_key
 from registry.choices import ModelProvider, NoSkillMatched, SkillAssembly
+from runs.redaction import names_secret
 
 CREDENTIAL_REF_VALIDATOR = RegexValidator(
     r"^[A-Z][A-Z0-9_]{0,127}$",
@@ -95,7 +95,8 @@ class ModelConfig(models.Model):
 
 
 def _secret_paths(value: object, prefix: str = "") -> list[str]:
-    """Where in `value` a key names a credential, at any depth (`extra_headers.Authorization`)."""
+    """Where in `value` a key names a credential, at any depth (`extra_headers.Authorization`),
+    written in letters of another script that look like Latin ones too (`names_secret`)."""
     if isinstance(value, list):
         return [path for item in value for path in _secret_paths(item, prefix)]
     if not isinstance(value, dict):
@@ -103,7 +104,7 @@ def _secret_paths(value: object, prefix: str = "") -> list[str]:
     paths = []
     for name, item in value.items():
         path = f"{prefix}{name}"
-        paths += [path] if secret_key(str(name)) else _secret_paths(item, f"{path}.")
+        paths += [path] if names_secret(str(name)) else _secret_paths(item, f"{path}.")
     return paths
 
 

@@ -33,13 +33,12 @@ from django.db import transaction
 from django.db.models import Case, QuerySet, When
 from django.utils import timezone
 
-from config.secret_names import secret_key
 from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
 from runs.choices import ACTIVE_STATUSES, RunStatus
 from runs.models import MemoryItem, Run
-from runs.redaction import SECRET_WORDS_ZH, as_read, secrets_removed
+from runs.redaction import SECRET_WORDS_ZH, as_read, names_secret, secrets_removed
 from runs.selectors import recalled_texts
 
 ALLOWED_ORIGINS = {
@@ -83,7 +82,7 @@ def _policy_check(
     if origin not in ALLOWED_ORIGINS.get(kind, set()):
         raise _refuse("ORIGIN_NOT_ALLOWED", f"A {kind} cannot come from {origin}.")
     # The key and the purpose are shown and sent with the value: none of them may hold one.
-    if secret_key(key) or any(map(_looks_secret, (f"{key} {value}", key, value, purpose))):
+    if names_secret(key) or any(map(_looks_secret, (f"{key} {value}", key, value, purpose))):
         raise _refuse(
             "SECRET", "Secrets, tokens, passwords and one-time codes are never kept in memory."
         )

@@ -52,6 +52,34 @@ def test_a_model_config_refuses_secrets_nested_in_its_parameters(platform_admin)
     assert not ModelConfig.objects.exists()
 
 
+def test_a_model_config_refuses_secrets_under_names_written_with_look_alike_letters(
+    platform_admin,
+):
+    # given parameters whose names are written with letters of another script (Cyrillic A,
+    # er and a, dze) or with a character that shows nothing (a zero-width non-joiner)
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        parameters={
+            "extra_headers": {"\u0410uthorization": "Bearer sk-proj-0123456789"},
+            "extra_body": {"\u0440\u0430ssword": "hunter22", "client_\u0455ecret": "s3cr3t"},
+            "pass\u200cword": "hunter22",
+        },
+    )
+
+    # when it is saved
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+
+    # then it is refused, naming each as it was typed, and nothing is stored
+    assert refused.value.details["parameters"][0].startswith(
+        "extra_body.client_\u0455ecret, extra_body.\u0440\u0430ssword, "
+        "extra_headers.\u0410uthorization, pass\u200cword look like credentials"
+    )
+    assert not ModelConfig.objects.exists()
+
+
 def test_a_model_config_keeps_parameters_that_only_sound_like_credentials(platform_admin):
     config = ModelConfig(
         name="gemini",

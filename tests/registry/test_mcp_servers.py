@@ -182,6 +182,51 @@ def test_a_stdio_server_s_arguments_carry_no_secret(client, platform_admin, acme
     ]
 
 
+def test_a_server_s_url_and_arguments_carry_no_secret_under_a_look_alike_name(
+    client, platform_admin, acme
+):
+    # given a platform admin's add forms of an HTTP and of a stdio server
+    form = server_form_as(client, platform_admin, acme) | {"tenant": ""}
+    add = reverse("admin:registry_mcpserver_add")
+    http = form | {"transport": "streamable_http"}
+    stdio = form | {"transport": "stdio", "command": "/usr/bin/projects-mcp"}
+
+    # when a secret's name is written with letters of another script (Cyrillic a, er, dze,
+    # Greek omicron) or with a character that shows nothing (a zero-width non-joiner)
+    with_token = client.post(add, {**http, "url": "https://mcp.example/mcp?\u0430ccess_token=s3"})
+    with_key = client.post(add, {**http, "url": "https://mcp.example/mcp?api\u200ckey=s3cret"})
+    with_password = client.post(add, {**stdio, "args": '["--\u0440\u0430ssword=hunter2"]'})
+    with_secret = client.post(add, {**stdio, "args": '["--client-\u0455ecret", "s3cr3t"]'})
+    with_token_option = client.post(add, {**stdio, "args": '["--t\u03bfken", "abc123"]'})
+
+    # then each is refused on its field, naming the parameter or option as it was typed
+    pointer = (
+        "looks like a credential; give the process the secret in env instead, as VARIABLE: "
+        "SECRET_REFERENCE, the host's environment variable that holds it."
+    )
+    assert [response.status_code for response in (with_token, with_key)] == [200, 200]
+    assert [
+        response.context["adminform"].form.errors["url"] for response in (with_token, with_key)
+    ] == [
+        [
+            "The query parameter \u0430ccess_token looks like a credential; name the environment "
+            "variable that holds the secret in credential_ref instead."
+        ],
+        [
+            "The query parameter api\u200ckey looks like a credential; name the environment "
+            "variable that holds the secret in credential_ref instead."
+        ],
+    ]
+    refused = (with_password, with_secret, with_token_option)
+    assert [response.status_code for response in refused] == [200, 200, 200]
+    assert [response.context["adminform"].form.errors["args"] for response in refused] == [
+        [f"The argument --\u0440\u0430ssword {pointer}"],
+        [f"The argument --client-\u0455ecret {pointer}"],
+        [f"The argument --t\u03bfken {pointer}"],
+    ]
+    assert not McpServer.objects.exists()
+
+
 def test_a_server_a_published_tool_calls_keeps_its_name(client, publisher, acme, make_tool_version):
     # given acme's server "projects", serving the tool a published version was made from
     projects = server(tenant=acme)

@@ -113,6 +113,10 @@ def full_width(text: str) -> str:
         ("openai", "\u0455\u043a-proj4f9c2a7eABCDEFGH12"),
         ("note", "my t\u043e\u043a\u0435n is abcdefg"),
         ("note", "\u03a1\u0391SSWORD: Tr0ub4dor"),
+        # a key naming a secret with such letters, or with a character that shows nothing
+        ("client_\u0455ecret", "abc"),
+        ("\u0410uthorization", "abc"),
+        ("pass\u200cword", "abc"),
     ],
 )
 def test_secrets_tokens_passwords_and_one_time_codes_are_refused(acme, member, key, value):
