@@ -209,7 +209,8 @@ class McpServer(models.Model):
 
 
 class McpToolDefinition(models.Model):
-    """One remote tool definition exactly as a server served it, kept by its hash."""
+    """One remote tool definition as a server served it, kept by the hash of what it served,
+    with the credentials it held replaced (what reviewers are shown)."""
 
     server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="definitions")
     remote_name = models.CharField(max_length=200)

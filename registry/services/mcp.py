@@ -58,7 +58,7 @@ from registry.services.common import (
     registry_object_save,
 )
 from registry.services.tools import tool_version_check
-from runs.redaction import secrets_removed
+from runs.redaction import secrets_removed, secrets_removed_within
 
 logger = logging.getLogger(__name__)
 
@@ -183,10 +183,12 @@ def mcp_definitions_sync(
             skipped[_without_secrets(remote_name, secrets)[:REMOTE_NAME_MAX]] = problem
             continue
         listed.append(remote_name)
-        # Hashed as served, so that drift shows; kept and shown without the credentials
-        # the server echoes and in text PostgreSQL stores.
+        # Hashed as served, so that drift shows and a call compares the same hash (a
+        # definition served again is the same row); kept and shown without the credentials
+        # the server echoes, nor any other its text or schemas hold (a default, an example,
+        # an enum entry), and in text PostgreSQL stores.
         hashed, canonical = served_hash(definition)
-        shown = _without_secrets(definition, secrets)
+        shown = secrets_removed_within(_without_secrets(definition, secrets))
         flags = poisoning_flags(shown)
         served_text = json.dumps(definition, ensure_ascii=False, default=str)
         if any(secret and secret in served_text for secret in secrets):

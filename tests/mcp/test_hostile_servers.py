@@ -193,6 +193,65 @@ def test_a_credential_in_a_listed_tool_s_text_never_reaches_what_the_model_is_sh
     }
 
 
+def test_a_credential_in_a_listed_tool_s_definition_is_not_kept_nor_shown_to_the_reviewer(
+    demo, hostile, spec, client
+):
+    # given a server whose listing holds credentials (none of them its own) in a tool's
+    # description, in its input schema's default, examples and enum, and in its annotations
+    key, token = "sk-proj4f9c2a7e1b8d3f6a0c5e", "ghp_4f9c2a7e1b8d3f6a0c5e9b7d"
+    schema = copy.deepcopy(STATUS_TOOL["inputSchema"])
+    schema["properties"]["project_id"] |= {
+        "default": f"apollo?token={token}",
+        "examples": [f"Bearer {token}"],
+    }
+    schema["properties"]["scope"] = {"type": "string", "enum": ["week", key]}
+    spec(
+        tools=[
+            {
+                **STATUS_TOOL,
+                "description": f"Status of a project; key {key}.",
+                "inputSchema": schema,
+                "annotations": {"readOnlyHint": True, "title": "Status (password=Tr0ub4dor3x)"},
+            }
+        ],
+        result=OK,
+    )
+
+    # when it is discovered, then discovered again, and a reviewer opens its draft
+    mcp_server_discover(server=hostile, actor=demo.admin)
+    again = mcp_server_discover(server=hostile, actor=demo.admin)
+    draft = draft_of(hostile, "project_status")
+    client.force_login(demo.admin)
+    page = client.get(reverse("admin:registry_toolversion_change", args=[draft.pk])).content
+
+    # then the definition is kept and shown with each credential replaced, the rest as served
+    (definition,) = McpToolDefinition.objects.filter(server=hostile)
+    shown = json.dumps(definition.definition) + page.decode()
+    assert [secret for secret in (key, token, "Tr0ub4dor3x") if secret in shown] == []
+    assert definition.definition["description"] == "Status of a project; key [redacted]."
+    assert definition.definition["inputSchema"]["properties"] == {
+        "project_id": {
+            "type": "string",
+            "default": "apollo?token=[redacted]",
+            "examples": ["Bearer [redacted]"],
+        },
+        "scope": {"type": "string", "enum": ["week", "[redacted]"]},
+    }
+    assert definition.definition["annotations"] == {
+        "readOnlyHint": True,
+        "title": "Status (password=[redacted])",
+    }
+    # and it is the same definition on the second discovery, not a change
+    assert (again.drafted, again.unchanged, again.drifted) == ([], ["project_status"], [])
+
+    # and a run calls its published version: the server serves what was reviewed
+    status_publish(demo, hostile)
+    run = ask(demo)
+    run_execute(run_id=str(run.pk))
+    (call,) = ToolCall.objects.filter(run=run)
+    assert call.status == "completed", call.envelope
+
+
 def test_a_tool_named_with_the_credential_is_skipped_and_the_credential_not_kept(
     demo, hostile, spec, client
 ):
