@@ -17,12 +17,17 @@ characters, tag characters, other control characters but tab and line breaks) sp
 <U+XXXX>: raw, they could hide an instruction from whoever reads the evidence, or reorder it.
 The envelope's `content_sha256` is the hash of the content as fetched (its UTF-8), which its
 Source records too; `hidden_characters_spelled_out` says when the content shown is not that.
+What the user said (their message, earlier messages of the session) and what is remembered about
+them (text kept from an earlier run, which may have been pasted from anywhere) reach the model
+with those characters spelled out too; the run and its events keep them as received.
 
 What the model saw is recorded (`context.built`) as each section's size and keyed hash
 (HMAC-SHA256 under a key derived from SECRET_KEY): the platform can tell whether a context it
 rebuilds is the one a turn had, and whether two turns had the same section, but whoever reads
 the record cannot test a guess against it (an auditor shown a masked recipient could
-otherwise confirm a guessed address against the recipient section's plain hash).
+otherwise confirm a guessed address against the recipient section's plain hash). A section
+in which hidden characters of the user's text or memory were spelled out says so
+(`hidden_characters_spelled_out`): what it shows is not the text the run keeps.
 """
 
 import hashlib
@@ -100,6 +105,27 @@ def wrap_untrusted(
             }
         }
     )
+
+
+def _shown_within(value: Any) -> Any:
+    """A JSON value with the hidden characters of each of its strings, its objects' keys
+    included, spelled out."""
+    if isinstance(value, str):
+        return visible(value)
+    if isinstance(value, dict):
+        return {visible(key): _shown_within(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shown_within(item) for item in value]
+    return value
+
+
+def _shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """A transcript entry as the model is shown it: a user's turn (the message, what the host
+    told the model) with its hidden characters spelled out. The model's own turns are its
+    output, and a tool result is already wrapped (`wrap_untrusted`): they stay the same."""
+    if entry["kind"] != "user" or (shown := visible(entry["text"])) == entry["text"]:
+        return entry
+    return {**entry, "text": shown}
 
 
 def _recipient_text(recipient: Any) -> str:
@@ -213,7 +239,14 @@ def context_build(
         + "\n```",
         "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
-    memory = list(run_state.get("memory") or [])
+    recalled = list(run_state.get("memory") or [])
+    memory = _shown_within(recalled)
+    earlier = list(run_state.get("history", []))
+    conversation = _shown_within(earlier)
+    given = transcript
+    # A user's turn is never cut (`_drop_oldest_exchange` keeps them): the transcript sent
+    # shows a spelled-out character whenever the one given has one.
+    transcript = [_shown_entry(entry) for entry in given]
 
     def memory_text() -> str:
         if not memory:
@@ -240,7 +273,6 @@ def context_build(
     def examples_text() -> str:
         return "# Examples\n" + jsontext.dumps(examples) if examples else ""
 
-    conversation = list(run_state.get("history", []))
     entries = list(transcript)
     recipient = _recipient_text(run_state.get("recipient"))
     used = sum(estimate_tokens(text) for text in (*fixed.values(), tool_text, recipient))
@@ -306,8 +338,22 @@ def context_build(
     # earlier messages) go with the user's turn, never among the instructions.
     if before := "\n\n".join(filter(None, [recipient, memory_text(), conversation_text()])):
         entries = [user_entry(before), *entries]
+    # What the budget left of memory (its first items) and of the earlier messages (the last).
+    spelled_out = {
+        name
+        for name, shown, kept in (
+            ("memory", memory, recalled[: len(memory)]),
+            ("conversation", conversation, earlier[len(earlier) - len(conversation) :]),
+            ("transcript", transcript, given),
+        )
+        if shown != kept
+    }
     recorded = {
-        name: {"tokens": estimate_tokens(text), "hmac_sha256": section_hash(text)}
+        name: {
+            "tokens": estimate_tokens(text),
+            "hmac_sha256": section_hash(text),
+            **({"hidden_characters_spelled_out": True} if name in spelled_out else {}),
+        }
         for name, text in sections.items()
     }
     tokens = sum(section["tokens"] for section in recorded.values())
