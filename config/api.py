@@ -184,6 +184,17 @@ def _is_utf_8(charset: str) -> bool:
         return False
 
 
+def refuse_charset_other_than_utf_8(media_type: str | None, what: str) -> None:
+    """Refuse (415) a body whose Content-Type declares a charset other than UTF-8, under
+    any of its names, saying `what` is UTF-8: the body is read as UTF-8, and read in the
+    charset it declares its text would come out garbled."""
+    charset = parse_header_parameters(media_type or "")[1].get("charset")
+    if charset is not None and not _is_utf_8(charset):
+        raise exceptions.UnsupportedMediaType(
+            media_type, detail=f'{what}: charset "{charset}" is not supported.'
+        )
+
+
 class StrictJSONParser(JSONParser):
     """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting,
     each name of an object given once."""
@@ -193,12 +204,7 @@ class StrictJSONParser(JSONParser):
         JSON is UTF-8 (RFC 8259): a body declared in another charset is refused (415), where
         DRF decodes it in that charset (Latin-1 turned "café" into "cafÃ©") or, for a charset
         Django does not know, as UTF-8 anyway."""
-        charset = parse_header_parameters(media_type or "")[1].get("charset")
-        if charset is not None and not _is_utf_8(charset):
-            raise exceptions.UnsupportedMediaType(
-                media_type,
-                detail=f'JSON is UTF-8 (RFC 8259): charset "{charset}" is not supported.',
-            )
+        refuse_charset_other_than_utf_8(media_type, "JSON is UTF-8 (RFC 8259)")
         try:
             data = drf_json.load(
                 codecs.getreader("utf-8")(stream),

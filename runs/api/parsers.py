@@ -7,6 +7,8 @@ from django.http.multipartparser import MultiPartParserError
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import DataAndFiles, MultiPartParser, get_encoding
 
+from config.api import refuse_charset_other_than_utf_8
+
 UNNAMED = "attachment"
 
 
@@ -20,11 +22,15 @@ class _NamedFileParser(DjangoMultiPartParser):
 
 
 class UploadParser(MultiPartParser):
-    """DRF's multipart parser, reading the body with `_NamedFileParser`."""
+    """DRF's multipart parser, reading the body with `_NamedFileParser`. A body declared in
+    a charset other than UTF-8 is refused (415), as a JSON body is: Django reads its field
+    and file names in that charset, which turned "café.txt" into "cafÃ©.txt" under Latin-1
+    and every field name into CJK characters under UTF-16."""
 
     def parse(
         self, stream: Any, media_type: str | None = None, parser_context: dict | None = None
     ) -> DataAndFiles:
+        refuse_charset_other_than_utf_8(media_type, "Form fields and file names are UTF-8")
         parser_context = parser_context or {}
         request = parser_context["request"]
         meta = request.META.copy()

@@ -271,6 +271,57 @@ def test_an_upload_whose_content_type_is_a_wildcard_is_refused(
 
 
 @pytest.mark.parametrize(
+    ("charset", "name"),
+    [
+        # UTF-8 bytes that Latin-1 reads as "cafÃ©.txt"
+        ("latin-1", "café.txt".encode()),
+        ("windows-1252", b"notes.txt"),
+        # every field name read as UTF-16 is garbled: "file" is missing
+        ("utf-16", b"notes.txt"),
+        ("rot13", b"notes.txt"),
+        ("no-such-charset", b"notes.txt"),
+    ],
+)
+def test_an_upload_declared_in_a_charset_other_than_utf_8_is_refused(
+    api, member, acme, private_root, charset, name
+):
+    client = api.as_user(member, acme)
+    client.raise_request_exception = False  # a crash must show as the 500 a client gets
+    body = _multipart_named(name, TEXT, b"text/plain")
+
+    response = client.generic(
+        "POST", URL, body, content_type=f"{MULTIPART_CONTENT}; charset={charset}"
+    )
+
+    assert response.status_code == 415
+    assert response.json() == {
+        "error": {
+            "code": "UNSUPPORTED_MEDIA_TYPE",
+            "message": (
+                f'Form fields and file names are UTF-8: charset "{charset}" is not supported.'
+            ),
+            "details": {},
+        }
+    }
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", "utf8", '"utf-8"'])
+def test_an_upload_declared_in_utf_8_is_stored(api, member, acme, private_root, charset):
+    body = _multipart_named("café.txt".encode(), TEXT, b"text/plain")
+
+    response = api.as_user(member, acme).generic(
+        "POST", URL, body, content_type=f"{MULTIPART_CONTENT}; charset={charset}"
+    )
+
+    assert response.status_code == 201, response.json()
+    attachment = Attachment.objects.get()
+    assert attachment.original_name == "café.txt"
+    assert (private_root / attachment.file.name).read_bytes() == TEXT
+
+
+@pytest.mark.parametrize(
     ("content", "media_type", "detected"),
     [
         (PNG, "text/plain", "image/png"),
