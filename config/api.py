@@ -44,17 +44,71 @@ _DRF_CODES: list[tuple[type[exceptions.APIException], str]] = [
 ]
 
 
+# A qvalue of zero (RFC 9110 §12.4.2): "0", "0.", "0.0" … "0.000".
+NO_QUALITY = re.compile(r"0(\.0{0,3})?")
+
+
+def _media_range(token: str) -> tuple[str, dict[str, str]]:
+    """The type/subtype of one range of Accept, lower-cased, and its parameters; a range
+    Django cannot parse matches nothing."""
+    try:
+        media_type, parameters = parse_header_parameters(token)
+    except ValueError:
+        return "", {}
+    return media_type.lower(), parameters
+
+
+def _is_refusal(parameters: dict[str, str]) -> bool:
+    return NO_QUALITY.fullmatch(parameters.get("q", "").strip()) is not None
+
+
 class ContentNegotiation(DefaultContentNegotiation):
     """A `?format=` the endpoint does not serve is not acceptable (406), as the same format
     asked for by `Accept` is: DRF answers 404, which says the resource is missing. A body
     whose Content-Type is a wildcard (`*/*`, `application/*`, `multipart/*`), which only
     `Accept` may hold, is of no type the endpoint reads (415): DRF matched it to any parser,
-    and read such a body as JSON or an upload."""
+    and read such a body as JSON or an upload. A range of `Accept` with a q of 0 says what is
+    not acceptable (RFC 9110 §12.5.1), where DRF served what it names as if asked for it:
+    `*/*;q=0` alone is a 406, while `application/json, */*;q=0` is still JSON."""
 
     def select_parser(self, request: Any, parsers: list) -> Any:
         if "*" in parse_header_parameters(request.content_type or "")[0]:
             return None
         return super().select_parser(request, parsers)
+
+    def get_accept_list(self, request: Any) -> list[str]:
+        """The ranges of `Accept` that ask for something: DRF would answer in a range refused
+        with q=0 (its parameters too) as readily as in one asked for."""
+        return [
+            token
+            for token in super().get_accept_list(request)
+            if not _is_refusal(_media_range(token)[1])
+        ]
+
+    def select_renderer(self, request: Any, renderers: list, format_suffix: Any = None) -> Any:
+        """As DRF's, among the renderers whose type the client has not refused: one whose most
+        specific matching range without parameters but q (`application/json` over
+        `application/*` over `*/*`) has q=0."""
+        ranges = [_media_range(token) for token in super().get_accept_list(request)]
+        acceptable = [
+            renderer for renderer in renderers if not self._is_refused(renderer.media_type, ranges)
+        ]
+        if not acceptable:
+            raise exceptions.NotAcceptable(available_renderers=renderers)
+        return super().select_renderer(request, acceptable, format_suffix)
+
+    @staticmethod
+    def _is_refused(media_type: str, ranges: list[tuple[str, dict[str, str]]]) -> bool:
+        main_type, _, sub_type = media_type.lower().partition("/")
+        matching = [
+            (range_type.count("*"), parameters)
+            for range_type, parameters in ranges
+            if set(parameters) <= {"q"}
+            and range_type in ("*/*", f"{main_type}/*", f"{main_type}/{sub_type}")
+        ]
+        if not matching:
+            return False
+        return _is_refusal(min(matching, key=lambda match: match[0])[1])
 
     def filter_renderers(self, renderers: list, format: str) -> list:
         served = [renderer for renderer in renderers if renderer.format == format]

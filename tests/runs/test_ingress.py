@@ -811,6 +811,49 @@ def test_a_form_encoded_body_is_refused(alice):
     assert row_counts() == NOTHING
 
 
+@pytest.mark.parametrize(
+    "accept",
+    ["*/*;q=0", "application/json;q=0", "application/*;q=0.000", "application/json;q=0, */*"],
+)
+def test_a_message_from_a_client_that_accepts_no_json_is_not_acceptable(alice, accept):
+    # a q of 0 says "not acceptable" (RFC 9110 §12.5.1); the most specific range decides
+    response = alice.post(
+        MESSAGES,
+        json.dumps(message_body()),
+        content_type="application/json",
+        HTTP_ACCEPT=accept,
+        HTTP_IDEMPOTENCY_KEY="refuses-json",
+    )
+
+    assert response.status_code == 406
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "error": {
+            "code": "NOT_ACCEPTABLE",
+            "message": "Could not satisfy the request Accept header.",
+            "details": {},
+        }
+    }
+    assert row_counts() == NOTHING
+
+
+@pytest.mark.parametrize(
+    "accept", ["application/json, */*;q=0", "*/*;q=0, application/*", "application/json;q=0.5"]
+)
+def test_a_message_from_a_client_that_accepts_json_over_a_refused_range_is_accepted(alice, accept):
+    response = alice.post(
+        MESSAGES,
+        json.dumps(message_body()),
+        content_type="application/json",
+        HTTP_ACCEPT=accept,
+        HTTP_IDEMPOTENCY_KEY="accepts-json",
+    )
+
+    assert response.status_code == 202
+    assert response["Content-Type"] == "application/json"
+    assert Run.objects.get().pk == uuid.UUID(response.json()["run_id"])
+
+
 def test_a_refused_request_does_not_burn_its_key(alice, post_message):
     refused = post_message(alice, {"channel": "api", "parts": []}, key="retry-after-fix")
     accepted = post_message(alice, key="retry-after-fix")

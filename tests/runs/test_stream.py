@@ -238,6 +238,39 @@ def test_asking_the_stream_for_json_is_not_acceptable(client, finished_run, aske
     assert response.json()["error"]["code"] == "NOT_ACCEPTABLE"
 
 
+@pytest.mark.parametrize(
+    "accept", ["text/event-stream;q=0", "*/*;q=0", "text/*;q=0, application/json"]
+)
+def test_a_client_that_accepts_no_event_stream_is_not_acceptable(client, finished_run, accept):
+    """A q of 0 says "not acceptable" (RFC 9110 §12.5.1): the client is told so, in the error
+    body, rather than handed the events it refused."""
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", HTTP_ACCEPT=accept
+    )
+
+    assert response.status_code == 406
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]["code"] == "NOT_ACCEPTABLE"
+
+
+@pytest.mark.parametrize("accept", ["text/event-stream, */*;q=0", "text/*, application/*;q=0"])
+def test_a_client_that_accepts_the_event_stream_over_a_refused_range_gets_it(
+    client, finished_run, accept
+):
+    run, key = finished_run
+
+    response = client.get(
+        f"/api/v1/runs/{run.pk}/stream", HTTP_AUTHORIZATION=f"Token {key}", HTTP_ACCEPT=accept
+    )
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    frames = _frames(b"".join(response.streaming_content).decode())
+    assert json.loads(frames[-1]["data"]) == {"status": "CANCELLED"}
+
+
 @pytest.mark.parametrize("accept", [None, "application/json"], ids=["any", "json"])
 def test_options_of_the_stream_describes_it_in_json(client, finished_run, accept):
     """What OPTIONS answers is a description, not events: it is JSON, as every other
