@@ -2,6 +2,7 @@
 pagination."""
 
 import codecs
+import json
 import logging
 import math
 import re
@@ -21,7 +22,6 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
-from rest_framework.utils import json as drf_json
 
 from config.errors import ApplicationError
 
@@ -249,23 +249,53 @@ def refuse_charset_other_than_utf_8(media_type: str | None, what: str) -> None:
         )
 
 
+# The json module's words that speak of Python rather than of the body.
+_SYNTAX_ERRORS = {
+    "Extra data": "Data after the JSON value",
+    # Only once the one mark a body may start with is dropped (`_json_text`).
+    "Unexpected UTF-8 BOM (decode using utf-8-sig)": (
+        "The body starts with more than one byte order mark"
+    ),
+}
+
+
+def _json_text(body: bytes) -> str:
+    """The text of a JSON body, without the byte order mark it may start with (RFC 8259
+    §8.1 lets a parser ignore it; Notepad and PowerShell write one). Bytes that are not
+    UTF-8 are named by their offset in the body, not by Python's codec."""
+    start = len(codecs.BOM_UTF8) if body.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return body[start:].decode("utf-8")
+    except UnicodeDecodeError as error:
+        offset = start + error.start
+        byte = f"the byte at offset {offset} (0x{body[offset]:02X})"
+        raise ValueError(f"JSON is UTF-8 (RFC 8259): {byte} is not.") from error
+
+
 class StrictJSONParser(JSONParser):
     """JSON bodies PostgreSQL can store: UTF-8 text without NUL characters, bounded nesting,
     each name of an object given once."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        """As DRF's JSON parser, integers read by `_json_integer`, objects by `_json_object`.
-        JSON is UTF-8 (RFC 8259): a body declared in another charset is refused (415), where
-        DRF decodes it in that charset (Latin-1 turned "café" into "cafÃ©") or, for a charset
-        Django does not know, as UTF-8 anyway."""
+        """As DRF's JSON parser, integers read by `_json_integer`, objects by `_json_object`,
+        the text by `_json_text`. JSON is UTF-8 (RFC 8259): a body declared in another charset
+        is refused (415), where DRF decodes it in that charset (Latin-1 turned "café" into
+        "cafÃ©") or, for a charset Django does not know, as UTF-8 anyway. NaN and Infinity,
+        which DRF refused naming Python's floats, are refused as numbers out of range are."""
         refuse_charset_other_than_utf_8(media_type, "JSON is UTF-8 (RFC 8259)")
         try:
-            data = drf_json.load(
-                codecs.getreader("utf-8")(stream),
-                parse_constant=drf_json.strict_constant if self.strict else None,
+            data = json.loads(
+                _json_text(stream.read()),
+                parse_constant=float,
                 parse_int=_json_integer,
                 object_pairs_hook=_json_object,
             )
+        except json.JSONDecodeError as error:
+            message = _SYNTAX_ERRORS.get(error.msg, error.msg)
+            # Where the body starts, a line and column would add nothing.
+            if error.pos:
+                message = f"{message}: line {error.lineno} column {error.colno}"
+            raise exceptions.ParseError(f"JSON parse error - {message}.") from error
         except ValueError as error:
             raise exceptions.ParseError(f"JSON parse error - {error}") from error
         except RecursionError as error:

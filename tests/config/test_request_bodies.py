@@ -65,6 +65,83 @@ def test_bodies_postgres_cannot_store_are_refused(api, publisher, acme, body, me
     assert not ToolVersion.objects.exists()
 
 
+LATIN_1 = json.dumps(_tool_body(description="café"), ensure_ascii=False).encode("latin-1")
+# a surrogate written in UTF-8's form (CESU-8), which UTF-8 text cannot hold
+CESU_8 = json.dumps(_tool_body(description="\ud800"), ensure_ascii=False).encode(
+    "utf-8", "surrogatepass"
+)
+LATIN_1_AT, CESU_8_AT = LATIN_1.index(b"\xe9"), CESU_8.index(b"\xed")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            LATIN_1,
+            "JSON parse error - JSON is UTF-8 (RFC 8259): the byte at offset "
+            f"{LATIN_1_AT} (0xE9) is not.",
+        ),
+        (
+            CESU_8,
+            "JSON parse error - JSON is UTF-8 (RFC 8259): the byte at offset "
+            f"{CESU_8_AT} (0xED) is not.",
+        ),
+        (
+            b"\xef\xbb\xbf" + LATIN_1,
+            "JSON parse error - JSON is UTF-8 (RFC 8259): the byte at offset "
+            f"{LATIN_1_AT + 3} (0xE9) is not.",
+        ),
+        (
+            '{"name": "x"} {"name": "y"}',
+            "JSON parse error - Data after the JSON value: line 1 column 15.",
+        ),
+        (
+            '{"name": "x",',
+            "JSON parse error - Expecting property name enclosed in double quotes: "
+            "line 1 column 14.",
+        ),
+        (
+            b"\xef\xbb\xbf\xef\xbb\xbf{}",
+            "JSON parse error - The body starts with more than one byte order mark.",
+        ),
+        (json.dumps(_tool_body(result_contract={"k": float("nan")})), "Numbers must be finite."),
+        (json.dumps(_tool_body(result_contract={"k": float("-inf")})), "Numbers must be finite."),
+    ],
+    ids=[
+        "latin-1",
+        "cesu-8-surrogate",
+        "latin-1-after-a-mark",
+        "trailing-data",
+        "truncated",
+        "two-marks",
+        "nan",
+        "infinity",
+    ],
+)
+def test_a_body_that_is_not_json_is_refused_saying_why_in_plain_words(
+    api, publisher, acme, body, message
+):
+    client = api.as_user(publisher, acme)
+
+    response = client.post("/api/v1/tools", body, content_type="application/json")
+
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"code": "VALIDATION_ERROR", "message": message, "details": {}}
+    }
+    assert not ToolVersion.objects.exists()
+
+
+def test_a_body_starting_with_a_byte_order_mark_is_read_without_it(api, publisher, acme):
+    client = api.as_user(publisher, acme)
+    body = json.dumps(_tool_body(description="café"), ensure_ascii=False).encode()
+
+    response = client.post("/api/v1/tools", b"\xef\xbb\xbf" + body, content_type="application/json")
+
+    assert response.status_code == 201
+    assert ToolVersion.objects.get().description == "café"
+
+
 @pytest.mark.parametrize(
     ("charset", "body"),
     [

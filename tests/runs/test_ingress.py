@@ -153,6 +153,25 @@ def test_metadata_in_another_key_order_is_the_same_body(alice, post_message):
     assert Run.objects.count() == 1
 
 
+def test_a_body_starting_with_a_byte_order_mark_is_the_same_body(alice, post_message):
+    # as Notepad and PowerShell save UTF-8; RFC 8259 §8.1 lets a parser ignore the mark
+    body = json.dumps(message_body(text="Résumé of the week"), ensure_ascii=False).encode()
+
+    first = alice.post(
+        MESSAGES,
+        b"\xef\xbb\xbf" + body,
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY="marked",
+    )
+    again = post_message(alice, message_body(text="Résumé of the week"), key="marked")
+
+    assert (first.status_code, again.status_code) == (202, 200)
+    assert again.json()["run_id"] == first.json()["run_id"]
+    assert Run.objects.get().message["message"]["parts"] == [
+        {"type": "text", "text": "Résumé of the week"}
+    ]
+
+
 @pytest.mark.parametrize(
     "changed",
     [
