@@ -131,3 +131,15 @@ def loads_bounded(text: str | bytes) -> Any:
     if deeper_than(value):
         raise ValueError(f"JSON nested deeper than {MAX_DEPTH} levels.")
     return storable(value)
+
+
+def strings_mapped(value: Any, function: Callable[[str], str]) -> Any:
+    """A JSON value with `function` applied to each of its strings, its objects' keys
+    included."""
+    if isinstance(value, str):
+        return function(value)
+    if isinstance(value, dict):
+        return {function(key): strings_mapped(item, function) for key, item in value.items()}
+    if isinstance(value, list):
+        return [strings_mapped(item, function) for item in value]
+    return value

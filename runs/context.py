@@ -107,18 +107,6 @@ def wrap_untrusted(
     )
 
 
-def _shown_within(value: Any) -> Any:
-    """A JSON value with the hidden characters of each of its strings, its objects' keys
-    included, spelled out."""
-    if isinstance(value, str):
-        return visible(value)
-    if isinstance(value, dict):
-        return {visible(key): _shown_within(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [_shown_within(item) for item in value]
-    return value
-
-
 def _shown_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """A transcript entry as the model is shown it: a user's turn (the message, what the host
     told the model) with its hidden characters spelled out. The model's own turns are its
@@ -240,9 +228,9 @@ def context_build(
         "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
     recalled = list(run_state.get("memory") or [])
-    memory = _shown_within(recalled)
+    memory = jsontext.strings_mapped(recalled, visible)
     earlier = list(run_state.get("history", []))
-    conversation = _shown_within(earlier)
+    conversation = jsontext.strings_mapped(earlier, visible)
     given = transcript
     # A user's turn is never cut (`_drop_oldest_exchange` keeps them): the transcript sent
     # shows a spelled-out character whenever the one given has one.

@@ -14,6 +14,7 @@ import re
 import unicodedata
 from typing import Any
 
+from config import jsontext
 from config.secret_names import cached_by_name, name_words, secret_key
 
 REDACTED = "[redacted]"
@@ -394,13 +395,7 @@ def secrets_removed(text: str) -> str:
 def secrets_removed_within(value: Any) -> Any:
     """A JSON value with `secrets_removed` applied to each of its strings, its objects' keys
     included."""
-    if isinstance(value, str):
-        return secrets_removed(value)
-    if isinstance(value, dict):
-        return {secrets_removed(key): secrets_removed_within(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [secrets_removed_within(item) for item in value]
-    return value
+    return jsontext.strings_mapped(value, secrets_removed)
 
 
 def holds_secret(value: Any) -> bool:
