@@ -205,17 +205,26 @@ def _turns(
     cleared: bool,
     texts: frozenset[str],
 ) -> list[dict[str, Any]]:
-    """Per model turn: the context sections' sizes in tokens (what context.built records of
-    them, besides their hashes), the transcript entries it had (the builder may have cut old
-    results to their sources within its budget), what it answered. A turn had every entry an
-    earlier turn had: it lists only those new to it (`seen`), and counts the others
-    (`seen_before`), so that a run of many turns is not its transcript over and over."""
+    """Per model turn: the context sections' sizes in tokens and whether the builder spelled
+    out hidden characters in them (what context.built records of them, besides their hashes:
+    what such a section showed the model is not the text the run keeps), the transcript
+    entries it had (the builder may have cut old results to their sources within its
+    budget), what it answered. A turn had every entry an earlier turn had: it lists only
+    those new to it (`seen`), and counts the others (`seen_before`), so that a run of many
+    turns is not its transcript over and over."""
     turns: dict[int, dict[str, Any]] = {}
     for event in events:
         step = event.payload.get("step")
         if event.type == "context.built":
             turns.setdefault(step, {"step": step})["sections"] = {
-                name: {"tokens": section.get("tokens")}
+                name: {
+                    "tokens": section.get("tokens"),
+                    **(
+                        {"hidden_characters_spelled_out": True}
+                        if section.get("hidden_characters_spelled_out")
+                        else {}
+                    ),
+                }
                 for name, section in event.payload.get("sections", {}).items()
             }
         elif event.type == "model.requested":

@@ -257,6 +257,39 @@ def test_each_turn_shows_the_section_sizes_its_context_built_event_recorded(
         assert f"<td>{shown}</td>" in html
 
 
+def test_each_turn_says_which_sections_had_hidden_characters_spelled_out(demo, carol, client):
+    # given a message with a zero-width space and a right-to-left override in it, which the
+    # model was shown spelled out while the run keeps it as received
+    text = "Summarise project Apollo\u200b for this week\u202e please"
+    run = demo_run(demo, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    tokens = [
+        event.payload["sections"]["transcript"]["tokens"]
+        for event in run.events.filter(type=EventType.CONTEXT_BUILT).order_by("seq")
+    ]
+
+    # when an auditor opens the run and exports it
+    client = logged_in(client, carol)
+    page = client.get(reverse("runs:detail", args=[run.pk]))
+    export = json.loads(client.get(reverse("runs:export", args=[run.pk])).content)
+
+    # then each turn's transcript section (which held the message) says so, and no other
+    # section does
+    assert [turn["sections"]["transcript"] for turn in export["turns"]] == [
+        {"tokens": size, "hidden_characters_spelled_out": True} for size in tokens
+    ]
+    assert {
+        name
+        for turn in export["turns"]
+        for name, section in turn["sections"].items()
+        if len(section) > 1
+    } == {"transcript"}
+    html = page.content.decode().split('id="turns"')[1].split("</table>")[0]
+    assert html.count("(hidden characters spelled out)") == len(tokens)
+    for size in tokens:
+        assert f"transcript {size} (hidden characters spelled out)" in html
+
+
 def test_a_tenant_admin_has_clearance_and_sees_the_email(demo, sent_run, client):
     page = logged_in(client, demo.admin).get(reverse("runs:detail", args=[sent_run.pk]))
 
