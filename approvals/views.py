@@ -14,7 +14,9 @@ from approvals import selectors, services
 from approvals.errors import NotFound
 from approvals.forms import DecisionForm, HandoffForm, QueueFilterForm
 from approvals.models import BusinessAction, Handoff
+from config import jsontext
 from config.errors import ApplicationError
+from registry.mcp.review import visible
 
 PAGE_SIZE = 50
 
@@ -50,9 +52,14 @@ class QueueView(View):
 def _action_page(
     request: HttpRequest, action: BusinessAction, *, status: int = 200
 ) -> HttpResponse:
-    """The action, with when an approval of it must have started its send."""
+    """The action, with when an approval of it must have started its send. Its payload is
+    shown with its hidden characters spelled out: raw, a right-to-left override or a
+    zero-width character would show the approver other text than the one sent."""
+    shown = jsontext.strings_mapped(action.payload, visible)
     context = {
         "action": action,
+        "shown": shown,
+        "hidden_characters_spelled_out": shown != action.payload,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),
         "can_decide": services.approval_may_decide(action=action, approver=request.user),

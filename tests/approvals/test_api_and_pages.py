@@ -1,5 +1,6 @@
 """The approvals API of DESIGN.md and the server-rendered queue, over the same service."""
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -17,6 +18,12 @@ from registry.models import Tenant
 from registry.services.tenancy import api_token_issue, membership_add
 from runs.models import Run
 from tests.approvals.conftest import approved_run, approver_in, waiting_run
+from tests.runs import conftest as runs_fixtures
+from tests.runs.conftest import apollo_draft, read_apollo
+from tests.runs.fake_provider import openai_completion
+
+model_server = runs_fixtures.model_server
+fake_model = runs_fixtures.fake_model
 
 
 def api(user, tenant) -> APIClient:
@@ -311,6 +318,7 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
 
     assert page.status_code == 200
     assert "li.wei@acme.example" in html
+    assert "spelled out" not in html
     assert action.payload_hash in html
     assert f'name="payload_hash" value="{action.payload_hash}"' in html
     # without the CSRF token the post is refused
@@ -345,6 +353,32 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     expiry = dateformat.format(timezone.localtime(action.expires_at), "c")
     page = client.get(f"/approvals/{action.pk}/").content.decode()
     assert f"this approval's send must start by {expiry}" in page
+
+
+def test_the_action_page_spells_out_the_hidden_characters_of_what_will_be_sent(
+    demo, bob, fake_model
+):
+    # given a model that wrote a right-to-left override and a zero-width space into its
+    # draft: raw, the override shows "liame.live@ab" as "ba@evil.email"
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(
+        subject="Weekly status\u200b", body="Pay to \u202eliame.live@ab\u202c now."
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    _run, action = waiting_run(demo)
+
+    # when bob opens the action's page
+    html = logged_in(bob).get(f"/approvals/{action.pk}/").content.decode()
+
+    # then he reads each hidden character by its code point, and none of them raw
+    assert "<dd>Weekly status&lt;U+200B&gt;</dd>" in html
+    assert "Pay to &lt;U+202E&gt;liame.live@ab&lt;U+202C&gt; now." in html
+    assert not {"\u200b", "\u202e", "\u202c"} & set(html)
+    assert "spelled out above as &lt;U+XXXX&gt;: what will be sent holds them as written" in html
+    # while what will be sent, and its hash, are the payload as frozen
+    assert action.payload["body"] == "Pay to \u202eliame.live@ab\u202c now."
+    assert f'name="payload_hash" value="{action.payload_hash}"' in html
 
 
 @pytest.mark.parametrize(
