@@ -107,8 +107,17 @@ def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
 
 
 def _handoff_context(request: HttpRequest, handoff: Handoff) -> dict:
+    """The request with its hidden characters spelled out, as an action's payload is shown
+    (`_action_page`): raw, they would show the person another request than the one made."""
     can_handle = services.handoff_may_handle(handoff=handoff, person=request.user)
-    return {"handoff": handoff, "can_handle": can_handle, "form": HandoffForm()}
+    shown = visible(handoff.request)
+    return {
+        "handoff": handoff,
+        "request_shown": shown,
+        "hidden_characters_spelled_out": shown != handoff.request,
+        "can_handle": can_handle,
+        "form": HandoffForm(),
+    }
 
 
 @method_decorator(login_required, name="dispatch")

@@ -176,6 +176,27 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
 
 
+def test_the_page_spells_out_the_hidden_characters_of_the_request(demo, bob):
+    # given a request handed to people whose text holds a right-to-left override and a
+    # zero-width space: raw, "mail it to \u202emoc.live@ab" reads "mail it to ba@evil.com"
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    text = "Summarise Apollo's week and mail it to \u202emoc.live@ab\u202c\u200b."
+    run = demo_run(demo, text=text, project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    handoff = Handoff.objects.get(run=run)
+
+    # when a person opens it
+    page = logged_in(bob).get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+
+    # then each is spelled out, the page says so, and the request is kept as written
+    assert escape("mail it to <U+202E>moc.live@ab<U+202C><U+200B>.") in page
+    assert "\u202e" not in page and "\u200b" not in page
+    assert "spelled out above as &lt;U+XXXX&gt;" in page
+    assert Handoff.objects.get(pk=handoff.pk).request == text
+
+
 def test_a_note_over_the_limit_is_refused_with_the_reason_and_the_form_bounds_it(
     demo, bob, handed_off
 ):
