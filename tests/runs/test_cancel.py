@@ -98,6 +98,8 @@ class Holder:
     def __init__(self, run: Run, *, no_key: bool = False) -> None:
         self.held, self.let_go = threading.Event(), threading.Event()
         self.backend_pid: int | None = None
+        self.waited = False
+        self._watcher: threading.Thread | None = None
         self._thread = threading.Thread(target=self._hold, args=(run, no_key))
 
     def _hold(self, run: Run, no_key: bool) -> None:
@@ -120,6 +122,32 @@ class Holder:
     def __exit__(self, *exc_info: object) -> None:
         self.let_go.set()
         self._thread.join(timeout=30)
+        if self._watcher is not None:
+            self._watcher.join(timeout=30)
+
+    def let_go_once_waited_for(self) -> None:
+        """Let go, from a thread of its own, as soon as another transaction waits for this one
+        (`waited` then says so), or after about 10 s."""
+
+        def watch() -> None:
+            try:
+                with connection.cursor() as cursor:
+                    for _ in range(2000):
+                        cursor.execute(
+                            "SELECT count(*) FROM pg_stat_activity "
+                            "WHERE %s = ANY(pg_blocking_pids(pid))",
+                            [self.backend_pid],
+                        )
+                        if cursor.fetchone()[0]:
+                            self.waited = True
+                            break
+                        time.sleep(0.005)
+            finally:
+                self.let_go.set()
+                connection.close()
+
+        self._watcher = threading.Thread(target=watch)
+        self._watcher.start()
 
 
 def _lock_timeout() -> str:
@@ -139,39 +167,18 @@ def test_a_cancel_waits_for_a_short_writer_and_ends_the_waiting_run_at_once(demo
     settings.RUN_CANCEL_LOCK_WAIT_MS = 10_000
     run = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(run.pk))
-    waited = []
 
     with Holder(run) as holder:
-
-        def let_go_once_the_cancel_waits() -> None:
-            try:
-                with connection.cursor() as cursor:
-                    for _ in range(2000):
-                        cursor.execute(
-                            "SELECT count(*) FROM pg_stat_activity "
-                            "WHERE %s = ANY(pg_blocking_pids(pid))",
-                            [holder.backend_pid],
-                        )
-                        if cursor.fetchone()[0]:
-                            waited.append(True)
-                            break
-                        time.sleep(0.005)
-            finally:
-                holder.let_go.set()
-                connection.close()
-
-        watcher = threading.Thread(target=let_go_once_the_cancel_waits)
-        watcher.start()
+        holder.let_go_once_waited_for()
 
         # when alice cancels, in a transaction with a lock timeout of its own
         with transaction.atomic():
             _set_lock_timeout("7s")
             cancelled = run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
             lock_timeout = _lock_timeout()
-        watcher.join(timeout=30)
 
     # then the cancel waited for the writer rather than leaving a request for the sweep
-    assert waited == [True], "the cancel never waited for the writer"
+    assert holder.waited, "the cancel never waited for the writer"
     assert (cancelled.status, cancelled.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
     assert BusinessAction.objects.get(run=run).status == "invalidated"
     assert not CancelRequest.objects.exists()
@@ -270,7 +277,9 @@ def test_a_cancel_kept_beside_a_paused_run_records_who_asked_when_the_sweep_take
     settings.RUN_CANCEL_LOCK_WAIT_MS = 0
     run = demo_run(demo, project_id="apollo")
     run_execute(run_id=str(run.pk))
-    with Holder(run):
+    with Holder(run) as holder:
+        # the request kept beside the run commits once the holder lets go
+        holder.let_go_once_waited_for()
         run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.admin)
     assert CancelRequest.objects.get(run=run).requested_by == demo.admin
 
