@@ -72,6 +72,21 @@ def message_max_tokens() -> int:
     return settings.CONTEXT_MAX_TOKENS * 3 // 4
 
 
+# Characters that show nothing though they are not whitespace to `str.strip`: the Braille
+# blank and the Hangul fillers.
+_BLANKS = frozenset("\u2800\u115f\u1160\u3164\uffa0")
+
+
+def text_shows_something(text: str) -> bool:
+    """Whether `text` shows anything: a character that is not a space, a control or format
+    character (zero-width ones included) or a blank. A message's text (and a scheduled task's
+    goal, the message of its runs) that shows nothing asks nothing."""
+    return any(
+        unicodedata.category(character)[0] not in "CZ" and character not in _BLANKS
+        for character in text
+    )
+
+
 def section_hash(text: str) -> str:
     """The keyed hash a section's text is recorded with."""
     return salted_hmac("runs.context.section", text, algorithm="sha256").hexdigest()

@@ -1,5 +1,4 @@
 import re
-import unicodedata
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +14,7 @@ from registry.choices import DataClassification
 from registry.selectors import user_roles
 from runs import selectors
 from runs.choices import ACTIVE_STATUSES, CLIENT_CHANNELS, RunStatus
-from runs.context import message_max_tokens
+from runs.context import message_max_tokens, text_shows_something
 from runs.models import Attachment, CancelRequest, MemoryItem, Run, RunEvent
 from runs.redaction import redact
 from runs.tokens import estimate_tokens
@@ -109,20 +108,6 @@ class PartField(serializers.Field):
 SLUG = re.compile(r"[-a-zA-Z0-9_]{1,63}")
 
 
-# Characters that show nothing though they are not whitespace to `str.strip`: the Braille
-# blank and the Hangul fillers.
-_BLANKS = frozenset("\u2800\u115f\u1160\u3164\uffa0")
-
-
-def _visible(text: str) -> bool:
-    """Whether `text` shows anything: a character that is not a space, a control or format
-    character (zero-width ones included) or a blank."""
-    return any(
-        unicodedata.category(character)[0] not in "CZ" and character not in _BLANKS
-        for character in text
-    )
-
-
 def _is_instant(text: str) -> bool:
     """Whether `text` is a date and time with its UTC offset, as the normalized message keeps
     the time its source sent it beside the time it was received: a time without an offset
@@ -159,7 +144,7 @@ class MessageSerializer(StrictSerializer):
 
     def validate_parts(self, value: list[dict[str, Any]]) -> list[dict[str, Any]]:
         texts = [part["text"] for part in value if part["type"] == "text"]
-        if not any(map(_visible, texts)):
+        if not any(map(text_shows_something, texts)):
             raise serializers.ValidationError("A message needs at least one non-empty text part.")
         # A character of Chinese is a token, of English a quarter of one.
         limit = message_max_tokens()
@@ -355,7 +340,7 @@ class MemoryCreateSerializer(StrictSerializer):
     def _shows_something(self, text: str) -> str:
         """Refused as a blank is: a text of only zero-width or blank characters (U+200B,
         U+FEFF, the Braille blank), which `str.strip` keeps, says nothing either."""
-        if not _visible(text):
+        if not text_shows_something(text):
             raise serializers.ValidationError(
                 serializers.CharField.default_error_messages["blank"], code="blank"
             )

@@ -22,7 +22,7 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 from registry.choices import Action
 from registry.selectors import user_can
 from registry.services.common import audited_save, full_clean_or_raise
-from runs.context import message_max_tokens
+from runs.context import message_max_tokens, text_shows_something
 from runs.errors import PermissionDenied, ValidationFailed
 from runs.models import ScheduledTask
 from runs.redaction import secrets_removed
@@ -102,7 +102,7 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
     if task.max_attempts is not None and not 1 <= task.max_attempts <= MAX_ATTEMPTS:
         errors["max_attempts"] = [f"Between 1 and {MAX_ATTEMPTS}."]
     goal_tokens, goal_limit = estimate_tokens(task.goal), message_max_tokens()
-    if not task.goal.strip():
+    if not text_shows_something(task.goal):
         errors["goal"] = ["The goal is the message every run starts from; it cannot be empty."]
     elif goal_tokens > goal_limit:
         # As a message posted to the API is refused: the context never cuts the task, so

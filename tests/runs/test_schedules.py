@@ -239,6 +239,12 @@ def _globex_agent(demo) -> AgentConfig:
             id="secret-in-goal-zh",
         ),
         pytest.param(
+            {"goal": "\u200b\u2800\u3164\ufeff"},
+            "goal",
+            "it cannot be empty",
+            id="goal-of-invisible-characters",
+        ),
+        pytest.param(
             {"goal": "汇总本周项目状态并发给研发负责人" * 400},
             "goal",
             "too long for the model's context: about 6400 tokens, at most 6000",
