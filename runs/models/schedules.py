@@ -37,9 +37,12 @@ class ScheduledTask(models.Model):
     project_id = models.SlugField(
         max_length=63, blank=True, help_text="The project every run is scoped to."
     )
-    recipient_record_id = models.CharField(
+    # A key as the API takes metadata.recipient_record_id: a look-alike letter (a Cyrillic i,
+    # U+0456, in dir-1001) reads as the directory's record but names none.
+    recipient_record_id = models.SlugField(
         max_length=32,
         blank=True,
+        db_index=False,
         help_text="The directory record that receives deliveries. Each run checks it is "
         "still that project's active record with an email; empty: the directory's one lead.",
     )

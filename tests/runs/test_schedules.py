@@ -239,6 +239,12 @@ def _globex_agent(demo) -> AgentConfig:
             id="secret-in-goal-zh",
         ),
         pytest.param(
+            {"recipient_record_id": "d\u0456r-1001"},
+            "recipient_record_id",
+            "letters, numbers, underscores or hyphens",
+            id="recipient-with-a-cyrillic-i",
+        ),
+        pytest.param(
             {"goal": "\u200b\u2800\u3164\ufeff"},
             "goal",
             "it cannot be empty",

@@ -111,6 +111,19 @@ def test_the_admin_form_shows_each_refusal_next_to_its_field_and_saves_nothing(c
     assert not PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").exists()
 
 
+def test_a_recipient_record_spelled_with_a_look_alike_letter_is_a_form_error(client, demo):
+    # given dir-1001 with a Cyrillic i (U+0456), which reads as the directory's record but is not it
+    client.force_login(demo.admin)
+
+    response = client.post(f"{TASKS}add/", task_form(demo, recipient_record_id="d\u0456r-1001"))
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "letters, numbers, underscores or hyphens" in errors["recipient_record_id"][0]
+    assert not ScheduledTask.objects.exists()
+    assert not PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").exists()
+
+
 def test_a_goal_holding_a_credential_is_a_form_error_and_is_kept_nowhere(client, demo):
     client.force_login(demo.admin)
     goal = f"{RUNNING_EXAMPLE_TEXT} Authorization: Bearer 9f8e7d6c5b4a39281706f5e4"
