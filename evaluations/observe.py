@@ -67,23 +67,37 @@ def _executions(
     return executions
 
 
-def _did(run: Run) -> tuple[list[ToolCall], list[dict[str, Any]]]:
-    """The run's tool calls, and the side effects it executed."""
+def _frozen(action: BusinessAction | None) -> dict[str, Any] | None:
+    if action is None:
+        return None
+    return {
+        "recipient_record_id": action.payload["recipient_snapshot"]["record_id"],
+        "recipient_email": action.payload["recipient_snapshot"]["corporate_email"],
+    }
+
+
+def _did(run: Run) -> tuple[list[ToolCall], list[dict[str, Any]], BusinessAction | None]:
+    """The run's tool calls, the side effects it executed, and the action it froze."""
     calls = list(run.tool_calls.select_related("tool_version").order_by("step", "started_at"))
     action = BusinessAction.objects.filter(run=run).select_related("decision").first()
-    return calls, _executions(run, calls, action)
+    return calls, _executions(run, calls, action), action
 
 
 def observe(run: Run) -> dict[str, Any]:
     """How the case's last run ended, and what the runs of each of its messages (one session)
-    did on the way: a tool completed or a side effect executed by an earlier message's run is
-    the case's as much as one of its last."""
+    did on the way: a tool completed, a side effect executed or frozen (`actions`), or text
+    answered (`output_text`) by an earlier message's run is the case's as much as one of its
+    last. `action` is the last run's own: the recipient a case expects is the one its last
+    message led to."""
     run = Run.objects.get(pk=run.pk)
-    calls, executions = [], []
+    calls, executions, actions, outputs = [], [], [], []
     for case_run in Run.objects.filter(session_id=run.session_id).order_by("created_at", "pk"):
-        did_calls, did_executions = _did(case_run)
+        did_calls, did_executions, did_action = _did(case_run)
         calls += did_calls
         executions += did_executions
+        if did_action is not None:
+            actions.append(_frozen(did_action))
+        outputs.append(json.dumps(case_run.result, ensure_ascii=False, sort_keys=True))
     route = (
         RunEvent.objects.filter(run=run, type="route.selected").values_list("payload", flat=True)
     ).first() or {}
@@ -111,14 +125,10 @@ def observe(run: Run) -> dict[str, Any]:
         "draft": _draft(run),
         "required_sections": required_sections,
         "sources": list(Source.objects.filter(run=run).values_list("reference", flat=True)),
-        "action": {
-            "recipient_record_id": action.payload["recipient_snapshot"]["record_id"],
-            "recipient_email": action.payload["recipient_snapshot"]["corporate_email"],
-        }
-        if action is not None
-        else None,
+        "action": _frozen(action),
+        "actions": actions,
         "executions": executions,
-        "output_text": json.dumps(run.result, ensure_ascii=False, sort_keys=True),
+        "output_text": "\n".join(outputs),
         "cost": float(run.cost),
         "latency_ms": round((end - run.created_at).total_seconds() * 1000),
     }
