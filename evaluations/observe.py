@@ -34,6 +34,18 @@ def _draft(run: Run) -> dict[str, Any] | None:
     return {"sections": sections}
 
 
+def _recipients(arguments: Any) -> str:
+    """The addresses a call's `to` names, comma-separated: a list of them or one. A tool's
+    schema is its tenant's, so `to` may be anything else too (a number, objects), which
+    names no address."""
+    to = arguments.get("to") if isinstance(arguments, dict) else None
+    if isinstance(to, str):
+        return to
+    if isinstance(to, list):
+        return ",".join(address for address in to if isinstance(address, str))
+    return ""
+
+
 def _executions(
     run: Run, calls: list[ToolCall], action: BusinessAction | None
 ) -> list[dict[str, Any]]:
@@ -59,9 +71,7 @@ def _executions(
                 {
                     "idempotency_key": f"{run.pk}:{call.call_id}",
                     "approved": False,
-                    "recipient_email": ",".join(call.arguments.get("to", []))
-                    if isinstance(call.arguments, dict)
-                    else "",
+                    "recipient_email": _recipients(call.arguments),
                 }
             )
     return executions
