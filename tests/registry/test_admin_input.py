@@ -19,9 +19,10 @@ from django_celery_beat.models import (
 
 from evaluations.models import EvalCase, EvalSuite
 from registry.admin.base import SelectionKeysMixin
-from registry.models import ModelConfig, Policy
+from registry.models import ModelConfig, Policy, ToolVersion
 from registry.services import common
 from tests.registry.factories import skill_content
+from tests.registry.test_admin import tool_version_form
 
 CASE_ADD = "/admin/evaluations/evalcase/add/"
 
@@ -67,6 +68,38 @@ def test_json_postgresql_would_refuse_is_a_form_error(
     assert response.status_code == 200
     assert response.context["adminform"].form.errors["expected"] == [message]
     assert not EvalCase.objects.exists()
+
+
+# An integer longer than Python converts from text (4,300 digits by default).
+TOO_LONG_INTEGER = "1" * 5000
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("input_schema", '{"type": "object", "maximum": ' + TOO_LONG_INTEGER + "}"),
+        ("rate_limit", '{"per_seconds": 60, "requests": ' + TOO_LONG_INTEGER + "}"),
+        ("adapter_config", "[" + TOO_LONG_INTEGER + "]"),
+    ],
+    ids=["input-schema", "rate-limit", "adapter-config"],
+)
+def test_an_integer_too_long_to_read_is_a_form_error_kept_as_typed(
+    client, publisher, world, field, value
+):
+    # given a publisher adding a version of their tool
+    client.force_login(publisher)
+    counts = ToolVersion.objects.count(), ToolVersion.history.count()
+    data = tool_version_form(world.project_search, **{field: value})
+
+    # when a JSON field holds an integer of 5,000 digits
+    response = client.post("/admin/registry/toolversion/add/", data)
+
+    # then the form says so next to the field and shows the text typed, and nothing is saved
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert form.errors[field] == ["Integers must lie within ±9007199254740991."]
+    assert form[field].value() == value
+    assert (ToolVersion.objects.count(), ToolVersion.history.count()) == counts
 
 
 @pytest.mark.parametrize("empty", ["", "null"])
