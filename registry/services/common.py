@@ -27,6 +27,7 @@ from registry.models import (
     Skill,
     Tenant,
 )
+from registry.models.definitions import Definition
 from registry.selectors import agent_skills_reachable, tenant_has_grant
 
 
@@ -93,13 +94,16 @@ def registry_object_save(
     calls, the parameters sent with each call and its tenant (`model_config_change_check`).
     A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`);
     one given to another person or tenant ends the API access of the person it leaves with no
-    role in its former tenant (`api_tokens_revoke_unless_member`)."""
+    role in its former tenant (`api_tokens_revoke_unless_member`). A tool or skill keeps the
+    current version the lifecycle gave it (`_definition_lock`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
     if isinstance(instance, Tenant):
         _tenant_change_check(tenant=instance, actor=actor)
     with transaction.atomic():
+        if isinstance(instance, Definition) and not instance._state.adding:
+            _definition_lock(instance)
         if isinstance(instance, AgentConfig):
             bound = Skill.objects.none() if skills is None and instance._state.adding else skills
             _skills_lock(agent_skills_reachable(agent_config=instance, bound_skills=bound))
@@ -126,6 +130,25 @@ def registry_object_save(
         if left is not None:
             api_tokens_revoke_unless_member(user_id=left.user_id, tenant_id=left.tenant_id)
     return instance
+
+
+def _definition_lock(definition: Definition) -> None:
+    """A tool's or skill's row is saved whole, but what a save changes is its owner, namespace
+    and name: its current version is the lifecycle's (publish, rollback, deprecation,
+    revocation), which may have moved it since the row was read. Written back as read, a
+    version published meanwhile would be rolled back with no word of it but "saved". The row
+    is locked, as those services lock it, and keeps the current version they left; its checks
+    are asked again under the lock, so that a version published meanwhile keeps the name,
+    namespace and owner it was published under (`Definition.clean`)."""
+    current = list(
+        type(definition)
+        ._default_manager.select_for_update()
+        .filter(pk=definition.pk)
+        .values_list("current_version_id", flat=True)
+    )
+    if current:
+        definition.current_version_id = current[0]
+    full_clean_or_raise(definition)
 
 
 def _tenant_resumed(tenant: Tenant) -> bool:

@@ -21,7 +21,7 @@ from registry.models import (
     Tool,
     ToolVersion,
 )
-from registry.services import skills, tools
+from registry.services import common, skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, definition_grant, membership_add
 from registry.services.tools import TOOL_CONTENT_FIELDS
@@ -997,6 +997,96 @@ def test_a_draft_published_while_its_change_page_is_saved_stays_published(
     assert [record.history_change_reason for record in draft.history.order_by("history_date")][
         -2:
     ] == ["draft edited", "published"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_s_page_saved_while_a_version_is_published_keeps_the_published_one_current(
+    client, publisher, world, monkeypatch
+):
+    # given the page of a tool whose current version is 1.0.0, read by a publisher who saves it
+    client.force_login(publisher)
+    tool = world.project_search
+    page = f"/admin/registry/tool/{tool.pk}/change/"
+    data = {"tenant": world.acme.pk, "namespace": "core", "name": "project_search"}
+
+    # when another publisher publishes 2.0.0 after the page's row was read, before it is saved
+    editor = threading.current_thread()
+    clean = Tool.clean
+    published = []
+
+    def publish() -> None:
+        try:
+            tools.tool_version_publish(tool_version=world.project_search_2, actor=publisher)
+        finally:
+            connection.close()
+
+    def published_meanwhile(definition: Tool) -> None:
+        clean(definition)
+        if threading.current_thread() is editor and not published:
+            published.append(True)
+            publishing = threading.Thread(target=publish)
+            publishing.start()
+            publishing.join(timeout=10)
+
+    monkeypatch.setattr(Tool, "clean", published_meanwhile)
+    response = client.post(page, data)
+
+    # then the save writes what the page changes, never the current version it read: 2.0.0
+    # stays current, and the tool's history says so
+    assert response.status_code == 302
+    assert published == [True]
+    tool.refresh_from_db()
+    assert tool.current_version == world.project_search_2
+    latest = tool.history.latest("history_date")
+    assert (latest.current_version_id, latest.history_change_reason) == (
+        world.project_search_2.pk,
+        "saved in admin",
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_renamed_while_its_draft_is_published_keeps_the_name_it_was_published_under(
+    client, publisher, world, make_tool_version, monkeypatch
+):
+    # given a tool whose only version is a draft, renamed on its page by a publisher
+    draft = make_tool_version(name="risk_search")
+    tool = draft.tool
+    client.force_login(publisher)
+    data = {"tenant": world.acme.pk, "namespace": "core", "name": "risk_lookup"}
+
+    # when another publisher publishes the draft once the save checked the rename, before the
+    # renamed row is written
+    editor = threading.current_thread()
+    checked = common.full_clean_or_raise
+    published = []
+
+    def publish() -> None:
+        try:
+            tools.tool_version_publish(tool_version=draft, actor=publisher)
+        finally:
+            connection.close()
+
+    def published_meanwhile(instance, **options) -> None:
+        checked(instance, **options)
+        if threading.current_thread() is editor and isinstance(instance, Tool) and not published:
+            published.append(True)
+            publishing = threading.Thread(target=publish)
+            publishing.start()
+            publishing.join(timeout=10)
+
+    monkeypatch.setattr(common, "full_clean_or_raise", published_meanwhile)
+    response = client.post(f"/admin/registry/tool/{tool.pk}/change/", data)
+
+    # then the rename is refused on the form, and the published version keeps its name
+    assert published == [True]
+    assert response.status_code == 200
+    assert response.context["adminform"].form.non_field_errors() == [
+        "The submitted values are not valid. __all__: A definition with a published, "
+        "deprecated or revoked version keeps its name, namespace and owner."
+    ]
+    tool.refresh_from_db()
+    assert (tool.name, tool.current_version) == ("risk_search", draft)
+    assert ToolVersion.objects.get(pk=draft.pk).qualified_name == "risk_search@1.0.0"
 
 
 def test_published_version_change_page_shows_content_read_only(client, platform_admin, world):
