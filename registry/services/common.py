@@ -23,6 +23,7 @@ from registry.models import (
     ApiToken,
     Membership,
     ModelConfig,
+    Policy,
     RolloutFlag,
     Skill,
     Tenant,
@@ -95,7 +96,8 @@ def registry_object_save(
     A membership keeps its tenant's last active admin an admin of it (`tenant_admin_kept_check`);
     one given to another person or tenant ends the API access of the person it leaves with no
     role in its former tenant (`api_tokens_revoke_unless_member`). A tool or skill keeps the
-    current version the lifecycle gave it (`_definition_lock`)."""
+    current version the lifecycle gave it (`_definition_lock`). A policy agents run under
+    keeps its tenant (`_policy_tenant_kept_check`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
@@ -110,6 +112,8 @@ def registry_object_save(
             model_change_check(agent_config=instance, bound_skills=skills)
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
+        if isinstance(instance, Policy):
+            _policy_tenant_kept_check(policy=instance)
         if isinstance(instance, RolloutFlag):
             _skills_lock([instance.skill])
             rollout_change_check(flag=instance, actor=actor, tenants=tenants)
@@ -149,6 +153,32 @@ def _definition_lock(definition: Definition) -> None:
     if current:
         definition.current_version_id = current[0]
     full_clean_or_raise(definition)
+
+
+POLICY_TENANT_KEPT = (
+    "A policy agents run under keeps its tenant: moved, they would run under a policy "
+    "another tenant's admins change. Create a policy for the other tenant instead."
+)
+
+
+def _policy_tenant_kept_check(*, policy: Policy) -> None:
+    """A policy agents run under stays in their tenant, as an agent may only be bound to a
+    policy of its own (`AgentConfig.clean`). Moved to another tenant, the agents would keep
+    running under it while that tenant's admins, and no longer their own, decide who approves
+    their side effects, whether one may approve one's own and what data they read. The saved
+    row stays locked until the caller's transaction ends."""
+    if policy._state.adding:
+        return
+    saved = Policy.objects.select_for_update().filter(pk=policy.pk).values("tenant_id").first()
+    if saved is None or saved["tenant_id"] == policy.tenant_id:
+        return
+    agents = AgentConfig.objects.filter(policy_id=policy.pk).count()
+    if agents:
+        raise ValidationFailed(
+            f"{policy.name} is the policy of {agents} agent{'s' if agents > 1 else ''}, so "
+            "its tenant cannot change.",
+            details={"tenant": [POLICY_TENANT_KEPT]},
+        )
 
 
 def _tenant_resumed(tenant: Tenant) -> bool:

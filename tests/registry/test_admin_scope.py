@@ -12,9 +12,10 @@ from config.credentials import credential_value
 from config.errors import PermissionDenied, ValidationFailed
 from evaluations.models import EvalSuite
 from registry.choices import Role
-from registry.models import ApiToken, Membership, RolloutFlag, ToolVersion
+from registry.models import AgentConfig, ApiToken, Membership, Policy, RolloutFlag, ToolVersion
 from registry.services import skills
 from registry.services.common import registry_object_save
+from registry.services.tenancy import membership_add
 from tests.conftest import _member
 from tests.registry.factories import UserFactory
 from tests.registry.test_admin import TOOL_VERSIONS, tool_version_form
@@ -273,3 +274,42 @@ def test_a_tenant_admin_adds_a_rollout_key_another_tenant_uses_but_not_one_of_it
         ("acme", "weekly-summary-paused", 0),
         ("globex", "globex-canary", 10),
     ]
+
+
+def test_a_policy_agents_run_under_keeps_its_tenant(client, tenant_admin, world):
+    # given tina, an admin of acme and of globex, and acme's agent running under acme's policy
+    membership_add(actor=None, user=tenant_admin, tenant=world.globex, role=Role.ADMIN)
+    spare = registry_object_save(
+        instance=Policy(tenant=world.acme, name="spare"), actor=tenant_admin
+    )
+    client.force_login(tenant_admin)
+    page = f"/admin/registry/policy/{world.strict.pk}/change/"
+    data = {
+        "tenant": world.globex.pk,
+        "name": "strict",
+        "approval_required_risks": '["external_side_effect"]',
+        "human_queue_risks": "[]",
+        "approver_roles": '["approver"]',
+        "approval_ttl_seconds": "86400",
+        "max_data_classification": "confidential",
+    }
+
+    # when she moves that policy to globex on its page
+    response = client.post(page, data)
+
+    # then the move is refused next to the tenant: acme's agent would run under a policy
+    # globex's admins change. Nothing changed; a policy no agent runs under still moves.
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["tenant"] == [
+        "A policy agents run under keeps its tenant: moved, they would run under a policy "
+        "another tenant's admins change. Create a policy for the other tenant instead."
+    ]
+    policy = Policy.objects.get(pk=world.strict.pk)
+    assert (policy.tenant, policy.approval_required_risks) == (
+        world.acme,
+        ["external_side_effect", "destructive", "financial"],
+    )
+    assert AgentConfig.objects.get(pk=world.weekly_reporter.pk).policy.tenant == world.acme
+    spare.tenant = world.globex
+    registry_object_save(instance=spare, actor=tenant_admin)
+    assert Policy.objects.get(pk=spare.pk).tenant == world.globex
