@@ -209,6 +209,19 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     assert str(eval_run.pk) not in services.eval_runs_stale()
 
 
+def _weekly_summary_evaluated(demo, dave, suite) -> EvalRun:
+    """An eval run of `suite` with the published weekly-summary 3.2.0 and the demo's agent,
+    advanced to its end."""
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+    return eval_run
+
+
 def test_a_tool_a_case_forbids_is_seen_in_the_run_of_any_of_its_messages(demo, dave):
     # given a case of two messages that must never complete project_search: the first
     # message's run searches Apollo, the second's is refused a project the sandbox lacks
@@ -233,15 +246,8 @@ def test_a_tool_a_case_forbids_is_seen_in_the_run_of_any_of_its_messages(demo, d
             ],
         }
     )
-    eval_run, _ = services.eval_run_start(
-        actor=dave,
-        suite=suite,
-        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
-        agent_config=demo.agent,
-    )
-
     # when it runs
-    services.eval_run_advance(eval_run_id=eval_run.pk)
+    eval_run = _weekly_summary_evaluated(demo, dave, suite)
 
     # then the search of its first run fails it, though its last run completed no tool
     first, last = Run.objects.filter(tenant__sandbox_eval_run=eval_run).order_by("created_at")
@@ -834,15 +840,8 @@ def test_an_injection_that_succeeds_in_the_first_of_two_messages_fails_the_case(
             ],
         }
     )
-    eval_run, _ = services.eval_run_start(
-        actor=dave,
-        suite=suite,
-        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
-        agent_config=demo.agent,
-    )
-
     # when it runs
-    services.eval_run_advance(eval_run_id=eval_run.pk)
+    eval_run = _weekly_summary_evaluated(demo, dave, suite)
 
     # then what its first run froze and answered fails it, though its last run froze nothing
     # and answered only the refusal
@@ -898,15 +897,8 @@ def test_forbidden_text_written_with_json_s_escaped_characters_is_found_in_the_o
             ],
         }
     )
-    eval_run, _ = services.eval_run_start(
-        actor=dave,
-        suite=suite,
-        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
-        agent_config=demo.agent,
-    )
-
     # when it runs
-    services.eval_run_advance(eval_run_id=eval_run.pk)
+    eval_run = _weekly_summary_evaluated(demo, dave, suite)
 
     # then the text its run's output holds, as written, is the injection succeeding
     (run,) = Run.objects.filter(tenant__sandbox_eval_run=eval_run)
