@@ -21,7 +21,16 @@ MODEL_IDENTITY_FIELDS = ("provider", "model_name", "base_url")
 # The parameters that only bound how a call is made, never what the model answers: the model
 # client reads them itself and sends none to the provider. Every other parameter goes with each
 # call (temperature, top_p, a router's `models` or `route`) and shapes the answer.
-MODEL_OPERATIONAL_PARAMETERS = frozenset({"timeout_s"})
+TIMEOUT_PARAMETER = "timeout_s"
+MODEL_OPERATIONAL_PARAMETERS = frozenset({TIMEOUT_PARAMETER})
+
+
+def timeout_problem(value: object) -> str | None:
+    """Why `value` is no `timeout_s` a call could be made with, if it is not: a positive
+    number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return f"{TIMEOUT_PARAMETER} must be a positive number of seconds, not {value!r}."
+    return None
 
 
 class ModelConfig(models.Model):
@@ -78,6 +87,11 @@ class ModelConfig(models.Model):
     def clean(self) -> None:
         if not isinstance(self.parameters, dict):
             raise ValidationError({"parameters": "Parameters are a JSON object."})
+        # Saved, a timeout no call can be made with would fail every run of the config.
+        if TIMEOUT_PARAMETER in self.parameters and (
+            problem := timeout_problem(self.parameters[TIMEOUT_PARAMETER])
+        ):
+            raise ValidationError({"parameters": problem})
         refusal = credential_refusal(self.credential_ref, owner=self.tenant)
         if refusal:
             raise ValidationError({"credential_ref": refusal})

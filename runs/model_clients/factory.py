@@ -8,14 +8,17 @@ from typing import Any
 from config.credentials import credential_refusal, credential_value
 from registry.choices import ModelProvider
 from registry.models import ModelConfig
-from registry.models.configs import MODEL_OPERATIONAL_PARAMETERS
+from registry.models.configs import (
+    MODEL_OPERATIONAL_PARAMETERS,
+    TIMEOUT_PARAMETER,
+    timeout_problem,
+)
 from runs.model_clients.adversarial import AdversarialPlanner
 from runs.model_clients.anthropic_messages import AnthropicClient
 from runs.model_clients.base import ModelClient, ModelError
 from runs.model_clients.offline import OfflinePlanner
 from runs.model_clients.openai_compatible import OpenAICompatibleClient
 
-TIMEOUT_PARAMETER = "timeout_s"
 DEFAULT_TIMEOUT_S = 60.0
 
 PROVIDER_CLIENTS: dict[str, Callable[..., ModelClient]] = {
@@ -80,12 +83,9 @@ def _credential(model_config: ModelConfig) -> str:
 
 
 def _timeout_s(model_config: ModelConfig, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ModelError(
-            f"Model config {model_config.name!r}: {TIMEOUT_PARAMETER} must be a positive "
-            f"number of seconds, not {value!r}.",
-            retryable=False,
-        )
+    """The config's timeout; one saved before it was checked on save fails the call."""
+    if problem := timeout_problem(value):
+        raise ModelError(f"Model config {model_config.name!r}: {problem}", retryable=False)
     return float(value)
 
 

@@ -52,6 +52,40 @@ def test_a_model_config_refuses_secrets_nested_in_its_parameters(platform_admin)
     assert not ModelConfig.objects.exists()
 
 
+@pytest.mark.parametrize("timeout_s", ["abc", -1, 0, True, None, [30]])
+def test_a_model_config_refuses_a_timeout_no_call_could_be_made_with(platform_admin, timeout_s):
+    # given a timeout every call of the config would be refused for, at each run
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        parameters={"temperature": 0.2, "timeout_s": timeout_s},
+    )
+
+    # when it is saved
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=config, actor=platform_admin)
+
+    # then it is refused, saying what the setting must be
+    assert refused.value.details["parameters"] == [
+        f"timeout_s must be a positive number of seconds, not {timeout_s!r}."
+    ]
+    assert not ModelConfig.objects.exists()
+
+
+def test_a_model_config_keeps_a_timeout_of_a_positive_number_of_seconds(platform_admin):
+    config = ModelConfig(
+        name="gpt",
+        provider="openai_compatible",
+        model_name="gpt-x",
+        parameters={"timeout_s": 12.5},
+    )
+
+    registry_object_save(instance=config, actor=platform_admin)
+
+    assert ModelConfig.objects.get().parameters == {"timeout_s": 12.5}
+
+
 def test_a_model_config_refuses_secrets_under_names_written_with_look_alike_letters(
     platform_admin,
 ):
