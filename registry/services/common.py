@@ -97,7 +97,8 @@ def registry_object_save(
     one given to another person or tenant ends the API access of the person it leaves with no
     role in its former tenant (`api_tokens_revoke_unless_member`). A tool or skill keeps the
     current version the lifecycle gave it (`_definition_lock`). A policy agents run under
-    keeps its tenant (`_policy_tenant_kept_check`)."""
+    keeps its tenant (`_policy_tenant_kept_check`), and an agent is saved only with a policy
+    of its tenant (`_agent_policy_lock`)."""
     full_clean_or_raise(instance)
     if isinstance(instance, AgentConfig) and skills is not None:
         agent_skills_check(agent_config=instance, skills=skills)
@@ -109,6 +110,7 @@ def registry_object_save(
         if isinstance(instance, AgentConfig):
             bound = Skill.objects.none() if skills is None and instance._state.adding else skills
             _skills_lock(agent_skills_reachable(agent_config=instance, bound_skills=bound))
+            _agent_policy_lock(agent_config=instance)
             model_change_check(agent_config=instance, bound_skills=skills)
         if isinstance(instance, ModelConfig):
             model_config_change_check(model_config=instance)
@@ -178,6 +180,26 @@ def _policy_tenant_kept_check(*, policy: Policy) -> None:
             f"{policy.name} is the policy of {agents} agent{'s' if agents > 1 else ''}, so "
             "its tenant cannot change.",
             details={"tenant": [POLICY_TENANT_KEPT]},
+        )
+
+
+def _agent_policy_lock(*, agent_config: AgentConfig) -> None:
+    """The agent's policy, locked until the caller's transaction ends, is still of the agent's
+    tenant: `AgentConfig.clean` read it before, and a move of a policy no agent ran under yet
+    (`_policy_tenant_kept_check`, which locks it too) may have come since, which would leave
+    the agent running under a policy another tenant's admins change."""
+    if agent_config.policy_id is None:
+        return
+    tenant_id = (
+        Policy.objects.select_for_update(no_key=True)
+        .filter(pk=agent_config.policy_id)
+        .values_list("tenant_id", flat=True)
+        .first()
+    )
+    if tenant_id != agent_config.tenant_id:
+        raise ValidationFailed(
+            "The agent's policy belongs to another tenant.",
+            details={"policy": ["This policy belongs to another tenant."]},
         )
 
 

@@ -313,3 +313,26 @@ def test_a_policy_agents_run_under_keeps_its_tenant(client, tenant_admin, world)
     spare.tenant = world.globex
     registry_object_save(instance=spare, actor=tenant_admin)
     assert Policy.objects.get(pk=spare.pk).tenant == world.globex
+
+
+def test_an_agent_saved_with_a_policy_moved_meanwhile_is_refused(tenant_admin, world):
+    # given tina, an admin of acme and of globex, saving a new acme agent with acme's spare
+    # policy as she read it, while that policy (no agent ran under it yet) moved to globex
+    membership_add(actor=None, user=tenant_admin, tenant=world.globex, role=Role.ADMIN)
+    spare = registry_object_save(
+        instance=Policy(tenant=world.acme, name="spare"), actor=tenant_admin
+    )
+    agent = AgentConfig(
+        tenant=world.acme, name="spare-reporter", model_config=world.acme_gpt, policy=spare
+    )
+    moved = Policy.objects.get(pk=spare.pk)
+    moved.tenant = world.globex
+    registry_object_save(instance=moved, actor=tenant_admin)
+
+    # when the agent is saved
+    with pytest.raises(ValidationFailed) as refused:
+        registry_object_save(instance=agent, actor=tenant_admin)
+
+    # then it is refused: acme's agent would run under a policy globex's admins change
+    assert refused.value.details["policy"] == ["This policy belongs to another tenant."]
+    assert not AgentConfig.objects.filter(name="spare-reporter").exists()
