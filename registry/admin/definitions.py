@@ -49,6 +49,29 @@ class DefinitionGrantForm(AdminGroupObjectPermissionsForm):
     )
     actor: ClassVar[Any] = None
 
+    def clean(self) -> dict[str, Any]:
+        """A tenant's own definition is used by that tenant's agents alone (grants are read
+        for platform-wide ones only, `tenant_has_grant`): its use ticked for another tenant's
+        group would be shown as granted and give nothing."""
+        cleaned = super().clean()
+        field = self.get_obj_perms_field_name()
+        owner = self.obj.tenant
+        grantee = Tenant.objects.filter(grant_group=self.group).first()
+        model_name = self.obj._meta.model_name
+        if (
+            owner is not None
+            and grantee is not None
+            and grantee != owner
+            and f"use_{model_name}" in cleaned.get(field, [])
+        ):
+            self.add_error(
+                field,
+                f"{self.obj.name} belongs to {owner.slug}: only {owner.slug}'s agents use it, so "
+                f"a grant to {grantee.slug} would give nothing. Publish a platform-wide "
+                f"{model_name} to share it.",
+            )
+        return cleaned
+
     def save_obj_perms(self) -> None:
         tenant = Tenant.objects.filter(grant_group=self.group).first()
         if tenant is not None and self.obj.tenant_id is None:

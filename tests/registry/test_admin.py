@@ -10,6 +10,7 @@ from html import escape
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from guardian.shortcuts import get_group_perms
 
 from registry.choices import ApprovalRule, Risk, Role, VersionStatus
 from registry.models import (
@@ -1295,3 +1296,25 @@ def test_publisher_cannot_open_object_permissions_of_a_platform_wide_tool(
     response = client.get(f"/admin/registry/tool/{platform_tool.pk}/permissions/")
 
     assert response.status_code == 404
+
+
+def test_a_grant_of_a_tenant_s_own_tool_to_another_tenant_is_refused_as_doing_nothing(
+    client, platform_admin, world
+):
+    # given acme's own project_search: only acme's agents may use it, whatever is granted
+    client.force_login(platform_admin)
+    url = (
+        f"/admin/registry/tool/{world.project_search.pk}/permissions/"
+        f"group-manage/{world.globex.grant_group.pk}/"
+    )
+
+    # when the platform admin ticks its use for globex's grant group
+    response = client.post(url, {"permissions": ["use_tool"]})
+
+    # then the page says why nothing is granted, and nothing is
+    assert response.status_code == 200
+    assert response.context["form"].errors["permissions"] == [
+        "project_search belongs to acme: only acme's agents use it, so a grant to globex "
+        "would give nothing. Publish a platform-wide tool to share it."
+    ]
+    assert "use_tool" not in get_group_perms(world.globex.grant_group, world.project_search)
