@@ -1,7 +1,9 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView, LogoutView
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
 from django.urls import include, path
 from django.views.defaults import bad_request, page_not_found, permission_denied, server_error
 from django.views.generic import TemplateView
@@ -44,7 +46,8 @@ urlpatterns = [
 
 
 # Django-level errors (unknown URL, bad Host header, CSRF, a crash) on /api/ paths answer
-# with the same JSON error body as the views; pages keep Django's HTML pages.
+# with the same JSON error body as the views; pages keep Django's HTML pages, but for a form
+# past the body limit, which gets a page saying so (413).
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -58,6 +61,11 @@ def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
             body = error_body("PAYLOAD_TOO_LARGE", "The request body is too large.")
             return JsonResponse(body, status=413)
         return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
+    if isinstance(exception, RequestDataTooBig):
+        # A page's form past the limit: Django's page would say "Bad Request" and nothing more.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        shown = f"{limit / 1048576:g} MB" if limit >= 1048576 else f"{limit // 1024} KB"
+        return render(request, "request_too_large.html", {"limit": shown}, status=413)
     return bad_request(request, exception)
 
 

@@ -355,6 +355,24 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     assert f"this approval's send must start by {expiry}" in page
 
 
+def test_a_page_post_over_the_body_limit_is_413_with_a_page_saying_so(demo, bob, settings):
+    # given an approver whose form post carries a comment past the body limit
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
+    _run, action = waiting_run(demo)
+    client = without_csrf(logged_in(bob))
+
+    # when it is posted
+    response = client.post(
+        f"/approvals/{action.pk}/",
+        {"decision": "approve", "payload_hash": action.payload_hash, "comment": "x" * 5000},
+    )
+
+    # then the page says what was wrong, and nothing is recorded
+    assert response.status_code == 413
+    assert "The form sent more than 4 KB; nothing was saved." in response.content.decode()
+    assert not ApprovalDecision.objects.exists()
+
+
 def test_the_action_page_spells_out_the_hidden_characters_of_what_will_be_sent(
     demo, bob, fake_model
 ):
