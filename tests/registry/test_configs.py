@@ -17,36 +17,33 @@ def offline_model(db):
     return ModelConfig.objects.create(name="offline", provider="offline", model_name="planner")
 
 
-def test_a_model_config_refuses_secrets_in_its_parameters(platform_admin):
+def _refused_save(platform_admin, parameters: dict) -> ValidationFailed:
+    """What saving a model config with these parameters was refused with."""
     config = ModelConfig(
-        name="gpt",
-        provider="openai_compatible",
-        model_name="gpt-x",
-        parameters={"temperature": 0.2, "api_key": "sk-live-123"},
+        name="gpt", provider="openai_compatible", model_name="gpt-x", parameters=parameters
     )
-
     with pytest.raises(ValidationFailed) as refused:
         registry_object_save(instance=config, actor=platform_admin)
+    return refused.value
 
-    assert "api_key look like credentials" in refused.value.details["parameters"][0]
+
+def test_a_model_config_refuses_secrets_in_its_parameters(platform_admin):
+    refused = _refused_save(platform_admin, {"temperature": 0.2, "api_key": "sk-live-123"})
+
+    assert "api_key look like credentials" in refused.details["parameters"][0]
     assert not ModelConfig.objects.exists()
 
 
 def test_a_model_config_refuses_secrets_nested_in_its_parameters(platform_admin):
-    config = ModelConfig(
-        name="gpt",
-        provider="openai_compatible",
-        model_name="gpt-x",
-        parameters={
+    refused = _refused_save(
+        platform_admin,
+        {
             "extra_headers": {"Authorization": "Bearer sk-proj-0123456789"},
             "extra_body": {"routes": [{"client_secret": "s3cr3t-value"}]},
         },
     )
 
-    with pytest.raises(ValidationFailed) as refused:
-        registry_object_save(instance=config, actor=platform_admin)
-
-    assert refused.value.details["parameters"][0].startswith(
+    assert refused.details["parameters"][0].startswith(
         "extra_body.routes.client_secret, extra_headers.Authorization look like credentials"
     )
     assert not ModelConfig.objects.exists()
@@ -55,19 +52,13 @@ def test_a_model_config_refuses_secrets_nested_in_its_parameters(platform_admin)
 @pytest.mark.parametrize("timeout_s", ["abc", -1, 0, True, None, [30]])
 def test_a_model_config_refuses_a_timeout_no_call_could_be_made_with(platform_admin, timeout_s):
     # given a timeout every call of the config would be refused for, at each run
-    config = ModelConfig(
-        name="gpt",
-        provider="openai_compatible",
-        model_name="gpt-x",
-        parameters={"temperature": 0.2, "timeout_s": timeout_s},
-    )
+    parameters = {"temperature": 0.2, "timeout_s": timeout_s}
 
     # when it is saved
-    with pytest.raises(ValidationFailed) as refused:
-        registry_object_save(instance=config, actor=platform_admin)
+    refused = _refused_save(platform_admin, parameters)
 
     # then it is refused, saying what the setting must be
-    assert refused.value.details["parameters"] == [
+    assert refused.details["parameters"] == [
         f"timeout_s must be a positive number of seconds, not {timeout_s!r}."
     ]
     assert not ModelConfig.objects.exists()
@@ -91,23 +82,17 @@ def test_a_model_config_refuses_secrets_under_names_written_with_look_alike_lett
 ):
     # given parameters whose names are written with letters of another script (Cyrillic A,
     # er and a, dze) or with a character that shows nothing (a zero-width non-joiner)
-    config = ModelConfig(
-        name="gpt",
-        provider="openai_compatible",
-        model_name="gpt-x",
-        parameters={
-            "extra_headers": {"\u0410uthorization": "Bearer sk-proj-0123456789"},
-            "extra_body": {"\u0440\u0430ssword": "hunter22", "client_\u0455ecret": "s3cr3t"},
-            "pass\u200cword": "hunter22",
-        },
-    )
+    parameters = {
+        "extra_headers": {"\u0410uthorization": "Bearer sk-proj-0123456789"},
+        "extra_body": {"\u0440\u0430ssword": "hunter22", "client_\u0455ecret": "s3cr3t"},
+        "pass\u200cword": "hunter22",
+    }
 
     # when it is saved
-    with pytest.raises(ValidationFailed) as refused:
-        registry_object_save(instance=config, actor=platform_admin)
+    refused = _refused_save(platform_admin, parameters)
 
     # then it is refused, naming each as it was typed, and nothing is stored
-    assert refused.value.details["parameters"][0].startswith(
+    assert refused.details["parameters"][0].startswith(
         "extra_body.client_\u0455ecret, extra_body.\u0440\u0430ssword, "
         "extra_headers.\u0410uthorization, pass\u200cword look like credentials"
     )
