@@ -261,6 +261,7 @@ def _unreached_in_time() -> ToolFailed:
         "The service could not be reached in time.",
         category=ErrorCategory.TIMEOUT,
         retryable=True,
+        attempted=False,
     )
 
 
@@ -428,6 +429,7 @@ def http_call(
             "The service could not be reached.",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
+            attempted=False,
         ) from error
     except httpx.HTTPError as error:
         # The request went out: a tool that changes something may have done it.

@@ -606,6 +606,8 @@ def test_a_service_that_cannot_be_reached_had_no_effect():
 
     assert str(raised.value) == "The service could not be reached."
     assert raised.value.may_have_side_effect is False
+    # nor is it a try of the tool: an approved send that ends so was never executed
+    assert raised.value.attempted is False
 
 
 @pytest.mark.parametrize(
@@ -1296,16 +1298,28 @@ def test_an_approved_send_is_not_tried_again_when_the_try_could_not_end_within_i
     assert ToolCall.objects.get(run=run, name="mail_send").attempts == 2
 
 
-@pytest.mark.parametrize("refusal", ["denied-address", "credential-with-a-line-break"])
+@pytest.mark.parametrize(
+    ("refusal", "run_status"),
+    [
+        ("denied-address", "FAILED_FINAL"),
+        ("credential-with-a-line-break", "FAILED_FINAL"),
+        # a service that may listen later: the user may ask again
+        ("service-not-listening", "FAILED_RETRYABLE"),
+    ],
+)
 def test_an_approved_http_send_the_host_refused_to_make_was_not_executed(
-    demo, report_service, report_token, monkeypatch, refusal
+    demo, report_service, report_token, monkeypatch, refusal, run_status
 ):
-    # given an approved send through an HTTP mail service the host will not call: its address
-    # is one the egress policy denies, or its credential holds a line break
+    # given an approved send through an HTTP mail service the host will not or cannot call:
+    # its address is one the egress policy denies, its credential holds a line break, or
+    # nothing listens at its address
     run, action, mail_send = approved_http_send(demo, report_service, monkeypatch)
     config = {"url": report_service.url, "credential_ref": "REPORT_SERVICE_TOKEN"}
     if refusal == "denied-address":
         config["url"] = "http://169.254.169.254/latest/meta-data/"
+    elif refusal == "service-not-listening":
+        with loopback_server(BreakingOff) as port:
+            config["url"] = f"http://127.0.0.1:{port}/"
     else:
         monkeypatch.setenv("REPORT_SERVICE_TOKEN", f"{report_token}\n")
     monkeypatch.setattr(mail_send, "adapter_config", config)
@@ -1319,7 +1333,7 @@ def test_an_approved_http_send_the_host_refused_to_make_was_not_executed(
     assert (action.status, action.executed_at) == (ActionStatus.FAILED, None)
     assert ToolCall.objects.get(run=run, name="mail_send").attempts == 0
     ended = Run.objects.get(pk=run.pk)
-    assert (ended.status, ended.reason_code) == ("FAILED_FINAL", "ACTION_FAILED")
+    assert (ended.status, ended.reason_code) == (run_status, "ACTION_FAILED")
     assert ended.result["actions"] == []
 
 
