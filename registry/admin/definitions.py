@@ -49,38 +49,20 @@ class DefinitionGrantForm(AdminGroupObjectPermissionsForm):
     )
     actor: ClassVar[Any] = None
 
-    def clean(self) -> dict[str, Any]:
-        """A tenant's own definition is used by that tenant's agents alone (grants are read
-        for platform-wide ones only, `tenant_has_grant`): its use ticked for another tenant's
-        group would be shown as granted and give nothing."""
-        cleaned = super().clean()
-        field = self.get_obj_perms_field_name()
-        owner = self.obj.tenant
-        grantee = Tenant.objects.filter(grant_group=self.group).first()
-        model_name = self.obj._meta.model_name
-        if (
-            owner is not None
-            and grantee is not None
-            and grantee != owner
-            and f"use_{model_name}" in cleaned.get(field, [])
-        ):
-            self.add_error(
-                field,
-                f"{self.obj.name} belongs to {owner.slug}: only {owner.slug}'s agents use it, so "
-                f"a grant to {grantee.slug} would give nothing. Publish a platform-wide "
-                f"{model_name} to share it.",
-            )
-        return cleaned
-
     def save_obj_perms(self) -> None:
+        """A tenant's use of a tenant's own definition is refused by the service too: only
+        platform-wide ones are shared by grants, and one ticked would be listed as granted
+        and give nothing."""
         tenant = Tenant.objects.filter(grant_group=self.group).first()
-        if tenant is not None and self.obj.tenant_id is None:
-            chosen = self.cleaned_data[self.get_obj_perms_field_name()]
+        granted = (
+            f"use_{self.obj._meta.model_name}" in self.cleaned_data[self.get_obj_perms_field_name()]
+        )
+        if tenant is not None and (self.obj.tenant_id is None or granted):
             definition_grant(
                 actor=self.actor,
                 definition=self.obj,
                 tenant=tenant,
-                granted=f"use_{self.obj._meta.model_name}" in chosen,
+                granted=granted,
                 override_reason=self.cleaned_data["override_reason"],
             )
         super().save_obj_perms()

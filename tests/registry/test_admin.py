@@ -1309,12 +1309,13 @@ def test_a_grant_of_a_tenant_s_own_tool_to_another_tenant_is_refused_as_doing_no
     )
 
     # when the platform admin ticks its use for globex's grant group
-    response = client.post(url, {"permissions": ["use_tool"]})
+    response = client.post(url, {"permissions": ["use_tool"]}, follow=True)
 
     # then the page says why nothing is granted, and nothing is
-    assert response.status_code == 200
-    assert response.context["form"].errors["permissions"] == [
-        "project_search belongs to acme: only acme's agents use it, so a grant to globex "
-        "would give nothing. Publish a platform-wide tool to share it."
-    ]
+    (message,) = response.context["messages"]
+    assert (message.level_tag, str(message)) == (
+        "error",
+        "Only platform-wide definitions are granted; this one belongs to a tenant. "
+        "definition: acme/core/project_search",
+    )
     assert "use_tool" not in get_group_perms(world.globex.grant_group, world.project_search)
