@@ -69,6 +69,9 @@ NEXT_STEPS = {
 REASON_NEXT_STEPS = {
     (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED"): "Nothing was sent. Send the message again "
     "later with a new Idempotency-Key; its new draft needs a new approval.",
+    (RunStatus.CANCELLED, "APPROVAL_EXPIRED"): "Nothing was sent: no approver decided in "
+    "time. Send the message again with a new Idempotency-Key; its new draft needs a new "
+    "approval.",
 }
 # A scheduled task's run: no message in its session changes the task it runs for, and it
 # has no message to send again; its next occurrence is its next try.
@@ -78,6 +81,8 @@ TASK_NEXT_STEPS = {
     RunStatus.FAILED_RETRYABLE: "The task's next occurrence tries again.",
     (RunStatus.FAILED_RETRYABLE, "ACTION_FAILED"): "Nothing was sent. The task's next "
     "occurrence tries again; its new draft needs a new approval.",
+    (RunStatus.CANCELLED, "APPROVAL_EXPIRED"): "Nothing was sent: no approver decided in "
+    "time. The task's next occurrence tries again; its new draft needs a new approval.",
 }
 
 

@@ -874,6 +874,23 @@ def test_the_sweep_expires_approvals_past_their_ttl(demo, smtp_server):
     assert BusinessAction.objects.get(pk=fresh.pk).status == ActionStatus.WAITING_APPROVAL
 
 
+def test_a_run_whose_approval_expired_tells_its_user_nothing_was_sent_and_to_ask_again(demo):
+    # given alice's run whose approval no one gave in time
+    run, action = waiting_run(demo)
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+
+    # when the sweep ends it
+    services.actions_expire()
+
+    # then her result does not say there is nothing more to do: her mail never went out
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("CANCELLED", "APPROVAL_EXPIRED")
+    assert run.result["next_step"] == (
+        "Nothing was sent: no approver decided in time. Send the message again with a new "
+        "Idempotency-Key; its new draft needs a new approval."
+    )
+
+
 def test_a_cancelled_run_takes_its_waiting_action_with_it(demo, bob, smtp_server):
     run, action = waiting_run(demo)
     run_cancel(run=run, actor=demo.alice)

@@ -611,6 +611,25 @@ def test_a_task_s_send_turned_away_for_now_tells_its_owner_the_next_occurrence_t
     assert smtp_server.messages == []
 
 
+def test_a_task_s_approval_that_expired_tells_its_owner_the_next_occurrence_tries_again(demo):
+    # given a task fired now, its run waiting for an approval no one gave in time
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+
+    # when the sweep ends it
+    approvals.actions_expire()
+
+    # then its owner is told nothing was sent and that the next occurrence tries again
+    run = refreshed(occurrence).run
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "APPROVAL_EXPIRED")
+    assert run.result["next_step"] == (
+        "Nothing was sent: no approver decided in time. The task's next occurrence tries "
+        "again; its new draft needs a new approval."
+    )
+
+
 def test_an_approval_given_before_the_deadline_but_not_yet_executed_sends_nothing_after_it(
     demo, bob, smtp_server
 ):
