@@ -54,11 +54,14 @@ def _action_page(
 ) -> HttpResponse:
     """The action, with when an approval of it must have started its send. Its payload is
     shown with its hidden characters spelled out: raw, a right-to-left override or a
-    zero-width character would show the approver other text than the one sent."""
+    zero-width character would show the approver other text than the one sent. The tool
+    versions are listed as pairs by name: a template would read a tool named `items` for the
+    mapping's own items()."""
     shown = jsontext.strings_mapped(action.payload, visible)
     context = {
         "action": action,
         "shown": shown,
+        "tool_versions": sorted(shown["tool_versions"].items()),
         "hidden_characters_spelled_out": shown != action.payload,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),

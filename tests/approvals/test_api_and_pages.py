@@ -16,11 +16,13 @@ from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
 from registry.models import Tenant
 from registry.services.tenancy import api_token_issue, membership_add
+from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.models import Run
 from tests.approvals.conftest import approved_run, approver_in, waiting_run
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import apollo_draft, read_apollo
 from tests.runs.fake_provider import openai_completion
+from tests.runs.test_loop import publish_skill, publish_tool, seeded_tool
 
 model_server = runs_fixtures.model_server
 fake_model = runs_fixtures.fake_model
@@ -397,6 +399,40 @@ def test_the_action_page_spells_out_the_hidden_characters_of_what_will_be_sent(
     # while what will be sent, and its hash, are the payload as frozen
     assert action.payload["body"] == "Pay to \u202eliame.live@ab\u202c now."
     assert f'name="payload_hash" value="{action.payload_hash}"' in html
+
+
+def test_the_action_page_lists_every_tool_version_whatever_the_tools_are_named(demo, bob):
+    # given acme's weekly-summary pinning, beside the running example's tools, one named
+    # "items", which a template would read as the versions' own items()
+    seeded = seeded_tool(demo, "project_search")
+    items = publish_tool(
+        demo,
+        "items",
+        "1.0.0",
+        **{field: getattr(seeded, field) for field in TOOL_CONTENT_FIELDS},
+    )
+    publish_skill(
+        demo,
+        "weekly-summary",
+        "3.3.0",
+        tool_versions=[
+            *(seeded_tool(demo, name) for name in ("project_search", "directory_lookup")),
+            seeded_tool(demo, "mail_send"),
+            items,
+        ],
+    )
+    _run, action = waiting_run(demo)
+    assert action.payload["tool_versions"]["items"] == "1.0.0"
+
+    # when bob opens the action's page
+    page = logged_in(bob).get(f"/approvals/{action.pk}/")
+
+    # then he reads each tool version the payload names, by name
+    assert page.status_code == 200
+    assert (
+        "<dd>directory_lookup@1.0.0, items@1.0.0, mail_send@1.0.0, project_search@2.0.0</dd>"
+        in page.content.decode()
+    )
 
 
 @pytest.mark.parametrize(
