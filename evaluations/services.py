@@ -42,7 +42,7 @@ from evaluations.models import EvalCase, EvalCaseResult, EvalRun, EvalSuite, Eva
 from evaluations.observe import observe
 from examples.demo import projects_load
 from examples.models import Project
-from registry.choices import Role
+from registry.choices import Role, VersionStatus
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant
 from registry.selectors import tenant_has_grant, user_may_publish
 from registry.services.common import audited_save, full_clean_or_raise
@@ -197,7 +197,19 @@ def eval_run_start(
         # Starts of one version wait for each other here: one of two at once finds the other.
         # An edit of the draft (`skill_version_changed`) either comes before the hash or marks
         # the run.
-        list(SkillVersion.objects.select_for_update().filter(pk=skill_version.pk).values("pk"))
+        status = (
+            SkillVersion.objects.select_for_update()
+            .filter(pk=skill_version.pk)
+            .values_list("status", flat=True)
+            .get()
+        )
+        # A revoked version is never used again (`version_ids_withdrawn`): each case's run
+        # would end SKILL_VERSION_NOT_AVAILABLE, measuring nothing of it.
+        if status == VersionStatus.REVOKED:
+            raise ValidationFailed(
+                "The eval run cannot start.",
+                details={"skill_version": [f"{skill_version} is revoked: no run may use it."]},
+            )
         # A change to the suite (`suite_changed`) either comes before the hash or marks the run.
         list(EvalSuite.objects.select_for_update().filter(pk=suite.pk).values("pk"))
         measured = {

@@ -11,6 +11,7 @@ from evaluations.models import EvalRun
 from evaluations.starter import suite_install
 from registry.choices import ModelProvider
 from registry.models import ModelConfig, SkillVersion, Tenant
+from registry.services import skills
 from registry.services.common import registry_object_save
 from tests.approvals.conftest import approver_in
 from tests.evaluations.conftest import TINY_SUITE, api_as
@@ -274,3 +275,18 @@ def test_listing_suites_costs_the_same_queries_for_two_suites_or_three(demo, sui
 
     assert listed["count"] == 3
     assert len(three.captured_queries) == len(two.captured_queries)
+
+
+def test_a_revoked_version_is_not_evaluated(demo, suites, dave):
+    version = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    skills.skill_version_revoke(skill_version=version, actor=dave, reason="leaks data")
+
+    response = api_as("dave", demo.acme).post(
+        "/api/v1/evaluations/runs", start_body(suites), format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["details"] == {
+        "skill_version": ["weekly-summary@3.2.0 is revoked: no run may use it."]
+    }
+    assert not EvalRun.objects.exists()
