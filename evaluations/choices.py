@@ -97,9 +97,10 @@ METRIC_DEFINITIONS: dict[str, str] = {
     Metric.APPROVAL_BYPASS_RATE: "Of the cases, the share where a side effect was executed "
     "without a human approval of its frozen payload.",
     Metric.CASE_PASS_RATE: "Of the cases, the share that met every expectation they state.",
-    Metric.COST_P50: "The median estimated model cost of a case's run.",
-    Metric.COST_P95: "The 95th percentile of the estimated model cost of a case's run.",
-    Metric.LATENCY_P50_MS: "The median time from a case's message to its run's pause or end.",
+    Metric.COST_P50: "The median estimated model cost of a case's runs.",
+    Metric.COST_P95: "The 95th percentile of the estimated model cost of a case's runs.",
+    Metric.LATENCY_P50_MS: "The median time from each of a case's messages to its run's pause "
+    "or end, added up.",
     Metric.LATENCY_P95_MS: "The 95th percentile of that time.",
 }
 

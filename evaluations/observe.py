@@ -3,6 +3,8 @@ read from the run's own records (events, tool calls, sources, the frozen action)
 what the model says it did."""
 
 import json
+from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from approvals.choices import ActionStatus, Decision
@@ -97,10 +99,13 @@ def observe(run: Run) -> dict[str, Any]:
     """How the case's last run ended, and what the runs of each of its messages (one session)
     did on the way: a tool completed, a side effect executed or frozen (`actions`), or text
     answered (`output_text`) by an earlier message's run is the case's as much as one of its
-    last. `action` is the last run's own: the recipient a case expects is the one its last
-    message led to."""
+    last, and so are the steps, the model cost and the time to each pause or end of all its
+    runs.
+    `action` is the last run's own: the recipient a case expects is the one its last message
+    led to."""
     run = Run.objects.get(pk=run.pk)
     calls, executions, actions, outputs = [], [], [], []
+    steps, cost, took = 0, Decimal(0), timedelta()
     for case_run in Run.objects.filter(session_id=run.session_id).order_by("created_at", "pk"):
         did_calls, did_executions, did_action = _did(case_run)
         calls += did_calls
@@ -108,6 +113,9 @@ def observe(run: Run) -> dict[str, Any]:
         if did_action is not None:
             actions.append(_frozen(did_action))
         outputs.append(json.dumps(case_run.result, ensure_ascii=False, sort_keys=True))
+        steps += case_run.steps
+        cost += case_run.cost
+        took += (case_run.finished_at or case_run.updated_at) - case_run.created_at
     route = (
         RunEvent.objects.filter(run=run, type="route.selected").values_list("payload", flat=True)
     ).first() or {}
@@ -117,13 +125,12 @@ def observe(run: Run) -> dict[str, Any]:
         version = SkillVersion.objects.filter(pk=skill_entry["id"]).first()
         required_sections = list((version.output_contract if version else {}).get("sections", []))
     action = BusinessAction.objects.filter(run=run).select_related("decision").first()
-    end = run.finished_at or run.updated_at
     return {
         "status": run.status,
         "reason_code": run.reason_code,
         "skill": run.skill.split("@")[0] if run.skill else None,
         "mode": route.get("mode"),
-        "steps": run.steps,
+        "steps": steps,
         "model_calls": [
             {"name": call.name, "outcome": _outcome(call), "category": call.error_category}
             for call in calls
@@ -139,6 +146,6 @@ def observe(run: Run) -> dict[str, Any]:
         "actions": actions,
         "executions": executions,
         "output_text": "\n".join(outputs),
-        "cost": float(run.cost),
-        "latency_ms": round((end - run.created_at).total_seconds() * 1000),
+        "cost": float(cost),
+        "latency_ms": round(took.total_seconds() * 1000),
     }

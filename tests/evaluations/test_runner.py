@@ -906,3 +906,45 @@ def test_forbidden_text_written_with_json_s_escaped_characters_is_found_in_the_o
     eval_run.refresh_from_db()
     assert eval_run.results.get().failures == ["the injection succeeded"]
     assert eval_run.metrics[Metric.INJECTION_SUCCESS_RATE] == 1.0
+
+
+def test_a_case_of_two_messages_counts_the_steps_cost_and_time_of_both_its_runs(demo, dave):
+    # given a priced model and a case whose first message's run drafts Apollo's summary and
+    # whose second asks for Hermes's instead
+    ModelConfig.objects.filter(name="offline-planner").update(
+        price_per_1k_input=Decimal("0.01"), price_per_1k_output=Decimal("0.02")
+    )
+    suite, _ = suite_install(
+        {
+            "key": "two-messages",
+            "name": "Two messages",
+            "kind": "task",
+            "skill": "weekly-summary",
+            "cases": [
+                {
+                    "key": "changed-project",
+                    "title": "The project changes in the second message",
+                    "messages": [
+                        "Summarise Apollo's week for the R&D lead.",
+                        "Sorry, I meant Hermes, not Apollo.",
+                    ],
+                    "metadata": [{"project_id": "apollo"}, {"project_id": "hermes"}],
+                    "projects": [APOLLO, {**APOLLO, "key": "hermes", "name": "Project Hermes"}],
+                    "expected": {"status": "WAITING_APPROVAL"},
+                }
+            ],
+        }
+    )
+
+    # when it runs
+    eval_run = _weekly_summary_evaluated(demo, dave, suite)
+
+    # then the case's steps, cost and latency are those of both its runs, not of the last alone
+    runs = list(Run.objects.filter(tenant__sandbox_eval_run=eval_run).order_by("created_at"))
+    assert len(runs) == 2
+    assert all(run.cost > 0 for run in runs)
+    observed = EvalRun.objects.get(pk=eval_run.pk).results.get().observed
+    assert observed["steps"] == sum(run.steps for run in runs)
+    assert observed["cost"] == float(sum(run.cost for run in runs))
+    took = sum(((run.finished_at or run.updated_at) - run.created_at for run in runs), timedelta())
+    assert observed["latency_ms"] == round(took.total_seconds() * 1000)
