@@ -376,6 +376,10 @@ def _attachment(
     )
 
 
+def _session_id(eval_run: EvalRun, case: EvalCase) -> uuid.UUID:
+    return uuid.uuid5(eval_run.pk, case.key)
+
+
 def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
     """The case's messages, in one session, each run driven to its pause or end in a slot of
     the tenant's concurrent runs (`run_execute_in_turn`, which raises RunWaitsItsTurn when
@@ -384,7 +388,7 @@ def _case_run(eval_run: EvalRun, case: EvalCase) -> Run:
     _fixture_load(sandbox, case)
     user = _sandbox_user(sandbox)
     session, _ = Session.objects.get_or_create(
-        id=uuid.uuid5(eval_run.pk, case.key),
+        id=_session_id(eval_run, case),
         defaults={
             "tenant": sandbox,
             "actor": user,
@@ -417,8 +421,18 @@ def _case_record(
     eval_run: EvalRun, case: EvalCase, run: Run | None, refusal: ApplicationError | None = None
 ) -> None:
     """The case's result: what its last run shows, or, for a case the platform refused to
-    run (its message names an agent or a session the sandbox does not have), the refusal."""
-    observed = observe(run) if run is not None else {"status": None}
+    run (a message names an agent or a session the sandbox does not have), the refusal, with
+    what the runs of its messages before the refused one did: an injection that succeeded
+    there is the case's all the same."""
+    if run is None:
+        earlier = (
+            Run.objects.filter(session_id=_session_id(eval_run, case))
+            .order_by("created_at", "pk")
+            .last()
+        )
+        observed = {**(observe(earlier) if earlier is not None else {}), "status": None}
+    else:
+        observed = observe(run)
     if refusal is not None:
         observed["refused"] = {"code": refusal.code, "message": str(refusal)}
     outcome = Outcome(
