@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView, LogoutView
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import include, path
@@ -47,7 +47,8 @@ urlpatterns = [
 
 # Django-level errors (unknown URL, bad Host header, CSRF, a crash) on /api/ paths answer
 # with the same JSON error body as the views; pages keep Django's HTML pages, but for a form
-# past the body limit, which gets a page saying so (413).
+# past the body limit (413) or a request past the number of parameters (400), which get a
+# page saying so.
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -60,12 +61,21 @@ def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
         if isinstance(exception, RequestDataTooBig):
             body = error_body("PAYLOAD_TOO_LARGE", "The request body is too large.")
             return JsonResponse(body, status=413)
+        if isinstance(exception, TooManyFieldsSent):
+            limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+            message = f"The request carried more than {limit} parameters."
+            body = error_body("VALIDATION_ERROR", message, {"max_parameters": limit})
+            return JsonResponse(body, status=400)
         return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
     if isinstance(exception, RequestDataTooBig):
         # A page's form past the limit: Django's page would say "Bad Request" and nothing more.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
         shown = f"{limit / 1048576:g} MB" if limit >= 1048576 else f"{limit // 1024} KB"
         return render(request, "request_too_large.html", {"limit": shown}, status=413)
+    if isinstance(exception, TooManyFieldsSent):
+        # An address (a filter list pasted over and over) or a form with that many fields.
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return render(request, "too_many_parameters.html", {"limit": limit}, status=400)
     return bad_request(request, exception)
 
 

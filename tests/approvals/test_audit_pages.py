@@ -480,6 +480,22 @@ def test_an_invalid_filter_is_ignored_and_said_so_while_the_valid_ones_still_fil
     assert dashboard.context["skills"] == []
 
 
+def test_a_history_address_with_too_many_parameters_is_a_page_saying_so(
+    demo, sent_run, carol, client, settings
+):
+    # given an address carrying more parameters than a request may
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
+    logged_in(client, carol)
+    query = "&".join(f"status=COMPLETED{index}" for index in range(101))
+
+    # when the auditor opens the history with it
+    response = client.get(f"{reverse('runs:history')}?{query}")
+
+    # then the page says what was wrong, rather than a bare "Bad Request (400)"
+    assert response.status_code == 400
+    assert "The request carried more than 100 parameters" in response.content.decode()
+
+
 @pytest.mark.parametrize(
     "position",
     [

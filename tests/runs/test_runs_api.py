@@ -288,6 +288,20 @@ def test_an_unknown_status_filter_is_refused(alice):
     assert set(_error(response)["details"]) == {"status"}
 
 
+def test_a_list_request_with_too_many_parameters_is_refused_saying_so(alice, settings):
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
+    query = "&".join(f"status=DONE{index}" for index in range(101))
+
+    response = alice.get(f"{RUNS}?{query}")
+
+    assert response.status_code == 400
+    assert _error(response) == {
+        "code": "VALIDATION_ERROR",
+        "message": "The request carried more than 100 parameters.",
+        "details": {"max_parameters": 100},
+    }
+
+
 def test_runs_filter_by_session(alice, member, start_run):
     first = start_run(member)
     same_session = start_run(member, session_id=first.session_id)
