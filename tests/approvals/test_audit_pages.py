@@ -207,6 +207,32 @@ def test_what_the_model_saw_is_masked_before_it_is_cut_for_the_page(demo, carol,
     assert MASKED in export
 
 
+def test_the_run_page_spells_out_the_hidden_characters_of_what_the_run_drafted(
+    demo, carol, client, fake_model
+):
+    # given a model that wrote a right-to-left override and a zero-width space into its
+    # draft: raw, the override shows "liame.live@ab" as "ba@evil.email"
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = apollo_draft(
+        subject="Weekly status\u200b", body="Pay to \u202eliame.live@ab\u202c now."
+    )
+    fake.reply(openai_completion(content=json.dumps(draft)))
+    run, _action = waiting_run(demo)
+    logged_in(client, carol)
+
+    # when the auditor reads the run, and exports it
+    html = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    export = json.loads(client.get(reverse("runs:export", args=[run.pk])).content)
+
+    # then the page shows each hidden character by its code point, and none of them raw,
+    # as the approver was shown them; the export keeps what the run holds
+    assert "Pay to &lt;U+202E&gt;liame.live@ab&lt;U+202C&gt; now." in html
+    assert "Weekly status&lt;U+200B&gt;" in html
+    assert not {"\u200b", "\u202e", "\u202c"} & set(html)
+    assert export["actions"][0]["payload"]["body"] == "Pay to \u202eliame.live@ab\u202c now."
+
+
 def test_each_turn_lists_the_entries_new_to_it_and_counts_those_it_had_before(
     demo, sent_run, carol, client
 ):
