@@ -1,3 +1,5 @@
+from collections.abc import Iterable
+
 from django import forms
 
 from runs.choices import RunStatus
@@ -9,10 +11,20 @@ def ignored_filters(form: forms.Form) -> list[str]:
     return [str(form[name].label) for name in form.errors]
 
 
-class RunFilterForm(forms.Form):
+class AuditedTenantForm(forms.Form):
+    """A filter by one of the tenants the viewer audits: another is not valid (ignored and
+    said so), where it would show no run under a choice of every tenant."""
+
+    tenant = forms.ChoiceField(required=False)
+
+    def __init__(self, *args, tenants: Iterable[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].choices = [("", "All"), *((slug, slug) for slug in tenants)]
+
+
+class RunFilterForm(AuditedTenantForm):
     """The run history's filters; an invalid value is ignored, never an error page."""
 
-    tenant = forms.SlugField(required=False, max_length=63)
     status = forms.ChoiceField(required=False, choices=[("", "Any"), *RunStatus.choices])
     skill = forms.CharField(required=False, max_length=140, help_text="name or name@version")
     user = forms.CharField(required=False, max_length=150)
@@ -33,7 +45,6 @@ class RunFilterForm(forms.Form):
         return values
 
 
-class DashboardFilterForm(forms.Form):
-    tenant = forms.SlugField(required=False, max_length=63)
+class DashboardFilterForm(AuditedTenantForm):
     skill = forms.CharField(required=False, max_length=140, help_text="name or name@version")
     days = forms.IntegerField(required=False, min_value=1, max_value=90)

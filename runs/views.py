@@ -74,7 +74,7 @@ def _still_audited(request: HttpRequest, run_id, *, cleared: bool) -> bool:
 class RunHistoryView(View):
     def get(self, request: HttpRequest) -> HttpResponse:
         tenants = _audited_tenants(request)
-        form = RunFilterForm(request.GET)
+        form = RunFilterForm(request.GET, tenants=tenants.values())
         form.is_valid()
         filters = audit.HistoryFilters(**form.cleaned_data)
         runs = audit.history(
@@ -189,7 +189,7 @@ class DashboardView(View):
 
     def get(self, request: HttpRequest) -> HttpResponse:
         tenants = _audited_tenants(request)
-        form = DashboardFilterForm(request.GET)
+        form = DashboardFilterForm(request.GET, tenants=tenants.values())
         form.is_valid()
         values = form.cleaned_data
         runs = selectors.runs_audited(tenant_ids=list(tenants))

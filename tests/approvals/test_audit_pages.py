@@ -496,14 +496,14 @@ def test_an_invalid_filter_is_ignored_and_said_so_while_the_valid_ones_still_fil
     logged_in(client, carol)
 
     history = client.get(reverse("runs:history"), {"user": "bob", "date_from": "yesterday"})
-    dashboard = client.get(reverse("runs:dashboard"), {"tenant": "globex", "days": "many"})
+    dashboard = client.get(reverse("runs:dashboard"), {"skill": "onboarding", "days": "many"})
 
     assert history.status_code == 200
     assert str(sent_run.pk) not in history.content.decode()
     assert "Ignored, not valid: Date from." in history.content.decode()
     assert dashboard.status_code == 200
     assert "Ignored, not valid: Days." in dashboard.content.decode()
-    assert dashboard.context["skills"] == []
+    assert dashboard.context["figures"].statuses == {}
 
 
 def test_a_history_address_with_too_many_parameters_is_a_page_saying_so(
@@ -865,6 +865,22 @@ def test_a_date_range_that_ends_before_it_starts_is_ignored_and_said_so(
     assert page.status_code == 200
     assert "Ignored, not valid: Date from, Date to." in html
     assert str(sent_run.pk) in html
+
+
+def test_a_tenant_the_auditor_does_not_audit_is_ignored_and_said_so(demo, sent_run, carol, client):
+    # given a filter naming a tenant carol audits no run of (a link from a role she left)
+    logged_in(client, carol)
+
+    # when she opens the history and the dashboard with it
+    history = client.get(reverse("runs:history"), {"tenant": "globex", "status": "COMPLETED"})
+    dashboard = client.get(reverse("runs:dashboard"), {"tenant": "globex"})
+
+    # then the pages say the tenant was not understood, rather than showing "All" tenants
+    # with no run, and the other filters still apply
+    assert "Ignored, not valid: Tenant." in history.content.decode()
+    assert str(sent_run.pk) in history.content.decode()
+    assert "Ignored, not valid: Tenant." in dashboard.content.decode()
+    assert dashboard.context["figures"].statuses == {"COMPLETED": {timezone.localdate(): 1}}
 
 
 def test_the_dashboard_s_stages_are_the_steps_of_a_run_and_not_the_run_itself(
