@@ -249,11 +249,13 @@ def schedule_slot(task: ScheduledTask, moment: datetime) -> datetime:
 
 def schedule_next_run(task: ScheduledTask) -> datetime | None:
     """When the beat fires the task next, to the second, as its PeriodicTask says; None while
-    paused."""
+    paused. Before its first firing (and after a pause, which clears the last one) the beat
+    counts from when the row was last saved."""
     periodic = task.periodic_task
     if not task.is_enabled or periodic is None or not periodic.enabled:
         return None
     now = timezone.now()
-    moment = max(now, now + periodic.schedule.remaining_estimate(periodic.last_run_at or now))
+    last_run_at = periodic.last_run_at or periodic.date_changed
+    moment = max(now, now + periodic.schedule.remaining_estimate(last_run_at))
     # Celery measures the remaining time from its own clock reading: round off the drift.
     return (moment + timedelta(milliseconds=500)).replace(microsecond=0)

@@ -38,6 +38,7 @@ from runs.services.scheduler import (
     scheduled_task_fire,
 )
 from runs.services.schedules import (
+    schedule_next_run,
     schedule_slot,
     scheduled_task_pause,
     scheduled_task_resume,
@@ -171,6 +172,25 @@ def test_changing_the_schedule_to_an_interval_changes_the_same_beat_row(demo):
         None,
     )
     assert PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").count() == 1
+
+
+def test_an_interval_task_not_fired_yet_shows_its_next_run_one_interval_after_its_schedule(demo):
+    # given an hourly task scheduled ten minutes ago, and one paused and resumed then: the
+    # beat counts the first interval from when their schedule was last saved
+    task = task_of(demo, crontab="", interval_seconds=3600)
+    resumed = task_of(demo, name="apollo hourly", crontab="", interval_seconds=3600)
+    scheduled_task_pause(actor=demo.admin, task=resumed)
+    scheduled_task_resume(actor=demo.admin, task=resumed)
+    scheduled_at = timezone.now().replace(microsecond=0) - timedelta(minutes=10)
+    PeriodicTask.objects.filter(scheduled_task__in=[task, resumed]).update(
+        date_changed=scheduled_at
+    )
+
+    # then each fires an hour after that, not an hour after the page is read
+    for each in (task, resumed):
+        assert schedule_next_run(ScheduledTask.objects.get(pk=each.pk)) == (
+            scheduled_at + timedelta(hours=1)
+        )
 
 
 def test_a_task_keeps_its_schedule_row_until_its_schedule_changes_and_then_deletes_it(demo):
