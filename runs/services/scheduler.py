@@ -37,7 +37,7 @@ from runs.services.occurrences import (
     occurrence_transition,
 )
 from runs.services.runs import run_cancel_locked
-from runs.services.schedules import schedule_slot
+from runs.services.schedules import schedule_slot, scheduled_task_refused_pause
 
 logger = logging.getLogger(__name__)
 
@@ -131,8 +131,9 @@ def scheduled_task_fire(
 def occurrence_start(*, occurrence_id: Any, lease_owner: str) -> TaskOccurrence | None:
     """Start the run of a pending occurrence whose lease `lease_owner` holds, and link it. A
     claim that was taken over, or an occurrence that moved on, does nothing. A refusal of the
-    ingress (the owner may no longer start runs, the agent is gone) fails the occurrence; any
-    other error leaves it pending for the sweep to retry when the lease lapses."""
+    ingress (the owner may no longer start runs, the agent is gone) fails the occurrence and
+    pauses the task, which every later firing would fail alike; any other error leaves it
+    pending for the sweep to retry when the lease lapses."""
     with transaction.atomic():
         occurrence = (
             TaskOccurrence.objects.select_for_update(of=("self",))
@@ -157,10 +158,10 @@ def occurrence_start(*, occurrence_id: Any, lease_owner: str) -> TaskOccurrence 
                 agent_config_id=occurrence.message["agent_config_id"],
             )
         except ApplicationError as error:
+            refusal = f"{error.code}: {error.message}"
+            scheduled_task_refused_pause(task=occurrence.task, refusal=refusal)
             return occurrence_transition(
-                occurrence=occurrence,
-                status=OccurrenceStatus.FAILED,
-                detail=f"{error.code}: {error.message}",
+                occurrence=occurrence, status=OccurrenceStatus.FAILED, detail=refusal
             )
         occurrence.run = ingested.run
         occurrence.save(update_fields=["run", "updated_at"])

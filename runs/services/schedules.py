@@ -182,8 +182,9 @@ def scheduled_task_save(
     return task
 
 
-def _switch(*, actor: AbstractBaseUser, task: ScheduledTask, enabled: bool) -> ScheduledTask:
-    _may_manage(actor=actor, task=task)
+def _switch(
+    *, actor: AbstractBaseUser | None, task: ScheduledTask, enabled: bool, reason: str
+) -> ScheduledTask:
     with transaction.atomic():
         task = ScheduledTask.objects.select_for_update().get(pk=task.pk)
         if task.is_enabled == enabled:
@@ -193,7 +194,7 @@ def _switch(*, actor: AbstractBaseUser, task: ScheduledTask, enabled: bool) -> S
         audited_save(
             task,
             actor=actor,
-            reason="resumed" if enabled else "paused",
+            reason=reason,
             update_fields=["is_enabled", "periodic_task", "updated_at"],
         )
     return task
@@ -202,11 +203,21 @@ def _switch(*, actor: AbstractBaseUser, task: ScheduledTask, enabled: bool) -> S
 def scheduled_task_pause(*, actor: AbstractBaseUser, task: ScheduledTask) -> ScheduledTask:
     """Stop firing: the beat's row is disabled. An occurrence already started runs on to its
     end or its deadline."""
-    return _switch(actor=actor, task=task, enabled=False)
+    _may_manage(actor=actor, task=task)
+    return _switch(actor=actor, task=task, enabled=False, reason="paused")
 
 
 def scheduled_task_resume(*, actor: AbstractBaseUser, task: ScheduledTask) -> ScheduledTask:
-    return _switch(actor=actor, task=task, enabled=True)
+    _may_manage(actor=actor, task=task)
+    return _switch(actor=actor, task=task, enabled=True, reason="resumed")
+
+
+def scheduled_task_refused_pause(*, task: ScheduledTask, refusal: str) -> ScheduledTask:
+    """Pause a task whose start the ingress refused (its owner may no longer start runs, its
+    agent was switched off): every later firing would be refused alike, each one more failed
+    occurrence that nobody is told of. The platform pauses it, with the refusal as the reason
+    its history shows; a tenant admin resumes it once the task is put right."""
+    return _switch(actor=None, task=task, enabled=False, reason=f"paused: {refusal}")
 
 
 def _crontab_day_matches(schedule: Crontab, day: date) -> bool:

@@ -425,7 +425,9 @@ def test_no_client_key_can_claim_an_occurrence_before_it_fires(demo):
     assert occurrence.run.channel == "task"
 
 
-def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_without_a_run(demo):
+def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_and_pauses_the_task(
+    demo,
+):
     task = task_of(demo)
     demo.alice.memberships.all().delete()
 
@@ -435,6 +437,16 @@ def test_an_owner_who_lost_the_right_to_start_runs_fails_the_occurrence_without_
     assert occurrence.detail == "PERMISSION_DENIED: You may not start runs in this tenant."
     assert occurrence.run is None
     assert not Run.objects.exists()
+    # and the task is paused, saying why, so its later slots fail no more occurrences unseen
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert (task.is_enabled, task.periodic_task.enabled) == (False, False)
+    paused = task.history.order_by("history_id").last()
+    assert (paused.history_change_reason, paused.history_user) == (
+        "paused: PERMISSION_DENIED: You may not start runs in this tenant.",
+        None,
+    )
+    assert scheduled_task_fire(task_id=task.pk, now=timezone.now() + timedelta(days=7)) is None
+    assert TaskOccurrence.objects.count() == 1
 
 
 def _agent_renamed_and_its_name_taken(demo, *, is_active: bool = True) -> AgentConfig:
@@ -488,6 +500,7 @@ def test_a_start_again_after_the_tasks_agent_was_switched_off_fails_though_its_n
     assert occurrence.detail == "NOT_FOUND: No such agent in this tenant."
     assert occurrence.run is None
     assert not Run.objects.exists()
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is False
 
 
 def test_a_client_cannot_choose_an_agent_by_id_in_the_metadata(demo):
