@@ -172,7 +172,12 @@ def occurrence_start(*, occurrence_id: Any, lease_owner: str) -> TaskOccurrence 
 def _occurrence_claim(*, occurrence_id: Any, now: datetime) -> str | None:
     """Take the lapsed lease of a pending occurrence for one more attempt, or fail it when
     its attempts are spent. A row another worker holds is skipped. Returns the new lease
-    owner, or None when there is nothing to start."""
+    owner, or None when there is nothing to start.
+
+    The sweep read its clock when it began, and a long one comes to this occurrence later:
+    the deadline and the new lease are taken from the clock now, if it is later, so no run
+    starts past its deadline, nor holds a lease that lapsed as it was taken."""
+    now = max(now, timezone.now())
     with transaction.atomic():
         occurrence = (
             TaskOccurrence.objects.select_for_update(skip_locked=True, of=("self",))

@@ -765,6 +765,24 @@ def test_a_deadline_passing_before_any_start_succeeded_ends_the_occurrence_witho
     assert not Run.objects.exists()
 
 
+def test_a_sweep_whose_clock_reading_is_stale_starts_no_run_past_the_deadline(demo, monkeypatch):
+    # given a start that died an hour ago, its deadline passed a moment ago, and a sweep that
+    # read its clock before that deadline (a long sweep reaches it only later)
+    crash_first_starts(monkeypatch, crashes=1)
+    fired_at = timezone.now() - timedelta(seconds=3600 + 5)
+    with pytest.raises(OperationalError):
+        scheduled_task_fire(task_id=task_of(demo).pk, now=fired_at)
+
+    counts = occurrences_sweep(now=fired_at + timedelta(seconds=3600 - 1))
+
+    # then it starts no run after the deadline, and the next sweep ends the occurrence
+    assert counts["restarted"] == 0
+    assert (TaskOccurrence.objects.get().attempts, Run.objects.count()) == (1, 0)
+    assert occurrences_sweep()["deadline_passed"] == 1
+    occurrence = TaskOccurrence.objects.get()
+    assert (occurrence.status, occurrence.run) == ("deadline_passed", None)
+
+
 def test_a_firing_delivered_late_has_the_deadline_counted_from_when_the_beat_sent_it(demo):
     task = task_of(demo, crontab="", interval_seconds=3600)
     now = timezone.now()
