@@ -26,7 +26,7 @@ from django.utils import timezone
 from approvals.services import action_freeze, handoff_open
 from config import jsontext
 from config.queries import PreparedQuery
-from registry.choices import READ_RISKS
+from registry.choices import DATA_CLASSIFICATION_LEVELS, READ_RISKS
 from registry.generation import generation_sql, registry_cached
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import version_ids_withdrawn, versions_frozen
@@ -316,6 +316,7 @@ _EARLIER_RUNS = PreparedQuery(
             "reason_code",
             question=KT("result__question"),
             answer=KT("result__output__answer"),
+            data_scope=KT("capability__data_scope__max_data_classification"),
         )[: HISTORY_RUNS + SUMMARY_RUNS]
     ),
     session_id=UUID,
@@ -329,9 +330,12 @@ def _history(run: Run) -> list[dict[str, Any]]:
     to), and before them a rolling summary of up to SUMMARY_RUNS older ones (counting those),
     marked with when it was generated and which runs it covers. A session its run's
     ingest created (written in the same statement, after the run's row took its time) has no
-    earlier run to read."""
+    earlier run to read. What an earlier run said back is left out when that run could read
+    data above this run's scope (another agent's policy): it may quote such data."""
     if run.session.created_at >= run.created_at:
         return []
+    scope = run.capability["data_scope"]["max_data_classification"]
+    readable = DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(scope) + 1]
     earlier = _EARLIER_RUNS(session_id=run.session_id, before=run.created_at)
     recent, older = earlier[:HISTORY_RUNS], earlier[HISTORY_RUNS:]
     history: list[dict[str, Any]] = []
@@ -356,7 +360,11 @@ def _history(run: Run) -> list[dict[str, Any]]:
             **_history_referred(entry["message"]),
             "status": entry["status"],
             "reason_code": entry["reason_code"],
-            **({"reply": reply[:REPLY_CHARS]} if (reply := _reply(entry)) else {}),
+            **(
+                {"reply": reply[:REPLY_CHARS]}
+                if entry["data_scope"] in readable and (reply := _reply(entry))
+                else {}
+            ),
         }
         for entry in reversed(recent)
     ]

@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 
 from registry.demo import DEMO_PASSWORD
 from registry.errors import ValidationFailed
-from registry.models import Tenant
+from registry.models import AgentConfig, Policy, Tenant
 from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.services import skills
 from registry.services.common import registry_object_save
@@ -837,3 +837,42 @@ def test_a_confidential_item_an_earlier_run_of_the_session_said_back_is_masked_i
     # and a viewer with clearance still reads it
     client.force_login(demo.admin)
     assert CODENAME in client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+
+def test_an_earlier_answer_of_the_session_above_the_next_runs_data_scope_is_not_given_to_its_model(
+    demo, fake_model
+):
+    # given a run of alice's session that recalled her confidential item and said it back
+    fake = fake_model()
+    keep_confidential(demo)
+    _agent_on_the_fake_model(demo, "alias-finder", required_inputs=["project_scope", "memory"])
+    fake.reply(openai_completion(content=f"Apollo is also called {CODENAME}."))
+    first = demo_run(
+        demo, text="What else is Apollo called?", agent="alias-finder", project_id="apollo"
+    )
+    run_execute(run_id=str(first.pk))
+
+    # when the next message of the session goes to an agent whose policy lets its runs read
+    # internal data at most
+    _agent_on_the_fake_model(demo, "internal-only", required_inputs=["project_scope"])
+    agent = AgentConfig.objects.get(tenant=demo.acme, name="internal-only")
+    agent.policy = registry_object_save(
+        instance=Policy(tenant=demo.acme, name="internal-only", max_data_classification="internal"),
+        actor=demo.admin,
+    )
+    registry_object_save(instance=agent, actor=demo.admin, reason="internal data only")
+    fake.reply(openai_completion(content="I cannot say."))
+    run = demo_run(
+        demo,
+        text="What was it again?",
+        agent="internal-only",
+        project_id="apollo",
+        session_id=first.session_id,
+    )
+    run_execute(run_id=str(run.pk))
+
+    # then its model is told the earlier message and how it ended, never the answer
+    assert Run.objects.get(pk=run.pk).status == "COMPLETED"
+    sent = json.dumps(fake.requests[-1].body["messages"], ensure_ascii=False)
+    assert "What else is Apollo called?" in sent
+    assert CODENAME not in sent
