@@ -14,6 +14,7 @@ from types import ModuleType
 
 from runs.model_clients.base import ModelError
 from runs.model_clients.transport import AnswerRefused
+from runs.tools.envelope import strip_secrets
 
 # Request timeout and rate limit; every 5xx too (see `is_retryable_status`). Not 409, which
 # the SDKs' generic policy retries: both providers document it as a conflict with a resource's
@@ -21,7 +22,6 @@ from runs.model_clients.transport import AnswerRefused
 # unchanged meets it again.
 RETRYABLE_STATUS_CODES = frozenset({408, 429})
 DETAIL_MAX_CHARS = 300
-REDACTED = "[redacted]"
 
 
 def request_parameters(
@@ -77,9 +77,11 @@ def status_error(
     headers: Mapping[str, str] | None = None,
 ) -> ModelError:
     """An HTTP error answer, classified by status, with the provider's reason kept short and
-    the wait its headers ask for; `within`: the error came as an object in an answer of that
-    status (a gateway's 200)."""
-    detail = " ".join(_redact(_error_detail(body), secret).split())[:DETAIL_MAX_CHARS]
+    without credentials (the call's key, verbatim or percent-encoded, and any that looks like
+    one: a gateway may quote the key it sends upstream), and the wait its headers ask for;
+    `within`: the error came as an object in an answer of that status (a gateway's 200)."""
+    detail = " ".join(strip_secrets(_error_detail(body), secrets=(secret,)).split())
+    detail = detail[:DETAIL_MAX_CHARS]
     message = f"{provider} answered HTTP {status_code}"
     if within is not None:
         message = f"{provider} answered HTTP {within} with an error ({status_code})"
@@ -148,7 +150,3 @@ def _error_detail(body: object) -> str:
         message = error.get("message") if isinstance(error, Mapping) else error
         return message if isinstance(message, str) else ""
     return body if isinstance(body, str) else ""
-
-
-def _redact(text: str, secret: str) -> str:
-    return text.replace(secret, REDACTED) if secret else text

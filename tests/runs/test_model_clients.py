@@ -944,3 +944,30 @@ def test_the_offline_planner_answers_from_a_tool_result_that_is_no_project_repor
 
     assert response.tool_calls == ()
     assert json.loads(response.text) == {"answer": "The tools returned nothing to report on."}
+
+
+@CONFIGS
+@pytest.mark.parametrize(
+    ("echoed", "kept"),
+    [
+        ("rejected sk%2Dfake%2Dprovider%2Dsecret%2D0123456789", "rejected [redacted]"),
+        (
+            "upstream said: Authorization: Bearer sk-upstream-9f8e7d6c5b4a3210",
+            "upstream said: Authorization: Bearer [redacted]",
+        ),
+    ],
+    ids=["key-percent-encoded", "gateway-s-upstream-key"],
+)
+def test_a_provider_error_quoting_a_credential_keeps_none(
+    model_server, api_key, make_config, echoed, kept
+):
+    """A gateway's error page may quote the key as it came in a link, or the key it sends
+    upstream: the run's result and the worker's log keep the error's reason, never those."""
+    model_server.reply({"error": {"message": echoed, "type": "api_error"}}, status=503)
+
+    with pytest.raises(ModelError) as raised:
+        model_client_for(make_config(model_server.port)).complete(
+            request_of(UserMessage(text="Hi"))
+        )
+
+    assert str(raised.value).endswith(f"answered HTTP 503: {kept}")
