@@ -1165,20 +1165,34 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output={"stop_reason": response.stop_reason},
         )
         return
+    if response.is_cut_off:
+        _cut_off(
+            run, calls, limit=request.max_output_tokens, model_limit=built.request.max_output_tokens
+        )
+        return
     if calls:
         run.state["phase"] = "tools"
-        return
-    if response.is_cut_off:
-        _cut_off(run, limit=request.max_output_tokens, model_limit=built.request.max_output_tokens)
         return
     _final(run, response.text)
 
 
-def _cut_off(run: Run, *, limit: int, model_limit: int) -> None:
-    """A last word the provider stopped at the output limit (`limit`), which may end
-    midway, is neither an answer nor a draft. Where the run's token budget set the limit
+def _cut_off(run: Run, calls: tuple[ToolCall, ...], *, limit: int, model_limit: int) -> None:
+    """A turn the provider stopped at the output limit (`limit`) may end midway: its last
+    word is neither an answer nor a draft, and its last call's arguments may be cut (sent as
+    far as they went, or read whole by a gateway that parsed what came), so none of its
+    `calls` is run; each is answered as not run. Where the run's token budget set the limit
     below the model's own (`model_limit`), the budget ran out; otherwise the model is told
     once to keep within the limit, and the run ends PARTIAL if it is cut off again."""
+    for call in calls:
+        run.transcript.append(
+            result_entry(
+                call_id=call.call_id,
+                name=call.name,
+                content=f"Not run: the turn was cut off at the output limit of {limit} tokens, "
+                "so the call's arguments may be incomplete.",
+                is_error=True,
+            )
+        )
     if limit < model_limit:
         _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code="TOKEN_BUDGET")
         return

@@ -20,7 +20,7 @@ from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.model_clients.answers import TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
 from runs.tasks import run_advance, runs_sweep
-from tests.runs.conftest import apollo_draft, demo_run, this_week
+from tests.runs.conftest import apollo_draft, demo_run, read_apollo, this_week
 from tests.runs.fake_provider import (
     API_KEY,
     CREDENTIAL_REF,
@@ -459,3 +459,58 @@ def test_a_turn_the_model_or_its_provider_refused_ends_the_run_refused(
     assert (run.status, run.reason_code) == ("REFUSED", "MODEL_REFUSED")
     assert run.result["output"] == {"stop_reason": stop_reason}
     assert len(fake.requests) == 1
+
+
+def _search_cut(provider: str, call_id: str) -> dict:
+    """A turn of one call to project_search that the provider ended at the output limit: its
+    arguments as far as they went (OpenAI's text), or as a gateway or a streaming SDK
+    parses what came (an object that reads whole)."""
+    monday, sunday = this_week()
+    search = {"project_id": "apollo", "from": monday, "to": sunday}
+    if provider == OPENAI:
+        reply = openai_completion(
+            tool_calls=((call_id, "project_search", json.dumps(search)[:40]),)
+        )
+        reply["choices"][0]["finish_reason"] = "length"
+        return reply
+    reply = anthropic_message(tool_uses=((call_id, "project_search", search),))
+    return {**reply, "stop_reason": "max_tokens"}
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+def test_a_call_cut_at_the_output_limit_is_not_run_and_the_model_is_told(
+    demo, fake_model, provider
+):
+    # given a model whose first call stops at the output limit, then calls again whole
+    fake = fake_model(provider)
+    monday, sunday = this_week()
+    search = {"project_id": "apollo", "from": monday, "to": sunday}
+    fake.reply(_search_cut(provider, "cut_1"))
+    if provider == OPENAI:
+        fake.reply(read_apollo("whole_1"))
+    else:
+        fake.reply(anthropic_message(tool_uses=(("whole_1", "project_search", search),)))
+    fake.reply(_answer(provider, json.dumps(apollo_draft())))
+
+    # when
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    # then the cut call is never run, the model learns why, and the whole call is
+    assert run.status == "WAITING_APPROVAL"
+    assert not ToolCall.objects.filter(run=run, call_id="cut_1").exists()
+    assert ToolCall.objects.get(run=run, call_id="whole_1").status == "completed"
+    told = json.dumps(fake.requests[1].body["messages"])
+    assert "cut off at the output limit of 2048 tokens" in told
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+def test_calls_cut_at_the_output_limit_twice_end_the_run_partial(demo, fake_model, provider):
+    fake = fake_model(provider)
+    fake.reply(_search_cut(provider, "cut_1"))
+    fake.reply(_search_cut(provider, "cut_2"))
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    assert (run.status, run.reason_code) == ("PARTIAL", "DRAFT_CONTRACT_NOT_MET")
+    assert not ToolCall.objects.filter(run=run).exclude(call_id__startswith="host-").exists()
+    assert len(fake.requests) == 2
