@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import semver
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.contrib.postgres.search import SearchQuery, SearchRank, SearchVector
 from django.db import connection
@@ -382,6 +383,16 @@ def version_diff(old: DefinitionVersion, new: DefinitionVersion) -> list[FieldDi
 OWN_BEFORE_PLATFORM = (F("tenant_id").asc(nulls_last=True), "namespace")
 
 
+def _version_matches(version: semver.Version, wanted: str) -> bool:
+    """Whether `version` is what `wanted` names: a whole version is the one of its precedence
+    (its build metadata, when given, too), `2` or `2.1` any of that major or minor."""
+    if semver.Version.is_valid(wanted):
+        named = semver.Version.parse(wanted)
+        return version.compare(named) == 0 and named.build in (None, version.build)
+    prefix = [int(part) for part in wanted.split(".") if part]
+    return list(version.to_tuple()[: len(prefix)]) == prefix
+
+
 def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersion:
     """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` of the one
     tool of that name `tenant` may use (platform-wide only, when `tenant` is None): its own
@@ -406,11 +417,10 @@ def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersio
         raise NotFound(
             f"No published tool version matches '{reference}'.", details={"reference": reference}
         )
-    prefix = [part for part in wanted.split(".") if part]
     candidates = [
         version
         for version in tool.versions.filter(status=VersionStatus.PUBLISHED).select_related("tool")
-        if version.version.split(".")[: len(prefix)] == prefix
+        if _version_matches(version.semver, wanted)
     ]
     if not candidates:
         raise NotFound(

@@ -1364,6 +1364,53 @@ def test_skill_create_pins_the_highest_published_version_of_a_major(
 
 
 @pytest.mark.parametrize(
+    ("reference", "pinned"),
+    [
+        ("project_search@2.1.0", "2.1.0+build.7"),
+        ("project_search@2.1.0+build.7", "2.1.0+build.7"),
+        ("project_search@2.2.0-rc.1", "2.2.0-rc.1"),
+    ],
+)
+def test_skill_create_pins_the_version_a_whole_version_names(
+    api, publisher, make_tool_version, reference, pinned
+):
+    # given project_search 2.1.0 published with build metadata, then 2.2.0-rc.1
+    _publish_tool(make_tool_version, publisher, version="2.1.0+build.7")
+    _publish_tool(make_tool_version, publisher, version="2.2.0-rc.1")
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=[reference]), format="json"
+    )
+
+    # then the version of that precedence is pinned (build metadata names no other version)
+    assert response.status_code == 201, response.json()
+    assert [pin["version"] for pin in response.json()["tool_dependencies"]] == [pinned]
+
+
+@pytest.mark.parametrize("reference", ["project_search@2.2.0-rc", "project_search@2.1.0+build.8"])
+def test_skill_create_pinning_a_version_no_published_one_is_refused(
+    api, publisher, make_tool_version, reference
+):
+    # given project_search 2.1.0+build.7 and 2.2.0-rc.1 published
+    _publish_tool(make_tool_version, publisher, version="2.1.0+build.7")
+    _publish_tool(make_tool_version, publisher, version="2.2.0-rc.1")
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=[reference]), format="json"
+    )
+
+    # then neither is pinned in place of the version named
+    assert response.status_code == 400
+    assert _error(response)["details"] == {
+        "tool_dependencies": [
+            f"No published version of acme/core/project_search matches '{reference}'."
+        ]
+    }
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize(
     "reference",
     ["project_search@2", "nowhere@1", "globex_only@1"],
     ids=["draft-only", "unknown-tool", "other-tenants-tool"],
