@@ -30,7 +30,7 @@ from django.db.models import (
     prefetch_related_objects,
 )
 from django.db.models.expressions import RawSQL
-from guardian.shortcuts import get_objects_for_group
+from guardian.shortcuts import get_objects_for_group, get_objects_for_user
 
 from config.queries import PreparedQuery
 from registry.choices import (
@@ -170,6 +170,16 @@ def _versions_visible(
     ).select_related(version_model.parent_field, f"{version_model.parent_field}__tenant")
     if not user_can(user=user, action=Action.REGISTRY_VIEW_UNPUBLISHED, tenant=tenant):
         versions = versions.filter(status__in=LISTED_STATUSES)
+    elif not user.is_superuser:
+        # A platform-wide definition's drafts are the work of those who may publish it, never
+        # released to the tenant as its other versions were.
+        publishable = get_objects_for_user(
+            user, _publish_permission(parent), klass=parent, accept_global_perms=False
+        )
+        versions = versions.exclude(
+            Q(status=VersionStatus.DRAFT, **{f"{version_model.parent_field}__tenant__isnull": True})
+            & ~Q(**{f"{version_model.parent_field}__in": publishable.values("pk")})
+        )
     return versions.select_related("published_by")
 
 

@@ -377,6 +377,36 @@ def test_platform_wide_tool_is_visible_to_a_tenant_only_once_granted(
     assert client.get(f"{TOOLS}/{version.pk}").status_code == 404
 
 
+@pytest.mark.parametrize("role", ["publisher", "auditor"])
+def test_a_platform_wide_tool_s_draft_is_not_shown_to_a_granted_tenant(
+    api, platform_admin, acme, request, role
+):
+    # given a platform-wide tool granted to acme, 1.0.0 published and 2.0.0 still a draft
+    published = tools.tool_version_create(
+        actor=platform_admin, tenant=None, name="web_search", version="1.0.0", **tool_content()
+    )
+    published = tools.tool_version_publish(tool_version=published, actor=platform_admin)
+    draft = tools.tool_version_create(
+        actor=platform_admin,
+        tenant=None,
+        name="web_search",
+        version="2.0.0",
+        **tool_content(description="Calls the new crawler; not ready."),
+    )
+    tenancy.definition_grant(actor=platform_admin, definition=published.tool, tenant=acme)
+    client = api.as_user(request.getfixturevalue(role), acme)
+
+    # then acme's publishers and auditors, who see acme's own drafts, see the released
+    # version only: the draft is the platform's unreleased work
+    assert _versions(client.get(TOOLS)) == [("web_search", "1.0.0")]
+    assert client.get(f"{TOOLS}/{draft.pk}").status_code == 404
+    # and a platform admin still sees it
+    assert _versions(api.as_user(platform_admin, acme).get(TOOLS)) == [
+        ("web_search", "2.0.0"),
+        ("web_search", "1.0.0"),
+    ]
+
+
 def test_platform_wide_skill_is_visible_to_a_tenant_only_once_granted(
     api, platform_admin, globex, globex_member
 ):
