@@ -26,7 +26,8 @@ from registry.api.serializers import (
     ToolVersionCreateSerializer,
     ToolVersionSerializer,
 )
-from registry.errors import NotFound, ValidationFailed
+from registry.choices import Action
+from registry.errors import NotFound, PermissionDenied, ValidationFailed
 from registry.models.versions import DefinitionVersion
 from registry.services import skills, tenancy, tools
 from runs.api.throttles import AccountTries, FirstRefusalThrottled, PasswordTries
@@ -120,6 +121,11 @@ class VersionViewSet(
         )
 
     def create(self, request: Request) -> Response:
+        # Who may create is answered before the body is read: 403, not a 400 on the input.
+        if not selectors.user_can(
+            user=request.user, action=Action.REGISTRY_PUBLISH, tenant=request.auth.tenant
+        ):
+            raise PermissionDenied("You may not create versions in this tenant.")
         data = self.create_serializer(data=request.data)
         data.is_valid(raise_exception=True)
         version = self._created(dict(data.validated_data))

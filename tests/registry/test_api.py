@@ -639,6 +639,21 @@ def test_an_auditor_may_not_create(api, catalog, auditor, kind):
     assert _registry_state() == before
 
 
+@pytest.mark.parametrize("body", [{}, {"tool_dependencies": ["no_such_tool@1"]}])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_may_not_create_whatever_the_body(api, catalog, member, kind, body):
+    # given a member, who may not create versions at all
+    before = _registry_state()
+
+    # when she posts a body that is wrong besides
+    response = _call(api.as_user(member), kind, "create", body=body)
+
+    # then she is told she may not create, not what to fix in a body no fix would get in
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_publisher_creates_a_draft(api, catalog, publisher, kind):
     response = _call(api.as_user(publisher), kind, "create")
