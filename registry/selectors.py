@@ -215,7 +215,7 @@ def rollout_serves(*, flag: RolloutFlag, tenant: Tenant, actor_id: str) -> bool:
     if not flag.is_active:
         return False
     eligible_tenants = {t.pk for t in flag.tenants.all()}
-    if eligible_tenants and tenant.pk not in eligible_tenants:
+    if eligible_tenants and tenant.registry_owner.pk not in eligible_tenants:
         return False
     return rollout_bucket(key=flag.key, actor_id=actor_id) < flag.percentage * (
         ROLLOUT_BUCKETS // 100
@@ -638,7 +638,7 @@ def skill_versions_served(*, skills: Iterable[Skill], tenant: Tenant) -> list[Sk
     }
     flags = (
         RolloutFlag.objects.filter(
-            Q(tenants=None) | Q(tenants=tenant),
+            Q(tenants=None) | Q(tenants=tenant.registry_owner),
             skill__in=skills,
             is_active=True,
             percentage__gt=0,

@@ -18,7 +18,7 @@ from registry.selectors import (
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import definition_grant, membership_add
-from tests.registry.factories import UserFactory
+from tests.registry.factories import TenantFactory, UserFactory
 
 
 def test_rollout_bucketing_is_deterministic():
@@ -87,6 +87,33 @@ def test_rollout_to_listed_tenants_only(two_skill_versions, acme, globex):
 
     assert skill_version_for_actor(skill=stable.skill, tenant=acme, actor_id="a") == candidate
     assert skill_version_for_actor(skill=stable.skill, tenant=globex, actor_id="a") == stable
+
+
+def test_a_rollout_to_listed_tenants_serves_in_their_evaluation_sandboxes(
+    two_skill_versions, acme, globex
+):
+    # given a rollout of the candidate to acme only, and a sandbox of each tenant
+    stable, candidate = two_skill_versions
+    flag = RolloutFlag.objects.create(
+        key="acme-first", skill=stable.skill, skill_version=candidate, percentage=100
+    )
+    flag.tenants.add(acme)
+    sandboxes = {}
+    for tenant in (acme, globex):
+        sandboxes[tenant] = TenantFactory(slug=f"eval-{tenant.slug}")
+        sandboxes[tenant].sandbox_of = tenant
+        sandboxes[tenant].save(update_fields=["sandbox_of"])
+
+    # then acme's sandbox is served what acme's users get, globex's what globex's get
+    served = {
+        tenant: skill_version_for_actor(skill=stable.skill, tenant=sandbox, actor_id="a")
+        for tenant, sandbox in sandboxes.items()
+    }
+    assert served == {acme: candidate, globex: stable}
+    assert skill_versions_served(skills=[stable.skill], tenant=sandboxes[acme]) == [
+        stable,
+        candidate,
+    ]
 
 
 def test_two_tenants_each_roll_out_under_one_key_and_each_run_gets_its_own(
