@@ -237,6 +237,7 @@ def eval_run_start(
             # it again.
             lease_expires_at=timezone.now() + timedelta(seconds=settings.EVAL_CASE_LEASE_SECONDS),
         )
+        eval_run.cases.set(suite.cases.all())
         transaction.on_commit(
             lambda: task_send(tasks.eval_run_advance, eval_run_id=str(eval_run.pk))
         )
@@ -481,7 +482,7 @@ def eval_run_advance(*, eval_run_id: Any, seconds: float | None = None) -> bool:
         _sandbox(eval_run)
     while True:
         done = eval_run.results.values("case_id")
-        case = eval_run.suite.cases.exclude(pk__in=done).order_by("key").first()
+        case = eval_run.cases.exclude(pk__in=done).order_by("key").first()
         if case is None:
             break
         if seconds is not None and time.monotonic() - started > seconds:
@@ -527,7 +528,7 @@ def eval_run_advance_failed(*, eval_run_id: Any, error: BaseException) -> None:
             if eval_run.attempts < EVAL_RUN_FAILURES_MAX:
                 return
             case = (
-                eval_run.suite.cases.exclude(pk__in=eval_run.results.values("case_id"))
+                eval_run.cases.exclude(pk__in=eval_run.results.values("case_id"))
                 .order_by("key")
                 .first()
             )

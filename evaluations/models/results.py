@@ -67,6 +67,14 @@ class EvalRun(models.Model):
         max_length=16, choices=EvalRunStatus.choices, default=EvalRunStatus.QUEUED
     )
     status_reason = models.TextField(blank=True)
+    cases = models.ManyToManyField(
+        "evaluations.EvalCase",
+        related_name="+",
+        blank=True,
+        editable=False,
+        help_text="The suite's cases when the run started, the ones its content hash was taken "
+        "of: those it runs, a case added since being left to the next run.",
+    )
     cases_total = models.PositiveIntegerField(default=0)
     cases_done = models.PositiveIntegerField(default=0)
     metrics = models.JSONField(default=dict, blank=True)

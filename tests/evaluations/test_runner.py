@@ -209,6 +209,32 @@ def test_a_case_the_platform_refuses_to_run_fails_and_the_eval_run_completes(dem
     assert str(eval_run.pk) not in services.eval_runs_stale()
 
 
+def test_a_case_added_while_an_eval_run_goes_is_left_to_the_next_one(demo, dave):
+    # given an eval run of the two cases of tiny, queued
+    suite, _ = suite_install(TINY_SUITE)
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+
+    # when a third case is added to the suite before its cases run
+    grown = copy.deepcopy(TINY_SUITE)
+    grown["cases"].append({**TINY_SUITE["cases"][1], "key": "added", "title": "Added"})
+    suite_install(grown)
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+
+    # then it runs the two cases it started with, and says so
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.cases_total) == ("completed", 2, 2)
+    assert sorted(eval_run.results.values_list("case__key", flat=True)) == [
+        "complete",
+        "no-scope",
+    ]
+    assert eval_run.suite_changed
+
+
 def _weekly_summary_evaluated(demo, dave, suite) -> EvalRun:
     """An eval run of `suite` with the published weekly-summary 3.2.0 and the demo's agent,
     advanced to its end."""
