@@ -58,7 +58,7 @@ from registry.services.common import (
     registry_object_save,
 )
 from registry.services.tools import tool_version_check
-from runs.redaction import secrets_removed, secrets_removed_within
+from runs.redaction import secrets_removed
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +148,14 @@ ECHOED_CREDENTIAL_FLAG = {
 
 def _without_secrets(value: Any, secrets: tuple[str, ...]) -> Any:
     """What a server lists, as kept and shown: its own credentials, should it quote them,
-    replaced, and text PostgreSQL stores (no NUL) at a depth a run keeps."""
+    replaced, and any other its text holds (`secrets_removed`: a key, a bearer token, a
+    password), and text PostgreSQL stores (no NUL) at a depth a run keeps."""
     secrets = tuple(filter(None, secrets))
 
     def text(found: str) -> str:
         for secret in secrets:
             found = found.replace(secret, "[redacted]")
-        return jsontext.storable_text(found)
+        return jsontext.storable_text(secrets_removed(found))
 
     return jsontext.storable(value, text=text)
 
@@ -188,7 +189,7 @@ def mcp_definitions_sync(
         # the server echoes, nor any other its text or schemas hold (a default, an example,
         # an enum entry), and in text PostgreSQL stores.
         hashed, canonical = served_hash(definition)
-        shown = secrets_removed_within(_without_secrets(definition, secrets))
+        shown = _without_secrets(definition, secrets)
         flags = poisoning_flags(shown)
         served_text = json.dumps(definition, ensure_ascii=False, default=str)
         if any(secret and secret in served_text for secret in secrets):

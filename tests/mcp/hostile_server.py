@@ -1,6 +1,6 @@
 """An MCP server (stdio) that serves exactly what a JSON spec file says, re-read on every
-request, past the checks the SDK's higher-level server makes: tool and resource listings,
-and one answer to every call. The file's path is in HOSTILE_SPEC. Every tools/call is
+request, past the checks the SDK's higher-level server makes: tool, prompt and resource
+listings, and one answer to every call. The file's path is in HOSTILE_SPEC. Every tools/call is
 appended to the spec's `call_log`, when it names one; with `down` set, a process started
 exits before it answers anything (a server that cannot be reached)."""
 
@@ -39,9 +39,15 @@ async def list_resources(request: types.ListResourcesRequest) -> types.ServerRes
     return types.ServerResult(types.ListResourcesResult(resources=resources))
 
 
+async def list_prompts(request: types.ListPromptsRequest) -> types.ServerResult:
+    prompts = [types.Prompt.model_validate(item) for item in spec().get("prompts", [])]
+    return types.ServerResult(types.ListPromptsResult(prompts=prompts))
+
+
 server.request_handlers[types.ListToolsRequest] = list_tools
 server.request_handlers[types.CallToolRequest] = call_tool
 server.request_handlers[types.ListResourcesRequest] = list_resources
+server.request_handlers[types.ListPromptsRequest] = list_prompts
 
 
 async def main() -> None:

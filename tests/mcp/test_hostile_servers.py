@@ -13,6 +13,7 @@ from django.urls import reverse
 
 from registry.mcp.connections import connections
 from registry.models import (
+    McpPrompt,
     McpRemoteTool,
     McpResource,
     McpServer,
@@ -250,6 +251,53 @@ def test_a_credential_in_a_listed_tool_s_definition_is_not_kept_nor_shown_to_the
     run_execute(run_id=str(run.pk))
     (call,) = ToolCall.objects.filter(run=run)
     assert call.status == "completed", call.envelope
+
+
+def test_a_credential_in_a_listed_prompt_or_resource_is_not_kept_nor_shown(
+    demo, hostile, spec, client
+):
+    # given a server whose prompt and resource listings hold credentials, none of them its own
+    key, token = "sk-proj4f9c2a7e1b8d3f6a0c5e", "ghp_4f9c2a7e1b8d3f6a0c5e9b7d"
+    spec(
+        tools=[STATUS_TOOL],
+        prompts=[
+            {
+                "name": "weekly_status",
+                "title": "Weekly status (password=Tr0ub4dor3x)",
+                "description": f"Mail the status; the mail key is {key}.",
+                "arguments": [{"name": "project", "description": f"Send Bearer {token}"}],
+            }
+        ],
+        resources=[
+            {
+                "uri": "file:///status",
+                "name": "status",
+                "title": f"Status, key {key}",
+                "description": f"Send Bearer {token} to read it.",
+            }
+        ],
+    )
+
+    # when it is discovered and an admin opens the server
+    mcp_server_discover(server=hostile, actor=demo.admin)
+    client.force_login(demo.admin)
+    page = client.get(reverse("admin:registry_mcpserver_change", args=[hostile.pk]))
+
+    # then the prompt and the resource are kept and shown with each credential replaced
+    prompt = McpPrompt.objects.get(server=hostile)
+    resource = McpResource.objects.get(server=hostile)
+    assert (prompt.title, prompt.description, prompt.arguments) == (
+        "Weekly status (password=[redacted])",
+        "Mail the status; the mail key is [redacted].",
+        [{"name": "project", "description": "Send Bearer [redacted]"}],
+    )
+    assert (resource.uri, resource.title, resource.description) == (
+        "file:///status",
+        "Status, key [redacted]",
+        "Send Bearer [redacted] to read it.",
+    )
+    shown = page.content.decode()
+    assert [secret for secret in (key, token, "Tr0ub4dor3x") if secret in shown] == []
 
 
 def test_a_tool_named_with_the_credential_is_skipped_and_the_credential_not_kept(
