@@ -178,6 +178,8 @@ def mcp_definitions_sync(
         if any(secret and secret in remote_name for secret in secrets):
             # A name is kept and shown as served, or not at all: never with a credential.
             problem = "its remote_name quotes a credential it was given"
+        elif secrets_removed(remote_name) != remote_name:
+            problem = "its remote_name holds a credential"
         else:
             problem = _fits(McpRemoteTool, {"remote_name": remote_name})
         if problem is not None:
@@ -405,7 +407,12 @@ def _resources_record(
             secrets,
         )
         fields = {name: shown[name] for name in ("uri", "name", "title", "mime_type")}
-        if (problem := _fits(McpResource, fields)) is not None:
+        if shown["uri"] != jsontext.storable_text(str(resource.uri)):
+            # A run reads a resource by its URI as listed: kept so, or not at all.
+            problem = "its uri holds a credential"
+        else:
+            problem = _fits(McpResource, fields)
+        if problem is not None:
             skipped[f"resource {shown['uri'][:REMOTE_NAME_MAX]}"] = problem
             continue
         McpResource.objects.update_or_create(

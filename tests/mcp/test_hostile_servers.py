@@ -330,3 +330,47 @@ def test_a_tool_named_with_the_credential_is_skipped_and_the_credential_not_kept
     assert "project_status" in kept
     assert SECRET not in kept
     assert SECRET not in response.content.decode()
+
+
+def test_a_tool_or_resource_named_with_any_credential_is_skipped_saying_why(
+    demo, hostile, spec, client
+):
+    # given a server listing a tool and a resource whose name and URI hold a token (not its
+    # own), which a call would have to send back as listed
+    token = "ghp_4f9c2a7e1b8d3f6a0c5e9b7d"
+    spec(
+        tools=[STATUS_TOOL, {**STATUS_TOOL, "name": f"status-{token}"}],
+        resources=[
+            {"uri": "file:///status", "name": "status"},
+            {"uri": f"https://files.example/report?access_token={token}", "name": "report"},
+        ],
+        result=OK,
+    )
+    client.force_login(demo.admin)
+
+    # when an admin discovers it
+    response = client.post(
+        reverse("admin:registry_mcpserver_changelist"),
+        {"action": "discover", "_selected_action": [str(hostile.pk)]},
+        follow=True,
+    )
+
+    # then both are skipped, saying why, and the rest recorded; the token is nowhere kept
+    (message,) = [m.message for m in response.context["messages"]]
+    assert "status-[redacted] (its remote_name holds a credential)" in message
+    assert (
+        "resource https://files.example/report?access_token=[redacted] (its uri holds a credential)"
+    ) in message
+    assert list(McpRemoteTool.objects.values_list("remote_name", flat=True)) == ["project_status"]
+    assert list(McpResource.objects.values_list("uri", flat=True)) == ["file:///status"]
+    hostile.refresh_from_db()
+    kept = json.dumps(
+        [
+            list(McpToolDefinition.objects.values_list("remote_name", "definition")),
+            list(Tool.objects.values_list("name", flat=True)),
+            list(ToolVersion.objects.values_list("adapter_config", flat=True)),
+            hostile.health_detail,
+        ]
+    )
+    assert token not in kept
+    assert token not in response.content.decode()
