@@ -41,6 +41,7 @@ from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
 from registry.mcp.review import definition_of
 from registry.models import McpServer, Tenant
+from runs.redaction import secrets_removed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -396,7 +397,8 @@ def _stderr_logged(endpoint: Endpoint) -> TextIO:
 
 
 def _log_stderr(read_end: int, label: str, secrets: tuple[str, ...]) -> None:
-    """Log each line until the server's process closes its stderr. A line longer than
+    """Log each line until the server's process closes its stderr, without the secrets it
+    was given nor any other credential it prints (`secrets_removed`). A line longer than
     STDERR_LINE_MAX_BYTES is dropped whole: read in pieces, a piece could hold part of a
     secret that no redaction would recognise."""
     secrets = tuple(filter(None, secrets))
@@ -410,6 +412,7 @@ def _log_stderr(read_end: int, label: str, secrets: tuple[str, ...]) -> None:
             text = line.decode(errors="replace").rstrip()
             for secret in secrets:
                 text = text.replace(secret, "[redacted]")
+            text = secrets_removed(text)
             if text:
                 logger.info("%s (stderr): %s", label, text)
 

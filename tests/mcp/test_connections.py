@@ -178,6 +178,36 @@ def test_what_a_stdio_server_writes_to_stderr_is_logged_without_its_credential(
     assert "xxxx" not in caplog.text and TOKEN[6:] not in caplog.text
 
 
+def test_any_credential_a_stdio_server_writes_to_stderr_is_logged_redacted(overrides, caplog):
+    # given a stdio server which, as it fails to start, prints a token of its own upstream
+    # (one the host never gave it) on stderr
+    token = "ghp_4f9c2a7e1b8d3f6a0c5e9b7d"
+    leaky = McpServer(
+        name="leaky",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=[
+            "-c",
+            f"import sys; token = 'ghp_' + '{token[4:]}'; "
+            "print('upstream refused Bearer', token, file=sys.stderr)",
+        ],
+        timeout_s=5,
+    )
+    caplog.set_level(logging.INFO, logger="registry.mcp.connections")
+
+    # when the platform opens it
+    with pytest.raises(McpUnavailable):
+        connections.tools(endpoint_for(leaky))
+    connections.close_all()
+
+    # then its line is in the platform's log with the token redacted
+    deadline = time.monotonic() + 5
+    while "upstream refused" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "platform/leaky (stderr): upstream refused Bearer [redacted]" in caplog.text
+    assert token not in caplog.text
+
+
 def test_a_handshake_given_up_on_leaves_no_unread_failure_behind(overrides, caplog):
     """The caller is told once that the handshake did not complete; the connection it waited
     for, ended for it, must not leave its own failure unread for the event loop to log as an
