@@ -131,15 +131,18 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
             re.I,
         ),
     ),
+    # An address and a tag are matched from where their run of characters starts, and a tag
+    # ends before the next one opens: tried at each character of a long word, or at each of
+    # many unclosed tags, the search would read the rest of the text again (quadratic).
     (
         "MENTIONS_RECIPIENTS",
         re.compile(
-            r"[\w.+-]+@[\w-]+(\.[\w-]+)+|\b(send|forward|mail|email|post|upload|exfiltrate)\b"
-            r".{0,60}\bto\b|\b(bcc|cc)\b",
+            r"(?<![\w.+-])[\w.+-]+@[\w-]+(\.[\w-]+)+|"
+            r"\b(send|forward|mail|email|post|upload|exfiltrate)\b.{0,60}\bto\b|\b(bcc|cc)\b",
             re.I | re.S,
         ),
     ),
-    ("MARKUP", re.compile(r"<\s*/?\s*[a-z][a-z0-9_-]*[^>]*>|<!--|\[\[|\]\]|\{\{", re.I)),
+    ("MARKUP", re.compile(r"<\s*/?\s*[a-z][a-z0-9_-]*[^<>]*>|<!--|\[\[|\]\]|\{\{", re.I)),
 )
 _HIDDEN_CATEGORIES = frozenset({"Cf", "Co", "Cn"})
 
