@@ -29,7 +29,7 @@ from registry.api.serializers import (
 from registry.choices import Action
 from registry.errors import NotFound, PermissionDenied, ValidationFailed
 from registry.models.versions import DefinitionVersion
-from registry.services import skills, tenancy, tools
+from registry.services import lifecycle, skills, tenancy, tools
 from runs.api.throttles import AccountTries, FirstRefusalThrottled, PasswordTries
 
 
@@ -131,37 +131,36 @@ class VersionViewSet(
         version = self._created(dict(data.validated_data))
         return Response(self.output_serializer(version).data, status=status.HTTP_201_CREATED)
 
-    def _command(self, service: Callable[..., DefinitionVersion], **extra: Any) -> Response:
+    def _command(
+        self, service: Callable[..., DefinitionVersion], body: type[serializers.Serializer]
+    ) -> Response:
         version = self.get_object()
-        version = service(actor=self.request.user, **{self.version_argument: version}, **extra)
+        # Who may manage it is answered before the body is read: 403, not a 400 on the input.
+        lifecycle.require_publisher(actor=self.request.user, definition=version.parent)
+        data = body(data=self.request.data)
+        data.is_valid(raise_exception=True)
+        version = service(
+            actor=self.request.user, **{self.version_argument: version}, **data.validated_data
+        )
         version.parent.refresh_from_db(fields=["current_version"])
         return Response(self.output_serializer(version).data)
 
-    def _reason(self) -> str:
-        data = LifecycleSerializer(data=self.request.data)
-        data.is_valid(raise_exception=True)
-        return data.validated_data.get("reason", "")
-
     @action(detail=True, methods=["post"])
     def publish(self, request: Request, pk: str) -> Response:
-        data = self.publish_serializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        return self._command(type(self).publish_service, **data.validated_data)
+        return self._command(type(self).publish_service, self.publish_serializer)
 
     @action(detail=True, methods=["post"])
     def deprecate(self, request: Request, pk: str) -> Response:
-        return self._command(type(self).deprecate_service, reason=self._reason())
+        return self._command(type(self).deprecate_service, LifecycleSerializer)
 
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str) -> Response:
-        return self._command(type(self).revoke_service, reason=self._reason())
+        return self._command(type(self).revoke_service, LifecycleSerializer)
 
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str) -> Response:
         """Make this (earlier, published) version current again."""
-        data = self.rollback_serializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        return self._command(type(self).rollback_service, **data.validated_data)
+        return self._command(type(self).rollback_service, self.rollback_serializer)
 
 
 def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionViewSet]:

@@ -596,6 +596,45 @@ def test_a_member_may_not_run_lifecycle_commands(api, catalog, member, kind, com
     assert _registry_state() == before
 
 
+@pytest.mark.parametrize("role", ["member", "auditor"])
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_member_or_auditor_may_not_run_lifecycle_commands_whatever_the_body(
+    api, catalog, request, kind, command, role
+):
+    # given a version they can see, and a member or auditor, who may manage no version
+    client = api.as_user(request.getfixturevalue(role))
+    before = _registry_state()
+
+    # when they post a command with a body that is wrong besides
+    response = _call(client, kind, command, catalog[kind]["published"], body={"bogus": 1})
+
+    # then they are told they may not, not what to fix in a body no fix would get in
+    assert response.status_code == 403
+    assert _error(response)["code"] == "PERMISSION_DENIED"
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lifecycle_command_on_another_tenant_s_version_is_404_whatever_the_body(
+    api, catalog, globex, globex_publisher, kind, command
+):
+    before = _registry_state()
+
+    response = _call(
+        api.as_user(globex_publisher, globex),
+        kind,
+        command,
+        catalog[kind]["published"],
+        body={"bogus": 1},
+    )
+
+    assert response.status_code == 404
+    assert _error(response)["code"] == "NOT_FOUND"
+    assert _registry_state() == before
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_member_does_not_see_drafts(api, catalog, member, kind):
     client = api.as_user(member)
@@ -1544,9 +1583,10 @@ def test_skill_create_pinning_one_tool_twice_is_a_validation_error(
     assert _registry_state() == before
 
 
+@pytest.mark.parametrize("body", [{}, {"bogus": 1}])
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_tenant_granted_a_platform_tool_may_use_but_not_manage_it(
-    api, platform_admin, globex, globex_publisher, command
+    api, platform_admin, globex, globex_publisher, command, body
 ):
     # given a published platform-wide tool granted to globex
     version = tools.tool_version_create(
@@ -1558,8 +1598,8 @@ def test_a_tenant_granted_a_platform_tool_may_use_but_not_manage_it(
     assert client.get(f"{TOOLS}/{version.pk}").status_code == 200
     before = _registry_state()
 
-    # when globex's publisher runs a lifecycle command on it
-    response = client.post(f"{TOOLS}/{version.pk}/{command}", format="json")
+    # when globex's publisher runs a lifecycle command on it, with a body wrong or not
+    response = client.post(f"{TOOLS}/{version.pk}/{command}", body, format="json")
 
     # then only platform admins manage platform-wide tools
     assert response.status_code == 403
