@@ -45,6 +45,10 @@ TOOL_REFERENCE_VALIDATOR = RegexValidator(
 )
 
 
+# A skill is one method with the few tools it needs; each pin is looked up on its own.
+MAX_TOOL_DEPENDENCIES = 32
+
+
 class TokenRequestSerializer(StrictSerializer):
     username = StrictCharField(max_length=150)
     password = StrictCharField(max_length=256, trim_whitespace=False)
@@ -210,6 +214,7 @@ class SkillVersionCreateSerializer(StrictSerializer):
     tool_dependencies = serializers.ListField(
         child=StrictCharField(max_length=140, validators=[TOOL_REFERENCE_VALIDATOR]),
         required=False,
+        max_length=MAX_TOOL_DEPENDENCIES,
         help_text='Pinned tools as "name@version", e.g. "project_search@2".',
     )
     rules = DocumentField(document_schema=SKILL_RULES_SCHEMA, required=False)

@@ -1564,22 +1564,46 @@ def test_create_of_an_existing_version_number_is_a_validation_error(
     assert _registry_state() == before
 
 
+@pytest.mark.parametrize(
+    "references",
+    [
+        ["project_search@1.0.0", "project_search@1.1.0"],
+        ["project_search@1.0.0", "project_search@1.0.0"],
+    ],
+    ids=["two-versions", "one-version-twice"],
+)
 def test_skill_create_pinning_one_tool_twice_is_a_validation_error(
-    api, publisher, make_tool_version
+    api, publisher, make_tool_version, references
 ):
     _publish_tool(make_tool_version, publisher, version="1.0.0")
     _publish_tool(make_tool_version, publisher, version="1.1.0")
     before = _registry_state()
 
     response = api.as_user(publisher).post(
-        SKILLS,
-        _create_body("skills", tool_dependencies=["project_search@1.0.0", "project_search@1.1.0"]),
-        format="json",
+        SKILLS, _create_body("skills", tool_dependencies=references), format="json"
     )
 
     assert response.status_code == 400
     assert _error(response)["code"] == "VALIDATION_ERROR"
     assert _error(response)["details"] == {"tool_dependencies": ["The same tool is pinned twice."]}
+    assert _registry_state() == before
+
+
+def test_skill_create_pinning_more_tools_than_a_skill_may_is_refused(api, publisher):
+    before = _registry_state()
+
+    # when a skill pins 33 tools
+    references = [f"tool_{index}@1" for index in range(33)]
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=references), format="json"
+    )
+
+    # then it is refused for their number, not one by one
+    assert response.status_code == 400
+    assert _error(response)["code"] == "VALIDATION_ERROR"
+    assert _error(response)["details"] == {
+        "tool_dependencies": ["Ensure this field has no more than 32 elements."]
+    }
     assert _registry_state() == before
 
 
