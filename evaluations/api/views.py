@@ -140,6 +140,7 @@ class EvalRunViewSet(
     )
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        eval_run = self.get_object()
         CommandSerializer(data=request.data).is_valid(raise_exception=True)
-        eval_run = services.eval_run_cancel(eval_run=self.get_object(), actor=request.user)
+        eval_run = services.eval_run_cancel(eval_run=eval_run, actor=request.user)
         return Response(EvalRunSerializer(self.get_queryset().get(pk=eval_run.pk)).data)

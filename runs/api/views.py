@@ -253,8 +253,9 @@ class RunViewSet(
     @extend_schema(summary="Cancel a run that has not finished.", request=CommandSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str) -> Response:
+        run = self.get_object()
         CommandSerializer(data=request.data).is_valid(raise_exception=True)
-        run = run_cancel(run=self.get_object(), actor=request.user)
+        run = run_cancel(run=run, actor=request.user)
         return Response(RunSerializer(run, context=self.get_serializer_context()).data)
 
 

@@ -197,11 +197,15 @@ def test_members_and_other_tenants_neither_start_nor_see_eval_runs(demo, suites)
     member = api_as("alice", demo.acme)
     refused = member.post("/api/v1/evaluations/runs", start_body(suites), format="json")
     foreign = api_as(outsider.username, globex).get(f"/api/v1/evaluations/runs/{eval_run.pk}")
+    foreign_cancel = api_as(outsider.username, globex).post(
+        f"/api/v1/evaluations/runs/{eval_run.pk}/cancel", {"bogus": 1}, format="json"
+    )
 
     assert refused.status_code == 403
     assert member.get("/api/v1/evaluations/runs").json()["results"] == []
     assert member.get(f"/api/v1/evaluations/runs/{eval_run.pk}").status_code == 404
     assert foreign.status_code == 404
+    assert foreign_cancel.status_code == 404
     assert EvalRun.objects.count() == 1
 
 

@@ -186,6 +186,8 @@ def test_one_s_own_run_is_not_found_through_a_token_of_another_tenant(
     assert client.get(RUNS).json()["count"] == 0
     assert client.get(f"{RUNS}/{run.pk}").status_code == 404
     assert client.post(f"{RUNS}/{run.pk}/cancel").status_code == 404
+    # nor tells a body it would refuse from a run it does not show
+    assert client.post(f"{RUNS}/{run.pk}/cancel", {"bogus": 1}, format="json").status_code == 404
     assert Run.objects.get(pk=run.pk).status == "QUEUED"
 
 
