@@ -137,14 +137,15 @@ def memory_write(
     with transaction.atomic():
         # Writes about one user take turns (on the user's own row, which a platform admin
         # without a membership also has), so that two new keys at once cannot both pass the
-        # count below.
+        # count below. An expired item the hourly sweep has not removed yet is not kept any
+        # more: it takes no place, and its key again is a new one.
         get_user_model().objects.select_for_update(no_key=True, of=("self",)).filter(
             pk=user.pk
         ).order_by().values_list("pk").first()
-        kept = memories_of(tenant=tenant, user=user)
+        live = memories_of(tenant=tenant, user=user).filter(expires_at__gt=now)
         if (
-            kept.count() >= settings.MEMORY_ITEMS_MAX
-            and not kept.filter(kind=kind, key=key).exists()
+            live.count() >= settings.MEMORY_ITEMS_MAX
+            and not live.filter(kind=kind, key=key).exists()
         ):
             raise _refuse(
                 "TOO_MANY",

@@ -138,6 +138,27 @@ def test_a_new_key_beyond_the_cap_is_refused_and_a_kept_one_is_still_replaced(
     assert sorted(MemoryItem.objects.values_list("key", flat=True)) == ["summary_language", "tone"]
 
 
+def test_an_expired_item_the_sweep_has_not_removed_yet_does_not_count_towards_the_cap(
+    acme, member, settings
+):
+    # given a member at the cap, one of whose items has expired but is not swept yet
+    settings.MEMORY_ITEMS_MAX = 2
+    stale = prefer(acme, member, key="tone", value="brief")
+    prefer(acme, member, key="summary_language", value="Chinese")
+    MemoryItem.objects.filter(pk=stale.pk).update(expires_at=timezone.now() - timedelta(days=1))
+
+    # when they keep a new key
+    greeting = prefer(acme, member, key="greeting", value="none")
+
+    # then it is kept, and the expired item is never recalled
+    assert greeting.value == "none"
+    found = memory_retrieve(tenant=acme, user=member, purpose="any", max_sensitivity="internal")
+    assert [item["key"] for item in found] == ["greeting", "summary_language"]
+    # and the expired key again is a new one, beyond the cap now
+    assert refusal(tenant=acme, user=member, key="tone", value="formal") == "TOO_MANY"
+    assert MemoryItem.objects.get(pk=stale.pk).value == "brief"
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("who", ["member", "platform_admin"])
 def test_two_new_keys_at_once_at_the_cap_keep_only_one(request, acme, who, settings, monkeypatch):
