@@ -333,7 +333,9 @@ class MemoryCreateSerializer(StrictSerializer):
     value = StrictCharField(max_length=MEMORY_VALUE_CHARS_ACCEPTED)
     purpose = StrictCharField(max_length=64, required=False, default="any")
     sensitivity = serializers.ChoiceField(
-        choices=DataClassification.choices, default=DataClassification.INTERNAL
+        choices=DataClassification.choices,
+        required=False,
+        help_text="Omitted: the level of the item this replaces, or internal for a new one.",
     )
     consent = StrictBooleanField(default=False)
 

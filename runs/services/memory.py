@@ -107,33 +107,16 @@ def memory_write(
     value: str,
     origin: str,
     purpose: str = "any",
-    sensitivity: str = DataClassification.INTERNAL,
+    sensitivity: str | None = None,
     consent: bool = False,
     source: dict[str, Any] | None = None,
 ) -> tuple[MemoryItem, bool]:
     """Keep one item under the write policy, or raise ValidationFailed with the reason.
-    Returns it, and whether it is new (not the item of its kind and key, replaced)."""
+    Returns it, and whether it is new (not the item of its kind and key, replaced).
+    Without a `sensitivity`, a replaced item keeps its level (never lowered unasked, which
+    would give it to runs of a lower data scope) and a new one is internal."""
     key, value = key.strip(), value.strip()
-    _policy_check(
-        kind=kind,
-        key=key,
-        value=value,
-        purpose=purpose,
-        origin=origin,
-        sensitivity=sensitivity,
-        consent=consent,
-    )
     now = timezone.now()
-    fields = {
-        "value": value,
-        "purpose": purpose or "any",
-        "sensitivity": sensitivity,
-        "consent_at": now if consent else None,
-        "origin": origin,
-        "source": source or {},
-        "confirmed_at": now,
-        "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
-    }
     with transaction.atomic():
         # Writes about one user take turns (on the user's own row, which a platform admin
         # without a membership also has), so that two new keys at once cannot both pass the
@@ -143,6 +126,20 @@ def memory_write(
             pk=user.pk
         ).order_by().values_list("pk").first()
         live = memories_of(tenant=tenant, user=user).filter(expires_at__gt=now)
+        if sensitivity is None:
+            sensitivity = (
+                live.filter(kind=kind, key=key).values_list("sensitivity", flat=True).first()
+                or DataClassification.INTERNAL
+            )
+        _policy_check(
+            kind=kind,
+            key=key,
+            value=value,
+            purpose=purpose,
+            origin=origin,
+            sensitivity=sensitivity,
+            consent=consent,
+        )
         if (
             live.count() >= settings.MEMORY_ITEMS_MAX
             and not live.filter(kind=kind, key=key).exists()
@@ -152,6 +149,16 @@ def memory_write(
                 f"At most {settings.MEMORY_ITEMS_MAX} items are kept about you here: delete "
                 "some first, or replace one by its key.",
             )
+        fields = {
+            "value": value,
+            "purpose": purpose or "any",
+            "sensitivity": sensitivity,
+            "consent_at": now if consent else None,
+            "origin": origin,
+            "source": source or {},
+            "confirmed_at": now,
+            "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
+        }
         # update_or_create locks an existing row and settles a concurrent insert of the same key.
         return MemoryItem.objects.update_or_create(
             tenant=tenant, user=user, kind=kind, key=key, defaults=fields

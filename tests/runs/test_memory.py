@@ -342,6 +342,37 @@ def test_the_api_answers_a_new_item_201_and_the_item_it_replaces_200(acme, membe
     assert MemoryItem.objects.get().value == "English"
 
 
+def test_replacing_an_item_without_its_sensitivity_never_lowers_it(acme, member, client_for):
+    # given a fact alice keeps as confidential, with her consent
+    alice = client_for(member, acme)
+    body = {"kind": "fact", "key": "project_alias", "value": "Project Nightingale"}
+    kept = alice.post(
+        MEMORIES, {**body, "sensitivity": "confidential", "consent": True}, format="json"
+    )
+    assert kept.status_code == 201, kept.json()
+
+    # when she replaces its value without naming its sensitivity
+    refused = alice.post(MEMORIES, {**body, "value": "Project Falcon"}, format="json")
+
+    # then it is refused without her consent, and nothing changed
+    assert refused.status_code == 400
+    assert refused.json()["error"]["details"] == {"reason": "CONSENT_REQUIRED"}
+    item = MemoryItem.objects.get()
+    assert (item.value, item.sensitivity) == ("Project Nightingale", "confidential")
+
+    # and with her consent it is replaced, still confidential
+    replaced = alice.post(
+        MEMORIES, {**body, "value": "Project Falcon", "consent": True}, format="json"
+    )
+    assert replaced.status_code == 200, replaced.json()
+    assert replaced.json()["sensitivity"] == "confidential"
+    item = MemoryItem.objects.get()
+    assert (item.value, item.sensitivity) == ("Project Falcon", "confidential")
+    # and a new key named without a sensitivity is internal, as before
+    new = alice.post(MEMORIES, {**body, "key": "team", "value": "R&D"}, format="json")
+    assert new.json()["sensitivity"] == "internal"
+
+
 @pytest.mark.parametrize(("field", "value"), [("value", 42), ("purpose", 42), ("consent", 1)])
 def test_the_api_takes_a_memorys_text_only_as_a_json_string_and_consent_as_a_boolean(
     acme, member, client_for, field, value
