@@ -331,7 +331,11 @@ class MemoryCreateSerializer(StrictSerializer):
     kind = serializers.ChoiceField(choices=[MemoryItem.Kind.PREFERENCE, MemoryItem.Kind.FACT])
     key = serializers.RegexField(r"^[a-z][a-z0-9_.-]{0,99}$")
     value = StrictCharField(max_length=MEMORY_VALUE_CHARS_ACCEPTED)
-    purpose = StrictCharField(max_length=64, required=False, default="any")
+    purpose = StrictCharField(
+        max_length=64,
+        required=False,
+        help_text="Omitted: the purpose of the item this replaces, or any for a new one.",
+    )
     sensitivity = serializers.ChoiceField(
         choices=DataClassification.choices,
         required=False,

@@ -106,15 +106,16 @@ def memory_write(
     key: str,
     value: str,
     origin: str,
-    purpose: str = "any",
+    purpose: str | None = None,
     sensitivity: str | None = None,
     consent: bool = False,
     source: dict[str, Any] | None = None,
 ) -> tuple[MemoryItem, bool]:
     """Keep one item under the write policy, or raise ValidationFailed with the reason.
     Returns it, and whether it is new (not the item of its kind and key, replaced).
-    Without a `sensitivity`, a replaced item keeps its level (never lowered unasked, which
-    would give it to runs of a lower data scope) and a new one is internal."""
+    Without a `purpose` or a `sensitivity`, a replaced item keeps its own (never widened
+    unasked, which would give it to other tasks, or to runs of a lower data scope); a new
+    one is for any purpose, internal."""
     key, value = key.strip(), value.strip()
     now = timezone.now()
     with transaction.atomic():
@@ -126,11 +127,9 @@ def memory_write(
             pk=user.pk
         ).order_by().values_list("pk").first()
         live = memories_of(tenant=tenant, user=user).filter(expires_at__gt=now)
-        if sensitivity is None:
-            sensitivity = (
-                live.filter(kind=kind, key=key).values_list("sensitivity", flat=True).first()
-                or DataClassification.INTERNAL
-            )
+        replaced = live.filter(kind=kind, key=key).values("purpose", "sensitivity").first() or {}
+        purpose = purpose or replaced.get("purpose", "any")
+        sensitivity = sensitivity or replaced.get("sensitivity", DataClassification.INTERNAL)
         _policy_check(
             kind=kind,
             key=key,
@@ -151,7 +150,7 @@ def memory_write(
             )
         fields = {
             "value": value,
-            "purpose": purpose or "any",
+            "purpose": purpose,
             "sensitivity": sensitivity,
             "consent_at": now if consent else None,
             "origin": origin,

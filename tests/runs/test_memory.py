@@ -373,6 +373,31 @@ def test_replacing_an_item_without_its_sensitivity_never_lowers_it(acme, member,
     assert new.json()["sensitivity"] == "internal"
 
 
+def test_replacing_an_item_without_its_purpose_keeps_it_for_that_task_only(
+    acme, member, client_for
+):
+    # given a preference alice keeps for her weekly summaries only
+    alice = client_for(member, acme)
+    body = {"kind": "preference", "key": "summary_format", "value": "a table"}
+    kept = alice.post(MEMORIES, {**body, "purpose": "weekly-summary"}, format="json")
+    assert kept.status_code == 201, kept.json()
+
+    # when she replaces its value without naming its purpose
+    replaced = alice.post(MEMORIES, {**body, "value": "bullet points"}, format="json")
+
+    # then it is still kept for weekly summaries, and no other task recalls it
+    assert replaced.status_code == 200, replaced.json()
+    assert replaced.json()["purpose"] == "weekly-summary"
+    limits = {"tenant": acme, "user": member, "max_sensitivity": "internal"}
+    assert memory_retrieve(purpose="incident-report", **limits) == []
+    assert [item["value"] for item in memory_retrieve(purpose="weekly-summary", **limits)] == [
+        "bullet points"
+    ]
+    # and a new key named without a purpose is kept for any task, as before
+    new = alice.post(MEMORIES, {**body, "key": "tone"}, format="json")
+    assert new.json()["purpose"] == "any"
+
+
 @pytest.mark.parametrize(("field", "value"), [("value", 42), ("purpose", 42), ("consent", 1)])
 def test_the_api_takes_a_memorys_text_only_as_a_json_string_and_consent_as_a_boolean(
     acme, member, client_for, field, value
