@@ -1165,6 +1165,16 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output={"stop_reason": response.stop_reason},
         )
         return
+    if response.is_paused:
+        # Continuing the turn takes the provider's own blocks back as they came, which the
+        # transcript does not keep; its partial text is neither an answer nor a draft.
+        _finish(
+            run,
+            status=RunStatus.FAILED_RETRYABLE,
+            reason_code="MODEL_TURN_PAUSED",
+            output={"stop_reason": response.stop_reason},
+        )
+        return
     if response.is_cut_off:
         _cut_off(
             run, calls, limit=request.max_output_tokens, model_limit=built.request.max_output_tokens

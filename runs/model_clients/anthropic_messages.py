@@ -28,6 +28,8 @@ CLIENT_FIELDS = frozenset({"model", "system", "messages", "tools", "max_tokens",
 CUT_OFF_STOP_REASONS = frozenset({"max_tokens", "model_context_window_exceeded"})
 # The stop reason of a turn Claude's safety classifiers stopped.
 REFUSAL_STOP_REASON = "refusal"
+# The stop reason of a turn the API paused midway (a long turn of its own server-side work).
+PAUSED_STOP_REASON = "pause_turn"
 # Blocks of extended thinking, sent back verbatim with their turn (their signature is checked).
 REASONING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
@@ -116,6 +118,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         model=answers.text(message.get("model")),
         is_cut_off=answers.text(message.get("stop_reason")) in CUT_OFF_STOP_REASONS,
         is_refused=message.get("stop_reason") == REFUSAL_STOP_REASON,
+        is_paused=message.get("stop_reason") == PAUSED_STOP_REASON,
         reasoning=tuple(
             dict(block) for block in blocks if answers.text(block.get("type")) in REASONING_BLOCKS
         ),

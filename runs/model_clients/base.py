@@ -83,6 +83,9 @@ class ModelResponse:
     is_refused: bool = False
     """The model refused the request, or its provider withheld the turn (a content filter):
     what the turn holds is no answer, and the same request meets the same refusal."""
+    is_paused: bool = False
+    """The provider paused a long turn before it ended (Anthropic's `pause_turn`), to be
+    continued with provider-side content the run does not keep: what it holds is unfinished."""
 
 
 def response_kept(response: ModelResponse) -> ModelResponse:

@@ -12,6 +12,7 @@ from celery.exceptions import Retry
 from django.db.models import F
 from django.utils import timezone
 
+from approvals.models import BusinessAction
 from registry.choices import ModelProvider
 from registry.models import AgentConfig, ModelConfig
 from registry.services.common import registry_object_save
@@ -459,6 +460,41 @@ def test_a_turn_the_model_or_its_provider_refused_ends_the_run_refused(
     assert (run.status, run.reason_code) == ("REFUSED", "MODEL_REFUSED")
     assert run.result["output"] == {"stop_reason": stop_reason}
     assert len(fake.requests) == 1
+
+
+def test_a_turn_anthropic_paused_is_not_the_run_s_answer(demo, fake_model):
+    # given the generic agent on Claude, which pauses a long turn with what it wrote so far
+    fake = fake_model(ANTHROPIC)
+    fake.reply({**anthropic_message(text="Apollo's payments SDK"), "stop_reason": "pause_turn"})
+    fake.reply(_answer(ANTHROPIC, "unused"))
+    run = _ask_the_agent(demo)
+
+    # when
+    run = advanced(run)
+
+    # then the unfinished turn is no answer: the run ends saying so, and may be sent again
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "MODEL_TURN_PAUSED")
+    assert run.result["output"] == {"stop_reason": "pause_turn"}
+    assert len(fake.requests) == 1
+
+
+def test_a_draft_anthropic_paused_is_never_frozen_for_approval(demo, fake_model):
+    # given the running example on Claude, which pauses its turn midway through the draft
+    fake = fake_model(ANTHROPIC)
+    monday, sunday = this_week()
+    search = {"project_id": "apollo", "from": monday, "to": sunday}
+    fake.reply(anthropic_message(tool_uses=(("c1", "project_search", search),)))
+    paused = anthropic_message(text=json.dumps(apollo_draft(body="Progress of Apollo")))
+    fake.reply({**paused, "stop_reason": "pause_turn"})
+
+    # when
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    # then no approver is asked to approve half a draft
+    assert (run.status, run.reason_code) == ("FAILED_RETRYABLE", "MODEL_TURN_PAUSED")
+    assert not BusinessAction.objects.filter(run=run).exists()
+    assert not run.events.filter(type__in=["draft.created", "approval.required"]).exists()
+    assert len(fake.requests) == 2
 
 
 def _search_cut(provider: str, call_id: str) -> dict:
