@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from runs.model_clients.base import ModelError, Usage
-from runs.model_clients.provider_errors import status_error
+from runs.model_clients.provider_errors import detail_kept, status_error
 
 # Tokens one turn may count: ten times the largest context a model offers today. A provider
 # that reports more (or a negative count) is wrong, and a run's total must fit its column.
@@ -68,10 +68,11 @@ def body(
     except (ValueError, RecursionError):
         answer = None
     if not isinstance(answer, Mapping):
-        kind = response.headers.get("content-type", "no content type").split(";")[0]
+        # A proxy's header, quoted in the run's result and the worker's log.
+        kind = detail_kept(response.headers.get("content-type", "").split(";")[0], secret=secret)
         raise ModelError(
             f"{provider} answered HTTP {response.status_code} with something other than a "
-            f"JSON object ({kind}, {len(response.content)} bytes).",
+            f"JSON object ({kind or 'no content type'}, {len(response.content)} bytes).",
             retryable=True,
             status_code=response.status_code,
         )

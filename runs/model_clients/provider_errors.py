@@ -6,6 +6,7 @@ the SDK's exception text: a proxy or a provider may echo what it received, crede
 
 import math
 import time
+import unicodedata
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -80,8 +81,7 @@ def status_error(
     without credentials (the call's key, verbatim or percent-encoded, and any that looks like
     one: a gateway may quote the key it sends upstream), and the wait its headers ask for;
     `within`: the error came as an object in an answer of that status (a gateway's 200)."""
-    detail = " ".join(strip_secrets(_error_detail(body), secrets=(secret,)).split())
-    detail = detail[:DETAIL_MAX_CHARS]
+    detail = detail_kept(_error_detail(body), secret=secret)
     message = f"{provider} answered HTTP {status_code}"
     if within is not None:
         message = f"{provider} answered HTTP {within} with an error ({status_code})"
@@ -93,6 +93,14 @@ def status_error(
         status_code=status_code,
         retry_after=retry_after(headers or {}),
     )
+
+
+def detail_kept(text: str, *, secret: str) -> str:
+    """A provider's text as an error message quotes it: without credentials (the call's key,
+    verbatim or percent-encoded, and any that looks like one), on one line without control
+    characters, and short."""
+    line = " ".join(strip_secrets(text, secrets=(secret,)).split())
+    return "".join(char for char in line if unicodedata.category(char) != "Cc")[:DETAIL_MAX_CHARS]
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:

@@ -66,6 +66,27 @@ def test_a_200_that_is_not_a_json_object_is_a_retryable_model_error(
 
 
 @pytest.mark.parametrize(
+    "content_type",
+    ["text/" + "x" * 5000, f"text/html {API_KEY}", "text/html\x85<!-- proxy -->"],
+    ids=["long", "quoting-the-key", "control-character"],
+)
+def test_the_content_type_of_an_answer_that_is_not_json_is_kept_short_and_clean(
+    demo, fake_model, content_type
+):
+    fake_model().reply(PROXY_PAGE, content_type=content_type)
+    run = demo_run(demo, project_id="apollo")
+
+    with pytest.raises(ModelTemporarilyUnavailable) as raised:
+        run_execute(run_id=str(run.pk))
+
+    message = str(raised.value)
+    assert message.startswith("OpenAI-compatible provider answered HTTP 200 with something")
+    assert len(message) < 500
+    assert API_KEY not in message
+    assert "\x85" not in message
+
+
+@pytest.mark.parametrize(
     ("reply", "arguments"),
     [
         (openai_with(content=None, tool_calls=search_call(arguments={"project_id": "x"})), None),
