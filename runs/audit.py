@@ -234,6 +234,7 @@ def _turns(
             turn["tool_calls"] = event.payload.get("tool_calls", [])
             turn["usage"] = event.payload.get("usage", {})
             turn["stop_reason"] = event.payload.get("stop_reason")
+            turn["answered_by"] = event.payload.get("model")
     answers = [index for index, entry in enumerate(transcript) if entry.get("kind") == "assistant"]
     ordered = [turns[step] for step in sorted(turns, key=lambda value: value or 0)]
     # Each turn had the entries before its answer: each entry is redacted once for them all.

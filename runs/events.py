@@ -133,12 +133,16 @@ def model_responded(
     usage: dict[str, int],
     cost: str,
     stop_reason: str,
+    model: str,
 ) -> RunEvent:
+    """`model`: the model the provider says answered, which a gateway or an alias may have
+    chosen for the one model.requested names."""
     return _append(
         run,
         EventType.MODEL_RESPONDED,
         {
             "step": step,
+            "model": model,
             "text": text,
             "tool_calls": tool_calls,
             "usage": usage,

@@ -1151,6 +1151,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         usage={"input": response.usage.input_tokens, "output": response.usage.output_tokens},
         cost=str(cost),
         stop_reason=response.stop_reason,
+        model=response.model,
     )
     if (reason := _budget_overrun(run)) is not None:
         _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)

@@ -233,6 +233,23 @@ def test_the_run_page_spells_out_the_hidden_characters_of_what_the_run_drafted(
     assert export["actions"][0]["payload"]["body"] == "Pay to \u202eliame.live@ab\u202c now."
 
 
+def test_each_turn_names_the_model_that_answered_it_when_the_provider_chose_another(
+    demo, carol, client, fake_model
+):
+    # given a provider that answers for the configured "fake-gpt" with a dated model
+    fake = fake_model()
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run, _action = waiting_run(demo)
+
+    # when the auditor reads the run
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[run.pk]))
+
+    # then each turn names the model asked and the one that answered
+    html = page.content.decode().split('id="turns"')[1].split("</table>")[0]
+    assert html.count("<td>fake-gpt (answered by fake-gpt-2025-01-01)</td>") == 2
+
+
 def test_each_turn_lists_the_entries_new_to_it_and_counts_those_it_had_before(
     demo, sent_run, carol, client
 ):

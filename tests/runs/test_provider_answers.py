@@ -363,6 +363,27 @@ def test_a_model_credential_missing_at_run_time_ends_the_run_final_naming_the_va
     assert fake.requests == []
 
 
+@pytest.mark.parametrize(
+    ("provider", "requested", "answered"),
+    [
+        (OPENAI, "fake-gpt", "fake-gpt-2025-01-01"),
+        (ANTHROPIC, "fake-claude", "fake-claude-2025-01-01"),
+    ],
+)
+def test_each_turn_records_the_model_that_answered_it(
+    demo, fake_model, provider, requested, answered
+):
+    # given a model name the provider (or a gateway routing it) resolves to another model
+    fake_model(provider).reply(_answer(provider, "Apollo's payments SDK slips by a week."))
+
+    # when
+    run = advanced(_ask_the_agent(demo))
+
+    # then the audit trail names the model asked and the model that answered
+    assert run.events.get(type="model.requested").payload["model"] == requested
+    assert run.events.get(type="model.responded").payload["model"] == answered
+
+
 def _cut(provider: str, text: str) -> dict:
     """A last word the provider ended at the request's output limit."""
     if provider == OPENAI:
