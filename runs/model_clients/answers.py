@@ -17,6 +17,8 @@ import httpx
 from runs.model_clients.base import ModelError, Usage
 from runs.model_clients.provider_errors import detail_kept, status_error
 
+# The longest model name kept, as long as `ModelConfig.model_name` may be.
+MODEL_NAME_MAX_CHARS = 200
 # Tokens one turn may count: ten times the largest context a model offers today. A provider
 # that reports more (or a negative count) is wrong, and a run's total must fit its column.
 TURN_TOKENS_MAX = 10_000_000
@@ -40,6 +42,12 @@ _UNKNOWN_ERROR_STATUS = 502
 
 def text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def model_name(value: Any) -> str:
+    """The model a provider says answered, as long as a model config may name one: a gateway
+    that reports more would make every turn's event carry it."""
+    return text(value)[:MODEL_NAME_MAX_CHARS]
 
 
 def mapping(value: Any) -> Mapping[str, Any]:

@@ -115,7 +115,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
         ),
         usage=usage,
         stop_reason=answers.text(message.get("stop_reason")),
-        model=answers.text(message.get("model")),
+        model=answers.model_name(message.get("model")),
         is_cut_off=answers.text(message.get("stop_reason")) in CUT_OFF_STOP_REASONS,
         is_refused=message.get("stop_reason") == REFUSAL_STOP_REASON,
         is_paused=message.get("stop_reason") == PAUSED_STOP_REASON,

@@ -131,7 +131,7 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
         ),
         usage=usage,
         stop_reason=answers.text(choice.get("finish_reason")),
-        model=answers.text(completion.get("model")),
+        model=answers.model_name(completion.get("model")),
         is_cut_off=choice.get("finish_reason") == CUT_OFF_FINISH_REASON,
         is_refused=bool(refusal) or choice.get("finish_reason") == FILTERED_FINISH_REASON,
     )

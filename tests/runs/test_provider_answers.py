@@ -18,7 +18,7 @@ from registry.models import AgentConfig, ModelConfig
 from registry.services.common import registry_object_save
 from runs import quotas
 from runs.loop import ModelTemporarilyUnavailable, run_execute
-from runs.model_clients.answers import TURN_TOKENS_MAX
+from runs.model_clients.answers import MODEL_NAME_MAX_CHARS, TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
 from runs.tasks import run_advance, runs_sweep
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo, this_week
@@ -382,6 +382,23 @@ def test_each_turn_records_the_model_that_answered_it(
     # then the audit trail names the model asked and the model that answered
     assert run.events.get(type="model.requested").payload["model"] == requested
     assert run.events.get(type="model.responded").payload["model"] == answered
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+def test_a_model_name_the_provider_reports_is_kept_as_long_as_a_config_s(
+    demo, fake_model, provider
+):
+    # given a gateway that reports a model name of thousands of characters, on two lines
+    reported = "gpt-" + "9" * 5000 + "\nsecond line"
+    fake_model(provider).reply({**_answer(provider, "Apollo slips."), "model": reported})
+
+    # when
+    run = advanced(_ask_the_agent(demo))
+
+    # then the turn names the model by as much of it as a model config may name one
+    kept = run.events.get(type="model.responded").payload["model"]
+    assert kept == reported[:MODEL_NAME_MAX_CHARS]
+    assert run.status == "COMPLETED"
 
 
 def _cut(provider: str, text: str) -> dict:
