@@ -177,6 +177,10 @@ def scheduled_task_save(
         raise ValidationFailed("The scheduled task is not valid.", details=errors)
     full_clean_or_raise(task, exclude=["periodic_task"])
     with transaction.atomic():
+        # The task's row before its beat row, as a pause or a resume takes them: taken the
+        # other way round, a save and a pause at once would deadlock.
+        if not task._state.adding:
+            list(ScheduledTask.objects.select_for_update().filter(pk=task.pk).values_list("pk"))
         task.periodic_task = _periodic_task_sync(task)
         audited_save(task, actor=actor, reason=reason)
     return task

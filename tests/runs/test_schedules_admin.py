@@ -3,19 +3,23 @@ field by field, paused and resumed by actions, scoped to the tenants one adminis
 occurrences are read-only."""
 
 import json
+import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from registry.choices import Role
 from registry.services.tenancy import membership_add
 from runs.models import ScheduledTask, TaskOccurrence
+from runs.services import schedules
 from runs.services.scheduler import scheduled_task_fire
 from runs.services.schedules import scheduled_task_pause, scheduled_task_save
+from tests.locks import until, waiting_on_locks
 from tests.runs.conftest import RUNNING_EXAMPLE_TEXT
 
 TASKS = "/admin/runs/scheduledtask/"
@@ -164,6 +168,54 @@ def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(clie
 
     assert ScheduledTask.objects.get(pk=task.pk).is_enabled is True
     assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_saved_after_the_pause(
+    client, demo, monkeypatch
+):
+    # given a task whose pause has taken the task's row and is about to switch its beat row
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+    page = f"{TASKS}{task.pk}/change/"
+    switch_beat_row = schedules._periodic_task_sync
+    pausing_holds_the_task = threading.Event()
+    outcomes = {}
+
+    def pause() -> None:
+        try:
+            outcomes["pause"] = scheduled_task_pause(actor=demo.admin, task=task)
+        finally:
+            connection.close()
+
+    pausing = threading.Thread(target=pause)
+
+    def switched_once_the_save_waits(each: ScheduledTask):
+        if threading.current_thread() is pausing:
+            pausing_holds_the_task.set()
+            until(lambda: waiting_on_locks() == 1)
+        return switch_beat_row(each)
+
+    monkeypatch.setattr(schedules, "_periodic_task_sync", switched_once_the_save_waits)
+    pausing.start()
+    assert pausing_holds_the_task.wait(timeout=20)
+
+    # when an admin saves the task's page with a new goal meanwhile
+    response = client.post(page, task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short."))
+    pausing.join(timeout=30)
+
+    # then the pause and the save both go through, one after the other: the save, last,
+    # decides, and the beat row fires as the task says
+    assert response.status_code == 302
+    assert outcomes["pause"].is_enabled is False
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert task.goal == f"{RUNNING_EXAMPLE_TEXT} Keep it short."
+    assert (task.is_enabled, task.periodic_task.enabled) == (True, True)
+    assert [record.history_change_reason for record in task.history.order_by("history_id")] == [
+        "saved",
+        "paused",
+        "saved in admin",
+    ]
 
 
 @pytest.mark.parametrize("row", ["periodictask", "crontabschedule"])
