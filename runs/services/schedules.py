@@ -193,6 +193,9 @@ def _switch(
         task = ScheduledTask.objects.select_for_update().get(pk=task.pk)
         if task.is_enabled == enabled:
             return task
+        errors = scheduled_task_errors(task) if enabled else {}
+        if errors:
+            raise ValidationFailed("The scheduled task is not valid.", details=errors)
         task.is_enabled = enabled
         task.periodic_task = _periodic_task_sync(task)
         audited_save(
@@ -212,6 +215,8 @@ def scheduled_task_pause(*, actor: AbstractBaseUser, task: ScheduledTask) -> Sch
 
 
 def scheduled_task_resume(*, actor: AbstractBaseUser, task: ScheduledTask) -> ScheduledTask:
+    """Fire again, once the task is what a save would take: one paused because its start was
+    refused would otherwise fail its next occurrence and be paused again."""
     _may_manage(actor=actor, task=task)
     return _switch(actor=actor, task=task, enabled=True, reason="resumed")
 

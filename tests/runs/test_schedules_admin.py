@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from registry.choices import Role
+from registry.services.common import registry_object_save
 from registry.services.tenancy import membership_add
 from runs.models import ScheduledTask, TaskOccurrence
 from runs.services import schedules
@@ -168,6 +169,42 @@ def test_pausing_in_the_admin_disables_the_beat_row_and_resuming_enables_it(clie
 
     assert ScheduledTask.objects.get(pk=task.pk).is_enabled is True
     assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
+
+
+def _owner_removed(demo) -> str:
+    demo.alice.memberships.all().delete()
+    return (
+        "owner: alice is not a member of acme who may start runs; the task's runs act as its owner."
+    )
+
+
+def _agent_switched_off(demo) -> str:
+    demo.agent.is_active = False
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="switched off")
+    return "agent_config: weekly-reporter is not active."
+
+
+@pytest.mark.parametrize("put_wrong", [_owner_removed, _agent_switched_off])
+def test_a_task_paused_for_a_refused_start_is_not_resumed_until_it_is_put_right(
+    client, demo, put_wrong
+):
+    # given a task the platform paused when its start was refused
+    task = saved_task(demo)
+    reason = put_wrong(demo)
+    scheduled_task_fire(task_id=task.pk)
+    assert ScheduledTask.objects.get(pk=task.pk).is_enabled is False
+    client.force_login(demo.admin)
+
+    # when an admin resumes it without putting it right
+    response = client.post(
+        TASKS, {"action": "resume", "_selected_action": [str(task.pk)]}, follow=True
+    )
+
+    # then it is refused, saying why, and the task stays paused
+    assert messages_of(response) == [("error", f"The scheduled task is not valid. {reason}")]
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert (task.is_enabled, task.periodic_task.enabled) == (False, False)
+    assert task.history.order_by("history_id").last().history_change_reason.startswith("paused")
 
 
 @pytest.mark.django_db(transaction=True)
