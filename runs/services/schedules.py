@@ -21,7 +21,7 @@ from django_celery_beat.models import CrontabSchedule, IntervalSchedule, Periodi
 
 from registry.choices import Action
 from registry.selectors import user_can
-from registry.services.common import audited_save, full_clean_or_raise
+from registry.services.common import audited_save, audited_unique_save, full_clean_or_raise
 from runs.context import message_max_tokens, text_shows_something
 from runs.errors import PermissionDenied, ValidationFailed
 from runs.models import ScheduledTask
@@ -182,7 +182,7 @@ def scheduled_task_save(
         if not task._state.adding:
             list(ScheduledTask.objects.select_for_update().filter(pk=task.pk).values_list("pk"))
         task.periodic_task = _periodic_task_sync(task)
-        audited_save(task, actor=actor, reason=reason)
+        audited_unique_save(task, actor=actor, reason=reason, exclude=["periodic_task"])
     return task
 
 

@@ -255,6 +255,44 @@ def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_saved_after_the_p
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_task_named_as_one_another_admin_created_meanwhile_is_a_form_error(
+    client, demo, monkeypatch
+):
+    # given another admin creating acme's "apollo weekly" just after this form was checked
+    check = schedules.full_clean_or_raise
+
+    def checked_then_created_meanwhile(task: ScheduledTask, **kwargs) -> None:
+        check(task, **kwargs)
+        if not ScheduledTask.objects.exists():
+            creating = threading.Thread(target=created_meanwhile)
+            creating.start()
+            creating.join(timeout=30)
+
+    def created_meanwhile() -> None:
+        try:
+            saved_task(demo)
+        finally:
+            connection.close()
+
+    monkeypatch.setattr(schedules, "full_clean_or_raise", checked_then_created_meanwhile)
+    client.force_login(demo.admin)
+
+    # when this admin creates a task of that name
+    response = client.post(f"{TASKS}add/", task_form(demo, crontab="0 10 * * 1"))
+
+    # then the form says the name is taken, and the other task alone is scheduled
+    assert response.status_code == 200
+    assert "Scheduled task with this Tenant and Name already exists." in (
+        response.context["adminform"].form.non_field_errors()
+    )
+    task = ScheduledTask.objects.get()
+    assert task.periodic_task.crontab.hour == "9"
+    assert PeriodicTask.objects.filter(task="runs.tasks.scheduled_task_fire").get() == (
+        task.periodic_task
+    )
+
+
 @pytest.mark.parametrize("row", ["periodictask", "crontabschedule"])
 def test_the_beat_rows_a_task_fires_by_are_not_deleted_from_under_it(client, demo, row):
     # given a task, and a platform admin deleting in the beat's admin the row that fires it,
