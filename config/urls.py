@@ -12,6 +12,7 @@ from rest_framework.request import Request
 
 from config.api import error_body
 from config.sign_in import sign_in_throttled
+from registry.admin.site import FormFieldAutocompleteView
 from runs.views import MemoryListView, RegistryHistoryView
 
 
@@ -28,6 +29,10 @@ class SchemaView(SpectacularAPIView):
 urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/login/", sign_in_throttled(admin.site.login)),
+    path(
+        "admin/autocomplete/",
+        admin.site.admin_view(FormFieldAutocompleteView.as_view(admin_site=admin.site)),
+    ),
     path("admin/", admin.site.urls),
     path("accounts/login/", sign_in_throttled(LoginView.as_view()), name="login"),
     path("accounts/logout/", LogoutView.as_view(next_page="login"), name="logout"),

@@ -10,9 +10,11 @@ from typing import Any
 from celery.schedules import ParseException
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.autocomplete import AutocompleteJsonView
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
@@ -55,6 +57,18 @@ class PlatformUserAdmin(ServiceRefusalsMixin, SelectionKeysMixin, UserAdmin):
 
 class PlatformGroupAdmin(SelectionKeysMixin, GroupAdmin):
     """Django's group admin."""
+
+
+class FormFieldAutocompleteView(AutocompleteJsonView):
+    """Django's autocomplete, for a field a form can hold: one that names another model's
+    relation to this one (`model_name=tenant&field_name=memberships`) is refused as an unknown
+    field is; Django searched by it and failed with a server error."""
+
+    def process_request(self, request: HttpRequest) -> tuple[str, Any, Any, str]:
+        term, model_admin, source_field, to_field_name = super().process_request(request)
+        if not source_field.concrete:
+            raise PermissionDenied
+        return term, model_admin, source_field, to_field_name
 
 
 def _task_links(periodic_tasks: QuerySet[PeriodicTask]) -> SafeString:

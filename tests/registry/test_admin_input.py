@@ -326,3 +326,34 @@ def test_a_to_field_naming_a_relation_to_the_model_is_a_bad_request(client, plat
     response = client.get(path)
 
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "app_label=registry&model_name=tenant&field_name=memberships",
+        "app_label=registry&model_name=tool&field_name=versions",
+        "app_label=auth&model_name=group&field_name=user",
+    ],
+)
+def test_an_autocomplete_naming_a_relation_to_the_model_is_refused(
+    client, platform_admin, world, query
+):
+    client.force_login(platform_admin)
+
+    response = client.get(f"/admin/autocomplete/?{query}&term=a")
+
+    assert response.status_code == 403
+
+
+def test_an_autocomplete_of_a_form_s_own_field_still_answers(client, platform_admin, world):
+    client.force_login(platform_admin)
+    query = "app_label=registry&model_name=skilltooldependency&field_name=tool_version"
+
+    response = client.get(f"/admin/autocomplete/?{query}&term=project")
+
+    assert response.status_code == 200
+    assert {result["id"] for result in response.json()["results"]} == {
+        str(world.project_search_1.pk),
+        str(world.project_search_2.pk),
+    }
