@@ -88,7 +88,8 @@ def _task_links(periodic_tasks: QuerySet[PeriodicTask]) -> SafeString:
 
 class KeptByScheduledTasksMixin:
     """A row a scheduled task fires by is shown read-only, and a change posted to it is
-    refused with a message naming the task, whose page changes its schedule and switch.
+    refused with a message naming the task, whose page changes its schedule and switch; to
+    staff who may not see the row, the task is not named, as the row is not shown.
     Changed here, the beat would fire the task at other times, or not at all, while the
     task's page still showed its own settings. `periodic_field` is how a PeriodicTask
     refers to this admin's model."""
@@ -114,7 +115,8 @@ class KeptByScheduledTasksMixin:
         extra_context: Any = None,
     ) -> HttpResponse:
         obj = self.get_object(request, unquote(object_id)) if object_id else None
-        tasks = self._kept_by_tasks(obj) if obj is not None else ""
+        seen = obj is not None and self.has_view_or_change_permission(request, obj)
+        tasks = self._kept_by_tasks(obj) if seen else ""
         if not tasks:
             return super().changeform_view(request, object_id, form_url, extra_context)
         kept = format_html(

@@ -396,6 +396,31 @@ def test_the_beat_rows_a_task_fires_by_are_shown_read_only_and_not_changed(clien
     assert PeriodicTask.objects.get(scheduled_task=task).enabled is True
 
 
+@pytest.mark.parametrize("row", ["periodictask", "crontabschedule", "intervalschedule"])
+def test_the_beat_rows_a_task_fires_by_name_it_to_no_one_who_may_not_see_them(client, demo, row):
+    # given acme's task, and globex's tenant admin, staff, who may not see the beat's rows
+    task = saved_task(demo)
+    if row == "intervalschedule":
+        task.crontab, task.interval_seconds = "", 3600
+        task = scheduled_task_save(actor=demo.admin, task=task)
+    page, form, state = beat_change(task, row)
+    before = state()
+    globex_admin = get_user_model().objects.create_user(username="gina", is_staff=True)
+    membership_add(actor=None, user=globex_admin, tenant=demo.globex, role=Role.ADMIN)
+    client.force_login(globex_admin)
+
+    # when they open the row's page, or post a change to it, and then go to their admin
+    shown = client.get(page)
+    posted = client.post(page, form)
+    home = client.get("/admin/")
+
+    # then both are refused, nothing changed, and no message names acme's task
+    assert (shown.status_code, posted.status_code) == (403, 403)
+    assert state() == before
+    assert messages_of(home) == []
+    assert "apollo weekly" not in home.content.decode()
+
+
 @pytest.mark.parametrize("action", ["disable_tasks", "toggle_tasks", "enable_tasks", "run_tasks"])
 def test_the_beats_bulk_actions_leave_a_tasks_periodic_task_alone_and_say_so(client, demo, action):
     # given a task, paused or not, and another periodic task, both selected for a bulk action
