@@ -32,3 +32,22 @@ class NotFound(ApplicationError):
 class PermissionDenied(ApplicationError):
     code = "PERMISSION_DENIED"
     http_status = 403
+
+
+def detail_text(value: Any) -> str:
+    """An error's details (messages, lists of them, fields of them) as readable text."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key} {detail_text(item)}" for key, item in value.items())
+    if isinstance(value, list):
+        return " ".join(map(detail_text, value))
+    return str(value)
+
+
+def error_text(error: ApplicationError) -> str:
+    """A domain refusal as one readable sentence, its details included."""
+    details = "; ".join(
+        f"{field}: {detail_text(value)}"
+        for field, value in error.details.items()
+        if field not in {"from", "to"}
+    )
+    return f"{error.message} {details}".strip()

@@ -21,30 +21,11 @@ from guardian.admin import GuardedModelAdmin
 from simple_history.admin import SimpleHistoryAdmin
 from simple_history.utils import get_history_model_for_model
 
-from config.errors import ApplicationError
+from config.errors import ApplicationError, detail_text, error_text
 from config.forms import StrictJSONFormField
 from registry.choices import Action
 from registry.models import Tenant
 from registry.selectors import tenants_where_user_can
-
-
-def _detail_text(value: Any) -> str:
-    if isinstance(value, dict):
-        return ", ".join(f"{key} {_detail_text(item)}" for key, item in value.items())
-    if isinstance(value, list):
-        return " ".join(map(_detail_text, value))
-    return str(value)
-
-
-def error_text(error: ApplicationError) -> str:
-    """A domain refusal as one readable sentence for an admin message."""
-    details = "; ".join(
-        f"{field}: {_detail_text(value)}"
-        for field, value in error.details.items()
-        if field not in {"from", "to"}
-    )
-    return f"{error.message} {details}".strip()
-
 
 # Where a POST the services refused keeps the refusal while its form is drawn again.
 _REFUSAL = "_service_refusal"
@@ -60,7 +41,7 @@ def _refused(form: type[forms.ModelForm], error: ApplicationError) -> type[forms
             rest = {}
             for field, value in error.details.items():
                 if field in self.fields:
-                    self.add_error(field, _detail_text(value))
+                    self.add_error(field, detail_text(value))
                 else:
                     rest[field] = value
             self.add_error(None, error_text(ApplicationError(error.message, details=rest)))

@@ -21,6 +21,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from config import jsontext
+from config.errors import error_text
 from registry.choices import READ_RISKS, AdapterKind, ApprovalRule, VersionStatus
 from registry.errors import (
     McpServerUnavailable,
@@ -292,7 +293,7 @@ def _draft(*, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser
     try:
         tool_version_check(draft)
     except ValidationFailed as error:
-        return f"skipped: {error.message}"
+        return f"skipped: {error_text(error)}"
     audited_save(draft, actor=actor, reason=reason)
     return "drafted"
 

@@ -374,3 +374,24 @@ def test_a_tool_or_resource_named_with_any_credential_is_skipped_saying_why(
     )
     assert token not in kept
     assert token not in response.content.decode()
+
+
+def test_a_tool_whose_draft_breaks_the_tool_contract_is_skipped_saying_why(demo, hostile, spec):
+    # given a server listing, beside a sound tool, one requiring an input it never declares
+    broken = {
+        **STATUS_TOOL,
+        "name": "project_report",
+        "inputSchema": {"type": "object", "properties": {}, "required": ["project_id"]},
+    }
+    spec(tools=[STATUS_TOOL, broken])
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then the broken tool is skipped with the contract's reason, and the other drafted
+    assert report.drafted == ["project_status"]
+    assert report.skipped == {
+        "project_report": "project_report@1.0.0 breaks the tool contract: see details. "
+        "input_schema: Required but not declared in properties: project_id."
+    }
+    assert not ToolVersion.objects.filter(tool__name="project_report").exists()
