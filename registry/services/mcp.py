@@ -325,7 +325,11 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
             server=server, listing=listing, skipped=report.skipped, secrets=endpoint.secrets
         )
         report.removed = sorted(previous - set(listing))
-        for remote_name, row in sorted(current.items()):
+        # A remote name that is already a local name keeps it: drafted before the names
+        # that normalise to it.
+        for remote_name, row in sorted(
+            current.items(), key=lambda item: (local_tool_name(item[0]) != item[0], item[0])
+        ):
             outcome = _draft(server=server, row=row, actor=actor)
             if outcome == "drafted":
                 report.drafted.append(remote_name)

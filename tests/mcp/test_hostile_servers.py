@@ -395,3 +395,19 @@ def test_a_tool_whose_draft_breaks_the_tool_contract_is_skipped_saying_why(demo,
         "input_schema: Required but not declared in properties: project_id."
     }
     assert not ToolVersion.objects.filter(tool__name="project_report").exists()
+
+
+def test_a_tool_listed_by_its_local_name_keeps_it_beside_one_that_normalises_to_it(
+    demo, hostile, spec
+):
+    # given a server listing `project_status` and `Project-Status`, which normalises to it
+    spec(tools=[{**STATUS_TOOL, "name": "Project-Status"}, STATUS_TOOL])
+
+    # when it is first discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then the tool listed as `project_status` is drafted under its own name, and the other
+    # skipped saying why
+    assert report.drafted == ["project_status"]
+    assert report.skipped == {"Project-Status": "project_status already names another tool"}
+    assert draft_of(hostile, "project_status").adapter_config["remote_name"] == "project_status"
