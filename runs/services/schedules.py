@@ -145,8 +145,14 @@ def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
     The crontab or interval row it runs on is the task's own, made for it: the beat's admin
     shows the rows a task fires by read-only, and taking a row another periodic task runs on
     would lock that one too. A row the task no longer runs on, and nothing else does, is
-    deleted."""
+    deleted.
+
+    Only the fields the task decides are written: the beat records each firing on the row
+    (`last_run_at`, `total_run_count`), maybe since it was loaded, and a firing written back
+    as it was would make the beat fire again at once. A pause clears the last firing, as the
+    beat's own save does, so a resume counts from then."""
     periodic = task.periodic_task or PeriodicTask(name=f"scheduled-task:{task.pk}")
+    is_new = periodic._state.adding
     before = (periodic.interval, periodic.crontab)
     periodic.task = FIRE_TASK
     periodic.kwargs = json.dumps({"task_id": str(task.pk)})
@@ -156,7 +162,11 @@ def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
         periodic.interval, periodic.crontab = _interval(before[0], task.interval_seconds), None
     else:
         periodic.interval, periodic.crontab = None, _crontab(before[1], task.crontab)
-    periodic.save()
+    if is_new:
+        periodic.save()
+    else:
+        fields = ["task", "kwargs", "description", "enabled", "interval", "crontab", "date_changed"]
+        periodic.save(update_fields=fields if task.is_enabled else [*fields, "last_run_at"])
     for schedule in before:
         if schedule is not None and not schedule.periodictask_set.exists():
             schedule.delete()

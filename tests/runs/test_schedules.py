@@ -193,6 +193,40 @@ def test_an_interval_task_not_fired_yet_shows_its_next_run_one_interval_after_it
         )
 
 
+def test_saving_a_task_keeps_what_the_beat_recorded_of_its_firings_meanwhile(demo):
+    # given an hourly task loaded for a change while the beat fires it and records its last
+    # firing and its count on its row
+    task = task_of(demo, crontab="", interval_seconds=3600)
+    loaded = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    last_run_at = timezone.now().replace(microsecond=0) - timedelta(minutes=5)
+    PeriodicTask.objects.filter(scheduled_task=task).update(
+        last_run_at=last_run_at, total_run_count=7
+    )
+
+    # when the change is saved, every 15 minutes
+    loaded.interval_seconds = 900
+    scheduled_task_save(actor=demo.admin, task=loaded)
+
+    # then the beat's record stands: the task fires 15 minutes after its last firing, not at
+    # once into the hour it already fired for
+    periodic = PeriodicTask.objects.get(scheduled_task=task)
+    assert (periodic.interval.every, periodic.last_run_at, periodic.total_run_count) == (
+        900,
+        last_run_at,
+        7,
+    )
+    assert schedule_next_run(ScheduledTask.objects.get(pk=task.pk)) == last_run_at + timedelta(
+        minutes=15
+    )
+
+    # and paused and resumed, it keeps the count, and counts its next firing from the resume
+    scheduled_task_pause(actor=demo.admin, task=task)
+    scheduled_task_resume(actor=demo.admin, task=task)
+
+    periodic.refresh_from_db()
+    assert (periodic.enabled, periodic.last_run_at, periodic.total_run_count) == (True, None, 7)
+
+
 def test_a_task_keeps_its_schedule_row_until_its_schedule_changes_and_then_deletes_it(demo):
     # given two tasks on the same crontab
     task = task_of(demo)
