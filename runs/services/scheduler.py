@@ -87,8 +87,8 @@ def scheduled_task_fire(
     `now`: create its occurrence with the first attempt's lease, then start it. The deadline
     counts from when the beat sent it: a firing delivered after its deadline (a backlog, the
     workers down) is recorded `deadline_passed` and starts nothing. Returns None when the
-    task is paused or gone, or when another beat or delivery already created this slot's
-    occurrence."""
+    task is paused or gone, or, logged as a warning, when this slot's occurrence exists
+    already."""
     now = now or timezone.now()
     task = (
         ScheduledTask.objects.select_related("agent_config")
@@ -122,6 +122,15 @@ def scheduled_task_fire(
                 **start,
             )
     except IntegrityError:
+        # A second beat or a redelivery, or a firing after the schedule changed into a slot
+        # an occurrence under the earlier schedule used: told, as it starts nothing.
+        logger.warning(
+            "Scheduled task %s (%s) fired for slot %s, which has an occurrence already; "
+            "this firing starts nothing.",
+            task.name,
+            task.pk,
+            slot.isoformat(),
+        )
         return None
     if occurrence.status == OccurrenceStatus.DEADLINE_PASSED:
         return occurrence

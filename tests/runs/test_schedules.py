@@ -3,6 +3,7 @@ for, one run per occurrence across retried starts, the deadline, the owner's one
 notification, and a goal, project and recipient nothing but the task decides."""
 
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -435,6 +436,29 @@ def test_firing_creates_one_occurrence_whose_run_acts_as_the_owner_on_the_task_c
     )
     assert TaskOccurrence.objects.count() == 1
     assert Run.objects.count() == 1
+
+
+def test_a_firing_whose_slot_an_earlier_schedule_used_is_logged_naming_the_task_and_slot(
+    demo, caplog
+):
+    # given an hourly task fired at the top of the hour, then changed to every 15 minutes
+    task = task_of(demo, crontab="", interval_seconds=3600)
+    hour = schedule_slot(task, timezone.now())
+    scheduled_task_fire(task_id=task.pk, now=hour)
+    task.interval_seconds = 900
+    scheduled_task_save(actor=demo.admin, task=task)
+
+    # when it fires within the first quarter of that hour
+    with caplog.at_level(logging.WARNING, logger="runs.services.scheduler"):
+        dropped = scheduled_task_fire(task_id=task.pk, now=hour + timedelta(minutes=5))
+
+    # then nothing more starts, and the log says which task and slot it was
+    assert dropped is None
+    assert TaskOccurrence.objects.get().slot == hour
+    assert Run.objects.count() == 1
+    assert [record.levelname for record in caplog.records] == ["WARNING"]
+    assert f"apollo weekly ({task.pk})" in caplog.text
+    assert hour.isoformat() in caplog.text
 
 
 def test_no_client_key_can_claim_an_occurrence_before_it_fires(demo):
