@@ -59,6 +59,12 @@ class EvalSuiteAdmin(RegistryAdmin):
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         services.eval_suite_save(suite=obj, actor=request.user, reason="saved in admin")
 
+    def save_formset(self, request: HttpRequest, form: Any, formset: Any, change: bool) -> None:
+        """The page only lists cases: one ticked for deletion is deleted as on its own page."""
+        formset.save(commit=False)
+        for case in formset.deleted_objects:
+            services.eval_case_delete(case=case, actor=request.user, reason="deleted in admin")
+
 
 @admin.register(EvalCase)
 class EvalCaseAdmin(RegistryAdmin):
@@ -70,6 +76,13 @@ class EvalCaseAdmin(RegistryAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         services.eval_case_save(case=obj, actor=request.user, reason="saved in admin")
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        services.eval_case_delete(case=obj, actor=request.user, reason="deleted in admin")
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for case in queryset:
+            services.eval_case_delete(case=case, actor=request.user, reason="deleted in admin")
 
 
 @admin.register(EvalThreshold)

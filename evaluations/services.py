@@ -28,7 +28,12 @@ from config.celery import task_send
 from config.errors import ApplicationError
 from evaluations import tasks
 from evaluations.choices import EVAL_RUN_ACTIVE, EVAL_RUN_TRANSITIONS, EvalRunStatus
-from evaluations.errors import InvalidEvalRunTransition, PermissionDenied, ValidationFailed
+from evaluations.errors import (
+    InvalidEvalRunTransition,
+    NotFound,
+    PermissionDenied,
+    ValidationFailed,
+)
 from evaluations.gates import (
     SUITE_CASE_FIELDS,
     skill_content_hash,
@@ -45,7 +50,7 @@ from examples.models import Project
 from registry.choices import Role, VersionStatus
 from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tenant
 from registry.selectors import tenant_has_grant, user_may_publish
-from registry.services.common import audited_save, full_clean_or_raise
+from registry.services.common import audited_delete, audited_save, full_clean_or_raise
 from registry.services.tenancy import membership_add, tenant_create
 from runs.choices import Channel, RunStatus
 from runs.models import Attachment, Run, Session
@@ -158,6 +163,19 @@ def eval_case_save(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "sa
             suite_changed(suites=changed)
         audited_save(case, actor=actor, reason=reason)
     return case
+
+
+def eval_case_delete(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "deleted") -> None:
+    """Delete a case no eval run has a result of: like a case added, it changes the suite
+    the gates measured on it count, and an eval run under way no longer measures that suite."""
+    with transaction.atomic():
+        try:
+            saved = _case_locked(case)
+        except EvalCase.DoesNotExist as error:
+            raise NotFound("No such eval case.") from error
+        suite_change_check(suites=[saved.suite], actor=actor)
+        suite_changed(suites=[saved.suite])
+        audited_delete(saved, actor=actor, reason=reason)
 
 
 def eval_run_start(

@@ -2,11 +2,19 @@
 could be measured against, a case the runner would misread."""
 
 import pytest
+from django.http import HttpResponse
+from django.test import Client
 
+from evaluations import services
+from evaluations.errors import ReleaseGateFailed
+from evaluations.gates import suite_content_hash
 from evaluations.models import EvalCase, EvalSuite, EvalThreshold
+from evaluations.starter import suite_install
 from registry.choices import Role
 from registry.models import Skill
+from registry.services import skills
 from registry.services.tenancy import membership_add
+from tests.evaluations.conftest import TINY_SUITE
 from tests.registry.factories import UserFactory
 
 THRESHOLD_ADD = "/admin/evaluations/evalthreshold/add/"
@@ -604,3 +612,49 @@ def test_a_threshold_no_eval_run_of_its_skill_could_meet_is_refused(
     assert response.status_code == 200
     assert response.context["adminform"].form.errors == errors
     assert not EvalThreshold.objects.exists()
+
+
+def case_delete_in_admin(page: Client, case: EvalCase, *, path: str) -> HttpResponse:
+    if path == "page":
+        return page.post(f"/admin/evaluations/evalcase/{case.pk}/delete/", {"post": "yes"})
+    if path == "selection":
+        return page.post(
+            "/admin/evaluations/evalcase/",
+            {"action": "delete_selected", "_selected_action": [case.pk], "post": "yes"},
+        )
+    listed = suite_form(case.suite, tenant="")
+    index = next(
+        key for key, value in listed.items() if key.endswith("-id") and value == case.pk
+    ).split("-")[1]
+    return page.post(
+        f"/admin/evaluations/evalsuite/{case.suite_id}/change/",
+        listed | {f"cases-{index}-DELETE": "on"},
+    )
+
+
+@pytest.mark.parametrize("path", ["page", "selection", "suite page"])
+def test_an_eval_run_whose_case_was_deleted_in_the_admin_while_it_ran_is_no_evidence(
+    client, demo, dave, tiny, draft, path
+):
+    # given a version that fails tiny's "complete" case (it never asks for an approval), and
+    # an eval run of it started on tiny as it is
+    version = draft("3.5.0", workflow="")
+    eval_run, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+    client.force_login(demo.admin)
+
+    # when a platform admin deletes that case while the run measures the rest, then it is
+    # installed again as it was
+    response = case_delete_in_admin(client, tiny.cases.get(key="complete"), path=path)
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+    suite_install(TINY_SUITE)
+
+    # then the run passed every case it ran, on the suite's hash as it is, but counts for no
+    # publish
+    assert response.status_code == 302
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.suite_changed) == ("completed", True)
+    assert eval_run.suite_content_hash == suite_content_hash(tiny)
+    with pytest.raises(ReleaseGateFailed):
+        skills.skill_version_publish(skill_version=version, actor=dave)
