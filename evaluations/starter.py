@@ -13,6 +13,20 @@ from evaluations.gates import suite_changed, suite_content_hash
 from evaluations.models import EvalCase, EvalSuite
 
 SUITES = Path(__file__).resolve().parent / "suites"
+SUITE_FIELDS = ("key", "name", "kind", "skill", "cases")
+
+
+def _missing(document: Any) -> dict[str, list[str]]:
+    """What a suite document lacks that an install reads: the suite's fields, each case's key."""
+    if not isinstance(document, dict):
+        return {"suite": ["A suite is a mapping of its fields."]}
+    missing = {
+        field: ["This field is required."] for field in SUITE_FIELDS if field not in document
+    }
+    for index, case in enumerate(document.get("cases") or []):
+        if not isinstance(case, dict) or "key" not in case:
+            missing[f"cases/{index}/key"] = ["This field is required."]
+    return missing
 
 
 def _case_fields(case: dict[str, Any], projects: dict[str, dict]) -> dict[str, Any]:
@@ -45,6 +59,13 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
     lists is kept: past eval runs refer to it. An eval run of the suite queued or running
     while what it measures changes no longer counts for a release gate (`suite_changed`).
     Returns the suite and whether it is new."""
+    missing = _missing(document)
+    if missing:
+        raise ValidationFailed(
+            "Not a suite: "
+            + "; ".join(f"{where}: {' '.join(found)}" for where, found in missing.items()),
+            details=missing,
+        )
     with transaction.atomic():
         installed = (
             EvalSuite.objects.select_for_update().filter(tenant=None, key=document["key"]).first()
@@ -84,6 +105,13 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
 
 
 def suites_install() -> list[tuple[EvalSuite, bool]]:
-    return [
-        suite_install(yaml.safe_load(path.read_text())) for path in sorted(SUITES.glob("*.yaml"))
-    ]
+    """Every shipped suite; a refusal names the file it is of."""
+    installed = []
+    for path in sorted(SUITES.glob("*.yaml")):
+        try:
+            installed.append(suite_install(yaml.safe_load(path.read_text())))
+        except ValidationFailed as error:
+            raise ValidationFailed(
+                f"{path.name}: {error.message}", details=error.details
+            ) from error
+    return installed

@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 import yaml
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection
 
 from config.errors import ValidationFailed
@@ -147,6 +147,34 @@ def test_the_install_command_names_the_malformed_case(db, tmp_path, monkeypatch)
     with pytest.raises(Exception, match="cases/no-scope/metadata: 2 metadata for 1 messages"):
         call_command("eval_suites_install", stdout=StringIO())
 
+    assert not EvalCase.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("remove", "missing"),
+    [
+        (lambda document: document.pop("key"), "key"),
+        (lambda document: document.pop("name"), "name"),
+        (lambda document: document.pop("kind"), "kind"),
+        (lambda document: document.pop("skill"), "skill"),
+        (lambda document: document.pop("cases"), "cases"),
+        (lambda document: document["cases"][1].pop("key"), "cases/1/key"),
+    ],
+    ids=["key", "name", "kind", "skill", "cases", "case-key"],
+)
+def test_the_install_command_names_the_file_and_what_it_misses(
+    db, tmp_path, monkeypatch, remove, missing
+):
+    document = copy.deepcopy(TINY_SUITE)
+    remove(document)
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(document))
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+
+    with pytest.raises(CommandError) as refused:
+        call_command("eval_suites_install", stdout=StringIO())
+
+    assert str(refused.value) == f"tiny.yaml: Not a suite: {missing}: This field is required."
+    assert not EvalSuite.objects.exists()
     assert not EvalCase.objects.exists()
 
 
