@@ -947,7 +947,8 @@ def _record_settled(
 
 
 def actions_expire() -> int:
-    """End the waiting actions whose approval expired; returns how many."""
+    """End the waiting actions whose approval expired, but for those of runs cancelled
+    meanwhile, which end as cancelled; returns how many expired."""
     expired = 0
     due = BusinessAction.objects.filter(
         status=ActionStatus.WAITING_APPROVAL, expires_at__lte=timezone.now()
@@ -955,7 +956,10 @@ def actions_expire() -> int:
     for action_id in list(due):
         with transaction.atomic():
             locked = _locked(action_id)
-            if locked and locked[1].status == ActionStatus.WAITING_APPROVAL:
+            if locked is None or locked[1].status != ActionStatus.WAITING_APPROVAL:
+                continue
+            # A cancel accepted before the sweep came round stands over the expiry.
+            if not _cancel_taken_in(locked[0]):
                 _expire(*locked)
                 expired += 1
     orphaned = BusinessAction.objects.filter(status=ActionStatus.WAITING_APPROVAL).exclude(

@@ -144,3 +144,22 @@ def test_a_waiting_run_cancelled_meanwhile_refuses_a_rejection_too(demo, bob):
     run.refresh_from_db()
     assert (run.status, run.reason_code) == ("CANCELLED", "CANCELLED_BY_USER")
     assert not ApprovalDecision.objects.filter(action=action).exists()
+
+
+def test_a_cancel_made_before_the_approval_expired_ends_the_run_as_the_user_asked(demo):
+    run, action = waiting_run(demo)
+    CancelRequest.objects.create(run_id=run.pk, reason="CANCELLED_BY_USER", requested_by=demo.alice)
+    BusinessAction.objects.filter(pk=action.pk).update(expires_at=action.created_at)
+
+    assert services.actions_expire() == 0
+
+    run.refresh_from_db()
+    action.refresh_from_db()
+    assert (run.status, run.reason_code, run.cancelled_by) == (
+        "CANCELLED",
+        "CANCELLED_BY_USER",
+        demo.alice,
+    )
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "CANCELLED_BY_USER")
+    assert event_types(run)[-2:] == ["approval.invalidated", "run.finished"]
+    assert not CancelRequest.objects.filter(run=run).exists()
