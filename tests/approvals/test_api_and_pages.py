@@ -495,6 +495,32 @@ def test_a_comment_over_the_limit_is_refused_with_the_reason_and_the_form_bounds
     assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
 
 
+def test_the_action_page_spells_out_the_hidden_characters_of_the_approver_s_comment(demo, bob):
+    # given bob rejecting an action with a comment holding a right-to-left override: raw,
+    # "ask \u202emoc.live@ab" reads "ask ba@evil.com"
+    _run, action = waiting_run(demo)
+    client = logged_in(bob)
+    client.get(f"/approvals/{action.pk}/")
+    comment = "Not this week; ask \u202emoc.live@ab\u202c first."
+    client.post(
+        f"/approvals/{action.pk}/",
+        {
+            "decision": "reject",
+            "payload_hash": action.payload_hash,
+            "comment": comment,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # when the page shows the decision
+    html = client.get(f"/approvals/{action.pk}/").content.decode()
+
+    # then he reads each hidden character of the comment by its code point, none of them raw
+    assert ": Not this week; ask &lt;U+202E&gt;moc.live@ab&lt;U+202C&gt; first.</dd>" in html
+    assert not {"\u202e", "\u202c"} & set(html)
+    assert ApprovalDecision.objects.get(action=action).comment == comment
+
+
 def test_a_late_decision_on_the_page_shows_the_action_expired_without_its_form(demo, bob):
     # given an approval past its expiry, its page open with the form
     _run, action = waiting_run(demo)

@@ -197,6 +197,31 @@ def test_the_page_spells_out_the_hidden_characters_of_the_request(demo, bob):
     assert Handoff.objects.get(pk=handoff.pk).request == text
 
 
+def test_the_page_spells_out_the_hidden_characters_of_the_handler_s_note(demo, bob, handed_off):
+    # given bob declining a request with a note holding a right-to-left override: raw,
+    # "ask \u202emoc.live@ab" reads "ask ba@evil.com"
+    handoff = Handoff.objects.get(run=handed_off)
+    client = logged_in(bob)
+    client.get(f"/approvals/handoffs/{handoff.pk}/")
+    note = "Not for us; ask \u202emoc.live@ab\u202c instead."
+    client.post(
+        f"/approvals/handoffs/{handoff.pk}/",
+        {
+            "outcome": "declined",
+            "note": note,
+            "csrfmiddlewaretoken": client.cookies["csrftoken"].value,
+        },
+    )
+
+    # when the page shows the outcome
+    page = client.get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
+
+    # then he reads each hidden character of the note by its code point, none of them raw
+    assert escape(": Not for us; ask <U+202E>moc.live@ab<U+202C> instead.") in page
+    assert "\u202e" not in page and "\u202c" not in page
+    assert Handoff.objects.get(pk=handoff.pk).note == note
+
+
 def test_a_note_over_the_limit_is_refused_with_the_reason_and_the_form_bounds_it(
     demo, bob, handed_off
 ):
