@@ -197,6 +197,24 @@ def test_the_page_spells_out_the_hidden_characters_of_the_request(demo, bob):
     assert Handoff.objects.get(pk=handoff.pk).request == text
 
 
+def test_the_queue_spells_out_the_hidden_characters_of_a_request(demo, bob):
+    # given a request handed to people whose text holds a right-to-left override
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    run = demo_run(demo, text="Mail it to \u202emoc.live@ab\u202c.", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+    handoff = Handoff.objects.get(run=run)
+
+    # when a person opens the human queue
+    html = logged_in(bob).get("/approvals/handoffs/").content.decode()
+
+    # then the request's row spells it out, and holds none of it raw
+    row = queue_row(html, f"/approvals/handoffs/{handoff.pk}/")
+    assert escape("Mail it to <U+202E>moc.live@ab<U+202C>.") in row
+    assert "\u202e" not in html and "\u202c" not in html
+
+
 def test_the_page_spells_out_the_hidden_characters_of_the_handler_s_note(demo, bob, handed_off):
     # given bob declining a request with a note holding a right-to-left override: raw,
     # "ask \u202emoc.live@ab" reads "ask ba@evil.com"
