@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.views import LoginView, LogoutView
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import include, path
@@ -53,7 +53,7 @@ urlpatterns = [
 # Django-level errors (unknown URL, bad Host header, CSRF, a crash) on /api/ paths answer
 # with the same JSON error body as the views; pages keep Django's HTML pages, but for a form
 # past the body limit (413) or a request past the number of parameters (400), which get a
-# page saying so.
+# page saying so; the API names the limit of files too.
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -70,6 +70,11 @@ def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
             limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
             message = f"The request carried more than {limit} parameters."
             body = error_body("VALIDATION_ERROR", message, {"max_parameters": limit})
+            return JsonResponse(body, status=400)
+        if isinstance(exception, TooManyFilesSent):
+            limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+            message = f"The request carried more than {limit} files."
+            body = error_body("VALIDATION_ERROR", message, {"max_files": limit})
             return JsonResponse(body, status=400)
         return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
     if isinstance(exception, RequestDataTooBig):

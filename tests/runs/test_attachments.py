@@ -692,6 +692,24 @@ def test_a_body_without_exactly_one_file_is_refused(api, member, acme, private_r
     assert _stored_files(private_root) == []
 
 
+def test_a_body_of_more_files_than_django_reads_is_refused_saying_so(
+    api, member, acme, private_root, settings
+):
+    settings.DATA_UPLOAD_MAX_NUMBER_FILES = 3
+    files = [SimpleUploadedFile(f"{index}.txt", TEXT) for index in range(4)]
+
+    response = api.as_user(member, acme).post(URL, {"file": files}, format="multipart")
+
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "code": "VALIDATION_ERROR",
+        "message": "The request carried more than 3 files.",
+        "details": {"max_files": 3},
+    }
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
 def test_a_json_body_is_refused_as_unsupported(api, member, acme):
     response = api.as_user(member, acme).post(URL, {"file": "x"}, format="json")
 
