@@ -109,7 +109,13 @@ def suites_install() -> list[tuple[EvalSuite, bool]]:
     installed = []
     for path in sorted(SUITES.glob("*.yaml")):
         try:
-            installed.append(suite_install(yaml.safe_load(path.read_text())))
+            document = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as error:
+            raise ValidationFailed(
+                f"{path.name}: Not YAML: {' '.join(str(error).split())}"
+            ) from error
+        try:
+            installed.append(suite_install(document))
         except ValidationFailed as error:
             raise ValidationFailed(
                 f"{path.name}: {error.message}", details=error.details

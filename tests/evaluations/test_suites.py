@@ -178,6 +178,18 @@ def test_the_install_command_names_the_file_and_what_it_misses(
     assert not EvalCase.objects.exists()
 
 
+def test_the_install_command_names_a_file_that_is_not_yaml(db, tmp_path, monkeypatch):
+    (tmp_path / "tiny.yaml").write_text("key: tiny\ncases: [unclosed\n")
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+
+    with pytest.raises(CommandError) as refused:
+        call_command("eval_suites_install", stdout=StringIO())
+
+    assert str(refused.value).startswith("tiny.yaml: Not YAML: ")
+    assert "line 3" in str(refused.value)
+    assert not EvalSuite.objects.exists()
+
+
 def _waiting_on(backend_pid: int) -> bool:
     """Whether another session waits for a lock this session holds (read afresh: in a
     transaction, the activity views keep what they showed first)."""
