@@ -128,7 +128,8 @@ def version_publish(
         if not_lower:
             raise VersionNotGreater(
                 f"{version.version} must be greater than every released version "
-                f"of {parent.name}; {', '.join(not_lower)} already exist.",
+                f"of {parent.name}; {', '.join(not_lower)} already "
+                f"{'exists' if len(not_lower) == 1 else 'exist'}.",
                 details={"version": version.version, "existing": not_lower},
             )
         version.status = VersionStatus.PUBLISHED

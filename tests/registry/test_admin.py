@@ -427,7 +427,7 @@ def test_publish_action_refuses_a_version_not_greater_than_a_released_one(
         (
             "error",
             "1.5.0 must be greater than every released version of project_search; "
-            "2.0.0 already exist. version: 1.5.0; existing: 2.0.0",
+            "2.0.0 already exists. version: 1.5.0; existing: 2.0.0",
         )
     ]
     late.refresh_from_db()
@@ -452,7 +452,7 @@ def test_publish_action_reports_each_selected_version(
         (
             "error",
             "1.5.0 must be greater than every released version of project_search; "
-            "2.0.0 already exist. version: 1.5.0; existing: 2.0.0",
+            "2.0.0 already exists. version: 1.5.0; existing: 2.0.0",
         ),
         ("success", "ticket_search@0.1.0: publish done."),
     ]
