@@ -56,6 +56,13 @@ urlpatterns = [
 # page saying so; the API names the limit of files too.
 
 
+# What Django refuses to read past a count: the setting of the count, and what it counts.
+_COUNT_LIMITS = {
+    TooManyFieldsSent: ("DATA_UPLOAD_MAX_NUMBER_FIELDS", "parameters"),
+    TooManyFilesSent: ("DATA_UPLOAD_MAX_NUMBER_FILES", "files"),
+}
+
+
 def _is_api(request: HttpRequest) -> bool:
     return request.path_info.startswith("/api/")
 
@@ -66,16 +73,12 @@ def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
         if isinstance(exception, RequestDataTooBig):
             body = error_body("PAYLOAD_TOO_LARGE", "The request body is too large.")
             return JsonResponse(body, status=413)
-        if isinstance(exception, TooManyFieldsSent):
-            limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
-            message = f"The request carried more than {limit} parameters."
-            body = error_body("VALIDATION_ERROR", message, {"max_parameters": limit})
-            return JsonResponse(body, status=400)
-        if isinstance(exception, TooManyFilesSent):
-            limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
-            message = f"The request carried more than {limit} files."
-            body = error_body("VALIDATION_ERROR", message, {"max_files": limit})
-            return JsonResponse(body, status=400)
+        for refused, (setting, counted) in _COUNT_LIMITS.items():
+            if isinstance(exception, refused):
+                limit = getattr(settings, setting)
+                message = f"The request carried more than {limit} {counted}."
+                body = error_body("VALIDATION_ERROR", message, {f"max_{counted}": limit})
+                return JsonResponse(body, status=400)
         return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
     if isinstance(exception, RequestDataTooBig):
         # A page's form past the limit: Django's page would say "Bad Request" and nothing more.

@@ -105,9 +105,11 @@ def observe(run: Run) -> dict[str, Any]:
     led to."""
     run = Run.objects.get(pk=run.pk)
     calls, executions, actions, outputs = [], [], [], []
-    steps, cost, took = 0, Decimal(0), timedelta()
+    steps, cost, took, action = 0, Decimal(0), timedelta(), None
     for case_run in Run.objects.filter(session_id=run.session_id).order_by("created_at", "pk"):
         did_calls, did_executions, did_action = _did(case_run)
+        if case_run.pk == run.pk:
+            action = did_action
         calls += did_calls
         executions += did_executions
         if did_action is not None:
@@ -124,7 +126,6 @@ def observe(run: Run) -> dict[str, Any]:
     if skill_entry is not None:
         version = SkillVersion.objects.filter(pk=skill_entry["id"]).first()
         required_sections = list((version.output_contract if version else {}).get("sections", []))
-    action = BusinessAction.objects.filter(run=run).select_related("decision").first()
     return {
         "status": run.status,
         "reason_code": run.reason_code,

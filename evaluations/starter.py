@@ -29,6 +29,12 @@ def _missing(document: Any) -> dict[str, list[str]]:
     return missing
 
 
+def _not_valid(message: str, problems: dict[str, list[str]]) -> ValidationFailed:
+    """A refusal whose message lists its problems, as the install command prints it."""
+    listed = "; ".join(f"{where}: {' '.join(found)}" for where, found in problems.items())
+    return ValidationFailed(f"{message}: {listed}", details=problems)
+
+
 def _case_fields(case: dict[str, Any], projects: dict[str, dict]) -> dict[str, Any]:
     """A case's projects are named fixtures of the suite's `projects`, or written inline."""
     fixture = {
@@ -61,11 +67,7 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
     Returns the suite and whether it is new."""
     missing = _missing(document)
     if missing:
-        raise ValidationFailed(
-            "Not a suite: "
-            + "; ".join(f"{where}: {' '.join(found)}" for where, found in missing.items()),
-            details=missing,
-        )
+        raise _not_valid("Not a suite", missing)
     with transaction.atomic():
         installed = (
             EvalSuite.objects.select_for_update().filter(tenant=None, key=document["key"]).first()
@@ -94,11 +96,7 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
                 continue
             EvalCase.objects.update_or_create(suite=suite, key=case["key"], defaults=fields)
         if problems:
-            raise ValidationFailed(
-                f"Suite {suite.key} has cases that are not valid: "
-                + "; ".join(f"{where}: {' '.join(found)}" for where, found in problems.items()),
-                details=problems,
-            )
+            raise _not_valid(f"Suite {suite.key} has cases that are not valid", problems)
         if before is not None and suite_content_hash(suite) != before:
             suite_changed(suites=[suite])
     return suite, created

@@ -139,10 +139,7 @@ def memory_write(
             sensitivity=sensitivity,
             consent=consent,
         )
-        if (
-            live.count() >= settings.MEMORY_ITEMS_MAX
-            and not live.filter(kind=kind, key=key).exists()
-        ):
+        if live.count() >= settings.MEMORY_ITEMS_MAX and not replaced:
             raise _refuse(
                 "TOO_MANY",
                 f"At most {settings.MEMORY_ITEMS_MAX} items are kept about you here: delete "
