@@ -96,17 +96,14 @@ class ApiBodySizeLimitMiddleware:
         limit = body_limit(request.method, request.path_info)
         declared = request.META.get("CONTENT_LENGTH")
         if declared:
-            try:
-                declared_bytes = int(declared)
-            except ValueError:
-                declared_bytes = -1
-            if declared_bytes < 0:
+            # Digits only (RFC 9110): int() would also read "1_0", "+10" or other scripts' digits.
+            if not (declared.isascii() and declared.isdigit()):
                 return JsonResponse(
                     error_body("VALIDATION_ERROR", "Content-Length is not a number of bytes."),
                     status=400,
                 )
-            if declared_bytes > limit:
-                return _too_large(limit, declared_bytes=declared_bytes)
+            if int(declared) > limit:
+                return _too_large(limit, declared_bytes=int(declared))
         elif "HTTP_TRANSFER_ENCODING" in request.META:
             if _unreadable_undeclared_body(request):
                 return JsonResponse(

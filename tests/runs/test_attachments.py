@@ -494,9 +494,12 @@ def test_request_data_too_big_outside_drf_is_payload_too_large(rf):
     assert json.loads(response.content)["error"]["code"] == "PAYLOAD_TOO_LARGE"
 
 
-def test_a_negative_content_length_is_refused(api, member, acme):
+@pytest.mark.parametrize("declared", ["-1", "1_0", "\u0663", " 10", "+10"])
+def test_a_content_length_that_is_not_digits_is_refused(api, member, acme, declared):
+    """Content-Length is digits only (RFC 9110): Python's int() also reads "1_0", Arabic-Indic
+    digits, spaces and a sign, and the view then read a body of another length than sent."""
     response = api.as_user(member, acme).generic(
-        "POST", URL, _multipart(TEXT, "text/plain"), MULTIPART_CONTENT, CONTENT_LENGTH="-1"
+        "POST", URL, _multipart(TEXT, "text/plain"), MULTIPART_CONTENT, CONTENT_LENGTH=declared
     )
 
     assert response.status_code == 400
