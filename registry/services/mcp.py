@@ -176,14 +176,9 @@ def mcp_definitions_sync(
     current: dict[str, McpToolDefinition] = {}
     listed = []
     for remote_name, definition in listing.items():
-        if any(secret and secret in remote_name for secret in secrets):
-            # A name is kept and shown as served, or not at all: never with a credential.
-            problem = "its remote_name quotes a credential it was given"
-        elif secrets_removed(remote_name) != remote_name:
-            problem = "its remote_name holds a credential"
-        else:
-            problem = _fits(McpRemoteTool, {"remote_name": remote_name})
-        if problem is not None:
+        if (
+            problem := _name_problem(McpRemoteTool, "remote_name", remote_name, secrets)
+        ) is not None:
             skipped[_without_secrets(remote_name, secrets)[:REMOTE_NAME_MAX]] = problem
             continue
         listed.append(remote_name)
@@ -359,6 +354,18 @@ def _fits(model: type, fields: dict[str, str]) -> str | None:
     return None
 
 
+def _name_problem(model: type, field_name: str, value: str, secrets: tuple[str, ...]) -> str | None:
+    """Why a name the server is sent back exactly as it listed it (a tool's remote name, a
+    prompt's name, a resource's URI or name) is not kept: it is kept and shown as served, or
+    not at all, for altered (a credential replaced, a NUL made U+FFFD) it names nothing, or
+    something else."""
+    if any(secret and secret in value for secret in secrets):
+        return f"its {field_name} quotes a credential it was given"
+    if secrets_removed(value) != value:
+        return f"its {field_name} holds a credential"
+    return _fits(model, {field_name: value})
+
+
 def _prompts_record(
     server: McpServer, prompts: list[Any], now: Any, secrets: tuple[str, ...], skipped: dict
 ) -> int:
@@ -373,9 +380,10 @@ def _prompts_record(
             },
             secrets,
         )
-        if (
-            problem := _fits(McpPrompt, {"name": shown["name"], "title": shown["title"]})
-        ) is not None:
+        problem = _name_problem(McpPrompt, "name", prompt.name, secrets) or _fits(
+            McpPrompt, {"title": shown["title"]}
+        )
+        if problem is not None:
             skipped[f"prompt {shown['name'][:REMOTE_NAME_MAX]}"] = problem
             continue
         McpPrompt.objects.update_or_create(
@@ -411,12 +419,11 @@ def _resources_record(
             },
             secrets,
         )
-        fields = {name: shown[name] for name in ("uri", "name", "title", "mime_type")}
-        if shown["uri"] != jsontext.storable_text(str(resource.uri)):
-            # A run reads a resource by its URI as listed: kept so, or not at all.
-            problem = "its uri holds a credential"
-        else:
-            problem = _fits(McpResource, fields)
+        problem = (
+            _name_problem(McpResource, "uri", str(resource.uri), secrets)
+            or _name_problem(McpResource, "name", resource.name or "", secrets)
+            or _fits(McpResource, {name: shown[name] for name in ("title", "mime_type")})
+        )
         if problem is not None:
             skipped[f"resource {shown['uri'][:REMOTE_NAME_MAX]}"] = problem
             continue

@@ -411,3 +411,38 @@ def test_a_tool_listed_by_its_local_name_keeps_it_beside_one_that_normalises_to_
     assert report.drafted == ["project_status"]
     assert report.skipped == {"Project-Status": "project_status already names another tool"}
     assert draft_of(hostile, "project_status").adapter_config["remote_name"] == "project_status"
+
+
+def test_a_prompt_or_resource_whose_name_cannot_be_kept_as_listed_is_skipped_saying_why(
+    demo, hostile, spec
+):
+    # given a server listing, beside a sound prompt and resource, a prompt and a resource
+    # whose names hold a NUL, and a prompt named with the credential it was given: names a
+    # client sends back as listed, which PostgreSQL cannot store or the registry must not keep
+    spec(
+        tools=[STATUS_TOOL],
+        prompts=[
+            {"name": "weekly_status"},
+            {"name": "weekly\u0000digest"},
+            {"name": f"digest_{SECRET}"},
+        ],
+        resources=[
+            {"uri": "file:///status", "name": "status"},
+            {"uri": "file:///report", "name": "rep\u0000ort"},
+        ],
+    )
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then only the sound prompt and resource are recorded, and the others skipped saying why
+    assert list(McpPrompt.objects.values_list("name", flat=True)) == ["weekly_status"]
+    assert list(McpResource.objects.values_list("uri", flat=True)) == ["file:///status"]
+    assert (report.prompts, report.resources) == (1, 1)
+    assert report.skipped == {
+        "prompt weekly\ufffddigest": "its name holds a NUL or half a surrogate pair, "
+        "which cannot be stored",
+        "prompt digest_[redacted]": "its name quotes a credential it was given",
+        "resource file:///report": "its name holds a NUL or half a surrogate pair, "
+        "which cannot be stored",
+    }
