@@ -267,29 +267,34 @@ def _draft(*, server: McpServer, row: McpToolDefinition, actor: AbstractBaseUser
     creator = actor or server.created_by
     name = local_tool_name(row.remote_name)
     tool = Tool.objects.filter(tenant=server.tenant, namespace=server.name, name=name).first()
-    if tool is None:
-        tool = Tool(tenant=server.tenant, namespace=server.name, name=name, created_by=creator)
-        full_clean_or_raise(tool, exclude=["current_version"])
-        audited_save(tool, actor=actor, reason=f"discovered on MCP server {server}")
-    versions = list(tool.versions.all())
+    versions = [] if tool is None else list(tool.versions.all())
     if any(v.adapter_config.get("remote_name") != row.remote_name for v in versions):
         return f"skipped: {name} already names another tool"
     if any(v.adapter_config.get("definition_hash") == row.definition_hash for v in versions):
         return "unchanged"
     content = _draft_content(server, row)
     draft = next((v for v in versions if v.status == VersionStatus.DRAFT), None)
-    if draft is None:
-        draft = ToolVersion(tool=tool, version=_next_version(versions), created_by=creator)
-        reason = f"discovered on MCP server {server}"
-    else:
-        reason = f"definition changed on MCP server {server}"
-    for field_name, value in content.items():
-        setattr(draft, field_name, value)
     try:
-        tool_version_check(draft)
+        # A tool is made with its first draft or not at all: a skipped draft leaves no
+        # tool without versions in the registry.
+        with transaction.atomic():
+            if tool is None:
+                tool = Tool(
+                    tenant=server.tenant, namespace=server.name, name=name, created_by=creator
+                )
+                full_clean_or_raise(tool, exclude=["current_version"])
+                audited_save(tool, actor=actor, reason=f"discovered on MCP server {server}")
+            if draft is None:
+                draft = ToolVersion(tool=tool, version=_next_version(versions), created_by=creator)
+                reason = f"discovered on MCP server {server}"
+            else:
+                reason = f"definition changed on MCP server {server}"
+            for field_name, value in content.items():
+                setattr(draft, field_name, value)
+            tool_version_check(draft)
+            audited_save(draft, actor=actor, reason=reason)
     except ValidationFailed as error:
         return f"skipped: {error_text(error)}"
-    audited_save(draft, actor=actor, reason=reason)
     return "drafted"
 
 

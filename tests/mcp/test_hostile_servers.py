@@ -446,3 +446,30 @@ def test_a_prompt_or_resource_whose_name_cannot_be_kept_as_listed_is_skipped_say
         "resource file:///report": "its name holds a NUL or half a surrogate pair, "
         "which cannot be stored",
     }
+
+
+def test_a_tool_whose_draft_is_skipped_leaves_no_tool_until_a_draft_of_it_is_made(
+    demo, hostile, spec
+):
+    # given a server listing, beside a sound tool, one whose draft breaks the tool contract
+    broken = {
+        **STATUS_TOOL,
+        "name": "project_report",
+        "inputSchema": {"type": "object", "properties": {}, "required": ["project_id"]},
+    }
+    spec(tools=[STATUS_TOOL, broken])
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then the registry holds no tool for the skipped one, not even an empty one
+    assert list(report.skipped) == ["project_report"]
+    namespace = Tool.objects.filter(tenant=demo.acme, namespace=hostile.name)
+    assert list(namespace.values_list("name", flat=True)) == ["project_status"]
+
+    # and once the server lists it sound, discovery makes the tool with its first draft
+    spec(tools=[STATUS_TOOL, {**broken, "inputSchema": STATUS_TOOL["inputSchema"]}])
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+    assert report.drafted == ["project_report"]
+    assert draft_of(hostile, "project_report").version == "1.0.0"
+    assert sorted(namespace.values_list("name", flat=True)) == ["project_report", "project_status"]
