@@ -37,6 +37,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
+from config import jsontext
 from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
 from registry.mcp.review import definition_of
@@ -111,6 +112,34 @@ class _AnswerTooLarge(Exception):
 class _AnswerUnreadable(Exception):
     """An HTTP answer that is not JSON-RPC (a body of another content type, one that does not
     parse): the transport hands it to the session, which no request waiting sees."""
+
+
+class _AnswerTooDeep(Exception):
+    """An answer nesting deeper than the SDK's JSON parser reads (a tool listing with a schema
+    about 100 levels deep): the SDK drops it, which would leave its request waiting."""
+
+
+def _too_deep(error: pydantic.ValidationError) -> _AnswerTooDeep | None:
+    """What an answer the SDK could not parse held too deep, if that is why: the tools it
+    lists that nest deeper than jsontext.MAX_DEPTH (the most the registry keeps), named."""
+    (detail, *_) = error.errors(include_url=False) or [{}]
+    if detail.get("type") != "json_invalid" or "recursion limit" not in detail["msg"]:
+        return None
+    try:
+        tools = json.loads(detail["input"])["result"]["tools"]
+        names = [
+            str(tool.get("name"))[:100]
+            for tool in tools
+            if isinstance(tool, dict) and jsontext.deeper_than(tool)
+        ]
+    except (RecursionError, ValueError, TypeError, KeyError, AttributeError):
+        names = []
+    if not names:
+        return _AnswerTooDeep("an answer nesting too deep for the platform to read")
+    return _AnswerTooDeep(
+        f"a listing the platform cannot read: the definition of tool {', '.join(names[:3])} "
+        f"nests deeper than {jsontext.MAX_DEPTH} levels"
+    )
 
 
 class _BoundedStream(httpx.AsyncByteStream):
@@ -478,8 +507,14 @@ class _Connection:
         """Over HTTP the transport hands the session an answer it could not read (not
         JSON-RPC, a body of another content type) as an exception, which the request waiting
         for that answer never sees: the connection is closed, which fails it at once. Over
-        stdio such a line is noise between answers (a server's stray print) and is passed."""
-        if isinstance(message, Exception) and self.endpoint.transport != McpServer.Transport.STDIO:
+        stdio such a line is noise between answers (a server's stray print) and is passed,
+        unless it is JSON nesting too deep for the SDK to read (an answer, which it drops)."""
+        if isinstance(message, pydantic.ValidationError) and (too_deep := _too_deep(message)):
+            self.error = too_deep
+            self.close()
+        elif (
+            isinstance(message, Exception) and self.endpoint.transport != McpServer.Transport.STDIO
+        ):
             self.error = (
                 message
                 if isinstance(message, _AnswerMissing)
@@ -553,7 +588,7 @@ def _describe(error: BaseException) -> str:
     platform itself said of an answer it stopped reading."""
     while isinstance(error, BaseExceptionGroup) and error.exceptions:
         error = error.exceptions[0]
-    if isinstance(error, _AnswerTooLarge | _AnswerMissing | _AnswerUnreadable):
+    if isinstance(error, _AnswerTooLarge | _AnswerTooDeep | _AnswerMissing | _AnswerUnreadable):
         return str(error)
     if isinstance(error, McpError) and error.error.code == mcp_types.CONNECTION_CLOSED:
         # A stdio server that exited (or never started): its own stderr says why.
@@ -756,7 +791,7 @@ class McpConnections:
             self._discard(connection)
             if refused := _refused(connection.error):
                 raise McpRefused(f"{endpoint.label}: {refused}")
-            if isinstance(connection.error, _AnswerTooLarge):
+            if isinstance(connection.error, _AnswerTooLarge | _AnswerTooDeep):
                 raise McpAnswerInvalid(f"{endpoint.label} answered {connection.error}.")
             if isinstance(connection.error, _AnswerMissing | _AnswerUnreadable):
                 raise McpUnavailable(f"{endpoint.label}: {connection.error}.")
@@ -772,7 +807,7 @@ class McpConnections:
                 self._discard(connection)
                 if code == SESSION_TERMINATED:
                     raise _SessionTerminated from error
-                if isinstance(connection.error, _AnswerTooLarge):
+                if isinstance(connection.error, _AnswerTooLarge | _AnswerTooDeep):
                     raise McpAnswerInvalid(
                         f"{endpoint.label} answered {connection.error}."
                     ) from error

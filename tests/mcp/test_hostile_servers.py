@@ -6,11 +6,13 @@ the server's fault, and no credential is kept or shown."""
 import copy
 import json
 import sys
+import time
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 
+from registry.errors import McpServerUnavailable
 from registry.mcp.connections import connections
 from registry.models import (
     McpPrompt,
@@ -473,3 +475,35 @@ def test_a_tool_whose_draft_is_skipped_leaves_no_tool_until_a_draft_of_it_is_mad
     assert report.drafted == ["project_report"]
     assert draft_of(hostile, "project_report").version == "1.0.0"
     assert sorted(namespace.values_list("name", flat=True)) == ["project_report", "project_status"]
+
+
+def _nested_schema(levels: int) -> dict:
+    """An object schema whose one property is such a schema, `levels` times over."""
+    schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"inner": schema}}
+    return schema
+
+
+def test_a_tool_whose_schema_nests_too_deep_for_its_listing_to_be_read_is_refused_saying_so(
+    demo, hostile, spec
+):
+    # given a server listing, beside a sound tool, one whose input schema nests 100 levels
+    # deep: too deep for the listing to be read at all
+    spec(tools=[STATUS_TOOL, {**STATUS_TOOL, "name": "deep", "inputSchema": _nested_schema(100)}])
+
+    # when it is discovered
+    started = time.monotonic()
+    with pytest.raises(McpServerUnavailable) as refused:
+        mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then discovery is refused at once (not after the server's 5 s timeout), naming the tool
+    # and the limit, and nothing of the listing is recorded
+    assert time.monotonic() - started < 3
+    assert refused.value.message == (
+        "acme/projects answered a listing the platform cannot read: the definition of "
+        "tool deep nests deeper than 64 levels."
+    )
+    assert not McpRemoteTool.objects.filter(server=hostile).exists()
+    hostile.refresh_from_db()
+    assert hostile.health_detail == refused.value.message
