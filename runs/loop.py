@@ -46,7 +46,7 @@ from runs.services.attachment_reading import attachment_line, attachments_read
 from runs.services.attachment_reading import is_read as attachment_is_read
 from runs.services.attachments import ATTACHMENT_PART
 from runs.services.excerpts import tokens_each
-from runs.services.memory import memories_kept, memory_left, memory_retrieve
+from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resource_key, resource_line, resources_attach
 from runs.services.runs import (
     REQUESTER_NO_LONGER_AUTHORISED,
@@ -1570,14 +1570,11 @@ def _budget_exhausted(run: Run) -> str | None:
 
 def _save(run: Run) -> None:
     """The step's one write: the run's row with the rows the step made (`runs.writes`),
-    without a memory item the user deleted while the step held the run (a deletion skips a
-    run a step holds; one made between steps has already left the run's row, which the next
-    step reads again, `Execution`)."""
-    if run.state.get("memory"):
-        run.state = memory_left(
-            run.state,
-            memories_kept(run.state["memory"], tenant_id=run.tenant_id, user_id=run.actor_id),
-        )
+    without a memory item the user deleted while the step held the run, and with one the
+    user raised at its new level (a deletion or a raise skips a run a step holds; one made
+    between steps has already reached the run's row, which the next step reads again,
+    `Execution`)."""
+    run.state = memories_kept(run)
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.attempts = 0
     written = writes.run_update(

@@ -15,14 +15,17 @@ purpose, freshness and sensitivity, and each item keeps its source.
 A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
 leaves that copy in each of their runs that has not finished: at once in a run nobody holds
 (one waiting for approval included), and in a run a step holds, from that step's save on.
-Only the run's state changes: its event log is never edited. A viewer of the run without
-clearance sees the value of an item above `internal` masked wherever the run shows it
-(`runs.selectors.recalled_texts`), also after the item left the run's copy (`memory_left`).
+An item the user raises to a higher sensitivity takes that level in the copy of each of
+their runs, finished ones too, and leaves the copy of a run not finished whose data scope is
+below it, in the same two ways. Only the run's state changes: its event log is never edited.
+A viewer of the run without clearance sees the value of an item above `internal` masked
+wherever the run shows it (`runs.selectors.recalled_texts`), also after the item left the
+run's copy (`memory_left`).
 """
 
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +39,7 @@ from django.utils import timezone
 from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, DataClassification
 from registry.errors import NotFound, ValidationFailed
 from registry.models import Tenant
-from runs.choices import ACTIVE_STATUSES, RunStatus
+from runs.choices import ACTIVE_STATUSES, TERMINAL_STATUSES, RunStatus
 from runs.models import MemoryItem, Run
 from runs.redaction import SECRET_WORDS_ZH, as_read, names_secret, secrets_removed
 from runs.selectors import recalled_texts
@@ -127,7 +130,9 @@ def memory_write(
             pk=user.pk
         ).order_by().values_list("pk").first()
         live = memories_of(tenant=tenant, user=user).filter(expires_at__gt=now)
-        replaced = live.filter(kind=kind, key=key).values("purpose", "sensitivity").first() or {}
+        replaced = (
+            live.filter(kind=kind, key=key).values("pk", "purpose", "sensitivity").first() or {}
+        )
         purpose = purpose or replaced.get("purpose", "any")
         sensitivity = sensitivity or replaced.get("sensitivity", DataClassification.INTERNAL)
         _policy_check(
@@ -155,9 +160,22 @@ def memory_write(
             "confirmed_at": now,
             "expires_at": now + timedelta(days=settings.MEMORY_TTL_DAYS[kind]),
         }
-        # update_or_create locks an existing row and settles a concurrent insert of the same key.
-        return MemoryItem.objects.update_or_create(
-            tenant=tenant, user=user, kind=kind, key=key, defaults=fields
+
+        def write() -> tuple[MemoryItem, bool]:
+            # update_or_create locks an existing row and settles a concurrent insert of the
+            # same key.
+            return MemoryItem.objects.update_or_create(
+                tenant=tenant, user=user, kind=kind, key=key, defaults=fields
+            )
+
+        if not (replaced and _ranks_above(sensitivity, replaced["sensitivity"])):
+            return write()
+        return _copies_follow(
+            tenant=tenant,
+            user=user,
+            item_id=str(replaced["pk"]),
+            level=sensitivity,
+            change=write,
         )
 
 
@@ -168,39 +186,68 @@ def memories_of(*, tenant: Tenant, user: AbstractBaseUser) -> QuerySet[MemoryIte
 
 
 def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> None:
-    """Forget one item, and drop it from the copy the user's unfinished runs carry.
+    """Forget one item, and drop it from the copy the user's unfinished runs carry
+    (`_copies_follow`)."""
 
-    A run waiting for approval is held only for moments (an approval being decided, its
-    action starting): it is waited for. It is locked before the item, in a step's order (a
-    step locks its run, then, as it saves, the items it carries: `memories_kept`): a paused
-    run may be RUNNING by the time it is locked, held by a step, and that step then finds
-    the item free, keeps it, and the deletion drops it after the step. A run a step holds
-    is skipped, not waited for (the step may be waiting on a model or a tool): its save
-    waits for this deletion to commit and drops the item."""
-    item_id = str(item_id)
-    with transaction.atomic():
-        paused = _runs_carrying(
-            tenant=tenant, user=user, item_id=item_id, statuses=[RunStatus.WAITING_APPROVAL]
-        )
-        waited = list(
-            _active_runs().select_for_update(no_key=True).filter(pk__in=paused).order_by("pk")
-        )
+    def delete() -> None:
         deleted, _ = memories_of(tenant=tenant, user=user).filter(pk=item_id).delete()
         if not deleted:
             raise NotFound("No such memory.")
-        # Read again after the item is gone: a run that saved it meanwhile is found too.
-        carrying = _runs_carrying(
-            tenant=tenant, user=user, item_id=item_id, statuses=ACTIVE_STATUSES
+
+    _copies_follow(tenant=tenant, user=user, item_id=str(item_id), level=None, change=delete)
+
+
+def _copies_follow(
+    *,
+    tenant: Tenant,
+    user: AbstractBaseUser,
+    item_id: str,
+    level: str | None,
+    change: Callable[[], Any],
+) -> Any:
+    """Make `change` to one item, in the same transaction as the copies of it the user's
+    runs carry follow it (`_copy_leveled`): `level`, its new sensitivity, higher than its
+    old one (which the copies of finished runs take too), or None, deleted (which leaves
+    the copies of unfinished runs only).
+
+    A run waiting for approval (or finished) is held only for moments (an approval being
+    decided, its action starting, its outcome reconciled): it is waited for. It is locked
+    before the item, in a step's order (a step locks its run, then, as it saves, the items
+    it carries: `memories_kept`): a paused run may be RUNNING by the time it is locked, held
+    by a step, and that step then finds the item as it was, keeps it, and the change reaches
+    the run after the step. A run a step holds is skipped, not waited for (the step may be
+    waiting on a model or a tool): its save waits for this change to commit and follows it."""
+    with transaction.atomic():
+        reached = [*ACTIVE_STATUSES, *(TERMINAL_STATUSES if level else [])]
+        held_for_moments = [status for status in reached if status not in _STEPPED]
+        paused = _runs_carrying(
+            tenant=tenant, user=user, item_id=item_id, statuses=held_for_moments
         )
-        skipping = _active_runs().select_for_update(no_key=True, skip_locked=True)
+        runs = Run.objects.filter(status__in=reached).only(
+            "pk", "status", "state", "capability", "updated_at"
+        )
+        waited = list(runs.select_for_update(no_key=True).filter(pk__in=paused).order_by("pk"))
+        changed = change()
+        # Read again after the change: a run that saved the item meanwhile is found too.
+        carrying = _runs_carrying(tenant=tenant, user=user, item_id=item_id, statuses=reached)
+        skipping = runs.select_for_update(no_key=True, skip_locked=True)
         for run in [*waited, *skipping.filter(pk__in=carrying).exclude(pk__in=paused)]:
-            _run_forget(run, item_id=item_id)
+            run.state = _copy_leveled(
+                run.state,
+                {item_id: level},
+                scope=_data_scope(run) if run.status in ACTIVE_STATUSES else None,
+            )
+            # updated_at too: an execution that saved the run before reads it again.
+            run.save(update_fields=["state", "updated_at"])
+        return changed
 
 
-def _active_runs() -> QuerySet[Run]:
-    # Locked, the status is read anew: a paused run whose action started since is RUNNING
-    # now, and still active.
-    return Run.objects.filter(status__in=ACTIVE_STATUSES).only("pk", "state", "updated_at")
+# What a step holds: a run in these may wait on a model or a tool.
+_STEPPED = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+
+
+def _data_scope(run: Run) -> str:
+    return run.capability["data_scope"]["max_data_classification"]
 
 
 def _runs_carrying(
@@ -218,6 +265,16 @@ def _runs_carrying(
     ]
 
 
+def _ranks_above(level: str | None, than: Any) -> bool:
+    """Whether `level` is more sensitive than `than`; never for a level a copy does not
+    name (recalled before copies named it), which a viewer without clearance never sees."""
+    return (
+        level in DATA_CLASSIFICATION_LEVELS
+        and than in DATA_CLASSIFICATION_LEVELS
+        and DATA_CLASSIFICATION_LEVELS.index(level) > DATA_CLASSIFICATION_LEVELS.index(than)
+    )
+
+
 def memory_left(state: dict[str, Any], kept: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's `state` with its copy of its requester's memory cut to `kept`. What an item
     above internal that leaves it held stays among the texts a viewer without clearance
@@ -228,34 +285,51 @@ def memory_left(state: dict[str, Any], kept: list[dict[str, Any]]) -> dict[str, 
     return {**state, "memory": kept, **({"memory_masked": sorted(masked)} if masked else {})}
 
 
-def _run_forget(run: Run, *, item_id: str) -> None:
-    memory = [
-        entry
-        for entry in run.state.get("memory") or []
-        if not (isinstance(entry, dict) and entry.get("id") == item_id)
-    ]
-    run.state = memory_left(run.state, memory)
-    # updated_at too: an execution that saved the run before reads it again.
-    run.save(update_fields=["state", "updated_at"])
+def _copy_leveled(
+    state: dict[str, Any], levels: dict[str, str | None], *, scope: str | None
+) -> dict[str, Any]:
+    """A run's `state` with each item of its copy that `levels` names by id at the level
+    named there when that is higher, and leaving the copy when it is None (the item is no
+    longer kept) or above `scope`, the run's data scope (None: a finished run, whose copy
+    keeps what it was given)."""
+    allowed = (
+        DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(scope) + 1]
+        if scope
+        else DATA_CLASSIFICATION_LEVELS
+    )
+    memory, kept = [], []
+    for entry in state.get("memory") or []:
+        if not isinstance(entry, dict):
+            continue
+        level = levels.get(entry.get("id"))
+        if _ranks_above(level, entry.get("sensitivity")):
+            entry = {**entry, "sensitivity": level}
+        memory.append(entry)
+        if entry.get("id") not in levels or level in allowed:
+            kept.append(entry)
+    return memory_left({**state, "memory": memory}, kept)
 
 
-def memories_kept(
-    items: list[dict[str, Any]], *, tenant_id: Any, user_id: Any
-) -> list[dict[str, Any]]:
-    """Of `items` (a run's copy, as `memory_retrieve` made it), those the user has not
-    deleted since, for the step that saves the run: the items stay locked until it commits,
-    so that a deletion either committed before (and the items it removed are dropped here)
-    or waits for the step's save (and then drops them from the run itself)."""
-    if not items:
-        return items
-    ids = {entry.get("id") for entry in items if isinstance(entry, dict)}
+def memories_kept(run: Run) -> dict[str, Any]:
+    """The state of `run` (its copy as `memory_retrieve` made it) without the items the
+    user has deleted since, and with those the user raised at their new level (leaving the
+    copy above the run's data scope), for the step that saves the run: the items stay
+    locked until it commits, so that a change either committed before (and is followed
+    here) or waits for the step's save (and then reaches the run itself)."""
+    if not run.state.get("memory"):
+        return run.state
+    ids = {entry.get("id") for entry in run.state["memory"] if isinstance(entry, dict)}
     kept = (
-        MemoryItem.objects.filter(tenant_id=tenant_id, user_id=user_id, pk__in=ids)
+        MemoryItem.objects.filter(tenant_id=run.tenant_id, user_id=run.actor_id, pk__in=ids)
         .select_for_update(no_key=True)
         .order_by("pk")
     )
-    found = {str(pk) for pk in kept.values_list("pk", flat=True)}
-    return [entry for entry in items if isinstance(entry, dict) and entry.get("id") in found]
+    levels = {str(pk): level for pk, level in kept.values_list("pk", "sensitivity")}
+    return _copy_leveled(
+        run.state,
+        {item_id: levels.get(item_id) for item_id in ids if isinstance(item_id, str)},
+        scope=_data_scope(run),
+    )
 
 
 def memory_retrieve(

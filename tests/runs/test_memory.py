@@ -31,7 +31,7 @@ from runs.models import MemoryItem, Run, RunEvent
 from runs.selectors import recalled_texts
 from runs.services.ingress import message_ingest
 from runs.services.memory import memories_expire, memory_delete, memory_retrieve, memory_write
-from runs.services.runs import run_transition
+from runs.services.runs import run_cancel, run_transition
 from tests.approvals.conftest import waiting_run
 from tests.approvals.test_sensitive_fields import api_as, shown_everywhere
 from tests.locks import until, waiting_on_locks
@@ -953,3 +953,81 @@ def test_an_earlier_answer_of_the_session_above_the_next_runs_data_scope_is_not_
     sent = json.dumps(fake.requests[-1].body["messages"], ensure_ascii=False)
     assert "What else is Apollo called?" in sent
     assert CODENAME not in sent
+
+
+@pytest.mark.parametrize("finished", [False, True])
+def test_an_item_raised_above_internal_is_masked_without_clearance_in_runs_that_recalled_it(
+    demo, fake_model, client, settings, finished
+):
+    # given alice's run that recalled her item as internal and wrote it into its draft,
+    # waiting for approval or cancelled since
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, kind="fact", origin="user_confirmed", key="alias", value=CODENAME)
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+    if finished:
+        run_cancel(run=run, actor=demo.alice)
+    logged = _events_of(run)
+
+    # when she raises the item to confidential
+    prefer(
+        demo.acme,
+        demo.alice,
+        kind="fact",
+        origin="user_confirmed",
+        key="alias",
+        value=CODENAME,
+        sensitivity="confidential",
+        consent=True,
+    )
+
+    # then carol, an auditor without clearance, reads the value nowhere in the run
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(Run.objects.get(pk=run.pk), client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if CODENAME in text] == []
+    assert "Status of [redacted] this week." in by_carol["api.events"]
+    # and the run's event log is as it was, its copy at the item's new level
+    assert _events_of(run) == logged
+    copy = {
+        entry["key"]: entry["sensitivity"] for entry in Run.objects.get(pk=run.pk).state["memory"]
+    }
+    assert copy == {"alias": "confidential"}
+    # while alice still reads her draft as it was
+    by_alice = api_as("alice").get(f"/api/v1/runs/{run.pk}/events").content.decode()
+    assert f"Status of {CODENAME} this week." in by_alice
+
+
+def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next_model_context(
+    demo, monkeypatch
+):
+    # given a run of a confidential data scope that recalled two internal items at its start
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    assert _memory_of(run) == ["summary_language", "tone"]
+    requests = []
+    complete = OfflinePlanner.complete
+
+    def recorded(self, request):
+        requests.append(request)
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", recorded)
+
+    # when alice raises one to restricted, above what the run may read, and the run goes on
+    prefer(
+        demo.acme, demo.alice, key="tone", value="formal", sensitivity="restricted", consent=True
+    )
+    run_execute(run_id=str(run.pk))
+
+    # then no model turn was given it, and it left the run's copy, masked
+    assert requests
+    for request in requests:
+        assert "summary_language" in repr(request.transcript)
+        assert "formal" not in repr(request)
+    state = Run.objects.get(pk=run.pk).state
+    assert [entry["key"] for entry in state["memory"]] == ["summary_language"]
+    assert state["memory_masked"] == ["formal"]
