@@ -13,14 +13,15 @@ for its TTL. Retrieval happens only for a task that asks for memory, filtered by
 purpose, freshness and sensitivity, and each item keeps its source.
 
 A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
-leaves that copy in each of their runs that has not finished: at once in a run nobody holds
-(one waiting for approval included), and in a run a step holds, from that step's save on.
-An item the user raises to a higher sensitivity takes that level in the copy of each of
-their runs, finished ones too, and leaves the copy of a run not finished whose data scope is
-below it, in the same two ways. Only the run's state changes: its event log is never edited.
-A viewer of the run without clearance sees the value of an item above `internal` masked
-wherever the run shows it (`runs.selectors.recalled_texts`), also after the item left the
-run's copy (`memory_left`).
+(or that outlives its TTL) leaves that copy in each of their runs that has not finished: at
+once in a run nobody holds (one waiting for approval included; an expired one at the hourly
+sweep), and in a run a step holds, from that step's save on. An item the user raises to a
+higher sensitivity takes that level in the copy of each of their runs, finished ones too,
+and leaves the copy of a run not finished whose data scope is below it, in the same two
+ways. Only the run's state changes: its event log is never edited. A viewer of the run
+without clearance sees the value of an item above `internal` masked wherever the run shows
+it (`runs.selectors.recalled_texts`), also after the item left the run's copy
+(`memory_left`).
 """
 
 import re
@@ -171,11 +172,7 @@ def memory_write(
         if not (replaced and _ranks_above(sensitivity, replaced["sensitivity"])):
             return write()
         return _copies_follow(
-            tenant=tenant,
-            user=user,
-            item_id=str(replaced["pk"]),
-            level=sensitivity,
-            change=write,
+            tenant=tenant, user=user, levels={str(replaced["pk"]): sensitivity}, change=write
         )
 
 
@@ -194,21 +191,20 @@ def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> No
         if not deleted:
             raise NotFound("No such memory.")
 
-    _copies_follow(tenant=tenant, user=user, item_id=str(item_id), level=None, change=delete)
+    _copies_follow(tenant=tenant, user=user, levels={str(item_id): None}, change=delete)
 
 
 def _copies_follow(
     *,
     tenant: Tenant,
     user: AbstractBaseUser,
-    item_id: str,
-    level: str | None,
+    levels: dict[str, str | None],
     change: Callable[[], Any],
 ) -> Any:
-    """Make `change` to one item, in the same transaction as the copies of it the user's
-    runs carry follow it (`_copy_leveled`): `level`, its new sensitivity, higher than its
-    old one (which the copies of finished runs take too), or None, deleted (which leaves
-    the copies of unfinished runs only).
+    """Make `change` to the items `levels` names by id, in the same transaction as the
+    copies of them the user's runs carry follow it (`_copy_leveled`): to each its new
+    sensitivity, higher than its old one (which the copies of finished runs take too), or
+    None, no longer kept (which leaves the copies of unfinished runs only).
 
     A run waiting for approval (or finished) is held only for moments (an approval being
     decided, its action starting, its outcome reconciled): it is waited for. It is locked
@@ -218,10 +214,11 @@ def _copies_follow(
     the run after the step. A run a step holds is skipped, not waited for (the step may be
     waiting on a model or a tool): its save waits for this change to commit and follows it."""
     with transaction.atomic():
-        reached = [*ACTIVE_STATUSES, *(TERMINAL_STATUSES if level else [])]
+        raised = any(level is not None for level in levels.values())
+        reached = [*ACTIVE_STATUSES, *(TERMINAL_STATUSES if raised else [])]
         held_for_moments = [status for status in reached if status not in _STEPPED]
         paused = _runs_carrying(
-            tenant=tenant, user=user, item_id=item_id, statuses=held_for_moments
+            tenant=tenant, user=user, item_ids=levels, statuses=held_for_moments
         )
         runs = Run.objects.filter(status__in=reached).only(
             "pk", "status", "state", "capability", "updated_at"
@@ -229,12 +226,12 @@ def _copies_follow(
         waited = list(runs.select_for_update(no_key=True).filter(pk__in=paused).order_by("pk"))
         changed = change()
         # Read again after the change: a run that saved the item meanwhile is found too.
-        carrying = _runs_carrying(tenant=tenant, user=user, item_id=item_id, statuses=reached)
+        carrying = _runs_carrying(tenant=tenant, user=user, item_ids=levels, statuses=reached)
         skipping = runs.select_for_update(no_key=True, skip_locked=True)
         for run in [*waited, *skipping.filter(pk__in=carrying).exclude(pk__in=paused)]:
             run.state = _copy_leveled(
                 run.state,
-                {item_id: level},
+                levels,
                 scope=_data_scope(run) if run.status in ACTIVE_STATUSES else None,
             )
             # updated_at too: an execution that saved the run before reads it again.
@@ -251,17 +248,18 @@ def _data_scope(run: Run) -> str:
 
 
 def _runs_carrying(
-    *, tenant: Tenant, user: AbstractBaseUser, item_id: str, statuses: Iterable[str]
+    *, tenant: Tenant, user: AbstractBaseUser, item_ids: Iterable[str], statuses: Iterable[str]
 ) -> list[Any]:
-    """The ids of the user's runs in `tenant` in one of `statuses` whose copy has the item,
-    in primary-key order (the order they are locked in)."""
+    """The ids of the user's runs in `tenant` in one of `statuses` whose copy has one of
+    the items, in primary-key order (the order they are locked in)."""
+    item_ids = set(item_ids)
     return [
         pk
         for pk, memory in Run.objects.filter(tenant=tenant, actor=user, status__in=statuses)
         .order_by("pk")
         .values_list("pk", "state__memory")
         if isinstance(memory, list)
-        and any(isinstance(entry, dict) and entry.get("id") == item_id for entry in memory)
+        and any(isinstance(entry, dict) and entry.get("id") in item_ids for entry in memory)
     ]
 
 
@@ -312,15 +310,21 @@ def _copy_leveled(
 
 def memories_kept(run: Run) -> dict[str, Any]:
     """The state of `run` (its copy as `memory_retrieve` made it) without the items the
-    user has deleted since, and with those the user raised at their new level (leaving the
-    copy above the run's data scope), for the step that saves the run: the items stay
-    locked until it commits, so that a change either committed before (and is followed
-    here) or waits for the step's save (and then reaches the run itself)."""
+    user has deleted since or that outlived their TTL, and with those the user raised at
+    their new level (leaving the copy above the run's data scope), for the step that saves
+    the run: the items stay locked until it commits, so that a change either committed
+    before (and is followed here) or waits for the step's save (and then reaches the run
+    itself)."""
     if not run.state.get("memory"):
         return run.state
     ids = {entry.get("id") for entry in run.state["memory"] if isinstance(entry, dict)}
     kept = (
-        MemoryItem.objects.filter(tenant_id=run.tenant_id, user_id=run.actor_id, pk__in=ids)
+        MemoryItem.objects.filter(
+            tenant_id=run.tenant_id,
+            user_id=run.actor_id,
+            pk__in=ids,
+            expires_at__gt=timezone.now(),
+        )
         .select_for_update(no_key=True)
         .order_by("pk")
     )
@@ -366,6 +370,24 @@ def memory_retrieve(
 
 
 def memories_expire() -> int:
-    """Remove what outlived its TTL."""
-    deleted, _ = MemoryItem.objects.filter(expires_at__lte=timezone.now()).delete()
-    return deleted
+    """Remove what outlived its TTL, and drop it from the copy its user's unfinished runs
+    carry, as a deletion does (`_copies_follow`). Writes about one user take turns with
+    `memory_write`, which may renew an expired item: one renewed meanwhile stays."""
+    removed = 0
+    for tenant_id, user_id in (
+        MemoryItem.objects.filter(expires_at__lte=timezone.now())
+        .order_by("tenant_id", "user_id")
+        .values_list("tenant_id", "user_id")
+        .distinct()
+    ):
+        with transaction.atomic():
+            user = get_user_model().objects.select_for_update(no_key=True).get(pk=user_id)
+            tenant = Tenant.objects.get(pk=tenant_id)
+            expired = memories_of(tenant=tenant, user=user).filter(expires_at__lte=timezone.now())
+            removed += _copies_follow(
+                tenant=tenant,
+                user=user,
+                levels={str(pk): None for pk in expired.values_list("pk", flat=True)},
+                change=lambda expired=expired: expired.delete()[0],
+            )
+    return removed

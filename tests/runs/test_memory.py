@@ -1031,3 +1031,51 @@ def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next
     state = Run.objects.get(pk=run.pk).state
     assert [entry["key"] for entry in state["memory"]] == ["summary_language"]
     assert state["memory_masked"] == ["formal"]
+
+
+def _expire(item: MemoryItem) -> None:
+    MemoryItem.objects.filter(pk=item.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
+
+
+def test_an_expired_item_leaves_a_run_waiting_for_approval_masked_and_its_event_log_stays(
+    demo, fake_model, client, settings
+):
+    # given alice's run waiting for approval, carrying her confidential item (which its
+    # model wrote into the draft) and an internal one
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    item = keep_confidential(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+    logged = _events_of(run)
+
+    # when the confidential item outlives its TTL and the sweep removes it
+    _expire(item)
+    assert memories_expire() == 1
+
+    # then the run no longer carries it, and its event log is as it was
+    assert _memory_of(run) == ["summary_language"]
+    assert Run.objects.get(pk=run.pk).status == "WAITING_APPROVAL"
+    assert _events_of(run) == logged
+    # and carol, an auditor without clearance, still reads the value nowhere
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(Run.objects.get(pk=run.pk), client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if CODENAME in text] == []
+
+
+def test_an_item_that_expired_between_steps_leaves_the_run_at_its_next_save(demo):
+    # given a run between its steps, carrying two items, one of which expires before the
+    # hourly sweep removes it
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    _expire(tone)
+
+    # when the run takes its next step
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # then the step's save left the expired item out
+    assert _memory_of(run) == ["summary_language"]
