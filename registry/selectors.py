@@ -395,10 +395,14 @@ OWN_BEFORE_PLATFORM = (F("tenant_id").asc(nulls_last=True), "namespace")
 
 def _version_matches(version: semver.Version, wanted: str) -> bool:
     """Whether `version` is what `wanted` names: a whole version is the one of its precedence
-    (its build metadata, when given, too), `2` or `2.1` any of that major or minor."""
+    (its build metadata, when given, too), `2` or `2.1` any release of that major or minor.
+    A pre-release is never in a range (semver's rule, as npm and pip apply it): published to
+    be tried, it is pinned only by naming it whole."""
     if semver.Version.is_valid(wanted):
         named = semver.Version.parse(wanted)
         return version.compare(named) == 0 and named.build in (None, version.build)
+    if version.prerelease is not None:
+        return False
     prefix = [int(part) for part in wanted.split(".") if part]
     return list(version.to_tuple()[: len(prefix)]) == prefix
 

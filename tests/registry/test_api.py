@@ -1449,6 +1449,44 @@ def test_skill_create_pins_the_highest_published_version_of_a_major(
 
 @pytest.mark.parametrize(
     ("reference", "pinned"),
+    [("project_search@2", "2.0.0"), ("project_search@2.1.0-rc.1", "2.1.0-rc.1")],
+)
+def test_a_range_pin_never_pins_a_pre_release(api, publisher, make_tool_version, reference, pinned):
+    # given project_search 2.0.0 published, then 2.1.0-rc.1 published (and made current)
+    _publish_tool(make_tool_version, publisher, version="2.0.0")
+    _publish_tool(make_tool_version, publisher, version="2.1.0-rc.1")
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=[reference]), format="json"
+    )
+
+    # then a major pins its highest release; only a pin naming the pre-release whole pins it
+    assert response.status_code == 201, response.json()
+    assert [pin["version"] for pin in response.json()["tool_dependencies"]] == [pinned]
+
+
+def test_a_range_pin_matching_only_a_pre_release_is_refused(api, publisher, make_tool_version):
+    # given project_search 2.0.0 and 2.1.0-rc.1 published: 2.1 has no release yet
+    _publish_tool(make_tool_version, publisher, version="2.0.0")
+    _publish_tool(make_tool_version, publisher, version="2.1.0-rc.1")
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=["project_search@2.1"]), format="json"
+    )
+
+    # then the pin is refused, not bound to the release candidate
+    assert response.status_code == 400, response.json()
+    assert _error(response)["details"] == {
+        "tool_dependencies": [
+            "No published version of acme/core/project_search matches 'project_search@2.1'."
+        ]
+    }
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize(
+    ("reference", "pinned"),
     [
         ("project_search@2.1.0", "2.1.0+build.7"),
         ("project_search@2.1.0+build.7", "2.1.0+build.7"),
