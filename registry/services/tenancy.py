@@ -164,7 +164,9 @@ def definition_grant(
     """Grant (or withdraw) a tenant the use of a platform-wide tool or skill. A skill granted
     anew is given to the tenant's agents that reach it, so it is held to its release gate with
     their models (`grant_release_gate_check`), or granted over it with a written reason, kept
-    as a ReleaseOverride and in the skill's history. A withdrawal gives it to no one."""
+    as a ReleaseOverride and in the skill's history. A withdrawal gives it to no one. Each
+    grant and withdrawal that changes who may use it is in the definition's history, as every
+    other registry change is; one that changes nothing is not."""
     if not actor.is_superuser:
         raise PermissionDenied("Only platform admins grant platform-wide definitions.")
     if definition.tenant_id is not None:
@@ -172,33 +174,31 @@ def definition_grant(
             "Only platform-wide definitions are granted; this one belongs to a tenant.",
             details={"definition": [str(definition)]},
         )
-    permission = f"registry.use_{definition._meta.model_name}"
-    if not granted:
-        remove_perm(permission, tenant.grant_group, definition)
-        return
-    if not isinstance(definition, Skill):
-        assign_perm(permission, tenant.grant_group, definition)
-        return
+    codename = f"use_{definition._meta.model_name}"
     with transaction.atomic():
-        # The skill is held as a publish or a rollback holds it, until it is granted: the
-        # version checked is the one its agents are given.
-        skill = Skill.objects.select_for_update().get(pk=definition.pk)
-        if "use_skill" in get_group_perms(tenant.grant_group, skill):
+        # Held as a publish or a rollback holds it, until it is granted or withdrawn: the
+        # version a skill's gate checks is the one its agents are given, and the history
+        # record is of the row as it is, not as the caller read it.
+        locked = type(definition).objects.select_for_update().get(pk=definition.pk)
+        if (codename in get_group_perms(tenant.grant_group, locked)) == granted:
             return
-        assign_perm(permission, tenant.grant_group, skill)
-        overridden = grant_release_gate_check(
-            skill=skill, tenant=tenant, actor=actor, override_reason=override_reason
-        )
-        for version, failures in overridden:
-            release_override_record(
-                skill_version=version, actor=actor, reason=override_reason, failures=failures
+        if not granted:
+            remove_perm(f"registry.{codename}", tenant.grant_group, locked)
+            audited_save(locked, actor=actor, reason=f"withdrawn from {tenant.slug}")
+            return
+        assign_perm(f"registry.{codename}", tenant.grant_group, locked)
+        reason = f"granted to {tenant.slug}"
+        if isinstance(locked, Skill):
+            overridden = grant_release_gate_check(
+                skill=locked, tenant=tenant, actor=actor, override_reason=override_reason
             )
-        if overridden:
-            audited_save(
-                skill,
-                actor=actor,
-                reason=f"granted to {tenant.slug} over its release gate: {override_reason.strip()}",
-            )
+            for version, failures in overridden:
+                release_override_record(
+                    skill_version=version, actor=actor, reason=override_reason, failures=failures
+                )
+            if overridden:
+                reason += f" over its release gate: {override_reason.strip()}"
+        audited_save(locked, actor=actor, reason=reason)
 
 
 def api_token_issue(

@@ -186,6 +186,36 @@ def test_the_migration_names_the_grant_groups_of_tenants_renamed_before_by_their
     assert list(definitions_visible(model=Tool, tenant=initrode)) == [platform_tool]
 
 
+@pytest.mark.parametrize("model", [Tool, Skill])
+def test_a_grant_and_its_withdrawal_are_in_the_definitions_history(
+    model, platform_admin, acme, globex
+):
+    definition = model.objects.create(tenant=None, name="triage")
+    before = definition.history.count()
+
+    # when a platform admin grants it to acme (twice), to globex, then withdraws acme's (twice)
+    for tenant, granted in (
+        (acme, True),
+        (acme, True),
+        (globex, True),
+        (acme, False),
+        (acme, False),
+    ):
+        definition_grant(
+            actor=platform_admin, definition=definition, tenant=tenant, granted=granted
+        )
+
+    # then each change of who may use it is recorded once, with who made it; a repeat is none
+    records = definition.history.order_by("history_date")[before:]
+    assert [(r.history_user, r.history_change_reason) for r in records] == [
+        (platform_admin, "granted to acme"),
+        (platform_admin, "granted to globex"),
+        (platform_admin, "withdrawn from acme"),
+    ]
+    assert not definitions_visible(model=model, tenant=acme).exists()
+    assert list(definitions_visible(model=model, tenant=globex)) == [definition]
+
+
 @pytest.fixture
 def acme_skills(acme, globex, platform_admin):
     """acme's own skill, a platform skill granted to acme, one granted to globex only, and
