@@ -42,7 +42,7 @@ from registry.choices import (
     SkillAssembly,
     VersionStatus,
 )
-from registry.errors import NotFound
+from registry.errors import NotFound, ValidationFailed
 from registry.generation import generation_sql, registry_cached
 from registry.models import (
     AgentConfig,
@@ -388,8 +388,8 @@ def version_diff(old: DefinitionVersion, new: DefinitionVersion) -> list[FieldDi
 
 
 # Of two definitions of one name a tenant may use, its own before the platform's, then by
-# namespace: the one a pin resolves to, a workflow node loads, an agent bound to both is
-# routed to, or a tie in recall goes to.
+# namespace: the one a workflow node loads, an agent bound to both is routed to, or a tie in
+# recall goes to.
 OWN_BEFORE_PLATFORM = (F("tenant_id").asc(nulls_last=True), "namespace")
 
 
@@ -410,26 +410,37 @@ def _version_matches(version: semver.Version, wanted: str) -> bool:
 def tool_version_resolve(*, tenant: Tenant | None, reference: str) -> ToolVersion:
     """The highest published version matching `name@2`, `name@2.1` or `name@2.1.0` of the one
     tool of that name `tenant` may use (platform-wide only, when `tenant` is None): its own
-    before the platform's, then by namespace, as skills are recalled (`skills_recall`). A
-    tenant's tool with a published version shadows the platform's of the same name: a run
-    knows its tools by name (two pins of one name conflict), so a skill never pins the one
-    the tenant's hides. A tool with drafts only hides nothing: no run can have it."""
-    name, _, wanted = reference.partition("@")
+    before the platform's. A tenant's tool with a published version shadows the platform's of
+    the same name: a run knows its tools by name (two pins of one name conflict), so a skill
+    never pins the one the tenant's hides. A tool with drafts only hides nothing: no run can
+    have it. Of one owner's tools of that name in several namespaces, the pin names one
+    (`beta/name@2`); one that does not is refused, naming them, rather than given either."""
+    qualified, _, wanted = reference.partition("@")
+    namespace, _, name = qualified.rpartition("/")
     tools = (
         definitions_visible(model=Tool, tenant=tenant)
         if tenant is not None
         else Tool.objects.filter(tenant__isnull=True)
     )
+    if namespace:
+        tools = tools.filter(namespace=namespace)
     published = ToolVersion.objects.filter(tool=OuterRef("pk"), status=VersionStatus.PUBLISHED)
-    tool = (
+    named = list(
         tools.filter(Exists(published), name=name)
         .select_related("tenant")
         .order_by(*OWN_BEFORE_PLATFORM)
-        .first()
     )
-    if tool is None:
+    if not named:
         raise NotFound(
             f"No published tool version matches '{reference}'.", details={"reference": reference}
+        )
+    tool = named[0]
+    alike = [other for other in named if other.tenant_id == tool.tenant_id]
+    if len(alike) > 1:
+        raise ValidationFailed(
+            f"'{reference}' names tools of several namespaces: "
+            f"{', '.join(map(str, alike))}; pin one as namespace/name@version.",
+            details={"reference": reference, "candidates": [str(other) for other in alike]},
         )
     candidates = [
         version

@@ -36,12 +36,14 @@ from registry.services.skills import SKILL_CONTENT_FIELDS
 from registry.services.tools import TOOL_CONTENT_FIELDS
 from runs.workflows import WORKFLOWS
 
-# A pinned tool: its name and its major version, major.minor, or a whole version.
+# A pinned tool: its name, in a namespace when it says so, and its major version,
+# major.minor, or a whole version.
 TOOL_REFERENCE_VALIDATOR = RegexValidator(
-    r"^[a-z][a-z0-9_]{0,63}@(?:(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))?|"
+    r"^(?:[a-z][a-z0-9_.-]{0,62}/)?[a-z][a-z0-9_]{0,63}@(?:(0|[1-9][0-9]*)(\.(0|[1-9][0-9]*))?|"
     + SEMVER_PATTERN.removeprefix("^").removesuffix("$")
     + r")\Z",
-    'A pinned tool is written "name@version": project_search@2, @2.1 or @2.1.0.',
+    'A pinned tool is written "name@version" or "namespace/name@version": '
+    "project_search@2, @2.1 or @2.1.0.",
 )
 
 
@@ -212,10 +214,11 @@ class SkillVersionCreateSerializer(StrictSerializer):
     triggers = DocumentField(document_schema=TRIGGERS_SCHEMA)
     required_inputs = DocumentField(document_schema=REQUIRED_INPUTS_SCHEMA, required=False)
     tool_dependencies = serializers.ListField(
-        child=StrictCharField(max_length=140, validators=[TOOL_REFERENCE_VALIDATOR]),
+        child=StrictCharField(max_length=200, validators=[TOOL_REFERENCE_VALIDATOR]),
         required=False,
         max_length=MAX_TOOL_DEPENDENCIES,
-        help_text='Pinned tools as "name@version", e.g. "project_search@2".',
+        help_text='Pinned tools as "name@version", e.g. "project_search@2"; as '
+        '"namespace/name@version" where the name is taken in several namespaces.',
     )
     rules = DocumentField(document_schema=SKILL_RULES_SCHEMA, required=False)
     examples = DocumentField(document_schema=EXAMPLES_SCHEMA, required=False)

@@ -225,7 +225,7 @@ class SkillVersionViewSet(VersionViewSet):
                 selectors.tool_version_resolve(tenant=tenant, reference=reference)
                 for reference in references
             ]
-        except NotFound as error:
+        except (NotFound, ValidationFailed) as error:
             raise ValidationFailed(
                 error.message, details={"tool_dependencies": [error.message]}
             ) from error

@@ -1166,7 +1166,15 @@ def test_a_limit_s_whole_number_written_as_a_decimal_is_refused(
 
 
 @pytest.mark.parametrize(
-    "reference", ["project_search", "project_search@", "project_search@2..1", "project_search@02"]
+    "reference",
+    [
+        "project_search",
+        "project_search@",
+        "project_search@2..1",
+        "project_search@02",
+        "/project_search@2",
+        "Core/project_search@2",
+    ],
 )
 def test_a_pinned_tool_without_a_well_formed_version_is_refused(api, publisher, reference):
     # (before, these pinned the highest version of some prefix: no version, or 2.1 for "2..1")
@@ -1177,7 +1185,10 @@ def test_a_pinned_tool_without_a_well_formed_version_is_refused(api, publisher, 
     assert response.status_code == 400, response.content
     assert _error(response)["details"] == {
         "tool_dependencies": {
-            "0": ['A pinned tool is written "name@version": project_search@2, @2.1 or @2.1.0.']
+            "0": [
+                'A pinned tool is written "name@version" or "namespace/name@version": '
+                "project_search@2, @2.1 or @2.1.0."
+            ]
         }
     }
     assert SkillVersion.objects.count() == 0
@@ -1463,6 +1474,50 @@ def test_a_range_pin_never_pins_a_pre_release(api, publisher, make_tool_version,
     # then a major pins its highest release; only a pin naming the pre-release whole pins it
     assert response.status_code == 201, response.json()
     assert [pin["version"] for pin in response.json()["tool_dependencies"]] == [pinned]
+
+
+def test_a_pin_naming_a_tool_of_two_namespaces_is_refused_naming_both(
+    api, publisher, make_tool_version
+):
+    # given acme's web_fetch published in the core and the beta namespaces
+    for namespace in ("core", "beta"):
+        _publish_tool(make_tool_version, publisher, name="web_fetch", namespace=namespace)
+    before = _registry_state()
+
+    response = api.as_user(publisher).post(
+        SKILLS, _create_body("skills", tool_dependencies=["web_fetch@1"]), format="json"
+    )
+
+    # then neither is pinned behind the publisher's back: the pin must name its namespace
+    assert response.status_code == 400, response.json()
+    message = (
+        "'web_fetch@1' names tools of several namespaces: acme/beta/web_fetch, "
+        "acme/core/web_fetch; pin one as namespace/name@version."
+    )
+    assert _error(response)["message"] == message
+    assert _error(response)["details"] == {"tool_dependencies": [message]}
+    assert _registry_state() == before
+
+
+@pytest.mark.parametrize("namespace", ["core", "beta"])
+def test_a_pin_names_the_namespace_of_its_tool(api, publisher, make_tool_version, namespace):
+    # given acme's web_fetch published in the core and the beta namespaces
+    published = {
+        name: _publish_tool(make_tool_version, publisher, name="web_fetch", namespace=name)
+        for name in ("core", "beta")
+    }
+
+    response = api.as_user(publisher).post(
+        SKILLS,
+        _create_body("skills", tool_dependencies=[f"{namespace}/web_fetch@1"]),
+        format="json",
+    )
+
+    # then the tool of that namespace is pinned
+    assert response.status_code == 201, response.json()
+    assert [pin["id"] for pin in response.json()["tool_dependencies"]] == [
+        str(published[namespace].pk)
+    ]
 
 
 def test_a_range_pin_matching_only_a_pre_release_is_refused(api, publisher, make_tool_version):
