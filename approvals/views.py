@@ -54,15 +54,18 @@ def _action_page(
 ) -> HttpResponse:
     """The action, with when an approval of it must have started its send. Its payload is
     shown with its hidden characters spelled out: raw, a right-to-left override or a
-    zero-width character would show the approver other text than the one sent. The tool
+    zero-width character would show the approver other text than the one sent. The page
+    says so when it spelled out any, in the payload or in the approver's comment. The tool
     versions are listed as pairs by name: a template would read a tool named `items` for the
     mapping's own items()."""
     shown = jsontext.strings_mapped(action.payload, visible)
+    decision = getattr(action, "decision", None)
+    comment = decision.comment if decision else ""
     context = {
         "action": action,
         "shown": shown,
         "tool_versions": sorted(shown["tool_versions"].items()),
-        "hidden_characters_spelled_out": shown != action.payload,
+        "hidden_characters_spelled_out": shown != action.payload or visible(comment) != comment,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),
         "can_decide": services.approval_may_decide(action=action, approver=request.user),
@@ -111,13 +114,15 @@ def _handoff_or_404(request: HttpRequest, handoff_id) -> Handoff:
 
 def _handoff_context(request: HttpRequest, handoff: Handoff) -> dict:
     """The request with its hidden characters spelled out, as an action's payload is shown
-    (`_action_page`): raw, they would show the person another request than the one made."""
+    (`_action_page`): raw, they would show the person another request than the one made. The
+    page says so when it spelled out any, in the request or in the handler's note."""
     can_handle = services.handoff_may_handle(handoff=handoff, person=request.user)
     shown = visible(handoff.request)
     return {
         "handoff": handoff,
         "request_shown": shown,
-        "hidden_characters_spelled_out": shown != handoff.request,
+        "hidden_characters_spelled_out": shown != handoff.request
+        or visible(handoff.note) != handoff.note,
         "can_handle": can_handle,
         "form": HandoffForm(),
     }

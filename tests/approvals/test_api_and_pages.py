@@ -515,9 +515,11 @@ def test_the_action_page_spells_out_the_hidden_characters_of_the_approver_s_comm
     # when the page shows the decision
     html = client.get(f"/approvals/{action.pk}/").content.decode()
 
-    # then he reads each hidden character of the comment by its code point, none of them raw
+    # then he reads each hidden character of the comment by its code point, none of them raw,
+    # and the page says so, though the payload holds none
     assert ": Not this week; ask &lt;U+202E&gt;moc.live@ab&lt;U+202C&gt; first.</dd>" in html
     assert not {"\u202e", "\u202c"} & set(html)
+    assert "spelled out above as &lt;U+XXXX&gt;" in html
     assert ApprovalDecision.objects.get(action=action).comment == comment
 
 

@@ -234,9 +234,11 @@ def test_the_page_spells_out_the_hidden_characters_of_the_handler_s_note(demo, b
     # when the page shows the outcome
     page = client.get(f"/approvals/handoffs/{handoff.pk}/").content.decode()
 
-    # then he reads each hidden character of the note by its code point, none of them raw
+    # then he reads each hidden character of the note by its code point, none of them raw,
+    # and the page says so, though the request holds none
     assert escape(": Not for us; ask <U+202E>moc.live@ab<U+202C> instead.") in page
     assert "\u202e" not in page and "\u202c" not in page
+    assert "spelled out above as &lt;U+XXXX&gt;" in page
     assert Handoff.objects.get(pk=handoff.pk).note == note
 
 
