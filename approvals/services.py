@@ -34,6 +34,7 @@ from examples.models import DirectoryRecord
 from examples.selectors import project_for_actor
 from registry.canonical import canonical_hash
 from registry.choices import Action, AdapterKind, VersionStatus
+from registry.mcp.review import visible
 from registry.models import Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import (
     mcp_drift,
@@ -393,11 +394,13 @@ def _decision_record(
             payload_hash=action.payload_hash,
             comment=comment,
         )
+        saying = f', saying "{visible(comment)}"' if comment else " without a comment"
         run_finish(
             run=run,
             status=RunStatus.CANCELLED,
             reason_code="APPROVAL_REJECTED",
             output={"action_id": str(action.pk), "comment": comment},
+            why=f"Nothing was sent: {approver.get_username()} turned the draft down{saying}.",
         )
     return record
 
@@ -973,11 +976,43 @@ def actions_expire() -> int:
     return expired
 
 
+# What changed, said to the run's user, by the reason an approval no longer holds
+# (`_revalidation_problems`).
+INVALIDATION_REASONS = {
+    "APPROVAL_STALE": "the send could not start before the approval ran out",
+    "POLICY_REMOVED": "the approval policy was removed",
+    "POLICY_CHANGED": "the approval policy changed",
+    "SELF_APPROVAL_NOT_ALLOWED": "the policy no longer lets requesters approve their own",
+    "APPROVER_NO_LONGER_AUTHORISED": "the approver may no longer approve it",
+    REQUESTER_NO_LONGER_AUTHORISED: "its requester may no longer start runs in the tenant",
+    "PAYLOAD_HASH_CHANGED": "the draft is no longer the one approved",
+    "PROJECT_ACCESS_DENIED": "its requester may no longer read the project",
+    "DIRECTORY_RECORD_CHANGED": "the recipient's directory record changed",
+    "SKILL_VERSION_NOT_AVAILABLE": "a skill or tool version it used may no longer be used",
+    "TOOL_VERSION_NOT_AVAILABLE": "a skill or tool version it used may no longer be used",
+    "TOOL_DEFINITION_CHANGED": "the send tool's server no longer offers the definition "
+    "that was reviewed",
+}
+
+
+def _invalidation_why(action: BusinessAction, reasons: list[str], versions: list[str]) -> str:
+    """What changed, for the run's user: each reason once, in words, with the versions."""
+    changes = "; ".join(dict.fromkeys(INVALIDATION_REASONS.get(r, r) for r in reasons))
+    if versions:
+        changes += f" ({', '.join(versions)})"
+    if action.decided_at is None:
+        return f"Nothing was sent: the draft could no longer be approved, because {changes}."
+    return (
+        f"Nothing was sent: the approval no longer held when the send was due, because {changes}."
+    )
+
+
 def _approval_invalidate(
     run: Run, action: BusinessAction, *, reasons: list[str], versions: list[str]
 ) -> None:
     """The action will not be sent, for `reasons` (the first is its reason), naming the
-    `versions` they concern; its run ends FAILED_FINAL APPROVAL_INVALIDATED."""
+    `versions` they concern; its run ends FAILED_FINAL APPROVAL_INVALIDATED, saying what
+    changed."""
     _transition(action, ActionStatus.INVALIDATED, reason=reasons[0])
     events.approval_invalidated(run, action_id=str(action.pk), reasons=reasons, versions=versions)
     run_finish(
@@ -985,6 +1020,7 @@ def _approval_invalidate(
         status=RunStatus.FAILED_FINAL,
         reason_code="APPROVAL_INVALIDATED",
         output={"reasons": reasons} | ({"versions": versions} if versions else {}),
+        why=_invalidation_why(action, reasons, versions),
     )
 
 

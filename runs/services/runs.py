@@ -72,6 +72,10 @@ REASON_NEXT_STEPS = {
     (RunStatus.CANCELLED, "APPROVAL_EXPIRED"): "Nothing was sent: no approver decided in "
     "time. Send the message again with a new Idempotency-Key; its new draft needs a new "
     "approval.",
+    (RunStatus.CANCELLED, "APPROVAL_REJECTED"): "Change the request as needed and send the "
+    "message again with a new Idempotency-Key; its new draft needs a new approval.",
+    (RunStatus.FAILED_FINAL, "APPROVAL_INVALIDATED"): "Send the message again with a new "
+    "Idempotency-Key; its new draft is made with what holds now and needs a new approval.",
 }
 # A scheduled task's run: no message in its session changes the task it runs for, and it
 # has no message to send again; its next occurrence is its next try.
@@ -83,6 +87,10 @@ TASK_NEXT_STEPS = {
     "occurrence tries again; its new draft needs a new approval.",
     (RunStatus.CANCELLED, "APPROVAL_EXPIRED"): "Nothing was sent: no approver decided in "
     "time. The task's next occurrence tries again; its new draft needs a new approval.",
+    (RunStatus.CANCELLED, "APPROVAL_REJECTED"): "Change the task as needed; its next "
+    "occurrence drafts again, and its new draft needs a new approval.",
+    (RunStatus.FAILED_FINAL, "APPROVAL_INVALIDATED"): "The task's next occurrence drafts "
+    "again with what holds then; its new draft needs a new approval.",
 }
 
 
@@ -105,10 +113,13 @@ def run_finish(
     output: dict | None = None,
     question: str = "",
     actions: list[dict] | None = None,
+    why: str = "",
     save: bool = True,
 ) -> Run:
     """End a locked run with the structured result every run ends with: status, reason code,
-    actions executed, displayable sources, the output and the next step for the user."""
+    actions executed, displayable sources, the output and the next step for the user. `why`
+    comes first in the next step where the reason code does not say it all (who turned a
+    draft down and with what comment, what changed since an approval)."""
     run.result = {
         "status": str(status),
         "reason_code": reason_code,
@@ -122,7 +133,7 @@ def run_finish(
         ],
         "output": output or {},
         "question": question,
-        "next_step": _next_step(run, status, reason_code),
+        "next_step": " ".join(filter(None, [why, _next_step(run, status, reason_code)])),
         "model": run.capability.get("model", {}),
     }
     if save:

@@ -198,6 +198,34 @@ def test_a_rejection_cancels_the_run_with_the_comment(demo, bob, smtp_server):
     assert smtp_server.messages == []
 
 
+def test_a_rejected_run_tells_its_user_who_turned_it_down_why_and_to_ask_again(demo, bob):
+    # given bob rejecting alice's draft with a comment holding a right-to-left override
+    run, action = waiting_run(demo)
+
+    approve(action, bob, decision=Decision.REJECT, comment="Wrong week; ask \u202emoc.live@ab.")
+
+    # then her result says nothing was sent, who turned it down with what comment (its
+    # hidden character spelled out), and what she can do; not that nothing is left to do
+    run = Run.objects.get(pk=run.pk)
+    assert run.result["next_step"] == (
+        'Nothing was sent: bob turned the draft down, saying "Wrong week; ask '
+        '<U+202E>moc.live@ab.". Change the request as needed and send the message again with '
+        "a new Idempotency-Key; its new draft needs a new approval."
+    )
+
+
+def test_a_rejection_without_a_comment_says_so_in_the_next_step(demo, bob):
+    run, action = waiting_run(demo)
+
+    approve(action, bob, decision=Decision.REJECT)
+
+    assert Run.objects.get(pk=run.pk).result["next_step"] == (
+        "Nothing was sent: bob turned the draft down without a comment. Change the request "
+        "as needed and send the message again with a new Idempotency-Key; its new draft needs "
+        "a new approval."
+    )
+
+
 def test_a_credential_pasted_into_a_comment_is_not_kept(demo, bob):
     run, action = waiting_run(demo)
 
@@ -266,6 +294,31 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
 
     assert_invalidated(run, "DIRECTORY_RECORD_CHANGED")
     assert smtp_server.messages == []
+
+
+def test_an_invalidated_run_tells_its_user_what_changed_and_to_ask_again(demo, bob, smtp_server):
+    # given an approved draft whose recipient's directory record and skill version changed
+    # before the send
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    DirectoryRecord.objects.filter(record_id="dir-1001").update(version=4)
+    skill_version_revoke(
+        skill_version=SkillVersion.objects.get(pk=action.skill_version_id),
+        actor=demo.admin,
+        reason="Leaks data.",
+    )
+
+    services.action_execute(action_id=action.pk)
+
+    # then alice reads what changed and what to do, not to report a reason code
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    assert run.result["next_step"] == (
+        "Nothing was sent: the approval no longer held when the send was due, because the "
+        "recipient's directory record changed; a skill or tool version it used may no longer "
+        "be used (weekly-summary@3.2.0). Send the message again with a new Idempotency-Key; "
+        "its new draft is made with what holds now and needs a new approval."
+    )
 
 
 def test_a_requester_who_lost_the_project_before_the_resume_sends_nothing(demo, bob, smtp_server):

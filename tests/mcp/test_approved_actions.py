@@ -261,6 +261,12 @@ def test_a_waiting_approval_leaves_the_queue_once_its_tool_s_definition_changed(
     invalidated = events_of(run, "approval.invalidated")[0]
     assert invalidated["reasons"] == ["TOOL_DEFINITION_CHANGED"]
     assert invalidated["versions"] == [version.qualified_name]
+    assert run.result["next_step"] == (
+        "Nothing was sent: the draft could no longer be approved, because the send tool's "
+        f"server no longer offers the definition that was reviewed ({version.qualified_name}). "
+        "Send the message again with a new Idempotency-Key; its new draft is made with what "
+        "holds now and needs a new approval."
+    )
     with pytest.raises(AlreadyDecided):
         services.approval_decide(
             action_id=action.pk,

@@ -721,6 +721,48 @@ def test_a_task_s_approval_that_expired_tells_its_owner_the_next_occurrence_trie
     )
 
 
+def test_a_task_s_rejected_draft_tells_its_owner_why_and_that_the_next_occurrence_tries_again(
+    demo, bob
+):
+    # given a task fired now, its run waiting for approval of its mail
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    action = BusinessAction.objects.get(run_id=occurrence.run_id)
+
+    # when bob turns the draft down
+    approvals.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.REJECT,
+        payload_hash=action.payload_hash,
+        comment="Wrong week.",
+    )
+
+    # then its owner is told who turned it down, why, and that the next occurrence drafts anew
+    run = refreshed(occurrence).run
+    assert (run.status, run.reason_code) == (RunStatus.CANCELLED, "APPROVAL_REJECTED")
+    assert run.result["next_step"] == (
+        'Nothing was sent: bob turned the draft down, saying "Wrong week.". Change the task '
+        "as needed; its next occurrence drafts again, and its new draft needs a new approval."
+    )
+
+
+def test_a_task_s_invalidated_approval_tells_its_owner_the_next_occurrence_tries_again(demo, bob):
+    # given a task's approved mail whose recipient's directory record changed before the send
+    occurrence, action = fired_and_approved(demo, bob)
+    DirectoryRecord.objects.filter(record_id="dir-1001").update(version=4)
+
+    approvals.action_execute(action_id=action.pk)
+
+    run = refreshed(occurrence).run
+    assert (run.status, run.reason_code) == (RunStatus.FAILED_FINAL, "APPROVAL_INVALIDATED")
+    assert run.result["next_step"] == (
+        "Nothing was sent: the approval no longer held when the send was due, because the "
+        "recipient's directory record changed. The task's next occurrence drafts again with "
+        "what holds then; its new draft needs a new approval."
+    )
+
+
 def test_an_approval_given_before_the_deadline_but_not_yet_executed_sends_nothing_after_it(
     demo, bob, smtp_server
 ):
