@@ -1046,9 +1046,10 @@ def actions_invalidate_drifted() -> int:
             if locked is None or locked[1].status != ActionStatus.WAITING_APPROVAL:
                 continue
             run, action = locked
-            # Read again with the action locked: a server that serves the reviewed definition
-            # again, and a call that recorded it, undo the drift.
-            if _run_ended(run, action) or not mcp_drift([send_tool]):
+            # A cancel accepted before the sweep came round stands over the drift. Read again
+            # with the action locked: a server that serves the reviewed definition again, and
+            # a call that recorded it, undo the drift.
+            if _cancel_taken_in(run) or _run_ended(run, action) or not mcp_drift([send_tool]):
                 continue
             _approval_invalidate(
                 run,

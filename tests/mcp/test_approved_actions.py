@@ -19,10 +19,10 @@ from registry.models.skills import SKILL_CONTENT_FIELDS
 from registry.selectors import mcp_drift
 from registry.services import skills, tools
 from registry.services.mcp import mcp_server_discover, mcp_server_save
-from runs.models import Run, ToolCall
+from runs.models import CancelRequest, Run, ToolCall
 from tests.approvals.conftest import waiting_run
 from tests.mcp.conftest import draft_of
-from tests.runs.conftest import events_of
+from tests.runs.conftest import event_types, events_of
 
 pytestmark = pytest.mark.django_db
 
@@ -276,6 +276,32 @@ def test_a_waiting_approval_leaves_the_queue_once_its_tool_s_definition_changed(
         )
     assert calls_of(mailer) == []
     assert tasks.actions_sweep()["invalidated"] == 0
+
+
+def test_a_cancel_made_before_the_drift_sweep_ends_the_run_as_the_user_asked(demo, mailer):
+    # given an action waiting for approval whose user cancelled it while a decision held the
+    # run (the cancel waits beside it), and its send tool changed on the server since
+    mcp_send_pinned(demo, mailer)
+    run, action = waiting_run(demo)
+    CancelRequest.objects.create(run_id=run.pk, reason="CANCELLED_BY_USER", requested_by=demo.alice)
+    mailer.serve(CHANGED)
+    mcp_server_discover(server=mailer, actor=None)
+
+    # when the sweep comes round
+    tasks.actions_sweep()
+
+    # then the run ends as its user was told it would, not as failed for the change
+    run = Run.objects.get(pk=run.pk)
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (run.status, run.reason_code, run.cancelled_by) == (
+        "CANCELLED",
+        "CANCELLED_BY_USER",
+        demo.alice,
+    )
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, "CANCELLED_BY_USER")
+    assert event_types(run)[-2:] == ["approval.invalidated", "run.finished"]
+    assert not CancelRequest.objects.filter(run=run).exists()
+    assert calls_of(mailer) == []
 
 
 def test_a_send_whose_server_cannot_be_reached_to_list_its_tools_did_nothing(demo, mailer):
