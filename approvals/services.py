@@ -1244,9 +1244,14 @@ def _handoff_resolve_locked(
     )
     if status == RunStatus.COMPLETED:
         run_transition(run=run, status=RunStatus.RUNNING, save=False)
+    why = ""
+    if status == RunStatus.REFUSED:
+        who = person.get_username()
+        why = f'Nothing was done: {who} declined the request, saying "{visible(note)}".'
     run_finish(
         run=run,
         status=status,
         reason_code=reason_code,
         output={"handoff_id": str(handoff.pk), "note": note},
+        why=why,
     )

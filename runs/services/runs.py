@@ -76,6 +76,8 @@ REASON_NEXT_STEPS = {
     "message again with a new Idempotency-Key; its new draft needs a new approval.",
     (RunStatus.FAILED_FINAL, "APPROVAL_INVALIDATED"): "Send the message again with a new "
     "Idempotency-Key; its new draft is made with what holds now and needs a new approval.",
+    (RunStatus.REFUSED, "DECLINED_BY_PERSON"): "Change the request as needed and send it "
+    "again in a new message.",
 }
 # A scheduled task's run: no message in its session changes the task it runs for, and it
 # has no message to send again; its next occurrence is its next try.
@@ -91,6 +93,8 @@ TASK_NEXT_STEPS = {
     "occurrence drafts again, and its new draft needs a new approval.",
     (RunStatus.FAILED_FINAL, "APPROVAL_INVALIDATED"): "The task's next occurrence drafts "
     "again with what holds then; its new draft needs a new approval.",
+    (RunStatus.REFUSED, "DECLINED_BY_PERSON"): "Change the task as needed; its next "
+    "occurrence asks again.",
 }
 
 

@@ -12,6 +12,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from approvals.models import Handoff
+from approvals.services import handoff_resolve
 from registry.choices import Risk, Role
 from registry.models import Membership, Policy, Tenant
 from registry.services.common import registry_object_save
@@ -174,6 +175,47 @@ def test_a_person_declines_it_on_the_page(demo, bob, handed_off):
     assert (run.status, run.reason_code) == (RunStatus.REFUSED, "DECLINED_BY_PERSON")
     assert run.result["output"]["note"] == "Ask the PMO instead."
     assert Handoff.objects.get(pk=handoff.pk).resolved_by == bob
+
+
+def test_a_declined_request_tells_its_user_who_declined_it_why_and_what_to_do(
+    demo, bob, handed_off
+):
+    # given bob declining alice's request with a note holding a right-to-left override
+    handoff = Handoff.objects.get(run=handed_off)
+
+    handoff_resolve(
+        handoff_id=handoff.pk,
+        person=bob,
+        outcome="declined",
+        note="Ask \u202eOMP the instead.",
+    )
+
+    # then her result says who declined it, with the note spelled out, and what she can do;
+    # not to ask a tenant admin for access, which she has
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.REFUSED, "DECLINED_BY_PERSON")
+    assert run.result["next_step"] == (
+        'Nothing was done: bob declined the request, saying "Ask <U+202E>OMP the instead.". '
+        "Change the request as needed and send it again in a new message."
+    )
+
+
+def test_a_task_s_declined_request_tells_its_owner_to_change_the_task(demo, bob):
+    # given a scheduled task whose run left its request to people, and bob declining it
+    policy = Policy.objects.get(agent_configs=demo.agent)
+    policy.human_queue_risks = [Risk.EXTERNAL_SIDE_EFFECT]
+    registry_object_save(instance=policy, actor=demo.admin, reason="people send mail")
+    occurrence = fired(demo)
+    run_execute(run_id=str(occurrence.run_id))
+    handoff = Handoff.objects.get(run_id=occurrence.run_id)
+
+    handoff_resolve(handoff_id=handoff.pk, person=bob, outcome="declined", note="Not weekly.")
+
+    # then its owner is told who declined it and that the task is theirs to change
+    assert refreshed(occurrence).run.result["next_step"] == (
+        'Nothing was done: bob declined the request, saying "Not weekly.". Change the task '
+        "as needed; its next occurrence asks again."
+    )
 
 
 def test_the_page_spells_out_the_hidden_characters_of_the_request(demo, bob):
