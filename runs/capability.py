@@ -279,6 +279,11 @@ def capability_resolve(
             "provider": model.provider,
             "model": model.model_name,
             "price_per_1k_input": f"{model.price_per_1k_input:.6f}",
+            "price_per_1k_cached_input": (
+                None
+                if model.price_per_1k_cached_input is None
+                else f"{model.price_per_1k_cached_input:.6f}"
+            ),
             "price_per_1k_output": f"{model.price_per_1k_output:.6f}",
         },
         "budgets": {

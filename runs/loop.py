@@ -941,36 +941,57 @@ def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfi
     return model_configs[model_id]
 
 
-def _prices(run: Run, model_config: ModelConfig) -> tuple[Decimal, Decimal]:
-    """The prices per 1k input and output tokens the run pays: those its snapshot pinned at
-    its start, whatever an admin has set on the model config since; a run started before
-    snapshots pinned them pays the config's current prices."""
+def _prices(run: Run, model_config: ModelConfig) -> tuple[Decimal, Decimal, Decimal]:
+    """The prices per 1k input, cached input and output tokens the run pays: those its
+    snapshot pinned at its start, whatever an admin has set on the model config since; a run
+    started before snapshots pinned them pays the config's current prices, and one started
+    before they pinned a cached price pays the input price for cached tokens, as it did."""
     pinned = run.capability["model"]
     if "price_per_1k_input" not in pinned:
-        return model_config.price_per_1k_input, model_config.price_per_1k_output
-    return Decimal(pinned["price_per_1k_input"]), Decimal(pinned["price_per_1k_output"])
+        per_1k_input, per_1k_cached, per_1k_output = (
+            model_config.price_per_1k_input,
+            model_config.price_per_1k_cached_input,
+            model_config.price_per_1k_output,
+        )
+    else:
+        per_1k_input, per_1k_cached, per_1k_output = (
+            Decimal(pinned["price_per_1k_input"]),
+            pinned.get("price_per_1k_cached_input"),
+            Decimal(pinned["price_per_1k_output"]),
+        )
+    return (
+        per_1k_input,
+        per_1k_input if per_1k_cached is None else Decimal(per_1k_cached),
+        per_1k_output,
+    )
 
 
-def _cost(prices: tuple[Decimal, Decimal], input_tokens: int, output_tokens: int) -> Decimal:
-    per_1k_input, per_1k_output = prices
-    return (per_1k_input * input_tokens + per_1k_output * output_tokens) / 1000
+def _cost(prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
+    """What a turn of `usage` costs: its cached input tokens at the cached price, the rest of
+    its input at the input price."""
+    per_1k_input, per_1k_cached, per_1k_output = prices
+    return (
+        per_1k_input * (usage.input_tokens - usage.cached_input_tokens)
+        + per_1k_cached * usage.cached_input_tokens
+        + per_1k_output * usage.output_tokens
+    ) / 1000
 
 
-def _spend(
-    run: Run, prices: tuple[Decimal, Decimal], input_tokens: int, output_tokens: int
-) -> Decimal:
+def _spend(run: Run, prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
     """Count a turn's tokens and cost on the run and the tenant's day; returns the cost.
     However much a provider claims, the totals stay within their columns; the budgets end
     the run long before."""
-    cost = _cost(prices, input_tokens, output_tokens)
+    cost = _cost(prices, usage)
     quotas.tenant_cost_add(quotas.payer_id(run.tenant), cost)
-    run.tokens_used = min(run.tokens_used + input_tokens + output_tokens, TOKENS_USED_MAX)
+    run.tokens_used = min(
+        run.tokens_used + usage.input_tokens + usage.output_tokens, TOKENS_USED_MAX
+    )
     run.cost = min(run.cost + cost, COST_MAX)
     return cost
 
 
 def _turn_unaffordable(
-    run: Run, prices: tuple[Decimal, Decimal], input_tokens: int, *, tokens_left: int
+    run: Run, prices: tuple[Decimal, Decimal, Decimal], input_tokens: int, *, tokens_left: int
 ) -> str | None:
     """Whether the next turn's context alone would spend what the run's token or cost budget
     has left (`tokens_left`: the tokens left once it is sent), leaving nothing for an answer
@@ -980,7 +1001,7 @@ def _turn_unaffordable(
     if tokens_left <= 0:
         return "TOKEN_BUDGET"
     budgets = run.capability["budgets"]
-    cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(prices, input_tokens, 0)
+    cost_left = Decimal(budgets["max_cost"]) - run.cost - _cost(prices, Usage(input_tokens))
     if cost_left < 0 or (cost_left == 0 and any(prices)):
         return "COST_BUDGET"
     return None
@@ -1101,7 +1122,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
                 return
             raise ModelTemporarilyUnavailable(error, run_id=str(run.pk)) from error
         usage = error.usage or Usage()
-        cost = _spend(run, prices, usage.input_tokens, usage.output_tokens)
+        cost = _spend(run, prices, usage)
         tracing.span_add(
             run,
             "model.turn",
@@ -1110,6 +1131,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             **model,
             error_category="MODEL_ERROR",
             input_tokens=usage.input_tokens,
+            cached_input_tokens=usage.cached_input_tokens,
             output_tokens=usage.output_tokens,
             cost=str(cost),
         )
@@ -1121,17 +1143,22 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         )
         return
     # A provider that reports no usage (0) is counted with the local estimate.
-    input_tokens = response.usage.input_tokens or input_estimate
-    output_tokens = response.usage.output_tokens or estimate_tokens(
-        response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
+    counted = replace(
+        response.usage,
+        input_tokens=response.usage.input_tokens or input_estimate,
+        output_tokens=response.usage.output_tokens
+        or estimate_tokens(
+            response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
+        ),
     )
-    cost = _spend(run, prices, input_tokens, output_tokens)
+    cost = _spend(run, prices, counted)
     tracing.span_add(
         run,
         "model.turn",
         started_at=model_started,
         **model,
         input_tokens=response.usage.input_tokens,
+        cached_input_tokens=response.usage.cached_input_tokens,
         output_tokens=response.usage.output_tokens,
         cost=str(cost),
         tool_calls=len(response.tool_calls),
@@ -1148,7 +1175,11 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             | ({} if call is given else {"provider_call_id": given.call_id})
             for call, given in zip(calls, response.tool_calls, strict=True)
         ],
-        usage={"input": response.usage.input_tokens, "output": response.usage.output_tokens},
+        usage={
+            "input": response.usage.input_tokens,
+            "cached_input": response.usage.cached_input_tokens,
+            "output": response.usage.output_tokens,
+        },
         cost=str(cost),
         stop_reason=response.stop_reason,
         model=response.model,

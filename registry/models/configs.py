@@ -55,6 +55,14 @@ class ModelConfig(models.Model):
     price_per_1k_input = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
+    price_per_1k_cached_input = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Input tokens read from the provider's prompt cache. Empty: the input price.",
+    )
     price_per_1k_output = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
@@ -78,6 +86,10 @@ class ModelConfig(models.Model):
             models.CheckConstraint(
                 condition=models.Q(price_per_1k_input__gte=0, price_per_1k_output__gte=0),
                 name="modelconfig_prices_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(price_per_1k_cached_input__gte=0),
+                name="modelconfig_cached_price_not_negative",
             ),
         ]
 

@@ -85,7 +85,8 @@ class AnthropicClient:
 
 def model_response(message: Mapping[str, Any]) -> ModelResponse:
     """The turn a Messages answer holds (`runs.model_clients.answers`): its text blocks and
-    tool_use blocks in order; cached input tokens count as input. An empty content list is
+    tool_use blocks in order; the input tokens written to the prompt cache and read from it
+    are reported beside `input_tokens`, and count as input. An empty content list is
     an empty turn (Claude ends a turn so, right after tool results); none is no turn."""
     reported = answers.mapping(message.get("usage"))
     usage = Usage(
@@ -95,6 +96,7 @@ def model_response(message: Mapping[str, Any]) -> ModelResponse:
             reported.get("cache_read_input_tokens"),
         ),
         output_tokens=answers.tokens(reported.get("output_tokens")),
+        cached_input_tokens=answers.tokens(reported.get("cache_read_input_tokens")),
     )
     content = message.get("content")
     if not isinstance(content, list):

@@ -56,6 +56,8 @@ TranscriptItem = UserMessage | AssistantTurn | ToolResult
 class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_input_tokens: int = 0
+    """Of the input tokens, those the provider read from its prompt cache, at its cached price."""
 
 
 @dataclass(frozen=True)

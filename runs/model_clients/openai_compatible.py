@@ -96,11 +96,15 @@ def model_response(completion: Mapping[str, Any]) -> ModelResponse:
     """The turn a Chat Completions answer holds (`runs.model_clients.answers`): the first
     choice's text, given as a string or as a list of parts, and its function calls, also
     those of servers that leave out `"type": "function"`. A refusal (the message's
-    `refusal`, with no content) is the turn's text."""
+    `refusal`, with no content) is the turn's text. Cached input tokens are counted within
+    `prompt_tokens`."""
     reported = answers.mapping(completion.get("usage"))
+    input_tokens = answers.tokens(reported.get("prompt_tokens"))
+    cached = answers.mapping(reported.get("prompt_tokens_details")).get("cached_tokens")
     usage = Usage(
-        input_tokens=answers.tokens(reported.get("prompt_tokens")),
+        input_tokens=input_tokens,
         output_tokens=answers.tokens(reported.get("completion_tokens")),
+        cached_input_tokens=min(answers.tokens(cached), input_tokens),
     )
     choices = answers.items(completion.get("choices"))
     if not choices or not isinstance(choices[0], Mapping):

@@ -81,6 +81,7 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
             "provider": "offline",
             "model": "offline-deterministic-planner",
             "price_per_1k_input": "0.000000",
+            "price_per_1k_cached_input": None,
             "price_per_1k_output": "0.000000",
         },
         "budgets": {

@@ -277,7 +277,7 @@ def test_impossible_token_counts_are_bounded(demo, fake_model, prompt_tokens, co
     run = advanced(demo_run(demo, project_id="apollo"))
 
     first = run.events.filter(type="model.responded").first().payload
-    assert first["usage"] == {"input": counted, "output": 1}
+    assert first["usage"] == {"input": counted, "cached_input": 0, "output": 1}
     assert run.tokens_used >= counted + 1
     if counted:
         assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOKEN_BUDGET")
@@ -609,3 +609,58 @@ def test_calls_cut_at_the_output_limit_twice_end_the_run_partial(demo, fake_mode
     assert (run.status, run.reason_code) == ("PARTIAL", "DRAFT_CONTRACT_NOT_MET")
     assert not ToolCall.objects.filter(run=run).exclude(call_id__startswith="host-").exists()
     assert len(fake.requests) == 2
+
+
+def _partly_cached(provider: str) -> dict:
+    """A last word of 1000 input tokens, 800 of them read from the provider's prompt cache,
+    and 100 output tokens, as each provider reports them: OpenAI counts the cached tokens
+    within `prompt_tokens`, Anthropic beside `input_tokens` (cache writes too)."""
+    if provider == OPENAI:
+        reply = openai_completion(content="Not sure.")
+        reply["usage"] = {
+            "prompt_tokens": 1000,
+            "completion_tokens": 100,
+            "prompt_tokens_details": {"cached_tokens": 800},
+        }
+        return reply
+    reply = anthropic_message(text="Not sure.")
+    reply["usage"] = {
+        "input_tokens": 150,
+        "cache_creation_input_tokens": 50,
+        "cache_read_input_tokens": 800,
+        "output_tokens": 100,
+    }
+    return reply
+
+
+@pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
+@pytest.mark.parametrize(
+    ("cached_price", "cost"),
+    [(Decimal("0.01"), Decimal("0.048")), (None, Decimal("0.12"))],
+    ids=["cached-price", "no-cached-price"],
+)
+def test_cached_input_tokens_are_counted_and_paid_at_the_cached_price(
+    demo, fake_model, provider, cached_price, cost
+):
+    """At 0.10 per 1k input tokens, 0.20 per 1k output tokens and `cached_price` per 1k cached
+    input tokens (none: the input price), the 800 cached tokens of a turn's 1000 cost 0.008,
+    or 0.08 when the config sets no cached price."""
+    fake = fake_model(provider)
+    fake.reply(_partly_cached(provider))
+    for _ in range(3):
+        fake.reply(_partly_cached(provider))
+    ModelConfig.objects.filter(name__startswith="fake-").update(
+        price_per_1k_input=Decimal("0.10"),
+        price_per_1k_cached_input=cached_price,
+        price_per_1k_output=Decimal("0.20"),
+    )
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    first = run.events.filter(type="model.responded").first().payload
+    assert first["usage"] == {"input": 1000, "cached_input": 800, "output": 100}
+    assert Decimal(first["cost"]) == cost
+    span = run.spans.filter(name="model.turn").order_by("started_at").first()
+    assert (span.attributes["input_tokens"], span.attributes["cached_input_tokens"]) == (1000, 800)
+    assert Decimal(span.attributes["cost"]) == cost
+    assert run.tokens_used >= 1100
