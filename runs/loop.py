@@ -1157,6 +1157,8 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         "model.turn",
         started_at=model_started,
         **model,
+        # What a gateway or an alias chose for the model asked, as `model.responded` has it.
+        response_model=response.model,
         input_tokens=response.usage.input_tokens,
         cached_input_tokens=response.usage.cached_input_tokens,
         output_tokens=response.usage.output_tokens,

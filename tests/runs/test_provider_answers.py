@@ -379,9 +379,11 @@ def test_each_turn_records_the_model_that_answered_it(
     # when
     run = advanced(_ask_the_agent(demo))
 
-    # then the audit trail names the model asked and the model that answered
+    # then the audit trail and the turn's span name the model asked and the model that answered
     assert run.events.get(type="model.requested").payload["model"] == requested
     assert run.events.get(type="model.responded").payload["model"] == answered
+    span = run.spans.get(name="model.turn")
+    assert (span.attributes["model"], span.attributes["response_model"]) == (requested, answered)
 
 
 @pytest.mark.parametrize("provider", [OPENAI, ANTHROPIC])
