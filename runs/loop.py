@@ -1166,7 +1166,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         tool_calls=len(response.tool_calls),
         stop_reason=response.stop_reason,
     )
-    calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript, step=run.steps)
+    calls = calls_with_own_ids(response.tool_calls, transcript=run.transcript)
     run.transcript.append(assistant_entry(response.text, calls, response.reasoning))
     events.model_responded(
         run,

@@ -78,21 +78,27 @@ _PROVIDER_CALL_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def calls_with_own_ids(
-    calls: tuple[ToolCall, ...], *, transcript: list[dict[str, Any]], step: int
+    calls: tuple[ToolCall, ...], *, transcript: list[dict[str, Any]]
 ) -> tuple[ToolCall, ...]:
     """The calls of a model turn, each under an id no other call of the run has: its
     provider's, unless that id is missing or unusable, is the host's (`host-`), or was given
     to an earlier call of the run or of this turn (a provider may number calls per turn, or
-    repeat one); then `call_<step>_<n>`. Answered by a reused id, a call would be paired with
-    another call's result, or pass no gate as a call already made."""
-    taken = {
+    repeat one); then `call` and the call's number in the run in five digits (the next free
+    one). Answered by a reused id, a call would be paired with another call's result, or pass
+    no gate as a call already made. The id is sent back to the provider with the call and
+    its result: nine letters and digits is what the strictest takes (Mistral's rule, also
+    behind an OpenAI-compatible gateway)."""
+    earlier = [
         call["call_id"]
         for entry in transcript
         if entry["kind"] == "assistant"
         for call in entry["tool_calls"]
-    }
+    ]
+    taken = set(earlier)
+    number = len(earlier)
     own = []
-    for index, call in enumerate(calls, start=1):
+    for call in calls:
+        number += 1
         call_id = call.call_id
         if (
             not isinstance(call_id, str)
@@ -100,9 +106,10 @@ def calls_with_own_ids(
             or call_id.startswith(HOST_CALL_PREFIX)
             or call_id in taken
         ):
-            call_id, suffix = f"call_{step}_{index}", 1
+            call_id = f"call{number:05d}"
             while call_id in taken:
-                call_id, suffix = f"call_{step}_{index}_{suffix}", suffix + 1
+                number += 1
+                call_id = f"call{number:05d}"
         taken.add(call_id)
         own.append(call if call_id == call.call_id else replace(call, call_id=call_id))
     return tuple(own)

@@ -8,6 +8,7 @@ request; the run goes on within its workflow.
 
 import http.server
 import json
+import re
 import threading
 from datetime import timedelta
 
@@ -439,6 +440,8 @@ def test_a_call_id_the_provider_gives_again_in_a_later_turn_names_a_new_call(dem
     assert first == {"call_id": "call_1", "name": "project_search"}
     assert second["provider_call_id"] == "call_1"
     assert second["call_id"] not in ("call_1", "")
+    # sent back under an id every provider takes: Mistral's are nine letters and digits
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", second["call_id"])
     completed = ToolCall.objects.filter(run=run, name="project_search", status="completed")
     assert sorted(completed.values_list("call_id", flat=True)) == sorted(
         ["call_1", second["call_id"]]
