@@ -12,7 +12,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, FieldDoesNotExist, ValidationError
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db import transaction
 from django.db.models import JSONField, Model, Q, QuerySet
@@ -33,19 +33,28 @@ _REFUSAL = "_service_refusal"
 
 def _refused(form: type[forms.ModelForm], error: ApplicationError) -> type[forms.ModelForm]:
     """`form`, invalid with the services' refusal: on the fields it names that the form
-    shows, and as a whole otherwise."""
+    shows, and as a whole otherwise. The whole-form refusal is added once the form has run its
+    own checks, without what they already say (a name taken since the form was checked, which
+    the form's unique check now finds too)."""
 
     class Refused(form):
         def clean(self) -> dict[str, Any]:
             cleaned = super().clean()
-            rest = {}
             for field, value in error.details.items():
                 if field in self.fields:
                     self.add_error(field, detail_text(value))
-                else:
+            return cleaned
+
+        def _post_clean(self) -> None:
+            super()._post_clean()
+            shown = self.non_field_errors()
+            rest = {}
+            for field, value in error.details.items():
+                if field == NON_FIELD_ERRORS and isinstance(value, list):
+                    value = [message for message in value if message not in shown]
+                if field not in self.fields and value:
                     rest[field] = value
             self.add_error(None, error_text(ApplicationError(error.message, details=rest)))
-            return cleaned
 
     return Refused
 
