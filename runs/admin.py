@@ -37,7 +37,13 @@ def run_link(occurrence: TaskOccurrence) -> str:
 
 
 class ScheduledTaskForm(forms.ModelForm):
-    """Shows what `scheduled_task_save` would refuse next to the field it concerns."""
+    """Shows what `scheduled_task_save` would refuse next to the field it concerns.
+
+    Carries whether the task fired when the page was drawn: a save from a page drawn before
+    the task was paused (by the scheduler, whose start of it was refused, or by another admin)
+    or resumed is refused, rather than switching it back as the page showed it."""
+
+    is_enabled_when_opened = forms.NullBooleanField(widget=forms.HiddenInput, required=False)
 
     class Meta:
         model = ScheduledTask
@@ -55,6 +61,10 @@ class ScheduledTaskForm(forms.ModelForm):
             "max_attempts",
             "is_enabled",
         )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["is_enabled_when_opened"].initial = self.instance.is_enabled
 
     def _post_clean(self) -> None:
         super()._post_clean()
@@ -158,7 +168,12 @@ class ScheduledTaskAdmin(RegistryAdmin):
         return False
 
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
-        scheduled_task_save(actor=request.user, task=obj, reason="saved in admin")
+        scheduled_task_save(
+            actor=request.user,
+            task=obj,
+            reason="saved in admin",
+            is_enabled_when_read=form.cleaned_data["is_enabled_when_opened"],
+        )
 
     @admin.action(description="Pause: stop firing", permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[ScheduledTask]) -> None:

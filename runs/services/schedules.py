@@ -174,12 +174,18 @@ def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
 
 
 def scheduled_task_save(
-    *, actor: AbstractBaseUser, task: ScheduledTask, reason: str = "saved"
+    *,
+    actor: AbstractBaseUser,
+    task: ScheduledTask,
+    reason: str = "saved",
+    is_enabled_when_read: bool | None = None,
 ) -> ScheduledTask:
     """Create or change a task and its beat schedule in one transaction. The actor is a
     tenant admin; the owner a member who may start runs, with an email; the agent one of
     the tenant's active agents; the schedule an interval or a valid crontab; the goal holds
-    no credential."""
+    no credential. A change made from the task as it was read, `is_enabled_when_read`, is
+    refused once the task has been paused or resumed since: saved, it would undo that (a
+    pause of the scheduler, whose start of the task was refused) unseen."""
     _may_manage(actor=actor, task=task)
     task.crontab = task.crontab.strip()
     errors = scheduled_task_errors(task)
@@ -190,7 +196,20 @@ def scheduled_task_save(
         # The task's row before its beat row, as a pause or a resume takes them: taken the
         # other way round, a save and a pause at once would deadlock.
         if not task._state.adding:
-            list(ScheduledTask.objects.select_for_update().filter(pk=task.pk).values_list("pk"))
+            locked = ScheduledTask.objects.select_for_update().filter(pk=task.pk)
+            is_enabled = list(locked.values_list("is_enabled", flat=True))
+            if is_enabled_when_read is not None and is_enabled != [is_enabled_when_read]:
+                switched = "resumed" if is_enabled_when_read is False else "paused"
+                raise ValidationFailed(
+                    f"The scheduled task was {switched} meanwhile.",
+                    details={
+                        "is_enabled": [
+                            f"The task was {switched} since this page was opened: reload the "
+                            "page to see it as it is now (its history says why), then save "
+                            "again."
+                        ]
+                    },
+                )
         task.periodic_task = _periodic_task_sync(task)
         audited_unique_save(task, actor=actor, reason=reason, exclude=["periodic_task"])
     return task

@@ -207,14 +207,65 @@ def test_a_task_paused_for_a_refused_start_is_not_resumed_until_it_is_put_right(
     assert task.history.order_by("history_id").last().history_change_reason.startswith("paused")
 
 
+def test_a_page_opened_before_the_platform_paused_the_task_does_not_resume_it(client, demo):
+    # given a task's page opened while it fires, then the platform pausing the task
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+    page = client.get(f"{TASKS}{task.pk}/change/")
+    opened = page.context["adminform"].form["is_enabled_when_opened"].value()
+    schedules.scheduled_task_refused_pause(task=task, refusal="agent_inactive: switched off")
+
+    # when the admin saves the page as it was opened, with a new goal
+    response = client.post(
+        f"{TASKS}{task.pk}/change/",
+        task_form(
+            demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", is_enabled_when_opened=opened
+        ),
+    )
+
+    # then the form asks to reload it, and the task stays paused, as it was
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["is_enabled"] == [
+        "The task was paused since this page was opened: reload the page to see it as it is "
+        "now (its history says why), then save again."
+    ]
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert (task.goal, task.is_enabled, task.periodic_task.enabled) == (
+        RUNNING_EXAMPLE_TEXT,
+        False,
+        False,
+    )
+    assert task.history.order_by("history_id").last().history_change_reason == (
+        "paused: agent_inactive: switched off"
+    )
+
+
+def test_a_page_opened_after_a_pause_saves_and_may_resume_the_task(client, demo):
+    task = saved_task(demo)
+    scheduled_task_pause(actor=demo.admin, task=task)
+    client.force_login(demo.admin)
+    page = client.get(f"{TASKS}{task.pk}/change/")
+    opened = page.context["adminform"].form["is_enabled_when_opened"].value()
+
+    response = client.post(
+        f"{TASKS}{task.pk}/change/", task_form(demo, is_enabled_when_opened=opened)
+    )
+
+    assert response.status_code == 302
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert (task.is_enabled, task.periodic_task.enabled) == (True, True)
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_saved_after_the_pause(
+def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_refused_after_the_pause(
     client, demo, monkeypatch
 ):
-    # given a task whose pause has taken the task's row and is about to switch its beat row
+    # given a task's page opened while it fires, and a pause that has taken the task's row
+    # and is about to switch its beat row
     task = saved_task(demo)
     client.force_login(demo.admin)
     page = f"{TASKS}{task.pk}/change/"
+    opened = client.get(page).context["adminform"].form["is_enabled_when_opened"].value()
     switch_beat_row = schedules._periodic_task_sync
     pausing_holds_the_task = threading.Event()
     outcomes = {}
@@ -237,21 +288,29 @@ def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_saved_after_the_p
     pausing.start()
     assert pausing_holds_the_task.wait(timeout=20)
 
-    # when an admin saves the task's page with a new goal meanwhile
-    response = client.post(page, task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short."))
+    # when the admin saves the page with a new goal meanwhile
+    response = client.post(
+        page,
+        task_form(
+            demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", is_enabled_when_opened=opened
+        ),
+    )
     pausing.join(timeout=30)
 
-    # then the pause and the save both go through, one after the other: the save, last,
-    # decides, and the beat row fires as the task says
-    assert response.status_code == 302
+    # then the save waits for the pause, finds the task paused since the page was opened,
+    # and is refused: the task stays paused, and its beat row with it
+    assert response.status_code == 200
+    assert "is_enabled" in response.context["adminform"].form.errors
     assert outcomes["pause"].is_enabled is False
     task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
-    assert task.goal == f"{RUNNING_EXAMPLE_TEXT} Keep it short."
-    assert (task.is_enabled, task.periodic_task.enabled) == (True, True)
+    assert (task.goal, task.is_enabled, task.periodic_task.enabled) == (
+        RUNNING_EXAMPLE_TEXT,
+        False,
+        False,
+    )
     assert [record.history_change_reason for record in task.history.order_by("history_id")] == [
         "saved",
         "paused",
-        "saved in admin",
     ]
 
 
