@@ -167,12 +167,22 @@ def eval_case_save(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "sa
 
 def eval_case_delete(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "deleted") -> None:
     """Delete a case no eval run has a result of: like a case added, it changes the suite
-    the gates measured on it count, and an eval run under way no longer measures that suite."""
+    the gates measured on it count, and an eval run under way no longer measures that suite.
+    A case with a result is refused: the result is what a release gate counts. Its row held, a
+    result written meanwhile is either counted here or refused at its commit, its case gone
+    (`_case_record`), whatever the page that asked for the deletion found before."""
     with transaction.atomic():
         try:
             saved = _case_locked(case)
         except EvalCase.DoesNotExist as error:
             raise NotFound("No such eval case.") from error
+        measured = EvalCaseResult.objects.filter(case=saved).count()
+        if measured:
+            runs = "eval run" if measured == 1 else "eval runs"
+            raise ValidationFailed(
+                f"{saved} is measured in {measured} {runs}, evidence a release gate may count: "
+                "the case is kept."
+            )
         suite_change_check(suites=[saved.suite], actor=actor)
         suite_changed(suites=[saved.suite])
         audited_delete(saved, actor=actor, reason=reason)

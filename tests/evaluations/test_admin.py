@@ -1,19 +1,25 @@
 """What the admin refuses to save in an evaluation's definition: a threshold no eval run
 could be measured against, a case the runner would misread."""
 
+import threading
+import time
+
 import pytest
+from django.contrib.messages import get_messages
+from django.db import connection
 from django.http import HttpResponse
 from django.test import Client
 
 from evaluations import services
-from evaluations.errors import ReleaseGateFailed
+from evaluations.errors import ReleaseGateFailed, ValidationFailed
 from evaluations.gates import suite_content_hash
-from evaluations.models import EvalCase, EvalSuite, EvalThreshold
+from evaluations.models import EvalCase, EvalCaseResult, EvalSuite, EvalThreshold
 from evaluations.starter import suite_install
 from registry.choices import Role
-from registry.models import Skill
+from registry.models import Skill, SkillVersion
 from registry.services import skills
 from registry.services.tenancy import membership_add
+from tests.celery_worker import queue_purge
 from tests.evaluations.conftest import TINY_SUITE
 from tests.registry.factories import UserFactory
 
@@ -658,3 +664,80 @@ def test_an_eval_run_whose_case_was_deleted_in_the_admin_while_it_ran_is_no_evid
     assert eval_run.suite_content_hash == suite_content_hash(tiny)
     with pytest.raises(ReleaseGateFailed):
         skills.skill_version_publish(skill_version=version, actor=dave)
+
+
+def refusal_shown(response: HttpResponse) -> str:
+    """What the admin said instead of deleting: a message on the page it sends the admin back
+    to, or the error of the suite's form drawn again."""
+    if response.status_code == 302:
+        return " ".join(str(message) for message in get_messages(response.wsgi_request))
+    return " ".join(response.context["adminform"].form.non_field_errors())
+
+
+def test_a_case_an_eval_run_has_a_result_of_is_not_deleted_saying_why(demo, dave, tiny, evaluate):
+    # given an eval run of tiny that measured both its cases
+    eval_run = evaluate(tiny)
+    case = tiny.cases.get(key="complete")
+
+    # when a platform admin deletes one of them
+    with pytest.raises(ValidationFailed) as refused:
+        services.eval_case_delete(case=case, actor=demo.admin)
+
+    # then it is kept, with the result the run counted
+    assert str(refused.value) == (
+        "tiny/complete is measured in 1 eval run, evidence a release gate may count: the case "
+        "is kept."
+    )
+    assert EvalCase.objects.filter(pk=case.pk).exists()
+    assert eval_run.results.filter(case=case).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("path", ["page", "selection", "suite page"])
+def test_a_case_whose_result_an_eval_run_writes_while_the_admin_deletes_it_is_kept_saying_why(
+    client, demo, dave, tiny, monkeypatch, path
+):
+    # given an eval run of tiny under way, and a platform admin's deletion of its "complete"
+    # case that reaches the service only once the eval run, on its own connection, has written
+    # the case's result: after the page found nothing that refers to the case
+    version = SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0")
+    eval_run, _ = services.eval_run_start(
+        actor=dave, suite=tiny, skill_version=version, agent_config=demo.agent
+    )
+    services.eval_run_advance(eval_run_id=eval_run.pk, seconds=0)
+    case = tiny.cases.get(key="complete")
+    delete = services.eval_case_delete
+
+    def advance() -> None:
+        try:
+            services.eval_run_advance(eval_run_id=eval_run.pk)
+        finally:
+            connection.close()
+
+    runner = threading.Thread(target=advance)
+
+    def delete_once_the_result_is_written(**kwargs) -> None:
+        runner.start()
+        for _ in range(6000):
+            if EvalCaseResult.objects.filter(case=case).exists():
+                break
+            time.sleep(0.01)
+        delete(**kwargs)
+
+    monkeypatch.setattr(services, "eval_case_delete", delete_once_the_result_is_written)
+    client.force_login(demo.admin)
+
+    # when the admin deletes the case
+    response = case_delete_in_admin(client, case, path=path)
+    runner.join(timeout=60)
+    queue_purge()
+
+    # then it is kept, the admin is told why, and the eval run counted it
+    assert "tiny/complete is measured in 1 eval run" in refusal_shown(response)
+    assert EvalCase.objects.filter(pk=case.pk).exists()
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.suite_changed) == (
+        "completed",
+        2,
+        False,
+    )
