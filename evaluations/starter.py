@@ -103,19 +103,23 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
 
 
 def suites_install() -> list[tuple[EvalSuite, bool]]:
-    """Every shipped suite; a refusal names the file it is of."""
-    installed = []
+    """Every shipped suite, or none: a file that is not YAML, or not a valid suite, leaves
+    every suite as it was, and the refusal names the file."""
+    documents = []
     for path in sorted(SUITES.glob("*.yaml")):
         try:
-            document = yaml.safe_load(path.read_text())
+            documents.append((path, yaml.safe_load(path.read_text())))
         except yaml.YAMLError as error:
             raise ValidationFailed(
                 f"{path.name}: Not YAML: {' '.join(str(error).split())}"
             ) from error
-        try:
-            installed.append(suite_install(document))
-        except ValidationFailed as error:
-            raise ValidationFailed(
-                f"{path.name}: {error.message}", details=error.details
-            ) from error
+    installed = []
+    with transaction.atomic():
+        for path, document in documents:
+            try:
+                installed.append(suite_install(document))
+            except ValidationFailed as error:
+                raise ValidationFailed(
+                    f"{path.name}: {error.message}", details=error.details
+                ) from error
     return installed

@@ -190,6 +190,46 @@ def test_the_install_command_names_a_file_that_is_not_yaml(db, tmp_path, monkeyp
     assert not EvalSuite.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "bad",
+    ["key: broken\ncases: [unclosed\n", "key: broken\nname: Broken\n"],
+    ids=["not-yaml", "not-a-suite"],
+)
+def test_the_install_command_installs_no_suite_when_a_later_file_is_bad(
+    db, tmp_path, monkeypatch, bad
+):
+    (tmp_path / "a-tiny.yaml").write_text(yaml.safe_dump(TINY_SUITE))
+    (tmp_path / "b-broken.yaml").write_text(bad)
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+
+    with pytest.raises(CommandError, match=r"^b-broken\.yaml: "):
+        call_command("eval_suites_install", stdout=StringIO())
+
+    assert not EvalSuite.objects.exists()
+    assert not EvalCase.objects.exists()
+
+
+def test_the_install_command_leaves_installed_suites_as_they_were_when_a_file_is_bad(
+    db, tmp_path, monkeypatch
+):
+    suite_install(TINY_SUITE)
+    changed = copy.deepcopy(TINY_SUITE)
+    changed["cases"][0]["messages"] = ["Summarise Apollo's week for the lead."]
+    broken = copy.deepcopy(TINY_SUITE) | {"key": "broken"}
+    broken["cases"][1]["metadata"] = [{}, {}]
+    (tmp_path / "a-tiny.yaml").write_text(yaml.safe_dump(changed))
+    (tmp_path / "b-broken.yaml").write_text(yaml.safe_dump(broken))
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+
+    with pytest.raises(CommandError, match=r"^b-broken\.yaml: Suite broken has cases"):
+        call_command("eval_suites_install", stdout=StringIO())
+
+    assert list(EvalSuite.objects.values_list("key", flat=True)) == ["tiny"]
+    assert EvalCase.objects.get(key="complete").messages == [
+        "Summarise Apollo's week for the R&D lead."
+    ]
+
+
 def _waiting_on(backend_pid: int) -> bool:
     """Whether another session waits for a lock this session holds (read afresh: in a
     transaction, the activity views keep what they showed first)."""
