@@ -183,3 +183,22 @@ def test_the_comparison_writes_each_figure_as_a_plain_decimal(evaluate, demo, da
     assert ">33.3%</text>" in html
     assert "33.33333" not in html
     assert "e-05" not in html and "e+06" not in html
+
+
+def test_the_list_shows_a_run_that_failed_a_case_below_100_percent_as_its_page_does(
+    evaluate, demo, dave, tiny, draft
+):
+    # given an eval run that passed 199 cases of 200
+    eval_run = evaluate(tiny, version=draft("3.4.0"))
+    eval_run.metrics[Metric.CASE_PASS_RATE] = 199 / 200
+    eval_run.save(update_fields=["metrics"])
+    client = logged_in(dave)
+
+    # when a publisher lists the eval runs and opens that one
+    listing = client.get("/evaluations/").content.decode()
+    detail = client.get(f"/evaluations/{eval_run.pk}/").content.decode()
+
+    # then both write its pass rate as 99.5%, never as every case passed
+    assert "<td>99.5%</td>" in listing
+    assert "<td>99.5%</td>" in detail
+    assert "100%" not in listing
