@@ -23,10 +23,35 @@ def _missing(document: Any) -> dict[str, list[str]]:
     missing = {
         field: ["This field is required."] for field in SUITE_FIELDS if field not in document
     }
-    for index, case in enumerate(document.get("cases") or []):
+    cases = document.get("cases", [])
+    if not isinstance(cases, list):
+        missing["cases"] = ["A list of cases."]
+        return missing
+    for index, case in enumerate(cases):
         if not isinstance(case, dict) or "key" not in case:
             missing[f"cases/{index}/key"] = ["This field is required."]
     return missing
+
+
+def _suite_fields(document: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": document["name"],
+        "kind": document["kind"],
+        "description": document.get("description", ""),
+        "skill_name": document["skill"],
+    }
+
+
+def _suite_errors(document: dict[str, Any]) -> dict[str, list[str]]:
+    """What the suite's own fields break (a kind that is none, a key that is not one), named
+    as the document names them: saved as they came, a kind unknown to the metrics was
+    installed, and a value too long for its column failed the install with a database error."""
+    suite = EvalSuite(tenant=None, key=document["key"], **_suite_fields(document))
+    try:
+        suite.full_clean(validate_unique=False, validate_constraints=False)
+    except ValidationError as error:
+        return {"skill" if field == "skill_name" else field: found for field, found in error}
+    return {}
 
 
 def _not_valid(message: str, problems: dict[str, list[str]]) -> ValidationFailed:
@@ -65,9 +90,9 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
     lists is kept: past eval runs refer to it. An eval run of the suite queued or running
     while what it measures changes no longer counts for a release gate (`suite_changed`).
     Returns the suite and whether it is new."""
-    missing = _missing(document)
-    if missing:
-        raise _not_valid("Not a suite", missing)
+    problems = _missing(document) or _suite_errors(document)
+    if problems:
+        raise _not_valid("Not a suite", problems)
     with transaction.atomic():
         installed = (
             EvalSuite.objects.select_for_update().filter(tenant=None, key=document["key"]).first()
@@ -76,12 +101,7 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
         suite, created = EvalSuite.objects.update_or_create(
             tenant=None,
             key=document["key"],
-            defaults={
-                "name": document["name"],
-                "kind": document["kind"],
-                "description": document.get("description", ""),
-                "skill_name": document["skill"],
-            },
+            defaults=_suite_fields(document),
         )
         projects = document.get("projects", {})
         problems = {}

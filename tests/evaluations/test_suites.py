@@ -178,6 +178,33 @@ def test_the_install_command_names_the_file_and_what_it_misses(
     assert not EvalCase.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"kind": "tsak"}, "kind: Value 'tsak' is not a valid choice."),
+        ({"key": "Weekly Summary"}, "key: Lower-case letters, digits and '-'."),
+        ({"name": None}, "name: This field cannot be null."),
+        (
+            {"skill": "s" * 65},
+            "skill: Ensure this value has at most 64 characters (it has 65).",
+        ),
+        ({"cases": None}, "cases: A list of cases."),
+    ],
+    ids=["kind", "key", "name", "skill", "cases"],
+)
+def test_the_install_command_names_the_file_and_the_suite_field_that_is_not_valid(
+    db, tmp_path, monkeypatch, change, refusal
+):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(copy.deepcopy(TINY_SUITE) | change))
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+
+    with pytest.raises(CommandError) as refused:
+        call_command("eval_suites_install", stdout=StringIO())
+
+    assert str(refused.value) == f"tiny.yaml: Not a suite: {refusal}"
+    assert not EvalSuite.objects.exists()
+
+
 def test_the_install_command_names_a_file_that_is_not_yaml(db, tmp_path, monkeypatch):
     (tmp_path / "tiny.yaml").write_text("key: tiny\ncases: [unclosed\n")
     monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
