@@ -1,4 +1,5 @@
 from django.db.models import F, Q, QuerySet
+from django.http import Http404
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -27,9 +28,13 @@ class _UUIDLookup:
     not_found = "Not found."
 
     def get_object(self):
+        """The object, or one 404 whatever the id was: not an id, or none the caller sees."""
         if not is_id_in_url(self.kwargs["pk"]):
             raise NotFound(self.not_found)
-        return super().get_object()
+        try:
+            return super().get_object()
+        except Http404 as error:
+            raise NotFound(self.not_found) from error
 
 
 @extend_schema(tags=["evaluations"])

@@ -1,6 +1,8 @@
 """The evaluations API: suites, starting and following eval runs, their results; scoped to
 the token's tenant and to those who may evaluate the skill."""
 
+import uuid
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -205,6 +207,7 @@ def test_members_and_other_tenants_neither_start_nor_see_eval_runs(demo, suites)
     assert member.get("/api/v1/evaluations/runs").json()["results"] == []
     assert member.get(f"/api/v1/evaluations/runs/{eval_run.pk}").status_code == 404
     assert foreign.status_code == 404
+    assert foreign.json()["error"]["message"] == "No such eval run."
     assert foreign_cancel.status_code == 404
     assert EvalRun.objects.count() == 1
 
@@ -294,3 +297,19 @@ def test_a_revoked_version_is_not_evaluated(demo, suites, dave):
         "skill_version": ["weekly-summary@3.2.0 is revoked: no run may use it."]
     }
     assert not EvalRun.objects.exists()
+
+
+def test_an_unknown_eval_run_is_said_alike_whatever_its_id(demo):
+    client = api_as("dave", demo.acme)
+
+    answers = [
+        client.get(path)
+        for path in (
+            "/api/v1/evaluations/runs/not-an-id",
+            f"/api/v1/evaluations/runs/{uuid.uuid4()}",
+            f"/api/v1/evaluations/runs/{uuid.uuid4()}/results",
+        )
+    ]
+
+    assert [answer.status_code for answer in answers] == [404, 404, 404]
+    assert {answer.json()["error"]["message"] for answer in answers} == {"No such eval run."}
