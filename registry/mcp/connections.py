@@ -46,7 +46,9 @@ from runs.redaction import secrets_removed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+Page = TypeVar("Page", bound=mcp_types.PaginatedResult)
 
+# A listing of more pages is refused (`_every_page`), never taken as complete.
 LIST_PAGES_MAX = 100
 CLOSE_TIMEOUT_S = 5.0
 # A request's answer is waited for this long past its timeout (the SDK's own read timeout,
@@ -598,6 +600,34 @@ def _describe(error: BaseException) -> str:
     return type(error).__name__
 
 
+async def _every_page(
+    endpoint: Endpoint, what: str, list_page: Callable[..., Awaitable[Page]]
+) -> list[Page]:
+    """Every page of a listing of `what`, following its next page's cursor. A listing of more
+    than LIST_PAGES_MAX pages, or whose cursor comes round again (it would never end), is
+    refused: the pages read are not all the server lists, and must not be taken for all."""
+    pages: list[Page] = []
+    cursors: set[str] = set()
+    cursor = None
+    while True:
+        page = await list_page(cursor=cursor)
+        pages.append(page)
+        cursor = page.nextCursor
+        if not cursor:
+            return pages
+        if len(pages) == LIST_PAGES_MAX:
+            problem = f"more than {LIST_PAGES_MAX} pages of {what}"
+        elif cursor in cursors:
+            problem = f"{what} with a next page's cursor it had given before"
+        else:
+            cursors.add(cursor)
+            continue
+        raise McpAnswerInvalid(
+            f"{endpoint.label} listed {problem}; the listing was not taken as complete, and "
+            "nothing was changed."
+        )
+
+
 class McpConnections:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -833,15 +863,8 @@ class McpConnections:
         server's timeout (and before the `deadline` of the call that asks, if any)."""
 
         async def walk(session: ClientSession) -> dict[str, dict[str, Any]]:
-            found: dict[str, dict[str, Any]] = {}
-            cursor = None
-            for _ in range(LIST_PAGES_MAX):
-                page = await session.list_tools(cursor=cursor)
-                found.update({tool.name: definition_of(tool) for tool in page.tools})
-                cursor = page.nextCursor
-                if not cursor:
-                    break
-            return found
+            pages = await _every_page(endpoint, "tools", session.list_tools)
+            return {tool.name: definition_of(tool) for page in pages for tool in page.tools}
 
         definitions = self._run(
             endpoint, walk, timeout_s=endpoint.connect_timeout_s, deadline=deadline
@@ -870,15 +893,8 @@ class McpConnections:
             capabilities = session.get_server_capabilities()
             if capabilities is None or getattr(capabilities, capability) is None:
                 return []
-            found: list[Any] = []
-            cursor = None
-            for _ in range(LIST_PAGES_MAX):
-                page = await getattr(session, method)(cursor=cursor)
-                found.extend(getattr(page, capability))
-                cursor = page.nextCursor
-                if not cursor:
-                    break
-            return found
+            pages = await _every_page(endpoint, capability, getattr(session, method))
+            return [item for page in pages for item in getattr(page, capability)]
 
         return self._run(endpoint, walk, timeout_s=endpoint.connect_timeout_s)
 

@@ -1,8 +1,9 @@
 """An MCP server (stdio) that serves exactly what a JSON spec file says, re-read on every
 request, past the checks the SDK's higher-level server makes: tool, prompt and resource
 listings, and one answer to every call. The file's path is in HOSTILE_SPEC. Every tools/call is
-appended to the spec's `call_log`, when it names one; with `down` set, a process started
-exits before it answers anything (a server that cannot be reached)."""
+appended to the spec's `call_log`, when it names one, and every listing's page asked for to its
+`list_log`; with `down` set, a process started exits before it answers anything (a server that
+cannot be reached). A listing is one page, unless `paging` says otherwise (`page`)."""
 
 import asyncio
 import json
@@ -22,9 +23,29 @@ def spec() -> dict:
 server = Server("hostile")
 
 
+def page(kind: str, request: types.Request) -> tuple[list, str | None]:
+    """The spec's `kind` (tools, prompts or resources) on the page the request's cursor names,
+    and the next page's cursor. `paging` "one-per-page" lists one item a page; "endless" does
+    too, then empty pages, never giving the last; "same-cursor" lists every item on a page
+    whose next page's cursor is always "again"."""
+    items, paging = spec().get(kind, []), spec().get("paging")
+    cursor = request.params.cursor if request.params else None
+    if log := spec().get("list_log"):
+        with open(log, "a") as pages:
+            pages.write(f"{kind} {cursor}\n")
+    if paging == "same-cursor":
+        return items, "again"
+    if paging not in ("one-per-page", "endless"):
+        return items, None
+    at = int(cursor or 0)
+    more = paging == "endless" or at + 1 < len(items)
+    return items[at : at + 1], str(at + 1) if more else None
+
+
 async def list_tools(request: types.ListToolsRequest) -> types.ServerResult:
-    tools = [types.Tool.model_validate(tool) for tool in spec().get("tools", [])]
-    return types.ServerResult(types.ListToolsResult(tools=tools))
+    items, cursor = page("tools", request)
+    tools = [types.Tool.model_validate(tool) for tool in items]
+    return types.ServerResult(types.ListToolsResult(tools=tools, nextCursor=cursor))
 
 
 async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
@@ -35,13 +56,15 @@ async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
 
 
 async def list_resources(request: types.ListResourcesRequest) -> types.ServerResult:
-    resources = [types.Resource.model_validate(item) for item in spec().get("resources", [])]
-    return types.ServerResult(types.ListResourcesResult(resources=resources))
+    items, cursor = page("resources", request)
+    resources = [types.Resource.model_validate(item) for item in items]
+    return types.ServerResult(types.ListResourcesResult(resources=resources, nextCursor=cursor))
 
 
 async def list_prompts(request: types.ListPromptsRequest) -> types.ServerResult:
-    prompts = [types.Prompt.model_validate(item) for item in spec().get("prompts", [])]
-    return types.ServerResult(types.ListPromptsResult(prompts=prompts))
+    items, cursor = page("prompts", request)
+    prompts = [types.Prompt.model_validate(item) for item in items]
+    return types.ServerResult(types.ListPromptsResult(prompts=prompts, nextCursor=cursor))
 
 
 server.request_handlers[types.ListToolsRequest] = list_tools

@@ -507,3 +507,116 @@ def test_a_tool_whose_schema_nests_too_deep_for_its_listing_to_be_read_is_refuse
     assert not McpRemoteTool.objects.filter(server=hostile).exists()
     hostile.refresh_from_db()
     assert hostile.health_detail == refused.value.message
+
+
+def _recorded(server: McpServer) -> dict:
+    """What the registry holds of `server`'s listings: tools (and whether each is removed),
+    prompts, resources, and the tools of its namespace."""
+    return {
+        "tools": list(
+            McpRemoteTool.objects.filter(server=server).values_list("remote_name", "removed_at")
+        ),
+        "prompts": list(McpPrompt.objects.filter(server=server).values_list("name", flat=True)),
+        "resources": list(McpResource.objects.filter(server=server).values_list("uri", flat=True)),
+        "namespace": list(
+            Tool.objects.filter(namespace=server.name)
+            .order_by("name")
+            .values_list("name", flat=True)
+        ),
+    }
+
+
+BEFORE = {
+    "tools": [STATUS_TOOL],
+    "prompts": [{"name": "weekly_status"}],
+    "resources": [{"uri": "file:///status", "name": "status"}],
+}
+PAST_THE_PAGE_LIMIT = {
+    "tools": [{**STATUS_TOOL, "name": f"filler_{n}"} for n in range(100)] + [STATUS_TOOL],
+    "prompts": [{"name": f"filler_{n}"} for n in range(100)] + [{"name": "weekly_status"}],
+    "resources": [{"uri": f"file:///filler_{n}", "name": "f"} for n in range(100)]
+    + [{"uri": "file:///status", "name": "status"}],
+}
+
+
+@pytest.mark.parametrize("kind", ["tools", "prompts", "resources"])
+def test_a_listing_of_more_than_100_pages_refuses_discovery_and_changes_nothing(
+    demo, hostile, spec, kind
+):
+    # given a published tool, and a server that now lists one item a page, over 101 pages of
+    # `kind`, the published tool (or prompt, or resource) on the last
+    spec(**BEFORE, result=OK)
+    version = status_publish(demo, hostile)
+    before = _recorded(hostile)
+    spec(**(BEFORE | {kind: PAST_THE_PAGE_LIMIT[kind]}), paging="one-per-page", result=OK)
+
+    # when it is discovered
+    with pytest.raises(McpServerUnavailable) as refused:
+        mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then discovery is refused saying why, and nothing is recorded: no tool marked removed,
+    # no draft made, no prompt or resource dropped
+    assert refused.value.message == (
+        f"acme/projects listed more than 100 pages of {kind}; the listing was not taken as "
+        "complete, and nothing was changed."
+    )
+    assert _recorded(hostile) == before
+    assert mcp_drift([version]) == {}
+
+
+def test_a_call_whose_tool_is_listed_past_100_pages_fails_saying_so_and_removes_nothing(
+    demo, hostile, spec, settings
+):
+    # given a published tool, and a server that now lists it on the 101st of one-tool pages,
+    # the worker's copy of the listing stale
+    settings.MCP_DEFINITION_CACHE_SECONDS = 0
+    spec(tools=[STATUS_TOOL], result=OK)
+    version = status_publish(demo, hostile)
+    spec(tools=PAST_THE_PAGE_LIMIT["tools"], paging="one-per-page", result=OK)
+    run = ask(demo)
+
+    # when a run calls it
+    run_execute(run_id=str(run.pk))
+
+    # then the call fails, not sent, saying why, and the tool is not taken as removed
+    (call,) = ToolCall.objects.filter(run=run)
+    assert (call.status, call.error_category) == ("failed", "UPSTREAM_ERROR")
+    assert call.envelope["error"]["message"] == (
+        "acme/projects listed more than 100 pages of tools; the listing was not taken as "
+        "complete, and nothing was changed."
+    )
+    assert call.envelope["may_have_side_effect"] is False
+    assert (
+        McpRemoteTool.objects.get(server=hostile, remote_name="project_status").removed_at is None
+    )
+    assert mcp_drift([version]) == {}
+
+
+def test_a_listing_whose_next_cursor_never_ends_or_comes_round_again_is_refused(
+    demo, hostile, spec, tmp_path
+):
+    # given a server whose tool listing gives the same next page's cursor on every page
+    log = tmp_path / "pages.log"
+    spec(tools=[STATUS_TOOL], paging="same-cursor", list_log=str(log))
+
+    # when it is discovered
+    with pytest.raises(McpServerUnavailable) as refused:
+        mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then discovery is refused once the cursor came round again (the second page), not
+    # after 100 pages, and nothing is recorded
+    assert refused.value.message == (
+        "acme/projects listed tools with a next page's cursor it had given before; the "
+        "listing was not taken as complete, and nothing was changed."
+    )
+    assert log.read_text().splitlines() == ["tools None", "tools again"]
+    assert not McpRemoteTool.objects.filter(server=hostile).exists()
+
+    # and a listing whose cursor is new on every page, never ending, is refused at 100 pages
+    log.write_text("")
+    spec(tools=[STATUS_TOOL], paging="endless", list_log=str(log))
+    with pytest.raises(McpServerUnavailable) as refused:
+        mcp_server_discover(server=hostile, actor=demo.admin)
+    assert refused.value.message.startswith("acme/projects listed more than 100 pages of tools;")
+    assert len(log.read_text().splitlines()) == 100
+    assert not McpRemoteTool.objects.filter(server=hostile).exists()
