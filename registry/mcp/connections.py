@@ -40,7 +40,7 @@ from mcp.shared.message import SessionMessage
 from config import jsontext
 from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
-from registry.mcp.review import definition_of
+from registry.mcp.review import definition_of, listed_ambiguously
 from registry.models import McpServer, Tenant
 from runs.redaction import secrets_removed
 
@@ -600,6 +600,16 @@ def _describe(error: BaseException) -> str:
     return type(error).__name__
 
 
+@dataclass(frozen=True)
+class ToolListing:
+    """The tools a server lists: their definitions by remote name, and the names it lists
+    more than once with different definitions (with how many times each), which are not
+    among the definitions: which of them the server runs is not known."""
+
+    definitions: dict[str, dict[str, Any]]
+    ambiguous: dict[str, int]
+
+
 async def _every_page(
     endpoint: Endpoint, what: str, list_page: Callable[..., Awaitable[Page]]
 ) -> list[Page]:
@@ -636,7 +646,7 @@ class McpConnections:
         self._connections: dict[str, _Connection] = {}
         self._retired: set[_Connection] = set()
         self._closing: set[asyncio.Task] = set()
-        self._definitions: dict[str, tuple[float, str, dict[str, dict[str, Any]]]] = {}
+        self._definitions: dict[str, tuple[float, str, ToolListing]] = {}
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -856,27 +866,28 @@ class McpConnections:
 
     # --- what callers use -----------------------------------------------------------------
 
-    def tools(
-        self, endpoint: Endpoint, *, deadline: Deadline | None = None
-    ) -> dict[str, dict[str, Any]]:
-        """Every tool the server lists (all pages), as definitions by remote name, within the
-        server's timeout (and before the `deadline` of the call that asks, if any)."""
+    def tools(self, endpoint: Endpoint, *, deadline: Deadline | None = None) -> ToolListing:
+        """Every tool the server lists (all pages), within the server's timeout (and before
+        the `deadline` of the call that asks, if any)."""
 
-        async def walk(session: ClientSession) -> dict[str, dict[str, Any]]:
+        async def walk(session: ClientSession) -> ToolListing:
             pages = await _every_page(endpoint, "tools", session.list_tools)
-            return {tool.name: definition_of(tool) for page in pages for tool in page.tools}
+            listed = [(tool.name, definition_of(tool)) for page in pages for tool in page.tools]
+            ambiguous = listed_ambiguously(listed)
+            return ToolListing(
+                {name: definition for name, definition in listed if name not in ambiguous},
+                ambiguous,
+            )
 
-        definitions = self._run(
-            endpoint, walk, timeout_s=endpoint.connect_timeout_s, deadline=deadline
-        )
+        listing = self._run(endpoint, walk, timeout_s=endpoint.connect_timeout_s, deadline=deadline)
         with self._lock:
-            self._definitions[endpoint.key] = (time.monotonic(), endpoint.fingerprint, definitions)
-        return definitions
+            self._definitions[endpoint.key] = (time.monotonic(), endpoint.fingerprint, listing)
+        return listing
 
     def tools_cached(
         self, endpoint: Endpoint, *, max_age_s: float, deadline: Deadline | None = None
-    ) -> dict[str, dict[str, Any]]:
-        """The server's tool definitions, listed again (before `deadline`) when the copy is
+    ) -> ToolListing:
+        """The server's tool listing, listed again (before `deadline`) when the copy is
         older than `max_age_s`."""
         with self._lock:
             cached = self._definitions.get(endpoint.key)

@@ -10,6 +10,8 @@ import hashlib
 import json
 import re
 import unicodedata
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,27 @@ def definition_of(tool: Any) -> dict[str, Any]:
         "outputSchema": tool.outputSchema,
         "annotations": tool.annotations.model_dump(exclude_none=True) if tool.annotations else {},
     }
+
+
+def listed_ambiguously(listed: Iterable[tuple[str, Any]]) -> dict[str, int]:
+    """The names (or URIs) a listing gives more than once with different definitions, each
+    with how many times it is listed: which of them the server acts on is not known. A name
+    listed again exactly alike is not among them."""
+    times: Counter[str] = Counter()
+    forms: dict[str, set[str]] = {}
+    for name, definition in listed:
+        times[name] += 1
+        text = json.dumps(definition, sort_keys=True, ensure_ascii=False, default=str)
+        forms.setdefault(name, set()).add(text)
+    return {name: times[name] for name, texts in forms.items() if len(texts) > 1}
+
+
+def ambiguity(ambiguous: dict[str, int], name: str) -> str | None:
+    """Why `name` is skipped, if the listing gives it with different definitions (`ambiguous`,
+    as `listed_ambiguously` found)."""
+    if name not in ambiguous:
+        return None
+    return f"listed {ambiguous[name]} times with different definitions"
 
 
 def served_hash(definition: dict[str, Any]) -> tuple[str, bool]:

@@ -33,10 +33,13 @@ from registry.mcp.connections import (
     McpRemoteError,
     McpTimeout,
     McpUnavailable,
+    ToolListing,
     connections,
     endpoint_for,
 )
 from registry.mcp.review import (
+    ambiguity,
+    listed_ambiguously,
     local_tool_name,
     poisoning_flags,
     proposed_risk,
@@ -164,18 +167,24 @@ def _without_secrets(value: Any, secrets: tuple[str, ...]) -> Any:
 def mcp_definitions_sync(
     *,
     server: McpServer,
-    listing: dict[str, dict[str, Any]],
+    listing: ToolListing,
     skipped: dict[str, str] | None = None,
     secrets: tuple[str, ...] = (),
 ) -> dict[str, McpToolDefinition]:
     """Record what the server serves now (each new definition kept by its hash, with its
-    proposed risk and review flags) and mark the tools it stopped serving as removed.
+    proposed risk and review flags) and mark the tools it stopped serving as removed, and
+    those it lists more than once with different definitions: which of them it runs is not
+    known, so none is reviewed, and a version published of the name is no longer served.
     Safe to run concurrently: rows are created under savepoints."""
     now = timezone.now()
     skipped = {} if skipped is None else skipped
+    for remote_name in listing.ambiguous:
+        shown = _without_secrets(remote_name, secrets)[:REMOTE_NAME_MAX]
+        problem = _name_problem(McpRemoteTool, "remote_name", remote_name, secrets)
+        skipped[shown] = problem or ambiguity(listing.ambiguous, remote_name)
     current: dict[str, McpToolDefinition] = {}
     listed = []
-    for remote_name, definition in listing.items():
+    for remote_name, definition in listing.definitions.items():
         if (
             problem := _name_problem(McpRemoteTool, "remote_name", remote_name, secrets)
         ) is not None:
@@ -324,7 +333,7 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
         current = mcp_definitions_sync(
             server=server, listing=listing, skipped=report.skipped, secrets=endpoint.secrets
         )
-        report.removed = sorted(previous - set(listing))
+        report.removed = sorted(previous - set(listing.definitions))
         # A remote name that is already a local name keeps it: drafted before the names
         # that normalise to it.
         for remote_name, row in sorted(
@@ -374,7 +383,10 @@ def _name_problem(model: type, field_name: str, value: str, secrets: tuple[str, 
 def _prompts_record(
     server: McpServer, prompts: list[Any], now: Any, secrets: tuple[str, ...], skipped: dict
 ) -> int:
-    kept = []
+    ambiguous = listed_ambiguously(
+        (prompt.name, prompt.model_dump(mode="json")) for prompt in prompts
+    )
+    kept: set[str] = set()
     for prompt in prompts:
         shown = _without_secrets(
             {
@@ -385,8 +397,10 @@ def _prompts_record(
             },
             secrets,
         )
-        problem = _name_problem(McpPrompt, "name", prompt.name, secrets) or _fits(
-            McpPrompt, {"title": shown["title"]}
+        problem = (
+            _name_problem(McpPrompt, "name", prompt.name, secrets)
+            or _fits(McpPrompt, {"title": shown["title"]})
+            or ambiguity(ambiguous, prompt.name)
         )
         if problem is not None:
             skipped[f"prompt {shown['name'][:REMOTE_NAME_MAX]}"] = problem
@@ -404,7 +418,7 @@ def _prompts_record(
                 "last_seen_at": now,
             },
         )
-        kept.append(shown["name"])
+        kept.add(shown["name"])
     McpPrompt.objects.filter(server=server).exclude(name__in=kept).delete()
     return len(kept)
 
@@ -412,7 +426,10 @@ def _prompts_record(
 def _resources_record(
     server: McpServer, resources: list[Any], now: Any, secrets: tuple[str, ...], skipped: dict
 ) -> int:
-    kept = []
+    ambiguous = listed_ambiguously(
+        (str(resource.uri), resource.model_dump(mode="json")) for resource in resources
+    )
+    kept: set[str] = set()
     for resource in resources:
         shown = _without_secrets(
             {
@@ -428,6 +445,7 @@ def _resources_record(
             _name_problem(McpResource, "uri", str(resource.uri), secrets)
             or _name_problem(McpResource, "name", resource.name or "", secrets)
             or _fits(McpResource, {name: shown[name] for name in ("title", "mime_type")})
+            or ambiguity(ambiguous, str(resource.uri))
         )
         if problem is not None:
             skipped[f"resource {shown['uri'][:REMOTE_NAME_MAX]}"] = problem
@@ -438,7 +456,7 @@ def _resources_record(
             defaults={key: value for key, value in shown.items() if key != "uri"}
             | {"last_seen_at": now},
         )
-        kept.append(shown["uri"])
+        kept.add(shown["uri"])
     McpResource.objects.filter(server=server).exclude(uri__in=kept).delete()
     return len(kept)
 

@@ -38,6 +38,7 @@ from registry.mcp.connections import (
     McpRemoteError,
     McpTimeout,
     McpUnavailable,
+    ToolListing,
     connections,
     endpoint_for,
 )
@@ -707,9 +708,10 @@ def mcp_call(
     )
 
 
-def _mcp_served_hash(listing: dict[str, dict[str, Any]], remote_name: str) -> str | None:
-    """The hash of the definition the listing serves under `remote_name`, if it serves one."""
-    served = listing.get(remote_name)
+def _mcp_served_hash(listing: ToolListing, remote_name: str) -> str | None:
+    """The hash of the definition the listing serves under `remote_name`, if it serves one
+    (and one only: a name listed with different definitions serves none)."""
+    served = listing.definitions.get(remote_name)
     return None if served is None else served_hash(served)[0]
 
 

@@ -79,7 +79,7 @@ def test_calls_share_one_session_and_concurrent_calls_stay_paired(endpoint):
 
     assert answered == wanted
     assert example_servers() == [spawned]
-    assert len(connections.tools(endpoint)) == 2
+    assert len(connections.tools(endpoint).definitions) == 2
     assert example_servers() == [spawned]
 
 
