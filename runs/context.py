@@ -295,7 +295,7 @@ def context_build(
     def conversation_text() -> str:
         if not conversation:
             return ""
-        return "# Earlier in this session\n" + jsontext.dumps(conversation)
+        return "# Earlier in this session\n" + jsontext.dumps(conversation, sort_keys=True)
 
     conversation_tokens = estimate_tokens(conversation_text())
 
@@ -335,8 +335,10 @@ def context_build(
     if recipient:
         sections["recipient"] = recipient
     sections["conversation"] = conversation_text()
-    # Each text is one section: memory and earlier messages are counted as theirs.
-    sections["transcript"] = jsontext.dumps(entries)
+    # Each text is one section: memory and earlier messages are counted as theirs. Keys are
+    # sorted: a step's own entries and the same entries read back from PostgreSQL (whose JSON
+    # orders keys its own way) are one text, with one hash.
+    sections["transcript"] = jsontext.dumps(entries, sort_keys=True)
     # The recipient (directory data) and what the user said before (remembered statements,
     # earlier messages) go with the user's turn, never among the instructions.
     if before := "\n\n".join(filter(None, [recipient, memory_text(), conversation_text()])):

@@ -462,3 +462,25 @@ def test_a_turn_past_its_budget_says_so_in_its_event_and_in_a_warning_without_co
     assert f"exceeds CONTEXT_MAX_TOKENS (600) by {turns[0]['budget']['over_by']} tokens" in first
     assert "apollo" not in caplog.text
     assert "Summarise" not in caplog.text
+
+
+HISTORY_OF_RUNS = [
+    {"message": "Summarise Apollo", "status": "COMPLETED", "reason_code": "", "reply": "Done."}
+]
+
+
+def test_a_context_rebuilt_from_the_stored_run_has_the_hashes_the_turn_recorded(demo):
+    # given the transcript and earlier messages of a step as the step made them, and as
+    # PostgreSQL gives them back once stored (its JSON keeps keys in an order of its own)
+    run = demo_run(demo, project_id="apollo")
+    made = _build(transcript=_transcript(), history=HISTORY_OF_RUNS)
+    run.transcript = _transcript()
+    run.state = {"history": HISTORY_OF_RUNS}
+    run.save(update_fields=["transcript", "state"])
+    run.refresh_from_db()
+
+    # when the context is built again from what the run stored
+    rebuilt = _build(transcript=run.transcript, history=run.state["history"])
+
+    # then every section has the hash the turn recorded
+    assert rebuilt.sections == made.sections
