@@ -53,6 +53,12 @@ class MergedRules:
         return [f"{layer}:{rule.id}" for layer, rule in self.rules]
 
 
+def _guarded(rule: Rule) -> bool:
+    """Whether a rule binds a permission or a goal: a skill's scope is free text, which a
+    publisher may write in any case or with spaces around it ("Goal", " permission")."""
+    return rule.scope.strip().casefold() in GUARDED_SCOPES
+
+
 def merge_rules(layers: dict[str, tuple[Rule, ...]]) -> MergedRules:
     kept: dict[str, tuple[str, Rule]] = {}
     conflicts: list[str] = []
@@ -63,7 +69,7 @@ def merge_rules(layers: dict[str, tuple[Rule, ...]]) -> MergedRules:
                 kept[rule.id] = (layer, rule)
                 continue
             earlier = kept[rule.id][1]
-            if rule.text != earlier.text and GUARDED_SCOPES & {rule.scope, earlier.scope}:
+            if rule.text != earlier.text and (_guarded(rule) or _guarded(earlier)):
                 conflicts.append(rule.id)
             else:
                 overridden.append(f"{layer}:{rule.id}")
