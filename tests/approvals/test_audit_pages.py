@@ -233,6 +233,33 @@ def test_the_run_page_spells_out_the_hidden_characters_of_what_the_run_drafted(
     assert export["actions"][0]["payload"]["body"] == "Pay to \u202eliame.live@ab\u202c now."
 
 
+def test_the_run_page_spells_out_the_hidden_characters_of_a_tool_name_the_model_invented(
+    demo, carol, client, fake_model
+):
+    # given a model that called a tool by a name of its own, which a zero-width space makes
+    # look like the run's mail_send: the gates turn it away as no tool of the run
+    invented = "mail\u200b_send"
+    fake = fake_model()
+    fake.reply(openai_completion(tool_calls=(("call_x", invented, "{}"),)))
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run, _action = waiting_run(demo)
+    assert ToolCall.objects.get(run=run, call_id="call_x").status == ToolCall.Status.REJECTED
+    logged_in(client, carol)
+
+    # when the auditor reads the run
+    html = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+
+    # then every place that names the call (the turn that made it, the entries of the turn
+    # after, the call itself) spells the hidden character out, and none shows it raw
+    turns = html.split('id="turns"')[1].split("</table>")[0]
+    assert "mail&lt;U+200B&gt;_send (call_x)" in turns
+    assert "tool_result mail&lt;U+200B&gt;_send (call_x)" in turns
+    calls = html.split("<h2>Tool calls</h2>")[1].split("<h2>")[0]
+    assert "call_x: mail&lt;U+200B&gt;_send, rejected (NOT_FOUND)" in calls
+    assert "\u200b" not in html
+
+
 def test_each_turn_names_the_model_that_answered_it_when_the_provider_chose_another(
     demo, carol, client, fake_model
 ):
