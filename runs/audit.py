@@ -371,6 +371,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             "status": run.status,
             "reason_code": run.reason_code,
             "created_at": run.created_at.isoformat(),
+            "started_at": run.started_at.isoformat() if run.started_at else None,
             "finished_at": run.finished_at.isoformat() if run.finished_at else None,
             "steps": run.steps,
             "tool_calls": run.tool_call_count,

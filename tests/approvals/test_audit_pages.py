@@ -381,6 +381,32 @@ def test_the_export_is_the_same_record_as_json(demo, sent_run, carol, client):
     assert EMAIL not in response.content.decode()
 
 
+def test_the_run_page_and_export_say_when_the_run_was_received_started_and_finished(
+    demo, sent_run, carol, client
+):
+    # given the running example, received, then started by a worker, then finished
+    queued = demo_run(demo)
+    client = logged_in(client, carol)
+
+    # when the auditor opens it and exports it, and opens a run no worker has started
+    page = client.get(reverse("runs:detail", args=[sent_run.pk])).content.decode()
+    record = client.get(reverse("runs:export", args=[sent_run.pk])).json()
+    waiting = client.get(reverse("runs:detail", args=[queued.pk])).content.decode()
+
+    # then both say when each happened, as the run holds it
+    times = {
+        "created_at": sent_run.created_at.isoformat(),
+        "started_at": sent_run.started_at.isoformat(),
+        "finished_at": sent_run.finished_at.isoformat(),
+    }
+    assert {key: record["run"][key] for key in times} == times
+    assert (
+        f"received {times['created_at']} · started {times['started_at']} · "
+        f"finished {times['finished_at']}"
+    ) in page
+    assert f"received {queued.created_at.isoformat()} · not started · not finished" in waiting
+
+
 def test_someone_of_another_tenant_or_role_does_not_find_the_run(demo, sent_run, client):
     erin = get_user_model().objects.get(username="erin")
     globex_auditor = get_user_model().objects.create_user("gina", password=DEMO_PASSWORD)
