@@ -17,6 +17,7 @@ from approvals.models import BusinessAction, Handoff
 from config import jsontext
 from config.errors import ApplicationError
 from registry.mcp.review import visible
+from runs.capability import pinned_model_label
 
 PAGE_SIZE = 50
 
@@ -52,7 +53,8 @@ class QueueView(View):
 def _action_page(
     request: HttpRequest, action: BusinessAction, *, status: int = 200
 ) -> HttpResponse:
-    """The action, with when an approval of it must have started its send. Its payload is
+    """The action, with when an approval of it must have started its send and the model its
+    run pinned (the offline planner named as such: no provider wrote the draft). Its payload is
     shown with its hidden characters spelled out: raw, a right-to-left override or a
     zero-width character would show the approver other text than the one sent. The page
     says so when it spelled out any, in the payload or in the approver's comment. The tool
@@ -65,6 +67,7 @@ def _action_page(
         "action": action,
         "shown": shown,
         "tool_versions": sorted(shown["tool_versions"].items()),
+        "model": pinned_model_label(action.run.capability),
         "hidden_characters_spelled_out": shown != action.payload or visible(comment) != comment,
         "grace_minutes": settings.APPROVAL_RESUME_GRACE_SECONDS // 60,
         "send_deadline": services.approved_send_deadline(action),

@@ -21,6 +21,7 @@ from approvals.choices import EXECUTED_STATUSES
 from approvals.models import BusinessAction
 from config import jsontext
 from registry.models import ToolVersion
+from runs.capability import pinned_model_label
 from runs.context import RECIPIENT_FIELDS
 from runs.models import Run, RunEvent, Source, Span, ToolCall
 from runs.redaction import REDACTED, redact
@@ -378,6 +379,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
             "tokens": run.tokens_used,
             "cost": str(run.cost),
             "capability_hash": run.capability_hash,
+            "model": pinned_model_label(run.capability),
         },
         "message": run.message,
         "capability": run.capability,

@@ -27,6 +27,7 @@ from registry.choices import (
     CALLABLE_STATUSES,
     DATA_CLASSIFICATION_LEVELS,
     AdapterKind,
+    ModelProvider,
     SkillAssembly,
 )
 from registry.generation import registry_cached
@@ -310,6 +311,17 @@ def capability_resolve(
             "max_data_classification": policy.max_data_classification,
         },
     }
+
+
+def pinned_model_label(capability: dict[str, Any]) -> str:
+    """The model a run's snapshot pinned, as a model config names itself (`name (provider:
+    model)`), so that the offline planner reads as such wherever a run's work is shown;
+    empty for a run that pinned none (refused before its snapshot)."""
+    model = capability.get("model")
+    if not model:
+        return ""
+    provider = dict(ModelProvider.choices).get(model["provider"], model["provider"])
+    return f"{model['name']} ({provider}: {model['model']})"
 
 
 def capability_snapshot(

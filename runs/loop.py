@@ -1515,6 +1515,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
         "recipient": recipient,
         "action": {"id": str(action.pk), "payload_hash": action.payload_hash},
         "next_step": "An approver reviews the draft.",
+        "model": run.capability.get("model", {}),
     }
     _enter_node(run, "approval", leaving=_skill(run))
     _transition(run, status=RunStatus.WAITING_APPROVAL)

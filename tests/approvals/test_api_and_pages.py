@@ -357,6 +357,39 @@ def test_the_action_page_shows_exactly_the_frozen_payload_and_posts_its_hash(dem
     assert f"this approval's send must start by {expiry}" in page
 
 
+OFFLINE_LABEL = "offline-planner (Offline deterministic planner: offline-deterministic-planner)"
+
+
+def test_a_draft_of_the_offline_planner_is_labelled_offline_where_it_waits(demo, bob):
+    # given the running example, drafted by the seeded offline planner
+    run, action = waiting_run(demo)
+
+    # when alice reads her run while it waits, and bob opens the approval
+    result = api(demo.alice, demo.acme).get(f"/api/v1/runs/{run.pk}").json()["result"]
+    html = logged_in(bob).get(f"/approvals/{action.pk}/").content.decode()
+
+    # then both say that the offline planner, not a provider, wrote the draft
+    assert result["status"] == "WAITING_APPROVAL"
+    assert (result["model"]["name"], result["model"]["provider"]) == ("offline-planner", "offline")
+    assert f"<dt>Model</dt><dd>{OFFLINE_LABEL}</dd>" in html
+
+
+def test_a_draft_of_a_provider_s_model_is_labelled_with_that_provider(demo, bob, fake_model):
+    # given the running example drafted by an OpenAI-compatible model
+    fake = fake_model()
+    fake.reply(read_apollo())
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    _run, action = waiting_run(demo)
+
+    # when bob opens the approval
+    html = logged_in(bob).get(f"/approvals/{action.pk}/").content.decode()
+
+    # then it names that model and its provider, and nothing offline
+    label = "fake-openai (OpenAI-compatible Chat Completions: fake-gpt)"
+    assert f"<dt>Model</dt><dd>{label}</dd>" in html
+    assert "Offline" not in html
+
+
 def test_a_page_post_over_the_body_limit_is_413_with_a_page_saying_so(demo, bob, settings):
     # given an approver whose form post carries a comment past the body limit
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096

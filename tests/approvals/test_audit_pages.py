@@ -277,6 +277,17 @@ def test_each_turn_names_the_model_that_answered_it_when_the_provider_chose_anot
     assert html.count("<td>fake-gpt (answered by fake-gpt-2025-01-01)</td>") == 2
 
 
+def test_the_run_page_labels_a_run_of_the_offline_planner_offline(demo, sent_run, carol, client):
+    # when the auditor reads the running example, drafted by the seeded offline planner
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))
+    export = logged_in(client, carol).get(reverse("runs:export", args=[sent_run.pk])).json()
+
+    # then the page and the export name the run's model as the offline planner
+    label = "offline-planner (Offline deterministic planner: offline-deterministic-planner)"
+    assert f"model {label}" in page.content.decode()
+    assert export["run"]["model"] == label
+
+
 def test_each_turn_lists_the_entries_new_to_it_and_counts_those_it_had_before(
     demo, sent_run, carol, client
 ):
