@@ -50,9 +50,10 @@ return 1
 """
 )
 
-# For each call (4 keys: circuit, trial, rate window, slots; 8 arguments after `now`): 0 when
-# it passes, and then it takes the half-open circuit's trial, a place in the rate window and
-# a slot; otherwise what refused it (1 circuit open, 2 trial under way, 3 rate, 4 cap).
+# For each call (4 keys: circuit, trial, rate window, slots; 9 arguments after `now`): 0 when
+# it passes, and then it takes the half-open circuit's trial, a place in the rate window
+# (held as a slot is, until `per_seconds` after the call) and a slot; otherwise what refused
+# it (1 circuit open, 2 trial under way, 3 rate, 4 cap).
 _ENTER = (
     _SLOTS
     + """
@@ -61,7 +62,7 @@ local codes = {}
 for i = 0, #KEYS / 4 - 1 do
   local k = i * 4
   local circuit, trial, rate, slots = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local a = i * 8 + 1
+  local a = i * 9 + 1
   local requests, cap = tonumber(ARGV[a + 3]), ARGV[a + 5]
   local code, half_open = 0, false
   if ARGV[a + 1] == '1' then
@@ -76,15 +77,11 @@ for i = 0, #KEYS / 4 - 1 do
       end
     end
   end
-  if code == 0 and requests > 0 and tonumber(redis.call('GET', rate) or '0') >= requests then
-    code = 3
-  end
+  if code == 0 and requests > 0 and slots_full(rate, now, requests) then code = 3 end
   if code == 0 and slots_full(slots, now, cap) then code = 4 end
   if code == 0 then
     if half_open then redis.call('SET', trial, '1', 'EX', ARGV[a + 2]) end
-    if requests > 0 and redis.call('INCR', rate) == 1 then
-      redis.call('EXPIRE', rate, ARGV[a + 4])
-    end
+    if requests > 0 then slot_hold(rate, ARGV[a + 6], ARGV[a + 9], ARGV[a + 4]) end
     slot_hold(slots, ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
   end
   codes[#codes + 1] = code
@@ -204,8 +201,10 @@ def calls_enter(
 ) -> list[Passage | ToolFailed]:
     """Whether each call (of these tool versions, in order, for this tenant) may run now: its
     tool's circuit is closed (or half-open and it is the one trial), its tool has calls left in
-    this tenant's rate window (a fixed window of `requests` per `per_seconds`) and a slot under
-    its concurrency cap. A call that passes holds what it took; one refused takes nothing."""
+    this tenant's rate window (a sliding window: fewer than `requests` calls in the last
+    `per_seconds`, so that no stretch of that length, across a minute's boundary or not, sees
+    more) and a slot under its concurrency cap. A call that passes holds what it took; one
+    refused takes nothing."""
     if not tool_versions:
         return []
     now = _now()
@@ -216,12 +215,11 @@ def calls_enter(
         _, circuit, trial = _breaker_keys(tool_version)
         limit = tool_version.rate_limit or {}
         per_seconds = limit.get("per_seconds", 1)
-        window = int(now // per_seconds)
         lifetime = _slot_lifetime(tool_version)
         keys += [
             circuit,
             trial,
-            _key("tool-rate", f"{tool_version.pk}:{tenant_id}:{window}"),
+            _key("tool-rate", f"{tool_version.pk}:{tenant_id}"),
             _slots_key("tool", tool_version.pk),
         ]
         arguments += [
@@ -233,6 +231,7 @@ def calls_enter(
             holder,
             now + lifetime,
             lifetime * 2,
+            now + per_seconds,
         ]
     codes = _eval(_ENTER, keys, arguments)
     return [

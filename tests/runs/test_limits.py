@@ -82,6 +82,34 @@ def test_the_rate_limit_counts_calls_per_tenant_in_a_window(tool_version, acme, 
     call(tool_version, tenant_id=globex.pk)
 
 
+def test_the_rate_limit_holds_for_any_stretch_of_its_length_across_a_window_boundary(
+    tool_version, monkeypatch
+):
+    """Counted in fixed windows, two calls at the end of one minute and two at the start of
+    the next all passed: four calls within a second of a tool that allows 2 per 60 s."""
+    # given two calls a second before a minute's boundary
+    clock = [60_000.0 - 1]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    call(tool_version)
+    call(tool_version)
+
+    # when two more are asked for a second after it, and again just before the first two
+    # are a minute old, and once they are
+    clock[0] += 2
+    after_the_boundary = enter(tool_version)
+    clock[0] = 60_000.0 - 1 + 59.9
+    within_the_minute = enter(tool_version)
+    clock[0] = 60_000.0 - 1 + 60
+    call(tool_version)
+    call(tool_version)
+
+    # then none passes within 60 s of the first two; a minute after them, two pass again
+    assert isinstance(after_the_boundary, ToolFailed)
+    assert "allows 2 calls per 60 s" in str(after_the_boundary)
+    assert isinstance(within_the_minute, ToolFailed)
+    assert isinstance(enter(tool_version), ToolFailed)
+
+
 def test_a_call_one_limit_refuses_takes_nothing_from_the_others(tool_version):
     held = enter(tool_version)
     assert isinstance(enter(tool_version), ToolFailed)  # the cap: not counted in the window
