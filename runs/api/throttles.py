@@ -46,7 +46,7 @@ class _WindowThrottle(SimpleRateThrottle):
         if holder is not None:
             self.taken = (ident, holder)
             return True
-        self.retry_after = max(WAIT_MIN_SECONDS, limits.window_wait(ident))
+        self.retry_after = max(WAIT_MIN_SECONDS, limits.window_wait(ident, cap=self.num_requests))
         return False
 
     def wait(self) -> float | None:

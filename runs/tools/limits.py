@@ -304,11 +304,13 @@ def window_give_back(ident: str, holder: str) -> None:
     _release(_slots_key("window", ident), holder)
 
 
-def window_wait(ident: str) -> float:
-    """Seconds until the oldest take in the window lapses (when a new take may succeed)."""
+def window_wait(ident: str, *, cap: int) -> float:
+    """Seconds until a new take of at most `cap` may succeed: until the `cap`-th newest take
+    in the window lapses. That is the oldest while the window holds `cap` takes, but not
+    after the cap was lowered, when it holds more."""
     now = _now()
-    oldest = _redis().zrange(_slots_key("window", ident), 0, 0, withscores=True)
-    return max(0.0, (oldest[0][1] if oldest else now) - now)
+    freeing = _redis().zrange(_slots_key("window", ident), -cap, -cap, withscores=True)
+    return max(0.0, (freeing[0][1] if freeing else now) - now)
 
 
 def tenant_run_slot_take(*, tenant_id: int, cap: int, run_id: str, seconds: int) -> bool:

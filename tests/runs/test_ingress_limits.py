@@ -100,6 +100,33 @@ def test_concurrent_requests_of_one_actor_cannot_slip_through_together(low_rates
     assert 59 < refused.wait() <= 60
 
 
+def test_after_a_rate_is_lowered_retry_after_waits_for_the_take_that_frees_the_window(
+    low_rates, monkeypatch
+):
+    """The wait was until the oldest take lapsed: with a window holding more takes than the
+    lowered rate allows, a client that came back then was refused again."""
+    # given an actor's three takes of a minute at 5 a minute, ten seconds apart
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "ingress_actor", "5/min")
+    request = SimpleNamespace(auth=ApiToken(tenant_id=1, user_id=1))
+    for _ in range(3):
+        assert ActorIngressThrottle().allow_request(request, None)
+        clock[0] += 10
+
+    # when the rate is lowered to 2 a minute and the actor asks again
+    monkeypatch.setitem(SimpleRateThrottle.THROTTLE_RATES, "ingress_actor", "2/min")
+    refused = ActorIngressThrottle()
+    assert not refused.allow_request(request, None)
+
+    # then it is told to wait until the second take lapses (a minute after it), not the first
+    assert refused.wait() == 40
+    clock[0] += 39
+    assert not ActorIngressThrottle().allow_request(request, None)
+    clock[0] += 1
+    assert ActorIngressThrottle().allow_request(request, None)
+
+
 def test_the_tenant_rate_counts_every_actor_of_the_tenant(low_rates, alice, add_member, client_for):
     colleague = client_for(add_member("frank", "member"))
 
