@@ -78,6 +78,10 @@ REASON_NEXT_STEPS = {
     "Idempotency-Key; its new draft is made with what holds now and needs a new approval.",
     (RunStatus.REFUSED, "DECLINED_BY_PERSON"): "Change the request as needed and send it "
     "again in a new message.",
+    (RunStatus.FAILED_FINAL, "NO_EVIDENCE"): "Nothing was drafted: nothing the run read could "
+    "back a report (the project has no updates for that week, or they were not read). Ask "
+    "about another week or project; if it does have updates that week, report the reason "
+    "code to a platform admin.",
 }
 # A scheduled task's run: no message in its session changes the task it runs for, and it
 # has no message to send again; its next occurrence is its next try.

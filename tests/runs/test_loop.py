@@ -1752,7 +1752,8 @@ def test_a_draft_written_without_reading_the_project_fails_final_with_no_evidenc
     run_execute(run_id=str(run.pk))
 
     # then
-    assert_terminal(run, "FAILED_FINAL", "NO_EVIDENCE")
+    result = assert_terminal(run, "FAILED_FINAL", "NO_EVIDENCE")
+    assert result["next_step"].startswith("Nothing was drafted: nothing the run read could")
     assert len(fake.requests) == 1
     assert "approval.required" not in event_types(run)
     assert "draft.created" not in event_types(run)
