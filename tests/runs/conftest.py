@@ -299,6 +299,20 @@ def held_planner(monkeypatch) -> HeldPlanner:
     return held
 
 
+@pytest.fixture
+def planner_requests(monkeypatch) -> list:
+    """What the offline planner is asked, each request in turn, as it answers them."""
+    requests = []
+    complete = OfflinePlanner.complete
+
+    def recorded(self, request):
+        requests.append(request)
+        return complete(self, request)
+
+    monkeypatch.setattr(OfflinePlanner, "complete", recorded)
+    return requests
+
+
 def step_in_thread(run) -> threading.Thread:
     """The run's next step, started on a thread of its own (with its own connection)."""
 

@@ -26,7 +26,6 @@ from registry.services.tenancy import api_token_issue
 from runs.api.stream import viewer_shape
 from runs.choices import RunStatus
 from runs.loop import run_advance_step, run_execute
-from runs.model_clients.offline import OfflinePlanner
 from runs.models import MemoryItem, Run, RunEvent
 from runs.selectors import recalled_texts
 from runs.services.ingress import message_ingest
@@ -612,7 +611,7 @@ def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stay
     assert _events_of(paused) == logged
 
 
-def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, monkeypatch):
+def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, planner_requests):
     # given a run that took its memory at its start, before its first model turn
     memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
@@ -620,22 +619,15 @@ def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, mo
     run = demo_run(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
     assert _memory_of(run) == ["summary_language", "tone"]
-    requests = []
-    complete = OfflinePlanner.complete
-
-    def recorded(self, request):
-        requests.append(request)
-        return complete(self, request)
-
-    monkeypatch.setattr(OfflinePlanner, "complete", recorded)
+    planner_requests.clear()
 
     # when alice deletes one item, and the run goes on
     memory_delete(tenant=demo.acme, user=demo.alice, item_id=tone.pk)
     run_execute(run_id=str(run.pk))
 
     # then no model turn was given it
-    assert requests
-    for request in requests:
+    assert planner_requests
+    for request in planner_requests:
         assert "summary_language" in repr(request.transcript)
         assert "formal" not in repr(request)
 
@@ -999,7 +991,7 @@ def test_an_item_raised_above_internal_is_masked_without_clearance_in_runs_that_
 
 
 def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next_model_context(
-    demo, monkeypatch
+    demo, planner_requests
 ):
     # given a run of a confidential data scope that recalled two internal items at its start
     memory_skill(demo)
@@ -1008,14 +1000,7 @@ def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next
     run = demo_run(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
     assert _memory_of(run) == ["summary_language", "tone"]
-    requests = []
-    complete = OfflinePlanner.complete
-
-    def recorded(self, request):
-        requests.append(request)
-        return complete(self, request)
-
-    monkeypatch.setattr(OfflinePlanner, "complete", recorded)
+    planner_requests.clear()
 
     # when alice raises one to restricted, above what the run may read, and the run goes on
     prefer(
@@ -1024,8 +1009,8 @@ def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next
     run_execute(run_id=str(run.pk))
 
     # then no model turn was given it, and it left the run's copy, masked
-    assert requests
-    for request in requests:
+    assert planner_requests
+    for request in planner_requests:
         assert "summary_language" in repr(request.transcript)
         assert "formal" not in repr(request)
     state = Run.objects.get(pk=run.pk).state
