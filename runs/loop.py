@@ -488,7 +488,18 @@ def _session_state(run: Run) -> dict[str, Any]:
 def _route_and_assemble(run: Run) -> None:
     _transition(run, status=RunStatus.RUNNING)
     skill = _skill(run)
-    workflow = WORKFLOWS.get(skill.get("workflow", "") if skill else "", AGENT)
+    workflow_key = skill.get("workflow", "") if skill else ""
+    if workflow_key and workflow_key not in WORKFLOWS:
+        # The skill version was published for a workflow this deployment no longer defines:
+        # no other procedure runs it, the generic agent's included.
+        _finish(
+            run,
+            status=RunStatus.REFUSED,
+            reason_code="WORKFLOW_NOT_AVAILABLE",
+            output={"workflow": workflow_key},
+        )
+        return
+    workflow = WORKFLOWS.get(workflow_key, AGENT)
     skill_version = _skill_version(run)
     metadata = run.message.get("metadata", {})
     session_state = _session_state(run)

@@ -890,6 +890,24 @@ def test_a_run_whose_workflow_loads_a_skill_it_may_not_use_is_refused_before_any
     assert tool_calls(run) == []
 
 
+def test_a_skill_whose_workflow_is_no_longer_defined_is_refused_not_run_as_the_generic_agent(
+    demo, monkeypatch
+):
+    # given a run of weekly-summary, published for the weekly workflow, which a deployment
+    # has since stopped defining
+    run = start(demo, project_id="apollo")
+    monkeypatch.delitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then no other procedure runs the skill: nothing is read, no model is asked
+    result = assert_terminal(run, "REFUSED", "WORKFLOW_NOT_AVAILABLE")
+    assert result["output"] == {"workflow": WEEKLY_SUMMARY_SEND.key}
+    assert event_types(run) == [*INGRESS, "run.finished"]
+    assert tool_calls(run) == []
+
+
 def test_a_rule_of_the_skill_a_node_loads_that_rewrites_a_platform_rule_refuses_the_run(demo):
     # given a run routed to weekly-summary-lite, and the skill its draft node loads redefining
     # the platform's "untrusted-data" rule
