@@ -66,7 +66,7 @@ from runs.transcript import (
     result_entry,
     user_entry,
 )
-from runs.workflows import AGENT, WORKFLOWS, Node, Rule, Workflow
+from runs.workflows import AGENT, APPROVAL_NODE, WORKFLOWS, Node, Rule, Workflow
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ DRAFTS_KEPT = 5
 # Sources a draft may cite: what the project tools returned, not the recipient lookup.
 DRAFT_SECTIONS = ("progress", "risks", "next_steps")
 # Nodes past the drafting loop: the approval services drive the run from there.
-HOST_NODES = frozenset({"approval", "send"})
+HOST_NODES = frozenset({APPROVAL_NODE, "send"})
 # The largest totals a run's columns hold (`Run.tokens_used`: a PostgreSQL integer).
 TOKENS_USED_MAX = 2**31 - 1
 _COST = Run._meta.get_field("cost")
@@ -1528,7 +1528,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
         "next_step": "An approver reviews the draft.",
         "model": run.capability.get("model", {}),
     }
-    _enter_node(run, "approval", leaving=_skill(run))
+    _enter_node(run, APPROVAL_NODE, leaving=_skill(run))
     _transition(run, status=RunStatus.WAITING_APPROVAL)
 
 

@@ -5,11 +5,17 @@ A node names the tools it allows (gate 1 intersects them with the run's snapshot
 guard over a call's arguments (gate 4), whether the model drives it, whether it may call a
 tool that is not a read (only a node after approval may; gate 4 refuses it anywhere else), and
 the skill it loads, if it names one. The host, not the model, moves between nodes.
+A workflow is checked when it is defined: it starts at one of its nodes, its transitions move
+between its nodes only, and a node with side effects is driven by the host alone and entered
+only from the approval node, after a human approved the frozen payload.
 """
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+# The node where a run waits for a human's decision on its frozen payload.
+APPROVAL_NODE = "approval"
 
 # A guard returns why a call is refused in this node, or None.
 Guard = Callable[[Mapping[str, Any], str, dict[str, Any]], str | None]
@@ -44,6 +50,46 @@ class Workflow:
     start: str
     nodes: dict[str, Node]
     transitions: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if problems := self._problems():
+            raise ValueError(f"Workflow {self.key}: {'; '.join(problems)}.")
+
+    def _problems(self) -> list[str]:
+        """What would let a run move to a node the workflow does not have, or reach a side
+        effect without the host having waited for a human's approval first."""
+        problems = []
+        if self.start not in self.nodes:
+            problems.append(f"it starts at {self.start}, which is no node")
+        problems += [
+            f"node {key} is named {node.name}"
+            for key, node in self.nodes.items()
+            if key != node.name
+        ]
+        for source, targets in self.transitions.items():
+            if source not in self.nodes:
+                problems.append(f"a transition leaves {source}, which is no node")
+            problems += [
+                f"{source} moves to {target}, which is no node"
+                for target in targets
+                if target not in self.nodes
+            ]
+        for name, node in self.nodes.items():
+            if not node.side_effects:
+                continue
+            if node.model_driven:
+                problems.append(f"{name} has side effects, so no model may drive it")
+            if name == self.start:
+                problems.append(
+                    f"{name} has side effects but is where the workflow starts, before any approval"
+                )
+            problems += [
+                f"{name} has side effects but is reached from {source}, not only from "
+                f"{APPROVAL_NODE}"
+                for source, targets in self.transitions.items()
+                if name in targets and source != APPROVAL_NODE
+            ]
+        return problems
 
     @property
     def key(self) -> str:
