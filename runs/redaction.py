@@ -392,6 +392,34 @@ def secrets_removed(text: str) -> str:
     return text
 
 
+def _percent_hex(byte: int) -> str:
+    return "%" + "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02X}")
+
+
+@functools.lru_cache(maxsize=64)
+def _percent_encoded(secret: str) -> re.Pattern:
+    """The secret as a URL or a form carries it: any of its characters percent-encoded (hex
+    in either case), a space as +. A service echoes a credential in a link as readily as
+    verbatim."""
+    characters = []
+    for character in secret:
+        forms = [re.escape(character), "".join(map(_percent_hex, character.encode()))]
+        if character == " ":
+            forms.append(r"\+")
+        characters.append(f"(?:{'|'.join(forms)})")
+    return re.compile("".join(characters))
+
+
+def known_secrets_replaced(text: str, secrets: tuple[str, ...]) -> str:
+    """`text` with each of `secrets` (credentials the host gave a service, which it may
+    echo) replaced, verbatim or percent-encoded (`_percent_encoded`)."""
+    for secret in filter(None, secrets):
+        text = text.replace(secret, REDACTED)
+        if "%" in text:
+            text = _percent_encoded(secret).sub(REDACTED, text)
+    return text
+
+
 def secrets_removed_within(value: Any) -> Any:
     """A JSON value with `secrets_removed` applied to each of its strings, its objects' keys
     included."""

@@ -42,7 +42,7 @@ from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
 from registry.mcp.review import definition_of, listed_ambiguously
 from registry.models import McpServer, Tenant
-from runs.redaction import secrets_removed
+from runs.redaction import known_secrets_replaced, secrets_removed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -432,7 +432,6 @@ def _log_stderr(read_end: int, label: str, secrets: tuple[str, ...]) -> None:
     was given nor any other credential it prints (`secrets_removed`). A line longer than
     STDERR_LINE_MAX_BYTES is dropped whole: read in pieces, a piece could hold part of a
     secret that no redaction would recognise."""
-    secrets = tuple(filter(None, secrets))
     starts_line = True
     with os.fdopen(read_end, "rb") as stream:
         for line in iter(lambda: stream.readline(STDERR_LINE_MAX_BYTES), b""):
@@ -440,10 +439,9 @@ def _log_stderr(read_end: int, label: str, secrets: tuple[str, ...]) -> None:
             whole, starts_line = starts_line and ends_line, ends_line
             if not whole:
                 continue
-            text = line.decode(errors="replace").rstrip()
-            for secret in secrets:
-                text = text.replace(secret, "[redacted]")
-            text = secrets_removed(text)
+            text = secrets_removed(
+                known_secrets_replaced(line.decode(errors="replace").rstrip(), secrets)
+            )
             if text:
                 logger.info("%s (stderr): %s", label, text)
 

@@ -62,7 +62,7 @@ from registry.services.common import (
     registry_object_save,
 )
 from registry.services.tools import tool_version_check
-from runs.redaction import secrets_removed
+from runs.redaction import known_secrets_replaced, secrets_removed
 
 logger = logging.getLogger(__name__)
 
@@ -154,12 +154,9 @@ def _without_secrets(value: Any, secrets: tuple[str, ...]) -> Any:
     """What a server lists, as kept and shown: its own credentials, should it quote them,
     replaced, and any other its text holds (`secrets_removed`: a key, a bearer token, a
     password), and text PostgreSQL stores (no NUL) at a depth a run keeps."""
-    secrets = tuple(filter(None, secrets))
 
     def text(found: str) -> str:
-        for secret in secrets:
-            found = found.replace(secret, "[redacted]")
-        return jsontext.storable_text(secrets_removed(found))
+        return jsontext.storable_text(secrets_removed(known_secrets_replaced(found, secrets)))
 
     return jsontext.storable(value, text=text)
 
@@ -199,7 +196,7 @@ def mcp_definitions_sync(
         shown = _without_secrets(definition, secrets)
         flags = poisoning_flags(shown)
         served_text = json.dumps(definition, ensure_ascii=False, default=str)
-        if any(secret and secret in served_text for secret in secrets):
+        if known_secrets_replaced(served_text, secrets) != served_text:
             flags.append(ECHOED_CREDENTIAL_FLAG)
         row, _ = McpToolDefinition.objects.get_or_create(
             server=server,
@@ -373,7 +370,7 @@ def _name_problem(model: type, field_name: str, value: str, secrets: tuple[str, 
     prompt's name, a resource's URI or name) is not kept: it is kept and shown as served, or
     not at all, for altered (a credential replaced, a NUL made U+FFFD) it names nothing, or
     something else."""
-    if any(secret and secret in value for secret in secrets):
+    if known_secrets_replaced(value, secrets) != value:
         return f"its {field_name} quotes a credential it was given"
     if secrets_removed(value) != value:
         return f"its {field_name} holds a credential"

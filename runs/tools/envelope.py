@@ -16,7 +16,13 @@ from typing import Any
 from django.db import models
 
 from config import jsontext
-from runs.redaction import REDACTED, key_shown, names_secret, secrets_removed
+from runs.redaction import (
+    REDACTED,
+    key_shown,
+    known_secrets_replaced,
+    names_secret,
+    secrets_removed,
+)
 
 # The business status of a call that did what it was asked: what a Python handler or an MCP
 # tool that succeeded answers, and what the HTTP adapter takes when the service says none.
@@ -91,29 +97,7 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
 
 
 def _text_stripped(text: str, *, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-        if "%" in text:
-            text = _percent_encoded(secret).sub(REDACTED, text)
-    return jsontext.storable_text(secrets_removed(text))
-
-
-def _percent_hex(byte: int) -> str:
-    return "%" + "".join(f"[{d}{d.lower()}]" if d.isalpha() else d for d in f"{byte:02X}")
-
-
-@functools.lru_cache(maxsize=64)
-def _percent_encoded(secret: str) -> re.Pattern:
-    """The secret as a URL or a form carries it: any of its characters percent-encoded (hex
-    in either case), a space as +. A service echoes a credential in a link as readily as
-    verbatim."""
-    characters = []
-    for character in secret:
-        forms = [re.escape(character), "".join(map(_percent_hex, character.encode()))]
-        if character == " ":
-            forms.append(r"\+")
-        characters.append(f"(?:{'|'.join(forms)})")
-    return re.compile("".join(characters))
+    return jsontext.storable_text(secrets_removed(known_secrets_replaced(text, secrets)))
 
 
 def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:

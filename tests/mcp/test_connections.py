@@ -178,6 +178,43 @@ def test_what_a_stdio_server_writes_to_stderr_is_logged_without_its_credential(
     assert "xxxx" not in caplog.text and TOKEN[6:] not in caplog.text
 
 
+def test_a_credential_a_stdio_server_writes_percent_encoded_to_stderr_is_logged_redacted(
+    overrides, monkeypatch, caplog
+):
+    # given a stdio server given a credential with characters a URL escapes, which prints
+    # the URL it fails to reach, the credential in its query percent-encoded
+    monkeypatch.setenv("TEST_LEAKY_TOKEN", "s3cr3t/value+123456==")
+    leaky = McpServer(
+        name="leaky",
+        transport=McpServer.Transport.STDIO,
+        command=sys.executable,
+        args=[
+            "-c",
+            "import os, sys, urllib.parse; "
+            "query = urllib.parse.urlencode({'sig': os.environ['API_TOKEN']}); "
+            "print('could not fetch https://upstream.example/?' + query, file=sys.stderr)",
+        ],
+        env={"API_TOKEN": "TEST_LEAKY_TOKEN"},
+        timeout_s=5,
+    )
+    caplog.set_level(logging.INFO, logger="registry.mcp.connections")
+
+    # when the platform opens it
+    with pytest.raises(McpUnavailable):
+        connections.tools(endpoint_for(leaky))
+    connections.close_all()
+
+    # then its line is in the platform's log, the credential redacted
+    deadline = time.monotonic() + 5
+    while "could not fetch" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (
+        "platform/leaky (stderr): could not fetch https://upstream.example/?sig=[redacted]"
+        in caplog.text
+    )
+    assert "s3cr3t%2Fvalue" not in caplog.text
+
+
 def test_any_credential_a_stdio_server_writes_to_stderr_is_logged_redacted(overrides, caplog):
     # given a stdio server which, as it fails to start, prints a token of its own upstream
     # (one the host never gave it) on stderr

@@ -165,6 +165,35 @@ def test_a_credential_the_server_quotes_in_its_listings_is_not_kept(demo, hostil
     assert SECRET not in McpResource.objects.get(server=hostile).description
 
 
+def test_a_credential_the_server_quotes_percent_encoded_in_its_listings_is_not_kept(
+    demo, hostile, spec, monkeypatch
+):
+    # given a server given a credential with characters a URL escapes, which puts it into
+    # the links of its listing percent-encoded, as a URL carries it
+    secret = "s3cr3t/value+123456=="
+    monkeypatch.setenv("TEST_HOSTILE_SECRET", secret)
+    encoded = "s3cr3t%2Fvalue%2B123456%3D%3D"
+    spec(
+        tools=[{**STATUS_TOOL, "description": f"Docs: https://docs.example/d/{encoded}/status"}],
+        resources=[{"uri": f"https://files.example/f/{encoded}", "name": "r"}],
+    )
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then neither its definition nor its draft keeps the credential, the reviewer is told
+    # the server quoted it, and the resource, whose URI is sent back as listed, is skipped
+    draft = draft_of(hostile, "project_status")
+    definition = McpToolDefinition.objects.get(server=hostile)
+    assert draft.description == "Docs: https://docs.example/d/[redacted]/status"
+    assert definition.definition["description"] == draft.description
+    assert "ECHOES_CREDENTIAL" in [flag["code"] for flag in definition.review_flags]
+    assert report.skipped == {
+        "resource https://files.example/f/[redacted]": "its uri quotes a credential it was given"
+    }
+    assert not McpResource.objects.filter(server=hostile).exists()
+
+
 def test_a_credential_in_a_listed_tool_s_text_never_reaches_what_the_model_is_shown(
     demo, hostile, spec
 ):
