@@ -1,6 +1,7 @@
-"""The sign-in pages (`accounts/login/` and the admin's): each password posted to them is a
-try of the client's allowance, and of the account's, that the API's token exchange counts too
-(`PasswordTries`, `AccountTries`). Past either, a post is refused with 429 and Retry-After
+"""The sign-in pages (`accounts/login/` and the admin's), and the admin's password change page,
+which checks the old password: each password posted to them is a try of the client's
+allowance, and of the account's, that the API's token exchange counts too (`PasswordTries`,
+`AccountTries`). Past either, a post is refused with 429 and Retry-After
 before its password is checked. With Redis down the allowance cannot be taken and a post is
 refused with 503, as the API refuses it: never let through unlimited."""
 

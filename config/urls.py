@@ -30,6 +30,10 @@ urlpatterns = [
     path("", TemplateView.as_view(template_name="home.html"), name="home"),
     path("admin/login/", sign_in_throttled(admin.site.login)),
     path(
+        "admin/password_change/",
+        admin.site.admin_view(sign_in_throttled(admin.site.password_change), cacheable=True),
+    ),
+    path(
         "admin/autocomplete/",
         admin.site.admin_view(FormFieldAutocompleteView.as_view(admin_site=admin.site)),
     ),

@@ -100,13 +100,15 @@ class AccountTries(_WindowThrottle):
     allowance of `PasswordTries`, but shares this one. Asked after `PasswordTries`, so a try
     refused for its address spends nothing of the account's. The username is counted as the
     sign-in form reads it (stripped, NFKC), so no other spelling of it has an allowance of its
-    own."""
+    own. A page that posts none (the password change page) tries the signed-in person's."""
 
     scope = "auth_account"
 
     def get_cache_key(self, request: Request, view) -> str | None:
         data = request.data if view is not None else request.POST
         username = data.get("username") if hasattr(data, "get") else None
+        if username is None and view is None and request.user.is_authenticated:
+            username = request.user.get_username()
         if not isinstance(username, str) or not username.strip():
             return None
         username = unicodedata.normalize("NFKC", username.strip())

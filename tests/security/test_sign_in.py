@@ -189,3 +189,55 @@ def test_another_spelling_of_the_username_counts_against_the_same_account(
     # then the guesses were hers, and her allowance is spent
     assert [guess.status_code for guess in guesses] == [200] * 3
     assert fourth.status_code == 429
+
+
+def change_password(client, old_password, *, address="127.0.0.1"):
+    new_password = "a-new-passphrase-for-alice-9"
+    return client.post(
+        "/admin/password_change/",
+        {
+            "old_password": old_password,
+            "new_password1": new_password,
+            "new_password2": new_password,
+        },
+        REMOTE_ADDR=address,
+    )
+
+
+def test_guesses_of_the_old_password_on_the_password_change_page_are_throttled(
+    client, alice, two_tries
+):
+    # given a session of alice's (left open, or taken) that guessed her password twice on the
+    # password change page, which checks the old password
+    client.force_login(alice)
+    assert [change_password(client, "guess").status_code for _ in range(2)] == [200, 200]
+
+    # when it posts the right one
+    refused = change_password(client, PASSWORD)
+
+    # then it is refused, told when to come back, and the password is unchanged
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    alice.refresh_from_db()
+    assert alice.check_password(PASSWORD)
+
+
+def test_guesses_of_the_old_password_count_against_the_account_from_any_address(
+    alice, three_tries_an_account
+):
+    # given three guesses of alice's password on the password change page, from three addresses
+    session = Client()
+    session.force_login(alice)
+    guesses = [change_password(session, "guess", address=f"10.0.0.{n}") for n in range(3)]
+
+    # when a fourth address asks for a token as alice, with her password
+    api = APIClient().post(
+        "/api/v1/auth/token/",
+        {"username": "alice", "password": PASSWORD},
+        format="json",
+        REMOTE_ADDR="10.0.1.1",
+    )
+
+    # then the guesses were hers, and her allowance is spent
+    assert [guess.status_code for guess in guesses] == [200] * 3
+    assert api.status_code == 429
