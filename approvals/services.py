@@ -457,6 +457,9 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str],
     approver = decision.approver
     if _approval_stale(action):
         problems.append("APPROVAL_STALE")
+    if run.state.get("workflow") not in WORKFLOWS:
+        # A deploy removed the procedure the draft was made under: its send node is gone.
+        problems.append("WORKFLOW_NOT_AVAILABLE")
     policy = Policy.objects.filter(agent_configs__runs=run).first()
     if policy is None:
         problems.append("POLICY_REMOVED")
@@ -992,6 +995,7 @@ INVALIDATION_REASONS = {
     "TOOL_VERSION_NOT_AVAILABLE": "a skill or tool version it used may no longer be used",
     "TOOL_DEFINITION_CHANGED": "the send tool's server no longer offers the definition "
     "that was reviewed",
+    "WORKFLOW_NOT_AVAILABLE": "its workflow is no longer defined on this platform",
 }
 
 

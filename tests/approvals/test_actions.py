@@ -42,6 +42,7 @@ from runs.tasks import runs_sweep
 from runs.tools import executor, limits
 from runs.tools.adapters import ToolFailed, ToolOutput
 from runs.tools.envelope import ErrorCategory
+from runs.workflows import WORKFLOWS
 from tests.approvals.conftest import SENDING_EVENTS, approver_in, left_unknown, waiting_run
 from tests.celery_worker import EXAMPLE_EVENTS
 from tests.runs.conftest import demo_run, event_types, events_of, this_week
@@ -293,6 +294,25 @@ def test_a_directory_record_changed_before_the_resume_invalidates_the_approval(
     services.action_execute(action_id=action.pk)
 
     assert_invalidated(run, "DIRECTORY_RECORD_CHANGED")
+    assert smtp_server.messages == []
+
+
+def test_a_workflow_no_longer_defined_at_the_resume_invalidates_the_approval(
+    demo, bob, smtp_server, monkeypatch
+):
+    # given an approved draft whose workflow a deploy has removed since it was drafted
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    defined = dict(WORKFLOWS)
+    defined.pop(run.state["workflow"])
+    monkeypatch.setattr(services, "WORKFLOWS", defined)
+
+    # when its send is resumed
+    services.action_execute(action_id=action.pk)
+
+    # then nothing is sent, and its user is told why
+    assert_invalidated(run, "WORKFLOW_NOT_AVAILABLE")
+    assert "its workflow is no longer defined" in Run.objects.get(pk=run.pk).result["next_step"]
     assert smtp_server.messages == []
 
 
