@@ -10,7 +10,7 @@ from celery import shared_task
 from celery.signals import before_task_publish
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from config.celery import task_send
@@ -169,30 +169,54 @@ def _end(run: Run, *, status: RunStatus, reason_code: str, output: dict | None =
         run_finish(run=run, status=status, reason_code=reason_code, output=output)
 
 
-# Steps of a run that may fail in a row (raise, rather than end the run) before it ends
-# FAILED_FINAL: a bug in a step would otherwise have every sweep send the run again.
+# Deliveries of a run's task that may fail in a row (raise, or die with their worker, rather
+# than save a step) before the run ends FAILED_FINAL: a bug in a step, or a step that gets its
+# worker killed (out of memory), would otherwise have the task given back and sent forever.
 STEP_FAILURES_MAX = 5
+# A run its task may advance: active, and not resting at a host node (`_RUN_LIMITS`).
+_ADVANCEABLE = Q(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]) & ~Q(
+    state__has_key="node", state__node__in=HOST_NODES
+)
+
+
+def _delivery_count(run_id: str) -> bool:
+    """Count this delivery against its run before it takes a step, committed on its own: a
+    delivery whose worker dies mid-step leaves it counted (a step that saves starts the count
+    again, `runs.loop`). Returns whether the delivery may advance the run; one that finds
+    STEP_FAILURES_MAX deliveries in a row failed before it ends the run instead."""
+    if Run.objects.filter(_ADVANCEABLE, pk=run_id, attempts__lt=STEP_FAILURES_MAX).update(
+        attempts=F("attempts") + 1
+    ):
+        return True
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(_ADVANCEABLE, pk=run_id).first()
+        if run is not None:
+            _failures_end(run)
+    return False
 
 
 def _step_failed(run_id: str) -> None:
-    """Count a step that raised against its run; the run ends at STEP_FAILURES_MAX in a row
-    (a step that saves starts the count again, `runs.loop`)."""
+    """Count a delivery whose step raised as failed: `_delivery_count` counted it, unless a
+    step it saved before started the count again. The run ends at STEP_FAILURES_MAX in a
+    row."""
     try:
         with transaction.atomic():
-            run = (
-                Run.objects.select_for_update()
-                .filter(pk=run_id, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
-                .first()
-            )
+            run = Run.objects.select_for_update().filter(_ADVANCEABLE, pk=run_id).first()
             if run is None:
                 return
-            run.attempts += 1
-            run.save(update_fields=["attempts", "updated_at"])
-            if run.attempts >= STEP_FAILURES_MAX:
-                logger.error("run %s ends: %s steps in a row failed", run_id, run.attempts)
-                _end(run, status=RunStatus.FAILED_FINAL, reason_code="STEP_FAILED")
+            if run.attempts == 0:
+                run.attempts = 1
+                run.save(update_fields=["attempts", "updated_at"])
+            _failures_end(run)
     except DatabaseError:
         logger.warning("run %s: its failed step could not be counted", run_id)
+
+
+def _failures_end(run: Run) -> None:
+    """End the locked run if STEP_FAILURES_MAX deliveries in a row failed."""
+    if run.attempts >= STEP_FAILURES_MAX:
+        logger.error("run %s ends: %s steps in a row failed", run.pk, run.attempts)
+        _end(run, status=RunStatus.FAILED_FINAL, reason_code="STEP_FAILED")
 
 
 def _lease_through(run_id: str, seconds: float) -> None:
@@ -225,10 +249,14 @@ def _advance(task, run_id: str) -> None:
     otherwise meet the task's soft time limit mid-step, its step's work lost (a model turn
     paid for and asked again) and the run left for the sweep. Eager (the embedded default)
     runs it to its pause or end."""
+    if not _delivery_count(run_id):
+        return
     seconds = None if settings.CELERY_TASK_ALWAYS_EAGER else settings.RUN_TASK_SECONDS
     try:
         more = run_execute(run_id=run_id, seconds=seconds)
     except ModelTemporarilyUnavailable as error:
+        # Not a failed step: the provider's, whose retries the task bounds (MODEL_RETRIES).
+        Run.objects.filter(pk=run_id, attempts__gt=0).update(attempts=F("attempts") - 1)
         countdown = model_unavailable_wait(error, retries=task.request.retries)
         if countdown is None:
             return

@@ -7,6 +7,7 @@ many calls actually ran, in which worker process.
 """
 
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -37,3 +38,22 @@ class GatedProjectSearch:
 
 
 project_search = GatedProjectSearch()
+
+
+class KillingProjectSearch:
+    """project_search that, while the gate file exists, kills the process it runs in (as the
+    out-of-memory killer ends a pool process), after appending its line to `<gate>.calls`."""
+
+    def authorize(self, context: ToolContext, arguments: dict[str, Any]) -> None:
+        example_project_search.authorize(context, arguments)
+
+    def __call__(self, context: ToolContext, arguments: dict[str, Any]) -> ToolOutput:
+        gate = Path(os.environ[GATE_ENV])
+        with calls_file(gate).open("a") as calls:
+            calls.write(f"{context.run_id} {context.call_id} {os.getpid()}\n")
+        if gate.exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return example_project_search(context, arguments)
+
+
+killing_project_search = KillingProjectSearch()

@@ -13,12 +13,12 @@ from django_celery_beat.schedulers import DatabaseScheduler
 
 from config.celery import app
 from registry.models import Tenant
-from runs.choices import RunStatus
+from runs.choices import TERMINAL_STATUSES, RunStatus
 from runs.loop import run_advance_step, run_execute
 from runs.models import Run, RunEvent, Source, ToolCall
 from runs.services.ingress import message_ingest
 from runs.services.runs import run_cancel
-from runs.tasks import runs_sweep
+from runs.tasks import STEP_FAILURES_MAX, runs_sweep
 from tests.celery_worker import (
     EXAMPLE_EVENTS,
     EXAMPLE_MESSAGE,
@@ -26,6 +26,7 @@ from tests.celery_worker import (
     event_seqs,
     event_types,
     example_post,
+    example_search_publish,
     example_seed,
     gated_example_publish,
     queue_purge,
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 LEASE_SECONDS = 3
 WAIT_SECONDS = 30
+KILLING_HANDLER = "tests.reliability.gated_tool.killing_project_search"
 
 
 def _row_unlocked(run_id: str) -> bool:
@@ -228,3 +230,38 @@ def test_beat_installs_the_sweeper_in_the_database_schedule(settings):
     assert (task.interval.every, task.interval.period) == (30, IntervalSchedule.SECONDS)
     assert settings.CELERY_BEAT_SCHEDULER == "django_celery_beat.schedulers:DatabaseScheduler"
     assert "runs.tasks.runs_sweep" in app.tasks
+
+
+def test_a_run_whose_step_kills_its_worker_each_time_ends_instead_of_being_redelivered_forever(
+    start_worker, tmp_path
+):
+    """A pool process killed mid-step (the out-of-memory killer) has its task given back to
+    the queue at once (`reject_on_worker_lost`): a delivery that dies so is counted like a
+    step that raises, and the run ends once STEP_FAILURES_MAX deliveries in a row saved no
+    step, rather than calling its tool again and again."""
+    example_seed()
+    # (slots enough for the calls whose process died holding one, and no retry within a step)
+    example_search_publish(
+        adapter_config={"handler": KILLING_HANDLER}, concurrency_cap=256, retry_policy={}
+    )
+    gate = tmp_path / "gate"
+    gate.touch()
+    worker = start_worker(pool="prefork", concurrency=1, environment={GATE_ENV: str(gate)})
+    run_id = example_post(alice_client()).json()["run_id"]
+
+    def calls() -> int:
+        return len(calls_file(gate).read_text().splitlines()) if calls_file(gate).exists() else 0
+
+    wait_until(
+        lambda: run_status(run_id) in TERMINAL_STATUSES or calls() > 2 * STEP_FAILURES_MAX,
+        seconds=2 * WAIT_SECONDS,
+        what="the run to end or its tool to be called again and again",
+        worker=worker,
+    )
+
+    run = Run.objects.get(pk=run_id)
+    assert (run.status, run.reason_code) == (RunStatus.FAILED_FINAL, "STEP_FAILED")
+    # the first delivery saved the steps before the tool's, then died like the others
+    assert calls() == STEP_FAILURES_MAX + 1
+    assert event_types(run_id) == [*EXAMPLE_EVENTS[:13], "run.finished"]
+    assert event_seqs(run_id) == list(range(1, 15))

@@ -2121,6 +2121,33 @@ def test_a_step_that_keeps_raising_ends_the_run_instead_of_being_sent_forever(de
     assert result["next_step"] == "Report the reason code to a platform admin."
 
 
+def test_a_run_whose_deliveries_keep_dying_mid_step_ends_instead_of_being_sent_forever(
+    demo, monkeypatch
+):
+    # given a run whose model turn takes its worker process down with it (a step that never
+    # raises to the task: the process is gone, its transaction rolled back)
+    turns = []
+
+    def dying(run, model_config):
+        turns.append(run.pk)
+        raise SystemExit("the worker process dies")
+
+    monkeypatch.setattr(loop, "_model_turn", dying)
+    run = start(demo, project_id="apollo")
+
+    # when its task is given back and delivered again each time, then each delivery that
+    # saved no step is counted
+    for delivery in range(STEP_FAILURES_MAX + 1):
+        with pytest.raises(SystemExit):
+            run_advance.apply(kwargs={"run_id": str(run.pk)})
+        assert (finished(run).status, finished(run).attempts) == ("RUNNING", delivery)
+
+    # and the next delivery ends the run without asking the model again
+    run_advance.apply(kwargs={"run_id": str(run.pk)})
+    assert_terminal(run, "FAILED_FINAL", "STEP_FAILED")
+    assert len(turns) == STEP_FAILURES_MAX + 1
+
+
 def test_a_first_step_that_keeps_raising_ends_the_queued_run(demo, monkeypatch):
     # given a run whose start has a bug: it never leaves QUEUED
     def broken(run):
