@@ -298,7 +298,8 @@ def runs_sweep() -> int:
     step's: it is not sent. Then the cancel requests no step took in are taken in
     (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
     longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were sent
-    again; one the broker did not take stays stale, for the next sweep."""
+    again; a run sent holds a new lease (`_sweep_leases_renew`), one the broker did not take
+    stays stale, for the next sweep."""
     now = timezone.now()
     with transaction.atomic():
         stale = (
@@ -315,10 +316,27 @@ def runs_sweep() -> int:
             .exclude(state__has_key="node", state__node__in=HOST_NODES)
         )
         run_ids = [str(run_id) for run_id in stale.values_list("pk", flat=True)[:500]]
-    sent = sum(task_send(run_advance, run_id=run_id) for run_id in run_ids)
+    sent = [run_id for run_id in run_ids if task_send(run_advance, run_id=run_id)]
+    _sweep_leases_renew(sent)
     cancel_requests_take_in()
     waiting_runs_refuse_unauthorised()
-    return sent
+    return len(sent)
+
+
+def _sweep_leases_renew(run_ids: list[str]) -> None:
+    """Renew the lease of the runs the sweep sent again: a queue backed up longer than a lease
+    would otherwise get another copy of each one's task at every sweep. Once the new lease
+    lapses too (the task was lost again, or its worker died), the sweep sends it again. A run
+    another worker holds, or whose step renewed its lease past this one, keeps its lease."""
+    until = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
+    with transaction.atomic():
+        renewed = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=run_ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+            .filter(Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=until))
+            .values_list("pk", flat=True)
+        )
+        Run.objects.filter(pk__in=list(renewed)).update(lease_expires_at=until)
 
 
 @shared_task

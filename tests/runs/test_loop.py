@@ -2040,6 +2040,36 @@ def test_a_run_waiting_its_tenant_s_turn_gets_no_copy_of_its_task_from_the_sweep
         queue_purge()
 
 
+def test_the_sweep_sends_a_stale_run_s_task_once_a_lease_while_the_queue_is_backed_up(
+    demo, settings, broker
+):
+    # given a run queued a lease ago, whose task waits in a backed-up queue (or was lost)
+    run = start(demo, project_id="apollo")
+    Run.objects.filter(pk=run.pk).update(
+        created_at=timezone.now() - timedelta(seconds=settings.RUN_LEASE_SECONDS + 1)
+    )
+    try:
+        # when the sweep passes while the broker cannot be reached, it sends nothing
+        broker.down()
+        assert runs_sweep() == 0
+        broker.up()
+        assert queued_run_ids() == []
+
+        # then the next pass sends its task, and the passes after it send no copy
+        assert runs_sweep() == 1
+        assert runs_sweep() == 0
+        assert queued_run_ids() == [str(run.pk)]
+
+        # and once that lease lapses too (the task's worker died), the sweep sends it again
+        Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        assert runs_sweep() == 1
+        assert runs_sweep() == 0
+        assert queued_run_ids() == [str(run.pk), str(run.pk)]
+        assert finished(run).status == "QUEUED"
+    finally:
+        queue_purge()
+
+
 def test_a_late_delivery_of_a_run_that_no_step_advances_does_not_wait_for_its_tenant_s_turn(
     demo, settings
 ):
