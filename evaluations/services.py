@@ -582,6 +582,21 @@ def _case_in_flight(sandbox_id: int) -> bool:
         return stepping.exclude(pk__in=free).exists()
 
 
+def eval_runs_leases_renew(eval_run_ids: list[str]) -> None:
+    """Renew the lease of the eval runs the sweep sent again: a queue backed up longer than a
+    lease would otherwise get another copy of each one's task at every sweep. Once the new
+    lease lapses too (the task was lost again, or its worker died), the sweep sends it again.
+    One a worker holds, or whose case renewed its lease past this one, keeps its lease."""
+    until = timezone.now() + timedelta(seconds=settings.EVAL_CASE_LEASE_SECONDS)
+    with transaction.atomic():
+        renewed = (
+            EvalRun.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=eval_run_ids, status__in=EVAL_RUN_ACTIVE, lease_expires_at__lt=until)
+            .values_list("pk", flat=True)
+        )
+        EvalRun.objects.filter(pk__in=list(renewed)).update(lease_expires_at=until)
+
+
 def eval_runs_stale() -> list[str]:
     """Queued or running eval runs whose lease lapsed (their task was lost, or their worker
     died): to be advanced again. One whose case is still running on a live worker (a case

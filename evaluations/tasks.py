@@ -44,9 +44,14 @@ def eval_run_advance(self, *, eval_run_id: str) -> None:
 @shared_task(acks_late=True)
 def eval_runs_sweep() -> int:
     """Advance again the eval runs whose worker died mid-case; returns how many were sent.
-    One the broker did not take stays stale, for the next sweep."""
-    from evaluations.services import eval_runs_stale
+    One sent holds a new lease (`eval_runs_leases_renew`); one the broker did not take stays
+    stale, for the next sweep."""
+    from evaluations.services import eval_runs_leases_renew, eval_runs_stale
 
-    return sum(
-        task_send(eval_run_advance, eval_run_id=eval_run_id) for eval_run_id in eval_runs_stale()
-    )
+    sent = [
+        eval_run_id
+        for eval_run_id in eval_runs_stale()
+        if task_send(eval_run_advance, eval_run_id=eval_run_id)
+    ]
+    eval_runs_leases_renew(sent)
+    return len(sent)

@@ -484,9 +484,11 @@ def test_an_eval_run_started_while_the_broker_is_down_is_sent_by_the_sweep(
     assert eval_runs_sweep() == 0
     assert "evaluations.tasks.eval_run_advance" in caplog.text and "not sent" in caplog.text
 
-    # then once the broker is back, the next sweep sends it
+    # then once the broker is back, the next sweep sends it, and a sweep while its task
+    # waits in the queue sends no second copy
     broker.up()
     assert eval_runs_sweep() == 1
+    assert eval_runs_sweep() == 0
     assert queued_tasks() == [
         ("evaluations.tasks.eval_run_advance", {"eval_run_id": str(eval_run.pk)})
     ]
