@@ -210,7 +210,8 @@ def _turns(
     out hidden characters in them (what context.built records of them, besides their hashes:
     what such a section showed the model is not the text the run keeps), the transcript
     entries it had (the builder may have cut old results to their sources within its
-    budget), what it answered. A turn had every entry an earlier turn had: it lists only
+    budget), what it answered, and the tokens the provider reported for it and those the run
+    counted (`model.responded`). A turn had every entry an earlier turn had: it lists only
     those new to it (`seen`), and counts the others (`seen_before`), so that a run of many
     turns is not its transcript over and over."""
     turns: dict[int, dict[str, Any]] = {}
@@ -234,6 +235,8 @@ def _turns(
             turn = turns.setdefault(step, {"step": step})
             turn["tool_calls"] = event.payload.get("tool_calls", [])
             turn["usage"] = event.payload.get("usage", {})
+            # What the run counted (an event written before it said so: what was reported).
+            turn["counted"] = event.payload.get("counted", turn["usage"])
             turn["stop_reason"] = event.payload.get("stop_reason")
             turn["answered_by"] = event.payload.get("model")
     answers = [index for index, entry in enumerate(transcript) if entry.get("kind") == "assistant"]

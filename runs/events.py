@@ -131,12 +131,15 @@ def model_responded(
     text: str,
     tool_calls: list[dict[str, Any]],
     usage: dict[str, int],
+    counted: dict[str, Any],
     cost: str,
     stop_reason: str,
     model: str,
 ) -> RunEvent:
     """`model`: the model the provider says answered, which a gateway or an alias may have
-    chosen for the one model.requested names."""
+    chosen for the one model.requested names. `usage`: the tokens the provider reported;
+    `counted`: those the run's tokens and `cost` count, with the local estimate in place of
+    any the provider reported as 0, named in its `estimated` ("input", "output")."""
     return _append(
         run,
         EventType.MODEL_RESPONDED,
@@ -146,6 +149,7 @@ def model_responded(
             "text": text,
             "tool_calls": tool_calls,
             "usage": usage,
+            "counted": counted,
             "cost": cost,
             "stop_reason": stop_reason,
         },

@@ -1153,7 +1153,8 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output=model_error_output(error),
         )
         return
-    # A provider that reports no usage (0) is counted with the local estimate.
+    # A provider that reports no usage (0) is counted with the local estimate, which
+    # `model.responded` says beside what it reported.
     counted = replace(
         response.usage,
         input_tokens=response.usage.input_tokens or input_estimate,
@@ -1192,6 +1193,19 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             "input": response.usage.input_tokens,
             "cached_input": response.usage.cached_input_tokens,
             "output": response.usage.output_tokens,
+        },
+        counted={
+            "input": counted.input_tokens,
+            "cached_input": counted.cached_input_tokens,
+            "output": counted.output_tokens,
+            "estimated": [
+                name
+                for name, reported in (
+                    ("input", response.usage.input_tokens),
+                    ("output", response.usage.output_tokens),
+                )
+                if not reported
+            ],
         },
         cost=str(cost),
         stop_reason=response.stop_reason,

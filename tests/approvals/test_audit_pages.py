@@ -277,6 +277,47 @@ def test_each_turn_names_the_model_that_answered_it_when_the_provider_chose_anot
     assert html.count("<td>fake-gpt (answered by fake-gpt-2025-01-01)</td>") == 2
 
 
+def test_each_turn_shows_the_tokens_the_run_counted_and_which_were_estimated(
+    demo, carol, client, fake_model
+):
+    # given a provider that reports its first turn's usage and leaves it out of its second
+    fake = fake_model()
+    fake.reply(read_apollo())
+    draft = openai_completion(content=json.dumps(apollo_draft()))
+    del draft["usage"]
+    fake.reply(draft)
+    run, _action = waiting_run(demo)
+    _reported, estimated = (
+        event.payload["counted"]
+        for event in run.events.filter(type=EventType.MODEL_RESPONDED).order_by("seq")
+    )
+
+    # when the auditor reads the run and exports it
+    client = logged_in(client, carol)
+    html = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    export = client.get(reverse("runs:export", args=[run.pk])).json()
+
+    # then each turn shows what the run counted for it, its header's total, the estimate
+    # said so; the export keeps what the provider reported beside it
+    turns = html.split('id="turns"')[1].split("</table>")[0]
+    assert "<th>Tokens counted</th>" in turns
+    assert "<td>321 in, 45 out</td>" in turns
+    assert (
+        f"<td>{estimated['input']} in (estimated), {estimated['output']} out (estimated)</td>"
+        in turns
+    )
+    assert run.tokens_used == 321 + 45 + estimated["input"] + estimated["output"]
+    assert f"{run.tokens_used} tokens" in html
+    assert [turn["usage"] for turn in export["turns"]] == [
+        {"input": 321, "cached_input": 0, "output": 45},
+        {"input": 0, "cached_input": 0, "output": 0},
+    ]
+    assert [turn["counted"] for turn in export["turns"]] == [
+        {"input": 321, "cached_input": 0, "output": 45, "estimated": []},
+        estimated,
+    ]
+
+
 def test_the_run_page_labels_a_run_of_the_offline_planner_offline(demo, sent_run, carol, client):
     # when the auditor reads the running example, drafted by the seeded offline planner
     page = logged_in(client, carol).get(reverse("runs:detail", args=[sent_run.pk]))

@@ -278,9 +278,40 @@ def test_impossible_token_counts_are_bounded(demo, fake_model, prompt_tokens, co
 
     first = run.events.filter(type="model.responded").first().payload
     assert first["usage"] == {"input": counted, "cached_input": 0, "output": 1}
+    # what the run counted of the turn: the bounded figure, or, in place of a reported 0,
+    # the tokens the context builder counted in what the turn sent
+    assert first["counted"] == {
+        "input": counted or context_tokens(run)[0],
+        "cached_input": 0,
+        "output": 1,
+        "estimated": [] if counted else ["input"],
+    }
     assert run.tokens_used >= counted + 1
     if counted:
         assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TOKEN_BUDGET")
+
+
+def test_a_turn_the_provider_reports_no_usage_of_says_what_the_run_counted_for_it(demo, fake_model):
+    # given a provider that leaves `usage` out of its answers (some vLLM or proxy setups)
+    fake = fake_model()
+    for reply in (read_apollo(), openai_completion(content=json.dumps(apollo_draft()))):
+        del reply["usage"]
+        fake.reply(reply)
+
+    # when a run's turns are answered by it
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    # then each model.responded keeps the provider's 0 and says what the run counted
+    # instead, estimated, which adds up to the run's tokens
+    turns = [event.payload for event in run.events.filter(type="model.responded")]
+    assert run.status == "WAITING_APPROVAL"
+    assert [turn["usage"] for turn in turns] == [{"input": 0, "cached_input": 0, "output": 0}] * 2
+    assert [turn["counted"]["input"] for turn in turns] == context_tokens(run)
+    assert all(turn["counted"]["output"] > 0 for turn in turns)
+    assert [turn["counted"]["estimated"] for turn in turns] == [["input", "output"]] * 2
+    assert run.tokens_used == sum(
+        turn["counted"]["input"] + turn["counted"]["output"] for turn in turns
+    )
 
 
 def test_a_429_s_retry_after_is_waited_for(demo, fake_model):
