@@ -1080,13 +1080,20 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
     input_estimate = sum(section.get("tokens", 0) for section in built.sections.values())
     tokens_left = run.capability["budgets"]["max_tokens"] - run.tokens_used - input_estimate
     prices = _prices(run, model_config)
+    turn_not_made = {"turn_not_made": {"input_tokens": input_estimate}}
     reason = _turn_unaffordable(run, prices, input_estimate, tokens_left=tokens_left)
     if reason is not None:
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason, output=turn_not_made)
+        return
+    quota = quotas.tenant_quota_spent(run.tenant, turn_cost=_cost(prices, Usage(input_estimate)))
+    if quota is not None:
+        # As for the run's cost budget: the provider would be paid for a turn whose answer
+        # the run could not pay for.
         _finish(
             run,
             status=RunStatus.BUDGET_EXHAUSTED,
-            reason_code=reason,
-            output={"turn_not_made": {"input_tokens": input_estimate}},
+            reason_code="TENANT_DAILY_COST_QUOTA",
+            output=quota | turn_not_made,
         )
         return
     request = replace(

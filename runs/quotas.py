@@ -41,14 +41,18 @@ def tenant_cost_today(tenant_id: int) -> Decimal:
     return Decimal(cache.get(_key(tenant_id), 0)) / MICROS
 
 
-def tenant_quota_spent(tenant: Tenant) -> dict | None:
-    """None while the tenant (a sandbox's: its tenant) may still spend today; otherwise what
-    the run's result says."""
+def tenant_quota_spent(tenant: Tenant, *, turn_cost: Decimal = Decimal(0)) -> dict | None:
+    """None while the tenant (a sandbox's: its tenant) may still spend today, and would have
+    some of its quota left once a model turn's context of `turn_cost` is paid for (an answer
+    that costs would pass it otherwise); otherwise what the run's result says. The turn's
+    answer is paid for after it, whatever is left: a run may pass the quota by the answer of
+    one turn, and runs of the tenant turning at once (each reading the spend before the
+    others add to it) may each pass it so."""
     tenant = tenant.registry_owner
     if tenant.daily_cost_quota is None:
         return None
     spent = tenant_cost_today(tenant.pk)
-    if spent < tenant.daily_cost_quota:
+    if spent + turn_cost < tenant.daily_cost_quota:
         return None
     tomorrow = timezone.localdate() + timedelta(days=1)
     return {

@@ -10,7 +10,8 @@ from registry.services.common import registry_object_save
 from runs import quotas
 from runs.loop import run_advance_step, run_execute
 from runs.models import Run, ToolCall
-from tests.runs.conftest import demo_run, events_of
+from tests.runs.conftest import demo_run, events_of, read_apollo
+from tests.runs.test_loop import budgets, context_tokens, priced_fake_model
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +45,69 @@ def test_a_run_that_finds_the_quota_spent_ends_budget_exhausted_before_any_model
     assert run.result["output"]["reason"] == "The tenant's daily model cost quota is spent."
     assert events_of(run, "model.requested") == []
     assert not ToolCall.objects.filter(run=run, name="project_search").exists()
+
+
+def test_a_model_turn_whose_context_alone_would_pass_what_is_left_of_the_quota_is_not_sent(
+    demo, fake_model
+):
+    # given a model at 1.00 per 1k input tokens, a run's cost budget of 10, and acme's quota
+    # of 1.00 with half of the first turn's input cost left
+    probe = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(probe.pk))
+    turn_cost = Decimal(context_tokens(probe)[0]) / 1000
+    fake = priced_fake_model(demo, fake_model)
+    fake.reply(read_apollo())
+    budgets(demo, max_cost=Decimal("10"))
+    demo.acme.daily_cost_quota = Decimal("1.00")
+    demo.acme.save()
+    quotas.tenant_cost_add(demo.acme.pk, Decimal("1.00") - turn_cost / 2)
+    spent = quotas.tenant_cost_today(demo.acme.pk)
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the turn is not sent (nor paid), and the run ends on the tenant's quota
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TENANT_DAILY_COST_QUOTA")
+    assert fake.requests == []
+    assert run.result["output"]["reason"] == "The tenant's daily model cost quota is spent."
+    assert run.result["output"]["daily_cost_quota"] == "1.0000"
+    assert run.result["output"]["spent_today"] == f"{spent:.4f}"
+    assert run.result["output"]["turn_not_made"] == {"input_tokens": context_tokens(probe)[0]}
+    assert (run.steps, run.tokens_used, run.cost) == (0, 0, 0)
+    assert quotas.tenant_cost_today(demo.acme.pk) == spent
+
+
+def test_a_run_goes_on_while_its_turns_fit_in_what_is_left_of_the_quota(demo, fake_model):
+    # given a model at 1.00 per 1k input tokens (its output free) that reports no usage (the
+    # context builder's estimate counts), a run's cost budget of 10, and acme's quota of 1.00
+    # with twice the first turn's input cost left
+    probe = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(probe.pk))
+    turn_cost = Decimal(context_tokens(probe)[0]) / 1000
+    fake = priced_fake_model(demo, fake_model)
+    first = read_apollo()
+    del first["usage"]
+    fake.reply(first)
+    budgets(demo, max_cost=Decimal("10"))
+    demo.acme.daily_cost_quota = Decimal("1.00")
+    demo.acme.save()
+    quotas.tenant_cost_add(demo.acme.pk, Decimal("1.00") - 2 * turn_cost)
+    spent = quotas.tenant_cost_today(demo.acme.pk)
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then its first turn is sent and paid; the second, whose context holds the first's
+    # results too, would pass what is left and is not sent
+    run = Run.objects.get(pk=run.pk)
+    assert len(fake.requests) == 1
+    assert run.cost == turn_cost
+    assert quotas.tenant_cost_today(demo.acme.pk) == spent + turn_cost
+    assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TENANT_DAILY_COST_QUOTA")
+    assert run.result["output"]["turn_not_made"]["input_tokens"] > context_tokens(run)[0]
 
 
 def test_below_the_quota_runs_go_on(demo):
