@@ -1,9 +1,9 @@
 """Daily cost quotas per tenant, counted in the cache (Redis in production, so every worker
-adds to and reads the same figure). The day is the platform's local day. An evaluation
-sandbox's runs call its tenant's models with its tenant's credentials: they spend, and are
-held to, its tenant's quota."""
+adds to and reads the same figure). The day is the platform's local day (TIME_ZONE: UTC),
+which a refusal names. An evaluation sandbox's runs call its tenant's models with its
+tenant's credentials: they spend, and are held to, its tenant's quota."""
 
-from datetime import timedelta
+from datetime import datetime, time, timedelta
 from decimal import Decimal
 
 from django.core.cache import cache
@@ -55,9 +55,12 @@ def tenant_quota_spent(tenant: Tenant, *, turn_cost: Decimal = Decimal(0)) -> di
     if spent + turn_cost < tenant.daily_cost_quota:
         return None
     tomorrow = timezone.localdate() + timedelta(days=1)
+    zone = timezone.get_current_timezone_name()
     return {
-        "reason": "The tenant's daily model cost quota is spent.",
+        "reason": f"The tenant's daily model cost quota is spent; it resets at {tomorrow} "
+        f"00:00 {zone}.",
         "daily_cost_quota": f"{tenant.daily_cost_quota:.4f}",
         "spent_today": f"{spent:.4f}",
         "resets_on": tomorrow.isoformat(),
+        "resets_at": timezone.make_aware(datetime.combine(tomorrow, time.min)).isoformat(),
     }

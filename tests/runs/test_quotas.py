@@ -1,9 +1,11 @@
 """Daily cost quotas per tenant: every model turn's cost counts; a run that finds the quota
 spent ends BUDGET_EXHAUSTED with a clear reason; other tenants are not affected."""
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from registry.models import ModelConfig
 from registry.services.common import registry_object_save
@@ -42,7 +44,13 @@ def test_a_run_that_finds_the_quota_spent_ends_budget_exhausted_before_any_model
     assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TENANT_DAILY_COST_QUOTA")
     assert run.result["output"]["daily_cost_quota"] == "1.0000"
     assert run.result["output"]["spent_today"] == "1.2500"
-    assert run.result["output"]["reason"] == "The tenant's daily model cost quota is spent."
+    # the day is UTC's (TIME_ZONE): it resets at its midnight, which the result says exactly
+    tomorrow = (timezone.now() + timedelta(days=1)).date().isoformat()
+    assert run.result["output"]["resets_on"] == tomorrow
+    assert run.result["output"]["resets_at"] == f"{tomorrow}T00:00:00+00:00"
+    assert run.result["output"]["reason"] == (
+        f"The tenant's daily model cost quota is spent; it resets at {tomorrow} 00:00 UTC."
+    )
     assert events_of(run, "model.requested") == []
     assert not ToolCall.objects.filter(run=run, name="project_search").exists()
 
@@ -71,7 +79,9 @@ def test_a_model_turn_whose_context_alone_would_pass_what_is_left_of_the_quota_i
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("BUDGET_EXHAUSTED", "TENANT_DAILY_COST_QUOTA")
     assert fake.requests == []
-    assert run.result["output"]["reason"] == "The tenant's daily model cost quota is spent."
+    assert run.result["output"]["reason"].startswith(
+        "The tenant's daily model cost quota is spent;"
+    )
     assert run.result["output"]["daily_cost_quota"] == "1.0000"
     assert run.result["output"]["spent_today"] == f"{spent:.4f}"
     assert run.result["output"]["turn_not_made"] == {"input_tokens": context_tokens(probe)[0]}
