@@ -489,7 +489,16 @@ def http_call(
             raw=payload,
         )
     if not isinstance(payload, dict):
-        payload = {"data": payload}
+        # The contract's answer is an object that states the business outcome: any other JSON
+        # value (null, a list, a word, a number) says no more of it than a page does.
+        raise ToolFailed(
+            f"The service answered {response.status_code} with JSON that is not an object "
+            f"({len(content)} bytes).",
+            category=ErrorCategory.UPSTREAM_ERROR,
+            retryable=True,
+            may_have_side_effect=tool_version.risk not in READ_RISKS,
+            raw=payload,
+        )
     normalized = payload.get("normalized") or {}
     # Sources are a list; of any other value (a number, a word) there are none.
     sources = payload.get("sources")

@@ -459,6 +459,66 @@ def test_an_approved_send_a_proxy_answers_200_with_its_page_is_not_taken_for_sen
     assert envelope["raw"] == {"text": PROXY_PAGE.decode()}
 
 
+NOT_AN_OBJECT = [(b"null", None), (b"[]", []), (b'"refused"', "refused"), (b"42", 42)]
+
+
+@pytest.mark.parametrize(("body", "value"), NOT_AN_OBJECT)
+@pytest.mark.parametrize(
+    ("risk", "may_have_side_effect"), [(Risk.READ, False), (Risk.EXTERNAL_SIDE_EFFECT, True)]
+)
+def test_a_2xx_answer_whose_json_is_not_an_object_is_a_failed_call_not_a_result(
+    report_service, body, value, risk, may_have_side_effect
+):
+    # given a service whose 200 is JSON, but not the object of the contract that states the
+    # business outcome
+    report_service.body = body
+    tool = report_tool(report_service.url)
+    tool.risk = risk
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(tool, call_context(), {"project_id": "apollo"})
+
+    # then, as for an answer that is not JSON, nobody knows what the service did: the call
+    # failed, an upstream error a later try may pass, and a write may have had its effect;
+    # what the service sent is kept
+    failure = raised.value
+    assert str(failure) == (
+        f"The service answered 200 with JSON that is not an object ({len(body)} bytes)."
+    )
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        True,
+        may_have_side_effect,
+    )
+    assert failure.raw == value
+
+
+@pytest.mark.parametrize(("body", "value"), NOT_AN_OBJECT)
+def test_an_approved_send_answered_200_with_json_that_is_not_an_object_is_not_taken_for_sent(
+    demo, report_service, monkeypatch, body, value
+):
+    # given the running example's approved send, made through an HTTP mail service that
+    # answers the call 200 with JSON that is no object
+    run, action, _ = approved_http_send(demo, report_service, monkeypatch)
+    report_service.body = body
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then the call reached the service once, and the action is not recorded as done: its
+    # outcome is unknown, for reconciliation or a person, and the run does not say it sent
+    assert len(report_service.requests) == 1
+    action.refresh_from_db()
+    run = Run.objects.get(pk=run.pk)
+    assert action.status == ActionStatus.UNKNOWN
+    assert (run.status, run.result["next_step"]) == ("RUNNING", services.SETTLING)
+    assert event_types(run)[-2:] == ["tool.failed", "action.unknown"]
+    envelope = ToolCall.objects.get(run=run, name="mail_send").envelope
+    assert (envelope["business_status"], envelope["may_have_side_effect"]) == ("unknown", True)
+    assert envelope["raw"] == value
+
+
 @pytest.mark.parametrize("charset", ["rot13", "base64", "zlib", "undefined"])
 def test_a_text_answer_in_a_charset_of_no_text_is_read_as_utf_8(report_service, charset):
     # given a service whose plain-text answer names a codec Python has, but that decodes no
