@@ -291,10 +291,11 @@ def _answer(
     credential: str | None,
 ) -> tuple[httpx.Response, bytes]:
     """The service's response and its body, read within `seconds` as a whole and up to
-    TOOL_RESPONSE_MAX_BYTES. httpx times each read, not the whole: a service that sends a
-    byte now and then, of its headers or its body, would hold the call for ever. So the body
-    is read against the deadline, and at the deadline the client is closed under a read of
-    the headers, which then fails within one more read's timeout."""
+    TOOL_RESPONSE_MAX_BYTES (past it, the body of an answer that is not a success is cut
+    there, and that of a success fails the call). httpx times each read, not the whole: a
+    service that sends a byte now and then, of its headers or its body, would hold the call
+    for ever. So the body is read against the deadline, and at the deadline the client is
+    closed under a read of the headers, which then fails within one more read's timeout."""
     deadline = time.monotonic() + seconds
     limit = settings.TOOL_RESPONSE_MAX_BYTES
     may_have_side_effect = tool_version.risk not in READ_RISKS
@@ -332,6 +333,12 @@ def _answer(
                 chunks, size = [], 0
                 for chunk in response.iter_raw():
                     size += len(chunk)
+                    if size > limit and not response.is_success:
+                        # Its status says what became of the call (a 429 or 503 may pass
+                        # later, after its Retry-After); its body only tells more, as far
+                        # as the limit.
+                        chunks.append(chunk[: len(chunk) - (size - limit)])
+                        break
                     if size > limit:
                         raise ToolFailed(
                             f"The service's answer is larger than {limit} bytes.",

@@ -1057,6 +1057,37 @@ def test_an_answer_larger_than_the_response_limit_fails_the_call(report_service,
     )
 
 
+@pytest.mark.parametrize(
+    ("status", "category", "may_have_side_effect"),
+    [(429, ErrorCategory.RATE_LIMITED, False), (503, ErrorCategory.UPSTREAM_ERROR, True)],
+)
+def test_a_retryable_error_status_stays_retryable_whatever_the_size_of_its_body(
+    report_service, settings, status, category, may_have_side_effect
+):
+    # given a service that answers a transient error, asking to wait 7 s, with a body larger
+    # than the host reads (a gateway's error page, a stack trace)
+    settings.TOOL_RESPONSE_MAX_BYTES = 1000
+    report_service.status = status
+    report_service.headers = {"Content-Type": "text/html", "Retry-After": "7"}
+    report_service.body = b"<html>" + b"busy " * 2000 + b"</html>"
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then the status decides, as it does for a small body: a failure another try may pass,
+    # after the wait the service asked for; what is kept of the body is what the host read
+    failure = raised.value
+    assert str(failure) == f"The service answered {status}."
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        category,
+        True,
+        may_have_side_effect,
+    )
+    assert failure.retry_after == 7
+    assert failure.raw == {"text": report_service.body[:1000].decode()}
+
+
 def test_an_answer_that_trickles_in_past_the_timeout_fails_the_call_in_time(report_service):
     # given a service that sends its answer a byte every 0.2 s, each well within the tool's
     # timeout of 1 s, the whole answer taking 11 s
