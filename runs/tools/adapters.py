@@ -127,7 +127,8 @@ class ToolFailed(Exception):
         send it, or could not): nothing happened, whatever the tool does. `turned_away`: a
         limit turned it away (not attempted either), and it may pass once a slot frees or the
         circuit closes. `retry_after`: the seconds the tool
-        asked to wait before another try (an HTTP service's Retry-After). A category outside
+        asked to wait before another try (an HTTP service's Retry-After), or until the
+        tool's rate window frees a place (`limits.calls_enter`). A category outside
         the envelope's set (a handler's own word) is UNKNOWN: the model and the run's reason
         codes are given only the stable ones."""
         super().__init__(message)

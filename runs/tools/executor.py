@@ -508,10 +508,12 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     A limit that turned the call away (its concurrency or rate cap reached, its circuit open)
     did nothing, so the call waits for it, with jitter, at most as long as a crashed
     worker's slot can outlive it (the tool's timeout and a grace): an approved action is not
-    failed because other sends held every slot for a moment. Neither the wait nor a retry
-    goes past the task's time, nor does a try, whatever the tool's timeout: the deadline
-    its context holds (`tries_deadline`, taken by `side_effect_admit`, or by the
-    reconciliation that makes the send before it asked the tool about the key)."""
+    failed because other sends held every slot for a moment. It is not asked again before
+    its rate window frees a place (the refusal's `retry_after`): one that frees none in that
+    time fails the call at once. Neither the wait nor a retry goes past the task's time, nor
+    does a try, whatever the tool's timeout: the deadline its context holds
+    (`tries_deadline`, taken by `side_effect_admit`, or by the reconciliation that makes the
+    send before it asked the tool about the key)."""
     started = time.monotonic()
     timeout_s = admitted.tool_version.timeout_s
     task_deadline = admitted.context.deadline
@@ -522,10 +524,14 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
         if passage is not None:
             limits.calls_leave([(passage, False)])
         attempts += tried
-        turned_away = isinstance(outcome, ToolFailed) and outcome.turned_away
-        if not turned_away or time.monotonic() + LIMIT_WAIT_SECONDS[1] > deadline:
+        wait = (
+            max(random.uniform(*LIMIT_WAIT_SECONDS), outcome.retry_after or 0)
+            if isinstance(outcome, ToolFailed) and outcome.turned_away
+            else None
+        )
+        if wait is None or time.monotonic() + wait > deadline:
             return outcome, attempts, int((time.monotonic() - started) * 1000)
-        time.sleep(random.uniform(*LIMIT_WAIT_SECONDS))
+        time.sleep(wait)
 
 
 def side_effect_record(

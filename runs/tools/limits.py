@@ -8,6 +8,7 @@ breaker how its call ended in one more.
 """
 
 import functools
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -53,18 +54,20 @@ return 1
 # For each call (4 keys: circuit, trial, rate window, slots; 9 arguments after `now`): 0 when
 # it passes, and then it takes the half-open circuit's trial, a place in the rate window
 # (held as a slot is, until `per_seconds` after the call) and a slot; otherwise what refused
-# it (1 circuit open, 2 trial under way, 3 rate, 4 cap).
+# it (1 circuit open, 2 trial under way, 3 rate, 4 cap). With the codes, for each call, when
+# its rate window frees a place if the rate refused it (the `requests`-th newest place
+# lapses: the oldest, unless the rate was lowered), else ''.
 _ENTER = (
     _SLOTS
     + """
 local now = tonumber(ARGV[1])
-local codes = {}
+local codes, frees = {}, {}
 for i = 0, #KEYS / 4 - 1 do
   local k = i * 4
   local circuit, trial, rate, slots = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
   local a = i * 9 + 1
   local requests, cap = tonumber(ARGV[a + 3]), ARGV[a + 5]
-  local code, half_open = 0, false
+  local code, half_open, free = 0, false, ''
   if ARGV[a + 1] == '1' then
     local opened_until = tonumber(redis.call('GET', circuit))
     if opened_until then
@@ -77,7 +80,10 @@ for i = 0, #KEYS / 4 - 1 do
       end
     end
   end
-  if code == 0 and requests > 0 and slots_full(rate, now, requests) then code = 3 end
+  if code == 0 and requests > 0 and slots_full(rate, now, requests) then
+    code = 3
+    free = redis.call('ZRANGE', rate, -requests, -requests, 'WITHSCORES')[2]
+  end
   if code == 0 and slots_full(slots, now, cap) then code = 4 end
   if code == 0 then
     if half_open then redis.call('SET', trial, '1', 'EX', ARGV[a + 2]) end
@@ -85,8 +91,9 @@ for i = 0, #KEYS / 4 - 1 do
     slot_hold(slots, ARGV[a + 6], ARGV[a + 7], ARGV[a + 8])
   end
   codes[#codes + 1] = code
+  frees[#frees + 1] = free
 end
-return codes
+return {codes, frees}
 """
 )
 
@@ -176,7 +183,9 @@ def _slot_lifetime(tool_version: ToolVersion) -> int:
     return tool_version.timeout_s + SLOT_GRACE_SECONDS
 
 
-def _refusal(tool_version: ToolVersion, code: int) -> ToolFailed:
+def _refusal(tool_version: ToolVersion, code: int, wait: float | None) -> ToolFailed:
+    """Why a call was turned away; `wait`: the seconds until its rate window frees a place,
+    when the rate refused it, which the refusal tells (`retry_after`) and says."""
     name = tool_version.qualified_name
     if code in (1, 2):
         why = "calls are paused for a while" if code == 1 else "a trial call is under way"
@@ -188,11 +197,18 @@ def _refusal(tool_version: ToolVersion, code: int) -> ToolFailed:
         )
     if code == 3:
         limit = tool_version.rate_limit
-        message = f"{name} allows {limit['requests']} calls per {limit['per_seconds']} s."
+        message = (
+            f"{name} allows {limit['requests']} calls per {limit['per_seconds']} s; "
+            f"try again in {math.ceil(wait)} s."
+        )
     else:
         message = f"{name} is at its concurrency cap."
     return ToolFailed(
-        message, category=ErrorCategory.RATE_LIMITED, retryable=True, turned_away=True
+        message,
+        category=ErrorCategory.RATE_LIMITED,
+        retryable=True,
+        turned_away=True,
+        retry_after=wait,
     )
 
 
@@ -233,10 +249,14 @@ def calls_enter(
             lifetime * 2,
             now + per_seconds,
         ]
-    codes = _eval(_ENTER, keys, arguments)
+    codes, frees = _eval(_ENTER, keys, arguments)
     return [
-        Passage(tool_version, holder) if code == 0 else _refusal(tool_version, code)
-        for tool_version, holder, code in zip(tool_versions, holders, codes, strict=True)
+        Passage(tool_version, holder)
+        if code == 0
+        else _refusal(tool_version, code, max(0.0, float(free) - now) if free else None)
+        for tool_version, holder, code, free in zip(
+            tool_versions, holders, codes, frees, strict=True
+        )
     ]
 
 

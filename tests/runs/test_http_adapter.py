@@ -31,6 +31,7 @@ from runs.models.tools import source_reference
 from runs.tools import limits
 from runs.tools.adapters import ToolContext, ToolFailed, ToolOutput, http_call
 from runs.tools.envelope import ErrorCategory, business_done
+from runs.tools.executor import LIMIT_WAIT_SECONDS
 from tests.approvals.conftest import waiting_run
 from tests.approvals.test_sensitive_fields import revealed
 from tests.loopback import loopback_server
@@ -1332,6 +1333,102 @@ def test_a_service_that_asks_for_a_longer_wait_than_the_retry_policy_s_is_not_ca
         "RATE_LIMITED",
         True,
     )
+
+
+def test_a_call_the_tool_s_rate_limit_turned_away_is_retried_once_its_window_frees_a_place(
+    demo, report_service
+):
+    # given a read tool that allows 1 call a second, retried after 0.05 s, and a run that
+    # just called it
+    http_reader_add(
+        demo,
+        report_service.url,
+        tool="report_read",
+        agent="report-reader",
+        rate_limit={"requests": 1, "per_seconds": 1},
+        retry_policy=RETRIES_WITHIN_5_S,
+    )
+    first = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(first.pk))
+    started = time.monotonic()
+
+    # when another run calls it at once
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then its call waited for the window instead of spending its tries while it was full,
+    # and was answered
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(report_service.requests)) == ("completed", 1, 2)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_a_call_the_tool_s_rate_limit_turned_away_tells_the_model_when_to_try_again(
+    demo, report_service
+):
+    # given a read tool that allows 1 call a minute, retried within 5 s, and a run that just
+    # called it
+    http_reader_add(
+        demo,
+        report_service.url,
+        tool="report_read",
+        agent="report-reader",
+        rate_limit={"requests": 1, "per_seconds": 60},
+        retry_policy=RETRIES_WITHIN_5_S,
+    )
+    first = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(first.pk))
+
+    # when another run calls it at once
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then its call failed as one a later try may pass, and the model is told when
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(report_service.requests)) == ("failed", 0, 1)
+    assert (record.envelope["error"]["category"], record.envelope["retryable"]) == (
+        "RATE_LIMITED",
+        True,
+    )
+    told = re.fullmatch(
+        r"report_read@1\.0\.0 allows 1 calls per 60 s; try again in (\d+) s\.",
+        record.envelope["error"]["message"],
+    )
+    assert told and 50 <= int(told[1]) <= 60
+    [result] = [
+        entry for entry in Run.objects.get(pk=run.pk).transcript if entry["kind"] == "tool_result"
+    ]
+    assert f"try again in {told[1]} s" in result["content"]
+
+
+def test_an_approved_send_its_rate_window_keeps_out_past_its_time_fails_at_once(
+    demo, report_service, monkeypatch
+):
+    # given the running example's approved send through an HTTP mail service that allows 1
+    # send a minute, and a send of a minute ago is still in its window
+    run, action, mail_send = approved_http_send(demo, report_service, monkeypatch)
+    monkeypatch.setattr(mail_send, "rate_limit", {"requests": 1, "per_seconds": 60})
+    [held] = limits.calls_enter([mail_send], tenant_id=run.tenant_id)
+    limits.calls_leave([(held, False)])
+    started = time.monotonic()
+
+    # when the approved send is made
+    services.action_execute(action_id=action.pk)
+
+    # then it does not hold its task asking the full window again and again: nothing was
+    # sent, the action failed as one a later try may pass, and it says when
+    assert time.monotonic() - started < LIMIT_WAIT_SECONDS[1]
+    assert report_service.requests == []
+    action.refresh_from_db()
+    assert action.status == ActionStatus.FAILED
+    assert action.outcome["error"]["category"] == "RATE_LIMITED"
+    told = re.fullmatch(
+        rf"{re.escape(mail_send.qualified_name)} allows 1 calls per 60 s; "
+        r"try again in (\d+) s\.",
+        action.outcome["error"]["message"],
+    )
+    assert told and 50 <= int(told[1]) <= 60
+    assert Run.objects.get(pk=run.pk).status == "FAILED_RETRYABLE"
 
 
 # Retried at once, up to 5 times, every 0.5 s.

@@ -110,6 +110,68 @@ def test_the_rate_limit_holds_for_any_stretch_of_its_length_across_a_window_boun
     assert isinstance(enter(tool_version), ToolFailed)
 
 
+def test_a_call_the_rate_limit_refuses_is_told_when_the_window_frees_a_place(
+    tool_version, monkeypatch
+):
+    # given two calls 10 s apart of a tool that allows 2 per 60 s
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    call(tool_version)
+    clock[0] += 10
+    call(tool_version)
+
+    # when a third is asked for 15 s after the first
+    clock[0] += 5
+    refused = enter(tool_version)
+
+    # then it is refused until the first is a minute old, 45 s on, and told so
+    assert isinstance(refused, ToolFailed)
+    assert (refused.category, refused.retryable, refused.turned_away) == (
+        ErrorCategory.RATE_LIMITED,
+        True,
+        True,
+    )
+    assert refused.retry_after == 45
+    assert "allows 2 calls per 60 s; try again in 45 s" in str(refused)
+    clock[0] += 44.9
+    assert isinstance(enter(tool_version), ToolFailed)
+    clock[0] += 0.1
+    assert isinstance(enter(tool_version), limits.Passage)
+
+
+def test_after_the_rate_was_lowered_a_refused_call_waits_for_enough_calls_to_lapse(
+    tool_version, monkeypatch
+):
+    # given three calls a second apart, then the tool's rate lowered to 1 per 60 s
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    tool_version.rate_limit = {"requests": 3, "per_seconds": 60}
+    for _ in range(3):
+        call(tool_version)
+        clock[0] += 1
+    tool_version.rate_limit = {"requests": 1, "per_seconds": 60}
+
+    # when
+    refused = enter(tool_version)
+
+    # then it may pass only once the newest is a minute old, not the oldest
+    assert refused.retry_after == 59
+    clock[0] += 58.9
+    assert isinstance(enter(tool_version), ToolFailed)
+    clock[0] += 0.1
+    assert isinstance(enter(tool_version), limits.Passage)
+
+
+def test_a_call_the_concurrency_cap_refuses_is_told_no_time(tool_version):
+    held = enter(tool_version)
+
+    refused = enter(tool_version)
+
+    assert "concurrency cap" in str(refused)
+    assert refused.retry_after is None
+    limits.calls_leave([(held, False)])
+
+
 def test_a_call_one_limit_refuses_takes_nothing_from_the_others(tool_version):
     held = enter(tool_version)
     assert isinstance(enter(tool_version), ToolFailed)  # the cap: not counted in the window
