@@ -125,7 +125,10 @@ class _Client(httpx2.Client):
         if encoding not in ("", "identity"):
             watchdog.cancel()
             response.close()
-            raise AnswerRefused(f"answered in {encoding[:40]} encoding, which was not asked for")
+            # Named only when it is a coding HTTP defines: the header's text is the server's,
+            # and may quote what it was sent (the key).
+            named = encoding if encoding in _CONTENT_CODINGS else "an unrecognised"
+            raise AnswerRefused(f"answered in {named} encoding, which was not asked for")
         response.encoding = text_encoding(response.encoding)
         response.stream = _BoundedBody(
             response.stream,
@@ -140,6 +143,12 @@ class _Client(httpx2.Client):
             if watchdog is not threading.current_thread():
                 watchdog.join()
         super().close()
+
+
+# The content codings of HTTP's registry, which an error message may name.
+_CONTENT_CODINGS = frozenset(
+    {"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "aes128gcm", "exi"}
+)
 
 
 def http_client(timeout_s: float) -> httpx2.Client:

@@ -793,6 +793,17 @@ def test_an_answer_larger_than_the_limit_or_compressed_is_refused(api_key, setti
 
 
 @CONFIGS
+def test_an_encoding_the_answer_names_is_not_quoted_unless_http_defines_it(api_key, make_config):
+    # given a gateway that echoes the key it was sent as the answer's Content-Encoding
+    with _answering(b"{}", encoding=f"x-{api_key}") as port, pytest.raises(ModelError) as raised:
+        model_client_for(make_config(port)).complete(request_of(UserMessage(text="Hi")))
+
+    # then the refusal says so without quoting it
+    assert "answered in an unrecognised encoding, which was not asked for" in str(raised.value)
+    assert api_key.lower() not in str(raised.value).lower()
+
+
+@CONFIGS
 @pytest.mark.parametrize("charset", ["rot13", "base64", "zlib", "undefined"])
 def test_an_error_answer_in_a_charset_of_no_text_is_read_as_utf_8(api_key, make_config, charset):
     # given a provider's gateway overloaded, whose error page names a codec Python has but
