@@ -34,9 +34,11 @@ import hashlib
 import json
 import unicodedata
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from config import jsontext
@@ -216,6 +218,24 @@ def _drop_oldest_exchange(entries: list[dict[str, Any]]) -> list[dict[str, Any]]
     return entries[:start] + told + entries[end:]
 
 
+def _unexpired(memory: list[Any]) -> list[Any]:
+    """The run's copy of its requester's memory without the items whose `expires_at` has
+    passed (the sweep or the step's save has not dropped them yet), and without that date,
+    which the model is not shown. An item recalled before copies kept it stays."""
+    now = timezone.now()
+    return [
+        {name: value for name, value in entry.items() if name != "expires_at"}
+        if isinstance(entry, dict)
+        else entry
+        for entry in memory
+        if not (
+            isinstance(entry, dict)
+            and "expires_at" in entry
+            and datetime.fromisoformat(entry["expires_at"]) <= now
+        )
+    ]
+
+
 def context_build(
     *,
     run_state: dict[str, Any],
@@ -242,7 +262,7 @@ def context_build(
         + "\n```",
         "output_contract": "# Output contract\n" + jsontext.dumps(output_contract, sort_keys=True),
     }
-    recalled = list(run_state.get("memory") or [])
+    recalled = _unexpired(run_state.get("memory") or [])
     memory = jsontext.strings_mapped(recalled, visible)
     earlier = list(run_state.get("history", []))
     conversation = jsontext.strings_mapped(earlier, visible)

@@ -15,10 +15,11 @@ purpose, freshness and sensitivity, and each item keeps its source.
 A run keeps what it retrieved at its start in `run.state["memory"]`. An item the user deletes
 (or that outlives its TTL) leaves that copy in each of their runs that has not finished: at
 once in a run nobody holds (one waiting for approval included; an expired one at the hourly
-sweep), and in a run a step holds, from that step's save on. An item the user raises to a
-higher sensitivity takes that level in the copy of each of their runs, finished ones too,
-and leaves the copy of a run not finished whose data scope is below it, in the same two
-ways. Only the run's state changes: its event log is never edited. A viewer of the run
+sweep), and in a run a step holds, from that step's save on; an expired one is not given to
+a model turn meanwhile (the copy keeps each item's expiry: `runs.context`). An item the user
+raises to a higher sensitivity takes that level in the copy of each of their runs, finished
+ones too, and leaves the copy of a run not finished whose data scope is below it, in the
+same two ways. Only the run's state changes: its event log is never edited. A viewer of the run
 without clearance sees the value of an item above `internal` masked wherever the run shows
 it (`runs.selectors.recalled_texts`), also after the item left the run's copy
 (`memory_left`).
@@ -310,9 +311,10 @@ def _copy_leveled(
 
 def memories_kept(run: Run) -> dict[str, Any]:
     """The state of `run` (its copy as `memory_retrieve` made it) without the items the
-    user has deleted since or that outlived their TTL, and with those the user raised at
-    their new level (leaving the copy above the run's data scope), for the step that saves
-    the run: the items stay locked until it commits, so that a change either committed
+    user has deleted since or that outlived their TTL, with those the user raised at their
+    new level (leaving the copy above the run's data scope) and each kept one with its
+    expiry as it is now (one the user renewed goes on to the next turns), for the step that
+    saves the run: the items stay locked until it commits, so that a change either committed
     before (and is followed here) or waits for the step's save (and then reaches the run
     itself)."""
     if not run.state.get("memory"):
@@ -328,9 +330,17 @@ def memories_kept(run: Run) -> dict[str, Any]:
         .select_for_update(no_key=True)
         .order_by("pk")
     )
-    levels = {str(pk): level for pk, level in kept.values_list("pk", "sensitivity")}
+    levels, expiries = {}, {}
+    for pk, level, expires_at in kept.values_list("pk", "sensitivity", "expires_at"):
+        levels[str(pk)], expiries[str(pk)] = level, expires_at.isoformat()
+    memory = [
+        {**entry, "expires_at": expiries[entry["id"]]}
+        if isinstance(entry, dict) and entry.get("id") in expiries
+        else entry
+        for entry in run.state["memory"]
+    ]
     return _copy_leveled(
-        run.state,
+        {**run.state, "memory": memory},
         {item_id: levels.get(item_id) for item_id in ids if isinstance(item_id, str)},
         scope=_data_scope(run),
     )
@@ -340,10 +350,11 @@ def memory_retrieve(
     *, tenant: Tenant, user: AbstractBaseUser, purpose: str, max_sensitivity: str
 ) -> list[dict[str, Any]]:
     """The live items a task may use: this tenant and user, this purpose (or any), not
-    expired, not above `max_sensitivity`; each with its source and its sensitivity (a viewer
+    expired, not above `max_sensitivity`; each with its source, its sensitivity (a viewer
     of the run without clearance does not see the value of one above internal:
-    `runs.selectors.memory_hidden`). Of more than MEMORY_RETRIEVE_MAX, those kept for this
-    purpose come first, then the latest confirmed."""
+    `runs.selectors.memory_hidden`) and when it expires (a model turn is not given it after
+    that, before the sweep or the step's save drops it: `runs.context`). Of more than
+    MEMORY_RETRIEVE_MAX, those kept for this purpose come first, then the latest confirmed."""
     allowed = DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(max_sensitivity) + 1]
     items = memories_of(tenant=tenant, user=user).filter(
         expires_at__gt=timezone.now(),
@@ -358,6 +369,7 @@ def memory_retrieve(
             "value": item.value,
             "sensitivity": item.sensitivity,
             "confirmed_at": item.confirmed_at.isoformat(),
+            "expires_at": item.expires_at.isoformat(),
             "source": {"origin": item.origin, **item.source},
         }
         for item in sorted(

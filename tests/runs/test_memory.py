@@ -1064,3 +1064,59 @@ def test_an_item_that_expired_between_steps_leaves_the_run_at_its_next_save(demo
 
     # then the step's save left the expired item out
     assert _memory_of(run) == ["summary_language"]
+
+
+def test_an_item_that_expired_between_steps_is_not_in_the_next_model_context(
+    demo, planner_requests
+):
+    # given a run that took its memory at its start, before its first model turn
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    assert _memory_of(run) == ["summary_language", "tone"]
+    planner_requests.clear()
+
+    # when one item outlives its TTL before the hourly sweep, and the run goes on
+    _expire(tone)
+    expired = MemoryItem.objects.get(pk=tone.pk).expires_at.isoformat()
+    state = Run.objects.get(pk=run.pk).state
+    state["memory"] = [
+        {**entry, "expires_at": expired} if entry["id"] == str(tone.pk) else entry
+        for entry in state["memory"]
+    ]
+    Run.objects.filter(pk=run.pk).update(state=state)
+    run_execute(run_id=str(run.pk))
+
+    # then no model turn was given it, nor any item's expiry
+    assert planner_requests
+    for request in planner_requests:
+        assert "summary_language" in repr(request.transcript)
+        assert "formal" not in repr(request)
+        assert "expires_at" not in repr(request)
+
+
+def test_an_item_renewed_between_steps_takes_its_new_expiry_at_the_next_save(demo):
+    # given a run between its steps whose copy of an item has an expiry that has passed,
+    # while the user renewed the item itself
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    state = Run.objects.get(pk=run.pk).state
+    state["memory"] = [
+        {**entry, "expires_at": (timezone.now() - timedelta(minutes=1)).isoformat()}
+        for entry in state["memory"]
+    ]
+    Run.objects.filter(pk=run.pk).update(state=state)
+    renewed = prefer(demo.acme, demo.alice, key="tone", value="formal")
+
+    # when the run takes its next step
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # then the step's save kept the item with the expiry it has now
+    assert renewed.pk == tone.pk
+    copy = {entry["key"]: entry for entry in Run.objects.get(pk=run.pk).state["memory"]}
+    assert copy["tone"]["expires_at"] == renewed.expires_at.isoformat()
