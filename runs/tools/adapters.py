@@ -293,7 +293,8 @@ def _answer(
 ) -> tuple[httpx.Response, bytes]:
     """The service's response and its body, read within `seconds` as a whole and up to
     TOOL_RESPONSE_MAX_BYTES (past it, the body of an answer that is not a success is cut
-    there, and that of a success fails the call). httpx times each read, not the whole: a
+    there, and that of a success fails the call; one in an encoding not asked for is not
+    read). httpx times each read, not the whole: a
     service that sends a byte now and then, of its headers or its body, would hold the call
     for ever. So the body is read against the deadline, and at the deadline the client is
     closed under a read of the headers, which then fails within one more read's timeout."""
@@ -320,9 +321,11 @@ def _answer(
                 "POST", tool_version.adapter_config["url"], json=body, headers=headers
             ) as response:
                 sent = response.headers.get("content-encoding", "identity").strip()
-                encoding = sent.lower()
-                if encoding not in ("", "identity"):
-                    # Asked for none: a compressed answer is inflated before its size is known.
+                # Asked for none: a compressed answer is inflated before its size is known.
+                # That of a success fails the call; that of any other answer is not read, its
+                # status saying what became of the call (a 429 or 503 may pass later).
+                compressed = sent.lower() not in ("", "identity")
+                if compressed and response.is_success:
                     raise ToolFailed(
                         f"The service answered in "
                         f"{_header_shown(sent, chars=40, credential=credential)} encoding, "
@@ -332,7 +335,7 @@ def _answer(
                         may_have_side_effect=may_have_side_effect,
                     )
                 chunks, size = [], 0
-                for chunk in response.iter_raw():
+                for chunk in () if compressed else response.iter_raw():
                     size += len(chunk)
                     if size > limit and not response.is_success:
                         # Its status says what became of the call (a 429 or 503 may pass

@@ -720,6 +720,39 @@ def test_a_compressed_answer_nobody_asked_for_fails_the_call_before_it_is_inflat
     assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
 
 
+@pytest.mark.parametrize(
+    ("status", "category", "may_have_side_effect"),
+    [(429, ErrorCategory.RATE_LIMITED, False), (503, ErrorCategory.UPSTREAM_ERROR, True)],
+)
+def test_a_retryable_error_status_stays_retryable_whatever_the_encoding_of_its_body(
+    report_service, status, category, may_have_side_effect
+):
+    # given a service that answers a transient error, asking to wait 7 s, with a gzipped body
+    # although the host asked for none (a gateway that compresses every page it sends)
+    report_service.status = status
+    report_service.headers = {
+        "Content-Type": "text/html",
+        "Content-Encoding": "gzip",
+        "Retry-After": "7",
+    }
+    report_service.body = gzip.compress(b"<html>busy</html>")
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then the status decides, as it does for a plain body: a failure another try may pass,
+    # after the wait the service asked for
+    failure = raised.value
+    assert str(failure).startswith(f"The service answered {status}")
+    assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
+        category,
+        True,
+        may_have_side_effect,
+    )
+    assert failure.retry_after == 7
+
+
 class TricklingHeaders(BaseHTTPRequestHandler):
     """Reads the call and sends its answer's status line and headers a byte every 0.2 s."""
 
