@@ -128,7 +128,8 @@ class ToolFailed(Exception):
         limit turned it away (not attempted either), and it may pass once a slot frees or the
         circuit closes. `retry_after`: the seconds the tool
         asked to wait before another try (an HTTP service's Retry-After), or until the
-        tool's rate window frees a place (`limits.calls_enter`). A category outside
+        tool's open circuit lets a trial through or its rate window frees a place
+        (`limits.calls_enter`). A category outside
         the envelope's set (a handler's own word) is UNKNOWN: the model and the run's reason
         codes are given only the stable ones."""
         super().__init__(message)

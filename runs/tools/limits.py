@@ -55,8 +55,9 @@ return 1
 # it passes, and then it takes the half-open circuit's trial, a place in the rate window
 # (held as a slot is, until `per_seconds` after the call) and a slot; otherwise what refused
 # it (1 circuit open, 2 trial under way, 3 rate, 4 cap). With the codes, for each call, when
-# its rate window frees a place if the rate refused it (the `requests`-th newest place
-# lapses: the oldest, unless the rate was lowered), else ''.
+# its circuit lets a trial through if the open circuit refused it, when its rate window frees
+# a place if the rate refused it (the `requests`-th newest place lapses: the oldest, unless
+# the rate was lowered), else ''.
 _ENTER = (
     _SLOTS
     + """
@@ -69,10 +70,10 @@ for i = 0, #KEYS / 4 - 1 do
   local requests, cap = tonumber(ARGV[a + 3]), ARGV[a + 5]
   local code, half_open, free = 0, false, ''
   if ARGV[a + 1] == '1' then
-    local opened_until = tonumber(redis.call('GET', circuit))
+    local opened_until = redis.call('GET', circuit)
     if opened_until then
-      if now < opened_until then
-        code = 1
+      if now < tonumber(opened_until) then
+        code, free = 1, opened_until
       elseif redis.call('EXISTS', trial) == 1 then
         code = 2
       else
@@ -184,16 +185,22 @@ def _slot_lifetime(tool_version: ToolVersion) -> int:
 
 
 def _refusal(tool_version: ToolVersion, code: int, wait: float | None) -> ToolFailed:
-    """Why a call was turned away; `wait`: the seconds until its rate window frees a place,
-    when the rate refused it, which the refusal tells (`retry_after`) and says."""
+    """Why a call was turned away; `wait`: the seconds until its circuit lets a trial
+    through, when the open circuit refused it, or until its rate window frees a place, when
+    the rate refused it, which the refusal tells (`retry_after`) and says."""
     name = tool_version.qualified_name
     if code in (1, 2):
-        why = "calls are paused for a while" if code == 1 else "a trial call is under way"
+        why = (
+            f"calls are paused; try again in {math.ceil(wait)} s"
+            if code == 1
+            else "a trial call is under way"
+        )
         return ToolFailed(
             f"{name} is failing; {why}.",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
             turned_away=True,
+            retry_after=wait,
         )
     if code == 3:
         limit = tool_version.rate_limit

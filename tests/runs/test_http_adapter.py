@@ -1434,6 +1434,43 @@ def test_a_call_the_tool_s_rate_limit_turned_away_tells_the_model_when_to_try_ag
     assert f"try again in {told[1]} s" in result["content"]
 
 
+def test_a_call_the_tool_s_open_circuit_turned_away_tells_the_model_when_to_try_again(
+    demo, report_service
+):
+    # given a read tool whose circuit opens for 30 s on its first failure, retried within 5 s,
+    # and a run whose call of it the service failed
+    report_service.status = 503
+    http_reader_add(
+        demo,
+        report_service.url,
+        tool="report_read",
+        agent="report-reader",
+        circuit_breaker={"failure_threshold": 1, "reset_after_s": 30},
+        retry_policy=RETRIES_WITHIN_5_S,
+    )
+    first = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(first.pk))
+    assert limits.circuit_state(ToolVersion.objects.get(tool__name="report_read")) == "open"
+
+    # when another run calls it at once
+    run = demo_run(demo, text="Read Apollo's report.", agent="report-reader", project_id="apollo")
+    run_execute(run_id=str(run.pk))
+
+    # then its call failed, nothing sent, as one a later try may pass, and the model is told when
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert (record.status, record.attempts, len(report_service.requests)) == ("failed", 0, 1)
+    assert record.envelope["retryable"] is True
+    told = re.fullmatch(
+        r"report_read@1\.0\.0 is failing; calls are paused; try again in (\d+) s\.",
+        record.envelope["error"]["message"],
+    )
+    assert told and 20 <= int(told[1]) <= 30
+    [result] = [
+        entry for entry in Run.objects.get(pk=run.pk).transcript if entry["kind"] == "tool_result"
+    ]
+    assert f"try again in {told[1]} s" in result["content"]
+
+
 def test_an_approved_send_its_rate_window_keeps_out_past_its_time_fails_at_once(
     demo, report_service, monkeypatch
 ):

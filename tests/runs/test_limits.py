@@ -198,6 +198,33 @@ def test_the_circuit_opens_after_the_threshold_and_a_success_resets_the_count(to
     assert limits.circuit_state(tool_version) == "open"
 
 
+def test_a_call_the_open_circuit_refuses_is_told_when_it_half_opens(tool_version, monkeypatch):
+    # given a tool whose circuit opened (for 30 s) on its second failure
+    tool_version.rate_limit = {}
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    call(tool_version, failed=True)
+    call(tool_version, failed=True)
+
+    # when a call is asked for 12.5 s later
+    clock[0] += 12.5
+    refused = enter(tool_version)
+
+    # then it is refused until the circuit lets a trial through, 17.5 s on, and told so
+    assert isinstance(refused, ToolFailed)
+    assert (refused.category, refused.retryable, refused.turned_away) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        True,
+        True,
+    )
+    assert refused.retry_after == 17.5
+    assert "calls are paused; try again in 18 s" in str(refused)
+    clock[0] += 17.4
+    assert isinstance(enter(tool_version), ToolFailed)
+    clock[0] += 0.1
+    assert isinstance(enter(tool_version), limits.Passage)
+
+
 def test_the_longest_reset_a_tool_version_may_have_still_opens_its_circuit(make_tool_version):
     longest = CIRCUIT_BREAKER_SCHEMA["properties"]["reset_after_s"]["maximum"]
     tool_version = make_tool_version(
