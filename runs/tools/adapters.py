@@ -15,6 +15,7 @@ returns, and whatever it returns then is dropped, never recorded.
 import importlib
 import json
 import logging
+import math
 import threading
 import time
 import traceback
@@ -477,13 +478,18 @@ def http_call(
             raw={"location": _redirect_target(response), "body": payload},
         )
     if not response.is_success:
+        # A try that may pass later is told when, if the service said (as a call the tool's
+        # own rate limit turned away is).
+        retryable = is_retryable_status(response.status_code)
+        wait = retry_after(response.headers)
+        when = f"; try again in {math.ceil(wait)} s" if retryable and wait is not None else ""
         raise ToolFailed(
-            f"The service answered {response.status_code}.",
+            f"The service answered {response.status_code}{when}.",
             category=_HTTP_CATEGORIES.get(response.status_code, ErrorCategory.UPSTREAM_ERROR),
-            retryable=is_retryable_status(response.status_code),
+            retryable=retryable,
             may_have_side_effect=response.status_code >= 500,
             raw=payload,
-            retry_after=retry_after(response.headers),
+            retry_after=wait,
         )
     if not is_json:
         # The service states what it did in its JSON: a 2xx without it (a proxy's page, an

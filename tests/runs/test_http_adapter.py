@@ -744,7 +744,7 @@ def test_a_retryable_error_status_stays_retryable_whatever_the_encoding_of_its_b
     # then the status decides, as it does for a plain body: a failure another try may pass,
     # after the wait the service asked for
     failure = raised.value
-    assert str(failure).startswith(f"The service answered {status}")
+    assert str(failure) == f"The service answered {status}; try again in 7 s."
     assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
         category,
         True,
@@ -1112,7 +1112,7 @@ def test_a_retryable_error_status_stays_retryable_whatever_the_size_of_its_body(
     # then the status decides, as it does for a small body: a failure another try may pass,
     # after the wait the service asked for; what is kept of the body is what the host read
     failure = raised.value
-    assert str(failure) == f"The service answered {status}."
+    assert str(failure) == f"The service answered {status}; try again in 7 s."
     assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
         category,
         True,
@@ -1366,6 +1366,50 @@ def test_a_service_that_asks_for_a_longer_wait_than_the_retry_policy_s_is_not_ca
         "RATE_LIMITED",
         True,
     )
+
+
+def test_a_service_that_answers_429_with_its_wait_tells_the_model_when_to_try_again(demo):
+    # given a read tool retried within 5 s, whose service asks the first call to wait 30 s
+    handler, _ = rate_limited_once("30")
+    with loopback_server(handler) as port:
+        service = ReportService(url=f"http://127.0.0.1:{port}/report")
+
+        # when
+        run = report_read(demo, service, retry_policy=RETRIES_WITHIN_5_S)
+
+    # then the model is told the service's answer and when to call again, as a call the
+    # tool's own rate limit turned away is
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["error"]["message"] == "The service answered 429; try again in 30 s."
+    [result] = [
+        entry for entry in Run.objects.get(pk=run.pk).transcript if entry["kind"] == "tool_result"
+    ]
+    assert "The service answered 429; try again in 30 s." in result["content"]
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "told"),
+    [
+        (429, {"Retry-After": "2.5"}, "The service answered 429; try again in 3 s."),
+        (503, {"Retry-After": "7"}, "The service answered 503; try again in 7 s."),
+        (429, {}, "The service answered 429."),
+        (400, {"Retry-After": "7"}, "The service answered 400."),
+    ],
+)
+def test_an_error_status_says_when_to_try_again_when_the_service_said_and_a_try_may_pass(
+    report_service, status, headers, told
+):
+    # given a service that answers an error status, with or without a Retry-After
+    report_service.status = status
+    report_service.headers = {"Content-Type": "application/json", **headers}
+    report_service.body = b'{"error": "not now"}'
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then
+    assert str(raised.value) == told
 
 
 def test_a_call_the_tool_s_rate_limit_turned_away_is_retried_once_its_window_frees_a_place(
