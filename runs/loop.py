@@ -1170,6 +1170,14 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
         ),
     )
+    estimated = [
+        name
+        for name, reported in (
+            ("input", response.usage.input_tokens),
+            ("output", response.usage.output_tokens),
+        )
+        if not reported
+    ]
     cost = _spend(run, prices, counted)
     tracing.span_add(
         run,
@@ -1181,6 +1189,11 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         input_tokens=response.usage.input_tokens,
         cached_input_tokens=response.usage.cached_input_tokens,
         output_tokens=response.usage.output_tokens,
+        # What the run counted and charged, as `model.responded` has it beside the above.
+        counted_input_tokens=counted.input_tokens,
+        counted_cached_input_tokens=counted.cached_input_tokens,
+        counted_output_tokens=counted.output_tokens,
+        estimated_tokens=estimated,
         cost=str(cost),
         tool_calls=len(response.tool_calls),
         stop_reason=response.stop_reason,
@@ -1205,14 +1218,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             "input": counted.input_tokens,
             "cached_input": counted.cached_input_tokens,
             "output": counted.output_tokens,
-            "estimated": [
-                name
-                for name, reported in (
-                    ("input", response.usage.input_tokens),
-                    ("output", response.usage.output_tokens),
-                )
-                if not reported
-            ],
+            "estimated": estimated,
         },
         cost=str(cost),
         stop_reason=response.stop_reason,

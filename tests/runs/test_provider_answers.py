@@ -16,7 +16,7 @@ from approvals.models import BusinessAction
 from registry.choices import ModelProvider
 from registry.models import AgentConfig, ModelConfig
 from registry.services.common import registry_object_save
-from runs import quotas
+from runs import otel, quotas
 from runs.loop import ModelTemporarilyUnavailable, run_execute
 from runs.model_clients.answers import MODEL_NAME_MAX_CHARS, TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
@@ -311,6 +311,47 @@ def test_a_turn_the_provider_reports_no_usage_of_says_what_the_run_counted_for_i
     assert [turn["counted"]["estimated"] for turn in turns] == [["input", "output"]] * 2
     assert run.tokens_used == sum(
         turn["counted"]["input"] + turn["counted"]["output"] for turn in turns
+    )
+
+
+def test_the_span_of_a_turn_the_provider_reports_no_usage_of_says_what_the_run_charged(
+    demo, fake_model
+):
+    # given a provider that leaves `usage` out of its answers, on a model with prices
+    fake = fake_model()
+    for reply in (read_apollo(), openai_completion(content=json.dumps(apollo_draft()))):
+        del reply["usage"]
+        fake.reply(reply)
+    ModelConfig.objects.filter(name__startswith="fake-").update(
+        price_per_1k_input=Decimal("0.01"), price_per_1k_output=Decimal("0.03")
+    )
+
+    # when a run's turns are answered by it
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    # then each model.turn span keeps the provider's 0 and, beside it, the tokens the run
+    # counted and charged, and which were estimated, as model.responded does; so does what
+    # an OTel exporter is given of it
+    turns = [event.payload for event in run.events.filter(type="model.responded")]
+    spans = list(run.spans.filter(name="model.turn").order_by("started_at"))
+    assert len(spans) == len(turns) == 2
+    for span, turn in zip(spans, turns, strict=True):
+        assert (span.attributes["input_tokens"], span.attributes["output_tokens"]) == (0, 0)
+        assert Decimal(span.attributes["cost"]) == Decimal(turn["cost"]) > 0
+        assert {
+            "input": span.attributes["counted_input_tokens"],
+            "cached_input": span.attributes["counted_cached_input_tokens"],
+            "output": span.attributes["counted_output_tokens"],
+            "estimated": span.attributes["estimated_tokens"],
+        } == turn["counted"]
+        exported = otel.readable(
+            span, run_id=str(run.pk), sensitive=frozenset(), texts=frozenset()
+        ).attributes
+        assert exported["counted_input_tokens"] == turn["counted"]["input"]
+        assert exported["counted_output_tokens"] == turn["counted"]["output"]
+    assert run.tokens_used == sum(
+        span.attributes["counted_input_tokens"] + span.attributes["counted_output_tokens"]
+        for span in spans
     )
 
 
