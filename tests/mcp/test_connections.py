@@ -141,37 +141,44 @@ def test_a_server_that_exits_at_start_says_it_closed_the_connection(overrides, a
     assert time.monotonic() - started < 3
 
 
-def test_what_a_stdio_server_writes_to_stderr_is_logged_without_its_credential(
-    overrides, monkeypatch, capfd, caplog
-):
-    # given a stdio server given a credential in its environment, which prints it on stderr
-    # as it fails to start
-    monkeypatch.setenv("TEST_LEAKY_TOKEN", TOKEN)
+def _stderr_logged(monkeypatch, caplog, *, credential: str, script: str, line: str) -> None:
+    """Open a stdio server given `credential` as API_TOKEN, whose `script` writes to stderr
+    as it fails to start; wait until the platform's log has `line`."""
+    monkeypatch.setenv("TEST_LEAKY_TOKEN", credential)
     leaky = McpServer(
         name="leaky",
         transport=McpServer.Transport.STDIO,
         command=sys.executable,
-        args=[
-            "-c",
-            "import os, sys; token = os.environ['API_TOKEN']; "
-            "print('x' * 4090 + token, file=sys.stderr); "
-            "print('auth failed for', token, file=sys.stderr)",
-        ],
+        args=["-c", script],
         env={"API_TOKEN": "TEST_LEAKY_TOKEN"},
         timeout_s=5,
     )
     caplog.set_level(logging.INFO, logger="registry.mcp.connections")
-
-    # when the platform opens it
     with pytest.raises(McpUnavailable):
         connections.tools(endpoint_for(leaky))
     connections.close_all()
+    deadline = time.monotonic() + 5
+    while line not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_what_a_stdio_server_writes_to_stderr_is_logged_without_its_credential(
+    overrides, monkeypatch, capfd, caplog
+):
+    # given a stdio server given a credential in its environment, which prints it on stderr
+    # as it fails to start, when the platform opens it
+    _stderr_logged(
+        monkeypatch,
+        caplog,
+        credential=TOKEN,
+        script="import os, sys; token = os.environ['API_TOKEN']; "
+        "print('x' * 4090 + token, file=sys.stderr); "
+        "print('auth failed for', token, file=sys.stderr)",
+        line="auth failed for",
+    )
 
     # then its line is in the platform's log, the credential redacted, and nowhere else; a
     # line too long to log, the credential across where it would be cut, is left out whole
-    deadline = time.monotonic() + 5
-    while "auth failed for" not in caplog.text and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert "platform/leaky (stderr): auth failed for [redacted]" in caplog.text
     captured = capfd.readouterr()
     assert TOKEN not in captured.err + captured.out + caplog.text
@@ -182,32 +189,19 @@ def test_a_credential_a_stdio_server_writes_percent_encoded_to_stderr_is_logged_
     overrides, monkeypatch, caplog
 ):
     # given a stdio server given a credential with characters a URL escapes, which prints
-    # the URL it fails to reach, the credential in its query percent-encoded
-    monkeypatch.setenv("TEST_LEAKY_TOKEN", "s3cr3t/value+123456==")
-    leaky = McpServer(
-        name="leaky",
-        transport=McpServer.Transport.STDIO,
-        command=sys.executable,
-        args=[
-            "-c",
-            "import os, sys, urllib.parse; "
-            "query = urllib.parse.urlencode({'sig': os.environ['API_TOKEN']}); "
-            "print('could not fetch https://upstream.example/?' + query, file=sys.stderr)",
-        ],
-        env={"API_TOKEN": "TEST_LEAKY_TOKEN"},
-        timeout_s=5,
+    # the URL it fails to reach, the credential in its query percent-encoded, when the
+    # platform opens it
+    _stderr_logged(
+        monkeypatch,
+        caplog,
+        credential="s3cr3t/value+123456==",
+        script="import os, sys, urllib.parse; "
+        "query = urllib.parse.urlencode({'sig': os.environ['API_TOKEN']}); "
+        "print('could not fetch https://upstream.example/?' + query, file=sys.stderr)",
+        line="could not fetch",
     )
-    caplog.set_level(logging.INFO, logger="registry.mcp.connections")
-
-    # when the platform opens it
-    with pytest.raises(McpUnavailable):
-        connections.tools(endpoint_for(leaky))
-    connections.close_all()
 
     # then its line is in the platform's log, the credential redacted
-    deadline = time.monotonic() + 5
-    while "could not fetch" not in caplog.text and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert (
         "platform/leaky (stderr): could not fetch https://upstream.example/?sig=[redacted]"
         in caplog.text

@@ -611,14 +611,21 @@ def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stay
     assert _events_of(paused) == logged
 
 
-def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, planner_requests):
-    # given a run that took its memory at its start, before its first model turn
+def _run_past_its_first_step(demo) -> tuple[Run, MemoryItem]:
+    """A run of alice's that recalled two of her items at its start (its first step, before
+    any model turn): her summary language and her tone, which is returned with it."""
     memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     run = demo_run(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
     assert _memory_of(run) == ["summary_language", "tone"]
+    return run, tone
+
+
+def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, planner_requests):
+    # given a run that took its memory at its start, before its first model turn
+    run, tone = _run_past_its_first_step(demo)
     planner_requests.clear()
 
     # when alice deletes one item, and the run goes on
@@ -638,11 +645,7 @@ def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_save
 ):
     # given a run between its steps, carrying two items, whose next model call waits until
     # it is let go
-    memory_skill(demo)
-    prefer(demo.acme, demo.alice, purpose="weekly-summary")
-    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
+    run, tone = _run_past_its_first_step(demo)
     stepping = step_in_thread(run)
     assert held_planner.asked.wait(timeout=20)
 
@@ -994,12 +997,7 @@ def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next
     demo, planner_requests
 ):
     # given a run of a confidential data scope that recalled two internal items at its start
-    memory_skill(demo)
-    prefer(demo.acme, demo.alice, purpose="weekly-summary")
-    prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
-    assert _memory_of(run) == ["summary_language", "tone"]
+    run, _ = _run_past_its_first_step(demo)
     planner_requests.clear()
 
     # when alice raises one to restricted, above what the run may read, and the run goes on
@@ -1052,11 +1050,7 @@ def test_an_expired_item_leaves_a_run_waiting_for_approval_masked_and_its_event_
 def test_an_item_that_expired_between_steps_leaves_the_run_at_its_next_save(demo):
     # given a run between its steps, carrying two items, one of which expires before the
     # hourly sweep removes it
-    memory_skill(demo)
-    prefer(demo.acme, demo.alice, purpose="weekly-summary")
-    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
+    run, tone = _run_past_its_first_step(demo)
     _expire(tone)
 
     # when the run takes its next step
@@ -1070,12 +1064,7 @@ def test_an_item_that_expired_between_steps_is_not_in_the_next_model_context(
     demo, planner_requests
 ):
     # given a run that took its memory at its start, before its first model turn
-    memory_skill(demo)
-    prefer(demo.acme, demo.alice, purpose="weekly-summary")
-    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
-    assert _memory_of(run) == ["summary_language", "tone"]
+    run, tone = _run_past_its_first_step(demo)
     planner_requests.clear()
 
     # when one item outlives its TTL before the hourly sweep, and the run goes on
@@ -1100,11 +1089,7 @@ def test_an_item_that_expired_between_steps_is_not_in_the_next_model_context(
 def test_an_item_renewed_between_steps_takes_its_new_expiry_at_the_next_save(demo):
     # given a run between its steps whose copy of an item has an expiry that has passed,
     # while the user renewed the item itself
-    memory_skill(demo)
-    prefer(demo.acme, demo.alice, purpose="weekly-summary")
-    tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
+    run, tone = _run_past_its_first_step(demo)
     state = Run.objects.get(pk=run.pk).state
     state["memory"] = [
         {**entry, "expires_at": (timezone.now() - timedelta(minutes=1)).isoformat()}
