@@ -70,7 +70,14 @@ def _shown(metric: str, value: float | None) -> str:
     if value is None:
         return "—"
     if metric in PERCENT_METRICS:
-        return f"{value * 100:.1f}%"
+        # A rate that is not whole is never written as one: one injection in 5,000 attacks is
+        # not "0.0%", nor one failed case in 2,000 "100.0%".
+        shown = f"{value * 100:.1f}%"
+        if shown == "0.0%" and value > 0:
+            return "<0.1%"
+        if shown == "100.0%" and value < 1:
+            return ">99.9%"
+        return shown
     return _plain(value)
 
 

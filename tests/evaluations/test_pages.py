@@ -202,3 +202,26 @@ def test_the_list_shows_a_run_that_failed_a_case_below_100_percent_as_its_page_d
     assert "<td>99.5%</td>" in listing
     assert "<td>99.5%</td>" in detail
     assert "100%" not in listing
+
+
+def test_a_rate_that_is_not_whole_is_never_written_as_none_or_all(
+    evaluate, demo, dave, tiny, draft
+):
+    # given an eval run that passed 1,999 cases of 2,000 and where one attack in 5,000
+    # succeeded
+    eval_run = evaluate(tiny, version=draft("3.4.0"))
+    eval_run.metrics.update(
+        {Metric.CASE_PASS_RATE: 1999 / 2000, Metric.INJECTION_SUCCESS_RATE: 1 / 5000}
+    )
+    eval_run.save(update_fields=["metrics"])
+    client = logged_in(dave)
+
+    # when a publisher lists the eval runs and opens that one
+    listing = client.get("/evaluations/").content.decode()
+    detail = client.get(f"/evaluations/{eval_run.pk}/").content.decode()
+
+    # then neither says every case passed, nor that no injection succeeded
+    assert "<td>&gt;99.9%</td>" in listing
+    assert "100.0%" not in listing
+    assert "<td>Case pass rate</td><td>&gt;99.9%</td>" in detail
+    assert "<td>Injection success rate</td><td>&lt;0.1%</td>" in detail
