@@ -5,6 +5,7 @@ the SDK's exception text: a proxy or a provider may echo what it received, crede
 """
 
 import math
+import re
 import time
 import unicodedata
 from collections.abc import Iterator, Mapping
@@ -103,22 +104,22 @@ def detail_kept(text: str, *, secret: str) -> str:
     return "".join(char for char in line if unicodedata.category(char) != "Cc")[:DETAIL_MAX_CHARS]
 
 
+# A number of seconds as HTTP writes one (digits; a fraction tolerated): float() would also
+# read "1_0", "1e1", "+10" or other scripts' digits.
+_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
 def retry_after(headers: Mapping[str, str]) -> float | None:
     """The seconds `Retry-After` asks for (a number of seconds or an HTTP date), or
     `retry-after-ms` (OpenAI's and Anthropic's own); None when neither says."""
     milliseconds = headers.get("retry-after-ms")
-    if milliseconds is not None:
-        try:
-            return _seconds(float(milliseconds) / 1000)
-        except ValueError:
-            pass
+    if milliseconds is not None and _SECONDS.fullmatch(milliseconds.strip()):
+        return _seconds(float(milliseconds) / 1000)
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
+    if _SECONDS.fullmatch(value.strip()):
         return _seconds(float(value))
-    except ValueError:
-        pass
     try:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):

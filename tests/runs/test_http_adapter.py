@@ -1394,6 +1394,10 @@ def test_a_service_that_answers_429_with_its_wait_tells_the_model_when_to_try_ag
         (503, {"Retry-After": "7"}, "The service answered 503; try again in 7 s."),
         (429, {}, "The service answered 429."),
         (400, {"Retry-After": "7"}, "The service answered 400."),
+        # Not a number of seconds as HTTP writes one, though float() reads each as 10.
+        (429, {"Retry-After": "1_0"}, "The service answered 429."),
+        (429, {"Retry-After": "1e1"}, "The service answered 429."),
+        (429, {"Retry-After": "+10"}, "The service answered 429."),
     ],
 )
 def test_an_error_status_says_when_to_try_again_when_the_service_said_and_a_try_may_pass(
