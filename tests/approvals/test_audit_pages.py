@@ -578,6 +578,20 @@ def test_an_approved_send_refused_before_its_tool_ran_is_no_side_effect(
     assert record["result"]["actions"] == Run.objects.get(pk=run.pk).result["actions"] == []
 
 
+def test_the_history_says_its_times_are_when_runs_were_received_in_utc(
+    demo, sent_run, carol, client
+):
+    # given an auditor, who may read the history from any time zone
+    logged_in(client, carol)
+
+    # when they list the runs
+    html = client.get(reverse("runs:history")).content.decode()
+
+    # then the time column says what it is and in which zone, as the run page names it
+    assert "<th>Received (UTC)</th>" in html
+    assert f"{sent_run.created_at:%Y-%m-%d %H:%M:%S}</a>" in html
+
+
 def test_the_history_filters_and_pages_by_keyset(demo, sent_run, carol, client):
     queued = demo_run(demo, text="Summarise project Hermes", project_id="hermes")
     logged_in(client, carol)
