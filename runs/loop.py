@@ -988,6 +988,15 @@ def _cost(prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
     ) / 1000
 
 
+def _tokens(usage: Usage) -> dict[str, int]:
+    """A turn's tokens as `model.responded` records them, reported or counted."""
+    return {
+        "input": usage.input_tokens,
+        "cached_input": usage.cached_input_tokens,
+        "output": usage.output_tokens,
+    }
+
+
 def _spend(run: Run, prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
     """Count a turn's tokens and cost on the run and the tenant's day; returns the cost.
     However much a provider claims, the totals stay within their columns; the budgets end
@@ -1209,17 +1218,8 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             | ({} if call is given else {"provider_call_id": given.call_id})
             for call, given in zip(calls, response.tool_calls, strict=True)
         ],
-        usage={
-            "input": response.usage.input_tokens,
-            "cached_input": response.usage.cached_input_tokens,
-            "output": response.usage.output_tokens,
-        },
-        counted={
-            "input": counted.input_tokens,
-            "cached_input": counted.cached_input_tokens,
-            "output": counted.output_tokens,
-            "estimated": estimated,
-        },
+        usage=_tokens(response.usage),
+        counted=_tokens(counted) | {"estimated": estimated},
         cost=str(cost),
         stop_reason=response.stop_reason,
         model=response.model,
