@@ -120,7 +120,7 @@ def _is_instant(text: str) -> bool:
 
 
 class MessageSerializer(StrictSerializer):
-    session_id = StrictUUIDField(required=False)
+    session_id = StrictUUIDField(required=False, allow_null=True)
     channel = serializers.ChoiceField(choices=CLIENT_CHANNELS)
     parts = serializers.ListField(child=PartField(), min_length=1, max_length=MAX_PARTS)
     metadata = serializers.DictField(required=False, default=dict)

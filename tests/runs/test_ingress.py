@@ -306,6 +306,23 @@ def test_a_message_without_a_session_starts_one_and_the_next_reuses_it(
     assert second_loaded == {"session_id": session_id, "is_new": False, "state_keys": []}
 
 
+def test_a_null_session_starts_one_as_an_absent_session_does(alice, post_message):
+    first = post_message(alice, message_body(session_id=None), key="no-session")
+
+    assert first.status_code == 202
+    session = Session.objects.get()
+    assert first.json()["session_id"] == str(session.pk)
+    loaded = Run.objects.get().events.get(type="session.loaded").payload
+    assert loaded == {"session_id": str(session.pk), "is_new": True, "state_keys": []}
+
+    # the same message without the field is the same request
+    again = post_message(alice, message_body(), key="no-session")
+
+    assert again.status_code == 200
+    assert again.json()["run_id"] == first.json()["run_id"]
+    assert (Run.objects.count(), Session.objects.count()) == (1, 1)
+
+
 def test_a_reused_session_lists_its_state_keys(alice, post_message):
     session_id = post_message(alice).json()["session_id"]
     Session.objects.filter(pk=session_id).update(
