@@ -69,11 +69,21 @@ class ContentNegotiation(DefaultContentNegotiation):
     `Accept` may hold, is of no type the endpoint reads (415): DRF matched it to any parser,
     and read such a body as JSON or an upload. A range of `Accept` with a q of 0 says what is
     not acceptable (RFC 9110 §12.5.1), where DRF served what it names as if asked for it:
-    `*/*;q=0` alone is a 406, while `application/json, */*;q=0` is still JSON."""
+    `*/*;q=0` alone is a 406, while `application/json, */*;q=0` is still JSON. A Content-Type
+    longer than DRF reads (256 characters) of a type the endpoint does read is malformed (400),
+    where DRF called a long multipart boundary an unsupported media type (415)."""
 
     def select_parser(self, request: Any, parsers: list) -> Any:
-        if "*" in parse_header_parameters(request.content_type or "")[0]:
+        content_type = request.content_type or ""
+        media_type = parse_header_parameters(content_type)[0]
+        if "*" in media_type:
             return None
+        if len(content_type) > self.max_media_type_length and any(
+            parser.media_type == media_type for parser in parsers
+        ):
+            raise exceptions.ParseError(
+                f"The Content-Type header is longer than {self.max_media_type_length} characters."
+            )
         return super().select_parser(request, parsers)
 
     def get_accept_list(self, request: Any) -> list[str]:

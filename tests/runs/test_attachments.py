@@ -254,6 +254,48 @@ def test_a_file_whose_name_shows_nothing_is_kept_under_a_neutral_name(
     assert (private_root / attachment.file.name).read_bytes() == TEXT
 
 
+@pytest.mark.parametrize(
+    "boundary",
+    ["b" * 71, "b" * 201, "b" * 226, "b" * 227, "b" * 1000, "curly{brace}", "at@sign", "ends "],
+    ids=["71", "201", "226", "227", "1000", "braces", "at-sign", "trailing-space"],
+)
+def test_an_upload_whose_boundary_rfc_2046_does_not_allow_is_refused(
+    api, member, acme, private_root, boundary
+):
+    client = api.as_user(member, acme)
+    client.raise_request_exception = False  # a crash must show as the 500 a client gets
+    body = encode_multipart(boundary, {"file": SimpleUploadedFile("notes.txt", TEXT)})
+
+    response = client.generic(
+        "POST", URL, body, content_type=f'multipart/form-data; boundary="{boundary}"'
+    )
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "VALIDATION_ERROR"
+    assert boundary not in error["message"]
+    assert not Attachment.objects.exists()
+    assert _stored_files(private_root) == []
+
+
+@pytest.mark.parametrize(
+    "boundary",
+    ["b" * 70, "----WebKitFormBoundary7MA4YWxkTrZu0gW", "a'()+_,-./:=?z", "inner space"],
+    ids=["70", "browser", "every-special-character", "inner-space"],
+)
+def test_an_upload_whose_boundary_rfc_2046_allows_is_stored(
+    api, member, acme, private_root, boundary
+):
+    body = encode_multipart(boundary, {"file": SimpleUploadedFile("notes.txt", TEXT)})
+
+    response = api.as_user(member, acme).generic(
+        "POST", URL, body, content_type=f'multipart/form-data; boundary="{boundary}"'
+    )
+
+    assert response.status_code == 201, response.json()
+    assert (private_root / Attachment.objects.get().file.name).read_bytes() == TEXT
+
+
 @pytest.mark.parametrize("declared", ["*/*", "multipart/*"])
 def test_an_upload_whose_content_type_is_a_wildcard_is_refused(
     api, member, acme, private_root, declared
