@@ -329,6 +329,9 @@ ATTACHMENT_ORPHAN_GRACE_SECONDS = env.int("ATTACHMENT_ORPHAN_GRACE_SECONDS", def
 # larger than this is cut (the full evidence stays in the run's sources).
 TOOL_PARALLELISM = env.int("TOOL_PARALLELISM", default=4)
 TOOL_RESULT_MAX_BYTES = env.int("TOOL_RESULT_MAX_BYTES", default=16 * 1024)
+# A tool call's arguments larger than this (as compact JSON) are refused at gate 2 and kept
+# only as a note of their size, in the transcript, the events and the call's record.
+TOOL_CALL_ARGUMENTS_MAX_BYTES = env.int("TOOL_CALL_ARGUMENTS_MAX_BYTES", default=64 * 1024)
 # A call keeps this many of the sources its tool returned (the envelope says it was cut).
 TOOL_RESULT_MAX_SOURCES = env.int("TOOL_RESULT_MAX_SOURCES", default=100)
 # An HTTP tool's answer larger than this fails the call (UPSTREAM_ERROR) as it arrives, as

@@ -1139,7 +1139,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         logger.info("run %s step %s: the offline planner answers (no provider)", run.pk, run.steps)
     model = {"model": model_config.model_name, "provider": model_config.provider, "step": run.steps}
     try:
-        response = response_kept(client.complete(request))
+        answered = client.complete(request)
     except ModelError as error:
         if error.retryable:
             if _seconds_left(run) <= 0:
@@ -1169,14 +1169,16 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             output=model_error_output(error),
         )
         return
+    response = response_kept(answered)
     # A provider that reports no usage (0) is counted with the local estimate, which
-    # `model.responded` says beside what it reported.
+    # `model.responded` says beside what it reported: of what the model sent, arguments too
+    # large to keep included.
     counted = replace(
         response.usage,
         input_tokens=response.usage.input_tokens or input_estimate,
         output_tokens=response.usage.output_tokens
         or estimate_tokens(
-            response.text + "".join(jsontext.dumps(call.arguments) for call in response.tool_calls)
+            answered.text + "".join(jsontext.dumps(call.arguments) for call in answered.tool_calls)
         ),
     )
     estimated = [

@@ -6,10 +6,13 @@ turn keeps its tool calls with their ids, and each tool result names the call it
 Clients rebuild the provider's format from it on every turn.
 """
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from config.jsontext import TOO_DEEP, deeper_than, dumps, storable, storable_text
+from django.conf import settings
+
+from config.jsontext import TOO_DEEP, deeper_than, dumps, dumps_bytes, storable, storable_text
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,29 @@ class ModelResponse:
     continued with provider-side content the run does not keep: what it holds is unfinished."""
 
 
+# What stands in for arguments larger than TOOL_CALL_ARGUMENTS_MAX_BYTES, with their size and
+# the limit: text the schema gate refuses, saying why (`arguments_too_large`).
+TOO_LARGE = "[{size} bytes of arguments, more than the {limit} a tool call may send: not kept]"
+_TOO_LARGE = re.compile(
+    r"\[(?P<size>\d+) bytes of arguments, more than the (?P<limit>\d+) a tool call may send: "
+    r"not kept\]"
+)
+
+
+def arguments_too_large(arguments: Any) -> tuple[int, int] | None:
+    """The size and the limit of arguments kept as TOO_LARGE, if they were."""
+    if not isinstance(arguments, str) or (match := _TOO_LARGE.fullmatch(arguments)) is None:
+        return None
+    return int(match["size"]), int(match["limit"])
+
+
 def response_kept(response: ModelResponse) -> ModelResponse:
     """The response as the run keeps it: a model, or a server speaking for one, may send NUL
     characters or unpaired surrogates, which PostgreSQL does not store, or call arguments
     nested deeper than a run keeps (`config.jsontext.storable`); such arguments become
-    `TOO_DEEP`, text the schema gate refuses as not an object."""
+    `TOO_DEEP`, text the schema gate refuses as not an object. Arguments larger than a call
+    may send become `TOO_LARGE`: kept whole, they would be stored in the transcript, its
+    events and the call's record, and sent back to the model on every later turn."""
     return replace(
         response,
         text=storable_text(response.text),
@@ -117,10 +138,15 @@ def response_kept(response: ModelResponse) -> ModelResponse:
 def _arguments_kept(arguments: Any) -> dict[str, Any] | str:
     """An object, or text the schema gate refuses (what is neither, as its JSON text)."""
     if isinstance(arguments, str):
-        return storable_text(arguments)
-    if deeper_than(arguments):
+        kept = storable_text(arguments)
+        size = len(kept.encode())
+    elif deeper_than(arguments):
         return TOO_DEEP
-    return storable(arguments) if isinstance(arguments, dict) else dumps(storable(arguments))
+    else:
+        kept = storable(arguments) if isinstance(arguments, dict) else dumps(storable(arguments))
+        size = len(kept.encode()) if isinstance(kept, str) else len(dumps_bytes(kept))
+    limit = settings.TOOL_CALL_ARGUMENTS_MAX_BYTES
+    return kept if size <= limit else TOO_LARGE.format(size=size, limit=limit)
 
 
 class ModelError(Exception):

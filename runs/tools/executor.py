@@ -31,6 +31,7 @@ from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, quotas, tracing, writes
 from runs.choices import RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
+from runs.model_clients.base import arguments_too_large
 from runs.models import Run, Source, ToolCall
 from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.tools import adapters, limits, threads
@@ -166,6 +167,9 @@ def _validator(tool_version: ToolVersion) -> Draft202012Validator:
 
 
 def _validation_errors(tool_version: ToolVersion, arguments: Any) -> list[str]:
+    if (too_large := arguments_too_large(arguments)) is not None:
+        size, limit = too_large
+        return [f"The arguments are {size} bytes, more than the {limit} a tool call may send."]
     if not isinstance(arguments, dict):
         return ["The arguments are not a JSON object."]
     validator = _validator(tool_version)

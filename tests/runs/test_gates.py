@@ -385,7 +385,8 @@ def test_anthropic_messages_pair_a_rejected_tool_use_with_its_tool_result(demo, 
 
 
 def test_a_rejected_calls_answer_is_size_limited_like_any_envelope(demo, fake_model, settings):
-    # given a model that sends project_search a 200 KB date
+    # given a model that sends project_search a 200 KB date, under the arguments' size limit
+    settings.TOOL_CALL_ARGUMENTS_MAX_BYTES = 1024 * 1024
     fake = fake_model()
     _, sunday = this_week()
     huge = "9" * 200_000
@@ -410,6 +411,46 @@ def test_a_rejected_calls_answer_is_size_limited_like_any_envelope(demo, fake_mo
     run.refresh_from_db()
     (answer,) = [entry for entry in run.transcript if entry.get("call_id") == "call_huge"]
     assert len(answer["content"].encode()) < 2 * settings.TOOL_RESULT_MAX_BYTES
+    assert run.status == "WAITING_APPROVAL"
+
+
+def test_arguments_larger_than_a_call_may_send_are_refused_and_not_kept(demo, fake_model):
+    # given a model that sends project_search 3 MB of arguments, then reads apollo
+    fake = fake_model()
+    monday, sunday = this_week()
+    huge = {"project_id": "apollo", "from": monday, "to": sunday, "note": "x" * 3_000_000}
+    fake.reply(openai_completion(tool_calls=(("call_huge", "project_search", json.dumps(huge)),)))
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
+    run = demo_run(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then the call is refused at gate 2 for its size, never executed, and the model told why
+    size = len(json.dumps(huge, separators=(",", ":")).encode())
+    reason = f"The arguments are {size} bytes, more than the 65536 a tool call may send."
+    record = ToolCall.objects.get(run=run, call_id="call_huge")
+    assert (record.status, record.error_category, record.attempts) == (
+        "rejected",
+        "INVALID_ARGUMENT",
+        0,
+    )
+    assert record.envelope["error"] == {"category": "INVALID_ARGUMENT", "message": reason}
+    (rejected,) = events_of(run, "tool.rejected")
+    assert (rejected["call_id"], rejected["category"], rejected["reason"]) == (
+        "call_huge",
+        "INVALID_ARGUMENT",
+        reason,
+    )
+    assert not Source.objects.filter(tool_call=record).exists()
+    _, _, envelope = paired(messages_of(fake.requests[1]), "call_huge")
+    assert envelope["error"] == {"category": "INVALID_ARGUMENT", "message": reason}
+    # and neither its record, its events, the transcript nor the next request keep them whole
+    assert len(stored_text(run)) < 100_000
+    assert len(json.dumps(fake.requests[1].body)) < 100_000
+    assert "x" * 1000 not in json.dumps(record.arguments)
+    run.refresh_from_db()
     assert run.status == "WAITING_APPROVAL"
 
 
