@@ -226,8 +226,9 @@ def calls_enter(
     tool's circuit is closed (or half-open and it is the one trial), its tool has calls left in
     this tenant's rate window (a sliding window: fewer than `requests` calls in the last
     `per_seconds`, so that no stretch of that length, across a minute's boundary or not, sees
-    more) and a slot under its concurrency cap. A call that passes holds what it took; one
-    refused takes nothing."""
+    more) and a slot under its version's concurrency cap. The window and the circuit are the
+    tool's, whatever version a call uses: a new publish neither empties the window nor closes
+    the circuit. A call that passes holds what it took; one refused takes nothing."""
     if not tool_versions:
         return []
     now = _now()
@@ -242,7 +243,7 @@ def calls_enter(
         keys += [
             circuit,
             trial,
-            _key("tool-rate", f"{tool_version.pk}:{tenant_id}"),
+            _key("tool-rate", f"{tool_version.tool_id}:{tenant_id}"),
             _slots_key("tool", tool_version.pk),
         ]
         arguments += [

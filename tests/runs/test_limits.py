@@ -162,6 +162,28 @@ def test_after_the_rate_was_lowered_a_refused_call_waits_for_enough_calls_to_lap
     assert isinstance(enter(tool_version), limits.Passage)
 
 
+def test_a_new_version_of_a_tool_shares_its_rate_window(tool_version, make_tool_version, acme):
+    """Counted per version, each publish of a tool brought a fresh window: a tenant could
+    pass its rate limit by publishing a new version."""
+    # given a tool whose two calls of the window were made with its first version
+    call(tool_version, tenant_id=acme.pk)
+    call(tool_version, tenant_id=acme.pk)
+    newer = make_tool_version(
+        version="1.1.0",
+        concurrency_cap=1,
+        timeout_s=5,
+        rate_limit={"requests": 2, "per_seconds": 60},
+    )
+    assert newer.tool_id == tool_version.tool_id
+
+    # when a call of its new version is asked
+    refused = enter(newer, acme.pk)
+
+    # then the window of the tool refuses it
+    assert isinstance(refused, ToolFailed)
+    assert "allows 2 calls per 60 s" in str(refused)
+
+
 def test_a_call_the_concurrency_cap_refuses_is_told_no_time(tool_version):
     held = enter(tool_version)
 
