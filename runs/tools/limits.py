@@ -55,9 +55,10 @@ return 1
 # it passes, and then it takes the half-open circuit's trial, a place in the rate window
 # (held as a slot is, until `per_seconds` after the call) and a slot; otherwise what refused
 # it (1 circuit open, 2 trial under way, 3 rate, 4 cap). With the codes, for each call, when
-# its circuit lets a trial through if the open circuit refused it, when its rate window frees
-# a place if the rate refused it (the `requests`-th newest place lapses: the oldest, unless
-# the rate was lowered), else ''.
+# its circuit lets a trial through if the open circuit refused it, when the trial's time is
+# over if the trial under way refused it, when its rate window frees a place if the rate
+# refused it (the `requests`-th newest place lapses: the oldest, unless the rate was
+# lowered), else ''.
 _ENTER = (
     _SLOTS
     + """
@@ -74,10 +75,13 @@ for i = 0, #KEYS / 4 - 1 do
     if opened_until then
       if now < tonumber(opened_until) then
         code, free = 1, opened_until
-      elseif redis.call('EXISTS', trial) == 1 then
-        code = 2
       else
-        half_open = true
+        local trial_left = redis.call('PTTL', trial)
+        if trial_left >= 0 then
+          code, free = 2, tostring(now + trial_left / 1000)
+        else
+          half_open = true
+        end
       end
     end
   end
@@ -186,17 +190,14 @@ def _slot_lifetime(tool_version: ToolVersion) -> int:
 
 def _refusal(tool_version: ToolVersion, code: int, wait: float | None) -> ToolFailed:
     """Why a call was turned away; `wait`: the seconds until its circuit lets a trial
-    through, when the open circuit refused it, or until its rate window frees a place, when
-    the rate refused it, which the refusal tells (`retry_after`) and says."""
+    through, when the open circuit refused it, until the trial's time is over (it may end
+    sooner), when the trial under way refused it, or until its rate window frees a place,
+    when the rate refused it, which the refusal tells (`retry_after`) and says."""
     name = tool_version.qualified_name
     if code in (1, 2):
-        why = (
-            f"calls are paused; try again in {math.ceil(wait)} s"
-            if code == 1
-            else "a trial call is under way"
-        )
+        why = "calls are paused" if code == 1 else "a trial call is under way"
         return ToolFailed(
-            f"{name} is failing; {why}.",
+            f"{name} is failing; {why}; try again in {math.ceil(wait)} s.",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=True,
             turned_away=True,

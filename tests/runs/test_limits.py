@@ -247,6 +247,34 @@ def test_a_call_the_open_circuit_refuses_is_told_when_it_half_opens(tool_version
     assert isinstance(enter(tool_version), limits.Passage)
 
 
+def test_a_call_refused_while_the_trial_is_under_way_is_told_when_it_ends(
+    tool_version, monkeypatch
+):
+    # given a half-open circuit whose trial call (of at most 5 s and a 5 s grace) just began
+    tool_version.rate_limit = {}
+    clock = [1_000_000.0]
+    monkeypatch.setattr(limits, "_now", lambda: clock[0])
+    call(tool_version, failed=True)
+    call(tool_version, failed=True)
+    clock[0] += 31
+    trial = enter(tool_version)
+    assert isinstance(trial, limits.Passage)
+
+    # when another call is asked
+    refused = enter(tool_version)
+
+    # then it is refused until the trial's time is over, and told so
+    assert isinstance(refused, ToolFailed)
+    assert (refused.category, refused.retryable, refused.turned_away) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        True,
+        True,
+    )
+    assert 9 < refused.retry_after <= 10
+    assert str(refused).endswith("is failing; a trial call is under way; try again in 10 s.")
+    limits.calls_leave([(trial, False)])
+
+
 def test_the_longest_reset_a_tool_version_may_have_still_opens_its_circuit(make_tool_version):
     longest = CIRCUIT_BREAKER_SCHEMA["properties"]["reset_after_s"]["maximum"]
     tool_version = make_tool_version(
