@@ -515,10 +515,10 @@ def side_effect_run(admitted: Admitted) -> tuple[ToolOutput | ToolFailed, int, i
     failed because other sends held every slot for a moment. It is not asked again before
     its open circuit lets a trial through, the trial under way has had its time or its rate
     window frees a place (the refusal's `retry_after`): one that does none in that time fails
-    the call at once. Neither the
-    wait nor a retry goes past the task's time, nor does a try, whatever the tool's timeout:
-    the deadline its context holds (`tries_deadline`, taken by `side_effect_admit`, or by
-    the reconciliation that makes the send before it asked the tool about the key)."""
+    the call at once. Neither the wait nor a retry goes past the task's time, nor does a
+    try, whatever the tool's timeout: the deadline its context holds (`tries_deadline`,
+    taken by `side_effect_admit`, or by the reconciliation that makes the send before it
+    asked the tool about the key)."""
     started = time.monotonic()
     timeout_s = admitted.tool_version.timeout_s
     task_deadline = admitted.context.deadline
