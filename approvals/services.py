@@ -1189,7 +1189,7 @@ def handoff_resolve(
     """Handle or decline an open handoff, once. Who may not handle it (the requester among
     them) is refused as `handoff_handler_check` says. The run ends with the note (a
     credential pasted into it removed): COMPLETED (HANDLED_BY_PERSON) or REFUSED
-    (DECLINED_BY_PERSON)."""
+    (DECLINED_BY_PERSON); its next step says who handled or declined it, quoting the note."""
     status, reason_code = HANDOFF_OUTCOMES[HandoffStatus(outcome)]
     note = secrets_removed(note)
     with transaction.atomic():
@@ -1248,10 +1248,11 @@ def _handoff_resolve_locked(
     )
     if status == RunStatus.COMPLETED:
         run_transition(run=run, status=RunStatus.RUNNING, save=False)
-    why = ""
+    who = person.get_username()
     if status == RunStatus.REFUSED:
-        who = person.get_username()
         why = f'Nothing was done: {who} declined the request, saying "{visible(note)}".'
+    else:
+        why = f'{who} handled the request, saying "{visible(note)}".'
     run_finish(
         run=run,
         status=status,

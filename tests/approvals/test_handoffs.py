@@ -200,6 +200,26 @@ def test_a_declined_request_tells_its_user_who_declined_it_why_and_what_to_do(
     )
 
 
+def test_a_handled_request_tells_its_user_who_handled_it_and_what_they_did(demo, bob, handed_off):
+    # given bob handling alice's request with a note holding a right-to-left override
+    handoff = Handoff.objects.get(run=handed_off)
+
+    handoff_resolve(
+        handoff_id=handoff.pk,
+        person=bob,
+        outcome="handled",
+        note="Sent \u202eti the summary myself.",
+    )
+
+    # then her result says who handled it, with the note spelled out, not only that
+    # nothing more is to be done
+    run = Run.objects.get(pk=handed_off.pk)
+    assert (run.status, run.reason_code) == (RunStatus.COMPLETED, "HANDLED_BY_PERSON")
+    assert run.result["next_step"] == (
+        'bob handled the request, saying "Sent <U+202E>ti the summary myself.". Nothing more to do.'
+    )
+
+
 def test_a_task_s_declined_request_tells_its_owner_to_change_the_task(demo, bob):
     # given a scheduled task whose run left its request to people, and bob declining it
     policy = Policy.objects.get(agent_configs=demo.agent)
