@@ -2,6 +2,8 @@
 
 from typing import Any
 
+from django.core.exceptions import NON_FIELD_ERRORS
+
 
 class ApplicationError(Exception):
     """A refusal the caller can act on: a stable code, an HTTP status and a readable message."""
@@ -37,16 +39,21 @@ class PermissionDenied(ApplicationError):
 def detail_text(value: Any) -> str:
     """An error's details (messages, lists of them, fields of them) as readable text."""
     if isinstance(value, dict):
-        return ", ".join(f"{key} {detail_text(item)}" for key, item in value.items())
+        return ", ".join(
+            detail_text(item) if key == NON_FIELD_ERRORS else f"{key} {detail_text(item)}"
+            for key, item in value.items()
+        )
     if isinstance(value, list):
         return " ".join(map(detail_text, value))
     return str(value)
 
 
 def error_text(error: ApplicationError) -> str:
-    """A domain refusal as one readable sentence, its details included."""
+    """A domain refusal as one readable sentence, its details included. Messages about the
+    whole object (Django's NON_FIELD_ERRORS, "__all__") are said without that key, which
+    names no field a reader knows."""
     details = "; ".join(
-        f"{field}: {detail_text(value)}"
+        detail_text(value) if field == NON_FIELD_ERRORS else f"{field}: {detail_text(value)}"
         for field, value in error.details.items()
         if field not in {"from", "to"}
     )

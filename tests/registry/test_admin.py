@@ -1082,7 +1082,7 @@ def test_a_tool_renamed_while_its_draft_is_published_keeps_the_name_it_was_publi
     assert published == [True]
     assert response.status_code == 200
     assert response.context["adminform"].form.non_field_errors() == [
-        "The submitted values are not valid. __all__: A definition with a published, "
+        "The submitted values are not valid. A definition with a published, "
         "deprecated or revoked version keeps its name, namespace and owner."
     ]
     tool.refresh_from_db()
