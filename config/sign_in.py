@@ -3,12 +3,14 @@ which checks the old password: each password posted to them is a try of the clie
 allowance, and of the account's, that the API's token exchange counts too (`PasswordTries`,
 `AccountTries`). Past either, a post is refused with 429 and Retry-After
 before its password is checked. With Redis down the allowance cannot be taken and a post is
-refused with 503, as the API refuses it: never let through unlimited."""
+refused with 503, as the API refuses it: never let through unlimited. Each page's refusal is
+worded for what its user was doing: signing in, or changing their password."""
 
 import functools
 import logging
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -21,15 +23,36 @@ from runs.api.throttles import AccountTries, PasswordTries
 logger = logging.getLogger(__name__)
 
 
-def _refused(request: HttpRequest, *, status: int, wait: int, message: str) -> HttpResponse:
-    response = render(request, "sign_in_refused.html", {"message": message}, status=status)
+@dataclass(frozen=True)
+class Wording:
+    """How a page's refusal names what its user was doing."""
+
+    title: str
+    attempts: str
+    unavailable: str
+
+
+SIGN_IN = Wording(title="Sign in", attempts="sign-in", unavailable="Signing in")
+PASSWORD_CHANGE = Wording(
+    title="Change password", attempts="password-change", unavailable="Changing a password"
+)
+
+
+def _refused(
+    request: HttpRequest, *, status: int, wait: int, title: str, message: str
+) -> HttpResponse:
+    response = render(
+        request, "sign_in_refused.html", {"title": title, "message": message}, status=status
+    )
     response["Retry-After"] = str(wait)
     return response
 
 
-def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """`view`, a sign-in page, whose posts count against the client's and the account's
-    password tries."""
+def sign_in_throttled(
+    view: Callable[..., HttpResponse], *, wording: Wording = SIGN_IN
+) -> Callable[..., HttpResponse]:
+    """`view`, a sign-in page (or the password change page, with its `wording`), whose posts
+    count against the client's and the account's password tries."""
 
     @functools.wraps(view)
     def throttled(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
@@ -48,7 +71,8 @@ def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
                 request,
                 status=503,
                 wait=SERVICE_UNAVAILABLE_RETRY_AFTER,
-                message="Signing in is unavailable; retry shortly.",
+                title=wording.title,
+                message=f"{wording.unavailable} is unavailable; retry shortly.",
             )
         if len(passed) < len(throttles):
             for earlier in passed:
@@ -58,7 +82,8 @@ def sign_in_throttled(view: Callable[..., HttpResponse]) -> Callable[..., HttpRe
                 request,
                 status=429,
                 wait=wait,
-                message=f"Too many sign-in attempts; try again in {wait} seconds.",
+                title=wording.title,
+                message=f"Too many {wording.attempts} attempts; try again in {wait} seconds.",
             )
         return view(request, *args, **kwargs)
 

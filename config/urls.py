@@ -11,7 +11,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.request import Request
 
 from config.api import error_body
-from config.sign_in import sign_in_throttled
+from config.sign_in import PASSWORD_CHANGE, sign_in_throttled
 from registry.admin.site import FormFieldAutocompleteView
 from runs.views import MemoryListView, RegistryHistoryView
 
@@ -31,7 +31,9 @@ urlpatterns = [
     path("admin/login/", sign_in_throttled(admin.site.login)),
     path(
         "admin/password_change/",
-        admin.site.admin_view(sign_in_throttled(admin.site.password_change), cacheable=True),
+        admin.site.admin_view(
+            sign_in_throttled(admin.site.password_change, wording=PASSWORD_CHANGE), cacheable=True
+        ),
     ),
     path(
         "admin/autocomplete/",

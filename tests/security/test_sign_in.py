@@ -215,9 +215,14 @@ def test_guesses_of_the_old_password_on_the_password_change_page_are_throttled(
     # when it posts the right one
     refused = change_password(client, PASSWORD)
 
-    # then it is refused, told when to come back, and the password is unchanged
+    # then it is refused, told in the words of a password change when to come back, and the
+    # password is unchanged
     assert refused.status_code == 429
-    assert 1 <= int(refused["Retry-After"]) <= 60
+    wait = int(refused["Retry-After"])
+    assert 1 <= wait <= 60
+    page = refused.content.decode()
+    assert f"Too many password-change attempts; try again in {wait} seconds." in page
+    assert "sign-in" not in page.lower()
     alice.refresh_from_db()
     assert alice.check_password(PASSWORD)
 
