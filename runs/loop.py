@@ -1645,9 +1645,9 @@ def _budget_exhausted(run: Run) -> str | None:
 def _save(run: Run) -> None:
     """The step's one write: the run's row with the rows the step made (`runs.writes`),
     without a memory item the user deleted while the step held the run, and with one the
-    user raised at its new level (a deletion or a raise skips a run a step holds; one made
-    between steps has already reached the run's row, which the next step reads again,
-    `Execution`)."""
+    user raised or lowered at its new level (a deletion or a new level skips a run a step
+    holds; one made between steps has already reached the run's row, which the next step
+    reads again, `Execution`)."""
     run.state = memories_kept(run)
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
     run.attempts = 0

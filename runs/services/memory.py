@@ -17,12 +17,12 @@ A run keeps what it retrieved at its start in `run.state["memory"]`. An item the
 once in a run nobody holds (one waiting for approval included; an expired one at the hourly
 sweep), and in a run a step holds, from that step's save on; an expired one is not given to
 a model turn meanwhile (the copy keeps each item's expiry: `runs.context`). An item the user
-raises to a higher sensitivity takes that level in the copy of each of their runs, finished
-ones too, and leaves the copy of a run not finished whose data scope is below it, in the
-same two ways. Only the run's state changes: its event log is never edited. A viewer of the run
-without clearance sees the value of an item above `internal` masked wherever the run shows
-it (`runs.selectors.recalled_texts`), also after the item left the run's copy
-(`memory_left`).
+gives another sensitivity, higher or lower, takes that level in the copy of each of their
+runs, finished ones too, and leaves the copy of a run not finished whose data scope is below
+it, in the same two ways. Only the run's state changes: its event log is never edited. A
+viewer of the run without clearance sees the value of an item above `internal` masked
+wherever the run shows it (`runs.selectors.recalled_texts`), also after the item left the
+run's copy (`memory_left`).
 """
 
 import re
@@ -170,10 +170,13 @@ def memory_write(
                 tenant=tenant, user=user, kind=kind, key=key, defaults=fields
             )
 
-        if not (replaced and _ranks_above(sensitivity, replaced["sensitivity"])):
+        if not replaced or sensitivity == replaced["sensitivity"]:
             return write()
         return _copies_follow(
-            tenant=tenant, user=user, levels={str(replaced["pk"]): sensitivity}, change=write
+            tenant=tenant,
+            user=user,
+            items={str(replaced["pk"]): {"sensitivity": sensitivity, "value": value}},
+            change=write,
         )
 
 
@@ -192,20 +195,21 @@ def memory_delete(*, tenant: Tenant, user: AbstractBaseUser, item_id: Any) -> No
         if not deleted:
             raise NotFound("No such memory.")
 
-    _copies_follow(tenant=tenant, user=user, levels={str(item_id): None}, change=delete)
+    _copies_follow(tenant=tenant, user=user, items={str(item_id): None}, change=delete)
 
 
 def _copies_follow(
     *,
     tenant: Tenant,
     user: AbstractBaseUser,
-    levels: dict[str, str | None],
+    items: dict[str, dict[str, str] | None],
     change: Callable[[], Any],
 ) -> Any:
-    """Make `change` to the items `levels` names by id, in the same transaction as the
-    copies of them the user's runs carry follow it (`_copy_leveled`): to each its new
-    sensitivity, higher than its old one (which the copies of finished runs take too), or
-    None, no longer kept (which leaves the copies of unfinished runs only).
+    """Make `change` to the items `items` names by id, in the same transaction as the
+    copies of them the user's runs carry follow it (`_copy_followed`): to each its new
+    sensitivity (with its value), higher or lower than its old one (which the copies of
+    finished runs take too), or None, no longer kept (which leaves the copies of unfinished
+    runs only).
 
     A run waiting for approval (or finished) is held only for moments (an approval being
     decided, its action starting, its outcome reconciled): it is waited for. It is locked
@@ -215,24 +219,22 @@ def _copies_follow(
     the run after the step. A run a step holds is skipped, not waited for (the step may be
     waiting on a model or a tool): its save waits for this change to commit and follows it."""
     with transaction.atomic():
-        raised = any(level is not None for level in levels.values())
-        reached = [*ACTIVE_STATUSES, *(TERMINAL_STATUSES if raised else [])]
+        leveled = any(item and "sensitivity" in item for item in items.values())
+        reached = [*ACTIVE_STATUSES, *(TERMINAL_STATUSES if leveled else [])]
         held_for_moments = [status for status in reached if status not in _STEPPED]
-        paused = _runs_carrying(
-            tenant=tenant, user=user, item_ids=levels, statuses=held_for_moments
-        )
+        paused = _runs_carrying(tenant=tenant, user=user, item_ids=items, statuses=held_for_moments)
         runs = Run.objects.filter(status__in=reached).only(
             "pk", "status", "state", "capability", "updated_at"
         )
         waited = list(runs.select_for_update(no_key=True).filter(pk__in=paused).order_by("pk"))
         changed = change()
         # Read again after the change: a run that saved the item meanwhile is found too.
-        carrying = _runs_carrying(tenant=tenant, user=user, item_ids=levels, statuses=reached)
+        carrying = _runs_carrying(tenant=tenant, user=user, item_ids=items, statuses=reached)
         skipping = runs.select_for_update(no_key=True, skip_locked=True)
         for run in [*waited, *skipping.filter(pk__in=carrying).exclude(pk__in=paused)]:
-            run.state = _copy_leveled(
+            run.state = _copy_followed(
                 run.state,
-                levels,
+                items,
                 scope=_data_scope(run) if run.status in ACTIVE_STATUSES else None,
             )
             # updated_at too: an execution that saved the run before reads it again.
@@ -284,13 +286,14 @@ def memory_left(state: dict[str, Any], kept: list[dict[str, Any]]) -> dict[str, 
     return {**state, "memory": kept, **({"memory_masked": sorted(masked)} if masked else {})}
 
 
-def _copy_leveled(
-    state: dict[str, Any], levels: dict[str, str | None], *, scope: str | None
+def _copy_followed(
+    state: dict[str, Any], items: dict[str, dict[str, str] | None], *, scope: str | None
 ) -> dict[str, Any]:
-    """A run's `state` with each item of its copy that `levels` names by id at the level
-    named there when that is higher, and leaving the copy when it is None (the item is no
-    longer kept) or above `scope`, the run's data scope (None: a finished run, whose copy
-    keeps what it was given)."""
+    """A run's `state` with each item of its copy that `items` names by id as it is named
+    there, and leaving the copy when it is None (the item is no longer kept) or its level is
+    above `scope`, the run's data scope (None: a finished run, whose copy keeps what it was
+    given). A copy takes a higher level always, a lower one only while it holds the value
+    the user lowered: an older value stays at the level it was kept at."""
     allowed = (
         DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(scope) + 1]
         if scope
@@ -300,23 +303,30 @@ def _copy_leveled(
     for entry in state.get("memory") or []:
         if not isinstance(entry, dict):
             continue
-        level = levels.get(entry.get("id"))
-        if _ranks_above(level, entry.get("sensitivity")):
+        item = items.get(entry.get("id"), {})
+        if item is None:
+            memory.append(entry)
+            continue
+        level = item.get("sensitivity")
+        if _ranks_above(level, entry.get("sensitivity")) or (
+            _ranks_above(entry.get("sensitivity"), level)
+            and entry.get("value") == item.get("value")
+        ):
             entry = {**entry, "sensitivity": level}
         memory.append(entry)
-        if entry.get("id") not in levels or level in allowed:
+        if level is None or level in allowed:
             kept.append(entry)
     return memory_left({**state, "memory": memory}, kept)
 
 
 def memories_kept(run: Run) -> dict[str, Any]:
     """The state of `run` (its copy as `memory_retrieve` made it) without the items the
-    user has deleted since or that outlived their TTL, with those the user raised at their
-    new level (leaving the copy above the run's data scope) and each kept one with its
-    expiry as it is now (one the user renewed goes on to the next turns), for the step that
-    saves the run: the items stay locked until it commits, so that a change either committed
-    before (and is followed here) or waits for the step's save (and then reaches the run
-    itself)."""
+    user has deleted since or that outlived their TTL, with those the user raised or lowered
+    at their new level (`_copy_followed`; leaving the copy above the run's data scope) and
+    each kept one with its expiry as it is now (one the user renewed goes on to the next
+    turns), for the step that saves the run: the items stay locked until it commits, so that
+    a change either committed before (and is followed here) or waits for the step's save (and
+    then reaches the run itself)."""
     if not run.state.get("memory"):
         return run.state
     ids = {entry.get("id") for entry in run.state["memory"] if isinstance(entry, dict)}
@@ -330,18 +340,21 @@ def memories_kept(run: Run) -> dict[str, Any]:
         .select_for_update(no_key=True)
         .order_by("pk")
     )
-    levels, expiries = {}, {}
-    for pk, level, expires_at in kept.values_list("pk", "sensitivity", "expires_at"):
-        levels[str(pk)], expiries[str(pk)] = level, expires_at.isoformat()
+    found, expiries = {}, {}
+    for pk, level, value, expires_at in kept.values_list(
+        "pk", "sensitivity", "value", "expires_at"
+    ):
+        found[str(pk)] = {"sensitivity": level, "value": value}
+        expiries[str(pk)] = expires_at.isoformat()
     memory = [
         {**entry, "expires_at": expiries[entry["id"]]}
         if isinstance(entry, dict) and entry.get("id") in expiries
         else entry
         for entry in run.state["memory"]
     ]
-    return _copy_leveled(
+    return _copy_followed(
         {**run.state, "memory": memory},
-        {item_id: levels.get(item_id) for item_id in ids if isinstance(item_id, str)},
+        {item_id: found.get(item_id) for item_id in ids if isinstance(item_id, str)},
         scope=_data_scope(run),
     )
 
@@ -399,7 +412,7 @@ def memories_expire() -> int:
             removed += _copies_follow(
                 tenant=tenant,
                 user=user,
-                levels={str(pk): None for pk in expired.values_list("pk", flat=True)},
+                items={str(pk): None for pk in expired.values_list("pk", flat=True)},
                 change=lambda expired=expired: expired.delete()[0],
             )
     return removed

@@ -1016,6 +1016,95 @@ def test_an_item_raised_above_a_runs_data_scope_between_steps_is_not_in_its_next
     assert state["memory_masked"] == ["formal"]
 
 
+@pytest.mark.parametrize("finished", [False, True])
+def test_an_item_lowered_to_internal_shows_without_clearance_in_runs_that_recalled_it(
+    demo, fake_model, client, settings, finished
+):
+    # given alice's run that recalled her confidential item and wrote it into its draft,
+    # waiting for approval or cancelled since
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    keep_confidential(demo)
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+    if finished:
+        run_cancel(run=run, actor=demo.alice)
+    logged = _events_of(run)
+
+    # when she lowers the item to internal
+    prefer(
+        demo.acme,
+        demo.alice,
+        kind="fact",
+        origin="user_confirmed",
+        key="project_alias",
+        value=CODENAME,
+        sensitivity="internal",
+    )
+
+    # then the run's copy is at the item's new level, its event log as it was, and carol, an
+    # auditor without clearance, reads the value in the run's draft
+    copy = {
+        entry["key"]: entry["sensitivity"] for entry in Run.objects.get(pk=run.pk).state["memory"]
+    }
+    assert copy == {"project_alias": "internal"}
+    assert _events_of(run) == logged
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(Run.objects.get(pk=run.pk), client, api_as("carol"))
+    assert f"Status of {CODENAME} this week." in by_carol["api.events"]
+
+
+def test_an_item_lowered_with_another_value_leaves_the_value_a_run_recalled_masked(
+    demo, fake_model, client, settings
+):
+    # given alice's run that recalled her confidential item and wrote it into its draft
+    settings.RUN_STREAM_MAX_SECONDS = 1  # the run waits: its stream would not end
+    memory_skill(demo)
+    keep_confidential(demo)
+    _draft_naming_the_item(fake_model)
+    run, _ = waiting_run(demo)
+
+    # when she replaces it with another value, internal
+    prefer(
+        demo.acme,
+        demo.alice,
+        kind="fact",
+        origin="user_confirmed",
+        key="project_alias",
+        value="Apollo",
+        sensitivity="internal",
+    )
+
+    # then the value the run recalled stays confidential, and carol, an auditor without
+    # clearance, still reads it nowhere
+    copy = {
+        entry["key"]: entry["sensitivity"] for entry in Run.objects.get(pk=run.pk).state["memory"]
+    }
+    assert copy == {"project_alias": "confidential"}
+    assert client.login(username="carol", password=DEMO_PASSWORD)
+    by_carol = shown_everywhere(Run.objects.get(pk=run.pk), client, api_as("carol"))
+    assert [where for where, text in by_carol.items() if CODENAME in text] == []
+
+
+def test_an_item_lowered_while_a_step_held_the_run_takes_its_new_level_at_the_next_save(demo):
+    # given a run between its steps carrying alice's confidential item, which she lowered
+    # to internal while a step held the run (a change that skips the run, for its save)
+    memory_skill(demo)
+    item = keep_confidential(demo)
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    MemoryItem.objects.filter(pk=item.pk).update(sensitivity="internal")
+
+    # when the run takes its next step
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # then the step's save gave its copy the item's new level
+    copy = {
+        entry["key"]: entry["sensitivity"] for entry in Run.objects.get(pk=run.pk).state["memory"]
+    }
+    assert copy == {"project_alias": "internal"}
+
+
 def _expire(item: MemoryItem) -> None:
     MemoryItem.objects.filter(pk=item.pk).update(expires_at=timezone.now() - timedelta(minutes=1))
 
