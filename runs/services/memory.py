@@ -17,12 +17,13 @@ A run keeps what it retrieved at its start in `run.state["memory"]`. An item the
 once in a run nobody holds (one waiting for approval included; an expired one at the hourly
 sweep), and in a run a step holds, from that step's save on; an expired one is not given to
 a model turn meanwhile (the copy keeps each item's expiry: `runs.context`). An item the user
-gives another sensitivity, higher or lower, takes that level in the copy of each of their
-runs, finished ones too, and leaves the copy of a run not finished whose data scope is below
-it, in the same two ways. Only the run's state changes: its event log is never edited. A
-viewer of the run without clearance sees the value of an item above `internal` masked
-wherever the run shows it (`runs.selectors.recalled_texts`), also after the item left the
-run's copy (`memory_left`).
+renews (expired or not) takes its new expiry in the copy of each of their runs not finished,
+in the same two ways. An item the user gives another sensitivity, higher or lower, takes
+that level in the copy of each of their runs, finished ones too, and leaves the copy of a
+run not finished whose data scope is below it, in the same two ways. Only the run's state
+changes: its event log is never edited. A viewer of the run without clearance sees the
+value of an item above `internal` masked wherever the run shows it
+(`runs.selectors.recalled_texts`), also after the item left the run's copy (`memory_left`).
 """
 
 import re
@@ -132,9 +133,14 @@ def memory_write(
             pk=user.pk
         ).order_by().values_list("pk").first()
         live = memories_of(tenant=tenant, user=user).filter(expires_at__gt=now)
-        replaced = (
-            live.filter(kind=kind, key=key).values("pk", "purpose", "sensitivity").first() or {}
+        # The row of this kind and key, expired or not: the write below renews it.
+        existing = (
+            memories_of(tenant=tenant, user=user)
+            .filter(kind=kind, key=key)
+            .values("pk", "purpose", "sensitivity", "expires_at")
+            .first()
         )
+        replaced = existing if existing and existing["expires_at"] > now else {}
         purpose = purpose or replaced.get("purpose", "any")
         sensitivity = sensitivity or replaced.get("sensitivity", DataClassification.INTERNAL)
         _policy_check(
@@ -170,13 +176,13 @@ def memory_write(
                 tenant=tenant, user=user, kind=kind, key=key, defaults=fields
             )
 
-        if not replaced or sensitivity == replaced["sensitivity"]:
+        if not existing:
             return write()
+        renewed = {"expires_at": fields["expires_at"].isoformat()}
+        if sensitivity != existing["sensitivity"]:
+            renewed |= {"sensitivity": sensitivity, "value": value}
         return _copies_follow(
-            tenant=tenant,
-            user=user,
-            items={str(replaced["pk"]): {"sensitivity": sensitivity, "value": value}},
-            change=write,
+            tenant=tenant, user=user, items={str(existing["pk"]): renewed}, change=write
         )
 
 
@@ -207,9 +213,9 @@ def _copies_follow(
 ) -> Any:
     """Make `change` to the items `items` names by id, in the same transaction as the
     copies of them the user's runs carry follow it (`_copy_followed`): to each its new
-    sensitivity (with its value), higher or lower than its old one (which the copies of
-    finished runs take too), or None, no longer kept (which leaves the copies of unfinished
-    runs only).
+    expiry, and its new sensitivity (with its value), higher or lower than its old one
+    (which the copies of finished runs take too); or None, no longer kept (which leaves the
+    copies of unfinished runs only).
 
     A run waiting for approval (or finished) is held only for moments (an approval being
     decided, its action starting, its outcome reconciled): it is waited for. It is locked
@@ -290,10 +296,11 @@ def _copy_followed(
     state: dict[str, Any], items: dict[str, dict[str, str] | None], *, scope: str | None
 ) -> dict[str, Any]:
     """A run's `state` with each item of its copy that `items` names by id as it is named
-    there, and leaving the copy when it is None (the item is no longer kept) or its level is
-    above `scope`, the run's data scope (None: a finished run, whose copy keeps what it was
-    given). A copy takes a higher level always, a lower one only while it holds the value
-    the user lowered: an older value stays at the level it was kept at."""
+    there (its expiry, its level), and leaving the copy when it is None (the item is no
+    longer kept) or its level is above `scope`, the run's data scope (None: a finished run,
+    whose copy keeps what it was given). A copy takes a higher level always, a lower one
+    only while it holds the value the user lowered: an older value stays at the level it was
+    kept at."""
     allowed = (
         DATA_CLASSIFICATION_LEVELS[: DATA_CLASSIFICATION_LEVELS.index(scope) + 1]
         if scope
@@ -313,6 +320,8 @@ def _copy_followed(
             and entry.get("value") == item.get("value")
         ):
             entry = {**entry, "sensitivity": level}
+        if "expires_at" in item:
+            entry = {**entry, "expires_at": item["expires_at"]}
         memory.append(entry)
         if level is None or level in allowed:
             kept.append(entry)
@@ -340,20 +349,14 @@ def memories_kept(run: Run) -> dict[str, Any]:
         .select_for_update(no_key=True)
         .order_by("pk")
     )
-    found, expiries = {}, {}
-    for pk, level, value, expires_at in kept.values_list(
-        "pk", "sensitivity", "value", "expires_at"
-    ):
-        found[str(pk)] = {"sensitivity": level, "value": value}
-        expiries[str(pk)] = expires_at.isoformat()
-    memory = [
-        {**entry, "expires_at": expiries[entry["id"]]}
-        if isinstance(entry, dict) and entry.get("id") in expiries
-        else entry
-        for entry in run.state["memory"]
-    ]
+    found = {
+        str(pk): {"sensitivity": level, "value": value, "expires_at": expires_at.isoformat()}
+        for pk, level, value, expires_at in kept.values_list(
+            "pk", "sensitivity", "value", "expires_at"
+        )
+    }
     return _copy_followed(
-        {**run.state, "memory": memory},
+        run.state,
         {item_id: found.get(item_id) for item_id in ids if isinstance(item_id, str)},
         scope=_data_scope(run),
     )

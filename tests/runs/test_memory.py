@@ -1194,3 +1194,42 @@ def test_an_item_renewed_between_steps_takes_its_new_expiry_at_the_next_save(dem
     assert renewed.pk == tone.pk
     copy = {entry["key"]: entry for entry in Run.objects.get(pk=run.pk).state["memory"]}
     assert copy["tone"]["expires_at"] == renewed.expires_at.isoformat()
+
+
+def test_an_item_renewed_after_it_expired_between_steps_is_in_the_next_model_context(
+    demo, planner_requests
+):
+    # given a run that took its memory at its start, one item of which has outlived its TTL
+    # (in the run's copy too) before the hourly sweep removed it
+    run, tone = _run_past_its_first_step(demo)
+    planner_requests.clear()
+    _expire(tone)
+    expired = MemoryItem.objects.get(pk=tone.pk).expires_at.isoformat()
+    state = Run.objects.get(pk=run.pk).state
+    state["memory"] = [{**entry, "expires_at": expired} for entry in state["memory"]]
+    Run.objects.filter(pk=run.pk).update(state=state)
+
+    # when alice renews it, and the run goes on
+    renewed = prefer(demo.acme, demo.alice, key="tone", value="formal")
+    run_execute(run_id=str(run.pk))
+
+    # then its first model turn was given it
+    assert renewed.pk == tone.pk
+    assert "formal" in repr(planner_requests[0].transcript)
+
+
+def test_an_item_renewed_while_its_run_waits_for_approval_takes_its_new_expiry_at_once(demo):
+    # given alice's run waiting for approval, carrying two items of her memory
+    memory_skill(demo)
+    prefer(demo.acme, demo.alice, purpose="weekly-summary")
+    prefer(demo.acme, demo.alice, key="tone", value="formal")
+    paused = demo_run(demo, project_id="apollo")
+    run_execute(run_id=str(paused.pk))
+    assert Run.objects.get(pk=paused.pk).status == "WAITING_APPROVAL"
+
+    # when she renews one
+    renewed = prefer(demo.acme, demo.alice, key="tone", value="formal")
+
+    # then the run's copy of it expires when the item does now
+    copy = {entry["key"]: entry for entry in Run.objects.get(pk=paused.pk).state["memory"]}
+    assert copy["tone"]["expires_at"] == renewed.expires_at.isoformat()
