@@ -142,7 +142,11 @@ def observe(run: Run) -> dict[str, Any]:
         ),
         "draft": _draft(run),
         "required_sections": required_sections,
-        "sources": list(Source.objects.filter(run=run).values_list("reference", flat=True)),
+        "sources": list(
+            Source.objects.filter(run=run)
+            .order_by("fetched_at", "id")
+            .values_list("reference", flat=True)
+        ),
         "action": _frozen(action),
         "actions": actions,
         "executions": executions,

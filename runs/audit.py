@@ -339,7 +339,7 @@ def run_record(run: Run, *, cleared: bool) -> dict[str, Any]:
         fields = sensitive.get(call.tool_version_id, frozenset())
         if fields:
             hidden_in[call.call_id] = hidden_in[call.pk] = fields
-    sources = list(Source.objects.filter(run=run).order_by("fetched_at"))
+    sources = list(Source.objects.filter(run=run).order_by("fetched_at", "id"))
     # What those results hold under the hidden fields, masked inside any text of the record
     # (`selectors.hidden_texts`, from the rows read here).
     texts = frozenset().union(

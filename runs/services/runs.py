@@ -21,7 +21,9 @@ REQUESTER_NO_LONGER_AUTHORISED = "REQUESTER_NO_LONGER_AUTHORISED"
 LOCK_NOT_AVAILABLE = "55P03"
 _RUN_SOURCES = PreparedQuery(
     lambda run_id: (
-        Source.objects.filter(run_id=run_id).order_by("fetched_at").values("reference", "origin")
+        Source.objects.filter(run_id=run_id)
+        .order_by("fetched_at", "id")
+        .values("reference", "origin")
     ),
     run_id=UUID,
 )

@@ -4,13 +4,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from registry.choices import Role
 from runs.choices import RunStatus
-from runs.models import Run, RunEvent
+from runs.models import Run, RunEvent, Source
 from runs.services.runs import run_cancel, run_transition
-from tests.runs.conftest import RUNS, event_log
+from tests.approvals.test_sensitive_fields import api_as
+from tests.runs.conftest import RUNS, demo_run, event_log
 
 # Queries of one list request, whatever the number of runs (measured: 8): the token, the
 # tenant-member check, the view-all check, the count, the page with its actors, the
@@ -757,3 +760,28 @@ def test_the_schema_gives_the_run_events_no_parameters_of_the_run_list(alice):
 
     assert parameters("/api/v1/runs/{id}/events") == {"id", "after", "page", "page_size"}
     assert {"status", "session", "skill"} <= parameters("/api/v1/runs")
+
+
+def test_sources_fetched_in_the_same_instant_are_listed_in_the_order_they_were_made(demo, client):
+    # given a run of alice's with three sources fetched in the same instant, stored in the
+    # reverse of the order they were made, their references in the reverse of that too
+    run = demo_run(demo, project_id="apollo")
+    references = ["doc:2", "doc:1", "doc:0"]
+    made = [
+        Source(run=run, origin="project_search@1.0.0", reference=reference, content_hash="0" * 64)
+        for reference in references
+    ]
+    Source.objects.bulk_create(reversed(made))
+    Source.objects.filter(run=run).update(fetched_at=timezone.now())
+    run_cancel(run=Run.objects.get(pk=run.pk), actor=demo.alice)
+
+    # when alice reads the run in the API, and an admin on its page and in its export
+    result = api_as("alice").get(f"{RUNS}/{run.pk}").json()["result"]
+    client.force_login(demo.admin)
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    export = client.get(reverse("runs:export", args=[run.pk])).json()
+
+    # then each lists them in the order they were made
+    assert [source["reference"] for source in result["sources"]] == references
+    assert sorted(references, key=page.index) == references
+    assert [source["reference"] for source in export["sources"]] == references
