@@ -22,6 +22,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.base import ContentFile
 from django.db import DatabaseError, IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from config.celery import task_send
@@ -170,7 +171,9 @@ def eval_case_delete(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "
     the gates measured on it count, and an eval run under way no longer measures that suite.
     A case with a result is refused: the result is what a release gate counts. Its row held, a
     result written meanwhile is either counted here or refused at its commit, its case gone
-    (`_case_record`), whatever the page that asked for the deletion found before."""
+    (`_case_record`), whatever the page that asked for the deletion found before. An eval run
+    under way that was to run it no longer does, and counts one case fewer to run, or it would
+    end short of its total."""
     with transaction.atomic():
         try:
             saved = _case_locked(case)
@@ -185,6 +188,9 @@ def eval_case_delete(*, case: EvalCase, actor: AbstractBaseUser, reason: str = "
             )
         suite_change_check(suites=[saved.suite], actor=actor)
         suite_changed(suites=[saved.suite])
+        EvalRun.objects.filter(cases=saved, status__in=EVAL_RUN_ACTIVE).update(
+            cases_total=F("cases_total") - 1
+        )
         audited_delete(saved, actor=actor, reason=reason)
 
 

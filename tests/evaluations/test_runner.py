@@ -229,6 +229,32 @@ def test_a_case_added_while_an_eval_run_goes_is_left_to_the_next_one(demo, dave)
     assert eval_run.suite_changed
 
 
+def test_a_case_deleted_while_an_eval_run_goes_leaves_it_counting_the_cases_it_ran(
+    demo, dave, client
+):
+    # given an eval run of the two cases of tiny, queued
+    suite, _ = suite_install(TINY_SUITE)
+    eval_run, _ = services.eval_run_start(
+        actor=dave,
+        suite=suite,
+        skill_version=SkillVersion.objects.get(skill__name="weekly-summary", version="3.2.0"),
+        agent_config=demo.agent,
+    )
+
+    # when one of its cases is deleted before it runs, and the eval run goes on to its end
+    services.eval_case_delete(case=suite.cases.get(key="complete"), actor=demo.admin)
+    services.eval_run_advance(eval_run_id=eval_run.pk)
+
+    # then it finished every case it had left to run, and says so
+    eval_run.refresh_from_db()
+    assert (eval_run.status, eval_run.cases_done, eval_run.cases_total) == ("completed", 1, 1)
+    assert list(eval_run.results.values_list("case__key", flat=True)) == ["no-scope"]
+    assert eval_run.suite_changed
+    client.force_login(dave)
+    detail = client.get(f"/evaluations/{eval_run.pk}/").content.decode()
+    assert "Completed: 1 of 1 cases" in detail
+
+
 def _one_case_suite(key: str, *, kind: str, case: dict) -> EvalSuite:
     """A weekly-summary suite of this one case."""
     suite, _ = suite_install(
