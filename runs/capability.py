@@ -285,6 +285,11 @@ def capability_resolve(
                 if model.price_per_1k_cached_input is None
                 else f"{model.price_per_1k_cached_input:.6f}"
             ),
+            "price_per_1k_cache_write": (
+                None
+                if model.price_per_1k_cache_write is None
+                else f"{model.price_per_1k_cache_write:.6f}"
+            ),
             "price_per_1k_output": f"{model.price_per_1k_output:.6f}",
         },
         "budgets": {

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.conf import settings
@@ -952,39 +952,54 @@ def _model_config(run: Run, model_configs: dict[int, ModelConfig]) -> ModelConfi
     return model_configs[model_id]
 
 
-def _prices(run: Run, model_config: ModelConfig) -> tuple[Decimal, Decimal, Decimal]:
-    """The prices per 1k input, cached input and output tokens the run pays: those its
-    snapshot pinned at its start, whatever an admin has set on the model config since; a run
-    started before snapshots pinned them pays the config's current prices, and one started
-    before they pinned a cached price pays the input price for cached tokens, as it did."""
+class Prices(NamedTuple):
+    """A run's prices per 1k tokens: input, and of it the tokens read from the provider's
+    prompt cache and those written to it, and output."""
+
+    input: Decimal
+    cached_input: Decimal
+    cache_write: Decimal
+    output: Decimal
+
+
+def _prices(run: Run, model_config: ModelConfig) -> Prices:
+    """The prices the run pays: those its snapshot pinned at its start, whatever an admin has
+    set on the model config since; a run started before snapshots pinned them pays the
+    config's current prices, and one started before they pinned a cached or a cache write
+    price pays the input price for those tokens, as it did."""
     pinned = run.capability["model"]
     if "price_per_1k_input" not in pinned:
-        per_1k_input, per_1k_cached, per_1k_output = (
+        per_1k_input, per_1k_cached, per_1k_cache_write, per_1k_output = (
             model_config.price_per_1k_input,
             model_config.price_per_1k_cached_input,
+            model_config.price_per_1k_cache_write,
             model_config.price_per_1k_output,
         )
     else:
-        per_1k_input, per_1k_cached, per_1k_output = (
+        per_1k_input, per_1k_cached, per_1k_cache_write, per_1k_output = (
             Decimal(pinned["price_per_1k_input"]),
             pinned.get("price_per_1k_cached_input"),
+            pinned.get("price_per_1k_cache_write"),
             Decimal(pinned["price_per_1k_output"]),
         )
-    return (
-        per_1k_input,
-        per_1k_input if per_1k_cached is None else Decimal(per_1k_cached),
-        per_1k_output,
+    return Prices(
+        input=per_1k_input,
+        cached_input=per_1k_input if per_1k_cached is None else Decimal(per_1k_cached),
+        cache_write=per_1k_input if per_1k_cache_write is None else Decimal(per_1k_cache_write),
+        output=per_1k_output,
     )
 
 
-def _cost(prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
-    """What a turn of `usage` costs: its cached input tokens at the cached price, the rest of
-    its input at the input price."""
-    per_1k_input, per_1k_cached, per_1k_output = prices
+def _cost(prices: Prices, usage: Usage) -> Decimal:
+    """What a turn of `usage` costs: its input tokens read from the prompt cache at the
+    cached price, those written to it at the cache write price, the rest of its input at the
+    input price."""
+    uncached = usage.input_tokens - usage.cached_input_tokens - usage.cache_write_input_tokens
     return (
-        per_1k_input * (usage.input_tokens - usage.cached_input_tokens)
-        + per_1k_cached * usage.cached_input_tokens
-        + per_1k_output * usage.output_tokens
+        prices.input * uncached
+        + prices.cached_input * usage.cached_input_tokens
+        + prices.cache_write * usage.cache_write_input_tokens
+        + prices.output * usage.output_tokens
     ) / 1000
 
 
@@ -993,11 +1008,12 @@ def _tokens(usage: Usage) -> dict[str, int]:
     return {
         "input": usage.input_tokens,
         "cached_input": usage.cached_input_tokens,
+        "cache_write_input": usage.cache_write_input_tokens,
         "output": usage.output_tokens,
     }
 
 
-def _spend(run: Run, prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> Decimal:
+def _spend(run: Run, prices: Prices, usage: Usage) -> Decimal:
     """Count a turn's tokens and cost on the run and the tenant's day; returns the cost.
     However much a provider claims, the totals stay within their columns; the budgets end
     the run long before."""
@@ -1011,7 +1027,7 @@ def _spend(run: Run, prices: tuple[Decimal, Decimal, Decimal], usage: Usage) -> 
 
 
 def _turn_unaffordable(
-    run: Run, prices: tuple[Decimal, Decimal, Decimal], input_tokens: int, *, tokens_left: int
+    run: Run, prices: Prices, input_tokens: int, *, tokens_left: int
 ) -> str | None:
     """Whether the next turn's context alone would spend what the run's token or cost budget
     has left (`tokens_left`: the tokens left once it is sent), leaving nothing for an answer
@@ -1159,6 +1175,7 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
             error_category="MODEL_ERROR",
             input_tokens=usage.input_tokens,
             cached_input_tokens=usage.cached_input_tokens,
+            cache_write_input_tokens=usage.cache_write_input_tokens,
             output_tokens=usage.output_tokens,
             cost=str(cost),
         )
@@ -1199,10 +1216,12 @@ def _model_turn(run: Run, model_config: ModelConfig) -> None:
         response_model=response.model,
         input_tokens=response.usage.input_tokens,
         cached_input_tokens=response.usage.cached_input_tokens,
+        cache_write_input_tokens=response.usage.cache_write_input_tokens,
         output_tokens=response.usage.output_tokens,
         # What the run counted and charged, as `model.responded` has it beside the above.
         counted_input_tokens=counted.input_tokens,
         counted_cached_input_tokens=counted.cached_input_tokens,
+        counted_cache_write_input_tokens=counted.cache_write_input_tokens,
         counted_output_tokens=counted.output_tokens,
         estimated_tokens=estimated,
         cost=str(cost),

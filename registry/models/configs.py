@@ -63,6 +63,15 @@ class ModelConfig(models.Model):
         validators=[MinValueValidator(0)],
         help_text="Input tokens read from the provider's prompt cache. Empty: the input price.",
     )
+    price_per_1k_cache_write = models.DecimalField(
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text="Input tokens written to the provider's prompt cache (Anthropic's cache "
+        "writes, priced above input by how long they are kept). Empty: the input price.",
+    )
     price_per_1k_output = models.DecimalField(
         max_digits=12, decimal_places=6, default=Decimal("0"), validators=[MinValueValidator(0)]
     )
@@ -90,6 +99,10 @@ class ModelConfig(models.Model):
             models.CheckConstraint(
                 condition=models.Q(price_per_1k_cached_input__gte=0),
                 name="modelconfig_cached_price_not_negative",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(price_per_1k_cache_write__gte=0),
+                name="modelconfig_cache_write_price_not_negative",
             ),
         ]
 

@@ -86,17 +86,24 @@ class AnthropicClient:
 def model_response(message: Mapping[str, Any]) -> ModelResponse:
     """The turn a Messages answer holds (`runs.model_clients.answers`): its text blocks and
     tool_use blocks in order; the input tokens written to the prompt cache and read from it
-    are reported beside `input_tokens`, and count as input. An empty content list is
-    an empty turn (Claude ends a turn so, right after tool results); none is no turn."""
+    are reported beside `input_tokens`, and count as input, each kept apart for its price
+    (within the input, however much a provider claims). An empty content list is an empty
+    turn (Claude ends a turn so, right after tool results); none is no turn."""
     reported = answers.mapping(message.get("usage"))
+    input_tokens = answers.tokens(
+        reported.get("input_tokens"),
+        reported.get("cache_creation_input_tokens"),
+        reported.get("cache_read_input_tokens"),
+    )
+    cached_input_tokens = answers.tokens(reported.get("cache_read_input_tokens"))
     usage = Usage(
-        input_tokens=answers.tokens(
-            reported.get("input_tokens"),
-            reported.get("cache_creation_input_tokens"),
-            reported.get("cache_read_input_tokens"),
-        ),
+        input_tokens=input_tokens,
         output_tokens=answers.tokens(reported.get("output_tokens")),
-        cached_input_tokens=answers.tokens(reported.get("cache_read_input_tokens")),
+        cached_input_tokens=cached_input_tokens,
+        cache_write_input_tokens=min(
+            answers.tokens(reported.get("cache_creation_input_tokens")),
+            input_tokens - cached_input_tokens,
+        ),
     )
     content = message.get("content")
     if not isinstance(content, list):

@@ -61,6 +61,9 @@ class Usage:
     output_tokens: int = 0
     cached_input_tokens: int = 0
     """Of the input tokens, those the provider read from its prompt cache, at its cached price."""
+    cache_write_input_tokens: int = 0
+    """Of the input tokens, those the provider wrote to its prompt cache, at its cache write
+    price (Anthropic's `cache_creation_input_tokens`)."""
 
 
 @dataclass(frozen=True)

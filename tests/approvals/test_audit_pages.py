@@ -309,11 +309,11 @@ def test_each_turn_shows_the_tokens_the_run_counted_and_which_were_estimated(
     assert run.tokens_used == 321 + 45 + estimated["input"] + estimated["output"]
     assert f"{run.tokens_used} tokens" in html
     assert [turn["usage"] for turn in export["turns"]] == [
-        {"input": 321, "cached_input": 0, "output": 45},
-        {"input": 0, "cached_input": 0, "output": 0},
+        {"input": 321, "cached_input": 0, "cache_write_input": 0, "output": 45},
+        {"input": 0, "cached_input": 0, "cache_write_input": 0, "output": 0},
     ]
     assert [turn["counted"] for turn in export["turns"]] == [
-        {"input": 321, "cached_input": 0, "output": 45, "estimated": []},
+        {"input": 321, "cached_input": 0, "cache_write_input": 0, "output": 45, "estimated": []},
         estimated,
     ]
 

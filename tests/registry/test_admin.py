@@ -5,6 +5,7 @@ import json
 import re
 import threading
 from collections import Counter
+from decimal import Decimal
 from html import escape
 
 import pytest
@@ -1319,3 +1320,51 @@ def test_a_grant_of_a_tenant_s_own_tool_to_another_tenant_is_refused_as_doing_no
         "definition: acme/core/project_search",
     )
     assert "use_tool" not in get_group_perms(world.globex.grant_group, world.project_search)
+
+
+def test_a_platform_admin_sets_a_cache_write_price_beside_the_cached_input_price(
+    client, platform_admin
+):
+    # given a platform admin on a new model's page, which offers both cache prices
+    client.force_login(platform_admin)
+    page = client.get("/admin/registry/modelconfig/add/").content.decode()
+    assert 'name="price_per_1k_cached_input"' in page
+    assert 'name="price_per_1k_cache_write"' in page
+
+    # when the admin saves an Anthropic model whose cache writes cost 1.25 times its input
+    response = client.post(
+        "/admin/registry/modelconfig/add/",
+        {
+            "name": "claude",
+            "provider": "anthropic",
+            "model_name": "claude-sonnet",
+            "parameters": "{}",
+            "price_per_1k_input": "0.003",
+            "price_per_1k_cached_input": "0.0003",
+            "price_per_1k_cache_write": "0.00375",
+            "price_per_1k_output": "0.015",
+            "is_active": "on",
+        },
+    )
+
+    # then the model keeps that price, and a negative one is refused on its field
+    assert response.status_code == 302
+    config = ModelConfig.objects.get(name="claude")
+    assert config.price_per_1k_cache_write == Decimal("0.00375")
+    refused = client.post(
+        f"/admin/registry/modelconfig/{config.pk}/change/",
+        {
+            "name": "claude",
+            "provider": "anthropic",
+            "model_name": "claude-sonnet",
+            "parameters": "{}",
+            "price_per_1k_input": "0.003",
+            "price_per_1k_cache_write": "-1",
+            "price_per_1k_output": "0.015",
+            "is_active": "on",
+        },
+    )
+    assert refused.status_code == 200
+    assert refused.context["adminform"].form.errors["price_per_1k_cache_write"]
+    config.refresh_from_db()
+    assert config.price_per_1k_cache_write == Decimal("0.00375")

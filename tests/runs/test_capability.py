@@ -82,6 +82,7 @@ def test_the_snapshot_of_a_run_lists_exact_versions(
             "model": "offline-deterministic-planner",
             "price_per_1k_input": "0.000000",
             "price_per_1k_cached_input": None,
+            "price_per_1k_cache_write": None,
             "price_per_1k_output": "0.000000",
         },
         "budgets": {

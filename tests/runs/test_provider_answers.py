@@ -9,7 +9,9 @@ from decimal import Decimal
 
 import pytest
 from celery.exceptions import Retry
+from django.contrib.auth import get_user_model
 from django.db.models import F
+from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import BusinessAction
@@ -18,6 +20,7 @@ from registry.models import AgentConfig, ModelConfig
 from registry.services.common import registry_object_save
 from runs import otel, quotas
 from runs.loop import ModelTemporarilyUnavailable, run_execute
+from runs.model_clients import anthropic_messages
 from runs.model_clients.answers import MODEL_NAME_MAX_CHARS, TURN_TOKENS_MAX
 from runs.models import Run, ToolCall
 from runs.tasks import run_advance, runs_sweep
@@ -277,12 +280,18 @@ def test_impossible_token_counts_are_bounded(demo, fake_model, prompt_tokens, co
     run = advanced(demo_run(demo, project_id="apollo"))
 
     first = run.events.filter(type="model.responded").first().payload
-    assert first["usage"] == {"input": counted, "cached_input": 0, "output": 1}
+    assert first["usage"] == {
+        "input": counted,
+        "cached_input": 0,
+        "cache_write_input": 0,
+        "output": 1,
+    }
     # what the run counted of the turn: the bounded figure, or, in place of a reported 0,
     # the tokens the context builder counted in what the turn sent
     assert first["counted"] == {
         "input": counted or context_tokens(run)[0],
         "cached_input": 0,
+        "cache_write_input": 0,
         "output": 1,
         "estimated": [] if counted else ["input"],
     }
@@ -305,7 +314,9 @@ def test_a_turn_the_provider_reports_no_usage_of_says_what_the_run_counted_for_i
     # instead, estimated, which adds up to the run's tokens
     turns = [event.payload for event in run.events.filter(type="model.responded")]
     assert run.status == "WAITING_APPROVAL"
-    assert [turn["usage"] for turn in turns] == [{"input": 0, "cached_input": 0, "output": 0}] * 2
+    assert [turn["usage"] for turn in turns] == [
+        {"input": 0, "cached_input": 0, "cache_write_input": 0, "output": 0}
+    ] * 2
     assert [turn["counted"]["input"] for turn in turns] == context_tokens(run)
     assert all(turn["counted"]["output"] > 0 for turn in turns)
     assert [turn["counted"]["estimated"] for turn in turns] == [["input", "output"]] * 2
@@ -341,6 +352,7 @@ def test_the_span_of_a_turn_the_provider_reports_no_usage_of_says_what_the_run_c
         assert {
             "input": span.attributes["counted_input_tokens"],
             "cached_input": span.attributes["counted_cached_input_tokens"],
+            "cache_write_input": span.attributes["counted_cache_write_input_tokens"],
             "output": span.attributes["counted_output_tokens"],
             "estimated": span.attributes["estimated_tokens"],
         } == turn["counted"]
@@ -732,9 +744,105 @@ def test_cached_input_tokens_are_counted_and_paid_at_the_cached_price(
     run = advanced(demo_run(demo, project_id="apollo"))
 
     first = run.events.filter(type="model.responded").first().payload
-    assert first["usage"] == {"input": 1000, "cached_input": 800, "output": 100}
+    assert first["usage"] == {
+        "input": 1000,
+        "cached_input": 800,
+        "cache_write_input": 50 if provider == ANTHROPIC else 0,
+        "output": 100,
+    }
     assert Decimal(first["cost"]) == cost
     span = run.spans.filter(name="model.turn").order_by("started_at").first()
     assert (span.attributes["input_tokens"], span.attributes["cached_input_tokens"]) == (1000, 800)
     assert Decimal(span.attributes["cost"]) == cost
     assert run.tokens_used >= 1100
+
+
+@pytest.mark.parametrize(
+    ("cache_write_price", "cost"),
+    [(Decimal("0.125"), Decimal("0.04925")), (None, Decimal("0.048"))],
+    ids=["cache-write-price", "no-cache-write-price"],
+)
+def test_anthropic_cache_writes_are_counted_and_paid_at_the_cache_write_price(
+    demo, fake_model, client, cache_write_price, cost
+):
+    """At 0.10 per 1k input tokens, 0.01 per 1k cached input tokens, `cache_write_price` per
+    1k tokens written to the cache (none: the input price) and 0.20 per 1k output tokens, a
+    turn of 150 input tokens, 50 written to the cache, 800 read from it and 100 output tokens
+    costs 0.015 + 0.00625 + 0.008 + 0.02, or 0.005 for the cache writes when the config sets
+    no cache write price."""
+    fake = fake_model(ANTHROPIC)
+    for _ in range(4):
+        fake.reply(_partly_cached(ANTHROPIC))
+    ModelConfig.objects.filter(name__startswith="fake-").update(
+        price_per_1k_input=Decimal("0.10"),
+        price_per_1k_cached_input=Decimal("0.01"),
+        price_per_1k_cache_write=cache_write_price,
+        price_per_1k_output=Decimal("0.20"),
+    )
+
+    run = advanced(demo_run(demo, project_id="apollo"))
+
+    first = run.events.filter(type="model.responded").first().payload
+    assert first["usage"] == {
+        "input": 1000,
+        "cached_input": 800,
+        "cache_write_input": 50,
+        "output": 100,
+    }
+    assert first["counted"]["cache_write_input"] == 50
+    assert Decimal(first["cost"]) == cost
+    span = run.spans.filter(name="model.turn").order_by("started_at").first()
+    assert (
+        span.attributes["cache_write_input_tokens"],
+        span.attributes["counted_cache_write_input_tokens"],
+    ) == (50, 50)
+    assert Decimal(span.attributes["cost"]) == cost
+    client.force_login(get_user_model().objects.get(username="carol"))
+    page = client.get(reverse("runs:detail", args=[run.pk])).content.decode()
+    assert "<td>1000 in (800 cached) (50 written to cache), 100 out</td>" in page
+
+
+def test_a_run_pays_the_cache_write_price_its_snapshot_pinned(demo, fake_model):
+    # given a run started while cache writes cost 0.125 per 1k tokens
+    fake = fake_model(ANTHROPIC)
+    for _ in range(4):
+        fake.reply(_partly_cached(ANTHROPIC))
+    ModelConfig.objects.filter(name__startswith="fake-").update(
+        price_per_1k_input=Decimal("0.10"),
+        price_per_1k_cached_input=Decimal("0.01"),
+        price_per_1k_cache_write=Decimal("0.125"),
+        price_per_1k_output=Decimal("0.20"),
+    )
+    run = demo_run(demo, project_id="apollo")
+
+    # when an admin doubles the cache write price before its first turn
+    ModelConfig.objects.filter(name__startswith="fake-").update(
+        price_per_1k_cache_write=Decimal("0.25")
+    )
+    run = advanced(run)
+
+    # then the run pays the price it started with
+    assert run.capability["model"]["price_per_1k_cache_write"] == "0.125000"
+    first = run.events.filter(type="model.responded").first().payload
+    assert Decimal(first["cost"]) == Decimal("0.04925")
+
+
+def test_cache_writes_are_never_counted_beyond_the_input_a_turn_reports():
+    # given an answer claiming more cache writes than the input tokens it can count
+    message = anthropic_message(text="Not sure.")
+    message["usage"] = {
+        "input_tokens": 10,
+        "cache_creation_input_tokens": TURN_TOKENS_MAX,
+        "cache_read_input_tokens": 100,
+        "output_tokens": 1,
+    }
+
+    # when the turn is read
+    usage = anthropic_messages.model_response(message).usage
+
+    # then the cache writes are what the input leaves once the cache reads are counted
+    assert (usage.input_tokens, usage.cached_input_tokens, usage.cache_write_input_tokens) == (
+        TURN_TOKENS_MAX,
+        100,
+        TURN_TOKENS_MAX - 100,
+    )
