@@ -168,7 +168,10 @@ def _version_schema(viewset: type[VersionViewSet], kind: str) -> type[VersionVie
     tool and skill viewsets never share (and overwrite) one schema."""
     output = viewset.output_serializer
     commands = {
-        "publish": f"Publish a draft {kind} version; it becomes current and is frozen.",
+        "publish": (
+            f"Publish a draft {kind} version; it is frozen and becomes current, unless it is "
+            "a pre-release and a stable version is published."
+        ),
         "deprecate": f"Deprecate a {kind} version: it serves existing pins only.",
         "revoke": f"Revoke a {kind} version: it is never used again.",
         "rollback": f"Make an earlier published {kind} version current again.",

@@ -1,10 +1,12 @@
 """Publish, deprecate, revoke and roll back a tool or skill version.
 
 Every transition locks the parent row first, so two publishers of the same tool serialise, and
-moves `current_version` in the same transaction as the status.
+moves `current_version` in the same transaction as the status. The current version is the
+highest stable one published, a pre-release only while none is: a pre-release is published to
+be tried, pinned by naming it whole, as semver ranges leave it out (`selectors`).
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser
@@ -87,12 +89,15 @@ def _latest_published(
     refused: Callable[[DefinitionVersion], str] | None = None,
 ) -> tuple[DefinitionVersion | None, list[str]]:
     """The highest published version but `excluding` that `refused` lets become current
-    (it answers why one may not, or ""), and why each higher one may not."""
+    (it answers why one may not, or ""), and why each higher one may not. Pre-releases are
+    candidates only when no stable version is published."""
     candidates = sorted(
         parent.versions.filter(status=VersionStatus.PUBLISHED).exclude(pk=excluding.pk),
         key=lambda version: version.semver,
         reverse=True,
     )
+    stable = [version for version in candidates if version.semver.prerelease is None]
+    candidates = stable or candidates
     passed_over = []
     for version in candidates:
         why = refused(version) if refused is not None else ""
@@ -100,6 +105,17 @@ def _latest_published(
             return version, passed_over
         passed_over.append(f"{version.version} not made current: {why}")
     return None, passed_over
+
+
+def _is_pre_release_beside_stable(
+    version: DefinitionVersion, others: Iterable[DefinitionVersion]
+) -> bool:
+    """Whether `version` is a pre-release while a stable version is published: the current
+    version stays as it is, the highest stable one or one rolled back to."""
+    return version.semver.prerelease is not None and any(
+        other.status == VersionStatus.PUBLISHED and other.semver.prerelease is None
+        for other in others
+    )
 
 
 def _set_current(
@@ -136,7 +152,8 @@ def version_publish(
         version.published_at = timezone.now()
         version.published_by = actor
         audited_save(version, actor=actor, reason=reason)
-        _set_current(parent, version, actor=actor, reason=f"published {version.version}")
+        if not _is_pre_release_beside_stable(version, released):
+            _set_current(parent, version, actor=actor, reason=f"published {version.version}")
     return version
 
 

@@ -519,3 +519,77 @@ def test_a_tool_a_concurrent_request_created_first_gets_this_request_s_version(
     assert Tool.objects.count() == 1
     assert created.tool_id == Tool.objects.get().pk
     assert sorted(ToolVersion.objects.values_list("version", flat=True)) == ["1.0.0", "2.0.0"]
+
+
+def test_a_pre_release_published_after_a_stable_version_does_not_become_current(
+    make_tool_version, publisher
+):
+    stable = _published(make_tool_version, publisher, "2.0.0")
+
+    candidate = _published(make_tool_version, publisher, "2.1.0-rc.1")
+
+    assert candidate.status == VersionStatus.PUBLISHED
+    assert Tool.objects.get(pk=stable.tool_id).current_version_id == stable.pk
+
+
+def test_a_pre_release_is_current_while_no_stable_version_is_published(
+    make_tool_version, publisher
+):
+    first = _published(make_tool_version, publisher, "2.0.0-rc.1")
+    second = _published(make_tool_version, publisher, "2.0.0-rc.2")
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == second.pk
+
+    stable = _published(make_tool_version, publisher, "2.0.0")
+
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == stable.pk
+
+
+def test_a_pre_release_does_not_keep_a_rolled_back_tool_off_its_version(
+    make_tool_version, publisher
+):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    _published(make_tool_version, publisher, "2.0.0")
+    tools.tool_rollback(tool_version=first, actor=publisher)
+
+    _published(make_tool_version, publisher, "2.1.0-rc.1")
+
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == first.pk
+
+
+@pytest.mark.parametrize("retire", ["deprecate", "revoke"])
+def test_retiring_the_current_version_falls_back_to_a_stable_one_over_a_pre_release(
+    make_tool_version, publisher, retire
+):
+    first = _published(make_tool_version, publisher, "1.0.0")
+    second = _published(make_tool_version, publisher, "2.0.0")
+    _published(make_tool_version, publisher, "2.1.0-rc.1")
+
+    getattr(tools, f"tool_version_{retire}")(tool_version=second, actor=publisher)
+
+    assert Tool.objects.get(pk=first.tool_id).current_version_id == first.pk
+
+
+def test_retiring_the_only_stable_version_makes_the_highest_pre_release_current(
+    make_tool_version, publisher
+):
+    stable = _published(make_tool_version, publisher, "1.0.0")
+    _published(make_tool_version, publisher, "1.1.0-rc.1")
+    candidate = _published(make_tool_version, publisher, "1.1.0-rc.2")
+
+    tools.tool_version_revoke(tool_version=stable, actor=publisher)
+
+    assert Tool.objects.get(pk=stable.tool_id).current_version_id == candidate.pk
+
+
+def test_a_skill_pre_release_does_not_become_current_over_a_stable_version(
+    make_skill_version, publisher
+):
+    stable = skills.skill_version_publish(skill_version=make_skill_version(), actor=publisher)
+
+    candidate = skills.skill_version_publish(
+        skill_version=make_skill_version(version="1.1.0-beta.1"), actor=publisher
+    )
+
+    assert candidate.status == VersionStatus.PUBLISHED
+    stable.skill.refresh_from_db()
+    assert stable.skill.current_version_id == stable.pk
