@@ -339,6 +339,25 @@ def version_ids_withdrawn(
     return registry_cached(generation, key, withdrawn)
 
 
+def version_ids_by_precedence(versions: QuerySet[DefinitionVersion]) -> list[uuid.UUID]:
+    """The ids of `versions` by the name of their tool or skill, then by semver precedence,
+    highest first (1.10.0 before 1.9.0, a release before its pre-releases), then newest
+    created, then by id, so that no version is on two pages. Precedence is no order of the
+    stored text, so the few fields it needs are read and sorted here; a page of rows is then
+    read by id."""
+    rows = list(
+        versions.order_by().values_list(
+            "pk", f"{versions.model.parent_field}__name", "version", "created_at"
+        )
+    )
+    # Stable sorts, the last key first.
+    rows.sort(key=lambda row: row[0])
+    rows.sort(key=lambda row: row[3], reverse=True)
+    rows.sort(key=lambda row: semver.Version.parse(row[2]), reverse=True)
+    rows.sort(key=lambda row: row[1])
+    return [row[0] for row in rows]
+
+
 @dataclass(frozen=True)
 class FieldDiff:
     field: str

@@ -89,11 +89,15 @@ class VersionViewSet(
     def get_queryset(self) -> QuerySet:
         if getattr(self, "swagger_fake_view", False):
             return self.output_serializer.Meta.model.objects.none()
-        versions = type(self).select_visible(
-            user=self.request.user, tenant=self.request.auth.tenant
-        )
-        # The id breaks ties of name and creation time, so that no version is on two pages.
-        return versions.order_by(*versions.model._meta.ordering, "pk")
+        return type(self).select_visible(user=self.request.user, tenant=self.request.auth.tenant)
+
+    def list(self, request: Request) -> Response:
+        """By name, then by semver precedence, highest first (`version_ids_by_precedence`)."""
+        versions = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(selectors.version_ids_by_precedence(versions))
+        found = versions.in_bulk(page)
+        output = self.output_serializer([found[pk] for pk in page], many=True)
+        return self.get_paginated_response(output.data)
 
     @classmethod
     def body_serializers(cls) -> dict[str, type[serializers.Serializer]]:

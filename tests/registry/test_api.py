@@ -1925,6 +1925,30 @@ def test_tools_list_is_paginated(api, publisher, make_tool_version):
     assert _versions(second) == [("project_search", "1.0.0")]
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_versions_are_listed_highest_precedence_first(
+    api, publisher, make_tool_version, make_skill_version, kind
+):
+    # given versions created in an order that is not their precedence
+    make = make_tool_version if kind == "tools" else make_skill_version
+    name = "project_search" if kind == "tools" else "weekly-summary"
+    for version in ("1.10.0", "1.9.0", "1.10.0-rc.1", "1.10.0-alpha", "2.0.0-rc.1"):
+        make(version=version)
+    client = api.as_user(publisher)
+
+    # when they are listed, one per page
+    pages = [client.get(f"/api/v1/{kind}", {"page_size": 1, "page": page}) for page in range(1, 6)]
+
+    # then by semver precedence, highest first, a pre-release below its release
+    assert [version for page in pages for version in _versions(page)] == [
+        (name, "2.0.0-rc.1"),
+        (name, "1.10.0"),
+        (name, "1.10.0-rc.1"),
+        (name, "1.10.0-alpha"),
+        (name, "1.9.0"),
+    ]
+
+
 def test_skills_list_is_paginated(api, publisher, make_skill_version):
     for version in ("1.0.0", "1.1.0", "1.2.0"):
         make_skill_version(version=version)
