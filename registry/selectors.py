@@ -59,7 +59,7 @@ from registry.models import (
 from registry.models.definitions import Definition
 from registry.models.versions import DefinitionVersion
 from registry.search import search_terms
-from runs.workflows import WORKFLOWS
+from runs.workflows import WORKFLOWS, skill_reference_name
 
 User = AbstractBaseUser | AnonymousUser
 V = TypeVar("V", bound=DefinitionVersion)
@@ -565,35 +565,61 @@ def skill_under_test(*, tenant: Tenant) -> Skill | None:
     return version.skill if version is not None else None
 
 
-def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, Skill]:
-    """The skill of each name that a workflow node naming it loads in `tenant`: of two skills
-    of one name, the tenant's own before the platform's, then by namespace, as skills are
-    recalled, so that which one a run loads is never left to the database. A skill with
+def skill_candidates_loaded(*, tenant: Tenant, references: Iterable[str]) -> dict[str, list[Skill]]:
+    """The skills each reference (`name` or `namespace/name`) of a workflow node may load in
+    `tenant`: of skills of that name in several owners, the tenant's own before the
+    platform's, as tool pins and recall prefer them; of one owner's in several namespaces,
+    each, for a reference that names none is ambiguous and loads none of them. A skill with
     drafts only (no current version) hides nothing: no run can have it. In an evaluation
     sandbox, the skill under test for its name (`skill_under_test`), drafts only or not."""
-    names = set(names)
-    found: dict[str, Skill] = {}
+    references = set(references)
     under_test = skill_under_test(tenant=tenant)
-    if under_test is not None and under_test.name in names:
-        found[under_test.name] = under_test
-    for skill in (
+    named = list(
         definitions_visible(model=Skill, tenant=tenant)
-        .filter(name__in=names, current_version__isnull=False)
-        .select_related("current_version")
+        .filter(
+            name__in={skill_reference_name(reference) for reference in references},
+            current_version__isnull=False,
+        )
+        .select_related("tenant", "current_version")
         .order_by(*OWN_BEFORE_PLATFORM)
-    ):
-        found.setdefault(skill.name, skill)
+    )
+    found: dict[str, list[Skill]] = {}
+    for reference in references:
+        namespace, _, name = reference.rpartition("/")
+        if under_test is not None and under_test.name == name:
+            found[reference] = [under_test]
+            continue
+        matching = [
+            skill for skill in named if skill.name == name and namespace in ("", skill.namespace)
+        ]
+        if matching:
+            found[reference] = [
+                skill for skill in matching if skill.tenant_id == matching[0].tenant_id
+            ]
     return found
 
 
-def _names_loaded(skills: Iterable[Skill]) -> set[str]:
-    """The names of the skills the nodes of these skills' current versions' workflows load."""
+def skills_loaded_by_name(*, tenant: Tenant, names: Iterable[str]) -> dict[str, Skill]:
+    """The skill each reference of a workflow node loads in `tenant`, of those that name
+    exactly one (`skill_candidates_loaded`)."""
     return {
-        name
+        reference: candidates[0]
+        for reference, candidates in skill_candidates_loaded(
+            tenant=tenant, references=names
+        ).items()
+        if len(candidates) == 1
+    }
+
+
+def _references_loaded(skills: Iterable[Skill]) -> set[str]:
+    """The references of the skills the nodes of these skills' current versions' workflows
+    load."""
+    return {
+        reference
         for skill in skills
         if skill.current_version is not None
         and (workflow := WORKFLOWS.get(skill.current_version.workflow)) is not None
-        for name in workflow.skills_loaded
+        for reference in workflow.skills_loaded
     }
 
 
@@ -611,10 +637,15 @@ def agent_skills_reachable(
     else:
         routed = agent_config.skills.all()
     reachable = list(routed.select_related("current_version"))
-    loaded = _names_loaded(reachable) - {skill.name for skill in reachable}
+    names = {skill.name for skill in reachable}
+    loaded = {
+        reference
+        for reference in _references_loaded(reachable)
+        if skill_reference_name(reference) not in names
+    }
     if loaded:
         found = skills_loaded_by_name(tenant=agent_config.tenant, names=loaded)
-        reachable += [found[name] for name in sorted(found)]
+        reachable += list(dict.fromkeys(found[reference] for reference in sorted(found)))
     return reachable
 
 
@@ -636,7 +667,7 @@ def agents_given(*, skill: Skill) -> list[AgentConfig]:
     if skill.tenant_id is not None:
         agents = agents.filter(tenant_id=skill.tenant_id)
     granted: dict[int, bool] = {}
-    loaded_by_name: dict[int, bool] = {}
+    loaded_by_name: dict[tuple[int, frozenset[str]], bool] = {}
 
     def given(agent: AgentConfig) -> bool:
         tenant = agent.tenant
@@ -651,12 +682,18 @@ def agents_given(*, skill: Skill) -> list[AgentConfig]:
         bound = list(agent.skills.all())
         if skill in bound:
             return True
-        if skill.name in {other.name for other in bound} or skill.name not in _names_loaded(bound):
+        references = frozenset(
+            reference
+            for reference in _references_loaded(bound)
+            if skill_reference_name(reference) == skill.name
+        )
+        if skill.name in {other.name for other in bound} or not references:
             return False
-        if tenant.pk not in loaded_by_name:
-            found = skills_loaded_by_name(tenant=tenant, names=[skill.name])
-            loaded_by_name[tenant.pk] = found.get(skill.name) == skill
-        return loaded_by_name[tenant.pk]
+        key = (tenant.pk, references)
+        if key not in loaded_by_name:
+            found = skills_loaded_by_name(tenant=tenant, names=references)
+            loaded_by_name[key] = skill in found.values()
+        return loaded_by_name[key]
 
     return [agent for agent in agents.order_by("tenant__slug", "name") if given(agent)]
 

@@ -44,15 +44,15 @@ from registry.selectors import (
     mcp_drift,
     mcp_server_of,
     mcp_server_usable,
+    skill_candidates_loaded,
     skill_under_test,
     skill_version_for_actor,
-    skills_loaded_by_name,
     skills_recall,
     tenant_has_grant,
     user_roles,
 )
 from runs.tools.limits import circuit_state
-from runs.workflows import WORKFLOWS
+from runs.workflows import WORKFLOWS, skill_reference_name
 
 SNAPSHOT_SCHEMA = 1
 
@@ -178,24 +178,35 @@ def _node_skills(skills: list[dict[str, Any]], resolution: _Resolution) -> list[
     """The skills the nodes of the routed skill's workflow load by name (explicit workflow
     assembly), each once, held to what any skill is held to; those of them the run has
     already carry no entry of their own. An entry says which node loads it. Of two skills of
-    one name, the tenant's own is loaded (`skills_loaded_by_name`); in an evaluation sandbox,
-    the skill under test."""
+    one name, the tenant's own is loaded (`skill_candidates_loaded`); one that two namespaces
+    of the tenant have is loaded from neither, its candidates named; in an evaluation
+    sandbox, the skill under test."""
     workflow = WORKFLOWS.get(skills[0]["workflow"]) if skills else None
     have = {skill["name"] for skill in skills}
     loading = {
-        name: node
-        for name, node in (workflow.skills_loaded.items() if workflow else ())
-        if name not in have
+        reference: node
+        for reference, node in (workflow.skills_loaded.items() if workflow else ())
+        if skill_reference_name(reference) not in have
     }
     if not loading:
         return []
-    found = skills_loaded_by_name(tenant=resolution.tenant, names=loading)
+    found = skill_candidates_loaded(tenant=resolution.tenant, references=loading)
     entries = []
-    for name, node in loading.items():
-        if name not in found:
-            resolution.excluded.append({"skill": name, "reason": "NOT_AVAILABLE"})
+    for reference, node in loading.items():
+        candidates = found.get(reference, [])
+        if not candidates:
+            resolution.excluded.append({"skill": reference, "reason": "NOT_AVAILABLE"})
             continue
-        entry = _skill_resolved(found[name], resolution, healthy_only=False)
+        if len(candidates) > 1:
+            resolution.excluded.append(
+                {
+                    "skill": reference,
+                    "reason": "AMBIGUOUS",
+                    "candidates": [str(candidate) for candidate in candidates],
+                }
+            )
+            continue
+        entry = _skill_resolved(candidates[0], resolution, healthy_only=False)
         if entry is not None:
             entries.append({**entry, "node": node})
     return entries

@@ -200,7 +200,7 @@ def _skill(run: Run) -> dict[str, Any] | None:
     skills = run.capability.get("skills", [])
     node = _workflow(run).nodes.get(run.state.get("node", ""))
     if node is not None and node.skill:
-        return next((skill for skill in skills if skill["name"] == node.skill), None)
+        return next((skill for skill in skills if skill["name"] == node.skill_name), None)
     return skills[0] if skills else None
 
 
@@ -537,7 +537,20 @@ def _route_and_assemble(run: Run) -> None:
         "corrections": 0,
         "history": _history(run),
     }
-    loaded = {node.skill for node in workflow.nodes.values() if node.skill}
+    loaded = {node.skill_name for node in workflow.nodes.values() if node.skill}
+    ambiguous = {
+        entry["skill"]: entry["candidates"]
+        for entry in run.capability.get("excluded", [])
+        if entry.get("reason") == "AMBIGUOUS"
+    }
+    if ambiguous:
+        _finish(
+            run,
+            status=RunStatus.REFUSED,
+            reason_code="WORKFLOW_SKILL_AMBIGUOUS",
+            output={"skills": ambiguous},
+        )
+        return
     # The first entry of a name, as `_skill` activates it: a later one of the same name (a
     # granted platform skill bound beside the tenant's own) is never activated.
     snapshot: dict[str, dict[str, Any]] = {}

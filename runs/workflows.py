@@ -38,9 +38,20 @@ class Node:
     rules: tuple[Rule, ...] = ()
     terminates_when: str = ""
     side_effects: bool = False
-    # The skill this node loads, by name (explicit workflow assembly): its procedure, rules,
-    # examples and pinned tools apply in this node, whichever skill the run was routed to.
+    # The skill this node loads, by name or as `namespace/name` (explicit workflow assembly):
+    # its procedure, rules, examples and pinned tools apply in this node, whichever skill the
+    # run was routed to. A name two namespaces of one owner have loads neither.
     skill: str = ""
+
+    @property
+    def skill_name(self) -> str:
+        return skill_reference_name(self.skill)
+
+
+def skill_reference_name(reference: str) -> str:
+    """The name of the skill a node's reference (`name` or `namespace/name`) loads: a run
+    knows its skills by name."""
+    return reference.rpartition("/")[2]
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class Workflow:
 
     @property
     def skills_loaded(self) -> dict[str, str]:
-        """The skills its nodes load, by name, each with the first node that loads it."""
+        """The skills its nodes load, by reference, each with the first node that loads it."""
         loading: dict[str, str] = {}
         for node in self.nodes.values():
             if node.skill:

@@ -890,6 +890,51 @@ def test_a_run_whose_workflow_loads_a_skill_it_may_not_use_is_refused_before_any
     assert tool_calls(run) == []
 
 
+def test_a_run_whose_workflow_loads_a_name_two_namespaces_have_is_refused_naming_them(
+    demo, monkeypatch
+):
+    # given the draft node loading board-pack, which acme publishes in two namespaces
+    draft_node_loading(monkeypatch, "board-pack")
+    for namespace in ("finance", "core"):
+        publish_skill(demo, "board-pack", "1.0.0", tool_versions=[], namespace=namespace)
+    run = start(demo, project_id="apollo")
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then neither is loaded: the run is refused, naming both
+    result = assert_terminal(run, "REFUSED", "WORKFLOW_SKILL_AMBIGUOUS")
+    assert result["output"] == {
+        "skills": {"board-pack": ["acme/core/board-pack", "acme/finance/board-pack"]}
+    }
+    assert {
+        "skill": "board-pack",
+        "reason": "AMBIGUOUS",
+        "candidates": ["acme/core/board-pack", "acme/finance/board-pack"],
+    } in run.capability["excluded"]
+    assert "board-pack" not in [skill["name"] for skill in run.capability["skills"]]
+    assert tool_calls(run) == []
+
+
+def test_a_workflow_node_naming_the_namespace_loads_that_skill(demo, monkeypatch):
+    # given the draft node loading finance/board-pack, which acme publishes beside
+    # core/board-pack
+    draft_node_loading(monkeypatch, "finance/board-pack")
+    finance = publish_skill(demo, "board-pack", "1.0.0", tool_versions=[], namespace="finance")
+    publish_skill(demo, "board-pack", "2.0.0", tool_versions=[], namespace="core")
+
+    # when
+    run = start(demo, project_id="apollo")
+
+    # then the draft node has the finance one
+    assert [
+        (skill["id"], skill["name"], skill.get("node"))
+        for skill in run.capability["skills"]
+        if skill.get("node")
+    ] == [(str(finance.pk), "board-pack", "draft")]
+    assert run.capability["excluded"] == []
+
+
 def test_a_skill_whose_workflow_is_no_longer_defined_is_refused_not_run_as_the_generic_agent(
     demo, monkeypatch
 ):
