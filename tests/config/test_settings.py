@@ -221,6 +221,42 @@ def test_deploy_check_passes_with_production_settings():
     assert "System check identified no issues" in result.stdout
 
 
+# What a request that says it came over HTTPS (X-Forwarded-Proto: https) on plain HTTP gets:
+# whether it counts as secure, and the HTTPS redirect's status (301) or none (the page's own).
+SHOW_FORWARDED_PROTO = """
+import json, django
+django.setup()
+from django.test import Client, RequestFactory
+request = RequestFactory().get("/", HTTP_X_FORWARDED_PROTO="https")
+response = Client().get("/accounts/login/", HTTP_X_FORWARDED_PROTO="https")
+print(json.dumps([request.is_secure(), response.status_code]))
+"""
+
+
+def test_a_client_s_own_forwarded_proto_header_does_not_make_its_request_secure():
+    # given production settings and no proxy said to set X-Forwarded-Proto
+    production = {"DEBUG": "0", "SECRET_KEY": _random_secret_key(), "ALLOWED_HOSTS": "testserver"}
+
+    # when a client on plain HTTP sends X-Forwarded-Proto: https itself
+    result = _run("-c", SHOW_FORWARDED_PROTO, **production)
+
+    # then its request is not secure, and it is still sent to HTTPS
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [False, 301]
+
+
+def test_a_trusted_proxy_s_forwarded_proto_header_makes_the_request_secure():
+    # given production settings behind a proxy that sets X-Forwarded-Proto
+    production = {"DEBUG": "0", "SECRET_KEY": _random_secret_key(), "ALLOWED_HOSTS": "testserver"}
+
+    # when the proxy says the request came over HTTPS
+    result = _run("-c", SHOW_FORWARDED_PROTO, TRUSTED_PROXY_SSL_HEADER="1", **production)
+
+    # then the request is secure and not redirected
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [True, 200]
+
+
 def test_embedded_default_uses_sqlite_and_eager_celery():
     result = _run("-c", SHOW_SETTINGS, DEBUG="1")
 
