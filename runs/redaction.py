@@ -7,11 +7,14 @@ contract marks sensitive (`result_contract.sensitive_fields`) replaced, and what
 returned under those fields masked where it was copied into text (a name in a draft's body).
 """
 
+import base64
 import binascii
 import functools
 import html.entities
 import re
+import string
 import unicodedata
+from collections.abc import Iterable
 from typing import Any
 
 from config import jsontext
@@ -410,13 +413,80 @@ def _percent_encoded(secret: str) -> re.Pattern:
     return re.compile("".join(characters))
 
 
+_BASE64_ALPHABET = string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/"
+# The base64 characters the standard and the URL-safe alphabets write differently, as each
+# does and percent-encoded, as a link carries them.
+_BASE64_WRITTEN = {"+": ("+", "-", "%2B", "%2b"), "/": ("/", "_", "%2F", "%2f")}
+_BASE64_PADDING = r"(?:=|%3[Dd]){0,2}"
+# The fewest characters a secret's base64 form is sought by (42 bits): fewer, as a short
+# secret's are, turn up by chance in other base64 text (a picture's) and in words.
+_BASE64_MIN_CHARS = 7
+
+
+def _base64_character(sextets: Iterable[int]) -> str:
+    """A pattern of one base64 character of any of `sextets`, however it is written."""
+    plain, written = [], []
+    for character in (_BASE64_ALPHABET[sextet] for sextet in sextets):
+        plain += [character] if character not in _BASE64_WRITTEN else []
+        written += _BASE64_WRITTEN.get(character, ())
+    if not written and len(plain) == 1:
+        return plain[0]
+    forms = [f"[{''.join(plain)}]"] if plain else []
+    return f"(?:{'|'.join([*forms, *map(re.escape, written)])})"
+
+
+def _base64_at(data: bytes, offset: int) -> tuple[str, str] | None:
+    """A pattern of `data` base64-encoded `offset` bytes (0 to 2) into what is encoded, and
+    its longest part written alike in every alphabet (what text holding it must hold). The
+    pattern is of the characters of `data`'s bits alone, and, should they be there, of the
+    character before them and the one after them (with padding, where `data` ends what is
+    encoded), which also hold bits of what is around it. None if too few characters are of
+    `data`'s bits alone."""
+    start, end = 8 * offset, 8 * (offset + len(data))
+    encoded = base64.b64encode(bytes(offset) + data + bytes(2)).decode()
+    sextets = [_BASE64_ALPHABET.index(character) for character in encoded.rstrip("=")]
+    first, last = -(-start // 6), end // 6
+    if last - first < _BASE64_MIN_CHARS:
+        return None
+    pattern = "".join(_base64_character([sextet]) for sextet in sextets[first:last])
+    if start % 6:
+        known = (1 << (6 - start % 6)) - 1
+        before = [other for other in range(64) if other & known == sextets[first - 1] & known]
+        pattern = f"{_base64_character(before)}?{pattern}"
+    if end % 6:
+        known = 0o77 ^ ((1 << (6 - end % 6)) - 1)
+        after = [other for other in range(64) if other & known == sextets[last] & known]
+        pattern = f"{pattern}(?:{_base64_character(after)}{_BASE64_PADDING})?"
+    alike = max(re.split(r"[+/]", encoded[first:last]), key=len)
+    return pattern, alike
+
+
+@functools.lru_cache(maxsize=64)
+def _base64_encoded(secret: str) -> tuple[re.Pattern, tuple[str, ...]] | None:
+    """The secret base64-encoded, standard or URL-safe, padded or not, alone or inside more
+    (as Basic authentication encodes "user:secret"): at each of the three places its first
+    byte may fall in a group of three, whose characters differ; and what text must hold for
+    the pattern to be worth running. None for a secret too short to be told from chance
+    (`_BASE64_MIN_CHARS`)."""
+    forms = [form for offset in range(3) if (form := _base64_at(secret.encode(), offset))]
+    if not forms:
+        return None
+    patterns, alike = zip(*forms, strict=True)
+    return re.compile("|".join(patterns)), alike
+
+
 def known_secrets_replaced(text: str, secrets: tuple[str, ...]) -> str:
     """`text` with each of `secrets` (credentials the host gave a service, which it may
-    echo) replaced, verbatim or percent-encoded (`_percent_encoded`)."""
+    echo) replaced, verbatim, percent-encoded (`_percent_encoded`) or base64-encoded
+    (`_base64_encoded`). Each form is a pattern made once per secret, run only on text that
+    holds a part of it: nothing in `text` is decoded."""
     for secret in filter(None, secrets):
         text = text.replace(secret, REDACTED)
         if "%" in text:
             text = _percent_encoded(secret).sub(REDACTED, text)
+        encoded = _base64_encoded(secret)
+        if encoded is not None and any(part in text for part in encoded[1]):
+            text = encoded[0].sub(REDACTED, text)
     return text
 
 

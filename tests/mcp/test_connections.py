@@ -209,6 +209,27 @@ def test_a_credential_a_stdio_server_writes_percent_encoded_to_stderr_is_logged_
     assert "s3cr3t%2Fvalue" not in caplog.text
 
 
+def test_a_credential_a_stdio_server_writes_base64_encoded_to_stderr_is_logged_redacted(
+    overrides, monkeypatch, caplog
+):
+    # given a stdio server which prints what it sends upstream: the credential it was given
+    # base64-encoded after a user name, as Basic authentication encodes it, when the
+    # platform opens it
+    _stderr_logged(
+        monkeypatch,
+        caplog,
+        credential="s3cr3t~~value??-0123456789",
+        script="import base64, os, sys; "
+        "sent = base64.b64encode(b'svc:' + os.environ['API_TOKEN'].encode()).decode(); "
+        "print('upstream refused', sent, file=sys.stderr)",
+        line="upstream refused",
+    )
+
+    # then its line is in the platform's log, the credential redacted
+    assert "platform/leaky (stderr): upstream refused c3ZjO[redacted]" in caplog.text
+    assert "M2NyM3R" not in caplog.text
+
+
 def test_any_credential_a_stdio_server_writes_to_stderr_is_logged_redacted(overrides, caplog):
     # given a stdio server which, as it fails to start, prints a token of its own upstream
     # (one the host never gave it) on stderr

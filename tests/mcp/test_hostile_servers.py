@@ -3,6 +3,7 @@ RFC 8785 cannot hash, an answer outside its output schema, the credential it was
 Discovery records the rest and reports what it skipped, drift still shows, a call fails as
 the server's fault, and no credential is kept or shown."""
 
+import base64
 import copy
 import json
 import sys
@@ -186,6 +187,34 @@ def test_a_credential_the_server_quotes_percent_encoded_in_its_listings_is_not_k
     draft = draft_of(hostile, "project_status")
     definition = McpToolDefinition.objects.get(server=hostile)
     assert draft.description == "Docs: https://docs.example/d/[redacted]/status"
+    assert definition.definition["description"] == draft.description
+    assert "ECHOES_CREDENTIAL" in [flag["code"] for flag in definition.review_flags]
+    assert report.skipped == {
+        "resource https://files.example/f/[redacted]": "its uri quotes a credential it was given"
+    }
+    assert not McpResource.objects.filter(server=hostile).exists()
+
+
+def test_a_credential_the_server_quotes_base64_encoded_in_its_listings_is_not_kept(
+    demo, hostile, spec
+):
+    # given a server that puts the credential it was given into its listing base64-encoded:
+    # after a user name, as Basic authentication encodes it, and alone in a resource's URI
+    after_user = base64.b64encode(f"svc:{SECRET}".encode()).decode()
+    alone = base64.urlsafe_b64encode(SECRET.encode()).decode()
+    spec(
+        tools=[{**STATUS_TOOL, "description": f"Signed {after_user}"}],
+        resources=[{"uri": f"https://files.example/f/{alone}", "name": "r"}],
+    )
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then neither its definition nor its draft keeps the credential, the reviewer is told
+    # the server quoted it, and the resource, whose URI is sent back as listed, is skipped
+    draft = draft_of(hostile, "project_status")
+    definition = McpToolDefinition.objects.get(server=hostile)
+    assert draft.description == "Signed c3ZjO[redacted]"
     assert definition.definition["description"] == draft.description
     assert "ECHOES_CREDENTIAL" in [flag["code"] for flag in definition.review_flags]
     assert report.skipped == {

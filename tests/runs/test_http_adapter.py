@@ -2,6 +2,7 @@
 and which are a failed call, with the error category, retryable and may_have_side_effect of
 the envelope (DESIGN.md, gate 7)."""
 
+import base64
 import gzip
 import hashlib
 import json
@@ -1012,6 +1013,43 @@ def test_a_credential_the_service_echoes_url_encoded_is_stripped(
         ]
     )
     assert "Tv4wB7nH1s" not in stored
+
+
+def test_a_credential_the_service_echoes_base64_encoded_is_stripped(
+    demo, report_service, report_token, monkeypatch
+):
+    # given a service that echoes the credential it was given base64-encoded, alone (URL-safe,
+    # unpadded) and as Basic authentication encodes it after a user name
+    secret = "s3cr3t~~value??-0123456789"
+    monkeypatch.setenv("REPORT_SERVICE_TOKEN", secret)
+    alone = base64.urlsafe_b64encode(secret.encode()).decode().rstrip("=")
+    after_user = base64.b64encode(f"dave:{secret}".encode()).decode()
+    report_service.body = json.dumps(
+        {
+            "business_status": "ok",
+            "data": {"health": "green", "seen": [alone, f"received as {after_user}"]},
+            "sources": [{"reference": "https://status.example/apollo", "content": after_user}],
+        }
+    ).encode()
+
+    # when
+    run = report_read(demo, report_service, credential_ref="REPORT_SERVICE_TOKEN")
+
+    # then the service got the credential, and no encoding of it is in what the run keeps
+    assert report_service.requests
+    record = ToolCall.objects.get(run=run, name="report_read")
+    assert record.envelope["raw"]["seen"] == ["[redacted]", "received as ZGF2ZT[redacted]"]
+    stored = json.dumps(
+        [
+            list(run.events.values_list("payload", flat=True)),
+            record.envelope,
+            list(Source.objects.filter(run=run).values_list("reference", "content")),
+            run.transcript,
+            run.result,
+        ]
+    )
+    assert alone[4:20] not in stored
+    assert after_user[8:24] not in stored
 
 
 def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(

@@ -1,5 +1,8 @@
 """Redaction before anything is stored in a trace or shown (runs.redaction)."""
 
+import base64
+import urllib.parse
+
 import pytest
 
 from config.secret_names import secret_key
@@ -536,3 +539,61 @@ def test_a_long_key_is_shown_without_being_kept():
 
     assert "abcdef0123456789abcdef" not in shown
     assert redaction.key_shown.cache_info().currsize == before
+
+
+KNOWN_SECRET = "s3cr3t~~value??-0123456789"
+
+
+@pytest.mark.parametrize("encode", [base64.b64encode, base64.urlsafe_b64encode])
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "unpadded"])
+@pytest.mark.parametrize("user", ["", "ann", "dave", "alice"], ids=lambda user: user or "bare")
+def test_a_known_secret_echoed_base64_encoded_is_replaced_alone_or_after_a_user(
+    encode, padded, user
+):
+    # given a service that echoes the credential it was given base64-encoded, alone or as
+    # Basic authentication encodes it after a user name (each name puts it at another of the
+    # three places a character of base64 can start inside it), standard or URL-safe, padded
+    # or not
+    credential = f"{user}:{KNOWN_SECRET}" if user else KNOWN_SECRET
+    encoded = encode(credential.encode()).decode()
+    encoded = encoded if padded else encoded.rstrip("=")
+
+    # when it is redacted
+    replaced = redaction.known_secrets_replaced(f"sent {encoded}; retry", (KNOWN_SECRET,))
+
+    # then the credential is gone, and what encodes the user name alone is kept
+    user_part = encode(f"{user}:".encode()).decode()[: (len(user) + 1) * 8 // 6] if user else ""
+    assert replaced == f"sent {user_part}{REDACTED}; retry"
+
+
+def test_a_known_secret_base64_encoded_inside_a_percent_encoded_link_is_replaced():
+    encoded = base64.b64encode(f"dave:{KNOWN_SECRET}".encode()).decode()
+    link = "https://status.example/?auth=" + urllib.parse.quote(encoded, safe="")
+
+    replaced = redaction.known_secrets_replaced(link, (KNOWN_SECRET,))
+
+    assert replaced == f"https://status.example/?auth=ZGF2ZT{REDACTED}"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # another secret's base64, and base64 of part of the secret only
+        base64.b64encode(b"another-credential-0123456789").decode(),
+        base64.b64encode(KNOWN_SECRET[:12].encode()).decode(),
+        # ordinary words and a base64 picture
+        "the quick brown fox",
+        "data:image/png;base64," + base64.b64encode(bytes(range(256)) * 4).decode(),
+    ],
+    ids=["other-secret", "part-of-the-secret", "words", "picture"],
+)
+def test_text_that_holds_no_base64_form_of_a_known_secret_is_kept(text):
+    assert redaction.known_secrets_replaced(text, (KNOWN_SECRET,)) == text
+
+
+def test_a_short_known_secret_is_not_sought_in_base64_which_would_find_it_by_chance():
+    # given a secret whose base64 forms are a few characters, which other text holds by
+    # chance: "hpI" of "eGhpIXg=" (base64 of "xhi!x") would be its form after one byte
+    text = base64.b64encode(b"xhi!x").decode()
+
+    assert redaction.known_secrets_replaced(text, ("hi!",)) == text
