@@ -41,7 +41,7 @@ from runs.models.tools import EVIDENCE_USE, source_reference
 from runs.redaction import holds_secret, secrets_removed, secrets_removed_within
 from runs.routing import DATE_RANGE, HUMAN_QUEUE, PROJECT_SCOPE, no_skill_clarifies, route_decide
 from runs.rules import APPLICATION_RULES, PLATFORM_RULES, MergedRules, merge_rules
-from runs.selectors import requester_standing
+from runs.selectors import agent_active, requester_standing
 from runs.services.attachment_reading import attachment_line, attachments_read
 from runs.services.attachment_reading import is_read as attachment_is_read
 from runs.services.attachments import ATTACHMENT_PART
@@ -49,6 +49,7 @@ from runs.services.excerpts import tokens_each
 from runs.services.memory import memories_kept, memory_retrieve
 from runs.services.resources import RESOURCE_PART, resource_key, resource_line, resources_attach
 from runs.services.runs import (
+    AGENT_CONFIG_INACTIVE,
     REQUESTER_NO_LONGER_AUTHORISED,
     cancel_request_take_in,
     run_finish,
@@ -1727,8 +1728,9 @@ def _cancel_asked() -> Exists:
 
 # A step locks the run's row FOR NO KEY UPDATE: it changes no key, and a cancel request,
 # whose foreign key check shares the key, need not wait for the step to end.
-# The row's version, locked, with the registry's generation now and whether a cancel
-# request waits: the statement every step after an execution's first starts with.
+# The row's version, locked, with the registry's generation now, whether a cancel request
+# waits, and the run's standing: the statement every step after an execution's first starts
+# with.
 _RUN_VERSION_LOCKED = PreparedQuery(
     lambda run_id: (
         Run.objects.select_for_update(no_key=True)
@@ -1736,6 +1738,7 @@ _RUN_VERSION_LOCKED = PreparedQuery(
             registry_generation=generation_sql(),
             cancel_asked=_cancel_asked(),
             requester_standing=requester_standing(),
+            agent_active=agent_active(),
         )
         .filter(pk=run_id)
         .order_by()
@@ -1745,6 +1748,7 @@ _RUN_VERSION_LOCKED = PreparedQuery(
             "registry_generation",
             "cancel_asked",
             "requester_standing",
+            "agent_active",
         )[:1]
     ),
     run_id=UUID,
@@ -1759,6 +1763,7 @@ _RUN_LOCKED = PreparedQuery(
             registry_generation=generation_sql(),
             cancel_asked=_cancel_asked(),
             requester_standing=requester_standing(),
+            agent_active=agent_active(),
         )
         .filter(pk=run_id)
         .order_by()[:1]
@@ -1769,10 +1774,14 @@ _RUN_LOCKED = PreparedQuery(
 
 def _standing_withdrawn(run: Run) -> tuple[RunStatus, str] | None:
     """Why the run may not take another step, if its standing was withdrawn since it was
-    accepted: its requester may no longer start runs in the tenant, or a skill version of
-    its snapshot was revoked or is no longer granted (never used again, pinned or not)."""
+    accepted: its requester may no longer start runs in the tenant, an admin switched its
+    agent off (as the ingress takes no new message for it, no accepted run goes on under
+    it), or a skill version of its snapshot was revoked or is no longer granted (never used
+    again, pinned or not)."""
     if not run.requester_standing:
         return RunStatus.REFUSED, REQUESTER_NO_LONGER_AUTHORISED
+    if not run.agent_active:
+        return RunStatus.FAILED_FINAL, AGENT_CONFIG_INACTIVE
     skill_ids = [entry["id"] for entry in run.capability.get("skills", [])]
     if skill_ids and version_ids_withdrawn(
         model=SkillVersion, ids=skill_ids, tenant=run.tenant, generation=run.registry_generation
@@ -1786,7 +1795,12 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
     if saved is not None:
         version = _RUN_VERSION_LOCKED.first(run_id=run_id)
         if version is not None and version[:2] == (saved.updated_at, saved.last_event_seq):
-            saved.registry_generation, saved.cancel_asked, saved.requester_standing = version[2:]
+            (
+                saved.registry_generation,
+                saved.cancel_asked,
+                saved.requester_standing,
+                saved.agent_active,
+            ) = version[2:]
             return saved
     run = _RUN_LOCKED.first(run_id=run_id)
     if run is not None:

@@ -9,7 +9,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from config import jsontext
 from registry.choices import ABOVE_INTERNAL, DATA_CLASSIFICATION_LEVELS, ROLE_ACTIONS, Action
-from registry.models import Membership, Tenant, ToolVersion
+from registry.models import AgentConfig, Membership, Tenant, ToolVersion
 from registry.selectors import tenants_where_user_can, user_can
 from runs.models import Attachment, Run, RunEvent, Source, ToolCall
 from runs.redaction import sensitive_texts
@@ -43,6 +43,12 @@ def requester_standing() -> Q:
             )
         )
     )
+
+
+def agent_active() -> Exists:
+    """Whether the run's agent is still switched on (`AgentConfig.is_active`), as the ingress
+    asked; a subquery, so that a lock on runs takes the run's row alone."""
+    return Exists(AgentConfig.objects.filter(pk=OuterRef("agent_config_id"), is_active=True))
 
 
 def run_events(*, run: Run, after_seq: int = 0) -> QuerySet[RunEvent]:

@@ -1,6 +1,6 @@
-"""What a run does when its tenant, its requester, its versions or its model config change
-while it is between steps or waits for approval: nothing withdrawn is used again, and nothing
-the snapshot did not pin is asked."""
+"""What a run does when its tenant, its requester, its versions, its agent or its model config
+change while it is between steps or waits for approval: nothing withdrawn is used again, and
+nothing the snapshot did not pin is asked."""
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -233,6 +233,69 @@ def test_a_model_config_switched_off_mid_run_is_not_asked_again(demo, fake_model
     assert run.result["output"] == {"model_config": config.name}
     assert fake.requests == []
     assert not events_of(run, "model.requested")
+
+
+def _switch_agent_off(demo) -> None:
+    demo.agent.is_active = False
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="retired")
+
+
+AGENT_OFF_NEXT_STEP = (
+    "An admin switched the agent off; nothing more is done under it. Send the message again "
+    "with a new Idempotency-Key to an agent that is on (metadata.agent names it; without it, "
+    "the tenant's default), or ask a tenant admin to switch the agent back on."
+)
+
+
+def test_an_agent_switched_off_mid_run_asks_its_model_nothing_more(demo):
+    # given alice's run, started: it resolved the recipient and is about to ask the model
+    run = demo_run(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk), execution=Execution())
+    events_before = event_types(run)
+
+    # when an admin switches the run's agent off before its next step
+    _switch_agent_off(demo)
+    run_execute(run_id=str(run.pk))
+
+    # then the run ends at that step, saying why and what to do, and asks no model
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "AGENT_CONFIG_INACTIVE")
+    assert (run.result["status"], run.result["reason_code"], run.result["actions"]) == (
+        "FAILED_FINAL",
+        "AGENT_CONFIG_INACTIVE",
+        [],
+    )
+    assert run.result["next_step"] == AGENT_OFF_NEXT_STEP
+    assert event_types(run) == [*events_before, "run.finished"]
+    assert events_of(run, "run.finished") == [
+        {"status": "FAILED_FINAL", "reason_code": "AGENT_CONFIG_INACTIVE"}
+    ]
+    assert list(ToolCall.objects.filter(run=run).values_list("name", flat=True)) == [
+        "directory_lookup"
+    ]
+    assert not BusinessAction.objects.filter(run=run).exists()
+
+
+def test_an_agent_switched_off_between_steps_of_one_execution_calls_no_more_tools(demo):
+    # given alice's run past its first model turn in one execution, its tool calls next
+    run = demo_run(demo, project_id="apollo")
+    execution = Execution()
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert Run.objects.get(pk=run.pk).state["phase"] == "tools"
+    calls_before = list(ToolCall.objects.filter(run=run).values_list("name", flat=True))
+    events_before = event_types(run)
+
+    # when an admin switches the agent off before the execution's next step
+    _switch_agent_off(demo)
+    assert not run_advance_step(run_id=str(run.pk), execution=execution)
+
+    # then that step ends the run and calls none of the turn's tools
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "AGENT_CONFIG_INACTIVE")
+    assert list(ToolCall.objects.filter(run=run).values_list("name", flat=True)) == calls_before
+    assert event_types(run) == [*events_before, "run.finished"]
+    assert not BusinessAction.objects.filter(run=run).exists()
 
 
 def _change_role(demo) -> None:

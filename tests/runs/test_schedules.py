@@ -795,6 +795,29 @@ def test_a_deadline_passing_while_the_run_works_stops_it_at_its_next_step(demo):
     assert not BusinessAction.objects.exists()
 
 
+def test_a_task_run_whose_agent_was_switched_off_stops_and_says_to_change_the_task(demo):
+    occurrence = fired(demo)
+    assert run_advance_step(run_id=str(occurrence.run_id)) is True
+    demo.agent.is_active = False
+    registry_object_save(instance=demo.agent, actor=demo.admin, reason="retired")
+
+    run_execute(run_id=str(occurrence.run_id))
+
+    occurrence = refreshed(occurrence)
+    run = occurrence.run
+    assert (occurrence.status, occurrence.detail) == (
+        OccurrenceStatus.FAILED,
+        "AGENT_CONFIG_INACTIVE",
+    )
+    assert (run.status, run.reason_code) == (RunStatus.FAILED_FINAL, "AGENT_CONFIG_INACTIVE")
+    assert run.result["next_step"] == (
+        "An admin switched the task's agent off; nothing more is done under it. Change the "
+        "task's agent to one that is on, or ask a tenant admin to switch it back on: until "
+        "then each occurrence is refused and pauses the task."
+    )
+    assert not BusinessAction.objects.exists()
+
+
 def test_a_run_its_deadline_stopped_names_no_one_as_cancelling_it_though_its_owner_asked_later(
     demo,
 ):
