@@ -41,7 +41,9 @@ class ScheduledTaskForm(forms.ModelForm):
 
     Carries whether the task fired when the page was drawn: a save from a page drawn before
     the task was paused (by the scheduler, whose start of it was refused, or by another admin)
-    or resumed is refused, rather than switching it back as the page showed it."""
+    or resumed is refused, rather than switching it back as the page showed it. A change
+    posted without it (a script, a page drawn before the form carried it) is refused as from
+    such a page: it cannot show that it would not undo a pause."""
 
     is_enabled_when_opened = forms.NullBooleanField(widget=forms.HiddenInput, required=False)
 
@@ -65,6 +67,16 @@ class ScheduledTaskForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["is_enabled_when_opened"].initial = self.instance.is_enabled
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if not self.instance._state.adding and cleaned.get("is_enabled_when_opened") is None:
+            self.add_error(
+                "is_enabled",
+                "This save does not say whether the task was paused when its page was opened, "
+                "so it could undo a pause made since: reload the page, then save again.",
+            )
+        return cleaned
 
     def _post_clean(self) -> None:
         super()._post_clean()

@@ -67,6 +67,12 @@ def saved_task(demo, *, tenant=None, owner=None, agent=None, name="apollo weekly
     )
 
 
+def as_opened(page) -> dict:
+    """What a task's change page carries of the task as it was opened, to post back."""
+    form = page.context["adminform"].form
+    return {"is_enabled_when_opened": form["is_enabled_when_opened"].value()}
+
+
 def next_monday_at_nine() -> datetime:
     now = timezone.now()
     monday = now.replace(hour=9, minute=0, second=0, microsecond=0) + timedelta(
@@ -146,7 +152,10 @@ def test_a_saved_tasks_tenant_is_shown_and_not_offered_for_change(client, demo):
     client.force_login(demo.admin)
 
     page = client.get(f"{TASKS}{task.pk}/change/")
-    response = client.post(f"{TASKS}{task.pk}/change/", task_form(demo, tenant=str(demo.globex.pk)))
+    response = client.post(
+        f"{TASKS}{task.pk}/change/",
+        task_form(demo, tenant=str(demo.globex.pk), **as_opened(page)),
+    )
 
     assert "tenant" not in page.context["adminform"].form.fields
     assert response.status_code == 302
@@ -254,6 +263,36 @@ def test_a_page_opened_after_a_pause_saves_and_may_resume_the_task(client, demo)
     assert response.status_code == 302
     task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
     assert (task.is_enabled, task.periodic_task.enabled) == (True, True)
+
+
+def test_a_save_that_does_not_say_how_its_page_found_the_task_does_not_resume_it(client, demo):
+    # given a paused task
+    task = saved_task(demo)
+    scheduled_task_pause(actor=demo.admin, task=task)
+    client.force_login(demo.admin)
+
+    # when a save posted without the page's record of the task's switch (a script, a page
+    # drawn before the form carried it) asks for the task to fire, with a new goal
+    response = client.post(
+        f"{TASKS}{task.pk}/change/", task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.")
+    )
+
+    # then it is refused as from a stale page, and the task stays paused, unchanged
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["is_enabled"] == [
+        "This save does not say whether the task was paused when its page was opened, so it "
+        "could undo a pause made since: reload the page, then save again."
+    ]
+    task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
+    assert (task.goal, task.is_enabled, task.periodic_task.enabled) == (
+        RUNNING_EXAMPLE_TEXT,
+        False,
+        False,
+    )
+    assert [record.history_change_reason for record in task.history.order_by("history_id")] == [
+        "saved",
+        "paused",
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
