@@ -2,6 +2,7 @@
 `runs.services.schedules`, with their occurrences shown as read-only evidence. Tenant admins
 see their tenants' tasks; platform admins see all."""
 
+import json
 from typing import Any
 
 from django import forms
@@ -22,6 +23,7 @@ from runs.services.schedules import (
     scheduled_task_pause,
     scheduled_task_resume,
     scheduled_task_save,
+    scheduled_task_version,
 )
 
 # Occurrences shown on a task's page, newest first; the occurrence list has them all.
@@ -43,9 +45,15 @@ class ScheduledTaskForm(forms.ModelForm):
     the task was paused (by the scheduler, whose start of it was refused, or by another admin)
     or resumed is refused, rather than switching it back as the page showed it. A change
     posted without it (a script, a page drawn before the form carried it) is refused as from
-    such a page: it cannot show that it would not undo a pause."""
+    such a page: it cannot show that it would not undo a pause.
+
+    Carries as well the version of the fields it edits the page was drawn at
+    (`scheduled_task_version`): a save from a page drawn before another save changed any of
+    them is refused, naming them, rather than writing back what the page showed. A change
+    posted without it is refused alike."""
 
     is_enabled_when_opened = forms.NullBooleanField(widget=forms.HiddenInput, required=False)
+    version_when_opened = forms.CharField(widget=forms.HiddenInput, required=False)
 
     class Meta:
         model = ScheduledTask
@@ -67,14 +75,36 @@ class ScheduledTaskForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["is_enabled_when_opened"].initial = self.instance.is_enabled
+        if not self.instance._state.adding:
+            version = json.dumps(scheduled_task_version(self.instance))
+            self.fields["version_when_opened"].initial = version
+
+    def clean_version_when_opened(self) -> dict[str, str] | None:
+        try:
+            version = json.loads(self.cleaned_data["version_when_opened"])
+        except ValueError:
+            return None
+        if isinstance(version, dict) and all(
+            isinstance(digest, str) for digest in version.values()
+        ):
+            return version
+        return None
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
-        if not self.instance._state.adding and cleaned.get("is_enabled_when_opened") is None:
+        if self.instance._state.adding:
+            return cleaned
+        if cleaned.get("is_enabled_when_opened") is None:
             self.add_error(
                 "is_enabled",
                 "This save does not say whether the task was paused when its page was opened, "
                 "so it could undo a pause made since: reload the page, then save again.",
+            )
+        if cleaned.get("version_when_opened") is None:
+            self.add_error(
+                None,
+                "This save does not say which version of the task its page was opened at, so "
+                "it could undo a change made since: reload the page, then save again.",
             )
         return cleaned
 
@@ -185,6 +215,7 @@ class ScheduledTaskAdmin(RegistryAdmin):
             task=obj,
             reason="saved in admin",
             is_enabled_when_read=form.cleaned_data["is_enabled_when_opened"],
+            version_when_read=form.cleaned_data["version_when_opened"],
         )
 
     @admin.action(description="Pause: stop firing", permissions=["change"])

@@ -9,6 +9,7 @@ from the Unix epoch) the moment falls in. So at most one occurrence exists per s
 or window, however many beats fire for it.
 """
 
+import hashlib
 import json
 from datetime import UTC, date, datetime, timedelta
 
@@ -32,6 +33,20 @@ FIRE_TASK = "runs.tasks.scheduled_task_fire"
 MIN_INTERVAL_SECONDS = 60
 MIN_DEADLINE_SECONDS = 60
 MAX_ATTEMPTS = 10
+# The fields a task's change page edits, as `scheduled_task_version` records them; whether it
+# fires is carried on its own (`scheduled_task_save`'s `is_enabled_when_read`).
+VERSIONED_FIELDS = (
+    "name",
+    "owner",
+    "agent_config",
+    "goal",
+    "project_id",
+    "recipient_record_id",
+    "interval_seconds",
+    "crontab",
+    "deadline_seconds",
+    "max_attempts",
+)
 CRONTAB_FIELDS = ("minute", "hour", "day_of_month", "month_of_year", "day_of_week")
 # How far back the latest matching day of a crontab is looked for: 28 years, after which
 # the calendar's dates fall on the same weekdays again, so any day a crontab can name is found.
@@ -120,6 +135,18 @@ def scheduled_task_errors(task: ScheduledTask) -> dict[str, list[str]]:
     return errors
 
 
+def scheduled_task_version(task: ScheduledTask) -> dict[str, str]:
+    """How each field a change page edits stood in `task`, a digest a field. A page carries
+    the version it was opened at, and a save from it is refused once any of those fields has
+    changed since (`scheduled_task_save`), naming it: saved, it would undo that change unseen.
+    The model keeps no version of its own, and a digest adds no migration."""
+    version = {}
+    for name in VERSIONED_FIELDS:
+        value = getattr(task, ScheduledTask._meta.get_field(name).attname)
+        version[name] = hashlib.sha256(json.dumps(value, default=str).encode()).hexdigest()[:16]
+    return version
+
+
 def _may_manage(*, actor: AbstractBaseUser, task: ScheduledTask) -> None:
     if not user_can(user=actor, action=Action.TENANT_ADMIN, tenant=task.tenant):
         raise PermissionDenied("Only a tenant admin manages the tenant's scheduled tasks.")
@@ -173,19 +200,37 @@ def _periodic_task_sync(task: ScheduledTask) -> PeriodicTask:
     return periodic
 
 
+def _refuse_changed_since(version_when_read: dict[str, str], saved: ScheduledTask) -> None:
+    changed = [
+        name
+        for name, digest in scheduled_task_version(saved).items()
+        if version_when_read.get(name) != digest
+    ]
+    if changed:
+        names = ", ".join(str(ScheduledTask._meta.get_field(name).verbose_name) for name in changed)
+        raise ValidationFailed(
+            f"The scheduled task was changed since this page was opened: {names}. Reload the "
+            "page to see it as it is now, then make your change again.",
+            details={name: ["Changed since this page was opened."] for name in changed},
+        )
+
+
 def scheduled_task_save(
     *,
     actor: AbstractBaseUser,
     task: ScheduledTask,
     reason: str = "saved",
     is_enabled_when_read: bool | None = None,
+    version_when_read: dict[str, str] | None = None,
 ) -> ScheduledTask:
     """Create or change a task and its beat schedule in one transaction. The actor is a
     tenant admin; the owner a member who may start runs, with an email; the agent one of
     the tenant's active agents; the schedule an interval or a valid crontab; the goal holds
     no credential. A change made from the task as it was read, `is_enabled_when_read`, is
     refused once the task has been paused or resumed since: saved, it would undo that (a
-    pause of the scheduler, whose start of the task was refused) unseen."""
+    pause of the scheduler, whose start of the task was refused) unseen. So is one made from
+    the task at `version_when_read` (`scheduled_task_version`) once another save has changed
+    any of its fields since, naming them; nothing is written."""
     _may_manage(actor=actor, task=task)
     task.crontab = task.crontab.strip()
     errors = scheduled_task_errors(task)
@@ -196,9 +241,9 @@ def scheduled_task_save(
         # The task's row before its beat row, as a pause or a resume takes them: taken the
         # other way round, a save and a pause at once would deadlock.
         if not task._state.adding:
-            locked = ScheduledTask.objects.select_for_update().filter(pk=task.pk)
-            is_enabled = list(locked.values_list("is_enabled", flat=True))
-            if is_enabled_when_read is not None and is_enabled != [is_enabled_when_read]:
+            saved = ScheduledTask.objects.select_for_update().filter(pk=task.pk).first()
+            is_enabled = saved.is_enabled if saved is not None else None
+            if is_enabled_when_read is not None and is_enabled != is_enabled_when_read:
                 switched = "resumed" if is_enabled_when_read is False else "paused"
                 raise ValidationFailed(
                     f"The scheduled task was {switched} meanwhile.",
@@ -210,6 +255,8 @@ def scheduled_task_save(
                         ]
                     },
                 )
+            if version_when_read is not None and saved is not None:
+                _refuse_changed_since(version_when_read, saved)
         task.periodic_task = _periodic_task_sync(task)
         audited_unique_save(task, actor=actor, reason=reason, exclude=["periodic_task"])
     return task

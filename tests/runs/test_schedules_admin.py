@@ -70,7 +70,7 @@ def saved_task(demo, *, tenant=None, owner=None, agent=None, name="apollo weekly
 def as_opened(page) -> dict:
     """What a task's change page carries of the task as it was opened, to post back."""
     form = page.context["adminform"].form
-    return {"is_enabled_when_opened": form["is_enabled_when_opened"].value()}
+    return {name: form[name].value() for name in form.fields if name.endswith("_when_opened")}
 
 
 def next_monday_at_nine() -> datetime:
@@ -221,15 +221,13 @@ def test_a_page_opened_before_the_platform_paused_the_task_does_not_resume_it(cl
     task = saved_task(demo)
     client.force_login(demo.admin)
     page = client.get(f"{TASKS}{task.pk}/change/")
-    opened = page.context["adminform"].form["is_enabled_when_opened"].value()
+    opened = as_opened(page)
     schedules.scheduled_task_refused_pause(task=task, refusal="agent_inactive: switched off")
 
     # when the admin saves the page as it was opened, with a new goal
     response = client.post(
         f"{TASKS}{task.pk}/change/",
-        task_form(
-            demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", is_enabled_when_opened=opened
-        ),
+        task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", **opened),
     )
 
     # then the form asks to reload it, and the task stays paused, as it was
@@ -254,11 +252,9 @@ def test_a_page_opened_after_a_pause_saves_and_may_resume_the_task(client, demo)
     scheduled_task_pause(actor=demo.admin, task=task)
     client.force_login(demo.admin)
     page = client.get(f"{TASKS}{task.pk}/change/")
-    opened = page.context["adminform"].form["is_enabled_when_opened"].value()
+    opened = as_opened(page)
 
-    response = client.post(
-        f"{TASKS}{task.pk}/change/", task_form(demo, is_enabled_when_opened=opened)
-    )
+    response = client.post(f"{TASKS}{task.pk}/change/", task_form(demo, **opened))
 
     assert response.status_code == 302
     task = ScheduledTask.objects.select_related("periodic_task").get(pk=task.pk)
@@ -295,6 +291,123 @@ def test_a_save_that_does_not_say_how_its_page_found_the_task_does_not_resume_it
     ]
 
 
+def test_a_page_opened_before_another_admin_saved_the_task_does_not_undo_their_change(client, demo):
+    # given two admins with the task's page open, and the first moving it to Tuesdays
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+    first = client.get(f"{TASKS}{task.pk}/change/")
+    second = client.get(f"{TASKS}{task.pk}/change/")
+    as_saved = {"recipient_record_id": ""}
+    moved = client.post(
+        f"{TASKS}{task.pk}/change/",
+        task_form(demo, crontab="0 9 * * 2", **as_saved, **as_opened(first)),
+    )
+    assert moved.status_code == 302
+
+    # when the second saves the page as they opened it, with a new goal
+    response = client.post(
+        f"{TASKS}{task.pk}/change/",
+        task_form(
+            demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", **as_saved, **as_opened(second)
+        ),
+    )
+
+    # then it is refused, naming what changed and asking to reload; the first change stands
+    # and nothing of the second is written
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert form.non_field_errors() == [
+        "The scheduled task was changed since this page was opened: crontab. Reload the page "
+        "to see it as it is now, then make your change again."
+    ]
+    assert form.errors["crontab"] == ["Changed since this page was opened."]
+    task = ScheduledTask.objects.select_related("periodic_task__crontab").get(pk=task.pk)
+    assert (task.goal, task.crontab, task.periodic_task.crontab.day_of_week) == (
+        RUNNING_EXAMPLE_TEXT,
+        "0 9 * * 2",
+        "2",
+    )
+    assert [record.history_change_reason for record in task.history.order_by("history_id")] == [
+        "saved",
+        "saved in admin",
+    ]
+
+
+def test_a_save_that_does_not_say_which_version_its_page_showed_changes_nothing(client, demo):
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+    page = client.get(f"{TASKS}{task.pk}/change/")
+    opened = {"is_enabled_when_opened": as_opened(page)["is_enabled_when_opened"]}
+
+    response = client.post(
+        f"{TASKS}{task.pk}/change/",
+        task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", **opened),
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.non_field_errors() == [
+        "This save does not say which version of the task its page was opened at, so it could "
+        "undo a change made since: reload the page, then save again."
+    ]
+    task = ScheduledTask.objects.get(pk=task.pk)
+    assert task.goal == RUNNING_EXAMPLE_TEXT
+    assert task.history.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_saved_in_the_admin_while_another_save_holds_it_is_refused_after_it(
+    client, demo, monkeypatch
+):
+    # given a task's page opened, and another save of the task that has taken its row and
+    # is about to switch its beat row to Tuesdays
+    task = saved_task(demo)
+    client.force_login(demo.admin)
+    page = f"{TASKS}{task.pk}/change/"
+    opened = as_opened(client.get(page))
+    switch_beat_row = schedules._periodic_task_sync
+    saving_holds_the_task = threading.Event()
+
+    def moved_to_tuesdays() -> None:
+        try:
+            other = ScheduledTask.objects.get(pk=task.pk)
+            other.crontab = "0 9 * * 2"
+            scheduled_task_save(actor=demo.admin, task=other)
+        finally:
+            connection.close()
+
+    saving = threading.Thread(target=moved_to_tuesdays)
+
+    def switched_once_the_save_waits(each: ScheduledTask):
+        if threading.current_thread() is saving:
+            saving_holds_the_task.set()
+            until(lambda: waiting_on_locks() == 1)
+        return switch_beat_row(each)
+
+    monkeypatch.setattr(schedules, "_periodic_task_sync", switched_once_the_save_waits)
+    saving.start()
+    assert saving_holds_the_task.wait(timeout=20)
+
+    # when the admin saves the page with a new goal meanwhile
+    response = client.post(
+        page, task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", **opened)
+    )
+    saving.join(timeout=30)
+
+    # then the save waits for the other, finds the crontab changed since the page was
+    # opened, and is refused: the other save stands, and nothing of this one is written
+    assert response.status_code == 200
+    assert response.context["adminform"].form.errors["crontab"] == [
+        "Changed since this page was opened."
+    ]
+    task = ScheduledTask.objects.select_related("periodic_task__crontab").get(pk=task.pk)
+    assert (task.goal, task.crontab, task.periodic_task.crontab.day_of_week) == (
+        RUNNING_EXAMPLE_TEXT,
+        "0 9 * * 2",
+        "2",
+    )
+    assert task.history.count() == 2
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_refused_after_the_pause(
     client, demo, monkeypatch
@@ -304,7 +417,7 @@ def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_refused_after_the
     task = saved_task(demo)
     client.force_login(demo.admin)
     page = f"{TASKS}{task.pk}/change/"
-    opened = client.get(page).context["adminform"].form["is_enabled_when_opened"].value()
+    opened = as_opened(client.get(page))
     switch_beat_row = schedules._periodic_task_sync
     pausing_holds_the_task = threading.Event()
     outcomes = {}
@@ -330,9 +443,7 @@ def test_a_task_saved_in_the_admin_while_it_is_being_paused_is_refused_after_the
     # when the admin saves the page with a new goal meanwhile
     response = client.post(
         page,
-        task_form(
-            demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", is_enabled_when_opened=opened
-        ),
+        task_form(demo, goal=f"{RUNNING_EXAMPLE_TEXT} Keep it short.", **opened),
     )
     pausing.join(timeout=30)
 
