@@ -40,7 +40,7 @@ from mcp.shared.message import SessionMessage
 from config import jsontext
 from config.credentials import credential_refusal, credential_value
 from config.egress import AsyncHTTPTransport, EgressRefused, egress_refusal
-from registry.mcp.review import definition_of, listed_ambiguously
+from registry.mcp.review import definition_of, listed_ambiguously, nested_too_deep
 from registry.models import McpServer, Tenant
 from runs.redaction import known_secrets_replaced, secrets_removed
 
@@ -138,10 +138,7 @@ def _too_deep(error: pydantic.ValidationError) -> _AnswerTooDeep | None:
         names = []
     if not names:
         return _AnswerTooDeep("an answer nesting too deep for the platform to read")
-    return _AnswerTooDeep(
-        f"a listing the platform cannot read: the definition of tool {', '.join(names[:3])} "
-        f"nests deeper than {jsontext.MAX_DEPTH} levels"
-    )
+    return _AnswerTooDeep(f"a listing the platform cannot read: {nested_too_deep(names[:3])}")
 
 
 class _BoundedStream(httpx.AsyncByteStream):

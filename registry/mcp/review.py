@@ -17,6 +17,7 @@ from typing import Any
 
 import rfc8785
 
+from config import jsontext
 from registry.canonical import canonical_hash
 from registry.choices import Risk
 
@@ -62,6 +63,14 @@ def ambiguity(ambiguous: dict[str, int], name: str) -> str | None:
     if name not in ambiguous:
         return None
     return f"listed {ambiguous[name]} times with different definitions"
+
+
+def nested_too_deep(names: Iterable[str]) -> str:
+    """Why the tools `names` are not kept whole: their definitions nest deeper than the
+    registry keeps (`jsontext.MAX_DEPTH`), whether the listing could be read or not."""
+    return (
+        f"the definition of tool {', '.join(names)} nests deeper than {jsontext.MAX_DEPTH} levels"
+    )
 
 
 def served_hash(definition: dict[str, Any]) -> tuple[str, bool]:

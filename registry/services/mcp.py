@@ -41,6 +41,7 @@ from registry.mcp.review import (
     ambiguity,
     listed_ambiguously,
     local_tool_name,
+    nested_too_deep,
     poisoning_flags,
     proposed_risk,
     served_hash,
@@ -171,7 +172,8 @@ def mcp_definitions_sync(
     """Record what the server serves now (each new definition kept by its hash, with its
     proposed risk and review flags) and mark the tools it stopped serving as removed, and
     those it lists more than once with different definitions: which of them it runs is not
-    known, so none is reviewed, and a version published of the name is no longer served.
+    known, so none is reviewed, and a version published of the name is no longer served. A
+    definition nesting deeper than the registry keeps is recorded cut, and not reviewed.
     Safe to run concurrently: rows are created under savepoints."""
     now = timezone.now()
     skipped = {} if skipped is None else skipped
@@ -215,6 +217,10 @@ def mcp_definitions_sync(
         )
         if not canonical:
             skipped[remote_name] = "holds numbers that cannot be hashed canonically"
+            continue
+        if jsontext.deeper_than(definition):
+            # Kept cut (a published version of the name shows the change), never drafted.
+            skipped[remote_name] = nested_too_deep([remote_name])
             continue
         current[remote_name] = row
     # A name skipped above is no stored tool's (nor a query's parameter PostgreSQL takes).

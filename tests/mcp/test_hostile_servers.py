@@ -567,6 +567,25 @@ def test_a_tool_whose_schema_nests_too_deep_for_its_listing_to_be_read_is_refuse
     assert hostile.health_detail == refused.value.message
 
 
+@pytest.mark.parametrize("levels", [32, 97])
+def test_a_tool_whose_schema_nests_deeper_than_the_registry_keeps_is_skipped_saying_so(
+    demo, hostile, spec, levels
+):
+    # given a server listing, beside a sound tool, one whose input schema nests deeper than
+    # the registry keeps, yet not too deep for the listing to be read
+    spec(
+        tools=[STATUS_TOOL, {**STATUS_TOOL, "name": "deep", "inputSchema": _nested_schema(levels)}]
+    )
+
+    # when it is discovered
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+
+    # then the sound tool is drafted, and the deep one skipped naming the tool and the limit
+    assert report.drafted == ["project_status"]
+    assert report.skipped == {"deep": "the definition of tool deep nests deeper than 64 levels"}
+    assert not Tool.objects.filter(namespace=hostile.name, name="deep").exists()
+
+
 def _recorded(server: McpServer) -> dict:
     """What the registry holds of `server`'s listings: tools (and whether each is removed),
     prompts, resources, and the tools of its namespace."""
