@@ -502,7 +502,9 @@ def mcp_server_usable(*, server: McpServer | None, tenant: Tenant) -> bool:
 
 def mcp_drift(tool_versions: Iterable[ToolVersion]) -> dict[str, str]:
     """Why MCP tool versions no longer match what their servers serve, by version id:
-    `DEFINITION_CHANGED` or `REMOVED`. Versions that match, or are not MCP tools, are absent.
+    `DEFINITION_CHANGED`, `REMOVED`, or `LISTED_AMBIGUOUSLY` (the server lists the name more
+    than once with different definitions). Versions that match, or are not MCP tools, are
+    absent.
     One query whatever the number of versions."""
     versions = [v for v in tool_versions if v.adapter_kind == AdapterKind.MCP]
     if not versions:
@@ -519,7 +521,9 @@ def mcp_drift(tool_versions: Iterable[ToolVersion]) -> dict[str, str]:
         found = remote.get(
             (version.tool.tenant_id, config.get("server"), config.get("remote_name"))
         )
-        if found is None or found.removed_at is not None:
+        if found is not None and found.is_listed_ambiguously:
+            drift[str(version.pk)] = "LISTED_AMBIGUOUSLY"
+        elif found is None or found.removed_at is not None:
             drift[str(version.pk)] = "REMOVED"
         elif found.current.definition_hash != config.get("definition_hash"):
             drift[str(version.pk)] = "DEFINITION_CHANGED"

@@ -106,8 +106,9 @@ class ToolVersionListSerializer(serializers.ListSerializer):
 class ToolVersionSerializer(VersionFieldsSerializer):
     tool = DefinitionRefSerializer(read_only=True)
     drift = serializers.SerializerMethodField(
-        help_text="MCP tools only: DEFINITION_CHANGED or REMOVED when the server no longer "
-        "serves the reviewed definition (calls are blocked until a new version is reviewed)."
+        help_text="MCP tools only: DEFINITION_CHANGED, REMOVED or LISTED_AMBIGUOUSLY (listed "
+        "more than once with different definitions) when the server no longer serves the "
+        "reviewed definition (calls are blocked until a new version is reviewed)."
     )
 
     class Meta:
@@ -122,7 +123,9 @@ class ToolVersionSerializer(VersionFieldsSerializer):
         list_serializer_class = ToolVersionListSerializer
 
     @extend_schema_field(
-        serializers.ChoiceField(choices=["DEFINITION_CHANGED", "REMOVED"], allow_null=True)
+        serializers.ChoiceField(
+            choices=["DEFINITION_CHANGED", "REMOVED", "LISTED_AMBIGUOUSLY"], allow_null=True
+        )
     )
     def get_drift(self, tool_version: ToolVersion) -> str | None:
         drift = getattr(self, "drift", None)

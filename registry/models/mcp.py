@@ -233,7 +233,8 @@ class McpToolDefinition(models.Model):
 
 
 class McpRemoteTool(models.Model):
-    """Which definition a server serves under a name now; `removed_at` once it stopped."""
+    """Which definition a server serves under a name now; `removed_at` once it stopped, and
+    `last_seen_at` when it last listed the name (served, or listed ambiguously)."""
 
     server = models.ForeignKey(McpServer, on_delete=models.CASCADE, related_name="remote_tools")
     remote_name = models.CharField(max_length=200)
@@ -252,6 +253,12 @@ class McpRemoteTool(models.Model):
 
     def __str__(self) -> str:
         return f"{self.server.name}/{self.remote_name}"
+
+    @property
+    def is_listed_ambiguously(self) -> bool:
+        """Whether the server still lists the name it stopped serving: more than once, with
+        different definitions (it was seen when, or after, it stopped)."""
+        return self.removed_at is not None and self.last_seen_at >= self.removed_at
 
 
 class McpPrompt(models.Model):

@@ -17,7 +17,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from config import jsontext
@@ -143,6 +144,9 @@ def _health(server: McpServer, health: str, detail: str = "", **extra: Any) -> N
     )
 
 
+# The remote tools a server still lists: served, or listed ambiguously (seen when, or after,
+# it stopped serving one definition: `McpRemoteTool.is_listed_ambiguously`).
+STILL_LISTED = Q(removed_at__isnull=True) | Q(removed_at__lte=F("last_seen_at"))
 REMOTE_NAME_MAX = McpRemoteTool._meta.get_field("remote_name").max_length
 ECHOED_CREDENTIAL_FLAG = {
     "code": "ECHOES_CREDENTIAL",
@@ -177,10 +181,13 @@ def mcp_definitions_sync(
     Safe to run concurrently: rows are created under savepoints."""
     now = timezone.now()
     skipped = {} if skipped is None else skipped
+    ambiguous = []
     for remote_name in listing.ambiguous:
         shown = _without_secrets(remote_name, secrets)[:REMOTE_NAME_MAX]
         problem = _name_problem(McpRemoteTool, "remote_name", remote_name, secrets)
         skipped[shown] = problem or ambiguity(listing.ambiguous, remote_name)
+        if problem is None:
+            ambiguous.append(remote_name)
     current: dict[str, McpToolDefinition] = {}
     listed = []
     for remote_name, definition in listing.definitions.items():
@@ -224,8 +231,12 @@ def mcp_definitions_sync(
             continue
         current[remote_name] = row
     # A name skipped above is no stored tool's (nor a query's parameter PostgreSQL takes).
-    McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).exclude(
-        remote_name__in=listed
+    # One listed ambiguously is seen, not served: it keeps when it stopped being served.
+    McpRemoteTool.objects.filter(server=server, remote_name__in=ambiguous).update(
+        last_seen_at=now, removed_at=Coalesce("removed_at", now)
+    )
+    McpRemoteTool.objects.filter(STILL_LISTED, server=server).exclude(
+        remote_name__in=[*listed, *ambiguous]
     ).update(removed_at=now)
     return current
 
@@ -329,14 +340,14 @@ def mcp_server_discover(*, server: McpServer, actor: AbstractBaseUser | None) ->
     with transaction.atomic():
         server = McpServer.objects.select_for_update().get(pk=server.pk)
         previous = set(
-            McpRemoteTool.objects.filter(server=server, removed_at__isnull=True).values_list(
+            McpRemoteTool.objects.filter(STILL_LISTED, server=server).values_list(
                 "remote_name", flat=True
             )
         )
         current = mcp_definitions_sync(
             server=server, listing=listing, skipped=report.skipped, secrets=endpoint.secrets
         )
-        report.removed = sorted(previous - set(listing.definitions))
+        report.removed = sorted(previous - set(listing.definitions) - set(listing.ambiguous))
         # A remote name that is already a local name keeps it: drafted before the names
         # that normalise to it.
         for remote_name, row in sorted(

@@ -673,9 +673,14 @@ def mcp_call(
             # generation, and with it every process's cached snapshots.
             mcp_definitions_sync(server=server, listing=listing, secrets=secrets)
         if served != reviewed:
+            change = f"changed or removed {remote_name} since {tool_version.qualified_name}"
+            if remote_name in listing.ambiguous:
+                change = (
+                    f"lists {remote_name} more than once with different definitions (which of "
+                    f"them it runs is not known) since {tool_version.qualified_name}"
+                )
             raise ToolFailed(
-                f"{server} changed or removed {remote_name} since {tool_version.qualified_name} "
-                "was reviewed; a new reviewed version is needed.",
+                f"{server} {change} was reviewed; a new reviewed version is needed.",
                 category=ErrorCategory.TOOL_DEFINITION_CHANGED,
                 retryable=False,
                 attempted=False,

@@ -735,15 +735,28 @@ def test_a_published_tool_the_server_now_lists_twice_differently_is_not_called(
     # when a run calls it
     run_execute(run_id=str(run.pk))
 
-    # then the call fails as drift and the server is never sent it
+    # then the call fails as drift saying why, and the server is never sent it
     (call,) = ToolCall.objects.filter(run=run)
     assert (call.status, call.error_category) == ("failed", "TOOL_DEFINITION_CHANGED")
+    assert call.envelope["error"]["message"] == (
+        "acme/projects lists project_status more than once with different definitions "
+        f"(which of them it runs is not known) since {version.qualified_name} was reviewed; "
+        "a new reviewed version is needed."
+    )
     assert not calls.exists()
 
-    # and discovery reports it skipped, saying why, and its published version drifted
+    # and discovery reports it skipped, saying why, not removed, and its published version
+    # drifted for being listed ambiguously
     report = mcp_server_discover(server=hostile, actor=demo.admin)
     assert report.skipped == {"project_status": AMBIGUOUS}
+    assert report.removed == []
     assert report.drifted == ["project_status"]
+    assert mcp_drift([version]) == {str(version.pk): "LISTED_AMBIGUOUSLY"}
+
+    # and once the server no longer lists it at all, it is removed
+    spec(tools=[{**STATUS_TOOL, "name": "project_report"}], result=OK)
+    report = mcp_server_discover(server=hostile, actor=demo.admin)
+    assert report.removed == ["project_status"]
     assert mcp_drift([version]) == {str(version.pk): "REMOVED"}
 
 
