@@ -548,16 +548,19 @@ def test_a_tool_whose_schema_nests_too_deep_for_its_listing_to_be_read_is_refuse
 ):
     # given a server listing, beside a sound tool, one whose input schema nests 100 levels
     # deep: too deep for the listing to be read at all
+    # that is given a minute to answer
     spec(tools=[STATUS_TOOL, {**STATUS_TOOL, "name": "deep", "inputSchema": _nested_schema(100)}])
+    hostile.timeout_s = 60
+    hostile = mcp_server_save(server=hostile, actor=demo.admin)
 
     # when it is discovered
     started = time.monotonic()
     with pytest.raises(McpServerUnavailable) as refused:
         mcp_server_discover(server=hostile, actor=demo.admin)
 
-    # then discovery is refused at once (not after the server's 5 s timeout), naming the tool
-    # and the limit, and nothing of the listing is recorded
-    assert time.monotonic() - started < 3
+    # then discovery is refused without waiting out that minute, naming the tool and the
+    # limit, and nothing of the listing is recorded
+    assert time.monotonic() - started < 30
     assert refused.value.message == (
         "acme/projects answered a listing the platform cannot read: the definition of "
         "tool deep nests deeper than 64 levels."
