@@ -128,9 +128,9 @@ def eval_suite_save(
 
 def _case_locked(case: EvalCase) -> EvalCase:
     """The stored case, locked after the rows of the suites it is in and goes to, in the
-    order of their keys: suite rows first, as an install (`suite_install`) and an eval run's
-    start lock them, so that a save and an install of its suite wait for each other rather
-    than deadlock."""
+    order of their primary keys: suite rows first, as an install (`suites_install`) and an
+    eval run's start lock them, so that a save and an install of its suites wait for each
+    other rather than deadlock."""
     while True:
         stored = EvalCase.objects.filter(pk=case.pk).values_list("suite_id", flat=True).first()
         suites = {case.suite_id, stored} - {None}

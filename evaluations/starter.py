@@ -124,7 +124,10 @@ def suite_install(document: dict[str, Any]) -> tuple[EvalSuite, bool]:
 
 def suites_install() -> list[tuple[EvalSuite, bool]]:
     """Every shipped suite, or none: a file that is not YAML, or not a valid suite, leaves
-    every suite as it was, and the refusal names the file."""
+    every suite as it was, and the refusal names the file. The installed suites are locked up
+    front in primary-key order, as a case's save locks the suites it is in and goes to
+    (`eval_case_save`): locked file by file, a case moved meanwhile between two of them
+    could deadlock with the install."""
     documents = []
     for path in sorted(SUITES.glob("*.yaml")):
         try:
@@ -133,8 +136,19 @@ def suites_install() -> list[tuple[EvalSuite, bool]]:
             raise ValidationFailed(
                 f"{path.name}: Not YAML: {' '.join(str(error).split())}"
             ) from error
+    keys = [
+        document["key"]
+        for _, document in documents
+        if isinstance(document, dict) and isinstance(document.get("key"), str)
+    ]
     installed = []
     with transaction.atomic():
+        list(
+            EvalSuite.objects.select_for_update()
+            .filter(tenant=None, key__in=keys)
+            .order_by("pk")
+            .values("pk")
+        )
         for path, document in documents:
             try:
                 installed.append(suite_install(document))

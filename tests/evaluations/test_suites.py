@@ -329,3 +329,72 @@ def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_
     assert outcomes == {"install": "installed", "save": "saved"}
     case.refresh_from_db()
     assert case.expected == {"status": "NEEDS_CLARIFICATION"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_case_moved_between_suites_while_they_are_installed_waits_for_the_install(
+    tmp_path, monkeypatch
+):
+    # given two platform suites installed in the opposite order of their files, so the file
+    # installed first holds the newer row, and an admin moving a case from the older suite to
+    # the newer one
+    older = copy.deepcopy(TINY_SUITE) | {"key": "b-older"}
+    for case in older["cases"]:
+        case["key"] = f"older-{case['key']}"
+    newer = copy.deepcopy(TINY_SUITE) | {"key": "a-newer"}
+    older_suite, _ = suite_install(older)
+    newer_suite, _ = suite_install(newer)
+    (tmp_path / "a-newer.yaml").write_text(yaml.safe_dump(newer))
+    (tmp_path / "b-older.yaml").write_text(yaml.safe_dump(older))
+    monkeypatch.setattr("evaluations.starter.SUITES", tmp_path)
+    admin = get_user_model().objects.create_superuser(username="root", password="not-used")
+    case = EvalCase.objects.get(suite=older_suite, key="older-complete")
+    case.suite = newer_suite
+    outcomes: dict[str, str] = {}
+    suite_held, waited = threading.Event(), []
+    hashed = starter.suite_content_hash
+
+    def hash_once_the_move_waits(installed):
+        # the install holds the first file's suite here, and goes on to the second file's once
+        # the move waits for it
+        if suite_held.is_set():
+            return hashed(installed)
+        suite_held.set()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backend_pid = cursor.fetchone()[0]
+        for _ in range(2000):
+            if _waiting_on(backend_pid):
+                waited.append(True)
+                break
+            time.sleep(0.005)
+        return hashed(installed)
+
+    def install() -> None:
+        try:
+            starter.suites_install()
+            outcomes["install"] = "installed"
+        except DatabaseError as error:
+            outcomes["install"] = type(error.__cause__ or error).__name__
+        finally:
+            suite_held.set()
+            connection.close()
+
+    monkeypatch.setattr(starter, "suite_content_hash", hash_once_the_move_waits)
+    installer = threading.Thread(target=install)
+    installer.start()
+    assert suite_held.wait(timeout=30)
+
+    # when the admin moves the case while the install is under way
+    try:
+        services.eval_case_save(case=case, actor=admin)
+        outcomes["move"] = "moved"
+    except DatabaseError as error:
+        outcomes["move"] = type(error.__cause__ or error).__name__
+    installer.join(timeout=30)
+
+    # then neither is aborted as a deadlock: the move waited for the install, then was saved
+    assert waited == [True]
+    assert outcomes == {"install": "installed", "move": "moved"}
+    case.refresh_from_db()
+    assert case.suite_id == newer_suite.pk
