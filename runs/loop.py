@@ -6,6 +6,7 @@ a redelivered step finds its work done and moves on, so no tool call is repeated
 
 import json
 import logging
+import math
 import operator
 import re
 import time
@@ -1675,15 +1676,19 @@ def _budget_exhausted(run: Run) -> str | None:
     return None
 
 
-def _save(run: Run) -> None:
+def _save(run: Run, *, next_step_follows: bool) -> None:
     """The step's one write: the run's row with the rows the step made (`runs.writes`),
     without a memory item the user deleted while the step held the run, and with one the
     user raised or lowered at its new level (a deletion or a new level skips a run a step
     holds; one made between steps has already reached the run's row, which the next step
-    reads again, `Execution`)."""
+    reads again, `Execution`). The step saved starts the count of failed steps again
+    (`runs.tasks.STEP_FAILURES_MAX`); when its execution takes another step at once, the
+    write counts that step in advance, as a delivery of the run's task counts its first
+    (`runs.tasks._delivery_count`): a worker that dies in it leaves it counted, with no write
+    of its own."""
     run.state = memories_kept(run)
     run.lease_expires_at = timezone.now() + timedelta(seconds=settings.RUN_LEASE_SECONDS)
-    run.attempts = 0
+    run.attempts = 1 if next_step_follows else 0
     written = writes.run_update(
         run,
         fields=[
@@ -1715,10 +1720,15 @@ class Execution:
     cancel, an approval); otherwise it reads the row again. Either way the step reads the
     registry's generation anew, under which it may reuse what it resolved from the registry
     (the model config, which pinned versions are revoked). A copy it reuses also carries
-    the call ids and evidence of the run's tool calls (`executor.KnownRows`)."""
+    the call ids and evidence of the run's tool calls (`executor.KnownRows`). It takes no
+    step after `steps_until` (monotonic; None: one step at a time), which each step checks
+    before it saves (`is_out_of_time`), so that its save knows whether another step follows.
+    """
 
     model_configs: dict[int, ModelConfig] = field(default_factory=dict)
     run: Run | None = None
+    steps_until: float | None = None
+    is_out_of_time: bool = True
 
 
 def _cancel_asked() -> Exists:
@@ -1848,7 +1858,15 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             _model_turn(run, _model_config(run, execution.model_configs))
         if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
             _resolve_recipient(run)
-        _save(run)
+        execution.is_out_of_time = (
+            execution.steps_until is None or time.monotonic() >= execution.steps_until
+        )
+        _save(
+            run,
+            next_step_follows=run.status == RunStatus.RUNNING
+            and run.state.get("node") not in HOST_NODES
+            and not execution.is_out_of_time,
+        )
     execution.run = run
     return run.status == RunStatus.RUNNING
 
@@ -1856,9 +1874,8 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
 def run_execute(*, run_id: str, seconds: float | None = None) -> bool:
     """Advance the run until it pauses, ends, or needs a retry, starting no step after about
     `seconds` (None: no bound). Returns whether steps remain."""
-    execution = Execution()
-    started = time.monotonic()
+    execution = Execution(steps_until=math.inf if seconds is None else time.monotonic() + seconds)
     while run_advance_step(run_id=run_id, execution=execution):
-        if seconds is not None and time.monotonic() - started >= seconds:
+        if execution.is_out_of_time:
             return True
     return False

@@ -182,8 +182,9 @@ _ADVANCEABLE = Q(status__in=[RunStatus.QUEUED, RunStatus.RUNNING]) & ~Q(
 def _delivery_count(run_id: str) -> bool:
     """Count this delivery against its run before it takes a step, committed on its own: a
     delivery whose worker dies mid-step leaves it counted (a step that saves starts the count
-    again, `runs.loop`). Returns whether the delivery may advance the run; one that finds
-    STEP_FAILURES_MAX deliveries in a row failed before it ends the run instead."""
+    again, or counts the step its delivery takes next, `runs.loop._save`). Returns whether
+    the delivery may advance the run; one that finds STEP_FAILURES_MAX steps in a row failed
+    before it ends the run instead."""
     if Run.objects.filter(_ADVANCEABLE, pk=run_id, attempts__lt=STEP_FAILURES_MAX).update(
         attempts=F("attempts") + 1
     ):
@@ -196,9 +197,9 @@ def _delivery_count(run_id: str) -> bool:
 
 
 def _step_failed(run_id: str) -> None:
-    """Count a delivery whose step raised as failed: `_delivery_count` counted it, unless a
-    step it saved before started the count again. The run ends at STEP_FAILURES_MAX in a
-    row."""
+    """Count a delivery whose step raised as failed: `_delivery_count`, or the step saved
+    before it, counted it, unless another delivery's step saved meanwhile started the count
+    again. The run ends at STEP_FAILURES_MAX in a row."""
     try:
         with transaction.atomic():
             run = Run.objects.select_for_update().filter(_ADVANCEABLE, pk=run_id).first()
