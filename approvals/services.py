@@ -44,6 +44,7 @@ from registry.selectors import (
     versions_frozen,
 )
 from runs import events, tracing, writes
+from runs.capability import workflow_changed
 from runs.choices import ACTIVE_STATUSES, Channel, RunStatus
 from runs.model_clients.base import ToolCall as RequestedCall
 from runs.models import Run, TaskOccurrence, ToolCall
@@ -51,6 +52,7 @@ from runs.redaction import secrets_removed
 from runs.services.occurrences import DEADLINE_PASSED
 from runs.services.runs import (
     REQUESTER_NO_LONGER_AUTHORISED,
+    WORKFLOW_CHANGED,
     cancel_request_take_in,
     run_cancel_locked,
     run_finish,
@@ -460,6 +462,10 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str],
     if run.state.get("workflow") not in WORKFLOWS:
         # A deploy removed the procedure the draft was made under: its send node is gone.
         problems.append("WORKFLOW_NOT_AVAILABLE")
+    elif workflow_changed(run.capability) is not None:
+        # A deploy redefined it under the same version: its send node may not be the one the
+        # draft was approved to go through.
+        problems.append(WORKFLOW_CHANGED)
     policy = Policy.objects.filter(agent_configs__runs=run).first()
     if policy is None:
         problems.append("POLICY_REMOVED")
@@ -996,6 +1002,7 @@ INVALIDATION_REASONS = {
     "TOOL_DEFINITION_CHANGED": "the send tool's server no longer offers the definition "
     "that was reviewed",
     "WORKFLOW_NOT_AVAILABLE": "its workflow is no longer defined on this platform",
+    WORKFLOW_CHANGED: "its workflow was redefined on this platform under the same version",
 }
 
 

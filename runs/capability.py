@@ -5,7 +5,8 @@ statically, or recalled from the registry for the request and kept when they sco
 agent's threshold and all their tools are usable; in either case the version a rollout serves
 this actor, else the current one), the skills the nodes of the routed skill's workflow load,
 their pinned tool versions and the policy. In an evaluation sandbox, the skill under test, at
-the version under test, takes the place of every other skill of its name. What is
+the version under test, takes the place of every other skill of its name. A skill's entry
+names its workflow by key and by the hash of its definition (`Workflow.definition_hash`). What is
 unpublished, revoked, not granted to the tenant or above the policy's data classification
 never enters it, whatever the message says; nor does an MCP tool whose server is not
 available to the tenant or no longer serves the reviewed definition. The snapshot is
@@ -151,12 +152,14 @@ def _skill_entry(
             continue
         pinned[tool_version.tool.name] = _tool_entry(tool_version)
     resolution.tools.update(pinned)
+    workflow = WORKFLOWS.get(version.workflow)
     return {
         "id": str(version.pk),
         "name": skill.name,
         "version": version.version,
         "required_inputs": version.required_inputs,
         "workflow": version.workflow,
+        "workflow_sha256": workflow.definition_hash if workflow else None,
         "tools": sorted(pinned),
     }
 
@@ -338,6 +341,21 @@ def pinned_model_label(capability: dict[str, Any]) -> str:
         return ""
     provider = dict(ModelProvider.choices).get(model["provider"], model["provider"])
     return f"{model['name']} ({provider}: {model['model']})"
+
+
+def workflow_changed(capability: dict[str, Any]) -> dict[str, str] | None:
+    """What changed, if the workflow a run was routed to is now defined otherwise than its
+    snapshot pinned (a deploy changed its nodes, their tools or its transitions under the same
+    name and version): the run would do what its snapshot does not say. A snapshot resolved
+    before workflows were pinned by their definition has no hash, and is not checked; a
+    workflow no longer defined is refused when the run starts (`WORKFLOW_NOT_AVAILABLE`).
+    No query: the registered definition's hash is computed once per process."""
+    skills = capability.get("skills", [])
+    pinned = skills[0].get("workflow_sha256") if skills else None
+    workflow = WORKFLOWS.get(skills[0]["workflow"]) if pinned else None
+    if workflow is None or workflow.definition_hash == pinned:
+        return None
+    return {"workflow": workflow.key, "pinned": pinned, "now": workflow.definition_hash}
 
 
 def capability_snapshot(

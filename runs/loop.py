@@ -32,6 +32,7 @@ from registry.generation import generation_sql, registry_cached
 from registry.models import ModelConfig, SkillVersion, ToolVersion
 from registry.selectors import version_ids_withdrawn, versions_frozen
 from runs import events, quotas, tracing, writes
+from runs.capability import workflow_changed
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec, Usage, response_kept
@@ -52,6 +53,7 @@ from runs.services.resources import RESOURCE_PART, resource_key, resource_line, 
 from runs.services.runs import (
     AGENT_CONFIG_INACTIVE,
     REQUESTER_NO_LONGER_AUTHORISED,
+    WORKFLOW_CHANGED,
     cancel_request_take_in,
     run_finish,
     run_transition,
@@ -1839,6 +1841,14 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
         if (withdrawn := _standing_withdrawn(run)) is not None:
             status, reason_code = withdrawn
             run_finish(run=run, status=status, reason_code=reason_code)
+            return False
+        if (changed := workflow_changed(run.capability)) is not None:
+            run_finish(
+                run=run,
+                status=RunStatus.FAILED_FINAL,
+                reason_code=WORKFLOW_CHANGED,
+                output=changed,
+            )
             return False
         writes.hold(run)
         if run.status == RunStatus.QUEUED:

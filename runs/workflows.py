@@ -8,11 +8,18 @@ the skill it loads, if it names one. The host, not the model, moves between node
 A workflow is checked when it is defined: it starts at one of its nodes, its transitions move
 between its nodes only, and a node with side effects is driven by the host alone and entered
 only from the approval node, after a human approved the frozen payload.
+
+A run's capability snapshot pins the workflow by its key and by the hash of its definition
+(`definition_hash`): a deploy that changes what a workflow does without a new version is seen
+by the runs accepted before it.
 """
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from registry.canonical import canonical_hash
 
 # The node where a run waits for a human's decision on its frozen payload.
 APPROVAL_NODE = "approval"
@@ -105,6 +112,46 @@ class Workflow:
     @property
     def key(self) -> str:
         return f"{self.name}@{self.version}"
+
+    @functools.cached_property
+    def definition_hash(self) -> str:
+        """sha256 of the canonical JSON of what the workflow does: where it starts, each node
+        (its tool allowlist, its guard by name, whether a model drives it or it has side
+        effects, its rules, when it ends, the skill it loads) and its transitions. Computed
+        once per workflow, so once per process for a registered one."""
+        return canonical_hash(
+            {
+                "key": self.key,
+                "start": self.start,
+                "nodes": {
+                    name: {
+                        "tools": sorted(node.tools),
+                        "model_driven": node.model_driven,
+                        "guard": (
+                            None
+                            if node.guard is None
+                            else f"{node.guard.__module__}.{node.guard.__qualname__}"
+                        ),
+                        "rules": [
+                            {
+                                "id": rule.id,
+                                "scope": rule.scope,
+                                "priority": rule.priority,
+                                "text": rule.text,
+                            }
+                            for rule in node.rules
+                        ],
+                        "terminates_when": node.terminates_when,
+                        "side_effects": node.side_effects,
+                        "skill": node.skill,
+                    }
+                    for name, node in self.nodes.items()
+                },
+                "transitions": {
+                    source: list(targets) for source, targets in self.transitions.items()
+                },
+            }
+        )
 
     @property
     def skills_loaded(self) -> dict[str, str]:

@@ -18,6 +18,7 @@ from runs.services.occurrences import occurrence_follow_run
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
 REQUESTER_NO_LONGER_AUTHORISED = "REQUESTER_NO_LONGER_AUTHORISED"
 AGENT_CONFIG_INACTIVE = "AGENT_CONFIG_INACTIVE"
+WORKFLOW_CHANGED = "WORKFLOW_CHANGED"
 # PostgreSQL's SQLSTATE for a row lock not taken within lock_timeout.
 LOCK_NOT_AVAILABLE = "55P03"
 _RUN_SOURCES = PreparedQuery(
@@ -85,6 +86,10 @@ REASON_NEXT_STEPS = {
     "more is done under it. Send the message again with a new Idempotency-Key to an agent that "
     "is on (metadata.agent names it; without it, the tenant's default), or ask a tenant admin "
     "to switch the agent back on.",
+    (RunStatus.FAILED_FINAL, WORKFLOW_CHANGED): "The platform's workflow for this request "
+    "was redefined under the same version since the run started; nothing more is done under "
+    "it. Send the message again with a new Idempotency-Key: its new run follows the workflow "
+    "as it is now.",
     (RunStatus.FAILED_FINAL, "NO_EVIDENCE"): "Nothing was drafted: nothing the run read could "
     "back a report (the project has no updates for that week, or they were not read). Ask "
     "about another week or project; if it does have updates that week, report the reason "
@@ -106,6 +111,9 @@ TASK_NEXT_STEPS = {
     "again with what holds then; its new draft needs a new approval.",
     (RunStatus.REFUSED, "DECLINED_BY_PERSON"): "Change the task as needed; its next "
     "occurrence asks again.",
+    (RunStatus.FAILED_FINAL, WORKFLOW_CHANGED): "The platform's workflow for this task was "
+    "redefined under the same version since the run started; nothing more is done under it. "
+    "The task's next occurrence follows the workflow as it is now.",
     (RunStatus.FAILED_FINAL, AGENT_CONFIG_INACTIVE): "An admin switched the task's agent off; "
     "nothing more is done under it. Change the task's agent to one that is on, or ask a tenant "
     "admin to switch it back on: until then each occurrence is refused and pauses the task.",

@@ -316,6 +316,27 @@ def test_a_workflow_no_longer_defined_at_the_resume_invalidates_the_approval(
     assert smtp_server.messages == []
 
 
+def test_a_workflow_redefined_under_its_version_at_the_resume_invalidates_the_approval(
+    demo, bob, smtp_server, monkeypatch
+):
+    # given an approved draft whose workflow a deploy has redefined, keeping its version,
+    # since it was drafted: its send node now calls another tool
+    run, action = waiting_run(demo)
+    approve(action, bob)
+    workflow = WORKFLOWS[run.state["workflow"]]
+    send = dataclasses.replace(workflow.nodes["send"], tools=frozenset({"mail_send_v2"}))
+    redefined = dataclasses.replace(workflow, nodes={**workflow.nodes, "send": send})
+    monkeypatch.setitem(WORKFLOWS, workflow.key, redefined)
+
+    # when its send is resumed
+    services.action_execute(action_id=action.pk)
+
+    # then nothing is sent, and its user is told why
+    assert_invalidated(run, "WORKFLOW_CHANGED")
+    assert "its workflow was redefined" in Run.objects.get(pk=run.pk).result["next_step"]
+    assert smtp_server.messages == []
+
+
 def test_an_invalidated_run_tells_its_user_what_changed_and_to_ask_again(demo, bob, smtp_server):
     # given an approved draft whose recipient's directory record and skill version changed
     # before the send

@@ -953,6 +953,71 @@ def test_a_skill_whose_workflow_is_no_longer_defined_is_refused_not_run_as_the_g
     assert tool_calls(run) == []
 
 
+def mail_send_allowed_in_draft(monkeypatch) -> None:
+    """The weekly workflow redefined under its name and version: its draft node may call
+    mail_send too, as a deploy that forgot to bump the version would have it."""
+    draft = WEEKLY_SUMMARY_SEND.nodes["draft"]
+    workflow = replace(
+        WEEKLY_SUMMARY_SEND,
+        nodes={
+            **WEEKLY_SUMMARY_SEND.nodes,
+            "draft": replace(draft, tools=draft.tools | {"mail_send"}),
+        },
+    )
+    monkeypatch.setitem(WORKFLOWS, WEEKLY_SUMMARY_SEND.key, workflow)
+
+
+def test_a_run_whose_workflow_was_redefined_under_its_version_goes_no_further(demo, monkeypatch):
+    # given a run of the weekly workflow, started (recipient resolved, no turn yet), its
+    # snapshot pinning the workflow's definition
+    run = start(demo, project_id="apollo")
+    assert run.capability["skills"][0]["workflow_sha256"] == WEEKLY_SUMMARY_SEND.definition_hash
+    assert run_advance_step(run_id=str(run.pk))
+
+    # when a deploy changes what the workflow's draft node allows, keeping its version
+    mail_send_allowed_in_draft(monkeypatch)
+    run_execute(run_id=str(run.pk))
+
+    # then the run does nothing under a procedure its snapshot does not name, and says why
+    result = assert_terminal(run, "FAILED_FINAL", "WORKFLOW_CHANGED")
+    assert result["output"] == {
+        "workflow": WEEKLY_SUMMARY_SEND.key,
+        "pinned": WEEKLY_SUMMARY_SEND.definition_hash,
+        "now": WORKFLOWS[WEEKLY_SUMMARY_SEND.key].definition_hash,
+    }
+    assert "new Idempotency-Key" in result["next_step"]
+    assert not events_of(run, "model.requested")
+    assert not BusinessAction.objects.filter(run=run).exists()
+
+
+def test_a_run_whose_workflow_was_redefined_before_its_first_step_does_not_start(demo, monkeypatch):
+    # given a run accepted under the weekly workflow, which a deploy redefines before it runs
+    run = start(demo, project_id="apollo")
+    mail_send_allowed_in_draft(monkeypatch)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then nothing is read, no model is asked
+    assert_terminal(run, "FAILED_FINAL", "WORKFLOW_CHANGED")
+    assert event_types(run) == [*INGRESS, "run.finished"]
+    assert tool_calls(run) == []
+
+
+def test_a_run_accepted_before_workflows_were_pinned_by_their_definition_goes_on(demo):
+    # given a run whose snapshot pins its workflow by name and version only
+    run = start(demo, project_id="apollo")
+    for skill in run.capability["skills"]:
+        skill.pop("workflow_sha256", None)
+    Run.objects.filter(pk=run.pk).update(capability=run.capability)
+
+    # when
+    run_execute(run_id=str(run.pk))
+
+    # then it runs as before: its draft waits for approval
+    assert finished(run).status == "WAITING_APPROVAL"
+
+
 def test_a_rule_of_the_skill_a_node_loads_that_rewrites_a_platform_rule_refuses_the_run(demo):
     # given a run routed to weekly-summary-lite, and the skill its draft node loads redefining
     # the platform's "untrusted-data" rule

@@ -88,3 +88,27 @@ def test_a_workflow_that_could_go_astray_is_refused_when_defined(
         workflow(nodes, transitions, start=start)
 
     assert str(refused.value) == f"Workflow test-flow@1: {problem}."
+
+
+def test_a_workflows_definition_hash_changes_with_what_its_nodes_allow_and_where_they_lead():
+    nodes = {"draft": DRAFT, "approval": APPROVAL, "send": SEND}
+    transitions = {"draft": ("approval",), "approval": ("send",), "send": ()}
+    defined = workflow(nodes, transitions, start="draft")
+    wider = Node(name="draft", tools=frozenset({"project_search", "mail_send"}), model_driven=True)
+    loading = Node(
+        name="draft", tools=frozenset({"project_search"}), model_driven=True, skill="board-pack"
+    )
+
+    same = workflow(dict(nodes), dict(transitions), "draft")
+    assert defined.definition_hash == same.definition_hash
+    assert (
+        len(
+            {
+                defined.definition_hash,
+                workflow({**nodes, "draft": wider}, transitions, "draft").definition_hash,
+                workflow({**nodes, "draft": loading}, transitions, "draft").definition_hash,
+                workflow(nodes, {**transitions, "approval": ()}, "draft").definition_hash,
+            }
+        )
+        == 4
+    )
