@@ -15,14 +15,17 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+import django
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.responses import PlainTextResponse
 from starlette.staticfiles import StaticFiles
 
+from config.handlers import ASGIHandler
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-django_application = get_asgi_application()
+django.setup(set_prefix=False)
+django_application = ASGIHandler()
 
 from django.conf import settings  # noqa: E402
 

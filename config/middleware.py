@@ -9,6 +9,7 @@ from django.urls import get_resolver
 from django.utils.cache import add_never_cache_headers
 
 from config.api import error_body
+from config.handlers import MalformedContentType
 
 READ_CHUNK_BYTES = 64 * 1024
 
@@ -76,6 +77,19 @@ def _bound_undeclared_body(request: HttpRequest, limit: int) -> bool:
     request._stream, size = read
     request.META["CONTENT_LENGTH"] = str(size)
     return True
+
+
+class UnreadableContentTypeMiddleware:
+    """Refuse a request whose Content-Type Django could not parse (`config.handlers`) with
+    400, the API's error body or the 400 page, before anything reads its body."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if getattr(request, "content_type_unreadable", False):
+            raise MalformedContentType("The Content-Type header cannot be read.")
+        return self.get_response(request)
 
 
 class ApiBodySizeLimitMiddleware:

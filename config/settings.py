@@ -64,6 +64,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.middleware.UnreadableContentTypeMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "config.middleware.ApiBodySizeLimitMiddleware",
     "config.middleware.NulQueryRefusalMiddleware",

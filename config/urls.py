@@ -11,6 +11,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from rest_framework.request import Request
 
 from config.api import error_body
+from config.handlers import MalformedContentType
 from config.sign_in import PASSWORD_CHANGE, sign_in_throttled
 from registry.admin.site import FormFieldAutocompleteView
 from runs.views import MemoryListView, RegistryHistoryView
@@ -85,7 +86,8 @@ def handler400(request: HttpRequest, exception: Exception) -> HttpResponse:
                 message = f"The request carried more than {limit} {counted}."
                 body = error_body("VALIDATION_ERROR", message, {f"max_{counted}": limit})
                 return JsonResponse(body, status=400)
-        return JsonResponse(error_body("VALIDATION_ERROR", "Bad request."), status=400)
+        message = str(exception) if isinstance(exception, MalformedContentType) else "Bad request."
+        return JsonResponse(error_body("VALIDATION_ERROR", message), status=400)
     if isinstance(exception, RequestDataTooBig):
         # A page's form past the limit: Django's page would say "Bad Request" and nothing more.
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE

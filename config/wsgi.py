@@ -1,7 +1,10 @@
 import os
 
-from django.core.wsgi import get_wsgi_application
+import django
+
+from config.handlers import WSGIHandler
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-application = get_wsgi_application()
+django.setup(set_prefix=False)
+application = WSGIHandler()

@@ -1,0 +1,193 @@
+"""A request whose Content-Type cannot be read is refused with 400 at both entry points,
+WSGI and ASGI, on the API and on pages alike, before anything reads or stores it."""
+
+import asyncio
+import io
+import json
+import logging
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core import signals
+from django.db import close_old_connections
+
+from config.asgi import application as asgi_application
+from config.wsgi import application as wsgi_application
+from registry.models import ToolVersion
+from registry.services.tenancy import api_token_issue
+from tests.config.test_request_bodies import _tool_body
+from tests.registry.factories import PASSWORD
+
+# RFC 2231 parameters in a charset no codec knows: Django cannot parse the header at all.
+MALFORMED = ["multipart/form-data; boundary*=bogus''abc", "application/json; charset*=bogus''x"]
+
+REFUSED = {
+    "error": {
+        "code": "VALIDATION_ERROR",
+        "message": "The Content-Type header cannot be read.",
+        "details": {},
+    }
+}
+
+
+@pytest.fixture
+def entry_points(db):
+    """Requests go through the project's WSGI and ASGI applications and, as Django's test
+    client does, keep the test's database connection (the handlers would close it after each
+    request, inside the test's transaction)."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+
+
+def _via_wsgi(path: str, content_type: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "SCRIPT_NAME": "",
+        "PATH_INFO": path,
+        "QUERY_STRING": "",
+        "SERVER_NAME": "testserver",
+        "SERVER_PORT": "80",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "HTTP_HOST": "testserver",
+        "CONTENT_TYPE": content_type,
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": io.StringIO(),
+        "wsgi.multithread": False,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+        **{f"HTTP_{name.upper().replace('-', '_')}": value for name, value in headers.items()},
+    }
+    started = []
+    chunks = wsgi_application(environ, lambda status, sent: started.append((status, sent)))
+    try:
+        content = b"".join(chunks)
+    finally:
+        chunks.close()
+    [(status, sent)] = started
+    return int(status.split()[0]), {name.lower(): value for name, value in sent}, content
+
+
+def _via_asgi(path: str, content_type: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+    sent = []
+
+    async def receive():
+        if pending:
+            return pending.pop(0)
+        await asyncio.Event().wait()  # like a server: nothing more until the client leaves
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", content_type.encode()),
+            (b"content-length", str(len(body)).encode()),
+            *((name.lower().encode(), value.encode()) for name, value in headers.items()),
+        ],
+        "client": ("127.0.0.1", 1234),
+        "server": ("testserver", 80),
+    }
+    async_to_sync(asgi_application)(scope, receive, send)
+    start = next(message for message in sent if message["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    headers_sent = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    return start["status"], headers_sent, content
+
+
+ENTRY_POINTS = {"wsgi": _via_wsgi, "asgi": _via_asgi}
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+@pytest.mark.parametrize("content_type", MALFORMED)
+def test_an_api_request_with_an_unreadable_content_type_is_the_api_s_400(
+    entry_points, publisher, acme, entry_point, content_type
+):
+    _, key = api_token_issue(username=publisher.username, password=PASSWORD, tenant_slug="acme")
+
+    status, headers, content = ENTRY_POINTS[entry_point](
+        "/api/v1/tools",
+        content_type,
+        json.dumps(_tool_body()).encode(),
+        {"Authorization": f"Token {key}"},
+    )
+
+    assert status == 400
+    assert headers["content-type"] == "application/json"
+    assert json.loads(content) == REFUSED
+    assert not ToolVersion.objects.exists()
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+@pytest.mark.parametrize("content_type", MALFORMED)
+def test_a_page_s_form_with_an_unreadable_content_type_is_a_400_page(
+    entry_points, entry_point, content_type
+):
+    status, headers, content = ENTRY_POINTS[entry_point](
+        "/accounts/login/", content_type, b"username=root&password=x", {}
+    )
+
+    assert status == 400
+    assert headers["content-type"].startswith("text/html")
+    assert b"Traceback" not in content
+
+
+def test_an_unreadable_content_type_is_logged_as_one_warning_line_without_the_header(
+    entry_points,
+):
+    console = next(
+        handler
+        for handler in logging.getLogger().handlers
+        if type(handler) is logging.StreamHandler
+    )
+    written = io.StringIO()
+    previous = console.setStream(written)
+    try:
+        status, _, _ = _via_wsgi("/api/v1/tools", MALFORMED[0], b"", {})
+    finally:
+        console.setStream(previous)
+
+    assert status == 400
+    [line] = written.getvalue().splitlines()
+    assert " WARNING django.security.MalformedContentType " in line
+    assert "bogus" not in line
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "application/x-www-form-urlencoded; charset=bogus",
+        "multipart/form-data; boundary=b; charset=bogus",
+    ],
+)
+def test_a_page_s_form_in_an_unknown_charset_is_read_as_utf_8(client, platform_admin, content_type):
+    body = b"username=root&password=x"
+    if content_type.startswith("multipart/"):
+        body = (
+            b'--b\r\nContent-Disposition: form-data; name="username"\r\n\r\nroot\r\n'
+            b'--b\r\nContent-Disposition: form-data; name="password"\r\n\r\nx\r\n--b--\r\n'
+        )
+
+    response = client.generic("POST", "/accounts/login/", body, content_type=content_type)
+
+    # the form is read and answered (wrong password), not a crash
+    assert response.status_code == 200
+    assert response.context["form"].data["username"] == "root"
