@@ -300,3 +300,10 @@ def text_encoding(charset: str | None) -> str:
             return "utf-8"
         return charset
     return "utf-8"
+
+
+# The content codings of HTTP's registry, which an error message may name: any other text of
+# a Content-Encoding header is the server's own, and may quote what it was sent (a key).
+CONTENT_CODINGS = frozenset(
+    {"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "aes128gcm", "exi"}
+)

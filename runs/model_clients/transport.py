@@ -26,7 +26,7 @@ from typing import Any
 import httpx2
 from django.conf import settings
 
-from config.egress import EgressRefused, HTTPTransport2, text_encoding
+from config.egress import CONTENT_CODINGS, EgressRefused, HTTPTransport2, text_encoding
 
 # Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
 _SENT_HEADERS = frozenset(
@@ -127,7 +127,7 @@ class _Client(httpx2.Client):
             response.close()
             # Named only when it is a coding HTTP defines: the header's text is the server's,
             # and may quote what it was sent (the key).
-            named = encoding if encoding in _CONTENT_CODINGS else "an unrecognised"
+            named = encoding if encoding in CONTENT_CODINGS else "an unrecognised"
             raise AnswerRefused(f"answered in {named} encoding, which was not asked for")
         response.encoding = text_encoding(response.encoding)
         response.stream = _BoundedBody(
@@ -143,12 +143,6 @@ class _Client(httpx2.Client):
             if watchdog is not threading.current_thread():
                 watchdog.join()
         super().close()
-
-
-# The content codings of HTTP's registry, which an error message may name.
-_CONTENT_CODINGS = frozenset(
-    {"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "aes128gcm", "exi"}
-)
 
 
 def http_client(timeout_s: float) -> httpx2.Client:

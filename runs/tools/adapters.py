@@ -30,7 +30,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError
 
 from config import jsontext
-from config.egress import EgressRefused, HTTPTransport, text_encoding
+from config.egress import CONTENT_CODINGS, EgressRefused, HTTPTransport, text_encoding
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     Deadline,
@@ -285,6 +285,22 @@ def _header_shown(value: str, *, chars: int, credential: str | None) -> str:
     return strip_secrets(value, secrets=(credential or "",))[:chars]
 
 
+def _unasked_encoding(response: httpx.Response) -> str | None:
+    """The Content-Encoding of an answer in an encoding the host did not ask for (it asks for
+    identity only), as the service wrote it; None for one in identity."""
+    sent = response.headers.get("content-encoding", "identity").strip()
+    return None if sent.lower() in ("", "identity") else sent
+
+
+def _unread_body(encoding: str) -> str:
+    """What an error message says of a body left unread for its `encoding`, named only when it
+    is a coding HTTP defines (`CONTENT_CODINGS`): a gateway may echo there what it was sent,
+    the credential or its own key, which stripping the known credential would not find."""
+    coding = encoding.lower()
+    named = f"{coding} encoding, which was" if coding in CONTENT_CODINGS else "an encoding that was"
+    return f" Its body was not read: it was in {named} not asked for."
+
+
 def _answer(
     tool_version: ToolVersion,
     *,
@@ -322,12 +338,11 @@ def _answer(
             with client.stream(
                 "POST", tool_version.adapter_config["url"], json=body, headers=headers
             ) as response:
-                sent = response.headers.get("content-encoding", "identity").strip()
+                sent = _unasked_encoding(response)
                 # Asked for none: a compressed answer is inflated before its size is known.
                 # That of a success fails the call; that of any other answer is not read, its
                 # status saying what became of the call (a 429 or 503 may pass later).
-                compressed = sent.lower() not in ("", "identity")
-                if compressed and response.is_success:
+                if sent is not None and response.is_success:
                     raise ToolFailed(
                         f"The service answered in "
                         f"{_header_shown(sent, chars=40, credential=credential)} encoding, "
@@ -337,7 +352,7 @@ def _answer(
                         may_have_side_effect=may_have_side_effect,
                     )
                 chunks, size = [], 0
-                for chunk in () if compressed else response.iter_raw():
+                for chunk in () if sent is not None else response.iter_raw():
                     size += len(chunk)
                     if size > limit and not response.is_success:
                         # Its status says what became of the call (a 429 or 503 may pass
@@ -453,9 +468,13 @@ def http_call(
             retryable=True,
             may_have_side_effect=tool_version.risk not in READ_RISKS,
         ) from error
+    # A body in an encoding not asked for was left unread (only an answer that is not a
+    # success gets this far with one): the error says so, and keeps no body for it.
+    unasked = _unasked_encoding(response)
+    unread = "" if unasked is None else _unread_body(unasked)
     is_json = True
     try:
-        payload = _json(content, response.charset_encoding)
+        payload = None if unasked is not None else _json(content, response.charset_encoding)
     except (ValueError, RecursionError):
         # Not JSON, or nested too deep to parse: kept as text. Secrets go before the cut,
         # which could leave part of one; they are looked for in twice what is kept, which
@@ -472,7 +491,7 @@ def http_call(
         # published URL only): a gateway that sends the call to a login page did not run it.
         raise ToolFailed(
             f"The service answered {response.status_code} (a redirect, not followed) "
-            "instead of a result.",
+            f"instead of a result.{unread}",
             category=ErrorCategory.UPSTREAM_ERROR,
             retryable=False,
             raw={"location": _redirect_target(response), "body": payload},
@@ -484,7 +503,7 @@ def http_call(
         wait = retry_after(response.headers)
         when = f"; try again in {math.ceil(wait)} s" if retryable and wait is not None else ""
         raise ToolFailed(
-            f"The service answered {response.status_code}{when}.",
+            f"The service answered {response.status_code}{when}.{unread}",
             category=_HTTP_CATEGORIES.get(response.status_code, ErrorCategory.UPSTREAM_ERROR),
             retryable=retryable,
             may_have_side_effect=response.status_code >= 500,

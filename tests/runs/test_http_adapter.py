@@ -745,13 +745,59 @@ def test_a_retryable_error_status_stays_retryable_whatever_the_encoding_of_its_b
     # then the status decides, as it does for a plain body: a failure another try may pass,
     # after the wait the service asked for
     failure = raised.value
-    assert str(failure) == f"The service answered {status}; try again in 7 s."
+    assert str(failure) == (
+        f"The service answered {status}; try again in 7 s. Its body was not read: it was in "
+        "gzip encoding, which was not asked for."
+    )
     assert (failure.category, failure.retryable, failure.may_have_side_effect) == (
         category,
         True,
         may_have_side_effect,
     )
     assert failure.retry_after == 7
+    assert failure.raw is None
+
+
+@pytest.mark.parametrize(
+    ("encoding", "named"),
+    [
+        ("br", "br encoding, which was"),
+        ("BR ", "br encoding, which was"),
+        ("x-token Svc-77D0c1E9a4B25F68", "an encoding that was"),
+    ],
+)
+def test_an_error_status_whose_body_is_in_an_encoding_not_asked_for_says_it_was_not_read(
+    report_service, encoding, named
+):
+    # given a gateway that answers 503, asking to wait 7 s, with a body in an encoding the
+    # host did not ask for (it asks for identity only), or that echoes in that header what
+    # it was sent
+    report_service.status = 503
+    report_service.headers = {
+        "Content-Type": "application/json",
+        "Content-Encoding": encoding,
+        "Retry-After": "7",
+    }
+    report_service.body = b"\x1b\x0f\x00\xf8\xa5\x02\x02"
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then the status and its wait are kept, and the error says the body was left unread,
+    # naming only a coding HTTP defines
+    failure = raised.value
+    assert str(failure) == (
+        f"The service answered 503; try again in 7 s. Its body was not read: it was in {named} "
+        "not asked for."
+    )
+    assert (failure.category, failure.retryable, failure.retry_after) == (
+        ErrorCategory.UPSTREAM_ERROR,
+        True,
+        7,
+    )
+    assert failure.raw is None
+    assert "Svc-77D0" not in str(failure)
 
 
 class TricklingHeaders(BaseHTTPRequestHandler):
