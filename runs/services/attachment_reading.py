@@ -18,7 +18,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pypdf
 from django.conf import settings
@@ -80,6 +80,17 @@ class Unreadable(Exception):
     """Why an attachment shows no content: said to the model in its place."""
 
 
+class TextRead(NamedTuple):
+    """The start of an attachment's text, whether there is more (`cut`), and how many bytes
+    the whole text has: `size`, or at least that many when `size_is_minimum` (the text of a
+    PDF's pages past those extracted is not known)."""
+
+    text: str
+    cut: bool
+    size: int
+    size_is_minimum: bool = False
+
+
 def attachment_reference(attachment_id: str) -> str:
     return f"{ORIGIN}:{attachment_id}"
 
@@ -105,10 +116,11 @@ def _stored_bytes(attachment: Attachment, *, keep: int | None) -> tuple[bytes, b
     return bytes(kept), size > len(kept)
 
 
-def _text(attachment: Attachment, limit: int) -> tuple[str, bool]:
+def _text(attachment: Attachment, limit: int) -> TextRead:
+    """The file's first `limit` bytes: its text, in the UTF-8 it was confirmed to be."""
     data, more = _stored_bytes(attachment, keep=limit + 1)
     text, cut = head(data, limit)
-    return text, cut or more
+    return TextRead(text, cut or more, attachment.size)
 
 
 def _in_time(deadline: float) -> Callable[..., None]:
@@ -164,8 +176,9 @@ def _first_pages(
     return pages
 
 
-def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
-    """The text of the PDF's first pages, up to `limit` bytes of it and
+def _pdf_text(attachment: Attachment, limit: int) -> TextRead:
+    """The text of the PDF's first pages, measured as extracted (never as the file's bytes,
+    which compress it or hold far more than it), up to `limit` bytes of it and
     ATTACHMENT_PDF_MAX_PAGES pages, within ATTACHMENT_PDF_MAX_SECONDS: a stream that decodes
     past PDF_STREAM_MAX_BYTES is not interpreted, and the deadline is checked on every node
     of the page tree walked to the pages read and on every operation, so a small file that
@@ -198,11 +211,13 @@ def _pdf_text(attachment: Attachment, limit: int) -> tuple[str, bool]:
             type(error).__name__,
         )
         raise Unreadable("its text could not be extracted") from error
-    text, cut = head(read.rstrip(), limit)
+    extracted = read.rstrip()
+    text, cut = head(extracted, limit)
     if not text.strip():
         where = " on its first pages" if pages > shown else ""
         raise Unreadable(f"it has no text to extract{where}")
-    return text, cut or pages > shown
+    more_pages = pages > shown
+    return TextRead(text, cut or more_pages, len(extracted), size_is_minimum=more_pages)
 
 
 def attachment_line(part: dict[str, Any]) -> str:
@@ -237,11 +252,20 @@ def is_read(part: dict[str, Any]) -> bool:
 def _excerpt(attachment: Attachment, *, limit: int, fits: Callable[[str], bool]) -> str:
     """At most `limit` bytes of the attachment's text, and no more of it than `fits`, marked
     as cut when there is more."""
-    read = _pdf_text if attachment.media_type == PDF else _text
-    text, cut = read(attachment, limit + SECRET_MARGIN_BYTES)
+    reader = _pdf_text if attachment.media_type == PDF else _text
+    read = reader(attachment, limit + SECRET_MARGIN_BYTES)
     # Credentials are removed before the cut: a token cut in half is no longer recognised.
-    text, shortened = head(strip_secrets(text).encode(), limit)
-    excerpt = fitted(text, cut=cut or shortened, size=attachment.size, fits=fits)
+    stripped = strip_secrets(read.text).encode()
+    text, shortened = head(stripped, limit)
+    # A text read whole is measured as it is shown, its credentials removed.
+    size = len(stripped) if len(read.text.encode()) == read.size else read.size
+    excerpt = fitted(
+        text,
+        cut=read.cut or shortened,
+        size=size,
+        fits=fits,
+        at_least=read.size_is_minimum,
+    )
     if excerpt is None:
         raise Unreadable(NO_ROOM)
     return excerpt

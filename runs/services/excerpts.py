@@ -71,8 +71,11 @@ def head(data: bytes, limit: int) -> tuple[str, bool]:
     return decoder.decode(data[:limit], final=False), True
 
 
-def cut_note(kept: str, size: int) -> str:
-    return f"{kept}\n[cut: the first {len(kept.encode())} bytes of {size} are shown]"
+def cut_note(kept: str, size: int, *, at_least: bool = False) -> str:
+    """`kept` with the note saying how many of its text's `size` bytes it shows (of `at_least`
+    that many when how long the whole text is was not found out)."""
+    of = f"at least {size}" if at_least else str(size)
+    return f"{kept}\n[cut: the first {len(kept.encode())} bytes of {of} are shown]"
 
 
 def within(tokens: int, shown: Callable[[str], str]) -> Callable[[str], bool]:
@@ -93,11 +96,18 @@ def _longest_start(text: str, fits: Callable[[str], bool]) -> str:
     return text[:low]
 
 
-def fitted(text: str, *, cut: bool, size: int, fits: Callable[[str], bool]) -> str | None:
+def fitted(
+    text: str,
+    *,
+    cut: bool,
+    size: int,
+    fits: Callable[[str], bool],
+    at_least: bool = False,
+) -> str | None:
     """`text` whole if it is all there is (not `cut` before) and `fits`; else its longest
-    start that fits with the note saying how much of `size` bytes it shows; None when not
-    even a start fits."""
+    start that fits with the note saying how much of `size` bytes of text (`at_least`) it
+    shows; None when not even a start fits."""
     if not cut and fits(text):
         return text
-    kept = _longest_start(text, lambda start: fits(cut_note(start, size)))
-    return cut_note(kept, size) if kept.strip() else None
+    kept = _longest_start(text, lambda start: fits(cut_note(start, size, at_least=at_least)))
+    return cut_note(kept, size, at_least=at_least) if kept.strip() else None

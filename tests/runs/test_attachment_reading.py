@@ -377,7 +377,36 @@ def test_a_pdfs_text_is_extracted_from_its_first_pages(answered, alice_api, sett
     assert "Apollo ships on Friday" in content
     assert "Budget is on track" in content
     assert "Page three" not in content
-    assert content.endswith(f" bytes of {attachment['size']} are shown]")
+    # and the note says the text of the pages read is shown whole, and there may be more
+    shown = len(b"Apollo ships on Friday\n\nBudget is on track")
+    assert content.endswith(f"\n[cut: the first {shown} bytes of at least {shown} are shown]")
+
+
+def test_a_pdf_excerpt_s_note_compares_the_text_shown_with_the_text_extracted(
+    answered, alice_api, settings
+):
+    # given a one-page PDF whose compressed page shows 6000 bytes of text in a file of a few
+    # hundred bytes, longer than its 1000-byte excerpt
+    settings.ATTACHMENT_EXCERPT_MAX_BYTES = 1000
+    line = "Apollo ships on Friday. " * 250
+    content = pdf(
+        zlib.compress(f"BT /F1 12 Tf 72 720 Td ({line}) Tj ET".encode()),
+        stream_filter=b"/Filter /FlateDecode",
+    )
+    extracted = pypdf.PdfReader(io.BytesIO(content)).pages[0].extract_text().strip().encode()
+    assert len(content) < 1000 < len(extracted)
+    attachment = upload(alice_api, content, "application/pdf")
+
+    run = ask(alice_api, attachment)
+    run_execute(run_id=str(run.pk))
+
+    # then the note says how much of the extracted text is shown, not of the file's bytes
+    _, user = user_message(answered)
+    (wrapped,) = envelopes(user)
+    excerpt, note = wrapped["content"].rsplit("\n", 1)
+    assert extracted.startswith(excerpt.encode())
+    assert len(excerpt.encode()) == 1000
+    assert note == f"[cut: the first 1000 bytes of {len(extracted)} are shown]"
 
 
 def test_a_pdf_restricted_by_its_owner_only_is_read_and_one_needing_a_password_is_not(
