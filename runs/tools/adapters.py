@@ -292,13 +292,19 @@ def _unasked_encoding(response: httpx.Response) -> str | None:
     return None if sent.lower() in ("", "identity") else sent
 
 
-def _unread_body(encoding: str) -> str:
-    """What an error message says of a body left unread for its `encoding`, named only when it
-    is a coding HTTP defines (`CONTENT_CODINGS`): a gateway may echo there what it was sent,
-    the credential or its own key, which stripping the known credential would not find."""
+def _unasked_named(encoding: str) -> str:
+    """An answer's `encoding` that was not asked for, as a message says it: named only when
+    it is a coding HTTP defines (`CONTENT_CODINGS`), for a gateway may echo there what it was
+    sent, the credential or its own key, which stripping the known credential would not find."""
     coding = encoding.lower()
-    named = f"{coding} encoding, which was" if coding in CONTENT_CODINGS else "an encoding that was"
-    return f" Its body was not read: it was in {named} not asked for."
+    if coding in CONTENT_CODINGS:
+        return f"{coding} encoding, which was not asked for"
+    return "an encoding that was not asked for"
+
+
+def _unread_body(encoding: str) -> str:
+    """What an error message says of a body left unread for its `encoding`."""
+    return f" Its body was not read: it was in {_unasked_named(encoding)}."
 
 
 def _answer(
@@ -344,9 +350,7 @@ def _answer(
                 # status saying what became of the call (a 429 or 503 may pass later).
                 if sent is not None and response.is_success:
                     raise ToolFailed(
-                        f"The service answered in "
-                        f"{_header_shown(sent, chars=40, credential=credential)} encoding, "
-                        "which was not asked for.",
+                        f"The service answered in {_unasked_named(sent)}.",
                         category=ErrorCategory.UPSTREAM_ERROR,
                         retryable=False,
                         may_have_side_effect=may_have_side_effect,

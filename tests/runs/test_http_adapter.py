@@ -721,6 +721,25 @@ def test_a_compressed_answer_nobody_asked_for_fails_the_call_before_it_is_inflat
     assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
 
 
+def test_a_success_in_an_encoding_echoing_what_the_gateway_was_sent_does_not_quote_it(
+    report_service,
+):
+    # given a gateway that answers 200 with a Content-Encoding echoing what it was sent
+    report_service.headers = {
+        "Content-Type": "application/json",
+        "Content-Encoding": "x-token Svc-77D0c1E9a4B25F68",
+    }
+    report_service.body = b'{"data": "ok"}'
+
+    # when
+    with pytest.raises(ToolFailed) as raised:
+        http_call(report_tool(report_service.url), call_context(), {"project_id": "apollo"})
+
+    # then the call fails saying so, without the header's text
+    assert str(raised.value) == "The service answered in an encoding that was not asked for."
+    assert raised.value.category == ErrorCategory.UPSTREAM_ERROR
+
+
 @pytest.mark.parametrize(
     ("status", "category", "may_have_side_effect"),
     [(429, ErrorCategory.RATE_LIMITED, False), (503, ErrorCategory.UPSTREAM_ERROR, True)],
@@ -1115,13 +1134,19 @@ def test_a_credential_a_text_answer_echoes_where_it_is_cut_leaves_no_part_of_it(
     assert record.envelope["raw"]["text"].endswith("[redacted]")
 
 
-@pytest.mark.parametrize(("header", "padding"), [("Content-Type", 50), ("Content-Encoding", 30)])
+@pytest.mark.parametrize(
+    ("header", "padding", "said"),
+    [
+        ("Content-Type", 50, "x" * 50 + "[redacted]"),
+        ("Content-Encoding", 30, "in an encoding that was not asked for"),
+    ],
+)
 def test_a_credential_a_header_the_error_names_echoes_where_it_is_cut_leaves_no_part_of_it(
-    demo, report_service, report_token, monkeypatch, header, padding
+    demo, report_service, report_token, monkeypatch, header, padding, said
 ):
     # given a service that echoes the credential (in upper and lower case) in the header its
-    # error message names (the content type of a 200 that is not JSON, or an encoding not
-    # asked for), past where the message cuts that header
+    # error message names (the content type of a 200 that is not JSON, quoted as far as the
+    # message cuts it, or an encoding not asked for, not quoted at all), past that cut
     report_token = "Svc-77D0c1E9a4B25F68"
     monkeypatch.setenv("REPORT_SERVICE_TOKEN", report_token)
     report_service.headers = {"Content-Type": "text/plain"}
@@ -1134,7 +1159,7 @@ def test_a_credential_a_header_the_error_names_echoes_where_it_is_cut_leaves_no_
     # then the call failed, and no part of the credential is in what the run keeps
     record = ToolCall.objects.get(run=run, name="report_read")
     assert (record.status, record.error_category) == ("failed", "UPSTREAM_ERROR")
-    assert "x" * padding + "[redacted]" in record.envelope["error"]["message"]
+    assert said in record.envelope["error"]["message"]
     stored = json.dumps(
         [record.envelope, run.transcript, list(run.events.values_list("payload", flat=True))]
     )
