@@ -112,6 +112,8 @@ class RunDetailView(View):
                 "record": record,
                 "active": run.status in ACTIVE_STATUSES,
                 "event_types": list(EventType.values),
+                # The live progress follows on from the last event the timeline shows.
+                "shown_seq": record["events"][-1]["seq"] if record["events"] else 0,
             },
         )
 
@@ -128,11 +130,13 @@ class RunExportView(View):
 
 @method_decorator(login_required, name="dispatch")
 class RunStreamView(View):
-    """The run page follows this while the run is active: its events, redacted."""
+    """The run page follows this while the run is active: its events, redacted, after
+    `?after=` (the last one the page shows) or, when the browser reconnects, after its
+    Last-Event-ID."""
 
     def get(self, request: HttpRequest, run_id) -> HttpResponse:
         run, cleared = _audited_run(request.user, run_id)
-        after = request.headers.get("Last-Event-ID", "")
+        after = request.headers.get("Last-Event-ID") or request.GET.get("after", "")
         return event_stream(
             request,
             run,

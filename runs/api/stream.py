@@ -1,5 +1,6 @@
 """Server-sent events of a run's log, live: every event as `id: seq`, `event: type`,
-`data: json`; a client reconnecting with Last-Event-ID continues after that seq.
+`data: json` (its seq, type, time and payload); a client reconnecting with Last-Event-ID
+continues after that seq.
 
 Under ASGI (uvicorn, production) the stream is an async iterator and holds no thread while it
 waits; under WSGI (the development server) it is a plain iterator.
@@ -103,7 +104,14 @@ def _poll(run_id: str, after: int, shape: Shape, allowed: Allowed) -> Poll:
         return Poll(frames=[ACCESS_ENDED], after=after, finished=True)
     frames = [
         f"id: {event.seq}\nevent: {event.type}\ndata: "
-        + json.dumps({"seq": event.seq, "type": event.type, "payload": shape(event)})
+        + json.dumps(
+            {
+                "seq": event.seq,
+                "type": event.type,
+                "created_at": event.created_at.isoformat(),
+                "payload": shape(event),
+            }
+        )
         + "\n\n"
         for event in events
     ]

@@ -33,7 +33,8 @@ from runs import audit as runs_audit
 from runs.audit import PAGE_SIZE
 from runs.choices import EventType
 from runs.loop import run_execute
-from runs.models import Run, Span, ToolCall
+from runs.models import Run, RunEvent, Span, ToolCall
+from runs.services.runs import run_cancel
 from runs.tools import limits
 from runs.tools.adapters import ToolRefused
 from runs.tracing import root_span_id
@@ -723,6 +724,55 @@ def test_an_active_run_page_follows_the_stream_and_the_stream_is_redacted(
     assert followed == [event_type.value for event_type in EventType]
     assert "event: approval.required" in body
     assert EMAIL not in body and MASKED in body
+
+
+def test_an_active_run_page_follows_only_what_happens_after_what_it_shows(
+    demo, carol, client, settings
+):
+    # given carol on the page of a waiting run, which shows its log so far
+    settings.RUN_STREAM_MAX_SECONDS = 1
+    run, _action = waiting_run(demo)
+    page = logged_in(client, carol).get(reverse("runs:detail", args=[run.pk])).content.decode()
+    shown = run.last_event_seq
+    assert f'data-after="{shown}"' in page
+
+    # when the run is cancelled, and the page follows its stream after what it shows
+    run_cancel(run=run, actor=run.actor)
+    stream = client.get(reverse("runs:stream", args=[run.pk]), {"after": shown})
+    frames = [
+        dict(line.split(": ", 1) for line in block.splitlines())
+        for block in b"".join(stream.streaming_content).decode().strip().split("\n\n")
+    ]
+
+    # then it is sent the new events only, each with when it happened, then the end
+    events = RunEvent.objects.filter(run=run, seq__gt=shown).order_by("seq")
+    assert [
+        (int(frame["id"]), frame["event"], json.loads(frame["data"])["created_at"])
+        for frame in frames[:-1]
+    ] == [(event.seq, event.type, event.created_at.isoformat()) for event in events]
+    assert len(frames) > 1
+    assert frames[-1] == {"event": "end", "data": json.dumps({"status": "CANCELLED"})}
+
+
+def test_a_page_s_stream_reconnecting_continues_after_the_last_event_it_received(
+    demo, carol, client, settings
+):
+    # given a waiting run's page, whose stream sent one new event after what the page shows
+    settings.RUN_STREAM_MAX_SECONDS = 1
+    run, _action = waiting_run(demo)
+    shown = run.last_event_seq
+    run_cancel(run=run, actor=run.actor)
+
+    # when the browser reconnects with the Last-Event-ID of that event
+    stream = logged_in(client, carol).get(
+        reverse("runs:stream", args=[run.pk]), {"after": shown}, HTTP_LAST_EVENT_ID=str(shown + 1)
+    )
+
+    # then the stream continues after it
+    body = b"".join(stream.streaming_content).decode()
+    seqs = [int(line[4:]) for line in body.splitlines() if line.startswith("id: ")]
+    run.refresh_from_db()
+    assert seqs == list(range(shown + 2, run.last_event_seq + 1))
 
 
 def test_the_page_s_stream_ends_once_its_viewer_loses_clearance(demo, client, settings):
