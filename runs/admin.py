@@ -18,6 +18,7 @@ from registry.choices import Action
 from registry.models import AgentConfig
 from runs.models import ScheduledTask, TaskOccurrence
 from runs.services.schedules import (
+    VERSIONED_FIELDS,
     schedule_next_run,
     scheduled_task_errors,
     scheduled_task_pause,
@@ -57,20 +58,7 @@ class ScheduledTaskForm(forms.ModelForm):
 
     class Meta:
         model = ScheduledTask
-        fields = (
-            "tenant",
-            "name",
-            "owner",
-            "agent_config",
-            "goal",
-            "project_id",
-            "recipient_record_id",
-            "interval_seconds",
-            "crontab",
-            "deadline_seconds",
-            "max_attempts",
-            "is_enabled",
-        )
+        fields = ("tenant", *VERSIONED_FIELDS, "is_enabled")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
