@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import django_filters
 import redis
+from django import forms
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
@@ -420,7 +421,16 @@ class FilterSet(django_filters.FilterSet):
     too, rather than filtered by its last value alone; a filter of several choices takes each.
     A range whose lower bound is above its upper one (`?created_after=` a day later than
     `?created_before=`) is refused naming both, rather than answered with an empty list as
-    if nothing were in it; equal bounds are a range."""
+    if nothing were in it; equal bounds are a range. A value none of a filter's choices is
+    is refused naming the choices, not echoing the value, which may be kilobytes long."""
+
+    def get_form_class(self) -> type[forms.Form]:
+        form_class = super().get_form_class()
+        for field in form_class.base_fields.values():
+            if isinstance(field, forms.ChoiceField):
+                choices = ", ".join(str(value) for value, _ in field.choices if value != "")
+                field.error_messages["invalid_choice"] = f"Not one of the choices: {choices}."
+        return form_class
 
     def is_valid(self) -> bool:
         valid = super().is_valid()

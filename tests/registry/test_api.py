@@ -1888,6 +1888,24 @@ def test_tools_list_with_an_unknown_choice_is_a_validation_error(api, publisher,
     assert list(_error(response)["details"]) == list(query)
 
 
+@pytest.mark.parametrize(
+    ("kind", "parameter", "choices"),
+    [
+        ("tools", "status", VersionStatus),
+        ("tools", "risk", Risk),
+        ("skills", "status", VersionStatus),
+    ],
+)
+def test_an_unknown_choice_is_refused_naming_the_choices_without_echoing_the_value(
+    api, publisher, kind, parameter, choices
+):
+    response = api.as_user(publisher).get(f"/api/v1/{kind}", {parameter: "x" * 10_000})
+
+    assert response.status_code == 400
+    message = f"Not one of the choices: {', '.join(choices.values)}."
+    assert _error(response)["details"] == {parameter: [message]}
+
+
 def test_skills_list_filters(api, publisher, make_skill_version):
     _publish_skill(make_skill_version, publisher, version="1.0.0")
     make_skill_version(version="1.1.0")

@@ -293,6 +293,14 @@ def test_an_unknown_status_filter_is_refused(alice):
     assert set(_error(response)["details"]) == {"status"}
 
 
+def test_an_unknown_status_is_refused_naming_the_statuses_without_echoing_the_value(alice):
+    response = alice.get(RUNS, {"status": "D" * 10_000})
+
+    assert response.status_code == 400
+    statuses = ", ".join(RunStatus.values)
+    assert _error(response)["details"] == {"status": [f"Not one of the choices: {statuses}."]}
+
+
 def test_a_list_request_with_too_many_parameters_is_refused_saying_so(alice, settings):
     settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
     query = "&".join(f"status=DONE{index}" for index in range(101))
