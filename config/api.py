@@ -122,9 +122,12 @@ class ContentNegotiation(DefaultContentNegotiation):
         return _is_refusal(min(matching, key=lambda match: match[0])[1])
 
     def filter_renderers(self, renderers: list, format: str) -> list:
+        """The renderers of `format`; refused naming the formats served, not the one asked
+        for, which may be kilobytes long."""
         served = [renderer for renderer in renderers if renderer.format == format]
         if not served:
-            raise exceptions.NotAcceptable(f"The format {format!r} is not served here.")
+            formats = " or ".join(dict.fromkeys(renderer.format for renderer in renderers))
+            raise exceptions.NotAcceptable(f"Only {formats} is served here.")
         return served
 
 

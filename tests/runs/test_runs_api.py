@@ -254,6 +254,24 @@ def test_a_format_the_api_does_not_serve_is_not_acceptable_for_a_run_that_exists
 
 
 @pytest.mark.parametrize(
+    ("suffix", "served"), [("", "json"), ("/events", "json"), ("/stream", "sse")]
+)
+def test_a_format_not_served_is_refused_naming_what_is_served_without_echoing_it(
+    alice, member, start_run, suffix, served
+):
+    run = start_run(member)
+
+    response = alice.get(f"{RUNS}/{run.pk}{suffix}", {"format": "x" * 10_000})
+
+    assert response.status_code == 406
+    assert _error(response) == {
+        "code": "NOT_ACCEPTABLE",
+        "message": f"Only {served} is served here.",
+        "details": {},
+    }
+
+
+@pytest.mark.parametrize(
     ("method", "suffix"),
     [("get", ""), ("get", "/{id}"), ("get", "/{id}/events"), ("post", "/{id}/cancel")],
 )
