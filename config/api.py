@@ -23,8 +23,9 @@ from rest_framework.pagination import PageNumberPagination
 from rest_framework.parsers import JSONParser
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
+from rest_framework.settings import api_settings
 
-from config.errors import ApplicationError
+from config.errors import ApplicationError, ValidationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -485,6 +486,37 @@ class FilterBackend(DjangoFilterBackend):
         if getattr(view, "action", None) != "list":
             return None
         return super().get_filterset_class(view, queryset)
+
+    def filter_queryset(self, request: Any, queryset: Any, view: Any) -> Any:
+        """A list refuses a parameter it does not take, rather than ignoring it: a misspelt
+        filter (`?stauts=`) or one of another list (`/skills?risk=`) answered every row as
+        if it had been applied. Each is named in the details, cut to its first characters."""
+        filterset_class = self.get_filterset_class(view, queryset)
+        if filterset_class is not None:
+            paginator = view.paginator
+            known = [
+                *filterset_class.base_filters,
+                paginator.page_query_param,
+                paginator.page_size_query_param,
+                api_settings.URL_FORMAT_OVERRIDE,
+            ]
+            unknown = [name for name in request.query_params if name not in known]
+            if unknown:
+                raise ValidationFailed(
+                    f"Unknown parameters. This list takes: {', '.join(known)}.",
+                    details={_shortened(name): ["Unknown parameter."] for name in unknown},
+                )
+        return super().filter_queryset(request, queryset, view)
+
+
+SHOWN_NAME_CHARACTERS = 64
+
+
+def _shortened(name: str) -> str:
+    """`name` as an error shows it: its first characters, marked as cut if there were more."""
+    if len(name) <= SHOWN_NAME_CHARACTERS:
+        return name
+    return f"{name[:SHOWN_NAME_CHARACTERS]}…"
 
 
 WHOLE_NUMBER = re.compile(r"[0-9]+")

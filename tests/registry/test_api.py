@@ -1906,6 +1906,18 @@ def test_an_unknown_choice_is_refused_naming_the_choices_without_echoing_the_val
     assert _error(response)["details"] == {parameter: [message]}
 
 
+def test_a_filter_of_tools_given_to_skills_is_refused_rather_than_ignored(api, publisher, catalog):
+    response = api.as_user(publisher).get(SKILLS, {"risk": "destructive"})
+
+    assert response.status_code == 400
+    assert _error(response) == {
+        "code": "VALIDATION_ERROR",
+        "message": "Unknown parameters. This list takes: name, namespace, status, page, "
+        "page_size, format.",
+        "details": {"risk": ["Unknown parameter."]},
+    }
+
+
 def test_skills_list_filters(api, publisher, make_skill_version):
     _publish_skill(make_skill_version, publisher, version="1.0.0")
     make_skill_version(version="1.1.0")

@@ -319,6 +319,35 @@ def test_an_unknown_status_is_refused_naming_the_statuses_without_echoing_the_va
     assert _error(response)["details"] == {"status": [f"Not one of the choices: {statuses}."]}
 
 
+def test_a_parameter_the_list_does_not_take_is_refused_rather_than_ignored(
+    alice, member, start_run
+):
+    # given a queued run, which a misspelt status filter would otherwise list
+    start_run(member)
+
+    response = alice.get(RUNS, {"stauts": "COMPLETED", "x" * 10_000: "1"})
+
+    assert response.status_code == 400
+    assert _error(response) == {
+        "code": "VALIDATION_ERROR",
+        "message": "Unknown parameters. This list takes: status, session, skill, "
+        "created_after, created_before, page, page_size, format.",
+        "details": {"stauts": ["Unknown parameter."], "x" * 64 + "…": ["Unknown parameter."]},
+    }
+
+
+def test_the_list_takes_its_filters_its_pages_and_a_format_together(alice, member, start_run):
+    run = start_run(member)
+
+    response = alice.get(
+        RUNS,
+        {"status": run.status, "skill": run.skill, "page": 1, "page_size": 5, "format": "json"},
+    )
+
+    assert response.status_code == 200
+    assert _ids(response) == [str(run.pk)]
+
+
 def test_a_list_request_with_too_many_parameters_is_refused_saying_so(alice, settings):
     settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 100
     query = "&".join(f"status=DONE{index}" for index in range(101))
