@@ -493,11 +493,14 @@ class FilterBackend(DjangoFilterBackend):
         if it had been applied. Each is named in the details, cut to its first characters."""
         filterset_class = self.get_filterset_class(view, queryset)
         if filterset_class is not None:
-            paginator = view.paginator
+            paginator = getattr(view, "paginator", None)
             known = [
                 *filterset_class.base_filters,
-                paginator.page_query_param,
-                paginator.page_size_query_param,
+                *(
+                    [paginator.page_query_param, paginator.page_size_query_param]
+                    if paginator is not None
+                    else []
+                ),
                 api_settings.URL_FORMAT_OVERRIDE,
             ]
             unknown = [name for name in request.query_params if name not in known]
