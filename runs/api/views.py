@@ -3,7 +3,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db.models import QuerySet
-from django.http import QueryDict, StreamingHttpResponse
+from django.http import Http404, QueryDict, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiRequest, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -188,9 +188,14 @@ class RunViewSet(
         return super().get_renderers()
 
     def get_object(self) -> Run:
+        """The run of the id in the URL, as the API writes it; one that is malformed, unknown
+        or of another tenant is the same 404, saying so in the same words."""
         if not is_id_in_url(self.kwargs["pk"]):
             raise NotFound("No such run.")
-        return super().get_object()
+        try:
+            return super().get_object()
+        except Http404:
+            raise NotFound("No such run.") from None
 
     @extend_schema(
         summary="The run's event log in order; `after` returns the events past that seq.",

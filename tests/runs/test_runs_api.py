@@ -172,7 +172,9 @@ def test_another_tenant_s_token_sees_nothing(
     assert listed.json()["count"] == 0
     assert listed.json()["results"] == []
     assert [response.status_code for response in responses] == [404, 404, 404]
-    assert {_error(response)["code"] for response in responses} == {"NOT_FOUND"}
+    assert {(_error(response)["code"], _error(response)["message"]) for response in responses} == {
+        ("NOT_FOUND", "No such run.")
+    }
     assert _state(run) == before
 
 
@@ -202,7 +204,7 @@ def test_an_unknown_or_malformed_run_id_is_not_found(alice, run_id, method, suff
     response = getattr(alice, method)(f"{RUNS}/{run_id}{suffix}")
 
     assert response.status_code == 404
-    assert _error(response)["code"] == "NOT_FOUND"
+    assert (_error(response)["code"], _error(response)["message"]) == ("NOT_FOUND", "No such run.")
 
 
 def odd_spellings(run_id) -> list[str]:
