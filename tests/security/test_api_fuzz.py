@@ -58,6 +58,10 @@ def wsgi(db, settings):
 # such a refusal may carry, with the detail keys it may name (None: any), and why. Any other
 # refusal of schema-valid data is a gap in the schema.
 REFUSED_BEYOND_THE_SCHEMA = {
+    "GET /api/v1/runs": (
+        {"VALIDATION_ERROR": {"created_after", "created_before"}},
+        "a created range must not end before it starts",
+    ),
     "POST /api/v1/auth/token/": (
         {"VALIDATION_ERROR": {"non_field_errors", "tenant"}},
         "the credentials must be a user's, the tenant one of theirs",
