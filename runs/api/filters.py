@@ -2,7 +2,9 @@ from datetime import UTC
 
 import django_filters
 from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from django_filters.fields import IsoDateTimeField
+from drf_spectacular.utils import extend_schema_field
 
 from config.api import FilterSet
 from runs.choices import RunStatus
@@ -28,10 +30,25 @@ class InstantFilter(django_filters.IsoDateTimeFilter):
     field_class = InstantField
 
 
+# A skill as runs name it: `name` (every version) or `name@version`, neither empty.
+SKILL_PATTERN = r"^[^@\s]+(@[^@\s]+)?$"
+
+
+@extend_schema_field(
+    {"type": "string", "pattern": SKILL_PATTERN, "description": "name or name@version"}
+)
+class SkillFilter(django_filters.CharFilter):
+    """A skill filter, its pattern in the schema as in the check."""
+
+
 class RunFilter(FilterSet):
     status = django_filters.MultipleChoiceFilter(choices=RunStatus.choices)
     session = django_filters.UUIDFilter(field_name="session_id")
-    skill = django_filters.CharFilter(method="filter_skill", help_text="name or name@version")
+    skill = SkillFilter(
+        method="filter_skill",
+        help_text="name or name@version",
+        validators=[RegexValidator(SKILL_PATTERN, "Give a skill as name or name@version.")],
+    )
     created_after = InstantFilter(field_name="created_at", lookup_expr="gte")
     created_before = InstantFilter(field_name="created_at", lookup_expr="lt")
 

@@ -507,6 +507,19 @@ def test_a_filter_of_one_value_given_twice_is_refused(alice, member, start_run, 
     assert _error(response)["details"] == {query.partition("=")[0]: ["Give one value."]}
 
 
+@pytest.mark.parametrize("value", ["weekly-summary@", "@", "@1.0.0", "a@b@c", "weekly summary"])
+def test_a_skill_filter_that_names_no_skill_is_refused(alice, member, start_run, value):
+    # given a run, and a skill filter that is neither a name nor name@version
+    start_run(member)
+
+    # when the runs are listed by it
+    response = alice.get(RUNS, {"skill": value})
+
+    # then it is refused saying what a skill filter is, rather than answering no run
+    assert response.status_code == 400
+    assert _error(response)["details"] == {"skill": ["Give a skill as name or name@version."]}
+
+
 def test_a_filter_of_several_choices_takes_each_value_given(alice, member, start_run):
     run = start_run(member)
 
