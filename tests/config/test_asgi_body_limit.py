@@ -9,11 +9,12 @@ from asgiref.sync import async_to_sync
 from config.asgi import application
 
 
-def _call(
+def asgi_call(
     *, path: str, headers: list, chunks: list[bytes], root_path: str = ""
-) -> tuple[int, dict, int]:
-    """Drive the ASGI application by hand; returns (status, JSON body, chunks read). Under
-    a root path (`uvicorn --root-path`), `path` includes it, as uvicorn gives it."""
+) -> tuple[int, dict, bytes, int]:
+    """Drive the project's ASGI application by hand with a POST of `chunks`; returns (status,
+    headers sent, body, chunks read). Under a root path (`uvicorn --root-path`), `path`
+    includes it, as uvicorn gives it."""
     pending = [
         {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
         for index, chunk in enumerate(chunks)
@@ -48,7 +49,18 @@ def _call(
     async_to_sync(application)(scope, receive, send)
     start = next(message for message in sent if message["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], json.loads(body), len(read)
+    headers_sent = {name.decode().lower(): value.decode() for name, value in start["headers"]}
+    return start["status"], headers_sent, body, len(read)
+
+
+def _call(
+    *, path: str, headers: list, chunks: list[bytes], root_path: str = ""
+) -> tuple[int, dict, int]:
+    """(status, JSON body, chunks read) of `asgi_call`."""
+    status, _, body, read = asgi_call(
+        path=path, headers=headers, chunks=chunks, root_path=root_path
+    )
+    return status, json.loads(body), read
 
 
 @pytest.mark.django_db

@@ -1,20 +1,18 @@
 """A request whose Content-Type cannot be read is refused with 400 at both entry points,
 WSGI and ASGI, on the API and on pages alike, before anything reads or stores it."""
 
-import asyncio
 import io
 import json
 import logging
 
 import pytest
-from asgiref.sync import async_to_sync
 from django.core import signals
 from django.db import close_old_connections
 
-from config.asgi import application as asgi_application
 from config.wsgi import application as wsgi_application
 from registry.models import ToolVersion
 from registry.services.tenancy import api_token_issue
+from tests.config.test_asgi_body_limit import asgi_call
 from tests.config.test_request_bodies import _tool_body
 from tests.registry.factories import PASSWORD
 
@@ -76,41 +74,16 @@ def _via_wsgi(path: str, content_type: str, body: bytes, headers: dict) -> tuple
 
 
 def _via_asgi(path: str, content_type: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
-    pending = [{"type": "http.request", "body": body, "more_body": False}]
-    sent = []
-
-    async def receive():
-        if pending:
-            return pending.pop(0)
-        await asyncio.Event().wait()  # like a server: nothing more until the client leaves
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"testserver"),
+    status, sent, content, _ = asgi_call(
+        path=path,
+        headers=[
             (b"content-type", content_type.encode()),
             (b"content-length", str(len(body)).encode()),
             *((name.lower().encode(), value.encode()) for name, value in headers.items()),
         ],
-        "client": ("127.0.0.1", 1234),
-        "server": ("testserver", 80),
-    }
-    async_to_sync(asgi_application)(scope, receive, send)
-    start = next(message for message in sent if message["type"] == "http.response.start")
-    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    headers_sent = {name.decode().lower(): value.decode() for name, value in start["headers"]}
-    return start["status"], headers_sent, content
+        chunks=[body],
+    )
+    return status, sent, content
 
 
 ENTRY_POINTS = {"wsgi": _via_wsgi, "asgi": _via_asgi}
