@@ -1731,6 +1731,8 @@ class Execution:
     run: Run | None = None
     steps_until: float | None = None
     is_out_of_time: bool = True
+    # Whether the step under way went on from the host's own steps to a model turn.
+    turn_followed: bool = False
 
 
 def _cancel_asked() -> Exists:
@@ -1821,11 +1823,25 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
 
 
 def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool:
-    """Advance the run by one transaction: the host's own steps (start, recipient) together,
-    or one model turn, or the tool calls of one turn. A model turn's output is committed
-    before its tools run, and their results before the next turn. Returns whether there is
-    more to do."""
+    """Advance the run by one transaction: the host's own steps (start, recipient) with the
+    model turn that follows them, or one model turn, or the tool calls of one turn. A model
+    turn's output is committed before its tools run, and their results before the next turn.
+    The host's steps ask no model, so the turn after them may share their transaction; when
+    that turn raises (a provider unavailable for a while, a fault), the host's steps are
+    taken again alone and saved, then the error goes on to the task, as when they were a
+    step of their own. Returns whether there is more to do."""
     execution = execution or Execution()
+    try:
+        return _step(run_id, execution, turn_may_follow=True)
+    except Exception:
+        if not execution.turn_followed:
+            raise
+        _step(run_id, execution, turn_may_follow=False)
+        raise
+
+
+def _step(run_id: str, execution: Execution, *, turn_may_follow: bool) -> bool:
+    execution.turn_followed = False
     with transaction.atomic():
         run = _locked_run(run_id, execution)
         execution.run = None
@@ -1851,23 +1867,9 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             )
             return False
         writes.hold(run)
-        if run.status == RunStatus.QUEUED:
-            _start(run)
-        elif (reason := _budget_exhausted(run)) is not None:
-            _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
-        elif (quota := quotas.tenant_quota_spent(run.tenant)) is not None:
-            _finish(
-                run,
-                status=RunStatus.BUDGET_EXHAUSTED,
-                reason_code="TENANT_DAILY_COST_QUOTA",
-                output=quota,
-            )
-        elif run.state["phase"] == "tools":
-            _tool_turn(run)
-        elif run.state["node"] != "resolve_recipient":
-            _model_turn(run, _model_config(run, execution.model_configs))
-        if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
-            _resolve_recipient(run)
+        if _move(run, execution) and turn_may_follow and _turn_follows(run, execution):
+            execution.turn_followed = True
+            _move(run, execution)
         execution.is_out_of_time = (
             execution.steps_until is None or time.monotonic() >= execution.steps_until
         )
@@ -1877,8 +1879,45 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
             and run.state.get("node") not in HOST_NODES
             and not execution.is_out_of_time,
         )
+    execution.turn_followed = False
     execution.run = run
     return run.status == RunStatus.RUNNING
+
+
+def _move(run: Run, execution: Execution) -> bool:
+    """Take the locked run's next move; returns whether it was the host's own (the run's
+    start, the recipient's resolution)."""
+    hosted = run.status == RunStatus.QUEUED
+    if hosted:
+        _start(run)
+    elif (reason := _budget_exhausted(run)) is not None:
+        _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
+    elif (quota := quotas.tenant_quota_spent(run.tenant)) is not None:
+        _finish(
+            run,
+            status=RunStatus.BUDGET_EXHAUSTED,
+            reason_code="TENANT_DAILY_COST_QUOTA",
+            output=quota,
+        )
+    elif run.state["phase"] == "tools":
+        _tool_turn(run)
+    elif run.state["node"] != "resolve_recipient":
+        _model_turn(run, _model_config(run, execution.model_configs))
+    if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
+        _resolve_recipient(run)
+        hosted = True
+    return hosted
+
+
+def _turn_follows(run: Run, execution: Execution) -> bool:
+    """Whether a model turn is the run's next move, within the execution's time."""
+    return (
+        run.status == RunStatus.RUNNING
+        and run.state["phase"] == "model"
+        and run.state["node"] not in HOST_NODES
+        and run.state["node"] != "resolve_recipient"
+        and (execution.steps_until is None or time.monotonic() < execution.steps_until)
+    )
 
 
 def run_execute(*, run_id: str, seconds: float | None = None) -> bool:

@@ -31,6 +31,7 @@ from tests.runs.conftest import (
     RUNS,
     apollo_draft,
     events_of,
+    provider_unavailable_once,
     recipient_confirmed,
     weekly_summary_executed,
 )
@@ -383,6 +384,8 @@ def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
         next_steps=[],
         risks=[{"text": "Vendor SDK delay", "source": f"mcp:projects:{APOLLO}"}],
     )
+    if redelivered:
+        provider_unavailable_once(fake)
     fake.reply(openai_completion(content=json.dumps(draft)))
     message = resource_message()
     message["parts"][0]["text"] = (
@@ -395,13 +398,13 @@ def test_a_weekly_summary_may_cite_the_resource_attached_to_its_message(
     # and a recipient alice confirmed earlier in the session: the start calls no tool
     recipient_confirmed(run.session_id)
 
-    # when the run is executed at once, or its start by an execution that ends there (a
-    # worker lost after the start) and the rest by another
+    # when the run is executed at once, or its start by an execution that ends there (the
+    # provider unavailable for a moment) and the rest by another
     weekly_summary_executed(run, redelivered=redelivered)
 
     # then the resource is the run's evidence: the draft waits for approval
     assert run.tool_call_count == 0
-    assert len(fake.requests) == 1
+    assert len(fake.requests) == 1 + redelivered
 
 
 @pytest.mark.parametrize(

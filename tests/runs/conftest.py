@@ -6,6 +6,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -24,7 +25,12 @@ from registry.models import AgentConfig, ModelConfig, Policy, SkillVersion, Tena
 from registry.services import skills, tools
 from registry.services.common import registry_object_save
 from registry.services.tenancy import api_token_issue, membership_add
-from runs.loop import RECIPIENT_ROLE, Execution, run_advance_step, run_execute
+from runs.loop import (
+    RECIPIENT_ROLE,
+    ModelTemporarilyUnavailable,
+    run_advance_step,
+    run_execute,
+)
 from runs.model_clients.offline import OfflinePlanner
 from runs.models import IngressRecord, Run, RunEvent, Session
 from runs.services.ingress import message_ingest
@@ -283,6 +289,19 @@ class HeldPlanner:
     requests: list = field(default_factory=list)
     in_time: list[bool] = field(default_factory=list)
 
+    @contextmanager
+    def passing(self) -> Iterator[None]:
+        """Questions asked inside are answered at once, then forgotten: the steps before
+        the one a test holds."""
+        self.let_go.set()
+        try:
+            yield
+        finally:
+            self.let_go.clear()
+            self.asked.clear()
+            self.requests.clear()
+            self.in_time.clear()
+
 
 @pytest.fixture
 def held_planner(monkeypatch) -> HeldPlanner:
@@ -386,15 +405,23 @@ def fake_model(demo, model_server, monkeypatch) -> Callable[..., FakeProvider]:
 
 
 def weekly_summary_executed(run, *, redelivered: bool) -> None:
-    """Execute the run at once, or its start by an execution that ends there (a worker lost
-    after the start) and the rest by another; then it is a weekly summary waiting for its
-    approval."""
+    """Execute the run at once, or, `redelivered`, with the provider unavailable for its
+    first turn (its next answer queued after an error, `provider_unavailable_once`): its start
+    by an execution that saves it alone and ends there, and the rest by the task's retry,
+    another execution; then it is a weekly summary waiting for its approval."""
     if redelivered:
-        assert run_advance_step(run_id=str(run.pk), execution=Execution())
+        with pytest.raises(ModelTemporarilyUnavailable):
+            run_execute(run_id=str(run.pk))
+        assert Run.objects.get(pk=run.pk).status == "RUNNING"
     run_execute(run_id=str(run.pk))
     run.refresh_from_db()
     assert run.skill.startswith("weekly-summary")
     assert run.status == "WAITING_APPROVAL", run.result
+
+
+def provider_unavailable_once(fake) -> None:
+    """The fake provider's next answer: overloaded (503), which the run's task retries."""
+    fake.reply({"error": {"message": "overloaded"}}, status=503)
 
 
 def recipient_confirmed(session_id) -> None:

@@ -22,7 +22,12 @@ from registry.services.tenancy import api_token_issue
 from runs.loop import run_execute
 from runs.models import Attachment, Run, Source
 from tests.mcp.conftest import assistant
-from tests.runs.conftest import apollo_draft, recipient_confirmed, weekly_summary_executed
+from tests.runs.conftest import (
+    apollo_draft,
+    provider_unavailable_once,
+    recipient_confirmed,
+    weekly_summary_executed,
+)
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_attachments import PNG
 from tests.runs.test_loop import seeded_tool
@@ -652,6 +657,8 @@ def test_a_weekly_summary_may_cite_an_attachment_of_its_message(
     fake = fake_model()
     attachment = upload(alice_api, b"Risk: the vendor SDK slips by a week.\n", "text/plain")
     reference = f"attachment:{attachment['id']}"
+    if redelivered:
+        provider_unavailable_once(fake)
     fake.reply(
         openai_completion(
             content=json.dumps(
@@ -669,7 +676,8 @@ def test_a_weekly_summary_may_cite_an_attachment_of_its_message(
     )
     recipient_confirmed(run.session_id)
 
-    # when the run is executed at once, or its start by one execution and the rest by another
+    # when the run is executed at once, or its start by one execution (the provider
+    # unavailable for a moment) and the rest by another
     weekly_summary_executed(run, redelivered=redelivered)
 
     # then the attachment is the draft's evidence, read once

@@ -26,9 +26,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def test_a_cancel_during_a_model_call_returns_before_it_and_the_step_boundary_ends_the_run(
     demo, held_planner
 ):
-    # given a run between its steps, whose next model call waits until it is let go
+    # given a run whose first step's model call waits until it is let go
     run = demo_run(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
     stepping = step_in_thread(run)
     assert held_planner.asked.wait(timeout=20)
 
@@ -39,7 +38,7 @@ def test_a_cancel_during_a_model_call_returns_before_it_and_the_step_boundary_en
 
     # then the cancel returned before the step let go of the run: it says it was asked for
     assert held_planner.in_time == [True], "the cancel waited for the step"
-    assert cancelled.status == "RUNNING"
+    assert cancelled.status == "QUEUED"
     assert cancelled.cancel_requested_at is not None
     # the step ended as it would have; the next boundary ends the run, asking no model again
     assert run_advance_step(run_id=str(run.pk)) is False

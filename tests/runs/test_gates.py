@@ -779,7 +779,7 @@ def test_a_tool_version_revoked_between_two_model_turns_is_not_offered_at_the_se
     fake.reply(openai_completion(content=json.dumps(apollo_draft())))
     run = demo_run(demo, project_id="apollo")
     execution = Execution()
-    for _ in range(3):
+    for _ in range(2):
         assert run_advance_step(run_id=str(run.pk), execution=execution)
     assert ToolCall.objects.get(run=run, name="project_search").status == "completed"
 
@@ -811,7 +811,7 @@ def test_a_revocation_committed_between_two_steps_is_seen_at_the_next_call(demo)
     run = demo_run(demo, project_id="apollo")
     execution = Execution()
     assert run_advance_step(run_id=str(run.pk), execution=execution)
-    assert run_advance_step(run_id=str(run.pk), execution=execution)
+    assert Run.objects.get(pk=run.pk).state["phase"] == "tools"
 
     # when the version is revoked, committed, before the step that runs the call
     entry = next(tool for tool in run.capability["tools"] if tool["name"] == "project_search")

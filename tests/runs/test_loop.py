@@ -968,8 +968,8 @@ def mail_send_allowed_in_draft(monkeypatch) -> None:
 
 
 def test_a_run_whose_workflow_was_redefined_under_its_version_goes_no_further(demo, monkeypatch):
-    # given a run of the weekly workflow, started (recipient resolved, no turn yet), its
-    # snapshot pinning the workflow's definition
+    # given a run of the weekly workflow, started (recipient resolved, the first turn's
+    # call of project_search not yet run), its snapshot pinning the workflow's definition
     run = start(demo, project_id="apollo")
     assert run.capability["skills"][0]["workflow_sha256"] == WEEKLY_SUMMARY_SEND.definition_hash
     assert run_advance_step(run_id=str(run.pk))
@@ -986,7 +986,8 @@ def test_a_run_whose_workflow_was_redefined_under_its_version_goes_no_further(de
         "now": WORKFLOWS[WEEKLY_SUMMARY_SEND.key].definition_hash,
     }
     assert "new Idempotency-Key" in result["next_step"]
-    assert not events_of(run, "model.requested")
+    assert len(events_of(run, "model.requested")) == 1
+    assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     assert not BusinessAction.objects.filter(run=run).exists()
 
 
@@ -1244,19 +1245,20 @@ def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model, per_1k_input, 
 
 
 def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
-    # given a run of 1 s wall time, started (the host's own steps) 2 s ago
+    # given a run of 1 s wall time, started 2 s ago, whose first turn's tools ran
     budgets(demo, max_seconds=1)
     run = start(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
     assert run_advance_step(run_id=str(run.pk)) is True
     Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=2))
 
     # when
     run_execute(run_id=str(run.pk))
 
-    # then its start ran (the host's own steps), and no model turn did
+    # then the model is not asked a second time
     assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
-    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
-    assert finished(run).steps == 0
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, *TOOL_RUN, "run.finished"]
+    assert finished(run).steps == 1
 
 
 def test_a_model_turn_ends_with_the_run_s_wall_time_and_the_run_ends_time_budget(demo, fake_model):
@@ -1328,11 +1330,13 @@ def test_a_final_turn_that_goes_past_the_token_budget_is_recorded_and_drafts_not
 
 
 def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
-    # given a run whose first transaction started it and resolved the recipient
+    # given a run whose first transaction started it, resolved the recipient and asked the
+    # model, which asked for the project
     run = start(demo, project_id="apollo")
     assert run_advance_step(run_id=str(run.pk)) is True
     assert finished(run).status == "RUNNING"
     assert finished(run).state["node"] == "draft"
+    assert finished(run).state["phase"] == "tools"
 
     # when alice cancels it between steps
     run_cancel(run=run, actor=demo.alice)
@@ -1340,17 +1344,17 @@ def test_a_cancel_requested_while_running_ends_the_run_at_the_next_step(demo):
     assert run.status == "RUNNING"
     assert run.cancel_requested_at is not None
 
-    # then the next step ends it before the model is asked or the project read
+    # then the next step ends it before the project is read
     assert run_advance_step(run_id=str(run.pk)) is False
     result = assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER", cancelled_by="alice")
     assert result["sources"] == [
         {"origin": "directory_lookup@1.0.0", "reference": "directory:dir-1001@3"}
     ]
-    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, "run.finished"]
     assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
     # and a late redelivery changes nothing
     run_execute(run_id=str(run.pk))
-    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, "run.finished"]
 
 
 def test_cancelling_a_run_that_waits_for_approval_withdraws_its_action(demo):
@@ -1390,10 +1394,10 @@ def test_one_execution_sees_a_cancel_that_lands_between_its_steps(demo, monkeypa
     # when alice cancels it after its first step committed
     run_execute(run_id=str(run.pk))
 
-    # then the second step reads the row again and ends the run, asking no model
+    # then the second step reads the row again and ends the run, running no tool
     assert steps == [True, False]
     assert_terminal(run, "CANCELLED", "CANCELLED_BY_USER", cancelled_by="alice")
-    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, "run.finished"]
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, "run.finished"]
 
 
 def project_assistant_add(
@@ -2276,16 +2280,57 @@ def test_a_run_whose_deliveries_keep_dying_mid_step_ends_instead_of_being_sent_f
     run = start(demo, project_id="apollo")
 
     # when its task is given back and delivered again each time, then each turn that died is
-    # counted, the first too, which its delivery took after it saved the run's start
+    # counted; the run's start, which shares the first turn's transaction, died with it
     for delivery in range(1, STEP_FAILURES_MAX + 1):
         with pytest.raises(SystemExit):
             run_advance.apply(kwargs={"run_id": str(run.pk)})
-        assert (finished(run).status, finished(run).attempts) == ("RUNNING", delivery)
+        assert (finished(run).status, finished(run).attempts) == ("QUEUED", delivery)
 
     # and the next delivery ends the run without asking the model again
     run_advance.apply(kwargs={"run_id": str(run.pk)})
     assert_terminal(run, "FAILED_FINAL", "STEP_FAILED")
     assert len(turns) == STEP_FAILURES_MAX
+
+
+def test_the_run_s_start_and_its_first_model_turn_commit_together(demo, planner_requests):
+    # given a run accepted, not started
+    run = start(demo, project_id="apollo")
+
+    # when its first step is taken
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # then the start, the recipient and the model's call of project_search are saved as one
+    # step: the call is persisted, not yet run
+    run = finished(run)
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN]
+    assert (run.steps, run.state["phase"]) == (1, "tools")
+    assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
+    assert len(planner_requests) == 1
+
+
+def test_a_first_model_turn_that_raises_leaves_the_run_started_as_its_own_step(demo, monkeypatch):
+    # given a run whose first model turn raises (a bug)
+    def broken(run, model_config):
+        raise RuntimeError("a bug in the turn")
+
+    monkeypatch.setattr(loop, "_model_turn", broken)
+    run = start(demo, project_id="apollo")
+
+    # when its first step is taken
+    with pytest.raises(RuntimeError, match="a bug in the turn"):
+        run_advance_step(run_id=str(run.pk))
+
+    # then the host's own steps, whose transaction the turn shared, are saved on their own,
+    # the recipient looked up once, and the error still reaches the task
+    run = finished(run)
+    assert (run.status, run.state["node"], run.state["phase"], run.steps) == (
+        "RUNNING",
+        "draft",
+        "model",
+        0,
+    )
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT]
+    assert tool_calls(run) == [("host-recipient", "directory_lookup", "completed", "")]
 
 
 def test_a_first_step_that_keeps_raising_ends_the_queued_run(demo, monkeypatch):
@@ -2391,8 +2436,7 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
     run = start(demo, project_id="apollo")
     run_id = str(run.pk)
 
-    # given the steps up to the model's turn: start and recipient together, then the model
-    assert run_advance_step(run_id=run_id) is True
+    # given the step up to the model's turn: start, recipient and the model together
     assert run_advance_step(run_id=run_id) is True
 
     # then the model's call is persisted with its id before anything ran

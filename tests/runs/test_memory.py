@@ -611,13 +611,18 @@ def test_a_deleted_item_leaves_a_run_waiting_for_approval_and_its_event_log_stay
     assert _events_of(paused) == logged
 
 
-def _run_past_its_first_step(demo) -> tuple[Run, MemoryItem]:
-    """A run of alice's that recalled two of her items at its start (its first step, before
-    any model turn): her summary language and her tone, which is returned with it."""
+def _run_with_two_items(demo) -> tuple[Run, MemoryItem]:
+    """A run of alice's, not started, which recalls two of her items at its start: her
+    summary language and her tone, which is returned with it."""
     memory_skill(demo)
     prefer(demo.acme, demo.alice, purpose="weekly-summary")
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
-    run = demo_run(demo, project_id="apollo")
+    return demo_run(demo, project_id="apollo"), tone
+
+
+def _run_past_its_first_step(demo) -> tuple[Run, MemoryItem]:
+    """`_run_with_two_items`, past its first step (its start and its first model turn)."""
+    run, tone = _run_with_two_items(demo)
     assert run_advance_step(run_id=str(run.pk)) is True
     assert _memory_of(run) == ["summary_language", "tone"]
     return run, tone
@@ -643,9 +648,9 @@ def test_an_item_deleted_between_steps_is_not_in_the_next_model_context(demo, pl
 def test_an_item_deleted_while_a_step_holds_the_run_leaves_it_when_the_step_saves(
     demo, held_planner
 ):
-    # given a run between its steps, carrying two items, whose next model call waits until
-    # it is let go
-    run, tone = _run_past_its_first_step(demo)
+    # given a run that recalls two items at its start, whose first step's model call waits
+    # until it is let go
+    run, tone = _run_with_two_items(demo)
     stepping = step_in_thread(run)
     assert held_planner.asked.wait(timeout=20)
 
@@ -673,7 +678,9 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
     tone = prefer(demo.acme, demo.alice, key="tone", value="formal")
     runs = [demo_run(demo, project_id="apollo") for _ in range(2)]
     for run in runs:
-        assert run_advance_step(run_id=str(run.pk)) is True
+        with held_planner.passing():
+            assert run_advance_step(run_id=str(run.pk)) is True
+            assert run_advance_step(run_id=str(run.pk)) is True
         run_transition(run=Run.objects.get(pk=run.pk), status=RunStatus.WAITING_APPROVAL)
     decided, resumed = sorted(runs, key=lambda run: run.pk)
     held, released = threading.Event(), threading.Event()
@@ -724,7 +731,7 @@ def test_a_deletion_and_the_step_of_a_run_it_waited_for_as_paused_both_finish(de
     assert failures == []
     assert held_planner.in_time == [True]
     assert not MemoryItem.objects.filter(pk=tone.pk).exists()
-    assert Run.objects.get(pk=resumed.pk).status == "RUNNING"
+    assert Run.objects.get(pk=resumed.pk).status == "WAITING_APPROVAL"
     assert _memory_of(decided) == ["summary_language"]
     assert _memory_of(resumed) == ["summary_language"]
 
