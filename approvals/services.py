@@ -35,7 +35,7 @@ from examples.selectors import project_for_actor
 from registry.canonical import canonical_hash
 from registry.choices import Action, AdapterKind, VersionStatus
 from registry.mcp.review import visible
-from registry.models import Policy, SkillVersion, Tenant, ToolVersion
+from registry.models import AgentConfig, Policy, SkillVersion, Tenant, ToolVersion
 from registry.selectors import (
     mcp_drift,
     user_can,
@@ -51,6 +51,7 @@ from runs.models import Run, TaskOccurrence, ToolCall
 from runs.redaction import secrets_removed
 from runs.services.occurrences import DEADLINE_PASSED
 from runs.services.runs import (
+    AGENT_CONFIG_INACTIVE,
     REQUESTER_NO_LONGER_AUTHORISED,
     WORKFLOW_CHANGED,
     cancel_request_take_in,
@@ -486,6 +487,10 @@ def _revalidation_problems(run: Run, action: BusinessAction) -> tuple[list[str],
         user=requester, action=Action.RUN_CREATE, tenant=action.tenant
     ):
         problems.append(REQUESTER_NO_LONGER_AUTHORISED)
+    if not AgentConfig.objects.filter(pk=run.agent_config_id, is_active=True).exists():
+        # An admin switched the run's agent off: nothing more is done under it, a send as
+        # little as a step (`runs.loop._standing_withdrawn`).
+        problems.append(AGENT_CONFIG_INACTIVE)
     if (
         canonical_hash(action.payload) != action.payload_hash
         or decision.payload_hash != action.payload_hash
@@ -994,6 +999,7 @@ INVALIDATION_REASONS = {
     "SELF_APPROVAL_NOT_ALLOWED": "the policy no longer lets requesters approve their own",
     "APPROVER_NO_LONGER_AUTHORISED": "the approver may no longer approve it",
     REQUESTER_NO_LONGER_AUTHORISED: "its requester may no longer start runs in the tenant",
+    AGENT_CONFIG_INACTIVE: "an admin switched its agent off",
     "PAYLOAD_HASH_CHANGED": "the draft is no longer the one approved",
     "PROJECT_ACCESS_DENIED": "its requester may no longer read the project",
     "DIRECTORY_RECORD_CHANGED": "the recipient's directory record changed",

@@ -2,6 +2,8 @@
 change while it is between steps or waits for approval: nothing withdrawn is used again, and
 nothing the snapshot did not pin is asked."""
 
+import json
+
 import pytest
 from django.contrib.auth import get_user_model
 from guardian.shortcuts import assign_perm
@@ -305,6 +307,37 @@ def test_an_agent_switched_off_between_steps_of_one_execution_calls_no_more_tool
 
 def _change_role(demo) -> None:
     Membership.objects.filter(user=demo.alice, tenant=demo.acme).update(role=Role.AUDITOR)
+
+
+def test_an_agent_switched_off_while_its_run_waits_sends_nothing_once_approved(
+    demo, bob, smtp_server
+):
+    # given alice's run waiting for bob's approval
+    run, action = waiting_run(demo)
+
+    # when an admin switches the run's agent off, and bob approves the draft afterwards
+    _switch_agent_off(demo)
+    services.approval_decide(
+        action_id=action.pk,
+        approver=bob,
+        decision=Decision.APPROVE,
+        payload_hash=action.payload_hash,
+    )
+    services.action_execute(action_id=action.pk)
+
+    # then nothing is sent under the agent, and the run says why
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (
+        ActionStatus.INVALIDATED,
+        "AGENT_CONFIG_INACTIVE",
+    )
+    assert events_of(run, "approval.invalidated")[0]["reasons"] == ["AGENT_CONFIG_INACTIVE"]
+    assert "an admin switched its agent off" in json.dumps(run.result)
 
 
 @pytest.mark.parametrize(
