@@ -23,7 +23,7 @@ from runs.services.runs import (
     cancel_request_take_in,
     cancel_requests_take_in,
     run_finish,
-    waiting_runs_refuse_unauthorised,
+    waiting_runs_end_without_standing,
 )
 from runs.services.schedules import FIRE_TASK
 from runs.tools import limits
@@ -298,7 +298,8 @@ def runs_sweep() -> int:
     action sending or settling) is its action's to advance (`approvals.tasks`), never a
     step's: it is not sent. Then the cancel requests no step took in are taken in
     (`cancel_requests_take_in`), and the runs waiting for people whose requester may no
-    longer start runs end (`waiting_runs_refuse_unauthorised`). Returns how many runs were sent
+    longer start runs, or whose agent an admin switched off, end
+    (`waiting_runs_end_without_standing`). Returns how many runs were sent
     again; a run sent holds a new lease (`_sweep_leases_renew`), one the broker did not take
     stays stale, for the next sweep."""
     now = timezone.now()
@@ -320,7 +321,7 @@ def runs_sweep() -> int:
     sent = [run_id for run_id in run_ids if task_send(run_advance, run_id=run_id)]
     _sweep_leases_renew(sent)
     cancel_requests_take_in()
-    waiting_runs_refuse_unauthorised()
+    waiting_runs_end_without_standing()
     return len(sent)
 
 

@@ -12,7 +12,7 @@ from runs import events, tracing, writes
 from runs.choices import ACTIVE_STATUSES, RUN_TRANSITIONS, TERMINAL_STATUSES, Channel, RunStatus
 from runs.errors import InvalidRunTransition, PermissionDenied
 from runs.models import CancelRequest, Run, Source
-from runs.selectors import requester_standing
+from runs.selectors import agent_active, requester_standing
 from runs.services.occurrences import occurrence_follow_run
 
 CANCELLED_BY_USER = "CANCELLED_BY_USER"
@@ -285,30 +285,33 @@ def cancel_requests_take_in() -> int:
     return len(runs)
 
 
-def waiting_runs_refuse_unauthorised() -> int:
+def waiting_runs_end_without_standing() -> int:
     """The sweep's part: end the runs waiting for people (an action to approve, a request
-    left to people) whose requester may no longer start runs in their tenant (membership
-    removed, a role that may not, user or tenant deactivated). Nothing of theirs could go out
-    any more, so approvers stop seeing it: each run ends REFUSED
-    (REQUESTER_NO_LONGER_AUTHORISED), as a running one does at its next step, and what it
-    waited for is withdrawn as a cancelled run's is. Runs someone holds now (an approval
-    being decided) are left to the next sweep, and runs with a cancel request beside them to
+    left to people) whose standing was withdrawn, as a running one ends at its next step:
+    REFUSED (REQUESTER_NO_LONGER_AUTHORISED) when their requester may no longer start runs in
+    their tenant (membership removed, a role that may not, user or tenant deactivated), else
+    FAILED_FINAL (AGENT_CONFIG_INACTIVE) when an admin switched their agent off. Nothing of
+    theirs could go out any more, so approvers stop seeing it: what each waited for is
+    withdrawn as a cancelled run's is. Runs someone holds now (an approval being decided) are
+    left to the next sweep, and runs with a cancel request beside them to
     `cancel_requests_take_in`, which ends them as their user asked. Returns how many runs
     ended."""
-    with transaction.atomic():
-        runs = list(
-            Run.objects.select_for_update(skip_locked=True, of=("self",)).filter(
-                ~requester_standing(),
-                status=RunStatus.WAITING_APPROVAL,
-                cancel_request__isnull=True,
-            )[:500]
-        )
-        for run in runs:
-            _waiting_withdraw(run, reason=REQUESTER_NO_LONGER_AUTHORISED)
-            run_finish(
-                run=run, status=RunStatus.REFUSED, reason_code=REQUESTER_NO_LONGER_AUTHORISED
+    ended = 0
+    for withdrawn, status, reason_code in (
+        (~requester_standing(), RunStatus.REFUSED, REQUESTER_NO_LONGER_AUTHORISED),
+        (~agent_active(), RunStatus.FAILED_FINAL, AGENT_CONFIG_INACTIVE),
+    ):
+        with transaction.atomic():
+            runs = list(
+                Run.objects.select_for_update(skip_locked=True, of=("self",)).filter(
+                    withdrawn, status=RunStatus.WAITING_APPROVAL, cancel_request__isnull=True
+                )[:500]
             )
-    return len(runs)
+            for run in runs:
+                _waiting_withdraw(run, reason=reason_code)
+                run_finish(run=run, status=status, reason_code=reason_code)
+        ended += len(runs)
+    return ended
 
 
 def run_stop(*, run: Run, reason_code: str, by: AbstractBaseUser | None = None) -> Run:

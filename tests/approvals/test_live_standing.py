@@ -392,6 +392,29 @@ def test_a_requester_who_lost_the_tenant_while_waiting_leaves_the_queue_at_the_s
     assert smtp_server.messages == []
 
 
+def test_a_run_waiting_under_an_agent_switched_off_leaves_the_queue_at_the_sweep(demo, bob):
+    # given alice's run waiting for bob's approval
+    run, action = waiting_run(demo)
+    events_before = event_types(run)
+
+    # when an admin switches the run's agent off, and the sweep comes round
+    _switch_agent_off(demo)
+    runs_sweep()
+
+    # then the run ends as a running one would at its next step, and its action leaves the
+    # queue
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "AGENT_CONFIG_INACTIVE")
+    assert run.result["next_step"] == AGENT_OFF_NEXT_STEP
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (
+        ActionStatus.INVALIDATED,
+        "AGENT_CONFIG_INACTIVE",
+    )
+    assert list(pending(actions_for_approver(user=bob))) == []
+    assert event_types(run) == [*events_before, "approval.invalidated", "run.finished"]
+
+
 def test_a_run_waiting_in_a_deactivated_tenant_ends_at_the_sweep(demo):
     # given alice's run waiting for approval
     run, action = waiting_run(demo)
