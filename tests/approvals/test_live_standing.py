@@ -24,7 +24,7 @@ from registry.services.tenancy import definition_grant, membership_add
 from runs.loop import Execution, run_advance_step, run_execute
 from runs.models import Run, ToolCall
 from runs.tasks import runs_sweep
-from tests.approvals.conftest import waiting_run
+from tests.approvals.conftest import approve, waiting_run
 from tests.runs import conftest as runs_fixtures
 from tests.runs.conftest import demo_run, event_types, events_of, read_apollo
 
@@ -83,6 +83,16 @@ def platform_tool_pinned(demo, name: str) -> ToolVersion:
     return platform
 
 
+def _nothing_sent(run: Run, smtp_server) -> Run:
+    """The run, which sent nothing and ended because its approval no longer held."""
+    assert smtp_server.messages == []
+    assert not MailDelivery.objects.exists()
+    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
+    run = Run.objects.get(pk=run.pk)
+    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    return run
+
+
 def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_server):
     # given an approved run whose send tool is a platform-wide tool granted to acme
     platform = platform_tool_pinned(demo, "mail_send")
@@ -100,11 +110,7 @@ def test_a_grant_withdrawn_after_the_approval_stops_the_send(demo, bob, smtp_ser
     services.action_execute(action_id=action.pk)
 
     # then nothing is sent: acme may no longer use the tool
-    assert smtp_server.messages == []
-    assert not MailDelivery.objects.exists()
-    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
-    run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    run = _nothing_sent(run, smtp_server)
     assert BusinessAction.objects.get(pk=action.pk).status == ActionStatus.INVALIDATED
     invalidated = events_of(run, "approval.invalidated")[0]
     assert invalidated["reasons"] == ["TOOL_VERSION_NOT_AVAILABLE"]
@@ -317,20 +323,11 @@ def test_an_agent_switched_off_while_its_run_waits_sends_nothing_once_approved(
 
     # when an admin switches the run's agent off, and bob approves the draft afterwards
     _switch_agent_off(demo)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=bob,
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    approve(action, bob)
     services.action_execute(action_id=action.pk)
 
     # then nothing is sent under the agent, and the run says why
-    assert smtp_server.messages == []
-    assert not MailDelivery.objects.exists()
-    assert not ToolCall.objects.filter(run=run, name="mail_send").exists()
-    run = Run.objects.get(pk=run.pk)
-    assert (run.status, run.reason_code) == ("FAILED_FINAL", "APPROVAL_INVALIDATED")
+    run = _nothing_sent(run, smtp_server)
     action = BusinessAction.objects.get(pk=action.pk)
     assert (action.status, action.status_reason) == (
         ActionStatus.INVALIDATED,
