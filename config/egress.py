@@ -25,7 +25,7 @@ import ipaddress
 import os
 import socket
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from types import ModuleType
@@ -307,3 +307,20 @@ def text_encoding(charset: str | None) -> str:
 CONTENT_CODINGS = frozenset(
     {"gzip", "x-gzip", "deflate", "br", "zstd", "compress", "x-compress", "aes128gcm", "exi"}
 )
+
+
+def unasked_encoding(headers: Mapping[str, str]) -> str | None:
+    """The Content-Encoding of an answer to a request that asked for identity only, as the
+    server wrote it; None for an answer in identity."""
+    sent = headers.get("content-encoding", "identity").strip()
+    return None if sent.lower() in ("", "identity") else sent
+
+
+def unasked_encoding_named(encoding: str) -> str:
+    """An answer's `encoding` that was not asked for, as a message says it: named only when
+    it is a coding HTTP defines (`CONTENT_CODINGS`), for a server or gateway may echo there
+    what it was sent, a credential or its own key, which stripping a known one would not find."""
+    coding = encoding.lower()
+    if coding in CONTENT_CODINGS:
+        return f"{coding} encoding, which was not asked for"
+    return "an encoding that was not asked for"

@@ -26,7 +26,13 @@ from typing import Any
 import httpx2
 from django.conf import settings
 
-from config.egress import CONTENT_CODINGS, EgressRefused, HTTPTransport2, text_encoding
+from config.egress import (
+    EgressRefused,
+    HTTPTransport2,
+    text_encoding,
+    unasked_encoding,
+    unasked_encoding_named,
+)
 
 # Headers a provider call sends (the SDKs' telemetry headers are x-stainless-*).
 _SENT_HEADERS = frozenset(
@@ -121,14 +127,11 @@ class _Client(httpx2.Client):
 
     def _answered(self, response: httpx2.Response) -> None:
         watchdog = self.watchdogs[-1]
-        encoding = response.headers.get("content-encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
+        encoding = unasked_encoding(response.headers)
+        if encoding is not None:
             watchdog.cancel()
             response.close()
-            # Named only when it is a coding HTTP defines: the header's text is the server's,
-            # and may quote what it was sent (the key).
-            named = encoding if encoding in CONTENT_CODINGS else "an unrecognised"
-            raise AnswerRefused(f"answered in {named} encoding, which was not asked for")
+            raise AnswerRefused(f"answered in {unasked_encoding_named(encoding)}")
         response.encoding = text_encoding(response.encoding)
         response.stream = _BoundedBody(
             response.stream,

@@ -30,7 +30,13 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import DatabaseError
 
 from config import jsontext
-from config.egress import CONTENT_CODINGS, EgressRefused, HTTPTransport, text_encoding
+from config.egress import (
+    EgressRefused,
+    HTTPTransport,
+    text_encoding,
+    unasked_encoding,
+    unasked_encoding_named,
+)
 from registry.choices import READ_RISKS, AdapterKind
 from registry.mcp.connections import (
     Deadline,
@@ -285,26 +291,9 @@ def _header_shown(value: str, *, chars: int, credential: str | None) -> str:
     return strip_secrets(value, secrets=(credential or "",))[:chars]
 
 
-def _unasked_encoding(response: httpx.Response) -> str | None:
-    """The Content-Encoding of an answer in an encoding the host did not ask for (it asks for
-    identity only), as the service wrote it; None for one in identity."""
-    sent = response.headers.get("content-encoding", "identity").strip()
-    return None if sent.lower() in ("", "identity") else sent
-
-
-def _unasked_named(encoding: str) -> str:
-    """An answer's `encoding` that was not asked for, as a message says it: named only when
-    it is a coding HTTP defines (`CONTENT_CODINGS`), for a gateway may echo there what it was
-    sent, the credential or its own key, which stripping the known credential would not find."""
-    coding = encoding.lower()
-    if coding in CONTENT_CODINGS:
-        return f"{coding} encoding, which was not asked for"
-    return "an encoding that was not asked for"
-
-
 def _unread_body(encoding: str) -> str:
     """What an error message says of a body left unread for its `encoding`."""
-    return f" Its body was not read: it was in {_unasked_named(encoding)}."
+    return f" Its body was not read: it was in {unasked_encoding_named(encoding)}."
 
 
 def _answer(
@@ -344,13 +333,13 @@ def _answer(
             with client.stream(
                 "POST", tool_version.adapter_config["url"], json=body, headers=headers
             ) as response:
-                sent = _unasked_encoding(response)
+                sent = unasked_encoding(response.headers)
                 # Asked for none: a compressed answer is inflated before its size is known.
                 # That of a success fails the call; that of any other answer is not read, its
                 # status saying what became of the call (a 429 or 503 may pass later).
                 if sent is not None and response.is_success:
                     raise ToolFailed(
-                        f"The service answered in {_unasked_named(sent)}.",
+                        f"The service answered in {unasked_encoding_named(sent)}.",
                         category=ErrorCategory.UPSTREAM_ERROR,
                         retryable=False,
                         may_have_side_effect=may_have_side_effect,
@@ -474,7 +463,7 @@ def http_call(
         ) from error
     # A body in an encoding not asked for was left unread (only an answer that is not a
     # success gets this far with one): the error says so, and keeps no body for it.
-    unasked = _unasked_encoding(response)
+    unasked = unasked_encoding(response.headers)
     unread = "" if unasked is None else _unread_body(unasked)
     is_json = True
     try:

@@ -799,7 +799,7 @@ def test_an_encoding_the_answer_names_is_not_quoted_unless_http_defines_it(api_k
         model_client_for(make_config(port)).complete(request_of(UserMessage(text="Hi")))
 
     # then the refusal says so without quoting it
-    assert "answered in an unrecognised encoding, which was not asked for" in str(raised.value)
+    assert "answered in an encoding that was not asked for" in str(raised.value)
     assert api_key.lower() not in str(raised.value).lower()
 
 
