@@ -269,25 +269,16 @@ def _waiting_on(backend_pid: int) -> bool:
         return cursor.fetchone()[0] > 0
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_saved(
-    monkeypatch,
-):
-    # given the tiny suite, an install of it changing its first case's message, and an admin
-    # changing what that case expects
-    suite, _ = suite_install(TINY_SUITE)
-    admin = get_user_model().objects.create_superuser(username="root", password="not-used")
-    case = EvalCase.objects.get(suite=suite, key="complete")
-    case.expected = {"status": "NEEDS_CLARIFICATION"}
-    document = copy.deepcopy(TINY_SUITE)
-    document["cases"][0]["messages"] = ["Summarise Apollo's week for the lead."]
+def _saved_while_installing(monkeypatch, *, install, case, admin) -> tuple[bool, dict[str, str]]:
+    """Run `install` on a thread of its own and, once it holds the first suite it installs
+    (as it hashes that suite's content), save `case` as `admin`; the install goes on once the
+    save waits for it. Returns whether the save waited for the install, and what became of
+    each (`installed`/`saved`, or the database error that aborted it)."""
     outcomes: dict[str, str] = {}
     suite_held, waited = threading.Event(), []
     hashed = starter.suite_content_hash
 
     def hash_once_the_save_waits(installed):
-        # the install holds the suite's row here, and goes on to the cases once the save
-        # waits for it
         if suite_held.is_set():
             return hashed(installed)
         suite_held.set()
@@ -301,9 +292,9 @@ def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_
             time.sleep(0.005)
         return hashed(installed)
 
-    def install() -> None:
+    def installing() -> None:
         try:
-            suite_install(document)
+            install()
             outcomes["install"] = "installed"
         except DatabaseError as error:
             outcomes["install"] = type(error.__cause__ or error).__name__
@@ -312,20 +303,38 @@ def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_
             connection.close()
 
     monkeypatch.setattr(starter, "suite_content_hash", hash_once_the_save_waits)
-    installer = threading.Thread(target=install)
+    installer = threading.Thread(target=installing)
     installer.start()
     assert suite_held.wait(timeout=30)
-
-    # when the admin saves the case while the install holds the suite
     try:
         services.eval_case_save(case=case, actor=admin)
         outcomes["save"] = "saved"
     except DatabaseError as error:
         outcomes["save"] = type(error.__cause__ or error).__name__
     installer.join(timeout=30)
+    return waited == [True], outcomes
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_case_saved_while_its_suite_is_installed_waits_for_the_install_and_is_saved(
+    monkeypatch,
+):
+    # given the tiny suite, an install of it changing its first case's message, and an admin
+    # changing what that case expects
+    suite, _ = suite_install(TINY_SUITE)
+    admin = get_user_model().objects.create_superuser(username="root", password="not-used")
+    case = EvalCase.objects.get(suite=suite, key="complete")
+    case.expected = {"status": "NEEDS_CLARIFICATION"}
+    document = copy.deepcopy(TINY_SUITE)
+    document["cases"][0]["messages"] = ["Summarise Apollo's week for the lead."]
+
+    # when the admin saves the case while the install holds the suite
+    waited, outcomes = _saved_while_installing(
+        monkeypatch, install=lambda: suite_install(document), case=case, admin=admin
+    )
 
     # then neither is aborted as a deadlock: the save waited for the install, then was saved
-    assert waited == [True]
+    assert waited
     assert outcomes == {"install": "installed", "save": "saved"}
     case.refresh_from_db()
     assert case.expected == {"status": "NEEDS_CLARIFICATION"}
@@ -350,51 +359,14 @@ def test_a_case_moved_between_suites_while_they_are_installed_waits_for_the_inst
     admin = get_user_model().objects.create_superuser(username="root", password="not-used")
     case = EvalCase.objects.get(suite=older_suite, key="older-complete")
     case.suite = newer_suite
-    outcomes: dict[str, str] = {}
-    suite_held, waited = threading.Event(), []
-    hashed = starter.suite_content_hash
-
-    def hash_once_the_move_waits(installed):
-        # the install holds the first file's suite here, and goes on to the second file's once
-        # the move waits for it
-        if suite_held.is_set():
-            return hashed(installed)
-        suite_held.set()
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            backend_pid = cursor.fetchone()[0]
-        for _ in range(2000):
-            if _waiting_on(backend_pid):
-                waited.append(True)
-                break
-            time.sleep(0.005)
-        return hashed(installed)
-
-    def install() -> None:
-        try:
-            starter.suites_install()
-            outcomes["install"] = "installed"
-        except DatabaseError as error:
-            outcomes["install"] = type(error.__cause__ or error).__name__
-        finally:
-            suite_held.set()
-            connection.close()
-
-    monkeypatch.setattr(starter, "suite_content_hash", hash_once_the_move_waits)
-    installer = threading.Thread(target=install)
-    installer.start()
-    assert suite_held.wait(timeout=30)
 
     # when the admin moves the case while the install is under way
-    try:
-        services.eval_case_save(case=case, actor=admin)
-        outcomes["move"] = "moved"
-    except DatabaseError as error:
-        outcomes["move"] = type(error.__cause__ or error).__name__
-    installer.join(timeout=30)
+    waited, outcomes = _saved_while_installing(
+        monkeypatch, install=starter.suites_install, case=case, admin=admin
+    )
 
     # then neither is aborted as a deadlock: the move waited for the install, then was saved
-    assert waited == [True]
-    assert outcomes == {"install": "installed", "move": "moved"}
+    assert waited
+    assert outcomes == {"install": "installed", "save": "saved"}
     case.refresh_from_db()
     assert case.suite_id == newer_suite.pk
