@@ -1,12 +1,15 @@
 import copy
+import io
+import logging
 import os
 from collections import Counter
 
 import pytest
 import redis
 from django.conf import settings
+from django.core import signals
 from django.core.cache import cache
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from django.test import override_settings
 from pytest_django.fixtures import validate_django_db
 from rest_framework.test import APIClient
@@ -152,6 +155,36 @@ def _empty_cache():
     _clear_own_cache()
     yield
     _clear_own_cache()
+
+
+@pytest.fixture
+def requests_keep_connection(db):
+    """Requests sent to the project's WSGI or ASGI application keep the test's database
+    connection, as Django's test client does (the handlers would close it after each request,
+    inside the test's transaction)."""
+    signals.request_started.disconnect(close_old_connections)
+    signals.request_finished.disconnect(close_old_connections)
+    try:
+        yield
+    finally:
+        signals.request_started.connect(close_old_connections)
+        signals.request_finished.connect(close_old_connections)
+
+
+@pytest.fixture
+def console() -> io.StringIO:
+    """What the log's console handler writes during the test."""
+    handler = next(
+        handler
+        for handler in logging.getLogger().handlers
+        if type(handler) is logging.StreamHandler
+    )
+    written = io.StringIO()
+    previous = handler.setStream(written)
+    try:
+        yield written
+    finally:
+        handler.setStream(previous)
 
 
 @pytest.fixture

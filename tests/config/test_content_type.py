@@ -3,11 +3,8 @@ WSGI and ASGI, on the API and on pages alike, before anything reads or stores it
 
 import io
 import json
-import logging
 
 import pytest
-from django.core import signals
-from django.db import close_old_connections
 
 from config.wsgi import application as wsgi_application
 from registry.models import ToolVersion
@@ -26,20 +23,6 @@ REFUSED = {
         "details": {},
     }
 }
-
-
-@pytest.fixture
-def entry_points(db):
-    """Requests go through the project's WSGI and ASGI applications and, as Django's test
-    client does, keep the test's database connection (the handlers would close it after each
-    request, inside the test's transaction)."""
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        yield
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
 
 
 def _via_wsgi(path: str, content_type: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
@@ -92,7 +75,7 @@ ENTRY_POINTS = {"wsgi": _via_wsgi, "asgi": _via_asgi}
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 @pytest.mark.parametrize("content_type", MALFORMED)
 def test_an_api_request_with_an_unreadable_content_type_is_the_api_s_400(
-    entry_points, publisher, acme, entry_point, content_type
+    requests_keep_connection, publisher, acme, entry_point, content_type
 ):
     _, key = api_token_issue(username=publisher.username, password=PASSWORD, tenant_slug="acme")
 
@@ -112,7 +95,7 @@ def test_an_api_request_with_an_unreadable_content_type_is_the_api_s_400(
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 @pytest.mark.parametrize("content_type", MALFORMED)
 def test_a_page_s_form_with_an_unreadable_content_type_is_a_400_page(
-    entry_points, entry_point, content_type
+    requests_keep_connection, entry_point, content_type
 ):
     status, headers, content = ENTRY_POINTS[entry_point](
         "/accounts/login/", content_type, b"username=root&password=x", {}
@@ -124,22 +107,12 @@ def test_a_page_s_form_with_an_unreadable_content_type_is_a_400_page(
 
 
 def test_an_unreadable_content_type_is_logged_as_one_warning_line_without_the_header(
-    entry_points,
+    requests_keep_connection, console
 ):
-    console = next(
-        handler
-        for handler in logging.getLogger().handlers
-        if type(handler) is logging.StreamHandler
-    )
-    written = io.StringIO()
-    previous = console.setStream(written)
-    try:
-        status, _, _ = _via_wsgi("/api/v1/tools", MALFORMED[0], b"", {})
-    finally:
-        console.setStream(previous)
+    status, _, _ = _via_wsgi("/api/v1/tools", MALFORMED[0], b"", {})
 
     assert status == 400
-    [line] = written.getvalue().splitlines()
+    [line] = console.getvalue().splitlines()
     assert " WARNING django.security.MalformedContentType " in line
     assert "bogus" not in line
 

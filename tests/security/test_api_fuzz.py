@@ -8,8 +8,6 @@ import os
 
 import pytest
 import schemathesis
-from django.core import signals
-from django.db import close_old_connections
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 from hypothesis import HealthCheck, given, settings, strategies
@@ -39,18 +37,10 @@ schema.config.generation.update(allow_x00=False)
 
 
 @pytest.fixture
-def wsgi(db, settings):
-    """Requests go through the WSGI application (host "localhost") and, as Django's test
-    client does, keep the test's database connection (the handler would close it after each
-    request, inside the test's transaction)."""
+def wsgi(requests_keep_connection, settings):
+    """Requests go through the WSGI application (host "localhost"), keeping the test's
+    database connection."""
     settings.ALLOWED_HOSTS = ["localhost", "testserver"]
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        yield
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
 
 
 # A well-formed request can still be refused for what the schema cannot state: facts stored in
