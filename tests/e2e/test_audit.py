@@ -8,7 +8,6 @@ from django.contrib.auth import get_user_model
 from playwright.sync_api import expect
 
 from approvals import services
-from approvals.choices import Decision
 from approvals.models import BusinessAction
 from registry.choices import Role
 from registry.demo import DEMO_PASSWORD
@@ -17,7 +16,7 @@ from registry.services.tenancy import membership_add
 from runs.choices import RunStatus
 from runs.loop import run_execute
 from runs.models import Run, RunEvent
-from tests.approvals.conftest import smtp_server  # noqa: F401 (fixture)
+from tests.approvals.conftest import approve, smtp_server  # noqa: F401 (fixture)
 from tests.celery_worker import (
     alice_client,
     example_post,
@@ -91,12 +90,7 @@ def sent_run(smtp_server, celery_queue) -> Run:  # noqa: F811
     queue_purge()
     run_execute(run_id=run_id)
     action = BusinessAction.objects.get(run_id=run_id)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=get_user_model().objects.get(username="bob"),
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    approve(action, get_user_model().objects.get(username="bob"))
     services.action_execute(action_id=action.pk)
     return Run.objects.get(pk=run_id)
 
@@ -162,12 +156,7 @@ def test_an_auditor_watching_a_waiting_run_sees_what_happens_next_as_progress(
 
     # when bob approves the mail and it is sent
     action = BusinessAction.objects.get(run_id=run_id)
-    services.approval_decide(
-        action_id=action.pk,
-        approver=get_user_model().objects.get(username="bob"),
-        decision=Decision.APPROVE,
-        payload_hash=action.payload_hash,
-    )
+    approve(action, get_user_model().objects.get(username="bob"))
     services.action_execute(action_id=action.pk)
 
     # then the page showed exactly what happened since it loaded, each event with its time,
