@@ -36,7 +36,7 @@ from runs.capability import workflow_changed
 from runs.choices import Channel, RunStatus
 from runs.context import context_build, wrap_untrusted
 from runs.model_clients.base import ModelError, ToolCall, ToolSpec, Usage, response_kept
-from runs.model_clients.factory import model_client_for
+from runs.model_clients.factory import IN_PROCESS_PROVIDERS, model_client_for
 from runs.models import CancelRequest, Run, Session, Source
 from runs.models import ToolCall as ToolCallRecord
 from runs.models.tools import EVIDENCE_USE, source_reference
@@ -1826,9 +1826,9 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
     """Advance the run by one transaction: the host's own steps (start, recipient) with the
     model turn that follows them, or one model turn, or the tool calls of one turn. A model
     turn's output is committed before its tools run, and their results before the next turn.
-    The host's steps ask no model, so the turn after them may share their transaction; when
-    that turn raises (a provider unavailable for a while, a fault), the host's steps are
-    taken again alone and saved, then the error goes on to the task, as when they were a
+    The host's steps ask no model, so a turn of a planner in this process after them shares
+    their transaction (`_turn_follows`); when that turn raises (a fault), the host's steps
+    are taken again alone and saved, then the error goes on to the task, as when they were a
     step of their own. Returns whether there is more to do."""
     execution = execution or Execution()
     try:
@@ -1910,12 +1910,17 @@ def _move(run: Run, execution: Execution) -> bool:
 
 
 def _turn_follows(run: Run, execution: Execution) -> bool:
-    """Whether a model turn is the run's next move, within the execution's time."""
+    """Whether a model turn is the run's next move, within the execution's time, asked of a
+    planner in this process. A provider over the network takes seconds, beside which a
+    commit is nothing: the host's steps are saved first, so the run shows RUNNING with its
+    start while the provider thinks, and a provider that is unavailable for a while leaves
+    nothing of the start to be done again."""
     return (
         run.status == RunStatus.RUNNING
         and run.state["phase"] == "model"
         and run.state["node"] not in HOST_NODES
         and run.state["node"] != "resolve_recipient"
+        and run.capability["model"]["provider"] in IN_PROCESS_PROVIDERS
         and (execution.steps_until is None or time.monotonic() < execution.steps_until)
     )
 

@@ -20,6 +20,8 @@ from runs.model_clients.offline import OfflinePlanner
 from runs.model_clients.openai_compatible import OpenAICompatibleClient
 
 DEFAULT_TIMEOUT_S = 60.0
+# Planners that answer in this process, at once, without a network or a provider to wait for.
+IN_PROCESS_PROVIDERS = frozenset({ModelProvider.OFFLINE, ModelProvider.ADVERSARIAL})
 
 PROVIDER_CLIENTS: dict[str, Callable[..., ModelClient]] = {
     ModelProvider.OPENAI_COMPATIBLE: OpenAICompatibleClient,

@@ -779,7 +779,7 @@ def test_a_tool_version_revoked_between_two_model_turns_is_not_offered_at_the_se
     fake.reply(openai_completion(content=json.dumps(apollo_draft())))
     run = demo_run(demo, project_id="apollo")
     execution = Execution()
-    for _ in range(2):
+    for _ in range(3):
         assert run_advance_step(run_id=str(run.pk), execution=execution)
     assert ToolCall.objects.get(run=run, name="project_search").status == "completed"
 

@@ -2308,6 +2308,32 @@ def test_the_run_s_start_and_its_first_model_turn_commit_together(demo, planner_
     assert len(planner_requests) == 1
 
 
+def test_a_run_whose_model_is_a_provider_is_saved_started_before_the_provider_is_asked(
+    demo, fake_model
+):
+    # given a run whose agent's model is a provider over the network, which takes seconds
+    fake = fake_model()
+    run = start(demo, project_id="apollo")
+
+    # when its first step is taken
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # then the start and the recipient are saved on their own, so the run shows RUNNING
+    # with its start's events while the provider thinks, and the provider is not asked yet
+    run = finished(run)
+    assert (run.status, run.state["node"], run.state["phase"]) == ("RUNNING", "draft", "model")
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT]
+    assert fake.requests == []
+
+    # and the next step asks it
+    monday, sunday = this_week()
+    arguments = json.dumps({"project_id": "apollo", "from": monday, "to": sunday})
+    fake.reply(openai_completion(tool_calls=(("call-1", "project_search", arguments),)))
+    assert run_advance_step(run_id=str(run.pk)) is True
+    assert event_types(finished(run)) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN]
+    assert len(fake.requests) == 1
+
+
 def test_a_first_model_turn_that_raises_leaves_the_run_started_as_its_own_step(demo, monkeypatch):
     # given a run whose first model turn raises (a bug)
     def broken(run, model_config):
