@@ -4,6 +4,7 @@ With no DATABASE_URL and no REDIS_URL the platform runs on the embedded default:
 Celery in eager mode. DEBUG is off unless asked for, and then SECRET_KEY must be given.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -191,6 +192,14 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Pool processes of a worker started without --concurrency: two per core, as a run's task
+# spends about half its time waiting (PostgreSQL, Redis, a tool handler's thread, and a
+# provider's answer for seconds), which one process per core would leave the cores idle for.
+CELERY_WORKER_CONCURRENCY = env.int("CELERY_WORKER_CONCURRENCY", default=2 * (os.cpu_count() or 1))
+if CELERY_WORKER_CONCURRENCY < 1:
+    raise ImproperlyConfigured(
+        f"CELERY_WORKER_CONCURRENCY must be at least 1 (it is {CELERY_WORKER_CONCURRENCY})."
+    )
 # Celery's Django fixup closes every database connection around each task, so each task
 # would start a PostgreSQL backend, unless it reuses them: then it closes them only every
 # this many tasks, and WORKER_DB_CONN_MAX_AGE decides (config/celery.py).

@@ -18,7 +18,8 @@ created afresh (never the development or a test database), migrated and loaded w
    the machine's drift in speed falls on both sides of the ratio alike; the ratio is given
    from the totals and as the median of the ten chunks' own ratios;
 4. end to end: BENCH_RUNS messages through the ingress service, advanced by a real Celery
-   worker (BENCH_CONCURRENCY processes), until every run waits for approval;
+   worker (as many pool processes as a worker started without --concurrency has,
+   CELERY_WORKER_CONCURRENCY, or BENCH_CONCURRENCY), until every run waits for approval;
 5. the worker alone: as many messages ingested first, then drained by a new worker.
 
 Before (1) and after (5) it times a fixed pure-Python loop (median of three): the same code
@@ -26,8 +27,8 @@ measures differently on a machine whose CPU is slower for a while (a shared host
 the check across invocations, and its start with its end, shows such a drift apart from a
 change in the code. A slow spell between the two checks shows only in the medians above.
 
-Environment: BENCH_RUNS (200), BENCH_CONCURRENCY (2), BENCH_KEEP_DB (0), BENCH_PROFILE (0: set
-to 1 to print where the in-process time goes, with cProfile).
+Environment: BENCH_RUNS (200), BENCH_CONCURRENCY (the worker's default), BENCH_KEEP_DB (0),
+BENCH_PROFILE (0: set to 1 to print where the in-process time goes, with cProfile).
 """
 
 import cProfile
@@ -49,7 +50,6 @@ from scratch_database import ScratchDatabase
 BASE_DIR = Path(__file__).resolve().parent.parent
 BENCH_DATABASE = "agentgov_bench"
 RUNS = int(os.environ.get("BENCH_RUNS", "200"))
-CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY", "2"))
 KEEP_DATABASE = os.environ.get("BENCH_KEEP_DB", "0") == "1"
 PROFILE = os.environ.get("BENCH_PROFILE", "0") == "1"
 WARM_UP_RUNS = 5
@@ -94,6 +94,9 @@ from runs.loop import run_execute  # noqa: E402
 from runs.models import Run, RunEvent, ToolCall  # noqa: E402
 from runs.services.ingress import message_ingest  # noqa: E402
 from runs.tools import threads  # noqa: E402
+
+# The worker's pool processes: as a worker started without --concurrency has them.
+CONCURRENCY = int(os.environ.get("BENCH_CONCURRENCY") or settings.CELERY_WORKER_CONCURRENCY)
 
 
 class HandlerClock:

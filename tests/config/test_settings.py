@@ -138,6 +138,27 @@ def test_a_task_s_time_that_leaves_its_step_no_time_before_the_limit_is_refused(
     assert named in result.stderr
 
 
+SHOW_CONCURRENCY = (
+    "import json, os, django; django.setup(); from config.celery import app; "
+    "print(json.dumps([app.conf.worker_concurrency, os.cpu_count()]))"
+)
+
+
+def test_a_worker_runs_two_pool_processes_per_core_unless_told_otherwise():
+    # a run's task spends about half its time waiting (on PostgreSQL, Redis, a handler
+    # thread; a provider's answer for seconds): one process per core would leave the cores
+    # idle while they wait
+    default = _run("-c", SHOW_CONCURRENCY, DEBUG="1")
+    chosen = _run("-c", SHOW_CONCURRENCY, DEBUG="1", CELERY_WORKER_CONCURRENCY="6")
+    refused = _run("-c", "import config.settings", DEBUG="1", CELERY_WORKER_CONCURRENCY="0")
+
+    concurrency, cores = json.loads(default.stdout)
+    assert concurrency == 2 * cores, default.stderr
+    assert json.loads(chosen.stdout)[0] == 6, chosen.stderr
+    assert refused.returncode != 0
+    assert "CELERY_WORKER_CONCURRENCY" in refused.stderr
+
+
 def test_a_context_budget_too_small_for_any_turn_is_refused_at_start():
     # the rules, the task and the tool schemas are never cut: a budget below what they take
     # would only be overrun by every turn
