@@ -333,6 +333,16 @@ def test_an_agent_switched_off_while_its_run_waits_sends_nothing_once_approved(
     assert "an admin switched its agent off" in json.dumps(run.result)
 
 
+def _left_the_queue(run, action, approver, *, reason: str, events_before: list) -> BusinessAction:
+    """The run's action, checked withdrawn for `reason`: no longer in the approver's queue,
+    and the run's log grown by its invalidation and the run's end alone."""
+    action = BusinessAction.objects.get(pk=action.pk)
+    assert (action.status, action.status_reason) == (ActionStatus.INVALIDATED, reason)
+    assert list(pending(actions_for_approver(user=approver))) == []
+    assert event_types(run) == [*events_before, "approval.invalidated", "run.finished"]
+    return action
+
+
 @pytest.mark.parametrize(
     "lose_access",
     [_remove_memberships, _change_role, _deactivate_user],
@@ -359,13 +369,9 @@ def test_a_requester_who_lost_the_tenant_while_waiting_leaves_the_queue_at_the_s
         [],
     )
     assert run.result["next_step"] == "Ask a tenant admin for access, or change the request."
-    action = BusinessAction.objects.get(pk=action.pk)
-    assert (action.status, action.status_reason) == (
-        ActionStatus.INVALIDATED,
-        "REQUESTER_NO_LONGER_AUTHORISED",
+    action = _left_the_queue(
+        run, action, bob, reason="REQUESTER_NO_LONGER_AUTHORISED", events_before=events_before
     )
-    assert list(pending(actions_for_approver(user=bob))) == []
-    assert event_types(run) == [*events_before, "approval.invalidated", "run.finished"]
     assert events_of(run, "approval.invalidated") == [
         {"action_id": str(action.pk), "reasons": ["REQUESTER_NO_LONGER_AUTHORISED"]}
     ]
@@ -399,13 +405,7 @@ def test_a_run_waiting_under_an_agent_switched_off_leaves_the_queue_at_the_sweep
     run = Run.objects.get(pk=run.pk)
     assert (run.status, run.reason_code) == ("FAILED_FINAL", "AGENT_CONFIG_INACTIVE")
     assert run.result["next_step"] == AGENT_OFF_NEXT_STEP
-    action = BusinessAction.objects.get(pk=action.pk)
-    assert (action.status, action.status_reason) == (
-        ActionStatus.INVALIDATED,
-        "AGENT_CONFIG_INACTIVE",
-    )
-    assert list(pending(actions_for_approver(user=bob))) == []
-    assert event_types(run) == [*events_before, "approval.invalidated", "run.finished"]
+    _left_the_queue(run, action, bob, reason="AGENT_CONFIG_INACTIVE", events_before=events_before)
 
 
 def test_a_run_waiting_in_a_deactivated_tenant_ends_at_the_sweep(demo):
