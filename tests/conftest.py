@@ -3,6 +3,9 @@ import io
 import logging
 import os
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
 
 import pytest
 import redis
@@ -11,12 +14,16 @@ from django.core import signals
 from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from django.test import override_settings
+from django.utils import timezone
 from pytest_django.fixtures import validate_django_db
 from rest_framework.test import APIClient
 
+from registry import generation, selectors
 from registry.choices import Role
+from registry.demo import seed_demo
 from registry.services import skills, tools
 from registry.services.tenancy import api_token_issue, membership_add
+from runs import capability
 from runs.tools import threads
 from tests.celery_worker import (  # noqa: F401 (real-worker and broker fixtures)
     broker,
@@ -64,17 +71,108 @@ def _tool_threads_stopped_before_the_database_is_dropped(django_db_setup):
 ABANDONED_HANDLERS_WAIT_SECONDS = 30
 
 
-def _rolled_back(request) -> bool:
+def _rolled_back(item) -> bool:
     """Whether the test runs inside a transaction that is rolled back (the `db` fixture)."""
-    marker = request.node.get_closest_marker("django_db")
-    if marker is None and "db" not in request.fixturenames:
+    marker = item.get_closest_marker("django_db")
+    if marker is None and "db" not in item.fixturenames:
         return False
     transactional = marker is not None and validate_django_db(marker)[0]
     return not (
         transactional
-        or "transactional_db" in request.fixturenames
-        or "live_server" in request.fixturenames
+        or "transactional_db" in item.fixturenames
+        or "live_server" in item.fixturenames
     )
+
+
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@dataclass(frozen=True)
+class DemoDatabase:
+    name: str
+    plain: str
+    seeded_on: date
+
+
+DEMO_DATABASE = pytest.StashKey[DemoDatabase]()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def demo_database(request, django_db_setup, django_db_blocker) -> Iterator[DemoDatabase | None]:
+    """A copy of the empty test database with the running example seeded and committed, made
+    once per session on PostgreSQL (None elsewhere). Seeding takes some 400 statements, which
+    a test of the running example would otherwise repeat in its own transaction. It is made
+    before any test runs: copying a database needs it to have no other connection."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    if connection.vendor != "postgresql":
+        yield None
+        return
+    with django_db_blocker.unblock():
+        connection.creation.clone_test_db(suffix="demo", verbosity=0)
+        database = DemoDatabase(
+            name=connection.creation.get_test_db_clone_settings("demo")["NAME"],
+            plain=connection.settings_dict["NAME"],
+            seeded_on=timezone.localdate(),
+        )
+        connection.settings_dict["NAME"] = database.name
+        try:
+            with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
+                seed_demo()
+        finally:
+            connection.close()
+            connection.settings_dict["NAME"] = database.plain
+    request.session.stash[DEMO_DATABASE] = database
+    yield database
+    del request.session.stash[DEMO_DATABASE]
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute(f"DROP DATABASE {connection.ops.quote_name(database.name)} WITH (FORCE)")
+
+
+def _process_caches_forgotten() -> None:
+    """What a process keeps of versions by id: the seeded copy gives every test the same ids,
+    and a test may change a version's row behind the model layer."""
+    with selectors._frozen_versions_lock:
+        selectors._frozen_versions.clear()
+    capability._input_schema_hash.cache_clear()
+    with generation._lock:
+        generation._generation, generation._values = None, {}
+
+
+def _on_demo_database(item) -> bool:
+    """Whether `item` runs on the seeded copy (`demo_database`): a test of the running example
+    whose transaction is rolled back, on the day the copy was seeded (the example's updates
+    are dated by weekday of the current week). Every other test of it seeds the example."""
+    copy = item.session.stash.get(DEMO_DATABASE, None)
+    return (
+        copy is not None
+        and "demo" in item.fixturenames
+        and _rolled_back(item)
+        and copy.seeded_on == timezone.localdate()
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test on the seeded copy connects to it before any fixture opens its transaction."""
+    if _on_demo_database(item):
+        connection = connections[DEFAULT_DB_ALIAS]
+        connection.close()
+        connection.settings_dict["NAME"] = item.session.stash[DEMO_DATABASE].name
+        _process_caches_forgotten()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the test's fixtures are torn down, back to the test database."""
+    try:
+        return (yield)
+    finally:
+        copy = item.session.stash.get(DEMO_DATABASE, None)
+        connection = connections[DEFAULT_DB_ALIAS]
+        if copy is not None and connection.settings_dict["NAME"] == copy.name:
+            connection.close()
+            connection.settings_dict["NAME"] = copy.plain
+            _process_caches_forgotten()
 
 
 @pytest.fixture(autouse=True)
@@ -83,7 +181,7 @@ def _handler_threads_see_a_rolled_back_test(request, monkeypatch):
     which does not see the rows of a test that is never committed. In such a test, the
     handler threads use the test's connection for their call, while the test waits; tests
     with `transaction=True` keep each thread's own connection, as in production."""
-    if not _rolled_back(request):
+    if not _rolled_back(request.node):
         yield
         return
     test_connection = connections[DEFAULT_DB_ALIAS]
@@ -111,7 +209,7 @@ def _handler_threads_see_a_rolled_back_test(request, monkeypatch):
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):
     """The production hasher costs ~0.3 s per user; the tests do not measure it."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.PASSWORD_HASHERS = FAST_PASSWORD_HASHERS
 
 
 # Modules of the tests' own tool handlers, installed for tools besides the example ones.

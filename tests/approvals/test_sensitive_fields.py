@@ -50,7 +50,7 @@ def demo_names_sensitive(db, monkeypatch):
     with monkeypatch.context() as patched:
         patched.setattr(tool_services, "tool_version_create", with_contract)
         call_command("seed_demo", stdout=io.StringIO())
-    return runs_fixtures.demo.__wrapped__(db)
+    return runs_fixtures.demo_found()
 
 
 def api_as(username: str) -> APIClient:

@@ -248,9 +248,16 @@ class Demo:
 
 
 @pytest.fixture
-def demo(db) -> Demo:
-    """The running example exactly as `manage.py seed_demo` loads it."""
-    call_command("seed_demo", stdout=io.StringIO())
+def demo(demo_database, db) -> Demo:
+    """The running example exactly as `manage.py seed_demo` loads it: in the seeded copy of
+    the test database (`demo_database`) or seeded here."""
+    if demo_database is None or connection.settings_dict["NAME"] != demo_database.name:
+        call_command("seed_demo", stdout=io.StringIO())
+    return demo_found()
+
+
+def demo_found() -> Demo:
+    """The running example's people, tenants and agent, once seeded."""
     users = get_user_model().objects
     return Demo(
         admin=users.get(username="admin"),
