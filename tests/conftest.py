@@ -114,18 +114,48 @@ def demo_database(request, django_db_setup, django_db_blocker) -> Iterator[DemoD
             plain=connection.settings_dict["NAME"],
             seeded_on=timezone.localdate(),
         )
-        connection.settings_dict["NAME"] = database.name
+        _connect(database.name)
         try:
             with override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS):
                 seed_demo()
+            seeded = _table_digests()
         finally:
-            connection.close()
-            connection.settings_dict["NAME"] = database.plain
+            _connect(database.plain)
     request.session.stash[DEMO_DATABASE] = database
     yield database
     del request.session.stash[DEMO_DATABASE]
-    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
-        cursor.execute(f"DROP DATABASE {connection.ops.quote_name(database.name)} WITH (FORCE)")
+    with django_db_blocker.unblock():
+        _connect(database.name)
+        try:
+            changed = sorted(
+                table for table, digest in _table_digests().items() if seeded.get(table) != digest
+            )
+        finally:
+            _connect(database.plain)
+        with connection._nodb_cursor() as cursor:
+            cursor.execute(f"DROP DATABASE {connection.ops.quote_name(database.name)} WITH (FORCE)")
+    assert not changed, f"A test committed a change to the seeded copy, in {changed}."
+
+
+def _connect(name: str) -> None:
+    """The default connection, closed, opens on database `name` next."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    connection.close()
+    connection.settings_dict["NAME"] = name
+
+
+def _table_digests() -> dict[str, str]:
+    """Each table's rows, as one digest of their text."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    with connection.cursor() as cursor:
+        digests = {}
+        for table in connection.introspection.table_names(cursor):
+            cursor.execute(
+                "SELECT md5(coalesce(string_agg(t::text, ',' ORDER BY t::text), '')) "
+                f"FROM {connection.ops.quote_name(table)} t"
+            )
+            digests[table] = cursor.fetchone()[0]
+    return digests
 
 
 def _process_caches_forgotten() -> None:
@@ -155,9 +185,7 @@ def _on_demo_database(item) -> bool:
 def pytest_runtest_setup(item):
     """A test on the seeded copy connects to it before any fixture opens its transaction."""
     if _on_demo_database(item):
-        connection = connections[DEFAULT_DB_ALIAS]
-        connection.close()
-        connection.settings_dict["NAME"] = item.session.stash[DEMO_DATABASE].name
+        _connect(item.session.stash[DEMO_DATABASE].name)
         _process_caches_forgotten()
 
 
@@ -168,10 +196,8 @@ def pytest_runtest_teardown(item, nextitem):
         return (yield)
     finally:
         copy = item.session.stash.get(DEMO_DATABASE, None)
-        connection = connections[DEFAULT_DB_ALIAS]
-        if copy is not None and connection.settings_dict["NAME"] == copy.name:
-            connection.close()
-            connection.settings_dict["NAME"] = copy.plain
+        if copy is not None and connections[DEFAULT_DB_ALIAS].settings_dict["NAME"] == copy.name:
+            _connect(copy.plain)
             _process_caches_forgotten()
 
 
