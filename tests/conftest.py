@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core import signals
 from django.core.cache import cache
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
+from django.db.backends.postgresql import operations as postgresql_operations
 from django.test import override_settings
 from django.utils import timezone
 from pytest_django.fixtures import validate_django_db
@@ -135,6 +136,28 @@ def demo_database(request, django_db_setup, django_db_blocker) -> Iterator[DemoD
         with connection._nodb_cursor() as cursor:
             cursor.execute(f"DROP DATABASE {connection.ops.quote_name(database.name)} WITH (FORCE)")
     assert not changed, f"A test committed a change to the seeded copy, in {changed}."
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_deletes_rows():
+    """A transactional test's database is emptied after it (Django's flush) with DELETE on
+    PostgreSQL, not TRUNCATE: a TRUNCATE of every table gives each new files, some 0.4 s a
+    test, where deleting the few rows a test left takes a tenth of that. The foreign keys are
+    checked when the flush commits, with no row left."""
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return ["SET CONSTRAINTS ALL DEFERRED"] + [
+            f"DELETE FROM {self.quote_name(table)}" for table in tables
+        ]
+
+    truncate = postgresql_operations.DatabaseOperations.sql_flush
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(postgresql_operations.DatabaseOperations, "sql_flush", sql_flush)
+        yield
 
 
 def _connect(name: str) -> None:
