@@ -90,6 +90,8 @@ FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 @dataclass(frozen=True)
 class DemoDatabase:
+    """The seeded copy: its name, the test database's, and the day it was seeded."""
+
     name: str
     plain: str
     seeded_on: date
