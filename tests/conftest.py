@@ -184,8 +184,10 @@ def _table_digests() -> dict[str, str]:
 
 
 def _process_caches_forgotten() -> None:
-    """What a process keeps of versions by id: the seeded copy gives every test the same ids,
-    and a test may change a version's row behind the model layer."""
+    """What a process keeps of versions by id, forgotten as a test on the seeded copy starts:
+    the copy gives every such test the same ids, and a test may change a version's row behind
+    the model layer. Elsewhere ids are new in each test, and the generation's values are kept
+    by database name."""
     with selectors._frozen_versions_lock:
         selectors._frozen_versions.clear()
     capability._input_schema_hash.cache_clear()
@@ -223,7 +225,6 @@ def pytest_runtest_teardown(item, nextitem):
         copy = item.session.stash.get(DEMO_DATABASE, None)
         if copy is not None and connections[DEFAULT_DB_ALIAS].settings_dict["NAME"] == copy.name:
             _connect(copy.plain)
-            _process_caches_forgotten()
 
 
 @pytest.fixture(autouse=True)
