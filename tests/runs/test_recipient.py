@@ -18,8 +18,10 @@ from registry.services import tools
 from runs.context import RECIPIENT_MARKER
 from runs.loop import run_execute
 from runs.models import Run, Session, ToolCall
+from runs.tools import threads
 from runs.tools.adapters import ToolFailed, ToolRefused
 from runs.tools.envelope import ErrorCategory
+from tests.locks import until
 from tests.runs.conftest import apollo_draft, demo_run, read_apollo
 from tests.runs.fake_provider import openai_completion
 from tests.runs.test_loop import budgets
@@ -221,10 +223,12 @@ def test_a_confirmed_recipient_is_not_used_when_the_project_check_fails(
 @pytest.fixture
 def let_answer():
     """What a held directory waits for; set when the test ends, so that the handler thread
-    the run abandoned returns and ends."""
+    the run abandoned returns and ends before the test's transaction is rolled back: the
+    thread shares the test's connection (`_handler_threads_see_a_rolled_back_test`)."""
     event = threading.Event()
     yield event
     event.set()
+    until(lambda: threads.abandoned_count() == 0)
 
 
 def test_a_recipient_lookup_cut_short_by_the_run_s_wall_time_ends_the_run_time_budget(
