@@ -806,7 +806,7 @@ def _directory_failed(run: Run, *, category: str, retryable: bool) -> None:
         _finish(run, status=RunStatus.FAILED_FINAL, reason_code=f"DIRECTORY_{category}")
 
 
-def _resolve_recipient(run: Run) -> None:
+def _resolve_recipient(run: Run, made: executor.CallsMade) -> None:
     """The workflow, not the model, finds the recipient: a confirmation still valid in the
     session (unless the message chooses another), else the directory (exactly one active
     record with a corporate email, or the one the user chose among several), else the user
@@ -844,7 +844,12 @@ def _resolve_recipient(run: Run) -> None:
         _enter_node(run, next_node, leaving=_skill(run))
         return
     outcome = executor.calls_run(
-        run=run, calls=[call], node=node, step=run.steps, deadline=_calls_deadline(run)
+        run=run,
+        calls=[call],
+        node=node,
+        step=run.steps,
+        deadline=_calls_deadline(run),
+        made=made,
     )[0]
     envelope = outcome.envelope
     if outcome.status != ToolCallRecord.Status.COMPLETED:
@@ -1387,14 +1392,21 @@ _EVIDENCE_REFERENCES = PreparedQuery(
 def _ended_unavailable(run: Run, **output: Any) -> bool:
     """End the run FAILED_RETRYABLE (EVIDENCE_UNAVAILABLE) if a tool call of it failed, or
     was turned away, in a way that may pass (a retry may reach the tool), with `output` and
-    those tools; returns whether it did."""
+    those tools; returns whether it did. The calls of the step under way count too: a turn
+    that follows its tool turn in one step (`_turn_follows`) sees them before they are
+    written."""
+    failed = [ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED]
     unavailable = sorted(
-        set(
-            run.tool_calls.filter(
-                status__in=[ToolCallRecord.Status.FAILED, ToolCallRecord.Status.REJECTED],
-                envelope__retryable=True,
-            ).values_list("name", flat=True)
-        )
+        {
+            *run.tool_calls.filter(status__in=failed, envelope__retryable=True).values_list(
+                "name", flat=True
+            ),
+            *(
+                record.name
+                for record in writes.pending(run, ToolCallRecord)
+                if record.status in failed and record.envelope.get("retryable") is True
+            ),
+        }
     )
     if unavailable:
         _finish(
@@ -1496,6 +1508,11 @@ def _final(run: Run, text: str) -> None:
         evidence = set(known.evidence)
     else:
         evidence = set(_EVIDENCE_REFERENCES(run_id=run.pk))
+    evidence.update(
+        source.reference
+        for source in writes.pending(run, Source)
+        if source.allowed_use == EVIDENCE_USE
+    )
     if not evidence:
         if not _ended_unavailable(run):
             _finish(run, status=RunStatus.FAILED_FINAL, reason_code="NO_EVIDENCE")
@@ -1597,7 +1614,7 @@ def _await_approval(run: Run, draft: dict[str, Any]) -> None:
     _transition(run, status=RunStatus.WAITING_APPROVAL)
 
 
-def _tool_turn(run: Run) -> None:
+def _tool_turn(run: Run, made: executor.CallsMade) -> None:
     """Gates 1-8 for the calls of the last model turn that have no result yet. A result is an
     error, for the model and for what an answer rests on (`_agent_answer`), when its call did
     not complete or completed with a business status that is not `business_done`: HTTP 200 with a
@@ -1607,7 +1624,12 @@ def _tool_turn(run: Run) -> None:
     budget_left = run.capability["budgets"]["max_tool_calls"] - run.tool_call_count
     within = pending[: max(budget_left, 0)]
     records = executor.calls_run(
-        run=run, calls=within, node=node, step=run.steps, deadline=_calls_deadline(run)
+        run=run,
+        calls=within,
+        node=node,
+        step=run.steps,
+        deadline=_calls_deadline(run),
+        made=made,
     )
     for call, record in zip(within, records, strict=True):
         content = jsontext.dumps(record.envelope, sort_keys=True)
@@ -1731,8 +1753,11 @@ class Execution:
     run: Run | None = None
     steps_until: float | None = None
     is_out_of_time: bool = True
-    # Whether the step under way went on from the host's own steps to a model turn.
+    # Whether the step under way went on from a move that asked no model to a model turn.
     turn_followed: bool = False
+    # What the calls the step under way executed gave, for the step's move taken again
+    # alone after a fault in the turn that followed it (`run_advance_step`).
+    calls_made: executor.CallsMade = field(default_factory=dict)
 
 
 def _cancel_asked() -> Exists:
@@ -1823,13 +1848,15 @@ def _locked_run(run_id: str, execution: Execution) -> Run | None:
 
 
 def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool:
-    """Advance the run by one transaction: the host's own steps (start, recipient) with the
-    model turn that follows them, or one model turn, or the tool calls of one turn. A model
-    turn's output is committed before its tools run, and their results before the next turn.
-    The host's steps ask no model, so a turn of a planner in this process after them shares
-    their transaction (`_turn_follows`); when that turn raises (a fault), the host's steps
-    are taken again alone and saved, then the error goes on to the task, as when they were a
-    step of their own. Returns whether there is more to do."""
+    """Advance the run by one transaction: a move that asks no model (the host's own steps,
+    start and recipient, or the tool calls of one turn) with the model turn that follows it,
+    or one model turn. A model turn's output is committed before its tools run. A move that
+    asks no model is followed in its transaction by a turn of a planner in this process
+    (`_turn_follows`), which answers in a moment: the tool results are committed with the
+    turn they feed. When that turn raises (a fault), the move is taken again alone and
+    saved, then the error goes on to the task, as when it was a step of its own; its tool
+    calls are recorded from what they gave, not executed again. Returns whether there is
+    more to do."""
     execution = execution or Execution()
     try:
         return _step(run_id, execution, turn_may_follow=True)
@@ -1880,15 +1907,16 @@ def _step(run_id: str, execution: Execution, *, turn_may_follow: bool) -> bool:
             and not execution.is_out_of_time,
         )
     execution.turn_followed = False
+    execution.calls_made.clear()
     execution.run = run
     return run.status == RunStatus.RUNNING
 
 
 def _move(run: Run, execution: Execution) -> bool:
-    """Take the locked run's next move; returns whether it was the host's own (the run's
-    start, the recipient's resolution)."""
-    hosted = run.status == RunStatus.QUEUED
-    if hosted:
+    """Take the locked run's next move; returns whether it asked no model (the run's start,
+    the recipient's resolution, a tool turn)."""
+    asked_no_model = run.status == RunStatus.QUEUED
+    if asked_no_model:
         _start(run)
     elif (reason := _budget_exhausted(run)) is not None:
         _finish(run, status=RunStatus.BUDGET_EXHAUSTED, reason_code=reason)
@@ -1900,21 +1928,22 @@ def _move(run: Run, execution: Execution) -> bool:
             output=quota,
         )
     elif run.state["phase"] == "tools":
-        _tool_turn(run)
+        _tool_turn(run, execution.calls_made)
+        asked_no_model = True
     elif run.state["node"] != "resolve_recipient":
         _model_turn(run, _model_config(run, execution.model_configs))
     if run.status == RunStatus.RUNNING and run.state["node"] == "resolve_recipient":
-        _resolve_recipient(run)
-        hosted = True
-    return hosted
+        _resolve_recipient(run, execution.calls_made)
+        asked_no_model = True
+    return asked_no_model
 
 
 def _turn_follows(run: Run, execution: Execution) -> bool:
     """Whether a model turn is the run's next move, within the execution's time, asked of a
     planner in this process. A provider over the network takes seconds, beside which a
-    commit is nothing: the host's steps are saved first, so the run shows RUNNING with its
-    start while the provider thinks, and a provider that is unavailable for a while leaves
-    nothing of the start to be done again."""
+    commit is nothing: the move before it is saved first, so the run shows its start, or
+    its tool results, while the provider thinks, and a provider that is unavailable for a
+    while leaves nothing of that move to be done again."""
     return (
         run.status == RunStatus.RUNNING
         and run.state["phase"] == "model"

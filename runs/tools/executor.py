@@ -71,6 +71,11 @@ class Admitted:
     arguments: dict[str, Any]
 
 
+# What each call a try at a step executed gave, by call id: (outcome, attempts, duration_ms,
+# None), the last in place of the limits' passage, which the call has left.
+CallsMade = dict[str, tuple[Any, int, int, None]]
+
+
 @dataclass
 class StepCalls:
     """The calls of one step: records in call order, and the evidence they returned. Both
@@ -435,13 +440,23 @@ def _known_calls(run: Run, calls: list[RequestedCall]) -> dict[str, ToolCall]:
 
 
 def calls_run(
-    *, run: Run, calls: list[RequestedCall], node: Node, step: int, deadline: float
+    *,
+    run: Run,
+    calls: list[RequestedCall],
+    node: Node,
+    step: int,
+    deadline: float,
+    made: CallsMade,
 ) -> list[ToolCall]:
     """The eight gates for the calls of one step, with the run locked, to end by `deadline`
     (no later than `tries_deadline`); returns their records in call order. A call id the run
     already has is answered with its record and never admitted or executed again. Gates 1-5
     run in call order; admitted calls execute (in parallel when there are several); the
-    records, their evidence and their events are written in the step's transaction."""
+    records, their evidence and their events are written in the step's transaction.
+    `made`: what the calls executed by an earlier try at this step gave, by call id, when
+    that try was rolled back before it was written (`runs.loop.run_advance_step`). Such a
+    call passes gates 1-5 again and is recorded from that outcome: it is not executed
+    again. The calls executed now are added to it."""
     by_name = {entry["name"]: entry for entry in run.capability.get("tools", [])}
     entries = [by_name.get(call.name) for call in calls]
     ids = {entry["id"] for entry in entries if entry is not None}
@@ -471,7 +486,7 @@ def calls_run(
             outcome = outcome.record
         outcomes[call.call_id] = outcome
         step_calls.records.append(outcome)
-    _execute_admitted(run, admitted, step_calls, deadline=deadline)
+    _execute_admitted(run, admitted, step_calls, deadline=deadline, made=made)
     writes.add(run, [*step_calls.records, *step_calls.sources])
     return [known.get(call.call_id) or outcomes[call.call_id] for call in calls]
 
@@ -694,7 +709,12 @@ def _retry_wait(policy: dict[str, Any], attempt: int, failure: ToolFailed) -> fl
 
 
 def _execute_admitted(
-    run: Run, admitted: list[Admitted], step_calls: StepCalls, *, deadline: float
+    run: Run,
+    admitted: list[Admitted],
+    step_calls: StepCalls,
+    *,
+    deadline: float,
+    made: CallsMade,
 ) -> None:
     """Gates 6 and 7 for the admitted calls of one step, in rounds of at most
     `TOOL_PARALLELISM` calls run in parallel. A round's calls enter their limits together
@@ -704,9 +724,10 @@ def _execute_admitted(
     next round; one that a round lets nothing in with (a rate window, an open circuit, other
     runs' calls) goes to its retry policy, retried until `deadline`. A call whose round would
     start at `deadline` or later is not started (`_not_started`). Results stay paired with
-    their call ids; a call that raised gives its error back once every slot is back."""
-    outcomes: list[Any] = [None] * len(admitted)
-    waiting = list(range(len(admitted)))
+    their call ids; a call that raised gives its error back once every slot is back. A call
+    in `made` is not executed: its outcome there is recorded."""
+    outcomes: list[Any] = [made.get(call.record.call_id) for call in admitted]
+    waiting = [index for index, outcome in enumerate(outcomes) if outcome is None]
     while waiting and time.monotonic() < deadline:
         round_calls = waiting[: settings.TOOL_PARALLELISM]
         entered = _round_enter(run, [admitted[index] for index in round_calls])
@@ -738,6 +759,7 @@ def _execute_admitted(
             if isinstance(outcome, Exception):
                 raise outcome
             outcomes[index] = outcome
+            made[admitted[index].record.call_id] = (*outcome[:3], None)
         waiting = kept_out + waiting[len(round_calls) :]
     for index in waiting:
         outcomes[index] = (_not_started(admitted[index].tool_version), 0, 0, None)

@@ -1244,12 +1244,15 @@ def test_a_cost_budget_of_zero_pays_for_no_turn(demo, fake_model, per_1k_input, 
     assert fake.requests == []
 
 
-def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
-    # given a run of 1 s wall time, started 2 s ago, whose first turn's tools ran
+def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo, fake_model):
+    # given a run of 1 s wall time whose model is a provider over the network (its tools are
+    # a step of their own), started 2 s ago, whose first turn's tools ran
     budgets(demo, max_seconds=1)
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
     run = start(demo, project_id="apollo")
-    assert run_advance_step(run_id=str(run.pk)) is True
-    assert run_advance_step(run_id=str(run.pk)) is True
+    for _ in ("start and recipient", "model turn", "tools"):
+        assert run_advance_step(run_id=str(run.pk)) is True
     Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(seconds=2))
 
     # when
@@ -1259,6 +1262,7 @@ def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo):
     assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
     assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, *TOOL_RUN, "run.finished"]
     assert finished(run).steps == 1
+    assert len(fake.requests) == 1
 
 
 def test_a_model_turn_ends_with_the_run_s_wall_time_and_the_run_ends_time_budget(demo, fake_model):
@@ -2308,6 +2312,66 @@ def test_the_run_s_start_and_its_first_model_turn_commit_together(demo, planner_
     assert len(planner_requests) == 1
 
 
+def test_a_tool_turn_and_the_turn_of_a_planner_in_this_process_after_it_commit_together(
+    demo, planner_requests
+):
+    # given a run whose first step saved the model's call of project_search
+    run = start(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+
+    # when its next step is taken
+    assert run_advance_step(run_id=str(run.pk)) is False
+
+    # then the call ran and the planner drafted from its result in that one step
+    run = finished(run)
+    assert run.status == "WAITING_APPROVAL"
+    assert event_types(run) == [
+        *START,
+        *RESOLVE_RECIPIENT,
+        *MODEL_TURN,
+        *TOOL_RUN,
+        *MODEL_TURN,
+        "draft.created",
+        "approval.required",
+        "tools.assembled",
+    ]
+    assert (run.steps, len(planner_requests)) == (2, 2)
+
+
+def test_a_fault_in_the_turn_after_a_tool_turn_saves_its_results_without_calling_again(
+    demo, counted_reads, monkeypatch
+):
+    # given a run whose model asked for project_search, and a model turn that fails once
+    run = start(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    model_turn = loop._model_turn
+    faults = []
+
+    def failing_once(run, model_config):
+        if not faults:
+            faults.append(run.pk)
+            raise RuntimeError("a fault")
+        return model_turn(run, model_config)
+
+    monkeypatch.setattr(loop, "_model_turn", failing_once)
+
+    # when the next step runs the call and the turn that follows it fails
+    with pytest.raises(RuntimeError, match="a fault"):
+        run_advance_step(run_id=str(run.pk))
+
+    # then the call's result is saved on its own, from the one time its handler ran
+    run = finished(run)
+    assert (run.status, run.state["phase"]) == ("RUNNING", "model")
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, *TOOL_RUN]
+    assert ToolCall.objects.get(run=run, call_id="offline-1").status == "completed"
+    assert counted_reads == ["offline-1"]
+
+    # and the next step drafts from it without calling the tool again
+    assert run_advance_step(run_id=str(run.pk)) is False
+    assert finished(run).status == "WAITING_APPROVAL"
+    assert counted_reads == ["offline-1"]
+
+
 def test_a_run_whose_model_is_a_provider_is_saved_started_before_the_provider_is_asked(
     demo, fake_model
 ):
@@ -2457,29 +2521,34 @@ def counted_reads(demo) -> Iterator[list[str]]:
 
 
 def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_repeats_none(
-    demo, counted_reads
+    demo, counted_reads, fake_model
 ):
+    # given a run whose model is a provider over the network: its tools are a step of their own
+    fake = fake_model()
+    fake.reply(read_apollo("call_read"))
+    fake.reply(openai_completion(content=json.dumps(apollo_draft())))
     run = start(demo, project_id="apollo")
     run_id = str(run.pk)
 
-    # given the step up to the model's turn: start, recipient and the model together
+    # given the steps up to the model's turn: the start and recipient, then the model
+    assert run_advance_step(run_id=run_id) is True
     assert run_advance_step(run_id=run_id) is True
 
     # then the model's call is persisted with its id before anything ran
     run = finished(run)
     assert run.state["phase"] == "tools"
-    assert [call["call_id"] for call in run.transcript[-1]["tool_calls"]] == ["offline-1"]
+    assert [call["call_id"] for call in run.transcript[-1]["tool_calls"]] == ["call_read"]
     assert [c["call_id"] for c in events_of(run, "model.responded")[0]["tool_calls"]] == [
-        "offline-1"
+        "call_read"
     ]
-    assert not ToolCall.objects.filter(run=run, call_id="offline-1").exists()
+    assert not ToolCall.objects.filter(run=run, call_id="call_read").exists()
     assert counted_reads == []
 
     # when the tools step runs
     assert run_advance_step(run_id=run_id) is True
     checkpoint = finished(run)
     assert checkpoint.state["phase"] == "model"
-    assert counted_reads == ["offline-1"]
+    assert counted_reads == ["call_read"]
     sources = Source.objects.filter(run=run).count()
     events = event_types(run)
 
@@ -2492,12 +2561,12 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
 
     # then the handler did not run again, nothing new was recorded, the answer is the same
     run = finished(run)
-    assert counted_reads == ["offline-1"]
+    assert counted_reads == ["call_read"]
     assert Source.objects.filter(run=run).count() == sources
     assert event_types(run) == events
-    record = ToolCall.objects.get(run=run, call_id="offline-1")
+    record = ToolCall.objects.get(run=run, call_id="call_read")
     assert (record.status, record.attempts) == ("completed", 1)
-    assert run.transcript[-1]["call_id"] == "offline-1"
+    assert run.transcript[-1]["call_id"] == "call_read"
     assert json.loads(json.loads(run.transcript[-1]["content"])["untrusted_data"]["content"]) == (
         record.envelope
     )
@@ -2508,15 +2577,15 @@ def test_the_model_output_is_checkpointed_before_tools_and_a_redelivered_step_re
     run_execute(run_id=run_id)
     run = finished(run)
     assert run.status == "WAITING_APPROVAL"
-    assert counted_reads == ["offline-1"]
+    assert counted_reads == ["call_read"]
     assert ToolCall.objects.filter(run=run).count() == 2
     assert [p["call_id"] for p in events_of(run, "tool.requested")] == [
         "host-recipient",
-        "offline-1",
+        "call_read",
     ]
     # a step delivered after the run paused does nothing
     assert run_advance_step(run_id=run_id) is False
-    assert counted_reads == ["offline-1"]
+    assert counted_reads == ["call_read"]
 
 
 def test_an_execution_knows_the_calls_and_evidence_it_wrote_and_asks_for_none(demo):
@@ -2560,6 +2629,7 @@ def test_a_finished_call_id_is_never_admitted_or_executed_again(demo, counted_re
         node=WEEKLY_SUMMARY_SEND.nodes["draft"],
         step=run.steps,
         deadline=executor.tries_deadline(),
+        made={},
     )
 
     assert outcome == ToolCall.objects.get(run=run, call_id="offline-1")
