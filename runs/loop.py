@@ -1755,8 +1755,8 @@ class Execution:
     is_out_of_time: bool = True
     # Whether the step under way went on from a move that asked no model to a model turn.
     turn_followed: bool = False
-    # What the calls the step under way executed gave, for the step's move taken again
-    # alone after a fault in the turn that followed it (`run_advance_step`).
+    # What the calls the step under way executed gave, for its move taken again alone
+    # after a fault in the turn that followed it (`run_advance_step`).
     calls_made: executor.CallsMade = field(default_factory=dict)
 
 
@@ -1858,6 +1858,7 @@ def run_advance_step(*, run_id: str, execution: Execution | None = None) -> bool
     calls are recorded from what they gave, not executed again. Returns whether there is
     more to do."""
     execution = execution or Execution()
+    execution.calls_made.clear()
     try:
         return _step(run_id, execution, turn_may_follow=True)
     except Exception:
@@ -1907,7 +1908,6 @@ def _step(run_id: str, execution: Execution, *, turn_may_follow: bool) -> bool:
             and not execution.is_out_of_time,
         )
     execution.turn_followed = False
-    execution.calls_made.clear()
     execution.run = run
     return run.status == RunStatus.RUNNING
 
