@@ -1265,6 +1265,32 @@ def test_a_run_past_its_wall_time_ends_before_its_next_model_turn(demo, fake_mod
     assert len(fake.requests) == 1
 
 
+def test_a_run_whose_wall_time_runs_out_in_its_tool_turn_asks_no_planner_in_that_step(
+    demo, planner_requests, monkeypatch
+):
+    # given a run of 1 s wall time whose first step saved the model's call of project_search,
+    # and tool calls that take the rest of its time (its start moved 2 s back as they end)
+    budgets(demo, max_seconds=1)
+    run = start(demo, project_id="apollo")
+    assert run_advance_step(run_id=str(run.pk)) is True
+    calls_run = executor.calls_run
+
+    def slow_calls(*, run, **arguments):
+        records = calls_run(run=run, **arguments)
+        run.started_at -= timedelta(seconds=2)
+        return records
+
+    monkeypatch.setattr(executor, "calls_run", slow_calls)
+
+    # when the step that runs the call is taken
+    assert run_advance_step(run_id=str(run.pk)) is False
+
+    # then the in-process planner that would have followed in the same step was not asked
+    assert_terminal(run, "BUDGET_EXHAUSTED", "TIME_BUDGET")
+    assert event_types(run) == [*START, *RESOLVE_RECIPIENT, *MODEL_TURN, *TOOL_RUN, "run.finished"]
+    assert len(planner_requests) == 1
+
+
 def test_a_model_turn_ends_with_the_run_s_wall_time_and_the_run_ends_time_budget(demo, fake_model):
     # given a run of 3 s wall time whose provider takes 10 s to answer its first turn (its
     # model config's timeout is 60 s)
