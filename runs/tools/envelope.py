@@ -16,6 +16,7 @@ from typing import Any
 from django.db import models
 
 from config import jsontext
+from config.secret_names import cached_by_name
 from runs.redaction import (
     REDACTED,
     key_shown,
@@ -88,6 +89,8 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     secret values redacted, in keys as in values; JSON PostgreSQL stores, whatever the tool
     returned (`jsontext.storable`)."""
     secrets = tuple(filter(None, secrets))
+    if not secrets:
+        return jsontext.storable(value, text=_text_cleared, key=_key_cleared, hidden=REDACTED)
     return jsontext.storable(
         value,
         text=functools.partial(_text_stripped, secrets=secrets),
@@ -96,8 +99,18 @@ def strip_secrets(value: Any, *, secrets: tuple[str, ...] = ()) -> Any:
     )
 
 
+def _text_cleared(text: str) -> str:
+    return jsontext.storable_text(secrets_removed(text))
+
+
+@cached_by_name
+def _key_cleared(key: str) -> tuple[str, bool]:
+    """`_key_stripped` with no known secret: the same few keys repeat in every answer."""
+    return _key_stripped(key, secrets=())
+
+
 def _text_stripped(text: str, *, secrets: tuple[str, ...]) -> str:
-    return jsontext.storable_text(secrets_removed(known_secrets_replaced(text, secrets)))
+    return _text_cleared(known_secrets_replaced(text, secrets))
 
 
 def _key_stripped(key: str, *, secrets: tuple[str, ...]) -> tuple[str, bool]:
