@@ -328,11 +328,9 @@ _ANY_NEED = re.compile(_any_of(need for *_, needs in _REPLACEMENTS for need in n
 _FOLDED_AS_ASCII = str.maketrans({"\u0130": "i"})
 
 
-def _possible_replacements(read: str) -> list[tuple[re.Pattern, Any]]:
-    """The replacements whose needs `read` meets, in their order."""
-    lowered = (read if read.isascii() else read.translate(_FOLDED_AS_ASCII)).lower()
-    if not _ANY_NEED.search(lowered):
-        return []
+def _possible_replacements(lowered: str) -> list[tuple[re.Pattern, Any]]:
+    """The replacements whose needs `lowered` (a text as read, lower-cased) meets, in their
+    order."""
     return [
         (pattern, replacement)
         for pattern, replacement, needs in _REPLACEMENTS
@@ -405,10 +403,11 @@ def secrets_removed(text: str) -> str:
     tokens, Basic credentials, values that look like API keys or JWTs, private keys, the
     passwords of URLs, and values given to names that say they hold secrets (in Chinese too),
     typed in ASCII or in its full-width forms, with invisible characters inside or without."""
-    if text.isascii() and not _ANY_NEED.search(text.lower()):
-        return text
     read = as_read(text)
-    possible = _possible_replacements(read)
+    lowered = (read if read.isascii() else read.translate(_FOLDED_AS_ASCII)).lower()
+    if not _ANY_NEED.search(lowered):
+        return text
+    possible = _possible_replacements(lowered)
     if not any(pattern.search(read) for pattern, _ in possible):
         return text
     for pattern, replacement in possible:
