@@ -1,6 +1,7 @@
 """The ASGI entry point refuses an oversized API body while it streams in."""
 
 import asyncio
+import contextvars
 import json
 
 import pytest
@@ -14,7 +15,9 @@ def asgi_call(
 ) -> tuple[int, dict, bytes, int]:
     """Drive the project's ASGI application by hand with a POST of `chunks`; returns (status,
     headers sent, body, chunks read). Under a root path (`uvicorn --root-path`), `path`
-    includes it, as uvicorn gives it."""
+    includes it, as uvicorn gives it. The request is served in a context of its own, as a
+    server serves each: the script prefix Django sets from the root path stays there, where
+    `async_to_sync` would bring it back to the test's thread and every URL reversed after."""
     pending = [
         {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
         for index, chunk in enumerate(chunks)
@@ -46,7 +49,7 @@ def asgi_call(
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
-    async_to_sync(application)(scope, receive, send)
+    contextvars.copy_context().run(async_to_sync(application), scope, receive, send)
     start = next(message for message in sent if message["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     headers_sent = {name.decode().lower(): value.decode() for name, value in start["headers"]}
